@@ -1,0 +1,110 @@
+"""The Python API: ``optimize(path_or_model, ...) -> OptimizeResult`` does what the CLI's optimize does."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt import io
+from onnxopt.passes.base import Pipeline, VerifyEach
+from onnxopt.passes.levels import DEFAULT_LEVEL, build_steps
+from onnxopt.passes.options import DEFAULT_FOLD_LIMIT_BYTES, PassOptions, Target
+from onnxopt.report import ModelSummary, OptimizeReport
+from onnxopt.validate import ValidationReport, input_specs, validate
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    model: ir.Model
+    report: OptimizeReport
+    source: io.LoadedModel | None
+
+    @property
+    def validated(self) -> bool:
+        return self.report.validation is not None and self.report.validation.passed
+
+
+def optimize(
+    model: str | os.PathLike[str] | ir.Model,
+    *,
+    level: int = DEFAULT_LEVEL,
+    passes: Sequence[str] | None = None,
+    disable: Sequence[str] = (),
+    target: Target = "ort",
+    fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    check: bool = True,
+    inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
+    explain: bool = False,
+    verify_each: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> OptimizeResult:
+    """Optimize a model (a path or an ``ir.Model``, which is left untouched) and validate the result.
+
+    Returns the optimized model and its report; the caller decides what to do with a failed
+    validation (``result.report.validation.passed``). Nothing is written to disk.
+    """
+    options = PassOptions(
+        fold_limit_bytes=fold_limit_bytes,
+        target=target,
+        input_shapes=dict(input_shapes or {}),
+        explain=explain,
+    )
+    steps = build_steps(level, passes=passes, disable=disable, options=options)
+    loaded: io.LoadedModel | None = None
+    if isinstance(model, ir.Model):
+        working = model.clone()
+        original: ir.Model | Path = model
+        source_name = model.graph.name or "<model>"
+        file_bytes = None
+    else:
+        if progress is not None:
+            progress("load")
+        loaded = io.load_model(model)
+        working = loaded.model
+        original = Path(model)
+        source_name = str(model)
+        file_bytes = loaded.file_bytes
+    before = ModelSummary.of(working, file_bytes)
+    specs = input_specs(working) if check and inputs is None and not input_shapes else None
+
+    start = time.perf_counter()
+    instruments = [VerifyEach()] if verify_each else []
+    result = Pipeline(steps, instruments)(working, progress)
+    optimize_seconds = time.perf_counter() - start
+
+    validation: ValidationReport | None = None
+    validate_seconds = 0.0
+    if check:
+        if progress is not None:
+            progress("validate")
+        start = time.perf_counter()
+        if specs is None and inputs is None:
+            specs = input_specs(working)  # pinned shapes: generate inputs of the pinned sizes
+        validation = validate(original, working, specs=specs, inputs=inputs)
+        validate_seconds = time.perf_counter() - start
+
+    report = OptimizeReport(
+        source=source_name,
+        output=None,
+        level=level,
+        target=target,
+        passes_run=tuple(r.name for r in result.records),
+        before=before,
+        after=ModelSummary.of(working),  # file size is known once written
+        records=result.records,
+        validation=validation,
+        warnings=result.warnings,
+        optimize_seconds=optimize_seconds,
+        validate_seconds=validate_seconds,
+    )
+    return OptimizeResult(working, report, loaded)

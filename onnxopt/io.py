@@ -1,0 +1,414 @@
+"""Loading and saving models: the only module that reads or writes ONNX protobuf files.
+
+Loading is defensive: the file is sniffed, parsed without touching external data, then every
+external-data reference is checked to stay inside the model's folder *before* anything is read, and
+the graph structure (names, order, cycles) is checked so that passes can assume a well-formed graph.
+External tensors are memory-mapped by onnx-ir, never copied into the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from onnxopt.errors import ModelLoadError, ModelSaveError, UnsafeModelError, UsageError
+
+logger = logging.getLogger(__name__)
+
+PROTOBUF_LIMIT = 2**31 - 1
+# Leave headroom below the hard protobuf limit for the graph itself.
+EXTERNAL_DATA_AUTO_THRESHOLD = 1_800_000_000
+MAX_OPSET = onnx.defs.onnx_opset_version()
+MAX_IR_VERSION = onnx.IR_VERSION
+
+_MAGIC = [
+    (b"PK\x03\x04", "a zip archive (a PyTorch .pt/.pth checkpoint?)"),
+    (b"\x89HDF", "an HDF5 file (a Keras model?)"),
+    (b"\x89PNG", "a PNG image"),
+    (b"GGUF", "a GGUF file"),
+    (b"\x1f\x8b", "a gzip archive"),
+    (b"\x7fELF", "an executable"),
+]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: ir.Model
+    path: Path | None
+    file_bytes: int
+    external_files: tuple[Path, ...]
+
+
+def _sniff(path: Path, head: bytes) -> None:
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            raise ModelLoadError(f"{path}: this is {what}, not an ONNX model")
+    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
+        raise ModelLoadError(f"{path}: this is a Python pickle, not an ONNX model (pickles are never loaded)")
+    if head.lstrip()[:1] in (b"{", b"<"):
+        raise ModelLoadError(f"{path}: this is a text file (JSON/XML?), not a binary ONNX model")
+
+
+def _read_proto(path: Path) -> onnx.ModelProto:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelLoadError(f"{path}: is a directory, not an ONNX file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelLoadError(f"{path}: is not a regular file")
+    if st.st_size == 0:
+        raise ModelLoadError(f"{path}: file is empty")
+    if st.st_size > PROTOBUF_LIMIT:
+        raise ModelLoadError(
+            f"{path}: {st.st_size} bytes is over the 2 GiB protobuf limit; weights must be stored as external data"
+        )
+    try:
+        with path.open("rb") as f:
+            head = f.read(16)
+            f.seek(0)
+            data = f.read()
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read ({exc.strerror})") from None
+    _sniff(path, head)
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except DecodeError:
+        raise ModelLoadError(f"{path}: not a valid ONNX protobuf (truncated, corrupted or too deeply nested)") from None
+    except RecursionError:
+        raise ModelLoadError(f"{path}: protobuf nesting is too deep") from None
+    if not proto.HasField("graph"):
+        raise ModelLoadError(f"{path}: no graph in this protobuf (is it an ONNX model?)")
+    return proto
+
+
+def _check_versions(where: str, proto: onnx.ModelProto) -> None:
+    if proto.ir_version <= 0:
+        raise ModelLoadError(f"{where}: missing or invalid ir_version ({proto.ir_version})")
+    if proto.ir_version > MAX_IR_VERSION:
+        raise ModelLoadError(
+            f"{where}: IR version {proto.ir_version} is newer than the installed onnx supports ({MAX_IR_VERSION})"
+        )
+    seen: set[str] = set()
+    default_opset = None
+    for opset in proto.opset_import:
+        domain = opset.domain
+        if domain in seen:
+            raise ModelLoadError(f"{where}: opset for domain '{domain}' is imported twice")
+        seen.add(domain)
+        if domain in ("", "ai.onnx"):
+            default_opset = opset.version
+    if default_opset is None:
+        if proto.graph.node:
+            raise ModelLoadError(f"{where}: the model imports no opset for the default ONNX domain")
+        return
+    if default_opset < 1 or default_opset > MAX_OPSET:
+        raise ModelLoadError(
+            f"{where}: opset {default_opset} is not supported (the installed onnx knows opsets 1..{MAX_OPSET})"
+        )
+
+
+def _iter_graph_tensors(graph: onnx.GraphProto, where: str) -> Iterator[tuple[str, onnx.TensorProto]]:
+    for t in graph.initializer:
+        yield f"{where}initializer '{t.name}'", t
+    for sparse in graph.sparse_initializer:
+        yield f"{where}sparse initializer '{sparse.values.name}'", sparse.values
+        yield f"{where}sparse initializer '{sparse.values.name}' indices", sparse.indices
+    for node in graph.node:
+        yield from _iter_node_tensors(node, where)
+
+
+def _iter_node_tensors(node: onnx.NodeProto, where: str) -> Iterator[tuple[str, onnx.TensorProto]]:
+    label = f"{where}node '{node.name or node.op_type}'"
+    for attr in node.attribute:
+        if attr.HasField("t"):
+            yield f"{label} attribute '{attr.name}'", attr.t
+        for t in attr.tensors:
+            yield f"{label} attribute '{attr.name}'", t
+        if attr.HasField("g"):
+            yield from _iter_graph_tensors(attr.g, f"{label}/{attr.name}: ")
+        for g in attr.graphs:
+            yield from _iter_graph_tensors(g, f"{label}/{attr.name}: ")
+
+
+def _all_tensors(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    yield from _iter_graph_tensors(proto.graph, "")
+    for func in proto.functions:
+        for node in func.node:
+            yield from _iter_node_tensors(node, f"function '{func.name}': ")
+
+
+def _check_external_data(where: str, proto: onnx.ModelProto, base_dir: Path | None) -> tuple[Path, ...]:
+    """Refuse external data that could read outside the model's folder; return the files used."""
+    files: dict[Path, int] = {}
+    root = base_dir.resolve() if base_dir is not None else None
+    for label, tensor in _all_tensors(proto):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        location = info.get("location", "")
+        if not location:
+            raise ModelLoadError(f"{where}: {label} is external but names no location")
+        if root is None:
+            raise UnsafeModelError(f"{where}: {label} uses external data but the model has no folder to resolve it in")
+        if "\x00" in location or os.path.isabs(location) or location.startswith(("\\", "/")) or ":" in location:
+            raise UnsafeModelError(
+                f"{where}: {label} external data location '{location}' is absolute; it must be relative to the model's folder"
+            )
+        candidate = root / location
+        resolved = candidate.resolve()
+        if root != resolved and root not in resolved.parents:
+            raise UnsafeModelError(
+                f"{where}: {label} external data location '{location}' leads outside the model's folder"
+            )
+        if resolved not in files:
+            try:
+                st = resolved.stat()
+            except FileNotFoundError:
+                raise ModelLoadError(f"{where}: {label} external data file '{location}' does not exist") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafeModelError(f"{where}: {label} external data '{location}' is not a regular file")
+            files[resolved] = st.st_size
+        size = files[resolved]
+        try:
+            offset = int(info.get("offset", "0") or 0)
+            length = int(info["length"]) if info.get("length") else None
+        except ValueError:
+            raise ModelLoadError(f"{where}: {label} has a non-numeric external data offset/length") from None
+        if offset < 0 or (length is not None and length < 0):
+            raise ModelLoadError(f"{where}: {label} has a negative external data offset/length")
+        end = offset + (length if length is not None else 0)
+        if offset > size or end > size:
+            raise ModelLoadError(
+                f"{where}: {label} reads bytes {offset}..{end} of '{location}', which has only {size} bytes"
+            )
+    return tuple(files)
+
+
+def _check_graph_structure(where: str, graph: onnx.GraphProto, outer: frozenset[str], label: str) -> None:
+    """Names are unique (SSA), every input is defined, and nodes form no cycle."""
+    defined: dict[str, str] = {}
+
+    def define(name: str, what: str) -> None:
+        if not name:
+            return
+        if name in defined:
+            raise ModelLoadError(f"{where}: {label}'{name}' is defined twice ({defined[name]} and {what})")
+        defined[name] = what
+
+    for value in graph.input:
+        define(value.name, "graph input")
+    initializer_names = set()
+    for t in graph.initializer:
+        if t.name in defined and t.name in initializer_names:
+            raise ModelLoadError(f"{where}: {label}initializer '{t.name}' is defined twice")
+        initializer_names.add(t.name)
+        if t.name not in defined:
+            defined[t.name] = "initializer"
+    for sparse in graph.sparse_initializer:
+        if sparse.values.name not in defined:
+            defined[sparse.values.name] = "sparse initializer"
+    producer_index: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        node_label = f"node '{node.name}' ({node.op_type})" if node.name else f"node #{index} ({node.op_type})"
+        for out in node.output:
+            define(out, node_label)
+            if out:
+                producer_index[out] = index
+    known = set(defined) | outer
+    for index, node in enumerate(graph.node):
+        node_label = f"node '{node.name}' ({node.op_type})" if node.name else f"node #{index} ({node.op_type})"
+        for name in node.input:
+            if name and name not in known:
+                raise ModelLoadError(
+                    f"{where}: {label}{node_label} uses '{name}', which no node, input or initializer defines"
+                )
+        for attr in node.attribute:
+            subgraphs = list(attr.graphs)
+            if attr.HasField("g"):
+                subgraphs.append(attr.g)
+            for sub in subgraphs:
+                _check_graph_structure(where, sub, frozenset(known), f"{label}{node_label}/{attr.name}: ")
+    for out in graph.output:
+        if out.name not in known:
+            raise ModelLoadError(f"{where}: {label}graph output '{out.name}' is not produced by anything")
+    _check_acyclic(where, graph, producer_index, label)
+
+
+def _check_acyclic(where: str, graph: onnx.GraphProto, producer_index: dict[str, int], label: str) -> None:
+    in_order = all(
+        producer_index.get(name, -1) < index for index, node in enumerate(graph.node) for name in node.input if name
+    )
+    if in_order:
+        return
+    # Kahn's algorithm over node indices; nodes left over are on a cycle.
+    count = len(graph.node)
+    indegree = [0] * count
+    users: list[list[int]] = [[] for _ in range(count)]
+    for index, node in enumerate(graph.node):
+        for producer in {producer_index[name] for name in node.input if name in producer_index}:
+            indegree[index] += 1
+            users[producer].append(index)
+    ready = [i for i in range(count) if indegree[i] == 0]
+    visited = 0
+    while ready:
+        current = ready.pop()
+        visited += 1
+        for user in users[current]:
+            indegree[user] -= 1
+            if indegree[user] == 0:
+                ready.append(user)
+    if visited != count:
+        stuck = next(i for i in range(count) if indegree[i] > 0)
+        node = graph.node[stuck]
+        raise ModelLoadError(
+            f"{where}: {label}the graph has a cycle through node '{node.name or '#' + str(stuck)}' ({node.op_type})"
+        )
+
+
+def load_model(path: str | os.PathLike[str]) -> LoadedModel:
+    """Load and check an ONNX model file; external data stays memory-mapped in its files."""
+    model_path = Path(path)
+    proto = _read_proto(model_path)
+    where = str(model_path)
+    _check_versions(where, proto)
+    external_files = _check_external_data(where, proto, model_path.parent)
+    _check_graph_structure(where, proto.graph, frozenset(), "")
+    model = _deserialize(where, proto)
+    ir.external_data.set_base_dir(model.graph, str(model_path.parent.resolve()))
+    return LoadedModel(model, model_path, model_path.stat().st_size, external_files)
+
+
+def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model:
+    """Check and convert an in-memory proto (external data is refused: it has no folder)."""
+    _check_versions(where, proto)
+    _check_external_data(where, proto, None)
+    _check_graph_structure(where, proto.graph, frozenset(), "")
+    return _deserialize(where, proto)
+
+
+def _deserialize(where: str, proto: onnx.ModelProto) -> ir.Model:
+    try:
+        return ir.serde.deserialize_model(proto)
+    except RecursionError:
+        raise ModelLoadError(f"{where}: the model nests subgraphs too deeply") from None
+    except Exception as exc:  # onnx-ir rejects malformed protos with assorted exception types
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelLoadError(f"{where}: cannot read the graph: {first_line}") from exc
+
+
+def to_proto(model: ir.Model) -> onnx.ModelProto:
+    return ir.serde.serialize_model(model)
+
+
+def parameter_bytes(model: ir.Model) -> int:
+    total = 0
+    for graph in (model.graph, *model.graph.subgraphs()):
+        for value in graph.initializers.values():
+            if value.const_value is not None:
+                total += value.const_value.nbytes
+    return total
+
+
+def has_external_tensors(model: ir.Model) -> bool:
+    for graph in (model.graph, *model.graph.subgraphs()):
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                return True
+    return False
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def save_model(
+    model: ir.Model,
+    path: str | os.PathLike[str],
+    *,
+    external_data: bool | None = None,
+    protected: tuple[Path, ...] = (),
+) -> Path:
+    """Write the model atomically: a temp file in the target folder, fsync, then rename.
+
+    ``external_data``: True always writes weights to ``<name>.data`` beside the model, False never
+    does, None decides by size (past ~1.8 GB, the protobuf limit). ``protected`` lists files (the
+    input model and its external data) that must never be overwritten.
+    """
+    target = Path(path)
+    for keep in protected:
+        if _same_file(target, keep):
+            raise UsageError(f"{target}: refusing to overwrite the input model's file '{keep}'")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise ModelSaveError(f"{target}: folder '{folder}' does not exist")
+    if external_data is None:
+        # Keep weights external when they came that way, and whenever the protobuf limit demands it.
+        use_external = has_external_tensors(model) or parameter_bytes(model) > EXTERNAL_DATA_AUTO_THRESHOLD
+    else:
+        use_external = external_data
+    data_name = target.name + ".data"
+    if use_external:
+        for keep in protected:
+            if _same_file(folder / data_name, keep):
+                raise UsageError(f"{target}: its external data file '{data_name}' would overwrite an input file")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        if use_external:
+            ir.save(model, tmp, external_data=data_name, size_threshold_bytes=1024)
+        else:
+            if parameter_bytes(model) > EXTERNAL_DATA_AUTO_THRESHOLD:
+                raise ModelSaveError(f"{target}: weights exceed the 2 GiB protobuf limit; external data is required")
+            ir.save(_inline_external(model), tmp)
+        with tmp.open("rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except (OSError, ValueError) as exc:
+        raise ModelSaveError(f"{target}: cannot write ({exc})") from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return target
+
+
+def _inline_external(model: ir.Model) -> ir.Model:
+    """Load external tensors into memory so a single-file save is self-contained (small models only)."""
+    if not has_external_tensors(model):
+        return model
+    for graph in (model.graph, *model.graph.subgraphs()):
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name)
+    return model
+
+
+@contextlib.contextmanager
+def ort_model_source(model: ir.Model) -> Iterator[bytes | str]:
+    """Something ``onnxruntime.InferenceSession`` accepts: serialized bytes, or a temp path for big models."""
+    if not has_external_tensors(model) and parameter_bytes(model) < EXTERNAL_DATA_AUTO_THRESHOLD:
+        yield to_proto(model).SerializeToString()
+        return
+    with tempfile.TemporaryDirectory(prefix="onnxopt-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        ir.save(model, path, external_data="model.onnx.data", size_threshold_bytes=1024)
+        yield str(path)

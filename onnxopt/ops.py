@@ -1,0 +1,76 @@
+"""Small predicates over onnx-ir nodes and values shared by passes and analyses."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+ONNX_DOMAINS = ("", "ai.onnx")
+MS_DOMAIN = "com.microsoft"
+
+
+def is_onnx_domain(domain: str) -> bool:
+    return domain in ONNX_DOMAINS
+
+
+def is_op(node: ir.Node | None, op_type: str, domain: str = "") -> bool:
+    """True when ``node`` is ``op_type`` of ``domain`` ("" and "ai.onnx" are the same domain)."""
+    if node is None or node.op_type != op_type:
+        return False
+    if is_onnx_domain(domain):
+        return is_onnx_domain(node.domain)
+    return node.domain == domain
+
+
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """The value's constant contents as numpy, or None when it is not a known constant.
+
+    Graph inputs that also carry an initializer are *not* constant: the caller may feed them.
+    """
+    if value is None or value.is_graph_input():
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None:
+        return None
+    try:
+        return tensor.numpy()
+    except Exception:  # a tensor we cannot read (e.g. unsupported dtype) is simply not constant
+        return None
+
+
+def is_scalar_constant(value: ir.Value | None, expected: float) -> bool:
+    """True when ``value`` is a constant whose every element equals ``expected``."""
+    array = const_array(value)
+    return array is not None and array.size > 0 and bool(np.all(array == expected))
+
+
+def opset_version(graph: ir.Graph | ir.Function, domain: str = "") -> int | None:
+    """The opset version the graph imports for ``domain``."""
+    imports = graph.opset_imports
+    if domain in imports:
+        return imports[domain]
+    if is_onnx_domain(domain):
+        for alias in ONNX_DOMAINS:
+            if alias in imports:
+                return imports[alias]
+    return None
+
+
+def single_consumer(value: ir.Value) -> ir.Node | None:
+    """The one node using ``value`` (once), or None when it has zero or several uses or is a graph output."""
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    return uses[0].node
+
+
+def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
+    """The value's shape when every dimension is a known integer."""
+    if value is None or value.shape is None:
+        return None
+    dims = []
+    for dim in value.shape:
+        if not isinstance(dim, int):
+            return None
+        dims.append(dim)
+    return tuple(dims)

@@ -1,0 +1,1 @@
+"""Rewrite passes, one per module; ``levels.py`` assembles them into the default pipelines."""

@@ -1,0 +1,166 @@
+"""Pass, PassResult, Pipeline and FixedPoint: the pass runner with per-pass counts and timings.
+
+onnx-ir's own pass manager drops the statistics we report, so we run passes ourselves. A pass is an
+onnx-ir ``InPlacePass`` that returns a :class:`PassResult` carrying a ``Counter`` of what it changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+import onnx_ir as ir
+
+from onnxopt.passes.options import PassOptions
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PassResult(ir.passes.PassResult):
+    """What a pass did: ``stats`` counts each kind of change, e.g. ``{"conv+bn->conv": 12}``."""
+
+    stats: Counter[str] = field(default_factory=Counter)
+    # Why candidate rewrites were not applied, as "rule: where: reason" lines (feeds --explain).
+    notes: list[str] = field(default_factory=list)
+
+
+class Pass(ir.passes.InPlacePass):
+    """An in-place rewrite of the whole model, configured by :class:`PassOptions`."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+
+    def __init__(self, options: PassOptions | None = None) -> None:
+        self.options = options or PassOptions()
+
+    def call(self, model: ir.Model) -> PassResult:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __call__(self, model_or_result: ir.Model | ir.passes.PassResult, /) -> PassResult:
+        result = super().__call__(model_or_result)
+        assert isinstance(result, PassResult)
+        return result
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """One execution of one pass inside a pipeline."""
+
+    name: str
+    modified: bool
+    seconds: float
+    stats: dict[str, int]
+    notes: tuple[str, ...] = ()
+    iteration: int = 0
+
+
+class Instrument(Protocol):
+    def before_pass(self, pass_: Pass, model: ir.Model) -> None: ...
+
+    def after_pass(self, pass_: Pass, model: ir.Model, record: PassRecord) -> None: ...
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    model: ir.Model
+    records: tuple[PassRecord, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def modified(self) -> bool:
+        return any(r.modified for r in self.records)
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        """Stats summed per pass name, in first-run order."""
+        out: dict[str, Counter[str]] = {}
+        for record in self.records:
+            out.setdefault(record.name, Counter()).update(record.stats)
+        return {name: dict(sorted(c.items())) for name, c in out.items()}
+
+
+class FixedPoint:
+    """Repeat a group of passes until none changes the model, at most ``max_iterations`` times."""
+
+    def __init__(self, passes: Sequence[Pass], max_iterations: int = 8) -> None:
+        self.passes = list(passes)
+        self.max_iterations = max_iterations
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.passes]
+
+
+Step = Pass | FixedPoint
+
+
+class Pipeline:
+    """Run steps in order, recording every pass's time and changes; instruments observe each pass."""
+
+    def __init__(self, steps: Sequence[Step], instruments: Sequence[Instrument] = ()) -> None:
+        self.steps = list(steps)
+        self.instruments = list(instruments)
+
+    def __call__(self, model: ir.Model, progress: Callable[[str], None] | None = None) -> PipelineResult:
+        records: list[PassRecord] = []
+        warnings: list[str] = []
+        for step in self.steps:
+            if isinstance(step, FixedPoint):
+                for iteration in range(step.max_iterations):
+                    changed = False
+                    for pass_ in step.passes:
+                        record = self._run_one(pass_, model, iteration, progress)
+                        records.append(record)
+                        changed |= record.modified
+                    if not changed:
+                        break
+                else:
+                    message = f"passes {', '.join(step.names)} still changed the model after {step.max_iterations} rounds"
+                    logger.warning("%s", message)
+                    warnings.append(message)
+            else:
+                records.append(self._run_one(step, model, 0, progress))
+        return PipelineResult(model, tuple(records), tuple(warnings))
+
+    def _run_one(
+        self, pass_: Pass, model: ir.Model, iteration: int, progress: Callable[[str], None] | None
+    ) -> PassRecord:
+        if progress is not None:
+            progress(pass_.name)
+        for instrument in self.instruments:
+            instrument.before_pass(pass_, model)
+        start = time.perf_counter()
+        result = pass_(model)
+        seconds = time.perf_counter() - start
+        record = PassRecord(
+            name=pass_.name,
+            modified=result.modified,
+            seconds=seconds,
+            stats=dict(sorted(result.stats.items())),
+            notes=tuple(result.notes),
+            iteration=iteration,
+        )
+        logger.debug("pass %s: modified=%s in %.3fs %s", pass_.name, result.modified, seconds, record.stats)
+        for instrument in self.instruments:
+            instrument.after_pass(pass_, model, record)
+        return record
+
+
+class VerifyEach:
+    """Check graph invariants after every pass (``--verify-each``); raise naming the pass that broke them."""
+
+    def before_pass(self, pass_: Pass, model: ir.Model) -> None:
+        return None
+
+    def after_pass(self, pass_: Pass, model: ir.Model, record: PassRecord) -> None:
+        from onnxopt.analysis.verify import verify_graph
+
+        problems = verify_graph(model.graph)
+        if problems:
+            from onnxopt.errors import OnnxoptError
+
+            raise OnnxoptError(f"pass '{pass_.name}' broke the graph: {problems[0]}")

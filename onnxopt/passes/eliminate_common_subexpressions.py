@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx_ir as ir
+from onnx_ir.passes import common as ir_common
+
+from onnxopt.passes._counting import ModelCensus
+from onnxopt.passes.base import Pass, PassResult
+
+
+class EliminateCommonSubexpressionsPass(Pass):
+    """Merge nodes that compute the same op on the same inputs with the same attributes.
+
+    Non-deterministic ops (random generators) are never merged.
+    """
+
+    name = "eliminate-common-subexpressions"
+    summary = "merge nodes computing the same op on the same inputs (random ops excluded)"
+
+    def call(self, model: ir.Model) -> PassResult:
+        before = ModelCensus.of(model).nodes
+        ir_common.CommonSubexpressionEliminationPass(size_limit=1024)(model)
+        merged = before - ModelCensus.of(model).nodes
+        stats = Counter({"nodes merged": merged}) if merged > 0 else Counter()
+        return PassResult(model, modified=bool(stats), stats=stats)

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnx_ir.passes import common as ir_common
+
+from onnxopt.passes._counting import ModelCensus
+from onnxopt.passes.base import Pass, PassResult
+
+
+def _remove_unused_subgraph_initializers(model: ir.Model) -> None:
+    for graph in model.graph.subgraphs():
+        for name, value in list(graph.initializers.items()):
+            if not value.uses() and not value.is_graph_output() and not value.is_graph_input():
+                del graph.initializers[name]
+
+
+class EliminateDeadCodePass(Pass):
+    """Remove nodes, initializers, functions and opset imports nothing uses; graph outputs always stay."""
+
+    name = "eliminate-dead-code"
+    summary = "remove unused nodes, initializers, functions and opset imports (graph outputs kept)"
+
+    def call(self, model: ir.Model) -> PassResult:
+        before = ModelCensus.of(model)
+        ir_common.RemoveUnusedNodesPass()(model)
+        _remove_unused_subgraph_initializers(model)
+        ir_common.RemoveUnusedFunctionsPass()(model)
+        ir_common.RemoveUnusedOpsetsPass()(model)
+        stats = ModelCensus.of(model).removed_since(before)
+        return PassResult(model, modified=bool(stats), stats=stats)

@@ -1,0 +1,88 @@
+"""The default pipelines, as plain lists; a tuple is a group repeated until it reaches a fixed point."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from onnxopt.errors import UsageError
+from onnxopt.passes.base import FixedPoint, Pass, Step
+from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
+from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
+from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
+from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.options import PassOptions
+from onnxopt.passes.sort_topologically import SortTopologicallyPass
+
+PassClass = type[Pass]
+LevelSpec = Sequence[PassClass | tuple[PassClass, ...]]
+
+# Every pass, in the order a custom --passes list is best run in.
+ALL_PASSES: list[PassClass] = [
+    SortTopologicallyPass,
+    InferShapesPass,
+    EliminateDeadCodePass,
+    DeduplicateInitializersPass,
+    EliminateCommonSubexpressionsPass,
+]
+
+CLEANUP: tuple[PassClass, ...] = (
+    EliminateDeadCodePass,
+    EliminateCommonSubexpressionsPass,
+)
+
+LEVELS: dict[int, LevelSpec] = {
+    0: [],
+    1: [SortTopologicallyPass, InferShapesPass, EliminateDeadCodePass, DeduplicateInitializersPass],
+    2: [
+        SortTopologicallyPass,
+        InferShapesPass,
+        DeduplicateInitializersPass,
+        CLEANUP,
+        InferShapesPass,
+        EliminateDeadCodePass,
+    ],
+    3: [
+        SortTopologicallyPass,
+        InferShapesPass,
+        DeduplicateInitializersPass,
+        CLEANUP,
+        InferShapesPass,
+        EliminateDeadCodePass,
+    ],
+}
+DEFAULT_LEVEL = 2
+
+
+def pass_by_name(name: str) -> PassClass:
+    for cls in ALL_PASSES:
+        if cls.name == name:
+            return cls
+    known = ", ".join(cls.name for cls in ALL_PASSES)
+    raise UsageError(f"unknown pass '{name}' (known: {known})")
+
+
+def build_steps(
+    level: int = DEFAULT_LEVEL,
+    *,
+    passes: Sequence[str] | None = None,
+    disable: Sequence[str] = (),
+    options: PassOptions | None = None,
+) -> list[Step]:
+    """The steps for ``level``, or exactly ``passes`` in the given order, minus ``disable``."""
+    options = options or PassOptions()
+    for name in disable:
+        pass_by_name(name)  # unknown names are an error, not silently ignored
+    dropped = set(disable)
+    if passes is not None:
+        return [pass_by_name(n)(options) for n in passes if n not in dropped]
+    if level not in LEVELS:
+        raise UsageError(f"unknown level {level} (levels: {', '.join(map(str, LEVELS))})")
+    steps: list[Step] = []
+    for entry in LEVELS[level]:
+        if isinstance(entry, tuple):
+            group = [cls(options) for cls in entry if cls.name not in dropped]
+            if group:
+                steps.append(FixedPoint(group))
+        elif entry.name not in dropped:
+            steps.append(entry(options))
+    return steps

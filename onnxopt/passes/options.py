@@ -1,0 +1,22 @@
+"""Options shared by every pass (one frozen object, so a pipeline is configured in one place)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Target = Literal["onnx", "ort"]
+
+DEFAULT_FOLD_LIMIT_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    # Largest tensor constant folding may materialize, in bytes.
+    fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES
+    # Which runtime fusions may target: standard ONNX only, or ONNX Runtime's contrib ops too.
+    target: Target = "ort"
+    # Dims pinned by the user: input name -> full shape.
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Explain why rewrites did not apply (collects Mismatch reasons; slightly slower).
+    explain: bool = False

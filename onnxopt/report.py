@@ -1,0 +1,201 @@
+"""The optimize report: what the model looked like before and after, what each pass did, validation.
+
+Reports are frozen dataclasses; ``to_json`` gives the versioned machine-readable form and
+``render`` the rich tables printed on the terminal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import onnx_ir as ir
+
+from onnxopt import io
+from onnxopt.passes.base import PassRecord
+from onnxopt.rewrite.driver import iter_graphs
+from onnxopt.validate import ValidationReport
+
+REPORT_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int | str | None, ...] | None
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    nodes: int
+    op_counts: dict[str, int]
+    parameter_bytes: int
+    file_bytes: int | None
+    opsets: dict[str, int]
+    ir_version: int
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    producer: str
+
+    @staticmethod
+    def of(model: ir.Model, file_bytes: int | None = None) -> ModelSummary:
+        counts: Counter[str] = Counter()
+        for graph in iter_graphs(model):
+            for node in graph:
+                key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+                counts[key] += 1
+        return ModelSummary(
+            nodes=sum(counts.values()),
+            op_counts=dict(sorted(counts.items())),
+            parameter_bytes=io.parameter_bytes(model),
+            file_bytes=file_bytes,
+            opsets=dict(sorted(model.opset_imports.items())),
+            ir_version=model.ir_version,
+            inputs=tuple(_info(v) for v in model.graph.inputs if not v.is_initializer()),
+            outputs=tuple(_info(v) for v in model.graph.outputs),
+            producer=f"{model.producer_name or ''} {model.producer_version or ''}".strip(),
+        )
+
+
+def _dim(dim: Any) -> int | str | None:
+    if isinstance(dim, int):
+        return dim
+    return getattr(dim, "value", None)
+
+
+def _info(value: ir.Value) -> TensorInfo:
+    shape = None if value.shape is None else tuple(_dim(d) for d in value.shape)
+    dtype = value.dtype.name.lower() if value.dtype is not None else "?"
+    return TensorInfo(str(value.name), dtype, shape)
+
+
+def format_shape(shape: tuple[int | str | None, ...] | None) -> str:
+    if shape is None:
+        return "?"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def format_bytes(count: int | None) -> str:
+    if count is None:
+        return "-"
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class OptimizeReport:
+    source: str
+    output: str | None
+    level: int
+    target: str
+    passes_run: tuple[str, ...]
+    before: ModelSummary
+    after: ModelSummary
+    records: tuple[PassRecord, ...]
+    validation: ValidationReport | None
+    warnings: tuple[str, ...]
+    optimize_seconds: float
+    validate_seconds: float
+
+    def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
+        """(name, runs, seconds, summed stats) per pass, in first-run order."""
+        table: dict[str, tuple[int, float, Counter[str]]] = {}
+        for record in self.records:
+            runs, seconds, stats = table.get(record.name, (0, 0.0, Counter()))
+            stats.update(record.stats)
+            table[record.name] = (runs + 1, seconds + record.seconds, stats)
+        return [(name, runs, secs, dict(sorted(stats.items()))) for name, (runs, secs, stats) in table.items()]
+
+    def explain_notes(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for record in self.records:
+            for note in record.notes:
+                seen.setdefault(note, None)
+        return list(seen)
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["schema_version"] = REPORT_SCHEMA_VERSION
+        data["passes"] = [
+            {"name": n, "runs": r, "seconds": round(s, 6), "changes": st} for n, r, s, st in self.pass_totals()
+        ]
+        for record in data["records"]:
+            record["seconds"] = round(record["seconds"], 6)
+        if self.validation is not None:
+            data["validation"]["passed"] = self.validation.passed
+        return data
+
+
+def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> None:
+    """Print the report as rich tables."""
+    from rich.table import Table
+
+    ops = Table(title=f"onnxopt: {report.source} (level O{report.level}, target {report.target})", title_justify="left")
+    ops.add_column("op")
+    ops.add_column("before", justify="right")
+    ops.add_column("after", justify="right")
+    ops.add_column("change", justify="right")
+    names = sorted(set(report.before.op_counts) | set(report.after.op_counts))
+    for name in names:
+        b = report.before.op_counts.get(name, 0)
+        a = report.after.op_counts.get(name, 0)
+        if a == b:
+            continue
+        ops.add_row(name, str(b), str(a), f"{a - b:+d}")
+    unchanged = sum(1 for n in names if report.before.op_counts.get(n, 0) == report.after.op_counts.get(n, 0))
+    if unchanged:
+        ops.add_row(f"[dim]{unchanged} op types unchanged[/dim]", "", "", "")
+    ops.add_section()
+    b, a = report.before, report.after
+    change = f"{(a.nodes - b.nodes) / b.nodes * 100:+.1f}%" if b.nodes else "-"
+    ops.add_row("[bold]nodes[/bold]", str(b.nodes), str(a.nodes), change)
+    ops.add_row("parameters", format_bytes(b.parameter_bytes), format_bytes(a.parameter_bytes), "")
+    ops.add_row("file size", format_bytes(b.file_bytes), format_bytes(a.file_bytes), "")
+    console.print(ops)
+
+    passes = Table(title="passes", title_justify="left")
+    passes.add_column("pass")
+    passes.add_column("runs", justify="right")
+    passes.add_column("time", justify="right")
+    passes.add_column("changes")
+    for name, runs, seconds, stats in report.pass_totals():
+        text = ", ".join(f"{k}: {v}" for k, v in stats.items()) or "[dim]-[/dim]"
+        passes.add_row(name, str(runs), f"{seconds * 1000:.1f} ms", text)
+    passes.add_section()
+    passes.add_row("[bold]total[/bold]", "", f"{report.optimize_seconds * 1000:.0f} ms", "")
+    console.print(passes)
+
+    if explain:
+        notes = report.explain_notes()
+        console.print(f"[bold]explain[/bold]: {len(notes)} candidate(s) not rewritten")
+        for note in notes:
+            console.print(f"  {note}", markup=False, highlight=False)
+
+    validation = report.validation
+    if validation is None:
+        console.print("validation: [yellow]skipped[/yellow] (--no-validate)")
+    else:
+        table = Table(title="validation on ONNX Runtime (CPU, graph optimizations off)", title_justify="left")
+        table.add_column("output")
+        table.add_column("dtype")
+        table.add_column("max abs", justify="right")
+        table.add_column("max rel", justify="right")
+        table.add_column("out of tol", justify="right")
+        table.add_column("")
+        for out in validation.outputs:
+            verdict = "[green]ok[/green]" if out.passed else "[red]MISMATCH[/red]"
+            table.add_row(out.name, out.dtype, f"{out.max_abs:.3g}", f"{out.max_rel:.3g}", f"{out.mismatches}/{out.elements}", verdict)
+        console.print(table)
+        shapes = "; ".join(", ".join(f"{k}{format_shape(v)}" for k, v in t.items()) for t in validation.trials)
+        console.print(f"[dim]inputs tried: {shapes or '-'} ({report.validate_seconds:.2f} s)[/dim]", highlight=False)
+        for error in validation.errors:
+            console.print(f"[red]{error}[/red]", highlight=False)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)

@@ -1,0 +1,329 @@
+"""Numerical validation: run original and optimized on ONNX Runtime (its optimizations OFF) and compare.
+
+Inputs are seeded random tensors that respect what the model expects: integer inputs that index an
+embedding (a Gather's indices, possibly through Cast/Reshape/Unsqueeze) stay below the table's size,
+other integers are small and non-negative, and every dynamic dimension is tried at two or more sizes
+(1 and larger odd values, distinct per symbolic dim so that mixed-up dims are caught).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt import io
+from onnxopt.errors import OnnxoptError, UsageError
+from onnxopt.ops import is_op
+
+logger = logging.getLogger(__name__)
+
+# |a - b| <= atol + rtol * |b| per element; chosen from the rounding of reassociated fp sums.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (1e-4, 1e-3),
+    "float64": (1e-7, 1e-6),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (5e-2, 5e-2),
+}
+DEFAULT_TOLERANCE = (1e-4, 1e-3)
+MAX_TRIAL_ELEMENTS = 64 * 1024 * 1024
+FALLBACK_SIZES = (2, 8, 16, 32, 64, 128, 224)
+_PASSTHROUGH = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")
+
+
+class CannotValidate(OnnxoptError):
+    """Validation could not run (the original fails on ORT, an input has no shape, ...)."""
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    name: str
+    dtype: str
+    elements: int
+    max_abs: float
+    max_rel: float
+    mismatches: int
+    atol: float
+    rtol: float
+
+    @property
+    def passed(self) -> bool:
+        return self.mismatches == 0
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    trials: tuple[dict[str, tuple[int, ...]], ...]
+    outputs: tuple[OutputComparison, ...]
+    errors: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return not self.errors and all(o.passed for o in self.outputs)
+
+    def failing_outputs(self) -> list[str]:
+        return [o.name for o in self.outputs if not o.passed]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    dtype: np.dtype
+    dims: tuple[int | str | None, ...]
+    int_high: int | None = None
+
+
+@dataclass
+class _Worst:
+    comparisons: dict[str, OutputComparison] = field(default_factory=dict)
+
+    def add(self, comparison: OutputComparison) -> None:
+        old = self.comparisons.get(comparison.name)
+        if old is None:
+            self.comparisons[comparison.name] = comparison
+            return
+        self.comparisons[comparison.name] = OutputComparison(
+            comparison.name,
+            comparison.dtype,
+            old.elements + comparison.elements,
+            max(old.max_abs, comparison.max_abs),
+            max(old.max_rel, comparison.max_rel),
+            old.mismatches + comparison.mismatches,
+            comparison.atol,
+            comparison.rtol,
+        )
+
+
+def _embedding_bound(value: ir.Value, depth: int = 0) -> int | None:
+    """Smallest table size among Gathers that use ``value`` (through shape-only ops) as indices."""
+    bounds: list[int] = []
+    for use in value.uses():
+        node = use.node
+        if is_op(node, "Gather") and use.idx == 1:
+            data = node.inputs[0]
+            axis = node.attributes.get_int("axis", 0)
+            if data is not None and data.shape is not None and len(data.shape) > 0:
+                dim = data.shape[axis if axis >= 0 else axis + len(data.shape)]
+                if isinstance(dim, int) and dim > 0:
+                    bounds.append(dim)
+        elif depth < 4 and any(is_op(node, op) for op in _PASSTHROUGH) and use.idx == 0:
+            inner = _embedding_bound(node.outputs[0], depth + 1)
+            if inner is not None:
+                bounds.append(inner)
+    return min(bounds) if bounds else None
+
+
+def input_specs(model: ir.Model) -> list[InputSpec]:
+    specs = []
+    for value in model.graph.inputs:
+        if value.is_initializer():
+            continue  # an overridable initializer: its stored value is the realistic input
+        if not isinstance(value.type, ir.TensorType) or value.dtype is None:
+            raise CannotValidate(f"input '{value.name}' is not a plain tensor; pass --inputs or --no-validate")
+        if value.shape is None:
+            raise CannotValidate(f"input '{value.name}' has no shape; pass --input-shape, --inputs or --no-validate")
+        dims: list[int | str | None] = []
+        for dim in value.shape:
+            if isinstance(dim, int):
+                dims.append(dim)
+            else:
+                dims.append(dim.value if isinstance(dim, ir.SymbolicDim) else None)
+        np_dtype = value.dtype.numpy()
+        high = _embedding_bound(value) if np.issubdtype(np_dtype, np.integer) else None
+        specs.append(InputSpec(str(value.name), np_dtype, tuple(dims), high))
+    return specs
+
+
+def _trial_plans(specs: Sequence[InputSpec]) -> list[Callable[[int | str | None], int]]:
+    symbols: list[str] = []
+    for spec in specs:
+        for dim in spec.dims:
+            if isinstance(dim, str) and dim not in symbols:
+                symbols.append(dim)
+
+    def constant(size: int) -> Callable[[int | str | None], int]:
+        return lambda dim: dim if isinstance(dim, int) else size
+
+    def distinct(dim: int | str | None) -> int:
+        if isinstance(dim, int):
+            return dim
+        if dim is None:
+            return 3
+        return 3 + 2 * symbols.index(dim)
+
+    return [constant(1), distinct, *(constant(s) for s in FALLBACK_SIZES)]
+
+
+def make_inputs(
+    specs: Sequence[InputSpec], size_of: Callable[[int | str | None], int], rng: np.random.Generator
+) -> dict[str, np.ndarray] | None:
+    feeds: dict[str, np.ndarray] = {}
+    total = 0
+    for spec in specs:
+        shape = tuple(size_of(d) for d in spec.dims)
+        total += int(np.prod(shape, dtype=np.int64))
+        if total > MAX_TRIAL_ELEMENTS:
+            return None
+        dtype = spec.dtype
+        if dtype == np.bool_:
+            array = rng.integers(0, 2, size=shape).astype(np.bool_)
+        elif np.issubdtype(dtype, np.integer):
+            high = spec.int_high if spec.int_high is not None else 2
+            array = rng.integers(0, max(high, 1), size=shape).astype(dtype)
+        elif np.issubdtype(dtype, np.floating) or dtype.kind == "V":
+            array = rng.standard_normal(size=shape).astype(np.float32)
+            array = array.astype(dtype) if dtype.kind != "V" else array
+        else:
+            raise CannotValidate(f"input '{spec.name}' has dtype {dtype}, which validation cannot generate")
+        feeds[spec.name] = array
+    return feeds
+
+
+def _session(model: ir.Model | Path, threads: int = 2):  # type: ignore[no-untyped-def]
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    if isinstance(model, Path):
+        return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    with io.ort_model_source(model) as source:
+        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def compare_arrays(name: str, expected: np.ndarray, actual: np.ndarray) -> OutputComparison:
+    dtype = str(expected.dtype)
+    atol, rtol = TOLERANCES.get(dtype, DEFAULT_TOLERANCE)
+    if expected.shape != actual.shape:
+        return OutputComparison(name, dtype, expected.size, float("inf"), float("inf"), max(expected.size, 1), atol, rtol)
+    if expected.size == 0:
+        return OutputComparison(name, dtype, 0, 0.0, 0.0, 0, atol, rtol)
+    if not (np.issubdtype(expected.dtype, np.number) or expected.dtype == np.bool_):
+        bad = int(np.sum(expected != actual))
+        return OutputComparison(name, dtype, expected.size, float(bad > 0), float(bad > 0), bad, 0.0, 0.0)
+    if np.issubdtype(expected.dtype, np.floating):
+        e = expected.astype(np.float64)
+        a = actual.astype(np.float64)
+        same_nan = np.isnan(e) == np.isnan(a)
+        same_inf = (np.isinf(e) == np.isinf(a)) & ((e == a) | ~np.isinf(e))
+        finite = np.isfinite(e) & np.isfinite(a)
+        diff = np.where(finite, np.abs(e - a), 0.0)
+        rel = np.where(finite, diff / np.maximum(np.abs(e), 1e-12), 0.0)
+        bad = (~same_nan) | (~same_inf) | (diff > atol + rtol * np.abs(np.where(finite, e, 0.0)))
+        return OutputComparison(
+            name, dtype, expected.size, float(diff.max()), float(rel.max()), int(bad.sum()), atol, rtol
+        )
+    e = expected.astype(np.int64) if expected.dtype != np.uint64 else expected
+    a = actual.astype(np.int64) if actual.dtype != np.uint64 else actual
+    diff_i = np.abs(e.astype(np.float64) - a.astype(np.float64))
+    return OutputComparison(name, dtype, expected.size, float(diff_i.max()), float(diff_i.max()), int((diff_i > 0).sum()), 0.0, 0.0)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else type(exc).__name__
+
+
+def validate(
+    original: ir.Model | Path,
+    optimized: ir.Model,
+    *,
+    specs: Sequence[InputSpec] | None = None,
+    inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
+    seed: int = 0,
+    trials: int = 2,
+) -> ValidationReport:
+    """Compare outputs of ``original`` and ``optimized`` on ORT (graph optimizations disabled).
+
+    ``original`` is a model or the path of the untouched file (cheapest: ORT reads it directly).
+    ``specs`` describe the inputs to generate (from :func:`input_specs` of the original); by default
+    they are derived from ``original`` when it is a model, else from ``optimized``.
+    """
+    try:
+        reference = _session(original)
+    except Exception as exc:
+        raise CannotValidate(f"ONNX Runtime cannot load the original model: {_first_line(exc)}") from exc
+    try:
+        candidate = _session(optimized)
+    except Exception as exc:
+        return ValidationReport((), (), (f"ONNX Runtime cannot load the optimized model: {_first_line(exc)}",))
+    output_names = [o.name for o in reference.get_outputs()]
+    candidate_outputs = {o.name for o in candidate.get_outputs()}
+    missing = [n for n in output_names if n not in candidate_outputs]
+    if missing:
+        return ValidationReport((), (), (f"optimized model lost outputs: {', '.join(missing)}",))
+
+    feed_sets: list[dict[str, np.ndarray]]
+    if inputs is not None:
+        feed_sets = [dict(f) for f in inputs]
+    else:
+        feed_sets = []
+    worst = _Worst()
+    errors: list[str] = []
+    used: list[dict[str, tuple[int, ...]]] = []
+    rng = np.random.default_rng(seed)
+    last_failure = ""
+
+    def run_one(feeds: dict[str, np.ndarray]) -> bool:
+        nonlocal last_failure
+        try:
+            expected = reference.run(output_names, feeds)
+        except Exception as exc:
+            last_failure = _first_line(exc)
+            return False
+        try:
+            actual = candidate.run(output_names, feeds)
+        except Exception as exc:
+            errors.append(f"optimized model fails where the original runs: {_first_line(exc)}")
+            return True
+        for name, e, a in zip(output_names, expected, actual):
+            worst.add(compare_arrays(name, np.asarray(e), np.asarray(a)))
+        used.append({k: tuple(v.shape) for k, v in feeds.items()})
+        return True
+
+    if feed_sets:
+        for feeds in feed_sets:
+            if not run_one(feeds):
+                raise CannotValidate(f"the original model fails on the given inputs: {last_failure}")
+    else:
+        if specs is None:
+            specs = input_specs(original if isinstance(original, ir.Model) else optimized)
+        dynamic = any(not isinstance(d, int) for s in specs for d in s.dims)
+        wanted = trials if dynamic else 1
+        seen: set[tuple[tuple[int, ...], ...]] = set()
+        for plan in _trial_plans(specs):
+            if len(used) >= wanted:
+                break
+            feeds = make_inputs(specs, plan, rng)
+            if feeds is None:
+                continue
+            key = tuple(f.shape for f in feeds.values())
+            if key in seen:
+                continue
+            seen.add(key)
+            run_one(feeds)
+            if errors:
+                break
+        if not used and not errors:
+            raise CannotValidate(
+                f"the original model does not run on ONNX Runtime with generated inputs ({last_failure}); "
+                "pass --inputs FILE.npz or --no-validate"
+            )
+    return ValidationReport(tuple(used), tuple(worst.comparisons.values()), tuple(errors))
+
+
+def load_inputs(path: str | Path) -> list[dict[str, np.ndarray]]:
+    """Inputs from a .npz file: one set (arrays named after inputs)."""
+    target = Path(path)
+    if not target.is_file():
+        raise UsageError(f"--inputs {target}: no such file")
+    try:
+        with np.load(target, allow_pickle=False) as data:
+            return [{k: data[k] for k in data.files}]
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--inputs {target}: not a readable .npz file ({exc})") from None
