@@ -9,7 +9,9 @@ from onnxopt.passes.base import FixedPoint, Pass, Step
 from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
 from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
+from onnxopt.passes.eliminate_noops import EliminateNoopsPass
 from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
@@ -20,19 +22,29 @@ LevelSpec = Sequence[PassClass | tuple[PassClass, ...]]
 ALL_PASSES: list[PassClass] = [
     SortTopologicallyPass,
     InferShapesPass,
+    EliminateNoopsPass,
+    MergeConsecutiveOpsPass,
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
 ]
 
 CLEANUP: tuple[PassClass, ...] = (
+    EliminateNoopsPass,
+    MergeConsecutiveOpsPass,
     EliminateDeadCodePass,
     EliminateCommonSubexpressionsPass,
 )
 
 LEVELS: dict[int, LevelSpec] = {
     0: [],
-    1: [SortTopologicallyPass, InferShapesPass, EliminateDeadCodePass, DeduplicateInitializersPass],
+    1: [
+        SortTopologicallyPass,
+        InferShapesPass,
+        EliminateNoopsPass,
+        EliminateDeadCodePass,
+        DeduplicateInitializersPass,
+    ],
     2: [
         SortTopologicallyPass,
         InferShapesPass,
