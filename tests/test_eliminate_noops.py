@@ -138,6 +138,33 @@ POSITIVE = [
         ["Relu"],
         1,
     ),
+    ("sum-one", model("{ c = Sum(x)\n y = Relu(c) }"), {"Sum removed": 1}, ["Relu"], 1),
+    ("max-one", model("{ c = Max(x)\n y = Relu(c) }"), {"Max removed": 1}, ["Relu"], 1),
+    (
+        "tile-ones",
+        model("<int64[3] r = {1, 1, 1}> { t = Tile(x, r)\n y = Relu(t) }"),
+        {"Tile removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "reduce-size-one-axis",
+        model(
+            "{ r = ReduceMean <axes = [-1], keepdims = 1> (x)\n y = Relu(r) }",
+            inputs="float[N,3,1] x",
+            outputs="float[N,3,1] y",
+        ),
+        {"ReduceMean removed": 1},
+        ["Relu"],
+        2,
+    ),
+    (
+        "reduce-noop-empty-axes",
+        model("{ r = ReduceSum <noop_with_empty_axes = 1> (x)\n y = Relu(r) }"),
+        {"ReduceSum removed": 1},
+        ["Relu"],
+        1,
+    ),
     (
         "split-one",
         model("{ s = Split <axis = 1> (x)\n y = Relu(s) }"),
@@ -351,6 +378,32 @@ NEGATIVE = [
         ),
         "symbolic dim",
     ),
+    (
+        "tile-repeats",
+        model(
+            "<int64[3] r = {1, 2, 1}> { t = Tile(x, r)\n y = Relu(t) }", outputs="float[2,6,4] y"
+        ),
+        "not all 1",
+    ),
+    (
+        "reduce-keepdims-0",
+        model(
+            "{ r = ReduceMax <axes = [2], keepdims = 0> (x)\n y = Relu(r) }",
+            inputs="float[2,3,1] x",
+            outputs="float[2,3] y",
+        ),
+        "keepdims=0",
+    ),
+    (
+        "reduce-symbolic-dim",
+        model(
+            "<int64[1] a = {1}> { r = ReduceSum(x, a)\n y = Relu(r) }",
+            inputs="float[2,N] x",
+            outputs="float[2,1] y",
+        ),
+        "not known to be 1",
+    ),
+    ("sum-two", model("{ c = Sum(x, x)\n y = Relu(c) }"), "it has 2 inputs"),
     (
         "pad-nonzero",
         model(

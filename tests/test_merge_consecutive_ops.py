@@ -1,8 +1,17 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from onnxopt.passes.merge_consecutive_ops import EXACT_WIDENING, MergeConsecutiveOpsPass
+from onnxopt.passes.merge_consecutive_ops import (
+    EXACT_WIDENING,
+    MergeConsecutiveOpsPass,
+    compose_slices,
+    merge_squeeze_axes,
+    merge_unsqueeze_axes,
+)
 from onnxopt.validate import validate
 from tests._pass_check import assert_refuses, assert_rewrites, load
 from tests.test_eliminate_noops import model
@@ -344,7 +353,6 @@ def test_merged_transpose_at_graph_output_keeps_its_name() -> None:
 
 def test_exact_widening_table_is_exact() -> None:
     """Every listed A -> B keeps A's extreme integers (and for floats, widening is exact by IEEE)."""
-    import numpy as np
     import onnx_ir as ir
 
     for source, targets in EXACT_WIDENING.items():
@@ -394,3 +402,36 @@ def test_merge_inside_a_branch_adds_a_branch_initializer() -> None:
     assert len(branch.initializers) == 1
     assert validate(original, result.model).passed
     assert not MergeConsecutiveOpsPass()(result.model).modified
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dim=st.integers(0, 12),
+    inner=st.tuples(st.integers(-15, 15), st.integers(-15, 15), st.integers(1, 3)),
+    outer=st.tuples(st.integers(-15, 15), st.integers(-15, 15), st.integers(1, 3)),
+    symbolic=st.booleans(),
+)
+def test_compose_slices_matches_two_slices(
+    dim: int, inner: tuple[int, int, int], outer: tuple[int, int, int], symbolic: bool
+) -> None:
+    composed = compose_slices(inner, outer, None if symbolic else dim, None)
+    if isinstance(composed, str):
+        assert symbolic and min(*inner[:2], *outer[:2]) < 0
+        return
+    data = np.arange(dim)
+    expected = data[slice(*inner)][slice(*outer)]
+    np.testing.assert_array_equal(data[slice(*composed)], expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rank=st.integers(0, 3), data=st.data())
+def test_merged_unsqueeze_and_squeeze_axes(rank: int, data: st.DataObject) -> None:
+    source = np.zeros(tuple(range(2, 2 + rank)))
+    first = data.draw(st.lists(st.integers(0, rank), min_size=1, max_size=2, unique=True))
+    middle = np.expand_dims(source, tuple(first))
+    second = data.draw(st.lists(st.integers(0, middle.ndim), min_size=1, max_size=2, unique=True))
+    final = np.expand_dims(middle, tuple(second))
+    merged = merge_unsqueeze_axes(first, second)
+    assert np.expand_dims(source, merged).shape == final.shape
+    # Squeezing the same dims back in two steps is one Squeeze of the merged axes.
+    assert np.squeeze(final, merge_squeeze_axes(second, first)).shape == source.shape

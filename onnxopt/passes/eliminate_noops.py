@@ -190,6 +190,43 @@ def _concat(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     return _keep(node, node.inputs[0])
 
 
+def _single_input(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """Variadic Sum/Mean/Max/Min of one tensor is that tensor."""
+    if len(node.inputs) != 1:
+        return Mismatch(f"it has {len(node.inputs)} inputs")
+    return _keep(node, node.inputs[0])
+
+
+def _tile(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    repeats = const_ints(optional_input(node, 1))
+    if repeats is None:
+        return Mismatch("the repeats are not a constant")
+    if any(r != 1 for r in repeats):
+        return Mismatch(f"repeats {list(repeats)} are not all 1")
+    return _keep(node, node.inputs[0])
+
+
+def _reduce(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """A reduction over no axes (noop_with_empty_axes) or only over size-1 dims it keeps."""
+    axes = int_param(node, "axes", 1)
+    if isinstance(axes, Mismatch):
+        return axes
+    noop_when_empty = node.attributes.get_int("noop_with_empty_axes", 0)
+    if not axes and noop_when_empty:
+        return _keep(node, node.inputs[0])
+    if node.attributes.get_int("keepdims", 1) == 0:
+        return Mismatch("keepdims=0 drops the reduced dims")
+    dims = dims_of(node.inputs[0])
+    if dims is None:
+        return Mismatch("the input rank is unknown")
+    reduced = normalize_axes(axes, len(dims)) if axes else tuple(range(len(dims)))
+    if reduced is None:
+        return Mismatch(f"axes {list(axes or ())} are out of range")
+    if any(dims[axis] != 1 for axis in reduced):
+        return Mismatch("it reduces a dim that is not known to be 1")
+    return _keep(node, node.inputs[0])
+
+
 def _split(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if len(node.outputs) != 1:
         return Mismatch(f"it has {len(node.outputs)} outputs")
@@ -329,6 +366,15 @@ RULES: tuple[Rule, ...] = (
     _rule("Pad removed", "Pad", _pad),
     _rule("Slice removed", "Slice", _slice),
     _rule("Concat removed", "Concat", _concat),
+    _rule("Sum removed", "Sum", _single_input),
+    _rule("Mean removed", "Mean", _single_input),
+    _rule("Max removed", "Max", _single_input),
+    _rule("Min removed", "Min", _single_input),
+    _rule("Tile removed", "Tile", _tile),
+    *(
+        _rule(f"{op} removed", op, _reduce)
+        for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd")
+    ),
     _rule("Split removed", "Split", _split),
     _rule("Flatten removed", "Flatten", _flatten),
     _rule("Unsqueeze+Squeeze removed", "Squeeze", _undo_pair("Unsqueeze")),
@@ -344,7 +390,9 @@ RULES: tuple[Rule, ...] = (
 class EliminateNoopsPass(Pass):
     """Remove ops proven to return their input: Identity, inference Dropout, same-dtype Cast,
     shape-preserving Reshape/Expand/Flatten, identity Transpose, zero Pad, whole-axis Slice,
-    one-input Concat, one-output Split, Unsqueeze/Squeeze pairs, x+0, x-0, x*1, x/1, constant Where.
+    one-input Concat/Sum/Mean/Max/Min, one-output Split, Tile by ones, Unsqueeze/Squeeze pairs,
+    ReduceSum/Mean/Max/Min/Prod over nothing or over kept size-1 dims,
+    x+0, x-0, x*1, x/1, Where with a constant condition.
     """
 
     name = "eliminate-noops"

@@ -169,6 +169,23 @@ def _nth_free(taken: Sequence[int], n: int) -> int:
     return position
 
 
+def merge_unsqueeze_axes(first: Sequence[int], second: Sequence[int]) -> tuple[int, ...]:
+    """Axes of one Unsqueeze equal to Unsqueeze(second) after Unsqueeze(first) (non-negative axes).
+
+    The first result's dims, the new ones included, fill the final result's slots not in
+    ``second``, in order.
+    """
+    return tuple(sorted({*second, *(_nth_free(second, axis) for axis in first)}))
+
+
+def merge_squeeze_axes(first: Sequence[int], second: Sequence[int]) -> tuple[int, ...]:
+    """Axes of one Squeeze equal to Squeeze(second) after Squeeze(first) (non-negative axes).
+
+    Dim q of the first result is the source's q-th dim not in ``first``.
+    """
+    return tuple(sorted({*first, *(_nth_free(first, axis) for axis in second)}))
+
+
 def _axes_or_mismatch(node: ir.Node, rank: int | None) -> tuple[int, ...] | Mismatch | None:
     axes = int_param(node, "axes", 1)
     if axes is None or isinstance(axes, Mismatch):
@@ -196,9 +213,7 @@ def _match_unsqueezes(node: ir.Node, context: RewriteContext) -> Match | Mismatc
         if axes is None:
             return Mismatch("an Unsqueeze has no axes")
     assert isinstance(first, tuple) and isinstance(second, tuple)
-    # The inner result's dims fill the outer result's free slots in order.
-    merged = sorted({*second, *(_nth_free(second, axis) for axis in first)})
-    return Match([inner, node], {"axes": tuple(merged)})
+    return Match([inner, node], {"axes": merge_unsqueeze_axes(first, second)})
 
 
 def _match_squeezes(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -216,8 +231,7 @@ def _match_squeezes(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if first is None:
         return Mismatch("the inner Squeeze has no axes, so the outer one cannot squeeze anything")
     assert isinstance(first, tuple) and isinstance(second, tuple)
-    merged = sorted({*first, *(_nth_free(first, axis) for axis in second)})
-    return Match([inner, node], {"axes": tuple(merged)})
+    return Match([inner, node], {"axes": merge_squeeze_axes(first, second)})
 
 
 def _rewrite_axes_merge(match: Match, context: RewriteContext) -> Replacement:
@@ -280,6 +294,29 @@ def _non_negative(index: int, dim: int | None) -> int | None:
     return None if dim is None else max(index + dim, 0)
 
 
+def compose_slices(
+    inner: tuple[int, int, int], outer: tuple[int, int, int], dim: int | None, middle: int | None
+) -> tuple[int, int, int] | str:
+    """(start, end, step) of one Slice equal to ``outer`` applied after ``inner`` on one axis.
+
+    ``dim`` is the axis size (None: symbolic), ``middle`` its size after ``inner``. With
+    non-negative indices the result holds for every dim: inner picks a + s1*k while that is
+    below b; outer keeps k = c + s2*j while k < d. Returns why not when it cannot compose.
+    """
+    (a, b, inner_step), (c, d, outer_step) = inner, outer
+    if inner_step <= 0 or outer_step <= 0:
+        return "with a negative step"
+    if middle is None and dim is not None:
+        middle = len(range(*slice(a, b, inner_step).indices(dim)))
+    first, last = _non_negative(a, dim), _non_negative(b, dim)
+    skip, keep = _non_negative(c, middle), _non_negative(d, middle)
+    if first is None or last is None or skip is None or keep is None:
+        return "with negative indices on a symbolic dim"
+    start = min(first + inner_step * skip, INT64_MAX)
+    end = min(first + inner_step * keep, last, INT64_MAX)
+    return start, end, inner_step * outer_step
+
+
 def _match_slices(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     inner = producer_op(node, "Slice")
     if isinstance(inner, Mismatch):
@@ -305,22 +342,12 @@ def _match_slices(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         if axis not in merged:
             merged[axis] = (start, end, step)
             continue
-        outer_start, outer_end, outer_step = start, end, step
-        inner_start, inner_end, inner_step = merged[axis]
-        if inner_step <= 0 or outer_step <= 0:
-            return Mismatch(f"axis {axis} is sliced twice with a negative step")
         dim = source_dims[axis] if source_dims is not None else None
         middle = middle_dims[axis] if middle_dims is not None else None
-        a, b = _non_negative(inner_start, dim), _non_negative(inner_end, dim)
-        c, d = _non_negative(outer_start, middle), _non_negative(outer_end, middle)
-        if a is None or b is None or c is None or d is None:
-            return Mismatch(f"axis {axis} is sliced twice with negative indices on a symbolic dim")
-        # Inner picks a + s1*k (k < its count, i.e. index < b); outer picks k = c + s2*j, k < d.
-        merged[axis] = (
-            min(a + inner_step * c, INT64_MAX),
-            min(a + inner_step * d, b, INT64_MAX),
-            inner_step * outer_step,
-        )
+        composed = compose_slices(merged[axis], (start, end, step), dim, middle)
+        if isinstance(composed, str):
+            return Mismatch(f"axis {axis} is sliced twice {composed}")
+        merged[axis] = composed
     return Match([inner, node], {"slices": merged, "attribute_form": first.attribute_form})
 
 
