@@ -2,7 +2,7 @@
 
 Each seed builds a chain of Transpose/Reshape/(Un)Squeeze/Slice/Concat/Cast/Expand/Pad/Tile and
 x+0, x*1 style ops with random parameters (no-ops, mergeable pairs and near misses alike), in the
-attribute form (opset 11) or the input form (opset 13), sometimes with a symbolic batch dim, then
+attribute forms (opsets 9 and 11) or the input forms (opsets 13 and 17), sometimes with a symbolic batch dim, then
 checks on ONNX Runtime that the optimized model computes the same outputs.
 """
 
@@ -122,7 +122,7 @@ def step(chain: Chain, value: str, array: np.ndarray, kind: str) -> tuple[str, n
             dim = array.shape[axis]
             start = 0 if rng.random() < 0.4 else int(rng.integers(-dim - 1, dim + 2))
             end = INT64_MAX if rng.random() < 0.4 else int(rng.integers(-dim - 1, dim + 2))
-            stride = 1 if chain.opset < 13 or rng.random() < 0.6 else int(rng.integers(1, 3))
+            stride = 1 if chain.opset < 10 or rng.random() < 0.6 else int(rng.integers(1, 3))
             starts.append(start)
             ends.append(end)
             steps.append(stride)
@@ -130,7 +130,7 @@ def step(chain: Chain, value: str, array: np.ndarray, kind: str) -> tuple[str, n
         sliced = array[tuple(index)]
         if sliced.size == 0:
             return value, array  # empty tensors make later Reshape -1 ambiguous
-        if chain.opset < 13:
+        if chain.opset < 10:
             return chain.add("Slice", [value], starts=starts, ends=ends, axes=axes), sliced
         inputs = [value, chain.ints(starts), chain.ints(ends), chain.ints(axes), chain.ints(steps)]
         return chain.add("Slice", inputs), sliced
@@ -189,6 +189,8 @@ def step(chain: Chain, value: str, array: np.ndarray, kind: str) -> tuple[str, n
             else [0] * 2 * rank
         )
         padded = np.pad(array, list(zip(pads[:rank], pads[rank:], strict=True)))
+        if chain.opset < 11:
+            return chain.add("Pad", [value], pads=pads), padded
         return chain.add("Pad", [value, chain.ints(pads)]), padded
     if kind == "tile" and rank > 0:
         repeats = [1 if rng.random() < 0.8 else 2 for _ in range(rank)]
@@ -198,7 +200,7 @@ def step(chain: Chain, value: str, array: np.ndarray, kind: str) -> tuple[str, n
 
 def random_model(seed: int) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
-    opset = int(rng.choice([11, 13, 17]))
+    opset = int(rng.choice([9, 11, 13, 17]))
     chain = Chain(rng, opset)
     x_shape = [int(d) for d in rng.integers(1, 4, size=int(rng.integers(1, 4)))]
     dynamic = rng.random() < 0.3
