@@ -31,6 +31,10 @@ class Chain:
         self.initializers: list[onnx.TensorProto] = []
         self.count = 0
 
+    def negative_axes(self) -> bool:
+        """Write an axis as negative now and then (allowed from opset 11)."""
+        return self.opset >= 11 and self.rng.random() < 0.3
+
     def name(self, prefix: str) -> str:
         self.count += 1
         return f"{prefix}{self.count}"
@@ -101,7 +105,7 @@ def step(chain: Chain, value: str, array: np.ndarray, kind: str) -> tuple[str, n
     if kind == "unsqueeze" and rank < 5:
         count = int(rng.integers(1, 3))
         axes = sorted(int(a) for a in rng.choice(rank + count, size=count, replace=False))
-        signed = [a - (rank + count) if rng.random() < 0.3 else a for a in axes]
+        signed = [a - (rank + count) if chain.negative_axes() else a for a in axes]
         return _axes(chain, "Unsqueeze", value, signed), np.expand_dims(array, tuple(axes))
     if kind == "squeeze":
         ones = [i for i, d in enumerate(array.shape) if d == 1]
@@ -110,7 +114,7 @@ def step(chain: Chain, value: str, array: np.ndarray, kind: str) -> tuple[str, n
         if rng.random() < 0.3:
             return chain.add("Squeeze", [value]), np.squeeze(array)
         axes = [ones[0]] if len(ones) == 1 or rng.random() < 0.5 else ones
-        signed = [a - rank if rng.random() < 0.3 else a for a in axes]
+        signed = [a - rank if chain.negative_axes() else a for a in axes]
         return _axes(chain, "Squeeze", value, signed), np.squeeze(array, tuple(axes))
     if kind == "slice" and rank > 0:
         axes = sorted(
@@ -148,7 +152,7 @@ def step(chain: Chain, value: str, array: np.ndarray, kind: str) -> tuple[str, n
         else:
             parts, out = [inner, value], np.concatenate([joined, array], axis)
         return chain.add(
-            "Concat", parts, axis=outer_axis - rank if rng.random() < 0.3 else outer_axis
+            "Concat", parts, axis=outer_axis - rank if chain.negative_axes() else outer_axis
         ), out
     if kind == "cast":
         types = {**FLOAT_TYPES, **INT_TYPES}
