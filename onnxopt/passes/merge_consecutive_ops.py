@@ -33,7 +33,6 @@ from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 
 T = ir.DataType
-_SMALL_INTS = (T.INT8, T.UINT8)
 _FLOATS = (T.FLOAT16, T.BFLOAT16, T.FLOAT, T.DOUBLE)
 _INTS = (T.INT8, T.INT16, T.INT32, T.INT64, T.UINT8, T.UINT16, T.UINT32, T.UINT64)
 
