@@ -41,7 +41,9 @@ def _fail(exc: BaseException, traceback: bool) -> NoReturn:
     elif isinstance(exc, RecursionError):
         message = "the model is nested too deeply to process"
     else:
-        message = f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        message = (
+            f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
         if not traceback:
             message += " (rerun with --traceback and report it)"
     click.echo(f"onnxopt: error: {message}", err=True)
@@ -65,14 +67,20 @@ class _Command(click.Command):
 
 
 def _common(func: Callable[..., Any]) -> Callable[..., Any]:
-    func = click.option("--traceback", is_flag=True, help="Show the Python traceback of errors.")(func)
-    func = click.option("-v", "--verbose", count=True, help="Log more to stderr (-vv for debug).")(func)
+    func = click.option("--traceback", is_flag=True, help="Show the Python traceback of errors.")(
+        func
+    )
+    func = click.option("-v", "--verbose", count=True, help="Log more to stderr (-vv for debug).")(
+        func
+    )
     return func
 
 
 def _setup_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -91,11 +99,15 @@ def parse_size(text: str) -> int:
 def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     name, sep, dims = text.rpartition(":")
     if not sep or not name:
-        raise UsageError(f"--input-shape '{text}': expected NAME:D1xD2x... (e.g. input:1x3x224x224)")
+        raise UsageError(
+            f"--input-shape '{text}': expected NAME:D1xD2x... (e.g. input:1x3x224x224)"
+        )
     try:
         shape = tuple(int(d) for d in dims.lower().split("x")) if dims else ()
     except ValueError:
-        raise UsageError(f"--input-shape '{text}': dims must be integers separated by 'x'") from None
+        raise UsageError(
+            f"--input-shape '{text}': dims must be integers separated by 'x'"
+        ) from None
     if any(d < 0 for d in shape):
         raise UsageError(f"--input-shape '{text}': dims must not be negative")
     return name, shape
@@ -119,16 +131,52 @@ def main() -> None:
 
 @main.command(cls=_Command)
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write the optimized model.")
-@click.option("-O", "--level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level (-O0 .. -O3).")
-@click.option("--passes", help="Run exactly these passes, in order (comma-separated; see `onnxopt passes`).")
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), help="Where to write the optimized model."
+)
+@click.option(
+    "-O",
+    "--level",
+    type=click.IntRange(0, 3),
+    default=2,
+    show_default=True,
+    help="Optimization level (-O0 .. -O3).",
+)
+@click.option(
+    "--passes", help="Run exactly these passes, in order (comma-separated; see `onnxopt passes`)."
+)
 @click.option("--disable", help="Drop these passes from the level's pipeline (comma-separated).")
-@click.option("--target", type=click.Choice(["ort", "onnx"]), default="ort", show_default=True, help="Runtime that fusions may target.")
-@click.option("--fold-limit", default="32MiB", show_default=True, help="Largest tensor constant folding may create.")
-@click.option("--input-shape", "input_shapes", multiple=True, help="Pin an input's dims: NAME:1x3x224x224 (repeatable).")
-@click.option("--inputs", "inputs_file", type=click.Path(path_type=Path), help="Validate on these inputs (.npz) instead of random ones.")
+@click.option(
+    "--target",
+    type=click.Choice(["ort", "onnx"]),
+    default="ort",
+    show_default=True,
+    help="Runtime that fusions may target.",
+)
+@click.option(
+    "--fold-limit",
+    default="32MiB",
+    show_default=True,
+    help="Largest tensor constant folding may create.",
+)
+@click.option(
+    "--input-shape",
+    "input_shapes",
+    multiple=True,
+    help="Pin an input's dims: NAME:1x3x224x224 (repeatable).",
+)
+@click.option(
+    "--inputs",
+    "inputs_file",
+    type=click.Path(path_type=Path),
+    help="Validate on these inputs (.npz) instead of random ones.",
+)
 @click.option("--no-validate", is_flag=True, help="Skip numerical validation on ONNX Runtime.")
-@click.option("--external-data/--no-external-data", default=None, help="Store weights in OUTPUT.data (default: when the input did, or past 2 GB).")
+@click.option(
+    "--external-data/--no-external-data",
+    default=None,
+    help="Store weights in OUTPUT.data (default: when the input did, or past 2 GB).",
+)
 @click.option("--overwrite", is_flag=True, help="Allow OUTPUT to be the input file.")
 @click.option("--explain", is_flag=True, help="Say why each candidate rewrite was not applied.")
 @click.option("--verify-each", is_flag=True, help="Check graph invariants after every pass.")
@@ -182,8 +230,16 @@ def optimize(
     failed = validation is not None and not validation.passed
     if output is not None and not failed:
         assert result.source is not None
-        protected = () if overwrite else (result.source.path, *result.source.external_files) if result.source.path else ()
-        written = io.save_model(result.model, output, external_data=external_data, protected=protected)
+        protected = (
+            ()
+            if overwrite
+            else (result.source.path, *result.source.external_files)
+            if result.source.path
+            else ()
+        )
+        written = io.save_model(
+            result.model, output, external_data=external_data, protected=protected
+        )
         report = dataclasses.replace(
             report,
             output=str(written),
@@ -228,7 +284,10 @@ def passes(as_json: bool, verbose: int, traceback: bool) -> None:
             for name in names:
                 if level not in levels.setdefault(name, []):
                     levels[name].append(level)
-    rows = [{"name": cls.name, "summary": cls.summary, "levels": levels.get(cls.name, [])} for cls in ALL_PASSES]
+    rows: list[dict[str, Any]] = [
+        {"name": cls.name, "summary": cls.summary, "levels": levels.get(cls.name, [])}
+        for cls in ALL_PASSES
+    ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -262,7 +321,9 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
 
     console = _stdout_console()
     opsets = ", ".join(f"{d or 'ai.onnx'}={v}" for d, v in summary.opsets.items())
-    console.print(f"[bold]{model}[/bold]  ir_version {summary.ir_version}, opsets {opsets}", highlight=False)
+    console.print(
+        f"[bold]{model}[/bold]  ir_version {summary.ir_version}, opsets {opsets}", highlight=False
+    )
     if summary.producer:
         console.print(f"producer: {summary.producer}", highlight=False)
     io_table = Table(title="inputs and outputs", title_justify="left")
@@ -281,7 +342,8 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
         ops.add_row(name, str(count))
     console.print(ops)
     console.print(
-        f"parameters: {format_bytes(summary.parameter_bytes)}; file: {format_bytes(summary.file_bytes)}", highlight=False
+        f"parameters: {format_bytes(summary.parameter_bytes)}; file: {format_bytes(summary.file_bytes)}",
+        highlight=False,
     )
 
 

@@ -27,11 +27,15 @@ def pin_input_shapes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> int
         if value is None:
             from onnxopt.errors import UsageError
 
-            raise UsageError(f"--input-shape names '{name}', which is not a graph input ({', '.join(map(str, by_name))})")
+            raise UsageError(
+                f"--input-shape names '{name}', which is not a graph input ({', '.join(map(str, by_name))})"
+            )
         if value.shape is not None and len(value.shape) != len(dims):
             from onnxopt.errors import UsageError
 
-            raise UsageError(f"--input-shape {name}: rank {len(dims)} does not match the input's rank {len(value.shape)}")
+            raise UsageError(
+                f"--input-shape {name}: rank {len(dims)} does not match the input's rank {len(value.shape)}"
+            )
         new_shape = ir.Shape(list(dims))
         if value.shape != new_shape:
             value.shape = new_shape
@@ -57,13 +61,21 @@ class InferShapesPass(Pass):
                 stats["inputs pinned"] = pinned
 
         def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
-            return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+            return onnx.shape_inference.infer_shapes(
+                proto, check_type=False, strict_mode=False, data_prop=True
+            )
 
         try:
             inferred = ir.serde.deserialize_model(_c_api_utils.call_onnx_api(infer, model))
-        except Exception as exc:  # inference is best-effort: a model it cannot handle stays as it is
-            logger.warning("shape inference failed, shapes left as they were: %s", str(exc).splitlines()[0])
-            return PassResult(model, modified=bool(stats), stats=stats, notes=[f"shape inference failed: {exc}"])
+        except (
+            Exception
+        ) as exc:  # inference is best-effort: a model it cannot handle stays as it is
+            logger.warning(
+                "shape inference failed, shapes left as they were: %s", str(exc).splitlines()[0]
+            )
+            return PassResult(
+                model, modified=bool(stats), stats=stats, notes=[f"shape inference failed: {exc}"]
+            )
         for original, result in zip(model.graphs(), inferred.graphs()):
             known = ir.convenience.create_value_mapping(result)
             for name, value in ir.convenience.create_value_mapping(original).items():
@@ -74,8 +86,7 @@ class InferShapesPass(Pass):
                     value.dtype = other.dtype
                     stats["types inferred"] += 1
                 if other.shape is not None and (
-                    _known_dims(other.shape) > _known_dims(value.shape)
-                    or (value.shape is None)
+                    _known_dims(other.shape) > _known_dims(value.shape) or (value.shape is None)
                 ):
                     value.shape = other.shape
                     stats["shapes inferred"] += 1
