@@ -12,10 +12,11 @@ from graphs import parse_model
 from onnxopt import io
 from onnxopt.errors import ModelLoadError, UnsafeModelError, UsageError
 
-TEXT = """
-<ir_version: 8, opset_import: ["" : 17]>
-g (float[N, 256] x) => (float[N, 256] y) <float[256] w = {%s}> { y = Add(x, w) }
-""" % ",".join(str(i) for i in range(256))
+WEIGHTS = ",".join(str(i) for i in range(256))
+TEXT = (
+    '<ir_version: 8, opset_import: ["" : 17]>\n'
+    f"g (float[N, 256] x) => (float[N, 256] y) <float[256] w = {{{WEIGHTS}}}> {{ y = Add(x, w) }}"
+)
 
 
 def _save_external(model: ir.Model, path: Path) -> None:
