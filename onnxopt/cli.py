@@ -399,6 +399,11 @@ def _optimize_command(
                 )
             raise CheckFailed(f"{failures[0].failures[0]}; nothing was written")
         return
+    for outcome in outcomes:
+        if outcome.error is not None:
+            click.echo(f"onnxopt: {outcome.error}", err=True)
+        for line in outcome.failures:
+            click.echo(f"onnxopt: {outcome.model}: {line}", err=True)
     if errors:
         raise OnnxoptError(
             f"{len(errors)} of {len(outcomes)} model(s) could not be optimized, {len(failures)} failed checks"
