@@ -118,11 +118,11 @@ def infer_output_types(
         return None
     out: list[TensorType | None] = []
     for index in range(len(node.outputs)):
-        type_proto = result.get(f"o{index}")
-        if type_proto is None or not type_proto.HasField("tensor_type"):
+        found = result.get(f"o{index}")
+        if found is None or not found.HasField("tensor_type"):
             out.append(None)
             continue
-        tensor_type = type_proto.tensor_type
+        tensor_type = found.tensor_type
         if not tensor_type.elem_type or not tensor_type.HasField("shape"):
             out.append(None)
             continue
@@ -232,7 +232,7 @@ def _slice(node: ir.Node, x: list[np.ndarray | None]) -> list[np.ndarray] | None
     if axes is None:
         axes = list(range(len(starts)))
     index: list[slice] = [slice(None)] * data.ndim
-    for start, end, axis, step in zip(starts, ends, axes, steps):
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=False):
         if step == 0:
             return None
         axis = axis + data.ndim if axis < 0 else axis
@@ -498,16 +498,16 @@ def evaluate_on_runtime(
     values: dict[str, ir.Value] = {}
     graph_inputs = []
     for name, array in feeds.items():
-        value = ir.Value(
+        fed = ir.Value(
             name=name,
             type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
             shape=ir.Shape(array.shape),
         )
-        values[name] = value
-        graph_inputs.append(value)
+        values[name] = fed
+        graph_inputs.append(fed)
     copies = []
     for node in nodes:
-        inputs = []
+        inputs: list[ir.Value | None] = []
         for value in node.inputs:
             if value is None:
                 inputs.append(None)
@@ -524,7 +524,7 @@ def evaluate_on_runtime(
             version=node.version,
             name=node.name,
         )
-        for original, new in zip(node.outputs, copy.outputs):
+        for original, new in zip(node.outputs, copy.outputs, strict=True):
             new.name = original.name
             if original.name:
                 values[original.name] = new
@@ -548,4 +548,4 @@ def evaluate_on_runtime(
     except Exception as exc:
         lines = str(exc).strip().splitlines()
         raise RuntimeEvaluationError(lines[-1] if lines else type(exc).__name__) from exc
-    return {name: np.asarray(array) for name, array in zip(outputs, results)}
+    return {name: np.asarray(array) for name, array in zip(outputs, results, strict=True)}

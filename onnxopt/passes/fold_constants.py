@@ -188,7 +188,7 @@ class _Folder:
             except ValueError:
                 tensor = None
             if tensor is not None and tensor.dtype in SUPPORTED_DTYPES:
-                dims = tuple(int(d) for d in tensor.shape)
+                dims = tuple(int(d) for d in tensor.shape.numpy())
                 result = _Const(TensorType(tensor.dtype, dims), leaf=tensor)
         self.leaves[value] = result
         return result
@@ -238,7 +238,7 @@ class _Folder:
                     node, "refused: size unknown", "the size of its result cannot be determined"
                 )
             return
-        for out, out_type in zip(node.outputs, types):
+        for out, out_type in zip(node.outputs, types, strict=True):
             if out_type.dtype not in SUPPORTED_DTYPES:
                 return
             if out_type.nbytes > self.fold_limit:
@@ -249,7 +249,7 @@ class _Folder:
                 )
                 return
         arrays = self._numpy(node, inputs, types)
-        for index, (out, out_type) in enumerate(zip(node.outputs, types)):
+        for index, (out, out_type) in enumerate(zip(node.outputs, types, strict=True)):
             plan.known[out] = _Const(out_type, arrays[index] if arrays is not None else None)
         plan.folded.append(node)
 
@@ -403,7 +403,7 @@ class _Folder:
             seen.add(node)
             for value in node.inputs:
                 const = plan.known.get(value) if value is not None else None
-                if const is not None and const.pending:
+                if value is not None and const is not None and const.pending:
                     stack.append(value.producer())
         needed = [n for n in plan.folded if n in seen]
         groups = [needed]
@@ -443,6 +443,7 @@ class _Folder:
         if any(not v.name for v in wanted) or len(set(names)) != len(names):
             raise RuntimeEvaluationError("results without unique names")
         results = evaluate_on_runtime(nodes, feeds, names, self.opsets, self.model.ir_version)
+        logger.debug("evaluated %d nodes in one ONNX Runtime session", len(nodes))
         for value in wanted:
             array = results[str(value.name)]
             if tensor_type_of(array) != plan.known[value].type:
@@ -490,7 +491,7 @@ class _Folder:
                     out.name = _fresh(out.name, taken)
         graph.insert_before(node, moved)
         identities = []
-        for old, new in zip(node.outputs, outputs):
+        for old, new in zip(node.outputs, outputs, strict=False):
             if new.type is None:
                 new.type = old.type
             if new.shape is None and old.shape is not None:
@@ -498,20 +499,20 @@ class _Folder:
             if not old.is_graph_output():
                 old.replace_all_uses_with(new)
                 continue
-            name = old.name
+            output_name = old.name
             renameable = (
-                new.producer() in moved or new.is_initializer() and new.graph is graph
+                new.producer() in moved or (new.is_initializer() and new.graph is graph)
             ) and not (new.is_graph_output() or new.is_graph_input())
             if renameable:
                 old.replace_all_uses_with(new, replace_graph_outputs=True)
                 old.name = None
-                new.name = name
+                new.name = output_name
             else:
                 identity = ir.Node("", "Identity", [new], name=f"{node.name or 'If'}_output")
                 identities.append(identity)
                 old.replace_all_uses_with(identity.outputs[0], replace_graph_outputs=True)
                 old.name = None
-                identity.outputs[0].name = name
+                identity.outputs[0].name = output_name
                 identity.outputs[0].type = old.type
                 identity.outputs[0].shape = old.shape
         if identities:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import const_array, is_onnx_domain
+from onnxopt.ops import is_onnx_domain
 from onnxopt.passes._evaluate import evaluate_numpy
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fold_constants import replace_with_initializer
@@ -129,7 +129,7 @@ class _Tracker:
         ):
             return None
         return ShapeVector(
-            (int(np.prod([int(d) for d in source.shape], dtype=np.int64)),), True, ir.DataType.INT64
+            (int(np.prod(source.shape.numpy(), dtype=np.int64)),), True, ir.DataType.INT64
         )
 
     def _op_Identity(self, node: ir.Node) -> ShapeVector | None:
@@ -238,7 +238,7 @@ class _Tracker:
         left = a.elements * size if len(a.elements) == 1 else a.elements
         right = b.elements * size if len(b.elements) == 1 else b.elements
         out: list[Elem] = []
-        for x, y in zip(left, right):
+        for x, y in zip(left, right, strict=True):
             out.append(_combine(node.op_type, x, y))
         return ShapeVector(tuple(out), a.scalar and b.scalar, a.dtype)
 
@@ -326,7 +326,7 @@ def _is_folded(node: ir.Node, tracker: _Tracker) -> bool:
 def _rewrite_reshape(node: ir.Node, tracker: _Tracker) -> bool:
     data = node.inputs[0]
     target_value = node.inputs[1] if len(node.inputs) > 1 else None
-    if data is None or target_value is None or node.attributes.get_int("allowzero", 0):
+    if data is None or target_value is None or node.attributes.get_int("allowzero", 0) != 0:
         return False
     target = tracker.get(target_value)
     if (
