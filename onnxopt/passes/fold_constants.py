@@ -19,12 +19,15 @@ mode), QuantizeLinear/DequantizeLinear (folding a DequantizeLinear of constant w
 quantization), ops of other domains than ONNX's, ops with subgraphs, sequence/optional ops, and types
 numpy cannot hold (bfloat16, float8, int4, strings).
 
-Growth policy (never grow the file): walking the materialized results in graph order, a result is kept
-when it is at most 1 KiB, or when the constants that folding frees (inputs read only by folded nodes)
-within its own input cone still have at least its size of unspent budget; each freed byte pays for one
-result only. Otherwise the producing node stays and its inputs are reconsidered. So a Transpose or Cast
-of a weight used once folds, but a Tile/Expand/ConstantOfShape of a small constant into a big tensor
-stays as it is.
+Growth policy (folding never grows the file): a folded result is written as an initializer only when
+what folding removes pays for it. Walking the results in graph order, a result costs its bytes plus its
+initializer's encoding, and is paid from its own input cone: constants that only folded nodes read (they
+disappear) and the folded nodes' encodings; each removed byte pays once. Results of at most 64 bytes
+(shape vectors, scalars) are always kept. A result whose elements are all equal (ConstantOfShape and
+what only moves its elements: Reshape, Unsqueeze, Expand, Tile, Transpose, Slice, Gather, Concat, Cast)
+is written as one ConstantOfShape node instead, which costs a few bytes. A refused result leaves its
+producer in place and its inputs are reconsidered. So a Transpose or Cast of a weight used once folds,
+but a Tile/Expand of a small constant into a big tensor stays as it is.
 
 ``If`` with a constant condition is replaced by the chosen branch's nodes (names kept unique, outer-scope
 references preserved). Inside subgraphs, an outer-scope value counts as constant only when it is one.
@@ -56,7 +59,7 @@ from onnxopt.passes.base import Pass, PassResult
 
 logger = logging.getLogger(__name__)
 
-SMALL_RESULT_BYTES = 1024
+TINY_RESULT_BYTES = 64
 NUMPY_MAX_BYTES = 1 << 20
 MAX_ROUNDS = 8
 
@@ -116,12 +119,15 @@ class _Const:
     type: TensorType
     array: np.ndarray | None = None
     leaf: ir.TensorProtocol | None = None  # an initializer or Constant's tensor, read lazily
+    fill: np.ndarray | None = None  # every element equals this 0-d array (kept compact)
 
     @property
     def pending(self) -> bool:
-        return self.array is None and self.leaf is None
+        return self.array is None and self.leaf is None and self.fill is None
 
     def read(self) -> np.ndarray | None:
+        if self.array is None and self.fill is not None:
+            self.array = np.full(self.type.shape, self.fill, dtype=self.fill.dtype)
         if self.array is None and self.leaf is not None:
             try:
                 self.array = np.asarray(self.leaf.numpy())
@@ -136,6 +142,8 @@ class _Plan:
     known: dict[ir.Value, _Const] = field(default_factory=dict)
     inlines: list[tuple[ir.Node, bool]] = field(default_factory=list)
     deferred: int = 0
+    # Folded nodes left in place: a uniform result already in its most compact form.
+    kept: set[ir.Node] = field(default_factory=set)
 
 
 def _graphs(model: ir.Model) -> Iterator[ir.Graph]:
@@ -157,11 +165,15 @@ class _Folder:
         self.fold_limit = fold_limit
         self.explain = explain
         self.opsets = dict(model.opset_imports)
+        # Before IR 4 every initializer had to be listed as a graph input: those are constants.
+        self.legacy_inputs = model.ir_version < 4
+        self.compact_fill = (self.opsets.get("", self.opsets.get("ai.onnx", 0)) or 0) >= 9
         self.blocked: set[ir.Node] = set()
         self.stats: Counter[str] = Counter()
         self.notes: dict[ir.Node, str] = {}
         self.leaves: dict[ir.Value, _Const | None] = {}
         self.numpy_results: dict[ir.Node, list[np.ndarray]] = {}
+        self.encoded_sizes: dict[ir.Node, int] = {}
 
     # ------------------------------------------------------------------ facts
 
@@ -182,7 +194,8 @@ class _Folder:
             and producer.op_type == "Constant"
             and producer.domain in ONNX_DOMAINS
         )
-        if not value.is_graph_input() and (producer is None or is_constant_node):
+        overridable = value.is_graph_input() and not (self.legacy_inputs and value.is_initializer())
+        if not overridable and (producer is None or is_constant_node):
             try:
                 tensor = ir.convenience.get_const_tensor(value)
             except ValueError:
@@ -190,6 +203,9 @@ class _Folder:
             if tensor is not None and tensor.dtype in SUPPORTED_DTYPES:
                 dims = tuple(int(d) for d in tensor.shape.numpy())
                 result = _Const(TensorType(tensor.dtype, dims), leaf=tensor)
+                if tensor.size == 1:
+                    array = result.read()
+                    result.fill = array.reshape(()) if array is not None else None
         self.leaves[value] = result
         return result
 
@@ -248,9 +264,11 @@ class _Folder:
                     f"result '{out.name}' {format_size(out_type.nbytes)} is over --fold-limit {format_size(self.fold_limit)}",
                 )
                 return
-        arrays = self._numpy(node, inputs, types)
+        fill = _uniform_fill(node, inputs, types) if self.compact_fill else None
+        arrays = None if fill is not None else self._numpy(node, inputs, types)
         for index, (out, out_type) in enumerate(zip(node.outputs, types, strict=True)):
-            plan.known[out] = _Const(out_type, arrays[index] if arrays is not None else None)
+            array = arrays[index] if arrays is not None else None
+            plan.known[out] = _Const(out_type, array, fill=fill)
         plan.folded.append(node)
 
     def _dropout_in_training(self, node: ir.Node, inputs: list[_Const | None]) -> bool:
@@ -325,30 +343,42 @@ class _Folder:
                     out.append(value)
         return out
 
-    def enforce_growth_policy(self, plan: _Plan) -> bool:
-        """Refuse folds whose results would grow the file; True when something was refused."""
-        folded = set(plan.folded)
-        budget: dict[ir.Value, int] = {}
-        cones: dict[ir.Value, list[ir.Value]] = {}
+    def node_bytes(self, node: ir.Node) -> int:
+        if node not in self.encoded_sizes:
+            self.encoded_sizes[node] = ir.serde.serialize_node(node).ByteSize()
+        return self.encoded_sizes[node]
 
-        def cone(value: ir.Value) -> list[ir.Value]:
+    def enforce_growth_policy(self, plan: _Plan) -> bool:
+        """Refuse folds whose results would grow the file; True when something was refused.
+
+        Each result costs its bytes plus its initializer's encoding; it is paid from what folding
+        removes within its input cone: constants read only by folded nodes, and the folded nodes'
+        own encodings. Every removed byte pays once. Results of at most 64 bytes are always kept.
+        """
+        folded = set(plan.folded)
+        budget: dict[ir.Value | ir.Node, int] = {}
+        cones: dict[ir.Value, list[ir.Value | ir.Node]] = {}
+
+        def cone(value: ir.Value) -> list[ir.Value | ir.Node]:
             if value in cones:
                 return cones[value]
             cones[value] = []
             producer = value.producer()
-            leaves: dict[ir.Value, None] = {}
+            members: dict[ir.Value | ir.Node, None] = {}
             if producer is not None and producer in folded:
+                members[producer] = None
                 for source in producer.inputs:
                     if source is None:
                         continue
                     if source.producer() not in folded:
-                        leaves[source] = None
+                        members[source] = None
                     else:
-                        leaves.update(dict.fromkeys(cone(source)))
-            cones[value] = list(leaves)
+                        members.update(dict.fromkeys(cone(source)))
+            cones[value] = list(members)
             return cones[value]
 
         for node in plan.folded:
+            budget[node] = self.node_bytes(node)
             for source in node.inputs:
                 if source is None or source in budget:
                     continue
@@ -356,33 +386,41 @@ class _Folder:
                 if producer is not None and producer in folded:
                     continue
                 const = plan.known.get(source) or self.leaf(source)
-                freed = not source.is_graph_output() and all(
-                    use.node in folded for use in source.uses()
+                freed = (
+                    not source.is_graph_output()
+                    and not source.is_graph_input()
+                    and all(use.node in folded for use in source.uses())
                 )
                 budget[source] = const.type.nbytes if (const is not None and freed) else 0
         refused = False
         for value in self.frontier(plan):
-            size = plan.known[value].type.nbytes
-            if size <= SMALL_RESULT_BYTES:
+            const = plan.known[value]
+            size = const.type.nbytes
+            if size <= TINY_RESULT_BYTES:
                 continue
-            sources = cone(value)
-            available = sum(budget.get(s, 0) for s in sources)
             producer = value.producer()
             assert producer is not None
-            if available < size:
+            if const.fill is not None:
+                # Written as ConstantOfShape: a few bytes. Already that compact when one node makes it.
+                if all(s is None or s.producer() not in folded for s in producer.inputs):
+                    plan.kept.add(producer)
+                continue
+            cost = size + len(value.name or "") + 8 + 2 * len(const.type.shape)
+            members = cone(value)
+            available = sum(budget.get(m, 0) for m in members)
+            if available < cost:
                 self.refuse(
                     producer,
                     STAT_GROW,
-                    f"result '{value.name}' {format_size(size)} would grow the file (it frees only {format_size(available)} of constants)",
+                    f"result '{value.name}' {format_size(size)} would grow the file "
+                    f"(folding removes only {format_size(available)} of constants and nodes)",
                 )
                 refused = True
                 continue
-            remaining = size
-            for source in sources:
-                spent = min(budget.get(source, 0), remaining)
-                if spent:
-                    budget[source] -= spent
-                    remaining -= spent
+            for member in members:
+                spent = min(budget.get(member, 0), cost)
+                budget[member] = budget.get(member, 0) - spent
+                cost -= spent
         return refused
 
     # ------------------------------------------------------------------ evaluation
@@ -456,16 +494,23 @@ class _Folder:
 
     def materialize(self, plan: _Plan, frontier: list[ir.Value]) -> None:
         for value in frontier:
-            array = plan.known[value].read()
+            if value.producer() in plan.kept:
+                continue
+            const = plan.known[value]
+            if const.fill is not None and const.type.nbytes > TINY_RESULT_BYTES:
+                _replace_with_constant_of_shape(value, const.type.shape, const.fill)
+                continue
+            array = const.read()
             assert array is not None
             replace_with_initializer(value, array)
         by_graph: dict[ir.Graph, list[ir.Node]] = {}
-        for node in plan.folded:
+        removed = [node for node in plan.folded if node not in plan.kept]
+        for node in removed:
             assert node.graph is not None
             by_graph.setdefault(node.graph, []).append(node)
         for graph, nodes in by_graph.items():
             graph.remove(nodes, safe=True)
-        self.stats[STAT_FOLDED] += len(plan.folded)
+        self.stats[STAT_FOLDED] += len(removed)
 
     def inline(self, node: ir.Node, condition: bool) -> None:
         graph = node.graph
@@ -519,6 +564,94 @@ class _Folder:
             graph.insert_before(node, identities)
         graph.remove(node, safe=True)
         self.stats[STAT_INLINED] += 1
+
+
+# Ops whose result elements are all copies of their first input's elements.
+_UNIFORM_MOVES = frozenset(
+    {
+        "Identity",
+        "Reshape",
+        "Unsqueeze",
+        "Squeeze",
+        "Flatten",
+        "Expand",
+        "Tile",
+        "Transpose",
+        "Slice",
+        "Gather",
+    }
+)
+
+
+def _uniform_fill(
+    node: ir.Node, inputs: list[_Const | None], types: list[TensorType]
+) -> np.ndarray | None:
+    """The single value every element of the node's one output has, when that follows from its inputs."""
+    if len(types) != 1:
+        return None
+    fill: np.ndarray | None = None
+    first = inputs[0] if inputs else None
+    if node.op_type == "ConstantOfShape":
+        attr = node.attributes.get("value")
+        fill = (
+            np.zeros((), np.float32)
+            if attr is None
+            else attr.as_tensor().numpy().reshape(-1)[0:1].reshape(())
+        )
+    elif node.op_type in _UNIFORM_MOVES and first is not None:
+        fill = first.fill
+    elif (
+        node.op_type == "Concat"
+        and inputs
+        and all(c is not None and c.fill is not None for c in inputs)
+    ):
+        fills = [c.fill for c in inputs if c is not None and c.fill is not None]
+        if all(f.dtype == fills[0].dtype and f == fills[0] for f in fills):
+            fill = fills[0]
+    elif node.op_type == "Cast" and first is not None and first.fill is not None:
+        to = types[0].dtype
+        if not (np.issubdtype(first.fill.dtype, np.floating) and not to.is_floating_point()):
+            fill = first.fill.astype(to.numpy())
+    if fill is None or ir.DataType.from_numpy(fill.dtype) != types[0].dtype:
+        return None
+    return fill
+
+
+def _replace_with_constant_of_shape(
+    value: ir.Value, shape: tuple[int, ...], fill: np.ndarray
+) -> None:
+    """Replace ``value`` by ``ConstantOfShape(shape)`` filled with ``fill``: a few bytes in the file."""
+    producer = value.producer()
+    assert producer is not None and producer.graph is not None
+    graph = producer.graph
+    name = value.name or f"{producer.name or producer.op_type}_out{value.index()}"
+    shape_name = f"{name}_shape"
+    suffix = 1
+    while shape_name in graph.initializers:
+        shape_name = f"{name}_shape{suffix}"
+        suffix += 1
+    dims = np.array(shape, dtype=np.int64)
+    shape_value = ir.Value(
+        name=shape_name,
+        type=ir.TensorType(ir.DataType.INT64),
+        shape=ir.Shape(dims.shape),
+        const_value=ir.Tensor(dims, name=shape_name),
+    )
+    graph.register_initializer(shape_value)
+    node = ir.Node(
+        "",
+        "ConstantOfShape",
+        [shape_value],
+        attributes=[ir.AttrTensor("value", ir.Tensor(fill.reshape(1)))],
+        name=f"{name}_fill",
+    )
+    graph.insert_before(producer, node)
+    value.name = None
+    out = node.outputs[0]
+    out.type = ir.TensorType(ir.DataType.from_numpy(fill.dtype))
+    out.shape = ir.Shape(shape)
+    value.replace_all_uses_with(out, replace_graph_outputs=True)
+    out.name = name
 
 
 def replace_with_initializer(value: ir.Value, array: np.ndarray) -> ir.Value:
@@ -620,7 +753,7 @@ class FoldConstantsPass(Pass):
             if folder.evaluate(plan, frontier):
                 break
         changed = False
-        if plan.folded:
+        if len(plan.folded) > len(plan.kept):
             folder.materialize(plan, frontier)
             changed = True
         for node, condition in plan.inlines:
