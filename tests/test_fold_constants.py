@@ -402,3 +402,87 @@ def test_numpy_kernels_match_onnx_runtime(op: str, arrays: list[np.ndarray], att
     )["out"]
     assert expected[0].dtype == actual.dtype
     np.testing.assert_array_equal(expected[0], actual)
+
+
+def test_uniform_chain_collapses_into_one_constant_of_shape() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 64, 4, 4] x) => (float[N, 64, 4, 4] y) <int64[1] shape = {64}, int64[2] axes = {1, 2}> {
+            c = ConstantOfShape<value = float[1] {0.5}>(shape)
+            u = Unsqueeze(c, axes)
+            y = Mul(x, u)
+        }
+        """
+    )
+    result = FoldConstantsPass()(model.clone())
+    assert result.stats == {"nodes folded": 2, "uniform results as ConstantOfShape": 1}
+    assert op_types(result.model) == ["ConstantOfShape", "Mul"]
+    assert result.model.graph.initializers["u_shape"].const_value.numpy().tolist() == [64, 1, 1]
+    assert_numerically_equal(model, result.model)
+    # A single ConstantOfShape fed by constants is already the compact form: nothing to do.
+    assert not FoldConstantsPass()(result.model).modified
+
+
+def test_runtime_failure_refuses_only_its_group() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y, float[2] z) <float[4] w = {1, 4, 9, 16}, float[4] v = {1, 2, 3, 4}, int64[2] bad = {0, 9}> {
+            s = Sqrt(w)
+            y = Add(x, s)
+            g = Gather(v, bad)
+            z = Neg(g)
+        }
+        """
+    )
+    result = FoldConstantsPass(EXPLAIN)(model.clone())
+    assert result.stats == {"nodes folded": 1, "refused: runtime error": 2}
+    assert op_types(result.model) == ["Add", "Gather", "Neg"]
+    assert any("ONNX Runtime cannot evaluate it" in note for note in result.notes)
+
+
+LOOP_BODY = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (int64 n, float[4] x) => (float[4] y) <float[4] w = {1, 4, 9, 16}, bool cond = {1}> {
+    y = Loop(n, cond, x) <
+        body = body_g (int64 i, bool c_in, float[4] acc) => (bool c_out, float[4] acc_out) {
+            s = Sqrt(w)
+            step = Add(acc, s)
+            acc_out = Identity(step)
+            c_out = Identity(c_in)
+        }
+    >
+}
+"""
+
+
+def test_folding_inside_loop_body_uses_outer_constants_only() -> None:
+    model = parse_model(LOOP_BODY)
+    result = FoldConstantsPass()(model.clone())
+    assert result.stats == {"nodes folded": 1}
+    body = result.model.graph.node(0).attributes["body"].as_graph()
+    assert "s" in body.initializers
+    assert [n.op_type for n in body] == ["Add", "Identity", "Identity"]
+    from onnxopt.validate import validate
+
+    feeds = [{"n": np.array(3, dtype=np.int64), "x": np.ones(4, np.float32)}]
+    assert validate(model, result.model, inputs=feeds).passed
+
+
+def test_identity_of_a_shared_weight_is_bypassed_not_copied() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 64] x) => (float[N, 64] y) <float[64] w = VALUES> {
+            w2 = Identity(w)
+            a = Add(x, w)
+            y = Mul(a, w2)
+        }
+        """.replace("VALUES", _values(64))
+    )
+    result = FoldConstantsPass()(model.clone())
+    assert result.stats == {"nodes folded": 1}
+    assert op_types(result.model) == ["Add", "Mul"]
+    assert list(result.model.graph.initializers) == ["w"]
+    assert_numerically_equal(model, result.model)

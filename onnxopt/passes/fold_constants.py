@@ -93,6 +93,7 @@ NON_TENSOR_OPS = frozenset(
 
 STAT_FOLDED = "nodes folded"
 STAT_INLINED = "If inlined"
+STAT_UNIFORM = "uniform results as ConstantOfShape"
 STAT_OVER_LIMIT = "refused: over fold limit"
 STAT_GROW = "refused: would grow file"
 STAT_RUNTIME = "refused: runtime error"
@@ -400,6 +401,8 @@ class _Folder:
                 continue
             producer = value.producer()
             assert producer is not None
+            if _alias_of(value, folded) is not None:
+                continue  # uses move to the Identity's constant input: nothing new is written
             if const.fill is not None:
                 # Written as ConstantOfShape: a few bytes. Already that compact when one node makes it.
                 if all(s is None or s.producer() not in folded for s in producer.inputs):
@@ -496,9 +499,14 @@ class _Folder:
         for value in frontier:
             if value.producer() in plan.kept:
                 continue
+            alias = _alias_of(value, set(plan.folded))
+            if alias is not None:
+                value.replace_all_uses_with(alias)
+                continue
             const = plan.known[value]
             if const.fill is not None and const.type.nbytes > TINY_RESULT_BYTES:
                 _replace_with_constant_of_shape(value, const.type.shape, const.fill)
+                self.stats[STAT_UNIFORM] += 1
                 continue
             array = const.read()
             assert array is not None
@@ -581,6 +589,17 @@ _UNIFORM_MOVES = frozenset(
         "Gather",
     }
 )
+
+
+def _alias_of(value: ir.Value, folded: set[ir.Node]) -> ir.Value | None:
+    """The existing constant an Identity of a constant forwards, when its users can read it directly."""
+    producer = value.producer()
+    if producer is None or producer.op_type != "Identity" or value.is_graph_output():
+        return None
+    source = producer.inputs[0]
+    if source is None or source.producer() in folded:
+        return None
+    return source
 
 
 def _uniform_fill(
