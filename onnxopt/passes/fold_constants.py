@@ -528,12 +528,12 @@ class _Folder:
             return
         branch = branch_attr.as_graph()
         taken = _used_names(self.model, exclude=branch)
+        outputs = list(branch.outputs)
+        branch.outputs.clear()  # first: a graph output cannot leave its graph
         for name, init in list(branch.initializers.items()):
             del branch.initializers[name]
             init.name = _fresh(name, taken)
             graph.register_initializer(init)
-        outputs = list(branch.outputs)
-        branch.outputs.clear()
         moved = list(branch)
         branch.remove(moved)
         for inner in moved:
