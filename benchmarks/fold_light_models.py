@@ -65,6 +65,9 @@ def measure(tool: str, path: Path, timeout: int) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="", help="comma-separated names (default: all light_*)")
+    parser.add_argument(
+        "--files", default="", help="comma-separated model paths instead of light_*"
+    )
     parser.add_argument("--tools", default="onnxopt,onnxsim,onnxslim")
     parser.add_argument("--timeout", type=int, default=600)
     parser.add_argument("--json", dest="json_out", default="")
@@ -72,15 +75,18 @@ def main() -> None:
     names = [n for n in args.models.split(",") if n] or sorted(
         p.stem for p in LIGHT.glob("light_*.onnx")
     )
+    paths = [LIGHT / f"{n}.onnx" for n in names]
+    if args.files:
+        paths = [Path(f) for f in args.files.split(",") if f]
     tools = [t for t in args.tools.split(",") if t]
     rows = []
     print(
         f"| model | nodes before | {' | '.join(f'{t} nodes' for t in tools)} | file before | {' | '.join(f'{t} file' for t in tools)} |"
     )
     print("|---" * (2 + 2 * len(tools) + 1) + "|")
-    for name in names:
-        path = LIGHT / f"{name}.onnx"
-        original = onnx.load(path)
+    for path in paths:
+        name = path.stem
+        original = onnx.load(path, load_external_data=False)
         row: dict[str, object] = {
             "model": name,
             "nodes": len(original.graph.node),

@@ -150,3 +150,23 @@ def test_infer_then_fold_on_default_model_is_idempotent() -> None:
     InferShapesPass()(model)
     assert FoldShapeValuesPass()(model).modified
     assert not FoldShapeValuesPass()(model).modified
+
+
+def test_dims_with_the_same_symbol_become_copy_dims() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, T, 8] x, float[B, T] mask) => (float[B, T, 2, 4] y) <int64[2] heads = {2, 4}> {
+            s = Shape(mask)
+            t = Concat<axis = 0>(s, heads)
+            y = Reshape(x, t)
+        }
+        """
+    )
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats == {"Reshape targets made constant": 1}
+    target = result.model.graph.node(-1).inputs[1]
+    assert target is not None and target.const_value is not None
+    assert target.const_value.numpy().tolist() == [0, 0, 2, 4]
+    report = validate(model, result.model)
+    assert report.passed and len(report.trials) == 2

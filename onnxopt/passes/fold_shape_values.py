@@ -323,6 +323,24 @@ def _is_folded(node: ir.Node, tracker: _Tracker) -> bool:
     return vector is not None and vector.ints is not None
 
 
+def _same_dim(element: DimOf, data: ir.Value, index: int) -> bool:
+    """Whether ``element`` is provably dim ``index`` of ``data``: the same value's same dim, or a dim
+    carrying the same symbol (ONNX shape inference gives one symbol to dims it proves equal, and a
+    model's inputs declare equal dims with one name)."""
+    if element.value is data:
+        return element.index == index
+    if data.shape is None or index >= len(data.shape) or element.value.shape is None:
+        return False
+    mine = data.shape[index]
+    theirs = element.value.shape[element.index]
+    return (
+        isinstance(mine, ir.SymbolicDim)
+        and isinstance(theirs, ir.SymbolicDim)
+        and mine.value is not None
+        and mine.value == theirs.value
+    )
+
+
 def _rewrite_reshape(node: ir.Node, tracker: _Tracker) -> bool:
     data = node.inputs[0]
     target_value = node.inputs[1] if len(node.inputs) > 1 else None
@@ -340,7 +358,7 @@ def _rewrite_reshape(node: ir.Node, tracker: _Tracker) -> bool:
     for index, element in enumerate(target.elements):
         if isinstance(element, int):
             elements.append(element)
-        elif isinstance(element, DimOf) and element.value is data and element.index == index:
+        elif isinstance(element, DimOf) and _same_dim(element, data, index):
             elements.append(0)
         else:
             elements.append(None)
