@@ -97,7 +97,7 @@ def test_single_unknown_dim_becomes_minus_one() -> None:
     model = parse_model(
         """
         <ir_version: 8, opset_import: ["" : 17]>
-        g (float[B, 8] x, float[B] other) => (float[B, 2, 4] y) <int64[2] tail = {2, 4}> {
+        g (float[B, 8] x, float[M] other) => (float[B, 2, 4] y) <int64[2] tail = {2, 4}> {
             s = Shape(other)
             t = Concat<axis = 0>(s, tail)
             y = Reshape(x, t)
@@ -116,7 +116,7 @@ def test_two_unknown_dims_are_left_alone() -> None:
     model = parse_model(
         """
         <ir_version: 8, opset_import: ["" : 17]>
-        g (float[B, T, 8] x, float[B, T] other) => (float[B, T, 8] y) <int64[1] tail = {8}> {
+        g (float[B, T, 8] x, float[M, S] other) => (float[B, T, 8] y) <int64[1] tail = {8}> {
             s = Shape(other)
             t = Concat<axis = 0>(s, tail)
             y = Reshape(x, t)
