@@ -9,10 +9,12 @@ from onnxopt.passes.base import FixedPoint, Pass, Step
 from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
 from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
+from onnxopt.passes.eliminate_noops import EliminateNoopsPass
 from onnxopt.passes.fold_constants import FoldConstantsPass
 from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
+from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
@@ -26,6 +28,8 @@ ALL_PASSES: list[PassClass] = [
     LiftConstantsPass,
     FoldShapeValuesPass,
     FoldConstantsPass,
+    EliminateNoopsPass,
+    MergeConsecutiveOpsPass,
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
@@ -35,6 +39,8 @@ ALL_PASSES: list[PassClass] = [
 CLEANUP: tuple[PassClass, ...] = (
     FoldShapeValuesPass,
     FoldConstantsPass,
+    EliminateNoopsPass,
+    MergeConsecutiveOpsPass,
     EliminateDeadCodePass,
     EliminateCommonSubexpressionsPass,
     InferShapesPass,
@@ -48,6 +54,7 @@ LEVELS: dict[int, LevelSpec] = {
         LiftConstantsPass,
         FoldShapeValuesPass,
         FoldConstantsPass,
+        EliminateNoopsPass,
         EliminateDeadCodePass,
         DeduplicateInitializersPass,
     ],
