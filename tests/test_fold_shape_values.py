@@ -126,12 +126,29 @@ def test_two_unknown_dims_are_left_alone() -> None:
     assert not FoldShapeValuesPass()(model).modified
 
 
-def test_allowzero_reshape_is_left_alone() -> None:
+def test_allowzero_reshape_gets_copy_dims_and_allowzero_0() -> None:
     model = parse_model(
         TORCHSCRIPT_RESHAPE.replace("y = Reshape(x, t)", "y = Reshape<allowzero = 1>(x, t)")
     )
-    result = FoldShapeValuesPass()(model)
-    assert "Reshape targets made constant" not in result.stats
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats == {"Reshape targets made constant": 1, "shape values folded": 1}
+    reshape = result.model.graph.node(0)
+    assert reshape.attributes.get_int("allowzero", 0) == 0
+    assert_numerically_equal(model, result.model)
+
+
+def test_allowzero_reshape_with_a_literal_zero_is_left_alone() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 0, 8] x) => (float[B, 0, 8] y) <int64[2] tail = {0, 8}> {
+            s = Shape<end = 1>(x)
+            t = Concat<axis = 0>(s, tail)
+            y = Reshape<allowzero = 1>(x, t)
+        }
+        """
+    )
+    assert not FoldShapeValuesPass()(model).modified
 
 
 def test_default_model_optimizes_to_far_fewer_nodes() -> None:

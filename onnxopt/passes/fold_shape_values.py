@@ -7,9 +7,10 @@ integer type, Identity, and integer Add/Sub/Mul/Div/Mod. A vector whose elements
 replaced by an initializer, even when other dims of the same tensor are symbolic: ``Shape(x)[1]`` folds
 when dim 1 is a known int.
 
-Reshape targets that are only partly known are rewritten when provably equivalent (``allowzero=0``):
-an element that is "dim *i* of the reshaped tensor itself", at position *i*, becomes 0 (copy the dim);
-a single remaining unknown element, with every other element a known positive int, becomes -1.
+Reshape targets that are only partly known are rewritten when provably equivalent: an element that is
+dim *i* of the reshaped tensor itself (the same value's dim, or a dim with the same symbol) at position
+*i* becomes 0, "copy the dim" (``allowzero=1`` becomes 0 when the target holds no literal 0); a single
+remaining unknown element, with every other element a known positive int, becomes -1.
 """
 
 from __future__ import annotations
@@ -344,8 +345,9 @@ def _same_dim(element: DimOf, data: ir.Value, index: int) -> bool:
 def _rewrite_reshape(node: ir.Node, tracker: _Tracker) -> bool:
     data = node.inputs[0]
     target_value = node.inputs[1] if len(node.inputs) > 1 else None
-    if data is None or target_value is None or node.attributes.get_int("allowzero", 0) != 0:
+    if data is None or target_value is None:
         return False
+    allowzero = node.attributes.get_int("allowzero", 0) != 0
     target = tracker.get(target_value)
     if (
         target is None
@@ -354,6 +356,8 @@ def _rewrite_reshape(node: ir.Node, tracker: _Tracker) -> bool:
         or target_value.const_value is not None
     ):
         return False
+    if allowzero and any(isinstance(e, int) and e == 0 for e in target.elements):
+        return False  # a literal 0 means "zero" here and "copy" without allowzero
     elements: list[int | None] = []
     for index, element in enumerate(target.elements):
         if isinstance(element, int):
@@ -387,6 +391,10 @@ def _rewrite_reshape(node: ir.Node, tracker: _Tracker) -> bool:
     )
     graph.register_initializer(constant)
     node.replace_input_with(1, constant)
+    if allowzero and 0 in elements:
+        # Copy dims need allowzero=0. Equivalent: no literal 0 was in the target, and a copied dim
+        # that is 0 at run time was a literal 0 before, which allowzero=1 kept as 0 too.
+        node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
     return True
 
 
