@@ -24,7 +24,7 @@ import onnx_ir as ir
 from onnxopt.ops import is_onnx_domain
 from onnxopt.passes._evaluate import evaluate_numpy
 from onnxopt.passes.base import Pass, PassResult
-from onnxopt.passes.fold_constants import replace_with_initializer
+from onnxopt.passes.fold_constants import ConstantPool, replace_with_initializer
 
 MAX_ELEMENTS = 64
 INT_TYPES = (ir.DataType.INT64, ir.DataType.INT32)
@@ -280,6 +280,7 @@ class FoldShapeValuesPass(Pass):
     def call(self, model: ir.Model) -> PassResult:
         stats: Counter[str] = Counter()
         tracker = _Tracker()
+        pool = ConstantPool(model)
         graphs = [model.graph, *model.graph.subgraphs()]
         for graph in graphs:
             for node in graph:
@@ -303,13 +304,13 @@ class FoldShapeValuesPass(Pass):
                     continue  # an intermediate: its consumer gets folded instead
                 if not value.uses() and not value.is_graph_output():
                     continue
-                replace_with_initializer(value, vector.array())
+                replace_with_initializer(value, vector.array(), pool)
                 stats["shape values folded"] += 1
             for node in list(graph):
                 if (
                     is_onnx_domain(node.domain)
                     and node.op_type == "Reshape"
-                    and _rewrite_reshape(node, tracker)
+                    and _rewrite_reshape(node, tracker, pool)
                 ):
                     stats["Reshape targets made constant"] += 1
         if stats:
@@ -342,7 +343,7 @@ def _same_dim(element: DimOf, data: ir.Value, index: int) -> bool:
     )
 
 
-def _rewrite_reshape(node: ir.Node, tracker: _Tracker) -> bool:
+def _rewrite_reshape(node: ir.Node, tracker: _Tracker, pool: ConstantPool) -> bool:
     data = node.inputs[0]
     target_value = node.inputs[1] if len(node.inputs) > 1 else None
     if data is None or target_value is None:
@@ -377,19 +378,7 @@ def _rewrite_reshape(node: ir.Node, tracker: _Tracker) -> bool:
     array = np.array(elements, dtype=np.int64)
     graph = node.graph
     assert graph is not None
-    base = f"{target_value.name or 'shape'}_static"
-    name = base
-    suffix = 1
-    while name in graph.initializers:
-        name = f"{base}{suffix}"
-        suffix += 1
-    constant = ir.Value(
-        name=name,
-        type=ir.TensorType(ir.DataType.INT64),
-        shape=ir.Shape(array.shape),
-        const_value=ir.Tensor(array, name=name),
-    )
-    graph.register_initializer(constant)
+    constant = pool.add_initializer(graph, f"{target_value.name or 'shape'}_static", array)
     node.replace_input_with(1, constant)
     if allowzero and 0 in elements:
         # Copy dims need allowzero=0. Equivalent: no literal 0 was in the target, and a copied dim
