@@ -27,7 +27,8 @@ disappear) and the folded nodes' encodings; each removed byte pays once. Results
 what only moves its elements: Reshape, Unsqueeze, Expand, Tile, Transpose, Slice, Gather, Concat, Cast)
 is written as one ConstantOfShape node instead, which costs a few bytes. A refused result leaves its
 producer in place and its inputs are reconsidered. So a Transpose or Cast of a weight used once folds,
-but a Tile/Expand of a small constant into a big tensor stays as it is.
+but a Tile/Expand of a small constant into a big tensor stays as it is. ``fold_may_grow`` lifts the
+policy (every result within ``--fold-limit`` is written in full, as onnxsim does).
 
 ``If`` with a constant condition is replaced by the chosen branch's nodes (names kept unique, outer-scope
 references preserved). Inside subgraphs, an outer-scope value counts as constant only when it is one.
@@ -176,6 +177,7 @@ class _Folder:
         self.numpy_results: dict[ir.Node, list[np.ndarray]] = {}
         self.encoded_sizes: dict[ir.Node, int] = {}
         self.pool = ConstantPool(model)
+        self.may_grow = False
 
     # ------------------------------------------------------------------ facts
 
@@ -404,6 +406,8 @@ class _Folder:
             assert producer is not None
             if _alias_of(value, folded) is not None:
                 continue  # uses move to the Identity's constant input: nothing new is written
+            if self.may_grow:
+                continue
             if const.fill is not None:
                 # Written as ConstantOfShape: a few bytes. Already that compact when one node makes it.
                 if all(s is None or s.producer() not in folded for s in producer.inputs):
@@ -505,7 +509,11 @@ class _Folder:
                 value.replace_all_uses_with(alias)
                 continue
             const = plan.known[value]
-            if const.fill is not None and const.type.nbytes > TINY_RESULT_BYTES:
+            if (
+                const.fill is not None
+                and const.type.nbytes > TINY_RESULT_BYTES
+                and not self.may_grow
+            ):
                 _replace_with_constant_of_shape(value, const.type.shape, const.fill, self.pool)
                 self.stats[STAT_UNIFORM] += 1
                 continue
@@ -788,6 +796,7 @@ class FoldConstantsPass(Pass):
 
     def call(self, model: ir.Model) -> PassResult:
         folder = _Folder(model, self.options.fold_limit_bytes, self.options.explain)
+        folder.may_grow = self.options.fold_may_grow
         modified = False
         for _ in range(MAX_ROUNDS):
             changed = self._round(folder)
