@@ -1,7 +1,8 @@
 """Node counts and file sizes after onnxopt, onnxsim and onnxslim on the light_* models in onnx's wheel.
 
 The light_* models store every weight as ConstantOfShape of a scalar (a few bytes each). onnxsim and
-onnxslim fold them into full tensors; onnxopt's folding never grows the file, so those stay. Each tool
+onnxslim fold them into full tensors; onnxopt's folding never grows the file, so those stay (tool
+``onnxopt-grow`` runs onnxopt with ``fold_may_grow=True``, which folds them too). Each tool
 runs in its own subprocess (bounded memory, a timeout) one model at a time.
 
     .venv/bin/python benchmarks/fold_light_models.py [--models light_resnet50,...] [--json out.json]
@@ -23,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 _RUNNER = r"""
 import json, sys, onnx
 tool, src = sys.argv[1], sys.argv[2]
-if tool == "onnxopt":
+if tool in ("onnxopt", "onnxopt-grow"):
     sys.path.insert(0, sys.argv[3])
     from onnxopt import api, io
-    result = api.optimize(src)
+    result = api.optimize(src, fold_may_grow=tool == "onnxopt-grow")
     proto = io.to_proto(result.model)
     extra = {"validated": result.validated}
 elif tool == "onnxsim":
