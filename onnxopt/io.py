@@ -117,13 +117,33 @@ def _check_versions(where: str, proto: onnx.ModelProto) -> None:
         if domain in ("", "ai.onnx"):
             default_opset = opset.version
     if default_opset is None:
-        if proto.graph.node:
-            raise ModelLoadError(f"{where}: the model imports no opset for the default ONNX domain")
+        # A model made only of custom or ai.onnx.ml ops needs no default opset.
+        user = _first_default_domain_node(proto.graph)
+        if user is not None:
+            raise ModelLoadError(
+                f"{where}: node '{user.name or user.op_type}' ({user.op_type}) is a standard ONNX op, "
+                "but the model imports no opset for the default ONNX domain"
+            )
         return
     if default_opset < 1 or default_opset > MAX_OPSET:
         raise ModelLoadError(
             f"{where}: opset {default_opset} is not supported (the installed onnx knows opsets 1..{MAX_OPSET})"
         )
+
+
+def _first_default_domain_node(graph: onnx.GraphProto) -> onnx.NodeProto | None:
+    """The first node of the default domain in ``graph`` or its subgraphs (iterative: no recursion)."""
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        for node in current.node:
+            if node.domain in ("", "ai.onnx"):
+                return node
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
+    return None
 
 
 def _iter_graph_tensors(

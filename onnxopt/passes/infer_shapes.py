@@ -82,8 +82,9 @@ class InferShapesPass(Pass):
                 other = known.get(name)
                 if other is None:
                     continue
-                if value.dtype is None and other.dtype is not None:
-                    value.dtype = other.dtype
+                if value.type is None and other.type is not None:
+                    # The whole type: setting .dtype would make a sequence or optional a tensor.
+                    value.type = other.type
                     stats["types inferred"] += 1
                 if other.shape is not None and (
                     _known_dims(other.shape) > _known_dims(value.shape) or (value.shape is None)
