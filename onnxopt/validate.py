@@ -9,6 +9,7 @@ other integers are small and non-negative, and every dynamic dimension is tried 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,6 +288,14 @@ def _flatten_output(
     return [(name, np.asarray(expected), np.asarray(actual))]
 
 
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : (Load model from .* failed:)?")
+
+
+def _ort_reason(exc: BaseException) -> str:
+    """ORT's message without its status prefix and the temp path it loaded from."""
+    return _ORT_PREFIX.sub("", _first_line(exc)).strip()
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[-1] if text else type(exc).__name__
@@ -310,8 +319,10 @@ def validate(
     try:
         reference = _session(original)
     except Exception as exc:
+        where = f"{original}: " if isinstance(original, Path) else ""
         raise CannotValidate(
-            f"ONNX Runtime cannot load the original model: {_first_line(exc)}"
+            f"{where}ONNX Runtime cannot load the original model, so it cannot be validated "
+            f"({_ort_reason(exc)}); if it uses custom ops, rerun with --no-validate"
         ) from exc
     try:
         candidate = _session(optimized)
