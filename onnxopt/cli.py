@@ -49,6 +49,8 @@ def _fail(exc: BaseException, traceback: bool) -> NoReturn:
         )
         if not traceback:
             message += " (rerun with --traceback and report it)"
+    # One line, always: a multi-line message (e.g. from a runtime) would break "one error line".
+    message = " ".join(message.split())
     click.echo(f"onnxopt: error: {message}", err=True)
     sys.exit(exit_code_for(exc))
 

@@ -474,7 +474,9 @@ def save_model(
     target = Path(path)
     for keep in protected:
         if _same_file(target, keep):
-            raise UsageError(f"{target}: refusing to overwrite the input model's file '{keep}'")
+            raise UsageError(
+                f"{target}: refusing to overwrite the input model's file '{keep}' (--overwrite allows it)"
+            )
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise ModelSaveError(f"{target}: folder '{folder}' does not exist")
