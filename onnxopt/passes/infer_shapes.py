@@ -43,6 +43,34 @@ def pin_input_shapes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> int
     return changed
 
 
+def _value_infos(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
+    """Inferred types by value name, over the graph and its subgraphs; names seen twice are dropped."""
+    found: dict[str, onnx.ValueInfoProto] = {}
+    ambiguous: set[str] = set()
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        for info in (*current.value_info, *current.output):
+            if info.name in found and found[info.name].type != info.type:
+                ambiguous.add(info.name)
+            found[info.name] = info
+        for node in current.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
+    for name in ambiguous:
+        del found[name]
+    return found
+
+
+def _graph_values(graph: ir.Graph) -> list[ir.Value]:
+    values = [*graph.inputs]
+    for node in graph:
+        values.extend(node.outputs)
+    return values
+
+
 class InferShapesPass(Pass):
     """Run ONNX shape inference (with data propagation) and record every value's type and shape.
 
@@ -66,7 +94,7 @@ class InferShapesPass(Pass):
             )
 
         try:
-            inferred = ir.serde.deserialize_model(_c_api_utils.call_onnx_api(infer, model))
+            inferred = _c_api_utils.call_onnx_api(infer, model)
         except (
             Exception
         ) as exc:  # inference is best-effort: a model it cannot handle stays as it is
@@ -76,19 +104,19 @@ class InferShapesPass(Pass):
             return PassResult(
                 model, modified=bool(stats), stats=stats, notes=[f"shape inference failed: {exc}"]
             )
-        for original, result in zip(model.graphs(), inferred.graphs()):
-            known = ir.convenience.create_value_mapping(result)
-            for name, value in ir.convenience.create_value_mapping(original).items():
-                other = known.get(name)
-                if other is None:
+        # Read only the inferred types (deserializing the whole inferred model costs more than inference).
+        infos = _value_infos(inferred.graph)
+        for graph in model.graphs():
+            for value in _graph_values(graph):
+                info = infos.get(value.name or "")
+                if info is None:
                     continue
-                if value.type is None and other.type is not None:
-                    # The whole type: setting .dtype would make a sequence or optional a tensor.
-                    value.type = other.type
+                dtype_type = ir.serde.deserialize_type_proto_for_type(info.type)
+                shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+                if value.type is None and dtype_type is not None:
+                    value.type = dtype_type
                     stats["types inferred"] += 1
-                if other.shape is not None and (
-                    _known_dims(other.shape) > _known_dims(value.shape) or (value.shape is None)
-                ):
-                    value.shape = other.shape
+                if shape is not None and _known_dims(shape) > _known_dims(value.shape):
+                    value.shape = shape
                     stats["shapes inferred"] += 1
         return PassResult(model, modified=bool(stats), stats=stats)
