@@ -155,7 +155,7 @@ def main(ctx: click.Context, config_path: Path | None) -> None:
         ctx.default_map = default_map(load_config(path), commands, path)
     except UsageError as exc:
         click.echo(f"onnxopt: error: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
+        sys.exit(exit_code_for(exc))
 
 
 def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:

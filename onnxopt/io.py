@@ -497,6 +497,8 @@ def save_model(
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     os.close(fd)
     tmp = Path(tmp_name)
+    # mkstemp makes the file private (0600); the model should get the mode any new file gets.
+    os.chmod(tmp, 0o666 & ~_current_umask())
     try:
         if use_external:
             ir.save(model, tmp, external_data=data_name, size_threshold_bytes=1024)
@@ -515,6 +517,12 @@ def save_model(
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     return target
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _inline_external(model: ir.Model) -> ir.Model:

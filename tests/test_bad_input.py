@@ -632,6 +632,16 @@ def test_overwrite_allows_it(tmp_path: Path) -> None:
     onnx.checker.check_model(onnx.load(str(model)))
 
 
+def test_output_file_gets_the_usual_mode(tmp_path: Path) -> None:
+    """Written atomically via a private temp file, but the result is readable like any new file."""
+    model = save(relu_model(), tmp_path / "m.onnx")
+    out = tmp_path / "out.onnx"
+    assert cli("optimize", model, "-o", out).exit_code == 0
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
 def test_input_is_never_modified(tmp_path: Path) -> None:
     model = tmp_path / "default.onnx"
     model.write_bytes(DEFAULT_MODEL.read_bytes())
