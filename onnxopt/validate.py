@@ -197,7 +197,7 @@ def _session(model: ir.Model | Path, threads: int = 2) -> Any:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = threads
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: run errors come back as exceptions, in one line
     if isinstance(model, Path):
         return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     with io.ort_model_source(model) as source:
@@ -348,7 +348,7 @@ def validate(
         try:
             expected = reference.run(output_names, feeds)
         except Exception as exc:
-            last_failure = _first_line(exc)
+            last_failure = _ort_reason(exc)
             return False
         try:
             actual = candidate.run(output_names, feeds)
