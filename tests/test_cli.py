@@ -385,7 +385,17 @@ def test_default_model_is_deterministic_and_idempotent(tmp_path: Path) -> None:
     assert again == first
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in LIGHT_DIR.glob("light_*.onnx")))
+# The two slowest to optimize run under -m slow only (default.onnx covers the same passes quickly).
+SLOW_LIGHT = {"light_densenet121", "light_inception_v2"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(p.stem, marks=[pytest.mark.slow] if p.stem in SLOW_LIGHT else [])
+        for p in sorted(LIGHT_DIR.glob("light_*.onnx"))
+    ],
+)
 def test_light_models_are_deterministic_and_idempotent(name: str, tmp_path: Path) -> None:
     source = LIGHT_DIR / f"{name}.onnx"
     first = _optimize_file(source, tmp_path / "a.onnx", "--no-validate")
