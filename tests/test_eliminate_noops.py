@@ -337,6 +337,11 @@ NEGATIVE = [
         "training_mode is true",
     ),
     (
+        "dropout-6-training",
+        model("{ d = Dropout <is_test = 0> (x)\n y = Relu(d) }", opset=6),
+        "is_test=0",
+    ),
+    (
         "dropout-mask-used",
         model("{ d, m = Dropout(x)\n y = Relu(d) }", outputs="float[2,3,4] y, bool[2,3,4] m"),
         "mask output is used",
@@ -516,3 +521,21 @@ def test_identity_inside_branch_is_removed() -> None:
     )
     result = EliminateNoopsPass()(load(text))
     assert dict(result.stats) == {"Identity removed": 1}
+
+
+def test_default_model_loses_its_noops_and_still_validates() -> None:
+    import onnxopt
+
+    # Without folding, which would forward the Identities of constants first.
+    passes = ["infer-shapes", "eliminate-noops", "eliminate-dead-code"]
+    result = onnxopt.optimize("models/default.onnx", passes=passes)
+    assert result.validated
+    totals = result.report.pass_totals()
+    stats = {
+        k: v
+        for name, _, _, changes in totals
+        if name == "eliminate-noops"
+        for k, v in changes.items()
+    }
+    assert stats.get("Identity removed", 0) >= 1
+    assert result.report.after.nodes < result.report.before.nodes

@@ -90,6 +90,38 @@ POSITIVE = [
         1,
     ),
     (
+        "reshape-after-flatten",
+        model(
+            "<int64[2] s = {4, -1}> { a = Flatten <axis = 2> (x)\n b = Reshape(a, s)\n y = Relu(b) }",
+            outputs="float[4,6] y",
+        ),
+        {"Reshape∘Flatten": 1},
+        ["Reshape", "Relu"],
+        1,
+    ),
+    (
+        "reshape-after-unsqueeze-copy-dim",
+        model(
+            "<int64[1] a1 = {1}, int64[3] s = {0, 0, -1}> { a = Unsqueeze(x, a1)\n b = Reshape(a, s)\n"
+            " y = Relu(b) }",
+            outputs="float[2,1,12] y",
+        ),
+        {"Reshape∘Unsqueeze": 1},
+        ["Reshape", "Relu"],
+        1,
+    ),
+    (
+        "reshape-after-squeeze",
+        model(
+            "<int64[2] s = {-1, 3}> { a = Squeeze(x)\n b = Reshape(a, s)\n y = Relu(b) }",
+            inputs="float[N,1,6] x",
+            outputs="float[M,3] y",
+        ),
+        {"Reshape∘Squeeze": 1},
+        ["Reshape", "Relu"],
+        2,
+    ),
+    (
         "unsqueeze-unsqueeze-13",
         model(
             "<int64[1] a1 = {1}, int64[2] a2 = {0, -1}> { a = Unsqueeze(x, a1)\n b = Unsqueeze(a, a2)\n y = Relu(b) }",

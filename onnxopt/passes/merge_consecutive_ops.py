@@ -1,5 +1,7 @@
 """Merge chains of the same op into one: Transpose, Reshape, Squeeze, Unsqueeze, Cast, Slice, Concat.
 
+A Reshape also absorbs a Flatten, Squeeze or Unsqueeze before it (all keep the element order).
+
 The outer op is rewritten to read the inner op's input directly; the inner op goes away when
 nothing else uses it (when something does, it stays and the chain is still one op shorter).
 
@@ -31,7 +33,6 @@ from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 
 T = ir.DataType
-_SMALL_INTS = (T.INT8, T.UINT8)
 _FLOATS = (T.FLOAT16, T.BFLOAT16, T.FLOAT, T.DOUBLE)
 _INTS = (T.INT8, T.INT16, T.INT32, T.INT64, T.UINT8, T.UINT16, T.UINT32, T.UINT64)
 
@@ -110,11 +111,20 @@ def _rewrite_transposes(match: Match, context: RewriteContext) -> Replacement:
     return _replace_with(match, _same_op_on(outer, source, perm=list(perm)))
 
 
-# Reshape∘Reshape -------------------------------------------------------------------------------
+# Reshape∘Reshape (and Reshape after the other order-keeping shape ops) ---------------------------
 
 
-def _match_reshapes(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    inner = producer_op(node, "Reshape")
+def _reshape_of(inner_type: str) -> Callable[[ir.Node, RewriteContext], Match | Mismatch]:
+    """Reshape(op(x), s) == Reshape(x, s) when op only reshapes and s does not copy op's dims."""
+
+    def match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+        return _match_reshape_of(node, inner_type)
+
+    return match
+
+
+def _match_reshape_of(node: ir.Node, inner_type: str) -> Match | Mismatch:
+    inner = producer_op(node, inner_type)
     if isinstance(inner, Mismatch):
         return inner
     if node.attributes.get_int("allowzero", 0):
@@ -432,7 +442,10 @@ def _rule(
 
 RULES: tuple[Rule, ...] = (
     _rule("Transpose∘Transpose", "Transpose", _match_transposes, _rewrite_transposes),
-    _rule("Reshape∘Reshape", "Reshape", _match_reshapes, _rewrite_reshapes),
+    *(
+        _rule(f"Reshape∘{inner}", "Reshape", _reshape_of(inner), _rewrite_reshapes)
+        for inner in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+    ),
     _rule("Unsqueeze∘Unsqueeze", "Unsqueeze", _match_unsqueezes, _rewrite_axes_merge),
     _rule("Squeeze∘Squeeze", "Squeeze", _match_squeezes, _rewrite_axes_merge),
     _rule("Cast∘Cast", "Cast", _match_casts, _rewrite_casts),
@@ -442,12 +455,14 @@ RULES: tuple[Rule, ...] = (
 
 
 class MergeConsecutiveOpsPass(Pass):
-    """Merge Transpose∘Transpose (composed perm), Reshape∘Reshape, Squeeze∘Squeeze,
+    """Merge Transpose∘Transpose (composed perm), Reshape∘(Reshape|Flatten|Squeeze|Unsqueeze), Squeeze∘Squeeze,
     Unsqueeze∘Unsqueeze (merged axes), exact Cast∘Cast, Slice∘Slice and Concat∘Concat into one op.
     """
 
     name = "merge-consecutive-ops"
-    summary = "merge chains of Transpose, Reshape, Squeeze, Unsqueeze, exact Cast, Slice and Concat"
+    summary = (
+        "merge Transpose, Reshape, (Un)Squeeze, exact Cast, Slice and Concat chains into one op"
+    )
 
     def call(self, model: ir.Model) -> PassResult:
         stats, notes = apply_rules(model, RULES, self.options)

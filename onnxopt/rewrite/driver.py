@@ -115,6 +115,9 @@ def apply_replacement(
     for old, new in replacement.values:
         problem = _can_replace(old, new, graph, replacement.nodes)
         if problem is not None:
+            # A new node uses its inputs from birth: leave no phantom uses behind.
+            for node in replacement.nodes:
+                node.resize_inputs(0)
             return problem
     root = match.root
     new_nodes = list(replacement.nodes)
