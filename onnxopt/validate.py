@@ -319,9 +319,8 @@ def validate(
     try:
         reference = _session(original)
     except Exception as exc:
-        where = f"{original}: " if isinstance(original, Path) else ""
         raise CannotValidate(
-            f"{where}ONNX Runtime cannot load the original model, so it cannot be validated "
+            f"ONNX Runtime cannot load the original model, so it cannot be validated "
             f"({_ort_reason(exc)}); if it uses custom ops, rerun with --no-validate"
         ) from exc
     try:

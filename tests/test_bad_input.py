@@ -317,7 +317,9 @@ custom (float[N, 4] x) => (float[N, 4] y) {
 def test_custom_op_needs_no_validate(tmp_path: Path) -> None:
     model = save(parse(CUSTOM), tmp_path / "m.onnx")
     out = tmp_path / "out.onnx"
-    line = assert_clean_error(cli("optimize", model, "-o", out), "--no-validate", output=out)
+    line = assert_clean_error(
+        cli("optimize", model, "-o", out), "m.onnx", "--no-validate", output=out
+    )
     assert "com.example" in line or "Frobnicate" in line
 
 
@@ -472,7 +474,7 @@ def test_explosive_model_fails_validation_cleanly(tmp_path: Path) -> None:
     model = save(parse(BOMB), tmp_path / "bomb.onnx")
     out = tmp_path / "out.onnx"
     outcome = cli_subprocess("optimize", model, "-o", out, timeout=300)
-    assert_clean_error(outcome, "ConstantOfShape", "--no-validate", output=out)
+    assert_clean_error(outcome, "bomb.onnx", "ConstantOfShape", "--no-validate", output=out)
 
 
 def nested_if(depth: int) -> onnx.ModelProto:

@@ -256,7 +256,8 @@ def test_inputs_npz_with_wrong_shape(tmp_path: Path) -> None:
     np.savez(feeds, image=np.zeros((1, 4, 32, 32), np.float32))
     code, _, stderr = cli("optimize", DEFAULT_MODEL, "--inputs", feeds)
     assert code == EXIT_ERROR
-    assert "fails on the given inputs" in one_error_line(stderr)
+    line = one_error_line(stderr)
+    assert "default.onnx" in line and "fails on the given inputs" in line
 
 
 # ---------------------------------------------------------------------------------------------
