@@ -604,6 +604,19 @@ def test_zero_or_negative_dims(tmp_path: Path, dim: int) -> None:
         assert_clean_error(outcome, "m.onnx", "'x'", str(dim), output=out)
 
 
+def test_negative_dim_in_value_info(tmp_path: Path) -> None:
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) <float[-2] a> {
+            a = Relu(x)
+            y = Neg(a)
+        }
+        """
+    )
+    optimize_bad(tmp_path, save(proto, tmp_path / "m.onnx"), "m.onnx", "value_info 'a'", "-2")
+
+
 # ---------------------------------------------------------------------------------------------
 # Files: tracebacks on request, never clobber the input
 
