@@ -11,6 +11,7 @@ from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexp
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.options import PassOptions
+from onnxopt.passes.reorder_for_memory import ReorderForMemoryPass
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
 PassClass = type[Pass]
@@ -23,6 +24,7 @@ ALL_PASSES: list[PassClass] = [
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
+    ReorderForMemoryPass,
 ]
 
 CLEANUP: tuple[PassClass, ...] = (
@@ -40,6 +42,7 @@ LEVELS: dict[int, LevelSpec] = {
         CLEANUP,
         InferShapesPass,
         EliminateDeadCodePass,
+        ReorderForMemoryPass,
     ],
     3: [
         SortTopologicallyPass,
@@ -48,6 +51,7 @@ LEVELS: dict[int, LevelSpec] = {
         CLEANUP,
         InferShapesPass,
         EliminateDeadCodePass,
+        ReorderForMemoryPass,
     ],
 }
 DEFAULT_LEVEL = 2
