@@ -101,6 +101,17 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+def parse_dims(texts: tuple[str, ...]) -> dict[str, int]:
+    """``("batch=8,seq=512", ...)`` -> {"batch": 8, "seq": 512}."""
+    dims: dict[str, int] = {}
+    for part in (p for text in texts for p in _split(text)):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit():
+            raise UsageError(f"--dim '{part}': expected NAME=SIZE (e.g. batch=8,seq=512)")
+        dims[name.strip()] = int(value)
+    return dims
+
+
 def _split(text: str | None) -> list[str]:
     return [p.strip() for p in (text or "").split(",") if p.strip()]
 
@@ -126,6 +137,9 @@ def main() -> None:
 @click.option("--target", type=click.Choice(["ort", "onnx"]), default="ort", show_default=True, help="Runtime that fusions may target.")
 @click.option("--fold-limit", default="32MiB", show_default=True, help="Largest tensor constant folding may create.")
 @click.option("--input-shape", "input_shapes", multiple=True, help="Pin an input's dims: NAME:1x3x224x224 (repeatable).")
+@click.option("--dim", "dims", multiple=True, help="Size symbolic dims for memory figures and reordering: batch=8,seq=512.")
+@click.option("--memory", is_flag=True, help="Report activation memory (naive / lower bound / planned) before and after.")
+@click.option("--memory-plan", type=click.Path(path_type=Path), help="Write the optimized model's arena plan (offsets, lifetimes) as JSON.")
 @click.option("--inputs", "inputs_file", type=click.Path(path_type=Path), help="Validate on these inputs (.npz) instead of random ones.")
 @click.option("--no-validate", is_flag=True, help="Skip numerical validation on ONNX Runtime.")
 @click.option("--external-data/--no-external-data", default=None, help="Store weights in OUTPUT.data (default: when the input did, or past 2 GB).")
@@ -143,6 +157,9 @@ def optimize(
     target: str,
     fold_limit: str,
     input_shapes: tuple[str, ...],
+    dims: tuple[str, ...],
+    memory: bool,
+    memory_plan: Path | None,
     inputs_file: Path | None,
     no_validate: bool,
     external_data: bool | None,
@@ -176,6 +193,8 @@ def optimize(
             explain=explain,
             verify_each=verify_each,
             progress=lambda step: status.update(f"{step} …"),
+            dims=parse_dims(dims),
+            memory=memory or memory_plan is not None,
         )
     report = result.report
     validation = report.validation
@@ -189,6 +208,8 @@ def optimize(
             output=str(written),
             after=dataclasses.replace(report.after, file_bytes=written.stat().st_size),
         )
+    if memory_plan is not None and result.memory_plan is not None:
+        memory_plan.write_text(json.dumps(result.memory_plan.to_json(), indent=1))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -199,3 +199,48 @@ def test_densenet_plan_within_one_percent_of_the_lower_bound():
         plan = plan_memory(model.graph, sizes, inplace=inplace)
         assert verify_plan(plan) == []
         assert plan.gap <= 0.01
+
+
+def test_cli_writes_the_memory_plan_and_reports_figures(tmp_path):
+    from click.testing import CliRunner
+
+    from onnxopt.cli import main
+
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[batch, 16] x) => (float[batch, 16] y) {
+      p = Concat<axis=1>(x, x, x, x)
+      q = Concat<axis=1>(x, x, x, x)
+      p2 = ReduceMax<axes = [1], keepdims = 1>(p)
+      q2 = ReduceMax<axes = [1], keepdims = 1>(q)
+      s = Add(p2, q2)
+      y = Mul(x, s)
+    }
+    """
+    path = tmp_path / "m.onnx"
+    onnx.save(onnx.parser.parse_model(text), path)
+    plan_path = tmp_path / "plan.json"
+    passes = "infer-shapes,reorder-for-memory"
+    args = [
+        "optimize",
+        str(path),
+        "--passes",
+        passes,
+        "--dim",
+        "batch=4",
+        "--memory-plan",
+        str(plan_path),
+        "--json",
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    rows = {row["label"]: row for row in report["memory"]["rows"]}
+    # p, q are 4x64 floats (1 KiB each); reordering finishes p's branch before building q.
+    assert rows["input order, no reuse"]["lower_bound_bytes"] == 1024 + 1024 + 64
+    assert rows["optimized order, reuse"]["lower_bound_bytes"] == 1024 + 64 + 64
+    plan = json.loads(plan_path.read_text())
+    assert plan["arena_bytes"] == 1024 + 64 + 64
+    assert report["memory"]["assumed_dims"] == []
+    bad = CliRunner().invoke(main, ["optimize", str(path), "--dim", "batch"])
+    assert bad.exit_code == 2 and "NAME=SIZE" in bad.output

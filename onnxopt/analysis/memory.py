@@ -99,6 +99,8 @@ class TensorSizes:
     nbytes: Mapping[str, int]
     shapes: Mapping[str, tuple[int, ...]]
     dims: Mapping[str, int] = field(default_factory=dict)
+    # symbolic dims nobody bound that were given ``default_dim``
+    assumed: tuple[str, ...] = ()
 
     def get(self, value: ir.Value) -> int | None:
         return self.nbytes.get(value.name or "")
@@ -176,7 +178,8 @@ def tensor_sizes(
             if size is not None and shape is not None:
                 nbytes[value.name] = size
                 shapes[value.name] = shape
-    return TensorSizes(nbytes, shapes, dims)
+    assumed = tuple(sorted(bind.missing)) if isinstance(bind, _DefaultDims) else ()
+    return TensorSizes(nbytes, shapes, dims, assumed)
 
 
 class _DefaultDims(dict[str, int]):
@@ -185,11 +188,13 @@ class _DefaultDims(dict[str, int]):
     def __init__(self, dims: Mapping[str, int], default: int) -> None:
         super().__init__(dims)
         self.default = default
+        self.missing: set[str] = set()
 
     def __contains__(self, key: object) -> bool:
         return True
 
     def __missing__(self, key: str) -> int:
+        self.missing.add(key)
         return self.default
 
 

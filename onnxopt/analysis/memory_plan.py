@@ -367,10 +367,69 @@ def verify_plan(plan: MemoryPlan) -> list[str]:
     return problems
 
 
-def memory_figures(plan: MemoryPlan) -> Mapping[str, float]:
-    return {
-        "naive": plan.naive_bytes,
-        "lower_bound": plan.lower_bound_bytes,
-        "planned": plan.arena_bytes,
-        "gap": plan.gap,
-    }
+# ----------------------------------------------------------------------------------------------
+# The optimize report's memory section
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    label: str
+    naive_bytes: int
+    lower_bound_bytes: int
+    planned_bytes: int
+    gap: float  # planned / lower bound - 1
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Activation memory of the input and optimized models (main graph, sizes aligned)."""
+
+    rows: tuple[MemoryFigures, ...]
+    reduction: float  # 1 - optimized lower bound / input order's lower bound without reuse
+    unknown: tuple[str, ...]
+    assumed_dims: tuple[str, ...]
+    default_dim: int
+
+
+def _figures(label: str, plan: MemoryPlan) -> MemoryFigures:
+    return MemoryFigures(
+        label, plan.naive_bytes, plan.lower_bound_bytes, plan.arena_bytes, plan.gap
+    )
+
+
+def memory_report(
+    before: ir.Model,
+    after: ir.Model,
+    *,
+    dims: Mapping[str, int] | None = None,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> tuple[MemoryReport, MemoryPlan]:
+    """Figures before (input order, without and with reuse) and after optimization, and the final plan."""
+    from onnxopt.analysis.memory import DEFAULT_SYMBOLIC_DIM, tensor_sizes
+
+    before_sizes = tensor_sizes(
+        before, dims, input_shapes=input_shapes, default_dim=DEFAULT_SYMBOLIC_DIM
+    )
+    after_sizes = tensor_sizes(
+        after, dims, input_shapes=input_shapes, default_dim=DEFAULT_SYMBOLIC_DIM
+    )
+    plain = plan_memory(before.graph, before_sizes, inplace=False)
+    reused = plan_memory(before.graph, before_sizes, inplace=True)
+    final = plan_memory(after.graph, after_sizes, inplace=True)
+    for plan in (plain, reused, final):
+        problems = verify_plan(plan)
+        if problems:  # a planner bug: never hand out a plan that fails its own check
+            from onnxopt.errors import OnnxoptError
+
+            raise OnnxoptError(f"internal error: memory plan failed verification: {problems[0]}")
+    rows = (
+        _figures("input order, no reuse", plain),
+        _figures("input order, reuse", reused),
+        _figures("optimized order, reuse", final),
+    )
+    reduction = (
+        1 - final.lower_bound_bytes / plain.lower_bound_bytes if plain.lower_bound_bytes else 0.0
+    )
+    assumed = tuple(sorted(set(before_sizes.assumed) | set(after_sizes.assumed)))
+    report = MemoryReport(rows, reduction, final.unknown, assumed, DEFAULT_SYMBOLIC_DIM)
+    return report, final
