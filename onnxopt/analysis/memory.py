@@ -23,13 +23,14 @@ Reuse (``inplace=True``):
 
 from __future__ import annotations
 
+import functools
+import gc
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import onnx_ir as ir
-
-from onnxopt.ops import is_op
 
 DEFAULT_ALIGNMENT = 64
 # Symbolic dims nobody bound are given this size when a pass needs concrete sizes.
@@ -82,6 +83,29 @@ ELEMENTWISE_INPLACE: dict[str, tuple[int, ...]] = {
     ),
     "Where": (1, 2),
 }
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def without_gc(func: F) -> F:
+    """Run ``func`` with the cyclic garbage collector paused.
+
+    These analyses allocate millions of small lists and tuples; each allocation burst makes the
+    collector walk the whole (large) onnx-ir object graph, which made 100k-node graphs quadratic.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not gc.isenabled():
+            return func(*args, **kwargs)
+        gc.disable()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return wrapper  # type: ignore[return-value]
 
 
 def align(size: int, alignment: int) -> int:
@@ -249,6 +273,8 @@ class Dataflow:
     # per view group root: member tensors and nodes reading any member (sorted)
     group_members: dict[int, list[int]] = field(default_factory=dict)
     group_readers: dict[int, list[int]] = field(default_factory=dict)
+    # per view group root: nodes whose position bounds its lifetime (member producers, readers)
+    group_span: dict[int, list[int]] = field(default_factory=dict)
 
 
 def _owner_map(graph: ir.Graph, nodes: Sequence[ir.Node]) -> dict[int, int]:
@@ -277,6 +303,7 @@ def _subgraphs(node: ir.Node) -> list[ir.Graph]:
     return out
 
 
+@without_gc
 def build_dataflow(
     graph: ir.Graph,
     sizes: TensorSizes,
@@ -359,16 +386,20 @@ def build_dataflow(
             if not node.outputs or id(node.outputs[0]) not in tensor_of:
                 continue
             out = tensor_of[id(node.outputs[0])]
-            if is_onnx_op(node, VIEW_OPS) and node.inputs and node.inputs[0] is not None:
+            onnx_domain = node.domain in ("", "ai.onnx")
+            if (
+                onnx_domain
+                and node.op_type in VIEW_OPS
+                and node.inputs
+                and node.inputs[0] is not None
+            ):
                 src = tensor_of.get(id(node.inputs[0]))
                 if src is None:
                     external_ids.add(out)  # a view of caller-owned memory
                 else:
                     group[out] = find(src)
                 continue
-            allowed = (
-                ELEMENTWISE_INPLACE.get(node.op_type) if is_onnx_op(node, (node.op_type,)) else None
-            )
+            allowed = ELEMENTWISE_INPLACE.get(node.op_type) if onnx_domain else None
             if not allowed or tsizes[out] == 0 or shapes[out] is None:
                 continue
             if node.op_type == "Dropout" and len(node.inputs) > 2 and node.inputs[2] is not None:
@@ -397,6 +428,11 @@ def build_dataflow(
         else:
             readers[r] = sorted({j for m in ms for j in consumers[m]})
             tsizes[r] = max(tsizes[m] for m in ms)
+    span: dict[int, list[int]] = {}
+    for r, ms in members.items():
+        nodes_of = {producer[m] for m in ms}
+        nodes_of.update(readers[r])
+        span[r] = sorted(nodes_of)
     node_groups_in: list[list[int]] = [[] for _ in nodes]
     for r, rs in readers.items():
         for j in rs:
@@ -438,11 +474,8 @@ def build_dataflow(
         graph_output_bytes=output_bytes,
         group_members=members,
         group_readers=readers,
+        group_span=span,
     )
-
-
-def is_onnx_op(node: ir.Node, op_types: Sequence[str]) -> bool:
-    return any(is_op(node, op) for op in op_types)
 
 
 def _subgraph_arena(graph: ir.Graph, sizes: TensorSizes, alignment: int, inplace: bool) -> int:
@@ -489,31 +522,30 @@ class SimResult:
     inplace: tuple[tuple[int, int], ...]  # (output tensor, input tensor) written in place
 
 
-def simulate(flow: Dataflow, order: Sequence[int], *, inplace: bool = True) -> SimResult:
+@without_gc
+def simulate(
+    flow: Dataflow, order: Sequence[int], *, inplace: bool = True, with_buffers: bool = True
+) -> SimResult:
     """Buffers, live bytes per step and the peak when ``flow``'s nodes run in ``order`` (node ids)."""
     n = len(order)
     pos = [0] * len(flow.nodes)
     for p, i in enumerate(order):
         pos[i] = p
-    start: dict[int, int] = {}
-    end: dict[int, int] = {}
-    for r, ms in flow.group_members.items():
-        s = pos[flow.producer[r]]
-        e = s
-        for m in ms:
-            e = max(e, pos[flow.producer[m]])
-        for j in flow.group_readers[r]:
-            e = max(e, pos[j])
-        start[r] = s
-        end[r] = e
+    at = pos.__getitem__
+    start: dict[int, int] = {r: pos[flow.producer[r]] for r in flow.group_members}
+    end: dict[int, int] = {r: max(map(at, nodes)) for r, nodes in flow.group_span.items()}
     parent: dict[int, int] = {}
     merged: list[tuple[int, int]] = []
     if inplace:
+        host_of: dict[int, int] = {}  # union-find with path compression over in-place merges
 
         def top(r: int) -> int:
-            while r in parent:
-                r = parent[r]
-            return r
+            root = r
+            while root in host_of:
+                root = host_of[root]
+            while r in host_of and host_of[r] != root:
+                host_of[r], r = root, host_of[r]
+            return root
 
         for p, i in enumerate(order):
             claimed: set[int] = set()  # a dying buffer takes at most one output per step
@@ -523,6 +555,7 @@ def simulate(flow: Dataflow, order: Sequence[int], *, inplace: bool = True) -> S
                     continue
                 claimed.add(host)
                 parent[out] = host
+                host_of[out] = host
                 end[host] = max(end[host], end[out])
                 merged.append((out, src))
     delta = [0] * (n + 1)
@@ -533,13 +566,17 @@ def simulate(flow: Dataflow, order: Sequence[int], *, inplace: bool = True) -> S
     for r in flow.group_members:
         if r in parent:
             continue
+        if not with_buffers:
+            delta[start[r]] += flow.sizes[r]
+            delta[end[r] + 1] -= flow.sizes[r]
+            continue
         ms = list(flow.group_members[r])
         stack = list(children.get(r, ()))
         while stack:
             c = stack.pop()
             ms.extend(flow.group_members[c])
             stack.extend(children.get(c, ()))
-        size = max(flow.sizes[m] for m in ms if flow.group[m] == m)
+        size = flow.sizes[r]
         buffers.append(Buffer(tuple(sorted(ms)), size, start[r], end[r]))
         delta[start[r]] += size
         delta[end[r] + 1] -= size

@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from onnxopt.analysis.memory import (
     build_dataflow,
     node_label,
     simulate,
+    without_gc,
 )
 
 Interval = tuple[int, int, int]  # (size, first step, last step)
@@ -129,7 +130,8 @@ def _breadth_order(buffers: Sequence[Interval]) -> list[int]:
     return order
 
 
-def _orders(buffers: Sequence[Interval]) -> list[tuple[str, list[int], bool]]:
+def _orders(buffers: Sequence[Interval]) -> Iterator[tuple[str, list[int], bool]]:
+    """Placement orders to try, cheapest and usually best first (made lazily: we stop at the bound)."""
     ids = range(len(buffers))
 
     def by(key: Callable[[int], Any]) -> list[int]:
@@ -138,17 +140,16 @@ def _orders(buffers: Sequence[Interval]) -> list[tuple[str, list[int], bool]]:
     size = [b[0] for b in buffers]
     dur = [b[2] - b[1] + 1 for b in buffers]
     start = [b[1] for b in buffers]
-    return [
-        ("size/best-fit", by(lambda i: (-size[i], start[i], i)), True),
-        ("size,duration/best-fit", by(lambda i: (-size[i], -dur[i], i)), True),
-        ("size/first-fit", by(lambda i: (-size[i], start[i], i)), False),
-        ("area/best-fit", by(lambda i: (-size[i] * dur[i], i)), True),
-        ("duration/best-fit", by(lambda i: (-dur[i], -size[i], i)), True),
-        ("breadth/best-fit", _breadth_order(buffers), True),
-        ("time/best-fit", by(lambda i: (start[i], -size[i], i)), True),
-    ]
+    yield "size/best-fit", by(lambda i: (-size[i], start[i], i)), True
+    yield "area/best-fit", by(lambda i: (-size[i] * dur[i], i)), True
+    yield "size,duration/best-fit", by(lambda i: (-size[i], -dur[i], i)), True
+    yield "size/first-fit", by(lambda i: (-size[i], start[i], i)), False
+    yield "duration/best-fit", by(lambda i: (-dur[i], -size[i], i)), True
+    yield "breadth/best-fit", _breadth_order(buffers), True
+    yield "time/best-fit", by(lambda i: (start[i], -size[i], i)), True
 
 
+@without_gc
 def pack(
     buffers: Sequence[Interval],
     alignment: int = DEFAULT_ALIGNMENT,
@@ -279,6 +280,7 @@ class MemoryPlan:
         }
 
 
+@without_gc
 def plan_flow(
     flow: Dataflow,
     order: Sequence[int] | None = None,

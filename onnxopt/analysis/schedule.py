@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from onnxopt.analysis.memory import Dataflow, simulate
+from onnxopt.analysis.memory import Dataflow, simulate, without_gc
 
 WINDOW_SIZES = (10, 16, 24)
 MAX_STATES = 4_000
@@ -131,11 +131,10 @@ def _resting_before(model: _Model, order: Sequence[int]) -> list[int]:
     for p, v in enumerate(order):
         pos[v] = p
     delta = [0] * (n + 2)
-    for g, rs in model.readers.items():
+    at = pos.__getitem__
+    for g, span in model.flow.group_span.items():
         s = pos[model.flow.producer[g]]
-        e = max([s, *(pos[j] for j in rs)])
-        for m in model.flow.group_members[g]:
-            e = max(e, pos[model.flow.producer[m]])
+        e = max(map(at, span))
         # live after step s up to (and including) step e: contributes to resting[s+1 .. e]
         delta[s + 1] += model.size[g]
         delta[e + 1] -= model.size[g]
@@ -155,8 +154,11 @@ def _window_dp(
     base: int,
     pos: Sequence[int],
     work: list[int],
-) -> tuple[int, list[int], list[int]] | None:
-    """Best order of ``order[a:b]``: (its peak, the order, the step bytes), or None past the state cap."""
+) -> tuple[int, list[int], list[int], list[int]] | None:
+    """Best order of ``order[a:b]``: (its peak, the order, step bytes, resting bytes before each step).
+
+    None when the window has more downsets than the state cap or the work budget ran out.
+    """
     nodes = list(order[a:b])
     k = len(nodes)
     local = {v: i for i, v in enumerate(nodes)}
@@ -246,13 +248,15 @@ def _window_dp(
         state = prev
     local_order.reverse()
     steps = []
+    rests = []
     mem = base
     state = 0
     for i in local_order:
+        rests.append(mem)
         during, mem = step(state, i, mem)
         state |= 1 << i
         steps.append(during)
-    return best_peak, [nodes[i] for i in local_order], steps
+    return best_peak, [nodes[i] for i in local_order], steps, rests
 
 
 def _refine(model: _Model, order: list[int], work: int, deadline: float) -> list[int]:
@@ -261,8 +265,11 @@ def _refine(model: _Model, order: list[int], work: int, deadline: float) -> list
     n = len(order)
     if n < 2:
         return order
-    steps = list(simulate(model.flow, order).step_bytes)
+    steps = list(simulate(model.flow, order, with_buffers=False).step_bytes)
     resting = _resting_before(model, order)
+    pos = [0] * model.n
+    for q, v in enumerate(order):
+        pos[v] = q
     tried: set[tuple[int, int]] = set()
     budget = [work]
     while budget[0] > 0 and time.perf_counter() < deadline:
@@ -276,17 +283,17 @@ def _refine(model: _Model, order: list[int], work: int, deadline: float) -> list
                     if (a, b) in tried or b - a < 2:
                         continue
                     tried.add((a, b))
-                    pos = [0] * n
-                    for q, v in enumerate(order):
-                        pos[v] = q
                     result = _window_dp(model, order, a, b, resting[a], pos, budget)
                     if result is None:
                         break
-                    best, new_nodes, new_steps = result
+                    best, new_nodes, new_steps, new_rests = result
                     if best < max(steps[a:b]):
+                        # Only the window changes: what is live across its borders stays the same.
                         order[a:b] = new_nodes
                         steps[a:b] = new_steps
-                        resting = _resting_before(model, order)
+                        resting[a:b] = new_rests
+                        for q in range(a, b):
+                            pos[order[q]] = q
                         tried.clear()
                         improved = True
                         break
@@ -301,6 +308,7 @@ def _refine(model: _Model, order: list[int], work: int, deadline: float) -> list
     return order
 
 
+@without_gc
 def schedule_for_memory(
     flow: Dataflow, *, work: int = REFINE_WORK, seconds: float = 30.0, refine: bool = True
 ) -> Schedule:
@@ -311,7 +319,7 @@ def schedule_for_memory(
     """
     model = _Model(flow)
     identity = list(range(model.n))
-    original = simulate(flow, identity).peak
+    original = simulate(flow, identity, with_buffers=False).peak
     candidates: list[tuple[str, list[int]]] = [("input order", identity)]
     for rule in ("net", "chain"):
         candidates.append((f"greedy-{rule}", _greedy(model, rule)))
@@ -319,7 +327,7 @@ def schedule_for_memory(
     best_name, best_order, best_peak = "input order", identity, original
     scored: list[tuple[int, int, str, list[int]]] = []
     for index, (name, order) in enumerate(candidates):
-        scored.append((simulate(flow, order).peak, index, name, order))
+        scored.append((simulate(flow, order, with_buffers=False).peak, index, name, order))
     scored.sort()
     for peak, _, name, order in scored:
         if peak < best_peak:
@@ -327,7 +335,7 @@ def schedule_for_memory(
     if refine:
         for _, _, name, order in scored:
             refined = _refine(model, order, work, deadline)
-            peak = simulate(flow, refined).peak
+            peak = simulate(flow, refined, with_buffers=False).peak
             if peak < best_peak:
                 best_name, best_order, best_peak = f"{name}+exact windows", refined, peak
     return Schedule(tuple(best_order), best_peak, original, best_name)
