@@ -15,12 +15,12 @@ inputs so only activations are counted.
 from __future__ import annotations
 
 import glob
-import os
 import random
 import sys
 import time
 from pathlib import Path
 
+import onnx
 import onnx_ir as ir
 
 from onnxopt import io
@@ -29,7 +29,7 @@ from onnxopt.analysis.memory_plan import plan_flow, verify_plan
 from onnxopt.analysis.schedule import is_topological, schedule_for_memory
 from onnxopt.ops import is_op
 
-LIGHT = Path(os.__file__).parent / "site-packages/onnx/backend/test/data/light"
+LIGHT = Path(onnx.__file__).parent / "backend/test/data/light"
 MIB = 2**20
 
 

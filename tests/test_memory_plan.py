@@ -165,7 +165,8 @@ def test_packer_beats_greedy_by_size_where_it_fragments():
         (256, 1, 1),
     ]
     assert (
-        _place(next(_orders(buffers))[1], [b[0] for b in buffers], conflicts(buffers), True)[1] == 576
+        _place(next(_orders(buffers))[1], [b[0] for b in buffers], conflicts(buffers), True)[1]
+        == 576
     )
     packing = pack(buffers)
     assert packing.lower_bound == lower_bound(buffers) == 512

@@ -154,7 +154,7 @@ def pack(
     buffers: Sequence[Interval],
     alignment: int = DEFAULT_ALIGNMENT,
     *,
-    search_seconds: float = 2.0,
+    search_seconds: float = 30.0,
     search_work: int = 4_000_000,
     seed: int = 0,
 ) -> Packing:
@@ -162,21 +162,21 @@ def pack(
     bound = lower_bound(buffers)
     neighbours = conflicts(buffers)
     sizes = [b[0] for b in buffers]
-    best: tuple[int, list[int], str, list[int]] | None = None
+    best: tuple[int, list[int], str, list[int], bool] | None = None
     for name, order, best_fit in _orders(buffers):
         offsets, arena = _place(order, sizes, neighbours, best_fit)
         if best is None or arena < best[0]:
-            best = (arena, offsets, name, order)
+            best = (arena, offsets, name, order, best_fit)
         if arena <= bound:
             break
     assert best is not None
-    arena, offsets, name, order = best
+    arena, offsets, name, order, best_fit = best
     if arena > bound and search_seconds > 0 and buffers:
         # Deterministic: a fixed number of seeded tries (scaled to the problem); the clock is only a safety cap.
         work = len(buffers) + sum(map(len, neighbours))
         tries = max(0, min(5000, search_work // max(work, 1)))
         arena, offsets, improved = _local_search(
-            order, sizes, neighbours, arena, bound, tries, search_seconds, seed
+            order, offsets, best_fit, sizes, neighbours, arena, bound, tries, search_seconds, seed
         )
         if improved:
             name += "+search"
@@ -185,6 +185,8 @@ def pack(
 
 def _local_search(
     order: list[int],
+    offsets: list[int],
+    best_fit: bool,
     sizes: Sequence[int],
     neighbours: Sequence[Sequence[int]],
     arena: int,
@@ -193,28 +195,41 @@ def _local_search(
     seconds: float,
     seed: int,
 ) -> tuple[int, list[int], bool]:
-    """Move a buffer that touches the arena's top earlier in the placement order; keep improvements."""
+    """Seeded search over placement orders; returns the best (arena, offsets) and whether it improved.
+
+    Each try either restarts from the size order with sizes jittered by up to 30% (a multistart
+    that breaks the ties and near-ties greedy-by-size gets wrong), or moves a buffer that touches
+    the arena's top earlier in the best order so far. Improvements (and equal arenas, to drift
+    across plateaus) are kept.
+    """
     rng = random.Random(seed)
     deadline = time.perf_counter() + seconds
-    best_order = list(order)
-    best_offsets, best_arena = _place(best_order, sizes, neighbours, True)
+    best_order, best_offsets, best_arena, best_mode = list(order), list(offsets), arena, best_fit
     improved = False
+    ids = range(len(sizes))
     for _ in range(tries):
         if best_arena <= bound or time.perf_counter() > deadline:
             break
-        candidate = list(best_order)
-        top = [b for b in candidate if best_offsets[b] + sizes[b] == best_arena]
-        b = rng.choice(top) if top and rng.random() < 0.7 else rng.randrange(len(candidate))
-        i = candidate.index(b)
-        j = rng.randrange(0, i + 1)
-        candidate.insert(j, candidate.pop(i))
-        if rng.random() < 0.3:
-            a, c = rng.randrange(len(candidate)), rng.randrange(len(candidate))
-            candidate[a], candidate[c] = candidate[c], candidate[a]
-        offsets, new_arena = _place(candidate, sizes, neighbours, True)
+        if rng.random() < 0.5:
+            noise = [rng.uniform(0.7, 1.3) for _ in ids]
+            candidate = sorted(ids, key=lambda i: (-sizes[i] * noise[i], i))
+            mode = rng.random() < 0.5
+        else:
+            candidate = list(best_order)
+            mode = best_mode
+            top = [b for b in candidate if best_offsets[b] + sizes[b] == best_arena]
+            b = rng.choice(top) if top and rng.random() < 0.7 else rng.randrange(len(candidate))
+            i = candidate.index(b)
+            candidate.insert(rng.randrange(0, i + 1), candidate.pop(i))
+        new_offsets, new_arena = _place(candidate, sizes, neighbours, mode)
         if new_arena <= best_arena:
             improved |= new_arena < best_arena
-            best_order, best_offsets, best_arena = candidate, offsets, new_arena
+            best_order, best_offsets, best_arena, best_mode = (
+                candidate,
+                new_offsets,
+                new_arena,
+                mode,
+            )
     return best_arena, best_offsets, improved
 
 
@@ -287,7 +302,8 @@ def plan_flow(
     *,
     inplace: bool = True,
     alignment: int = DEFAULT_ALIGNMENT,
-    search_seconds: float = 2.0,
+    search_seconds: float = 30.0,
+    search_work: int = 4_000_000,
 ) -> MemoryPlan:
     order = list(range(len(flow.nodes))) if order is None else list(order)
     sim = simulate(flow, order, inplace=inplace)
@@ -297,7 +313,7 @@ def plan_flow(
         if flow.workspace[i]:
             intervals.append((flow.workspace[i], p, p))
             labels.append((f"<subgraphs of {node_label(flow.nodes[i], i)}>",))
-    packing = pack(intervals, alignment, search_seconds=search_seconds)
+    packing = pack(intervals, alignment, search_seconds=search_seconds, search_work=search_work)
     buffers = tuple(
         PlannedBuffer(label, offset, size, start, end)
         for label, offset, (size, start, end) in zip(
@@ -327,7 +343,7 @@ def plan_memory(
     order: Sequence[ir.Node] | None = None,
     inplace: bool = True,
     alignment: int = DEFAULT_ALIGNMENT,
-    search_seconds: float = 2.0,
+    search_seconds: float = 30.0,
 ) -> MemoryPlan:
     """Plan ``graph``'s intermediates in one arena for ``order`` (default: the graph's order)."""
     flow = build_dataflow(graph, sizes, order=order, alignment=alignment, inplace=inplace)

@@ -32,9 +32,11 @@ REFINE_WORK = 300_000
 @dataclass(frozen=True)
 class Schedule:
     order: tuple[int, ...]
-    peak: int
+    peak: int  # lower bound (largest live total) of ``order``
     original_peak: int
     strategy: str
+    arena: int = 0  # planned arena of ``order`` (the lower bound when plans were not scored)
+    original_arena: int = 0
 
 
 class _Model:
@@ -308,37 +310,61 @@ def _refine(model: _Model, order: list[int], work: int, deadline: float) -> list
     return order
 
 
+# Up to this many nodes, candidate orders are judged by the arena the planner actually builds
+# (tight schedules can be hard to pack); beyond it, by the lower bound alone (planning is O(n log n)
+# but costs seconds per candidate at 100k nodes).
+PLAN_SCORING_NODES = 20_000
+
+
 @without_gc
 def schedule_for_memory(
-    flow: Dataflow, *, work: int = REFINE_WORK, seconds: float = 30.0, refine: bool = True
+    flow: Dataflow,
+    *,
+    work: int = REFINE_WORK,
+    seconds: float = 30.0,
+    refine: bool = True,
+    plan_scoring: bool | None = None,
 ) -> Schedule:
-    """A topological order of ``flow``'s nodes whose peak live bytes is as low as we can find.
+    """A topological order of ``flow``'s nodes with the lowest memory we can find.
 
-    Never worse than the input order (which wins ties). ``work`` bounds the exact refinement
-    (DP transitions per candidate); ``seconds`` is only a safety cap.
+    Candidates: the input order, two list schedules, and each refined by exact window search.
+    They are compared by (planned arena, lower bound) when ``plan_scoring`` (default: graphs up to
+    ``PLAN_SCORING_NODES`` nodes), else by the lower bound. The input order wins ties, and a
+    candidate must not raise the lower bound either, so the result is never worse than the input.
+    ``work`` bounds the exact refinement (DP transitions per candidate); ``seconds`` is a safety cap.
     """
+    from onnxopt.analysis.memory_plan import plan_flow
+
     model = _Model(flow)
+    if plan_scoring is None:
+        plan_scoring = model.n <= PLAN_SCORING_NODES
     identity = list(range(model.n))
-    original = simulate(flow, identity, with_buffers=False).peak
     candidates: list[tuple[str, list[int]]] = [("input order", identity)]
     for rule in ("net", "chain"):
         candidates.append((f"greedy-{rule}", _greedy(model, rule)))
     deadline = time.perf_counter() + seconds
-    best_name, best_order, best_peak = "input order", identity, original
-    scored: list[tuple[int, int, str, list[int]]] = []
-    for index, (name, order) in enumerate(candidates):
-        scored.append((simulate(flow, order, with_buffers=False).peak, index, name, order))
-    scored.sort()
-    for peak, _, name, order in scored:
-        if peak < best_peak:
-            best_name, best_order, best_peak = name, order, peak
     if refine:
-        for _, _, name, order in scored:
-            refined = _refine(model, order, work, deadline)
-            peak = simulate(flow, refined, with_buffers=False).peak
-            if peak < best_peak:
-                best_name, best_order, best_peak = f"{name}+exact windows", refined, peak
-    return Schedule(tuple(best_order), best_peak, original, best_name)
+        for name, order in list(candidates):
+            candidates.append((f"{name}+exact windows", _refine(model, order, work, deadline)))
+
+    def cost(order: list[int]) -> tuple[int, int]:
+        peak = simulate(flow, order, with_buffers=False).peak
+        if not plan_scoring:
+            return peak, peak
+        return plan_flow(flow, order, search_work=1_000_000).arena_bytes, peak
+
+    original = cost(identity)
+    best_name, best_order, best = "input order", identity, original
+    seen: set[tuple[int, ...]] = {tuple(identity)}
+    for name, order in candidates[1:]:
+        key = tuple(order)
+        if key in seen:
+            continue
+        seen.add(key)
+        score = cost(order)
+        if score < best and score[1] <= original[1]:
+            best_name, best_order, best = name, order, score
+    return Schedule(tuple(best_order), best[1], original[1], best_name, best[0], original[0])
 
 
 def is_topological(flow: Dataflow, order: Sequence[int]) -> bool:

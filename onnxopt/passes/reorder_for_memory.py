@@ -41,7 +41,8 @@ class ReorderForMemoryPass(Pass):
         )
         flow = build_dataflow(graph, sizes, inplace=True)
         schedule = schedule_for_memory(flow)
-        if schedule.peak >= schedule.original_peak or not is_topological(flow, schedule.order):
+        lower = (schedule.arena, schedule.peak) < (schedule.original_arena, schedule.original_peak)
+        if not lower or not is_topological(flow, schedule.order):
             return PassResult(
                 model,
                 modified=False,
@@ -52,5 +53,8 @@ class ReorderForMemoryPass(Pass):
         order = [flow.nodes[i] for i in schedule.order]
         apply_order(graph, order)
         stats["nodes moved"] = sum(1 for p, i in enumerate(schedule.order) if p != i)
-        stats["peak bytes saved"] = schedule.original_peak - schedule.peak
+        if schedule.peak != schedule.original_peak:
+            stats["peak bytes saved"] = schedule.original_peak - schedule.peak
+        if schedule.arena != schedule.original_arena:
+            stats["arena bytes saved"] = schedule.original_arena - schedule.arena
         return PassResult(model, modified=True, stats=stats)
