@@ -112,7 +112,7 @@ TRANSFORMERS = {
     # name: (config factory, batch, sequence)
     "bert-base (2 layers)": ("BertConfig", {"num_hidden_layers": 2}, 8, 128),
     "bert-base (2 layers), seq 512": ("BertConfig", {"num_hidden_layers": 2}, 1, 512),
-    "gpt2 (2 layers)": ("GPT2Config", {"n_layer": 2}, 8, 128),
+    "gpt2 (2 layers)": ("GPT2Config", {"n_layer": 2, "use_cache": False}, 8, 128),
     "distilbert (2 layers)": ("DistilBertConfig", {"n_layers": 2}, 8, 128),
     "vit-base (2 layers)": ("ViTConfig", {"num_hidden_layers": 2}, 8, None),
 }

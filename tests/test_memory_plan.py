@@ -245,3 +245,18 @@ def test_cli_writes_the_memory_plan_and_reports_figures(tmp_path):
     assert report["memory"]["assumed_dims"] == []
     bad = CliRunner().invoke(main, ["optimize", str(path), "--dim", "batch"])
     assert bad.exit_code == 2 and "NAME=SIZE" in bad.output
+
+
+def test_softmax_over_the_last_axis_reuses_its_input_but_not_over_another_axis():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4, 16] x) => (float[4, 16] y) {
+      a = Exp(x)
+      s = Softmax<axis=AXIS>(a)
+      y = Neg(s)
+    }
+    """
+    last = parse(text.replace("AXIS", "-1"))
+    assert live_ranges(last.graph, tensor_sizes(last), inplace=True).inplace == (("s", "a"),)
+    first = parse(text.replace("AXIS", "0"))
+    assert live_ranges(first.graph, tensor_sizes(first), inplace=True).inplace == ()

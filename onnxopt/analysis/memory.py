@@ -18,7 +18,8 @@ Reuse (``inplace=True``):
   buffer lives until the last reader of any of its views;
 - an element-wise op (Relu, Add, BatchNormalization, ...) may write its output over an input of
   the same shape and dtype when that input's buffer dies at this node (no later reader); the
-  buffers are merged. Buffers aliasing graph inputs or initializers are never written in place.
+  buffers are merged. Row-wise ops over contiguous rows (Softmax and LogSoftmax on the last axis,
+  LayerNormalization) may too: they read a row before writing it. Buffers aliasing graph inputs or initializers are never written in place.
 """
 
 from __future__ import annotations
@@ -106,6 +107,27 @@ def without_gc(func: F) -> F:
             gc.enable()
 
     return wrapper  # type: ignore[return-value]
+
+
+# Row-wise ops read a whole row of their input (to find its max / mean) before writing that row,
+# element by element, so the output may also overwrite the input when rows are contiguous.
+ROWWISE_INPLACE = ("Softmax", "LogSoftmax", "LayerNormalization")
+
+
+def _rows_are_contiguous(node: ir.Node, graph: ir.Graph) -> bool:
+    """Softmax before opset 13 and LayerNormalization flatten [axis:] into rows; Softmax 13+ needs the last axis."""
+    if node.op_type == "LayerNormalization":
+        return True
+    version = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 13))
+    if version < 13:
+        return True
+    axis = node.attributes.get_int("axis", -1)
+    rank = (
+        len(node.inputs[0].shape)
+        if node.inputs and node.inputs[0] is not None and node.inputs[0].shape is not None
+        else None
+    )
+    return axis == -1 or (rank is not None and axis == rank - 1)
 
 
 def align(size: int, alignment: int) -> int:
@@ -400,6 +422,12 @@ def build_dataflow(
                     group[out] = find(src)
                 continue
             allowed = ELEMENTWISE_INPLACE.get(node.op_type) if onnx_domain else None
+            if (
+                onnx_domain
+                and node.op_type in ROWWISE_INPLACE
+                and _rows_are_contiguous(node, graph)
+            ):
+                allowed = (0,)
             if not allowed or tsizes[out] == 0 or shapes[out] is None:
                 continue
             if node.op_type == "Dropout" and len(node.inputs) > 2 and node.inputs[2] is not None:
