@@ -324,6 +324,7 @@ def schedule_for_memory(
     seconds: float = 30.0,
     refine: bool = True,
     plan_scoring: bool | None = None,
+    ort_guard: bool = True,
 ) -> Schedule:
     """A topological order of ``flow``'s nodes with the lowest memory we can find.
 
@@ -332,6 +333,9 @@ def schedule_for_memory(
     ``PLAN_SCORING_NODES`` nodes), else by the lower bound. The input order wins ties, and a
     candidate must not raise the lower bound either, so the result is never worse than the input.
     ``work`` bounds the exact refinement (DP transitions per candidate); ``seconds`` is a safety cap.
+    With ``ort_guard``, a candidate is also rejected when ONNX Runtime's default execution order
+    (see :func:`ort_default_order`) of the reordered file would have a higher peak than that of
+    the input file: ORT ignores the file's order by default, and new node indices change its ties.
     """
     from onnxopt.analysis.memory_plan import plan_flow
 
@@ -346,6 +350,13 @@ def schedule_for_memory(
     if refine:
         for name, order in list(candidates):
             candidates.append((f"{name}+exact windows", _refine(model, order, work, deadline)))
+    if ort_guard:
+        # Orders ORT's default depth-first walk produces from these files: good for us and,
+        # written to the file, often good for ORT's own walk too.
+        for name, order in list(candidates):
+            walked = ort_default_order(flow, order)
+            candidates.append((f"{name}, ORT walk", walked))
+            candidates.append((f"{name}, ORT walk twice", ort_default_order(flow, walked)))
 
     def cost(order: list[int]) -> tuple[int, int]:
         peak = simulate(flow, order, with_buffers=False).peak
@@ -354,6 +365,15 @@ def schedule_for_memory(
         return plan_flow(flow, order, search_work=1_000_000).arena_bytes, peak
 
     original = cost(identity)
+    ort_original = simulate(flow, ort_default_order(flow, identity), with_buffers=False).peak
+
+    def ort_safe(order: list[int]) -> bool:
+        if not ort_guard:
+            return True
+        return (
+            simulate(flow, ort_default_order(flow, order), with_buffers=False).peak <= ort_original
+        )
+
     best_name, best_order, best = "input order", identity, original
     seen: set[tuple[int, ...]] = {tuple(identity)}
     for name, order in candidates[1:]:
@@ -362,9 +382,42 @@ def schedule_for_memory(
             continue
         seen.add(key)
         score = cost(order)
-        if score < best and score[1] <= original[1]:
+        if score < best and score[1] <= original[1] and ort_safe(order):
             best_name, best_order, best = name, order, score
     return Schedule(tuple(best_order), best[1], original[1], best_name, best[0], original[0])
+
+
+def ort_default_order(flow: Dataflow, file_order: Sequence[int]) -> list[int]:
+    """The order ONNX Runtime's default ``ExecutionOrder`` runs ``file_order`` in (graph optimizations off).
+
+    ORT numbers nodes as the file lists them, then runs a depth-first post-order from the nodes
+    whose outputs no node reads (pushed by index), exploring a node's producers highest index
+    first (``GraphViewer`` / ``Graph::ReverseDFSFrom``). So it finishes one input branch before the
+    next, whatever the file order, and the file order only breaks ties through the indices.
+    """
+    index = [0] * len(flow.nodes)
+    for position, v in enumerate(file_order):
+        index[v] = position
+    has_reader = [False] * len(flow.nodes)
+    for ps in flow.preds:
+        for u in ps:
+            has_reader[u] = True
+    stack: list[tuple[int, bool]] = [(v, False) for v in file_order if not has_reader[v]]
+    visited = [False] * len(flow.nodes)
+    order: list[int] = []
+    while stack:
+        v, leave = stack.pop()
+        if leave:
+            order.append(v)
+            continue
+        if visited[v]:
+            continue
+        visited[v] = True
+        stack.append((v, True))
+        for u in sorted(flow.preds[v], key=index.__getitem__):
+            if not visited[u]:
+                stack.append((u, False))
+    return order
 
 
 def is_topological(flow: Dataflow, order: Sequence[int]) -> bool:
