@@ -314,6 +314,8 @@ def _refine(model: _Model, order: list[int], work: int, deadline: float) -> list
 # (tight schedules can be hard to pack); beyond it, by the lower bound alone (planning is O(n log n)
 # but costs seconds per candidate at 100k nodes).
 PLAN_SCORING_NODES = 20_000
+PLAN_SCORING_CANDIDATES = 3
+PLAN_SCORING_WORK = 300_000
 
 
 @without_gc
@@ -358,31 +360,38 @@ def schedule_for_memory(
             candidates.append((f"{name}, ORT walk", walked))
             candidates.append((f"{name}, ORT walk twice", ort_default_order(flow, walked)))
 
-    def cost(order: list[int]) -> tuple[int, int]:
-        peak = simulate(flow, order, with_buffers=False).peak
-        if not plan_scoring:
-            return peak, peak
-        return plan_flow(flow, order, search_work=1_000_000).arena_bytes, peak
+    def peak_of(order: list[int]) -> int:
+        return simulate(flow, order, with_buffers=False).peak
 
-    original = cost(identity)
-    ort_original = simulate(flow, ort_default_order(flow, identity), with_buffers=False).peak
-
-    def ort_safe(order: list[int]) -> bool:
-        if not ort_guard:
-            return True
+    def arena_of(order: list[int], peak: int) -> int:
         return (
-            simulate(flow, ort_default_order(flow, order), with_buffers=False).peak <= ort_original
+            plan_flow(flow, order, search_work=PLAN_SCORING_WORK).arena_bytes
+            if plan_scoring
+            else peak
         )
 
-    best_name, best_order, best = "input order", identity, original
+    original_peak = peak_of(identity)
+    ort_original = peak_of(ort_default_order(flow, identity)) if ort_guard else 0
+    # Cheap filter first (lower bound, ORT's walk), then plan only the few most promising.
+    shortlist: list[tuple[int, int, str, list[int]]] = []
     seen: set[tuple[int, ...]] = {tuple(identity)}
-    for name, order in candidates[1:]:
+    for index, (name, order) in enumerate(candidates[1:]):
         key = tuple(order)
         if key in seen:
             continue
         seen.add(key)
-        score = cost(order)
-        if score < best and score[1] <= original[1] and ort_safe(order):
+        peak = peak_of(order)
+        if peak > original_peak:
+            continue
+        if ort_guard and peak_of(ort_default_order(flow, order)) > ort_original:
+            continue
+        shortlist.append((peak, index, name, order))
+    shortlist.sort()
+    original = (arena_of(identity, original_peak), original_peak)
+    best_name, best_order, best = "input order", identity, original
+    for peak, _, name, order in shortlist[:PLAN_SCORING_CANDIDATES]:
+        score = (arena_of(order, peak), peak)
+        if score < best:
             best_name, best_order, best = name, order, score
     return Schedule(tuple(best_order), best[1], original[1], best_name, best[0], original[0])
 
