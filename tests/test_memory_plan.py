@@ -260,3 +260,13 @@ def test_softmax_over_the_last_axis_reuses_its_input_but_not_over_another_axis()
     assert live_ranges(last.graph, tensor_sizes(last), inplace=True).inplace == (("s", "a"),)
     first = parse(text.replace("AXIS", "0"))
     assert live_ranges(first.graph, tensor_sizes(first), inplace=True).inplace == ()
+
+
+def test_sizes_default_to_the_shapes_left_by_infer_shapes():
+    from onnxopt.passes.infer_shapes import InferShapesPass
+
+    model = parse(CONCATS)
+    assert live_ranges(model.graph).unknown == ("a", "b", "c", "d")  # nothing inferred yet
+    InferShapesPass()(model)
+    assert live_ranges(model.graph).lower_bound_bytes == 640
+    assert plan_memory(model.graph).arena_bytes == 640

@@ -210,12 +210,17 @@ def tensor_sizes(
     )
     if infer or (infer is None and wanted):
         source = _inferred_clone(model, bind, dict(input_shapes or {}))
+    return sizes_from_shapes(source.graph, bind)
+
+
+def sizes_from_shapes(graph: ir.Graph, dims: Mapping[str, int] | None = None) -> TensorSizes:
+    """Sizes from the shapes already on ``graph``'s values (no inference), dims bound by ``dims``."""
+    bind: Mapping[str, int] = dims if dims is not None else {}
     nbytes: dict[str, int] = {}
     shapes: dict[str, tuple[int, ...]] = {}
-    graphs = [source.graph, *source.graph.subgraphs()]
-    for graph in graphs:
-        values = [*graph.inputs, *graph.initializers.values()]
-        values.extend(v for node in graph for v in node.outputs)
+    for sub in (graph, *graph.subgraphs()):
+        values = [*sub.inputs, *sub.initializers.values()]
+        values.extend(v for node in sub for v in node.outputs)
         for value in values:
             if not value.name or value.name in nbytes:
                 continue
@@ -225,7 +230,10 @@ def tensor_sizes(
                 nbytes[value.name] = size
                 shapes[value.name] = shape
     assumed = tuple(sorted(bind.missing)) if isinstance(bind, _DefaultDims) else ()
-    return TensorSizes(nbytes, shapes, dims, assumed)
+    plain = (
+        dict(bind) if not isinstance(bind, _DefaultDims) else {k: bind[k] for k in dict.keys(bind)}
+    )
+    return TensorSizes(nbytes, shapes, plain, assumed)
 
 
 class _DefaultDims(dict[str, int]):
@@ -711,7 +719,7 @@ def liveness_of(
 
 def live_ranges(
     graph: ir.Graph,
-    sizes: TensorSizes,
+    sizes: TensorSizes | None = None,
     *,
     order: Sequence[ir.Node] | None = None,
     inplace: bool = False,
@@ -720,7 +728,9 @@ def live_ranges(
     """Each intermediate's lifetime over ``order`` (default: the graph's node order).
 
     Without ``inplace`` every tensor is its own buffer: ``lower_bound_bytes`` is then the
-    classic bound, the largest total of tensors live at one step.
+    classic bound, the largest total of tensors live at one step. ``sizes`` default to the shapes
+    already on the graph (run infer-shapes first, or pass :func:`tensor_sizes`).
     """
+    sizes = sizes if sizes is not None else sizes_from_shapes(graph)
     flow = build_dataflow(graph, sizes, order=order, alignment=alignment, inplace=inplace)
     return liveness_of(flow, inplace=inplace, alignment=alignment)

@@ -338,14 +338,21 @@ def plan_flow(
 
 def plan_memory(
     graph: ir.Graph,
-    sizes: TensorSizes,
+    sizes: TensorSizes | None = None,
     *,
     order: Sequence[ir.Node] | None = None,
     inplace: bool = True,
     alignment: int = DEFAULT_ALIGNMENT,
     search_seconds: float = 30.0,
 ) -> MemoryPlan:
-    """Plan ``graph``'s intermediates in one arena for ``order`` (default: the graph's order)."""
+    """Plan ``graph``'s intermediates in one arena for ``order`` (default: the graph's order).
+
+    ``sizes`` default to the shapes already on the graph (see :func:`live_ranges`).
+    """
+    if sizes is None:
+        from onnxopt.analysis.memory import sizes_from_shapes
+
+        sizes = sizes_from_shapes(graph)
     flow = build_dataflow(graph, sizes, order=order, alignment=alignment, inplace=inplace)
     return plan_flow(flow, inplace=inplace, alignment=alignment, search_seconds=search_seconds)
 
