@@ -141,6 +141,19 @@ def _orders(buffers: Sequence[Interval]) -> Iterator[tuple[str, list[int], bool]
     dur = [b[2] - b[1] + 1 for b in buffers]
     start = [b[1] for b in buffers]
     yield "size/best-fit", by(lambda i: (-size[i], start[i], i)), True
+    # Long-lived buffers (e.g. weights made at the start) stacked by when they die, latest at the
+    # bottom, so those still alive are always contiguous; the rest by size above and between them.
+    steps = max((b[2] for b in buffers), default=0) + 1
+    long_lived = [d > steps / 8 for d in dur]
+    yield (
+        "long-lived stack/best-fit",
+        by(
+            lambda i: (
+                (0, -buffers[i][2], start[i], i) if long_lived[i] else (1, -size[i], start[i], i)
+            )
+        ),
+        True,
+    )
     yield "area/best-fit", by(lambda i: (-size[i] * dur[i], i)), True
     yield "size,duration/best-fit", by(lambda i: (-size[i], -dur[i], i)), True
     yield "size/first-fit", by(lambda i: (-size[i], start[i], i)), False
