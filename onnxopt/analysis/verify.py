@@ -27,9 +27,7 @@ def verify_graph(graph: ir.Graph, outer: frozenset[int] = frozenset()) -> list[s
         label = f"{node.op_type} '{node.name}'"
         for index, value in enumerate(node.inputs):
             if value is not None and id(value) not in defined:
-                problems.append(
-                    f"{label} input {index} '{value.name}' is used before it is defined"
-                )
+                problems.append(f"{label} input {index} '{value.name}' is used before it is defined")
         for attr in node.attributes.values():
             if attr.type == ir.AttributeType.GRAPH:
                 problems.extend(verify_graph(attr.as_graph(), frozenset(defined)))
