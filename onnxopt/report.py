@@ -14,6 +14,7 @@ from typing import Any
 import onnx_ir as ir
 
 from onnxopt import io
+from onnxopt.analysis.memory_plan import MemoryReport
 from onnxopt.passes.base import PassRecord
 from onnxopt.rewrite.driver import iter_graphs
 from onnxopt.validate import ValidationReport
@@ -107,6 +108,7 @@ class OptimizeReport:
     warnings: tuple[str, ...]
     optimize_seconds: float
     validate_seconds: float
+    memory: MemoryReport | None = None
 
     def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
         """(name, runs, seconds, summed stats) per pass, in first-run order."""
@@ -227,5 +229,41 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
         )
         for error in validation.errors:
             console.print(f"[red]{escape(error)}[/red]", highlight=False)
+    if report.memory is not None:
+        render_memory(report.memory, console)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+
+
+def render_memory(memory: MemoryReport, console: Any) -> None:
+    """The activation memory table: naive / lower bound / planned / gap per order."""
+    from rich.table import Table
+
+    table = Table(title="activation memory (main graph, 64-byte aligned)", title_justify="left")
+    for column in ("order", "naive", "lower bound", "planned", "gap"):
+        table.add_column(column, justify="left" if column == "order" else "right")
+    for row in memory.rows:
+        table.add_row(
+            row.label,
+            format_bytes(row.naive_bytes),
+            format_bytes(row.lower_bound_bytes),
+            format_bytes(row.planned_bytes),
+            f"{row.gap * 100:.2f}%",
+        )
+    console.print(table)
+    console.print(
+        f"peak vs the input order's lower bound without reuse: {-memory.reduction * 100:+.1f}%",
+        highlight=False,
+    )
+    if memory.assumed_dims:
+        dims = ", ".join(memory.assumed_dims)
+        console.print(
+            f"[yellow]assumed {dims} = {memory.default_dim}[/yellow] (bind with --dim NAME=SIZE)",
+            highlight=False,
+        )
+    if memory.unknown:
+        names = ", ".join(memory.unknown[:5]) + (" ..." if len(memory.unknown) > 5 else "")
+        console.print(
+            f"[yellow]{len(memory.unknown)} tensor(s) of unknown size counted as 0:[/yellow] {names}",
+            highlight=False,
+        )

@@ -16,6 +16,7 @@ from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.options import PassOptions
+from onnxopt.passes.reorder_for_memory import ReorderForMemoryPass
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
 PassClass = type[Pass]
@@ -33,6 +34,7 @@ ALL_PASSES: list[PassClass] = [
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
+    ReorderForMemoryPass,
 ]
 
 # Folding exposes shapes (re-inferred at the end of each round), which expose more folding.
@@ -69,6 +71,7 @@ LEVELS: dict[int, LevelSpec] = {
         CLEANUP,
         InferShapesPass,
         EliminateDeadCodePass,
+        ReorderForMemoryPass,
     ],
     3: [
         SortTopologicallyPass,
@@ -78,6 +81,7 @@ LEVELS: dict[int, LevelSpec] = {
         CLEANUP,
         InferShapesPass,
         EliminateDeadCodePass,
+        ReorderForMemoryPass,
     ],
 }
 DEFAULT_LEVEL = 2
