@@ -35,7 +35,7 @@ def _can_replace(old: ir.Value, new: ir.Value, graph: ir.Graph | ir.Function) ->
     if new.is_graph_input() or new.is_graph_output() or new.is_initializer():
         return Mismatch("its result is a graph output and the replacement is a graph input, output or initializer")
     producer = new.producer()
-    if producer is None or producer.graph is not graph:
+    if producer is None or producer.graph not in (graph, None):  # None: a node of the replacement
         return Mismatch("its result is a graph output and the replacement comes from another scope")
     return None
 
@@ -45,10 +45,28 @@ def apply_replacement(graph: ir.Graph | ir.Function, match: Match, replacement: 
     for old, new in replacement.values:
         problem = _can_replace(old, new, graph)
         if problem is not None:
+            for node in replacement.nodes:  # detach, so no phantom uses remain on graph values
+                for index in range(len(node.inputs)):
+                    node.replace_input_with(index, None)
             return problem
     root = match.root
-    if replacement.nodes:
-        graph.insert_before(root, replacement.nodes)
+    constants: list[ir.Node] = []
+    for value in replacement.initializers:
+        if isinstance(graph, ir.Graph):
+            base = value.name or "onnxopt_constant"
+            name, suffix = base, 1
+            while name in graph.initializers:
+                name, suffix = f"{base}_{suffix}", suffix + 1
+            value.name = name
+            graph.register_initializer(value)
+        else:  # functions hold no initializers
+            assert value.const_value is not None
+            constant = ir.node("Constant", [], attributes={"value": value.const_value})
+            ir.convenience.replace_all_uses_with(value, constant.outputs[0])
+            constant.outputs[0].name = value.name
+            constants.append(constant)
+    if constants or replacement.nodes:
+        graph.insert_before(root, [*constants, *replacement.nodes])
     for old, new in replacement.values:
         was_output = old.is_graph_output()
         name = old.name
@@ -92,12 +110,12 @@ def apply_rules(
                         continue
                     outcome = rule.match(node, context)
                     if isinstance(outcome, Mismatch):
-                        if options.explain:
+                        if options.explain and outcome.candidate:
                             final_round_notes.append(f"{rule.name}: {describe(node)}: {outcome.reason}")
                         continue
                     replacement = rule.rewrite(outcome, context)
                     if isinstance(replacement, Mismatch):
-                        if options.explain:
+                        if options.explain and replacement.candidate:
                             final_round_notes.append(f"{rule.name}: {describe(node)}: {replacement.reason}")
                         continue
                     problem = apply_replacement(graph, outcome, replacement)

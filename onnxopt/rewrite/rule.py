@@ -21,6 +21,9 @@ class Mismatch:
     """Why a candidate was not rewritten, e.g. ``Mismatch("Conv output has 2 consumers")``."""
 
     reason: str
+    # False when the node was never a plausible candidate (e.g. an Add that is not part of any
+    # LayerNorm): --explain stays quiet about those and only lists real near-misses.
+    candidate: bool = True
 
     def __bool__(self) -> bool:  # so `if not (m := rule.match(...))` reads naturally
         return False
@@ -49,6 +52,9 @@ class Replacement:
 
     nodes: Sequence[ir.Node]
     values: Sequence[tuple[ir.Value, ir.Value]]
+    # New constants (values carrying ``const_value`` and a name); the driver registers them as
+    # initializers, or emits Constant nodes inside functions, which cannot hold initializers.
+    initializers: Sequence[ir.Value] = ()
 
 
 @dataclass(frozen=True)
