@@ -9,19 +9,25 @@ import onnx_ir as ir
 
 from onnxopt.io import model_from_proto
 from onnxopt.passes.base import Pass, PassResult
+from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.validate import validate
 
 
 def parse(text: str, **initializers: np.ndarray) -> ir.Model:
-    """A model from ONNX text; keyword arrays become initializers of the same name."""
+    """A model from ONNX text, shapes inferred; keyword arrays become initializers of the same name."""
     proto = onnx.parser.parse_model(text)
     for name, array in initializers.items():
         proto.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(array), name))
-    return model_from_proto(proto)
+    model = model_from_proto(proto)
+    InferShapesPass()(model)
+    return model
 
 
 def op_types(model: ir.Model) -> list[str]:
-    return [n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}" for n in model.graph]
+    return [
+        n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+        for n in model.graph
+    ]
 
 
 def run_checked(pass_: Pass, model: ir.Model) -> PassResult:

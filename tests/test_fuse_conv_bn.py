@@ -75,7 +75,11 @@ def test_matmul_bn_becomes_gemm() -> None:
 
 @pytest.mark.parametrize(
     ("op", "shape", "rule"),
-    [("Add", (4, 1, 1), "conv+add->conv"), ("Mul", (1, 4, 1, 1), "conv+mul->conv"), ("Mul", (1,), "conv+mul->conv")],
+    [
+        ("Add", (4, 1, 1), "conv+add->conv"),
+        ("Mul", (1, 4, 1, 1), "conv+mul->conv"),
+        ("Mul", (1,), "conv+mul->conv"),
+    ],
 )
 def test_conv_per_channel_add_mul(op: str, shape: tuple[int, ...], rule: str) -> None:
     text = f"""
@@ -108,7 +112,9 @@ def test_shared_weight_is_not_folded() -> None:
     }
     """
     notes = _explain(text, w=rng_array(4, 3, 3, 3), **BN_PARAMS)
-    assert notes == ["conv+bn->conv: BatchNormalization: Conv weight 'w' is shared with 1 other node(s)"]
+    assert notes == [
+        "conv+bn->conv: BatchNormalization: Conv weight 'w' is shared with 1 other node(s)"
+    ]
 
 
 def test_non_constant_statistics_are_not_folded() -> None:
@@ -134,8 +140,12 @@ def test_foreign_domain_and_non_channel_constants_are_left_alone() -> None:
         z = Add (d, k)
     }
     """
-    notes = _explain(text, w=rng_array(4, 3, 3, 3), w2=rng_array(4, 3, 3, 3), k=rng_array(6, 1), **BN_PARAMS)
-    assert notes == ["conv+add->conv: Add: the constant of shape [6, 1] is not per-channel (axis 2 has 6)"]
+    notes = _explain(
+        text, w=rng_array(4, 3, 3, 3), w2=rng_array(4, 3, 3, 3), k=rng_array(6, 1), **BN_PARAMS
+    )
+    assert notes == [
+        "conv+add->conv: Add: the constant of shape [6, 1] is not per-channel (axis 2 has 6)"
+    ]
 
 
 def test_conv_with_two_consumers_is_not_folded() -> None:

@@ -54,10 +54,10 @@ def apply_replacement(graph: ir.Graph | ir.Function, match: Match, replacement: 
     for value in replacement.initializers:
         if isinstance(graph, ir.Graph):
             base = value.name or "onnxopt_constant"
-            name, suffix = base, 1
-            while name in graph.initializers:
-                name, suffix = f"{base}_{suffix}", suffix + 1
-            value.name = name
+            unique, suffix = base, 1
+            while unique in graph.initializers:
+                unique, suffix = f"{base}_{suffix}", suffix + 1
+            value.name = unique
             graph.register_initializer(value)
         else:  # functions hold no initializers
             assert value.const_value is not None

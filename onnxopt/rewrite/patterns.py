@@ -24,7 +24,7 @@ def const_scalar(value: ir.Value | None) -> float | None:
     return float(array.reshape(()))
 
 
-def other_input(node: ir.Node, value: ir.Value) -> ir.Value | None:
+def other_input(node: ir.Node, value: ir.Value | None) -> ir.Value | None:
     """For a binary op with ``value`` as one input, the other input (None when absent)."""
     a, b = ([*list(node.inputs), None, None])[:2]
     if a is value:
@@ -61,3 +61,9 @@ def rank_of(value: ir.Value | None) -> int | None:
 
 def dtype_of(value: ir.Value | None) -> ir.DataType | None:
     return None if value is None else value.dtype
+
+
+def ensure_opset(model: ir.Model, domain: str, version: int) -> None:
+    """Import ``domain`` in the model when a fusion introduced ops from it."""
+    if domain not in model.opset_imports:
+        model.opset_imports[domain] = version
