@@ -21,6 +21,9 @@ from onnxopt.validate import ValidationReport, input_specs, validate
 
 logger = logging.getLogger(__name__)
 
+# Recorded in every optimized model: which runtime its fusions may rely on ("onnx" or "ort").
+TARGET_METADATA_KEY = "onnxopt.target"
+
 
 @dataclass(frozen=True)
 class OptimizeResult:
@@ -81,6 +84,7 @@ def optimize(
     instruments = [VerifyEach()] if verify_each else []
     result = Pipeline(steps, instruments)(working, progress)
     optimize_seconds = time.perf_counter() - start
+    working.metadata_props[TARGET_METADATA_KEY] = target
 
     validation: ValidationReport | None = None
     validate_seconds = 0.0

@@ -96,7 +96,16 @@ def _match_gelu(tanh_form: bool) -> MatchFn:
             return Mismatch("1 + erf/tanh is used by more than one Mul (or is a graph output)")
         other = other_input(product, p)
         nodes = [*front, activation, one_plus, product]
-        if other is x:  # (x * p) * 0.5
+        if _close(const_scalar(other), 0.5):  # x * (p * 0.5)
+            outer = single_consumer(product.outputs[0])
+            if (
+                not is_op(outer, "Mul")
+                or outer is None
+                or other_input(outer, product.outputs[0]) is not x
+            ):
+                return Mismatch("0.5 * (1 + ...) is not multiplied by x")
+            nodes.append(outer)
+        elif other is x:  # (x * p) * 0.5
             half = single_consumer(product.outputs[0])
             if (
                 not is_op(half, "Mul")

@@ -9,12 +9,31 @@ from onnxopt.passes.base import FixedPoint, Pass, Step
 from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
 from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
+from onnxopt.passes.fuse_conv_activation import FuseConvActivationPass
+from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
+from onnxopt.passes.fuse_gelu import FuseGeluPass
+from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
+from onnxopt.passes.fuse_pad import FusePadPass
+from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
 PassClass = type[Pass]
 LevelSpec = Sequence[PassClass | tuple[PassClass, ...]]
+
+# Fusions, in the order they feed each other (BN folds before Conv+Relu, LayerNorm before Skip).
+# Contrib-op rewrites check options.target themselves, so one list serves both targets: the
+# default (level 2, target ort) is what runs fastest on ONNX Runtime; --target onnx stays portable.
+FUSIONS: list[PassClass] = [
+    FusePadPass,
+    FuseConvBnPass,
+    FuseConvActivationPass,
+    FuseLayerNormPass,
+    FuseSkipLayerNormPass,
+    FuseRmsNormPass,
+    FuseGeluPass,
+]
 
 # Every pass, in the order a custom --passes list is best run in.
 ALL_PASSES: list[PassClass] = [
@@ -23,6 +42,7 @@ ALL_PASSES: list[PassClass] = [
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
+    *FUSIONS,
 ]
 
 CLEANUP: tuple[PassClass, ...] = (
@@ -38,6 +58,7 @@ LEVELS: dict[int, LevelSpec] = {
         InferShapesPass,
         DeduplicateInitializersPass,
         CLEANUP,
+        *FUSIONS,
         InferShapesPass,
         EliminateDeadCodePass,
     ],
@@ -46,6 +67,7 @@ LEVELS: dict[int, LevelSpec] = {
         InferShapesPass,
         DeduplicateInitializersPass,
         CLEANUP,
+        *FUSIONS,
         InferShapesPass,
         EliminateDeadCodePass,
     ],
