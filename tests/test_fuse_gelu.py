@@ -107,3 +107,18 @@ def test_shared_intermediate_blocks_fusion() -> None:
     assert result.notes == [
         "gelu(erf)->Gelu: Erf: 1 + erf/tanh is used by more than one Mul (or is a graph output)"
     ]
+
+
+def test_native_gelu_with_bias_becomes_bias_gelu_for_ort() -> None:
+    text = """
+    <ir_version: 9, opset_import: ["" : 20]>
+    g (float[B, S, 8] x) => (float[B, S, 8] y, float[B, S, 8] t) {
+        z = Add (x, bias)
+        y = Gelu (z)
+        u = Add (x, bias)
+        t = Gelu <approximate = "tanh"> (u)
+    }
+    """
+    result = run_checked(FuseGeluPass(), parse(text, bias=rng_array(8, seed=3)))
+    assert result.stats == {"add+Gelu(onnx)->BiasGelu/FastGelu": 2}
+    assert op_types(result.model) == ["com.microsoft::BiasGelu", "com.microsoft::FastGelu"]

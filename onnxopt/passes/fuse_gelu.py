@@ -176,7 +176,8 @@ def _match_bias(gelu: ir.Node, context: RewriteContext) -> Match | Mismatch:
 
 def _rewrite_bias(match: Match, context: RewriteContext) -> Replacement:
     gelu = match.root
-    op = "BiasGelu" if gelu.op_type == "Gelu" else "FastGelu"
+    tanh = gelu.op_type == "FastGelu" or gelu.attributes.get_string("approximate", "none") == "tanh"
+    op = "FastGelu" if tanh else "BiasGelu"
     new = ir.node(op, [match.bindings["x"], match.bindings["bias"]], domain=MS_DOMAIN)
     return Replacement([new], [(gelu.outputs[0], new.outputs[0])])
 
@@ -188,6 +189,7 @@ RULES = (
 BIAS_RULES = (
     Rule("add+Gelu->BiasGelu", "Gelu", _match_bias, _rewrite_bias, domain=MS_DOMAIN),
     Rule("add+FastGelu->FastGelu(bias)", "FastGelu", _match_bias, _rewrite_bias, domain=MS_DOMAIN),
+    Rule("add+Gelu(onnx)->BiasGelu/FastGelu", "Gelu", _match_bias, _rewrite_bias),
 )
 
 
@@ -201,6 +203,8 @@ class FuseGeluPass(Pass):
         stats, notes = apply_rules(model, RULES, self.options)
         if self.options.target == "ort":
             bias_stats, bias_notes = apply_rules(model, BIAS_RULES, self.options)
+            if bias_stats:
+                ensure_opset(model, MS_DOMAIN, 1)
             stats.update(bias_stats)
             notes.extend(bias_notes)
         return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
