@@ -13,6 +13,7 @@ from onnxopt.passes.fuse_conv_activation import FuseConvActivationPass
 from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
 from onnxopt.passes.fuse_gelu import FuseGeluPass
 from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
+from onnxopt.passes.fuse_matmul import FuseMatMulPass
 from onnxopt.passes.fuse_pad import FusePadPass
 from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.infer_shapes import InferShapesPass
@@ -33,6 +34,7 @@ FUSIONS: list[PassClass] = [
     FuseSkipLayerNormPass,
     FuseRmsNormPass,
     FuseGeluPass,
+    FuseMatMulPass,  # last: attention patterns need to see their Transpose + MatMul unfused
 ]
 
 # Every pass, in the order a custom --passes list is best run in.
