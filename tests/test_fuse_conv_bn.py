@@ -158,3 +158,20 @@ def test_conv_with_two_consumers_is_not_folded() -> None:
     """
     notes = _explain(text, w=rng_array(4, 3, 3, 3), **BN_PARAMS)
     assert notes == ["conv+bn->conv: BatchNormalization: Conv output has 2 consumers"]
+
+
+def test_lone_batch_norm_decomposes_to_mul_add() -> None:
+    from onnxopt.passes.decompose_batch_norm import DecomposeBatchNormPass
+
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 5] x) => (float[N, 4, 5] y) {
+        r = Relu (x)
+        y = BatchNormalization (r, s, b, m, v)
+    }
+    """
+    result = run_checked(DecomposeBatchNormPass(), parse(text, **BN_PARAMS))
+    assert result.stats == {"bn->mul+add": 1}
+    assert op_types(result.model) == ["Relu", "Mul", "Add"]
+    after_conv = parse(CONV_BN, w=rng_array(4, 3, 3, 3), bias=rng_array(4), **BN_PARAMS)
+    assert not DecomposeBatchNormPass()(after_conv).modified

@@ -22,7 +22,7 @@ from onnxopt.rewrite.rule import MatchFn
 _FOLDABLE = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
-def _bn_affine(bn: ir.Node) -> tuple[np.ndarray, np.ndarray] | Mismatch:
+def bn_affine(bn: ir.Node) -> tuple[np.ndarray, np.ndarray] | Mismatch:
     """(s, t) of an inference-mode BatchNormalization with constant statistics."""
     if bn.attributes.get_int("training_mode", 0) != 0:
         return Mismatch("BatchNormalization is in training mode")
@@ -198,7 +198,7 @@ def _match_bn(op: str) -> MatchFn:
         node = _producer(bn.inputs[0])
         if isinstance(node, Mismatch):
             return node
-        affine = _bn_affine(bn)
+        affine = bn_affine(bn)
         if isinstance(affine, Mismatch):
             return affine
         return _fold(node, bn, *affine, "BatchNormalization")

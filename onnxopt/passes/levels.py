@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from onnxopt.errors import UsageError
 from onnxopt.passes.base import FixedPoint, Pass, Step
+from onnxopt.passes.decompose_batch_norm import DecomposeBatchNormPass
 from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
 from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
@@ -45,6 +46,7 @@ ALL_PASSES: list[PassClass] = [
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
     *FUSIONS,
+    DecomposeBatchNormPass,  # opt-in (--passes): slower than one BatchNormalization kernel on ORT
 ]
 
 CLEANUP: tuple[PassClass, ...] = (
