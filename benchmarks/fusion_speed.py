@@ -123,7 +123,7 @@ def export(name: str, exporter: str, cache: Path) -> tuple[Path, dict[str, np.nd
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
-            shapes = {n: {axis: torch.export.Dim.AUTO for axis in axes} for n, axes in dynamic.items()}
+            shapes = tuple({axis: torch.export.Dim.AUTO for axis in dynamic.get(n, {})} for n in names)
             program = torch.onnx.export(module, args, input_names=names, dynamic_shapes=shapes, dynamo=True)
             assert program is not None
             program.save(str(path))
