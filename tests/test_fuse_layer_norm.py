@@ -130,3 +130,17 @@ def test_skip_layer_norm_only_for_ort_and_known_shapes() -> None:
     result = FuseSkipLayerNormPass(PassOptions(explain=True))(model)
     assert not result.modified
     assert len(result.notes) == 1 and "not the same known 2-D/3-D shape" in result.notes[0]
+
+
+def test_skip_simplified_layer_norm_keeps_residual_sum() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[B, S, 8] x, float[B, S, 8] r) => (float[B, S, 8] y, float[B, S, 8] s) {
+        s = Add (x, r)
+        y = SimplifiedLayerNormalization <epsilon = 1e-6, axis = -1> (s, gamma)
+    }
+    """
+    model = parse(text, gamma=rng_array(8, seed=2))
+    result = run_checked(FuseSkipLayerNormPass(), model)
+    assert result.stats == {"add+SimplifiedLayerNormalization->SkipSimplifiedLayerNormalization": 1}
+    assert op_types(result.model) == ["com.microsoft::SkipSimplifiedLayerNormalization"]

@@ -191,6 +191,7 @@ def _match_skip(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if any(out.uses() or out.is_graph_output() for out in node.outputs[1:]):
         return Mismatch("LayerNormalization's mean / inv_std_dev outputs are used")
     x = node.inputs[0]
+    simplified = node.op_type == "SimplifiedLayerNormalization"
     if node.attributes.get_int("stash_type", 1) != 1:
         return Mismatch("LayerNormalization stash_type is not float32")
     gamma = const_array(node.inputs[1])
@@ -239,7 +240,10 @@ def _match_skip(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     return Match(
         nodes,
         {
-            "inputs": [a, skip, node.inputs[1], node.inputs[2] if beta is not None else None, bias],
+            "inputs": [a, skip, node.inputs[1], bias]
+            if simplified
+            else [a, skip, node.inputs[1], node.inputs[2] if beta is not None else None, bias],
+            "op": "SkipSimplifiedLayerNormalization" if simplified else "SkipLayerNormalization",
             "eps": node.attributes.get_float("epsilon", 1e-5),
             "add": add,
             "keep_sum": sum_used_elsewhere,
@@ -253,7 +257,7 @@ def _rewrite_skip(match: Match, context: RewriteContext) -> Replacement:
     while inputs and inputs[-1] is None:
         inputs.pop()
     new = ir.node(
-        "SkipLayerNormalization",
+        b["op"],
         inputs,
         {"epsilon": b["eps"]},
         domain=MS_DOMAIN,
@@ -278,6 +282,12 @@ SKIP_RULES = (
         _match_skip,
         _rewrite_skip,
     ),
+    Rule(
+        "add+SimplifiedLayerNormalization->SkipSimplifiedLayerNormalization",
+        "SimplifiedLayerNormalization",
+        _match_skip,
+        _rewrite_skip,
+    ),
 )
 
 
@@ -293,7 +303,8 @@ class FuseLayerNormPass(Pass):
 
 
 class FuseSkipLayerNormPass(Pass):
-    """``LayerNormalization(a + b [+ bias])`` -> com.microsoft SkipLayerNormalization (target ort only)."""
+    """``LayerNormalization(a + b [+ bias])`` -> com.microsoft SkipLayerNormalization (target ort only);
+    ``SimplifiedLayerNormalization(a + b)`` (RMS norm) -> SkipSimplifiedLayerNormalization."""
 
     name = "fuse-skip-layer-norm"
     summary = (

@@ -32,8 +32,8 @@ FUSIONS: list[PassClass] = [
     FuseConvBnPass,
     FuseConvActivationPass,
     FuseLayerNormPass,
-    FuseSkipLayerNormPass,
     FuseRmsNormPass,
+    FuseSkipLayerNormPass,
     FuseGeluPass,
     FuseMatMulPass,  # last: attention patterns need to see their Transpose + MatMul unfused
 ]
