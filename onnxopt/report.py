@@ -121,7 +121,7 @@ class OptimizeReport:
         return list(seen)
 
     def fusion_counts(self) -> list[tuple[str, int, int]]:
-        """(rule, candidates, fused) per rewrite rule of the fuse-* passes, plus any rule with notes.
+        """(rule, candidates, fused) per rewrite rule of the fuse-* passes.
 
         A candidate is a node a rule recognised (fused, or rejected with a reason under --explain);
         without --explain, rejected candidates are not collected and candidates equals fused.
@@ -130,7 +130,13 @@ class OptimizeReport:
         for record in self.records:
             if record.name.startswith("fuse-"):
                 fused.update(record.stats)
-        rejected: Counter[str] = Counter(note.split(": ", 1)[0] for note in self.explain_notes())
+        rejected: Counter[str] = Counter()
+        for record in self.records:  # a pass repeated to a fixed point re-reports the same misses
+            if not record.name.startswith("fuse-"):
+                continue
+            in_record = Counter(note.split(": ", 1)[0] for note in record.notes)
+            for rule, count in in_record.items():
+                rejected[rule] = max(rejected[rule], count)
         rules = list(dict.fromkeys([*fused, *rejected]))
         return [(rule, fused[rule] + rejected[rule], fused[rule]) for rule in rules]
 
