@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from onnxopt.passes.fuse_gelu import FuseGeluPass
@@ -122,3 +123,13 @@ def test_native_gelu_with_bias_becomes_bias_gelu_for_ort() -> None:
     result = run_checked(FuseGeluPass(), parse(text, bias=rng_array(8, seed=3)))
     assert result.stats == {"add+Gelu(onnx)->BiasGelu/FastGelu": 2}
     assert op_types(result.model) == ["com.microsoft::BiasGelu", "com.microsoft::FastGelu"]
+
+
+def test_rank_raising_constant_is_not_a_scalar() -> None:
+    model = parse(
+        HEADER.format(opset=17).replace("float[B, S, 8] y", "float[1, B, S, 8] y")
+        + ERF_TORCH.format(),
+        bias=rng_array(8),
+        **{**CONSTANTS, "half": np.full((1, 1, 1, 1), 0.5, dtype=np.float32)},
+    )
+    assert not FuseGeluPass()(model).modified

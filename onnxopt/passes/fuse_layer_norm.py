@@ -53,12 +53,24 @@ def last_axis_problem(node: ir.Node, data: ir.Value | None, what: str) -> str | 
     return f"{what} ReduceMean axes {axes} are not the last axis (rank {rank if rank is not None else '?'})"
 
 
-def per_channel_vector(value: ir.Value | None) -> np.ndarray | None:
-    """A constant whose shape is [..., 1, H] with every leading dim 1, flattened to [H]."""
+def per_channel_vector(value: ir.Value | None, data: ir.Value | None) -> np.ndarray | None:
+    """A constant of shape [..., 1, H] (leading dims 1), flattened to [H], that broadcasts against
+    ``data`` along its last axis without raising its rank (H may be 1 when the last dim is static)."""
     array = const_array(value)
     if array is None or array.ndim == 0 or any(d != 1 for d in array.shape[:-1]):
         return None
-    return array.reshape(-1)
+    rank = None if data is None or data.shape is None else len(data.shape)
+    if array.ndim > (rank if rank is not None else 1):
+        return None
+    vector = array.reshape(-1)
+    last = None if rank is None or data is None or data.shape is None else data.shape[-1]
+    if isinstance(last, int) and vector.shape[0] != last:
+        if vector.shape[0] != 1:
+            return None
+        vector = np.repeat(vector, last)
+    elif vector.shape[0] == 1 and not isinstance(last, int):
+        return None  # a broadcast scalar over an unknown hidden size
+    return vector
 
 
 def _exclusive(value: ir.Value, allowed: list[ir.Node]) -> bool:
@@ -133,13 +145,13 @@ def _match_layer_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatc
     tail = node.outputs[0]
     mul = single_consumer(tail)
     if is_op(mul, "Mul") and mul is not None:
-        gamma = per_channel_vector(other_input(mul, tail))
+        gamma = per_channel_vector(other_input(mul, tail), x)
         if gamma is not None:
             nodes.append(mul)
             tail = mul.outputs[0]
             add = single_consumer(tail)
             if is_op(add, "Add") and add is not None:
-                beta = per_channel_vector(other_input(add, tail))
+                beta = per_channel_vector(other_input(add, tail), x)
                 if beta is not None and beta.shape == gamma.shape:
                     nodes.append(add)
                 else:

@@ -95,7 +95,7 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         follower = single_consumer(tail)
     weight = None
     if is_op(follower, "Mul") and follower is not None:
-        weight = per_channel_vector(other_input(follower, tail))
+        weight = per_channel_vector(other_input(follower, tail), h)
         if weight is not None:
             nodes.append(follower)
     if weight is None:

@@ -17,9 +17,13 @@ def producer_op(value: ir.Value | None, op_type: str, domain: str = "") -> ir.No
 
 
 def const_scalar(value: ir.Value | None) -> float | None:
-    """The value as a Python float when it is a constant holding exactly one element."""
+    """The value as a Python float when it is a constant scalar (rank 0 or shape [1]).
+
+    Higher-rank single-element constants are refused: they broadcast the other operand's rank up,
+    which a fused op would not reproduce.
+    """
     array = const_array(value)
-    if array is None or array.size != 1:
+    if array is None or array.size != 1 or array.ndim > 1:
         return None
     return float(array.reshape(()))
 
