@@ -242,7 +242,14 @@ def main() -> None:
     rows = []
     for name in args.models.split(","):
         for exporter in args.exporters.split(","):
-            path, feeds = export(name, exporter, args.cache)
+            try:
+                path, feeds = export(name, exporter, args.cache)
+            except Exception as exc:  # e.g. TorchScript cannot export aten::diff (LLaMA masks)
+                print(
+                    f"skip {name} ({exporter}): export failed: {str(exc).splitlines()[0]}",
+                    file=sys.stderr,
+                )
+                continue
             result = optimize(path, target=args.target, check=False)
             out = args.cache / f"{name}.{exporter}.{args.target}.opt.onnx"
             io.save_model(result.model, out)
