@@ -141,3 +141,46 @@ def test_tiny_bert(tmp_path: Path, dynamo: bool) -> None:
     portable = optimize(path, target="onnx")
     assert portable.validated
     assert not any(op.startswith("com.microsoft") for op in portable.report.after.op_counts)
+
+
+class LlamaWrapper(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import LlamaConfig, LlamaModel
+
+        config = LlamaConfig(
+            vocab_size=100,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+        self.inner = LlamaModel(config)
+
+    def forward(self, input_ids):  # type: ignore[no-untyped-def]
+        return self.inner(input_ids=input_ids, use_cache=False).last_hidden_state
+
+
+@pytest.mark.slow
+def test_tiny_llama_rms_norm(tmp_path: Path) -> None:
+    """TorchScript cannot export current LLaMA (aten::diff), so only the dynamo export is tested."""
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    args = (torch.randint(0, 100, (2, 7)),)
+    path = _export(
+        LlamaWrapper().eval(),
+        args,
+        tmp_path / "llama.onnx",
+        True,
+        ["input_ids"],
+        {"input_ids": {0: "b", 1: "s"}},
+    )
+    result = optimize(path)
+    assert result.validated, result.report.validation
+    ops = result.report.after.op_counts
+    assert (
+        ops.get("SimplifiedLayerNormalization") == 1
+    )  # the first norm has no residual Add before it
+    assert ops.get("com.microsoft::SkipSimplifiedLayerNormalization") == 4
