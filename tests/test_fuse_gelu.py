@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxopt.passes.fuse_gelu import FuseGeluPass
+from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
 from onnxopt.passes.options import PassOptions
 from tests.fusion_util import op_types, parse, rng_array, run_checked
 
@@ -60,21 +60,29 @@ def _model(body: str, opset: int = 17):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("body", [ERF_TORCH, ERF_HALF_FIRST])
-def test_erf_gelu_ort_becomes_bias_gelu(body: str) -> None:
+def test_erf_gelu_ort_old_opset_becomes_contrib_gelu(body: str) -> None:
     result = run_checked(FuseGeluPass(), _model(body))
-    assert result.stats == {"gelu(erf)->Gelu": 1, "add+Gelu->BiasGelu": 1}
-    assert op_types(result.model) == ["com.microsoft::BiasGelu"]
+    assert result.stats == {"gelu(erf)->Gelu": 1}
+    assert op_types(result.model) == ["Add", "com.microsoft::Gelu"]
+    biased = run_checked(FuseBiasGeluPass(), result.model)
+    assert biased.stats == {"add+Gelu->BiasGelu": 1}
+    assert op_types(biased.model) == ["com.microsoft::BiasGelu"]
 
 
-def test_tanh_gelu_ort_becomes_fast_gelu_with_bias() -> None:
+def test_tanh_gelu_ort_old_opset_becomes_fast_gelu() -> None:
     result = run_checked(FuseGeluPass(), _model(TANH))
-    assert result.stats == {"gelu(tanh)->Gelu": 1, "add+FastGelu->FastGelu(bias)": 1}
-    assert op_types(result.model) == ["com.microsoft::FastGelu"]
+    assert result.stats == {"gelu(tanh)->Gelu": 1}
+    assert op_types(result.model) == ["Add", "com.microsoft::FastGelu"]
+    biased = run_checked(FuseBiasGeluPass(), result.model)
+    assert biased.stats == {"add+FastGelu->FastGelu(bias)": 1}
+    assert op_types(biased.model) == ["com.microsoft::FastGelu"]
 
 
+@pytest.mark.parametrize("target", ["onnx", "ort"])
 @pytest.mark.parametrize(("body", "approximate"), [(ERF_TORCH, None), (TANH, "tanh")])
-def test_onnx_target_uses_standard_gelu(body: str, approximate: str | None) -> None:
-    result = run_checked(FuseGeluPass(PassOptions(target="onnx")), _model(body, opset=20))
+def test_opset_20_uses_standard_gelu(body: str, approximate: str | None, target: str) -> None:
+    options = PassOptions(target=target)  # type: ignore[arg-type]
+    result = run_checked(FuseGeluPass(options), _model(body, opset=20))
     assert op_types(result.model) == ["Add", "Gelu"]
     gelu = list(result.model.graph)[-1]
     attr = gelu.attributes.get("approximate")
@@ -120,7 +128,7 @@ def test_native_gelu_with_bias_becomes_bias_gelu_for_ort() -> None:
         t = Gelu <approximate = "tanh"> (u)
     }
     """
-    result = run_checked(FuseGeluPass(), parse(text, bias=rng_array(8, seed=3)))
+    result = run_checked(FuseBiasGeluPass(), parse(text, bias=rng_array(8, seed=3)))
     assert result.stats == {"add+Gelu(onnx)->BiasGelu/FastGelu": 2}
     assert op_types(result.model) == ["com.microsoft::BiasGelu", "com.microsoft::FastGelu"]
 

@@ -135,9 +135,11 @@ def test_tiny_bert(tmp_path: Path, dynamo: bool) -> None:
     assert result.validated, result.report.validation
     assert len(result.report.validation.trials) >= 2  # type: ignore[union-attr]
     ops = result.report.after.op_counts
-    assert ops.get("com.microsoft::SkipLayerNormalization") == 4
-    assert ops.get("com.microsoft::BiasGelu") == 2
-    assert "Erf" not in ops and "Gelu" not in ops
+    # SkipLayerNormalization and BiasGelu are opt-in (slower kernels on ORT CPU); Gelu is fused
+    # (TorchScript at opset 17: com.microsoft Gelu) or exported natively (dynamo, opset 18+ / 20+).
+    assert "Erf" not in ops
+    assert ops.get("com.microsoft::Gelu", 0) + ops.get("Gelu", 0) == 2 or dynamo
+    assert "com.microsoft::SkipLayerNormalization" not in ops
     portable = optimize(path, target="onnx")
     assert portable.validated
     assert not any(op.startswith("com.microsoft") for op in portable.report.after.op_counts)
