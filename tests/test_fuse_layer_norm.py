@@ -3,7 +3,6 @@ from __future__ import annotations
 import pytest
 
 from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
-from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.options import PassOptions
 from tests.fusion_util import op_types, parse, rng_array, run_checked
 
@@ -142,6 +141,6 @@ def test_skip_simplified_layer_norm_keeps_residual_sum() -> None:
     }
     """
     model = parse(text, gamma=rng_array(8, seed=2))
-    result = run_checked(FuseRmsNormPass(), model)
+    result = run_checked(FuseSkipLayerNormPass(), model)
     assert result.stats == {"add+SimplifiedLayerNormalization->SkipSimplifiedLayerNormalization": 1}
     assert op_types(result.model) == ["com.microsoft::SkipSimplifiedLayerNormalization"]

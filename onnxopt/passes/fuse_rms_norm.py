@@ -13,17 +13,15 @@ from collections import Counter
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import MS_DOMAIN, is_op, single_consumer
+from onnxopt.ops import is_op, single_consumer
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fuse_layer_norm import (
-    SKIP_SIMPLIFIED_RULES,
     last_axis_problem,
     per_channel_vector,
 )
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import (
     const_scalar,
-    ensure_opset,
     new_constant,
     other_input,
     producer_op,
@@ -133,18 +131,11 @@ RULES = (Rule("rms-norm->RMSNormalization", "Mul", _match, _rewrite),)
 
 
 class FuseRmsNormPass(Pass):
-    """x * rsqrt(mean(x^2) + eps) * w -> SimplifiedLayerNormalization (ort) / RMSNormalization (onnx, opset 23+);
-    for target ort, then residual Add + SimplifiedLayerNormalization -> SkipSimplifiedLayerNormalization."""
+    """x * rsqrt(mean(x^2) + eps) * w -> SimplifiedLayerNormalization (ort) / RMSNormalization (onnx, opset 23+)."""
 
     name = "fuse-rms-norm"
     summary = "fuse RMS normalization (ort: SimplifiedLayerNormalization; onnx: RMSNormalization, opset 23+)"
 
     def call(self, model: ir.Model) -> PassResult:
         stats, notes = apply_rules(model, RULES, self.options)
-        if self.options.target == "ort":  # SkipSimplifiedLayerNormalization measured 0-8% faster
-            skip_stats, skip_notes = apply_rules(model, SKIP_SIMPLIFIED_RULES, self.options)
-            if skip_stats:
-                ensure_opset(model, MS_DOMAIN, 1)
-            stats.update(skip_stats)
-            notes.extend(skip_notes)
         return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
