@@ -59,6 +59,4 @@ def test_matmul_add_to_gemm_2d_only() -> None:
     result = run_checked(FuseMatMulPass(PassOptions(explain=True)), model)
     assert result.stats == {"matmul+add->gemm": 1}
     assert op_types(result.model) == ["Gemm", "MatMul", "Add"]
-    assert result.notes == [
-        "matmul+add->gemm: Add: MatMul input is not known to be 2-D (Gemm is 2-D only)"
-    ]
+    assert result.notes == []  # 3-D linear layers are not near-misses

@@ -99,7 +99,8 @@ def _match_matmul_add(add: ir.Node, context: RewriteContext) -> Match | Mismatch
         return Mismatch("weight or bias is not a constant", candidate=False)
     a = matmul.inputs[0]
     if a is None or a.shape is None or len(a.shape) != 2:
-        return Mismatch("MatMul input is not known to be 2-D (Gemm is 2-D only)")
+        # Linear layers on 3-D activations are the norm, not near-misses: stay quiet under --explain.
+        return Mismatch("MatMul input is not known to be 2-D (Gemm is 2-D only)", candidate=False)
     if weight.ndim != 2 or a.dtype not in _FLOATS:
         return Mismatch("MatMul weight is not a floating-point matrix")
     if (
