@@ -41,7 +41,9 @@ def _fail(exc: BaseException, traceback: bool) -> NoReturn:
     elif isinstance(exc, RecursionError):
         message = "the model is nested too deeply to process"
     else:
-        message = f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        message = (
+            f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
         if not traceback:
             message += " (rerun with --traceback and report it)"
     click.echo(f"onnxopt: error: {message}", err=True)
@@ -65,14 +67,22 @@ class _Command(click.Command):
 
 
 def _common(func: Callable[..., Any]) -> Callable[..., Any]:
-    func = click.option("--traceback", is_flag=True, help="Show the Python traceback of errors.")(func)
-    func = click.option("-v", "--verbose", count=True, help="Log more to stderr (-vv for debug).")(func)
+    func = click.option("--traceback", is_flag=True, help="Show the Python traceback of errors.")(
+        func
+    )
+    func = click.option("-v", "--verbose", count=True, help="Log more to stderr (-vv for debug).")(
+        func
+    )
     return func
 
 
 def _setup_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    # onnx-ir logs routine decisions as warnings; show them only when asked for debug output.
+    logging.getLogger("onnx_ir").setLevel(logging.ERROR if verbose < 2 else logging.DEBUG)
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -91,11 +101,15 @@ def parse_size(text: str) -> int:
 def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     name, sep, dims = text.rpartition(":")
     if not sep or not name:
-        raise UsageError(f"--input-shape '{text}': expected NAME:D1xD2x... (e.g. input:1x3x224x224)")
+        raise UsageError(
+            f"--input-shape '{text}': expected NAME:D1xD2x... (e.g. input:1x3x224x224)"
+        )
     try:
         shape = tuple(int(d) for d in dims.lower().split("x")) if dims else ()
     except ValueError:
-        raise UsageError(f"--input-shape '{text}': dims must be integers separated by 'x'") from None
+        raise UsageError(
+            f"--input-shape '{text}': dims must be integers separated by 'x'"
+        ) from None
     if any(d < 0 for d in shape):
         raise UsageError(f"--input-shape '{text}': dims must not be negative")
     return name, shape
@@ -113,30 +127,196 @@ def _stderr_console() -> Any:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="onnxopt")
-def main() -> None:
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="Settings file (default: nearest onnxopt.toml or pyproject.toml [tool.onnxopt]).",
+)
+@click.pass_context
+def main(ctx: click.Context, config_path: Path | None) -> None:
     """onnxopt: optimize ONNX models for ONNX Runtime, validated numerically."""
+    from onnxopt.config import default_map, find_config, load_config
+
+    try:
+        path = config_path or find_config()
+        if path is None:
+            return
+        if not path.is_file():
+            raise UsageError(f"--config {path}: no such file")
+        commands = {
+            name: [p.name for p in cmd.params if p.name] for name, cmd in main.commands.items()
+        }
+        ctx.default_map = default_map(load_config(path), commands, path)
+    except UsageError as exc:
+        click.echo(f"onnxopt: error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by `optimize` and `check`: pipeline, validation, thresholds, reports, batches."""
+    options = [
+        click.option(
+            "-o",
+            "--output",
+            type=click.Path(path_type=Path),
+            help="Where to write the optimized model (one MODEL).",
+        ),
+        click.option(
+            "--out-dir",
+            type=click.Path(path_type=Path),
+            help="Write each optimized model here, under its own file name.",
+        ),
+        click.option(
+            "-j",
+            "--jobs",
+            type=click.IntRange(1, 64),
+            default=1,
+            show_default=True,
+            help="Models optimized in parallel.",
+        ),
+        click.option(
+            "-O",
+            "--level",
+            type=click.IntRange(0, 3),
+            default=2,
+            show_default=True,
+            help="Optimization level (-O0 .. -O3).",
+        ),
+        click.option(
+            "--passes",
+            help="Run exactly these passes, in order (comma-separated; see `onnxopt passes`).",
+        ),
+        click.option(
+            "--disable", help="Drop these passes from the level's pipeline (comma-separated)."
+        ),
+        click.option(
+            "--target",
+            type=click.Choice(["ort", "onnx"]),
+            default="ort",
+            show_default=True,
+            help="Runtime that fusions may target.",
+        ),
+        click.option(
+            "--fold-limit",
+            default="32MiB",
+            show_default=True,
+            help="Largest tensor constant folding may create.",
+        ),
+        click.option(
+            "--input-shape",
+            "input_shapes",
+            multiple=True,
+            help="Pin an input's dims: NAME:1x3x224x224 (repeatable).",
+        ),
+        click.option(
+            "--inputs",
+            "inputs_file",
+            type=click.Path(path_type=Path),
+            help="Validate on these inputs (.npz) instead of random ones.",
+        ),
+        click.option(
+            "--no-validate", is_flag=True, help="Skip numerical validation on ONNX Runtime."
+        ),
+        click.option(
+            "--external-data/--no-external-data",
+            default=None,
+            help="Store weights in OUTPUT.data (default: when the input did, or past 2 GB).",
+        ),
+        click.option("--overwrite", is_flag=True, help="Allow OUTPUT to be the input file."),
+        click.option(
+            "--explain", is_flag=True, help="Say why each candidate rewrite was not applied."
+        ),
+        click.option(
+            "--verify-each", is_flag=True, help="Check graph invariants after every pass."
+        ),
+        click.option(
+            "--bisect",
+            is_flag=True,
+            help="When validation fails, find the first pass that broke the model.",
+        ),
+        click.option(
+            "--max-abs-error",
+            type=float,
+            help="Fail (exit 1) when any output's max abs error is above this.",
+        ),
+        click.option(
+            "--max-rel-error",
+            type=float,
+            help="Fail (exit 1) when any output's max relative error is above this.",
+        ),
+        click.option(
+            "--min-node-reduction",
+            help="Fail (exit 1) unless nodes drop by at least this much (0.1 or 10%).",
+        ),
+        click.option(
+            "--max-latency-ratio",
+            type=float,
+            help="Fail (exit 1) when optimized/original latency is above this (runs a benchmark).",
+        ),
+        click.option(
+            "--max-peak-memory",
+            help="Fail (exit 1) when the optimized model's peak memory is above this (e.g. 2GiB; runs a benchmark).",
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout."),
+        click.option(
+            "--junit",
+            "junit_path",
+            type=click.Path(path_type=Path),
+            help="Write a JUnit XML report here.",
+        ),
+        click.option(
+            "--markdown",
+            "markdown_path",
+            type=click.Path(path_type=Path),
+            help="Write a markdown summary here ('-' for stdout).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def parse_fraction(text: str | None) -> float | None:
+    if text is None:
+        return None
+    value = text.strip()
+    try:
+        return float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        raise UsageError(f"cannot read '{text}' as a fraction (examples: 0.1, 10%)") from None
 
 
 @main.command(cls=_Command)
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write the optimized model.")
-@click.option("-O", "--level", type=click.IntRange(0, 3), default=2, show_default=True, help="Optimization level (-O0 .. -O3).")
-@click.option("--passes", help="Run exactly these passes, in order (comma-separated; see `onnxopt passes`).")
-@click.option("--disable", help="Drop these passes from the level's pipeline (comma-separated).")
-@click.option("--target", type=click.Choice(["ort", "onnx"]), default="ort", show_default=True, help="Runtime that fusions may target.")
-@click.option("--fold-limit", default="32MiB", show_default=True, help="Largest tensor constant folding may create.")
-@click.option("--input-shape", "input_shapes", multiple=True, help="Pin an input's dims: NAME:1x3x224x224 (repeatable).")
-@click.option("--inputs", "inputs_file", type=click.Path(path_type=Path), help="Validate on these inputs (.npz) instead of random ones.")
-@click.option("--no-validate", is_flag=True, help="Skip numerical validation on ONNX Runtime.")
-@click.option("--external-data/--no-external-data", default=None, help="Store weights in OUTPUT.data (default: when the input did, or past 2 GB).")
-@click.option("--overwrite", is_flag=True, help="Allow OUTPUT to be the input file.")
-@click.option("--explain", is_flag=True, help="Say why each candidate rewrite was not applied.")
-@click.option("--verify-each", is_flag=True, help="Check graph invariants after every pass.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.argument("models", nargs=-1, required=True, type=click.Path(path_type=Path))
+@_optimize_options
 @_common
-def optimize(
-    model: Path,
+def optimize(models: tuple[Path, ...], **kw: Any) -> None:
+    """Optimize MODEL(s), validate on ONNX Runtime, write to -o OUTPUT or --out-dir DIR.
+
+    Exit codes: 0 ok, 1 validation or a threshold failed, 2 bad input or usage.
+    """
+    _optimize_command(models, **kw)
+
+
+@main.command(cls=_Command)
+@click.argument("models", nargs=-1, required=True, type=click.Path(path_type=Path))
+@_optimize_options
+@_common
+def check(models: tuple[Path, ...], **kw: Any) -> None:
+    """CI step: optimize MODEL(s) in memory, validate, and enforce thresholds (writes only with -o/--out-dir).
+
+    Exit codes: 0 ok, 1 validation or a threshold failed, 2 bad input or usage.
+    """
+    _optimize_command(models, **kw)
+
+
+def _optimize_command(
+    models: tuple[Path, ...],
+    *,
     output: Path | None,
+    out_dir: Path | None,
+    jobs: int,
     level: int,
     passes: str | None,
     disable: str | None,
@@ -149,62 +329,291 @@ def optimize(
     overwrite: bool,
     explain: bool,
     verify_each: bool,
+    bisect: bool,
+    max_abs_error: float | None,
+    max_rel_error: float | None,
+    min_node_reduction: str | None,
+    max_latency_ratio: float | None,
+    max_peak_memory: str | None,
     as_json: bool,
+    junit_path: Path | None,
+    markdown_path: Path | None,
     verbose: int,
     traceback: bool,
 ) -> None:
-    """Optimize MODEL, validate it on ONNX Runtime and write it to OUTPUT."""
-    from onnxopt import api, io
-    from onnxopt.report import render
+    from onnxopt.checks import Thresholds
     from onnxopt.validate import load_inputs
 
     _setup_logging(verbose)
-    shapes = dict(parse_input_shape(s) for s in input_shapes)
-    inputs = load_inputs(inputs_file) if inputs_file else None
+    if output is not None and (len(models) > 1 or out_dir is not None):
+        raise UsageError("-o OUTPUT takes one model; use --out-dir DIR for several")
+    thresholds = Thresholds(
+        max_abs_error=max_abs_error,
+        max_rel_error=max_rel_error,
+        max_latency_ratio=max_latency_ratio,
+        max_peak_memory=parse_size(max_peak_memory) if max_peak_memory else None,
+        min_node_reduction=parse_fraction(min_node_reduction),
+    )
+    options: dict[str, Any] = {
+        "level": level,
+        "passes": _split(passes) if passes is not None else None,
+        "disable": _split(disable),
+        "target": target,
+        "fold_limit_bytes": parse_size(fold_limit),
+        "input_shapes": dict(parse_input_shape(s) for s in input_shapes),
+        "check": not no_validate,
+        "inputs": load_inputs(inputs_file) if inputs_file else None,
+        "explain": explain,
+        "verify_each": verify_each,
+    }
+    if len(models) == 1 and out_dir is None:
+        outcome = _optimize_single(
+            models[0], output, options, thresholds, external_data, overwrite, as_json, explain
+        )
+        outcomes = [outcome]
+    else:
+        outcomes = _optimize_batch(
+            list(models), out_dir, options, thresholds, jobs, external_data, as_json
+        )
+    _write_ci_reports(outcomes, junit_path, markdown_path)
+    failures = [o for o in outcomes if o.status == "failed"]
+    errors = [o for o in outcomes if o.status == "error"]
+    if len(outcomes) == 1:
+        if failures:
+            for line in failures[0].failures[1:]:
+                click.echo(f"onnxopt: {line}", err=True)
+            if (
+                bisect
+                and failures[0].report is not None
+                and failures[0].report.validation is not None
+            ):
+                _run_bisect(models[0], failures[0], options)
+            elif (
+                failures[0].report is not None
+                and failures[0].report.validation is not None
+                and not failures[0].report.validation.passed
+            ):
+                click.echo(
+                    "onnxopt: hint: rerun with --bisect to name the pass that introduced the mismatch",
+                    err=True,
+                )
+            raise CheckFailed(f"{failures[0].failures[0]}; nothing was written")
+        return
+    for outcome in outcomes:
+        if outcome.error is not None:
+            click.echo(f"onnxopt: {outcome.error}", err=True)
+        for line in outcome.failures:
+            click.echo(f"onnxopt: {outcome.model}: {line}", err=True)
+    if errors:
+        raise OnnxoptError(
+            f"{len(errors)} of {len(outcomes)} model(s) could not be optimized, {len(failures)} failed checks"
+        )
+    if failures:
+        raise CheckFailed(f"{len(failures)} of {len(outcomes)} model(s) failed checks")
+
+
+def _optimize_single(
+    model: Path,
+    output: Path | None,
+    options: dict[str, Any],
+    thresholds: Any,
+    external_data: bool | None,
+    overwrite: bool,
+    as_json: bool,
+    explain: bool,
+) -> Any:
+    from onnxopt import api, io
+    from onnxopt.checks import evaluate
+    from onnxopt.ci_report import ModelOutcome, outcome_failures
+    from onnxopt.report import render
+
     console = _stderr_console()
     with console.status("optimizing", spinner="dots") as status:
-        result = api.optimize(
-            model,
-            level=level,
-            passes=_split(passes) if passes is not None else None,
-            disable=_split(disable),
-            target=target,  # type: ignore[arg-type]
-            fold_limit_bytes=parse_size(fold_limit),
-            input_shapes=shapes,
-            check=not no_validate,
-            inputs=inputs,
-            explain=explain,
-            verify_each=verify_each,
-            progress=lambda step: status.update(f"{step} …"),
-        )
+        result = api.optimize(model, progress=lambda step: status.update(f"{step} …"), **options)
     report = result.report
-    validation = report.validation
-    failed = validation is not None and not validation.passed
-    if output is not None and not failed:
+    checks = tuple(evaluate(report, thresholds, _measure(model, result, thresholds)))
+    failures = outcome_failures(report, checks)
+    written = None
+    if output is not None and not failures:
         assert result.source is not None
-        protected = () if overwrite else (result.source.path, *result.source.external_files) if result.source.path else ()
-        written = io.save_model(result.model, output, external_data=external_data, protected=protected)
+        protected = () if overwrite else (model, *result.source.external_files)
+        written = io.save_model(
+            result.model, output, external_data=external_data, protected=protected
+        )
         report = dataclasses.replace(
             report,
             output=str(written),
             after=dataclasses.replace(report.after, file_bytes=written.stat().st_size),
         )
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+        data = report.to_json()
+        data["checks"] = [dataclasses.asdict(c) for c in checks]
+        click.echo(json.dumps(data, indent=2))
     else:
         render(report, _stdout_console(), explain=explain)
+        for check in checks:
+            mark = "[green]ok[/green]" if check.passed else "[red]FAILED[/red]"
+            _stdout_console().print(f"{mark} {check.message}", highlight=False)
         if output is None:
             click.echo("no output written (give -o OUTPUT to write the optimized model)", err=True)
-        elif not failed:
-            click.echo(f"wrote {output}", err=True)
-    if failed:
-        assert validation is not None
-        names = ", ".join(validation.failing_outputs()) or "; ".join(validation.errors)
-        raise CheckFailedReport(f"validation failed ({names}); nothing was written")
+        elif written is not None:
+            click.echo(f"wrote {written}", err=True)
+    return ModelOutcome(
+        str(model),
+        report,
+        checks,
+        None,
+        str(written) if written else None,
+        report.optimize_seconds,
+        failures,
+    )
 
 
-class CheckFailedReport(CheckFailed):
-    pass
+def _measure(model: Path, result: Any, thresholds: Any) -> Any:
+    """Benchmark figures for latency/memory thresholds (only when such a threshold is set)."""
+    from onnxopt.checks import Measurements
+
+    if not thresholds.needs_benchmark:
+        return Measurements()
+    from onnxopt.bench_hook import measure_for_thresholds
+
+    return measure_for_thresholds(model, result.model)
+
+
+def _optimize_batch(
+    models: list[Path],
+    out_dir: Path | None,
+    options: dict[str, Any],
+    thresholds: Any,
+    jobs: int,
+    external_data: bool | None,
+    as_json: bool,
+) -> list[Any]:
+    from rich.progress import Progress
+
+    from onnxopt.batch import optimize_many
+    from onnxopt.report import format_bytes
+
+    if thresholds.needs_benchmark:
+        raise UsageError("--max-latency-ratio and --max-peak-memory take one model at a time")
+    with Progress(console=_stderr_console(), transient=True) as bar:
+        task = bar.add_task("optimizing", total=len(models))
+        outcomes = optimize_many(
+            models,
+            out_dir,
+            options,
+            thresholds,
+            jobs=jobs,
+            external_data=external_data,
+            progress=lambda outcome: bar.advance(task),
+        )
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"schema_version": 1, "models": [_outcome_json(o) for o in outcomes]}, indent=2
+            )
+        )
+        return outcomes
+    from rich.table import Table
+
+    table = Table(title=f"onnxopt: {len(models)} models", title_justify="left")
+    for column in ("model", "nodes", "change", "parameters", "validation", "time", "status"):
+        table.add_column(
+            column, justify="right" if column in ("nodes", "change", "time") else "left"
+        )
+    for o in outcomes:
+        if o.report is None:
+            table.add_row(
+                o.model, "-", "-", "-", "-", f"{o.seconds:.1f} s", f"[red]error[/red]: {o.error}"
+            )
+            continue
+        r = o.report
+        change = (
+            f"{(r.after.nodes - r.before.nodes) / r.before.nodes:+.1%}" if r.before.nodes else "-"
+        )
+        validation = (
+            "skipped"
+            if r.validation is None
+            else ("ok" if r.validation.passed else "[red]mismatch[/red]")
+        )
+        status = (
+            "[green]ok[/green]"
+            if o.status == "ok"
+            else "[red]failed[/red]: " + "; ".join(o.failures)
+        )
+        table.add_row(
+            o.model,
+            f"{r.before.nodes} → {r.after.nodes}",
+            change,
+            format_bytes(r.after.parameter_bytes),
+            validation,
+            f"{o.seconds:.1f} s",
+            status,
+        )
+    _stdout_console().print(table)
+    return outcomes
+
+
+def _outcome_json(outcome: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "model": outcome.model,
+        "status": outcome.status,
+        "output": outcome.output,
+        "error": outcome.error,
+    }
+    data["failures"] = list(outcome.failures)
+    data["report"] = outcome.report.to_json() if outcome.report is not None else None
+    data["checks"] = [dataclasses.asdict(c) for c in outcome.checks]
+    return data
+
+
+def _write_ci_reports(
+    outcomes: list[Any], junit_path: Path | None, markdown_path: Path | None
+) -> None:
+    from onnxopt.ci_report import junit_xml, markdown_summary
+
+    if junit_path is not None:
+        junit_path.write_bytes(junit_xml(outcomes))
+    if markdown_path is not None:
+        text = markdown_summary(outcomes)
+        if str(markdown_path) == "-":
+            click.echo(text)
+        else:
+            markdown_path.write_text(text, encoding="utf-8")
+
+
+def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> None:
+    from onnxopt.bisect import bisect_passes
+    from onnxopt.passes.options import PassOptions
+
+    pass_options = PassOptions(
+        fold_limit_bytes=options["fold_limit_bytes"],
+        target=options["target"],
+        input_shapes=options["input_shapes"],
+    )
+    sequence = list(outcome.report.passes_run)
+    with _stderr_console().status("bisecting", spinner="dots") as status:
+        result = bisect_passes(
+            model, sequence, pass_options, inputs=options["inputs"], progress=status.update
+        )
+    if result.culprit is None:
+        click.echo(
+            "onnxopt: bisect: every prefix validates; the mismatch did not reproduce", err=True
+        )
+        return
+    assert result.first_bad_index is not None
+    detail = ""
+    if result.report is not None:
+        worst = max(result.report.outputs, key=lambda o: o.max_abs, default=None)
+        if worst is not None:
+            detail = f" (output '{worst.name}': max abs {worst.max_abs:.3g}, {worst.mismatches}/{worst.elements} out of tolerance)"
+        elif result.report.errors:
+            detail = f" ({result.report.errors[0]})"
+    click.echo(
+        f"onnxopt: bisect: pass #{result.first_bad_index + 1} '{result.culprit}' introduced the mismatch{detail}; "
+        f"rerun with --disable {result.culprit} ({result.probes} probes)",
+        err=True,
+    )
 
 
 def _stdout_console() -> Any:
@@ -228,7 +637,10 @@ def passes(as_json: bool, verbose: int, traceback: bool) -> None:
             for name in names:
                 if level not in levels.setdefault(name, []):
                     levels[name].append(level)
-    rows = [{"name": cls.name, "summary": cls.summary, "levels": levels.get(cls.name, [])} for cls in ALL_PASSES]
+    rows: list[dict[str, Any]] = [
+        {"name": cls.name, "summary": cls.summary, "levels": levels.get(cls.name, [])}
+        for cls in ALL_PASSES
+    ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -262,7 +674,9 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
 
     console = _stdout_console()
     opsets = ", ".join(f"{d or 'ai.onnx'}={v}" for d, v in summary.opsets.items())
-    console.print(f"[bold]{model}[/bold]  ir_version {summary.ir_version}, opsets {opsets}", highlight=False)
+    console.print(
+        f"[bold]{model}[/bold]  ir_version {summary.ir_version}, opsets {opsets}", highlight=False
+    )
     if summary.producer:
         console.print(f"producer: {summary.producer}", highlight=False)
     io_table = Table(title="inputs and outputs", title_justify="left")
@@ -281,7 +695,8 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
         ops.add_row(name, str(count))
     console.print(ops)
     console.print(
-        f"parameters: {format_bytes(summary.parameter_bytes)}; file: {format_bytes(summary.file_bytes)}", highlight=False
+        f"parameters: {format_bytes(summary.parameter_bytes)}; file: {format_bytes(summary.file_bytes)}",
+        highlight=False,
     )
 
 

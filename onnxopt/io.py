@@ -54,7 +54,9 @@ def _sniff(path: Path, head: bytes) -> None:
         if head.startswith(magic):
             raise ModelLoadError(f"{path}: this is {what}, not an ONNX model")
     if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
-        raise ModelLoadError(f"{path}: this is a Python pickle, not an ONNX model (pickles are never loaded)")
+        raise ModelLoadError(
+            f"{path}: this is a Python pickle, not an ONNX model (pickles are never loaded)"
+        )
     if head.lstrip()[:1] in (b"{", b"<"):
         raise ModelLoadError(f"{path}: this is a text file (JSON/XML?), not a binary ONNX model")
 
@@ -88,7 +90,9 @@ def _read_proto(path: Path) -> onnx.ModelProto:
     try:
         proto.ParseFromString(data)
     except DecodeError:
-        raise ModelLoadError(f"{path}: not a valid ONNX protobuf (truncated, corrupted or too deeply nested)") from None
+        raise ModelLoadError(
+            f"{path}: not a valid ONNX protobuf (truncated, corrupted or too deeply nested)"
+        ) from None
     except RecursionError:
         raise ModelLoadError(f"{path}: protobuf nesting is too deep") from None
     if not proto.HasField("graph"):
@@ -122,7 +126,9 @@ def _check_versions(where: str, proto: onnx.ModelProto) -> None:
         )
 
 
-def _iter_graph_tensors(graph: onnx.GraphProto, where: str) -> Iterator[tuple[str, onnx.TensorProto]]:
+def _iter_graph_tensors(
+    graph: onnx.GraphProto, where: str
+) -> Iterator[tuple[str, onnx.TensorProto]]:
     for t in graph.initializer:
         yield f"{where}initializer '{t.name}'", t
     for sparse in graph.sparse_initializer:
@@ -152,7 +158,9 @@ def _all_tensors(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto
             yield from _iter_node_tensors(node, f"function '{func.name}': ")
 
 
-def _check_external_data(where: str, proto: onnx.ModelProto, base_dir: Path | None) -> tuple[Path, ...]:
+def _check_external_data(
+    where: str, proto: onnx.ModelProto, base_dir: Path | None
+) -> tuple[Path, ...]:
     """Refuse external data that could read outside the model's folder; return the files used."""
     files: dict[Path, int] = {}
     root = base_dir.resolve() if base_dir is not None else None
@@ -164,8 +172,15 @@ def _check_external_data(where: str, proto: onnx.ModelProto, base_dir: Path | No
         if not location:
             raise ModelLoadError(f"{where}: {label} is external but names no location")
         if root is None:
-            raise UnsafeModelError(f"{where}: {label} uses external data but the model has no folder to resolve it in")
-        if "\x00" in location or os.path.isabs(location) or location.startswith(("\\", "/")) or ":" in location:
+            raise UnsafeModelError(
+                f"{where}: {label} uses external data but the model has no folder to resolve it in"
+            )
+        if (
+            "\x00" in location
+            or os.path.isabs(location)
+            or location.startswith(("\\", "/"))
+            or ":" in location
+        ):
             raise UnsafeModelError(
                 f"{where}: {label} external data location '{location}' is absolute; it must be relative to the model's folder"
             )
@@ -179,16 +194,22 @@ def _check_external_data(where: str, proto: onnx.ModelProto, base_dir: Path | No
             try:
                 st = resolved.stat()
             except FileNotFoundError:
-                raise ModelLoadError(f"{where}: {label} external data file '{location}' does not exist") from None
+                raise ModelLoadError(
+                    f"{where}: {label} external data file '{location}' does not exist"
+                ) from None
             if not stat.S_ISREG(st.st_mode):
-                raise UnsafeModelError(f"{where}: {label} external data '{location}' is not a regular file")
+                raise UnsafeModelError(
+                    f"{where}: {label} external data '{location}' is not a regular file"
+                )
             files[resolved] = st.st_size
         size = files[resolved]
         try:
             offset = int(info.get("offset", "0") or 0)
             length = int(info["length"]) if info.get("length") else None
         except ValueError:
-            raise ModelLoadError(f"{where}: {label} has a non-numeric external data offset/length") from None
+            raise ModelLoadError(
+                f"{where}: {label} has a non-numeric external data offset/length"
+            ) from None
         if offset < 0 or (length is not None and length < 0):
             raise ModelLoadError(f"{where}: {label} has a negative external data offset/length")
         end = offset + (length if length is not None else 0)
@@ -199,7 +220,9 @@ def _check_external_data(where: str, proto: onnx.ModelProto, base_dir: Path | No
     return tuple(files)
 
 
-def _check_graph_structure(where: str, graph: onnx.GraphProto, outer: frozenset[str], label: str) -> None:
+def _check_graph_structure(
+    where: str, graph: onnx.GraphProto, outer: frozenset[str], label: str
+) -> None:
     """Names are unique (SSA), every input is defined, and nodes form no cycle."""
     defined: dict[str, str] = {}
 
@@ -207,7 +230,9 @@ def _check_graph_structure(where: str, graph: onnx.GraphProto, outer: frozenset[
         if not name:
             return
         if name in defined:
-            raise ModelLoadError(f"{where}: {label}'{name}' is defined twice ({defined[name]} and {what})")
+            raise ModelLoadError(
+                f"{where}: {label}'{name}' is defined twice ({defined[name]} and {what})"
+            )
         defined[name] = what
 
     for value in graph.input:
@@ -224,14 +249,22 @@ def _check_graph_structure(where: str, graph: onnx.GraphProto, outer: frozenset[
             defined[sparse.values.name] = "sparse initializer"
     producer_index: dict[str, int] = {}
     for index, node in enumerate(graph.node):
-        node_label = f"node '{node.name}' ({node.op_type})" if node.name else f"node #{index} ({node.op_type})"
+        node_label = (
+            f"node '{node.name}' ({node.op_type})"
+            if node.name
+            else f"node #{index} ({node.op_type})"
+        )
         for out in node.output:
             define(out, node_label)
             if out:
                 producer_index[out] = index
     known = set(defined) | outer
     for index, node in enumerate(graph.node):
-        node_label = f"node '{node.name}' ({node.op_type})" if node.name else f"node #{index} ({node.op_type})"
+        node_label = (
+            f"node '{node.name}' ({node.op_type})"
+            if node.name
+            else f"node #{index} ({node.op_type})"
+        )
         for name in node.input:
             if name and name not in known:
                 raise ModelLoadError(
@@ -242,16 +275,25 @@ def _check_graph_structure(where: str, graph: onnx.GraphProto, outer: frozenset[
             if attr.HasField("g"):
                 subgraphs.append(attr.g)
             for sub in subgraphs:
-                _check_graph_structure(where, sub, frozenset(known), f"{label}{node_label}/{attr.name}: ")
+                _check_graph_structure(
+                    where, sub, frozenset(known), f"{label}{node_label}/{attr.name}: "
+                )
     for out in graph.output:
         if out.name not in known:
-            raise ModelLoadError(f"{where}: {label}graph output '{out.name}' is not produced by anything")
+            raise ModelLoadError(
+                f"{where}: {label}graph output '{out.name}' is not produced by anything"
+            )
     _check_acyclic(where, graph, producer_index, label)
 
 
-def _check_acyclic(where: str, graph: onnx.GraphProto, producer_index: dict[str, int], label: str) -> None:
+def _check_acyclic(
+    where: str, graph: onnx.GraphProto, producer_index: dict[str, int], label: str
+) -> None:
     in_order = all(
-        producer_index.get(name, -1) < index for index, node in enumerate(graph.node) for name in node.input if name
+        producer_index.get(name, -1) < index
+        for index, node in enumerate(graph.node)
+        for name in node.input
+        if name
     )
     if in_order:
         return
@@ -361,14 +403,18 @@ def save_model(
         raise ModelSaveError(f"{target}: folder '{folder}' does not exist")
     if external_data is None:
         # Keep weights external when they came that way, and whenever the protobuf limit demands it.
-        use_external = has_external_tensors(model) or parameter_bytes(model) > EXTERNAL_DATA_AUTO_THRESHOLD
+        use_external = (
+            has_external_tensors(model) or parameter_bytes(model) > EXTERNAL_DATA_AUTO_THRESHOLD
+        )
     else:
         use_external = external_data
     data_name = target.name + ".data"
     if use_external:
         for keep in protected:
             if _same_file(folder / data_name, keep):
-                raise UsageError(f"{target}: its external data file '{data_name}' would overwrite an input file")
+                raise UsageError(
+                    f"{target}: its external data file '{data_name}' would overwrite an input file"
+                )
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -377,7 +423,9 @@ def save_model(
             ir.save(model, tmp, external_data=data_name, size_threshold_bytes=1024)
         else:
             if parameter_bytes(model) > EXTERNAL_DATA_AUTO_THRESHOLD:
-                raise ModelSaveError(f"{target}: weights exceed the 2 GiB protobuf limit; external data is required")
+                raise ModelSaveError(
+                    f"{target}: weights exceed the 2 GiB protobuf limit; external data is required"
+                )
             ir.save(_inline_external(model), tmp)
         with tmp.open("rb") as f:
             os.fsync(f.fileno())

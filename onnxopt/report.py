@@ -45,7 +45,11 @@ class ModelSummary:
         counts: Counter[str] = Counter()
         for graph in iter_graphs(model):
             for node in graph:
-                key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+                key = (
+                    node.op_type
+                    if node.domain in ("", "ai.onnx")
+                    else f"{node.domain}::{node.op_type}"
+                )
                 counts[key] += 1
         return ModelSummary(
             nodes=sum(counts.values()),
@@ -111,7 +115,10 @@ class OptimizeReport:
             runs, seconds, stats = table.get(record.name, (0, 0.0, Counter()))
             stats.update(record.stats)
             table[record.name] = (runs + 1, seconds + record.seconds, stats)
-        return [(name, runs, secs, dict(sorted(stats.items()))) for name, (runs, secs, stats) in table.items()]
+        return [
+            (name, runs, secs, dict(sorted(stats.items())))
+            for name, (runs, secs, stats) in table.items()
+        ]
 
     def explain_notes(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -143,9 +150,12 @@ class OptimizeReport:
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["schema_version"] = REPORT_SCHEMA_VERSION
-        data["fusions"] = [{"rule": r, "candidates": c, "fused": f} for r, c, f in self.fusion_counts()]
+        data["fusions"] = [
+            {"rule": r, "candidates": c, "fused": f} for r, c, f in self.fusion_counts()
+        ]
         data["passes"] = [
-            {"name": n, "runs": r, "seconds": round(s, 6), "changes": st} for n, r, s, st in self.pass_totals()
+            {"name": n, "runs": r, "seconds": round(s, 6), "changes": st}
+            for n, r, s, st in self.pass_totals()
         ]
         for record in data["records"]:
             record["seconds"] = round(record["seconds"], 6)
@@ -158,7 +168,10 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
     """Print the report as rich tables."""
     from rich.table import Table
 
-    ops = Table(title=f"onnxopt: {report.source} (level O{report.level}, target {report.target})", title_justify="left")
+    ops = Table(
+        title=f"onnxopt: {report.source} (level O{report.level}, target {report.target})",
+        title_justify="left",
+    )
     ops.add_column("op")
     ops.add_column("before", justify="right")
     ops.add_column("after", justify="right")
@@ -170,15 +183,19 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
         if a == b:
             continue
         ops.add_row(name, str(b), str(a), f"{a - b:+d}")
-    unchanged = sum(1 for n in names if report.before.op_counts.get(n, 0) == report.after.op_counts.get(n, 0))
+    unchanged = sum(
+        1 for n in names if report.before.op_counts.get(n, 0) == report.after.op_counts.get(n, 0)
+    )
     if unchanged:
         ops.add_row(f"[dim]{unchanged} op types unchanged[/dim]", "", "", "")
     ops.add_section()
-    b, a = report.before, report.after
-    change = f"{(a.nodes - b.nodes) / b.nodes * 100:+.1f}%" if b.nodes else "-"
-    ops.add_row("[bold]nodes[/bold]", str(b.nodes), str(a.nodes), change)
-    ops.add_row("parameters", format_bytes(b.parameter_bytes), format_bytes(a.parameter_bytes), "")
-    ops.add_row("file size", format_bytes(b.file_bytes), format_bytes(a.file_bytes), "")
+    first, last = report.before, report.after
+    change = f"{(last.nodes - first.nodes) / first.nodes * 100:+.1f}%" if first.nodes else "-"
+    ops.add_row("[bold]nodes[/bold]", str(first.nodes), str(last.nodes), change)
+    ops.add_row(
+        "parameters", format_bytes(first.parameter_bytes), format_bytes(last.parameter_bytes), ""
+    )
+    ops.add_row("file size", format_bytes(first.file_bytes), format_bytes(last.file_bytes), "")
     console.print(ops)
 
     passes = Table(title="passes", title_justify="left")
@@ -211,7 +228,9 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
     if validation is None:
         console.print("validation: [yellow]skipped[/yellow] (--no-validate)")
     else:
-        table = Table(title="validation on ONNX Runtime (CPU, graph optimizations off)", title_justify="left")
+        table = Table(
+            title="validation on ONNX Runtime (CPU, graph optimizations off)", title_justify="left"
+        )
         table.add_column("output")
         table.add_column("dtype")
         table.add_column("max abs", justify="right")
@@ -220,10 +239,22 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
         table.add_column("")
         for out in validation.outputs:
             verdict = "[green]ok[/green]" if out.passed else "[red]MISMATCH[/red]"
-            table.add_row(out.name, out.dtype, f"{out.max_abs:.3g}", f"{out.max_rel:.3g}", f"{out.mismatches}/{out.elements}", verdict)
+            table.add_row(
+                out.name,
+                out.dtype,
+                f"{out.max_abs:.3g}",
+                f"{out.max_rel:.3g}",
+                f"{out.mismatches}/{out.elements}",
+                verdict,
+            )
         console.print(table)
-        shapes = "; ".join(", ".join(f"{k}{format_shape(v)}" for k, v in t.items()) for t in validation.trials)
-        console.print(f"[dim]inputs tried: {shapes or '-'} ({report.validate_seconds:.2f} s)[/dim]", highlight=False)
+        shapes = "; ".join(
+            ", ".join(f"{k}{format_shape(v)}" for k, v in t.items()) for t in validation.trials
+        )
+        console.print(
+            f"[dim]inputs tried: {shapes or '-'} ({report.validate_seconds:.2f} s)[/dim]",
+            highlight=False,
+        )
         for error in validation.errors:
             console.print(f"[red]{error}[/red]", highlight=False)
     for warning in report.warnings:

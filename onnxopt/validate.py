@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -123,9 +124,13 @@ def input_specs(model: ir.Model) -> list[InputSpec]:
         if value.is_initializer():
             continue  # an overridable initializer: its stored value is the realistic input
         if not isinstance(value.type, ir.TensorType) or value.dtype is None:
-            raise CannotValidate(f"input '{value.name}' is not a plain tensor; pass --inputs or --no-validate")
+            raise CannotValidate(
+                f"input '{value.name}' is not a plain tensor; pass --inputs or --no-validate"
+            )
         if value.shape is None:
-            raise CannotValidate(f"input '{value.name}' has no shape; pass --input-shape, --inputs or --no-validate")
+            raise CannotValidate(
+                f"input '{value.name}' has no shape; pass --input-shape, --inputs or --no-validate"
+            )
         dims: list[int | str | None] = []
         for dim in value.shape:
             if isinstance(dim, int):
@@ -178,12 +183,14 @@ def make_inputs(
             array = rng.standard_normal(size=shape).astype(np.float32)
             array = array.astype(dtype) if dtype.kind != "V" else array
         else:
-            raise CannotValidate(f"input '{spec.name}' has dtype {dtype}, which validation cannot generate")
+            raise CannotValidate(
+                f"input '{spec.name}' has dtype {dtype}, which validation cannot generate"
+            )
         feeds[spec.name] = array
     return feeds
 
 
-def _session(model: ir.Model | Path, threads: int = 2):  # type: ignore[no-untyped-def]
+def _session(model: ir.Model | Path, threads: int = 2) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -200,12 +207,23 @@ def compare_arrays(name: str, expected: np.ndarray, actual: np.ndarray) -> Outpu
     dtype = str(expected.dtype)
     atol, rtol = TOLERANCES.get(dtype, DEFAULT_TOLERANCE)
     if expected.shape != actual.shape:
-        return OutputComparison(name, dtype, expected.size, float("inf"), float("inf"), max(expected.size, 1), atol, rtol)
+        return OutputComparison(
+            name,
+            dtype,
+            expected.size,
+            float("inf"),
+            float("inf"),
+            max(expected.size, 1),
+            atol,
+            rtol,
+        )
     if expected.size == 0:
         return OutputComparison(name, dtype, 0, 0.0, 0.0, 0, atol, rtol)
     if not (np.issubdtype(expected.dtype, np.number) or expected.dtype == np.bool_):
         bad = int(np.sum(expected != actual))
-        return OutputComparison(name, dtype, expected.size, float(bad > 0), float(bad > 0), bad, 0.0, 0.0)
+        return OutputComparison(
+            name, dtype, expected.size, float(bad > 0), float(bad > 0), bad, 0.0, 0.0
+        )
     if np.issubdtype(expected.dtype, np.floating):
         e = expected.astype(np.float64)
         a = actual.astype(np.float64)
@@ -216,12 +234,28 @@ def compare_arrays(name: str, expected: np.ndarray, actual: np.ndarray) -> Outpu
         rel = np.where(finite, diff / np.maximum(np.abs(e), 1e-12), 0.0)
         bad = (~same_nan) | (~same_inf) | (diff > atol + rtol * np.abs(np.where(finite, e, 0.0)))
         return OutputComparison(
-            name, dtype, expected.size, float(diff.max()), float(rel.max()), int(bad.sum()), atol, rtol
+            name,
+            dtype,
+            expected.size,
+            float(diff.max()),
+            float(rel.max()),
+            int(bad.sum()),
+            atol,
+            rtol,
         )
     e = expected.astype(np.int64) if expected.dtype != np.uint64 else expected
     a = actual.astype(np.int64) if actual.dtype != np.uint64 else actual
     diff_i = np.abs(e.astype(np.float64) - a.astype(np.float64))
-    return OutputComparison(name, dtype, expected.size, float(diff_i.max()), float(diff_i.max()), int((diff_i > 0).sum()), 0.0, 0.0)
+    return OutputComparison(
+        name,
+        dtype,
+        expected.size,
+        float(diff_i.max()),
+        float(diff_i.max()),
+        int((diff_i > 0).sum()),
+        0.0,
+        0.0,
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -247,22 +281,22 @@ def validate(
     try:
         reference = _session(original)
     except Exception as exc:
-        raise CannotValidate(f"ONNX Runtime cannot load the original model: {_first_line(exc)}") from exc
+        raise CannotValidate(
+            f"ONNX Runtime cannot load the original model: {_first_line(exc)}"
+        ) from exc
     try:
         candidate = _session(optimized)
     except Exception as exc:
-        return ValidationReport((), (), (f"ONNX Runtime cannot load the optimized model: {_first_line(exc)}",))
+        return ValidationReport(
+            (), (), (f"ONNX Runtime cannot load the optimized model: {_first_line(exc)}",)
+        )
     output_names = [o.name for o in reference.get_outputs()]
     candidate_outputs = {o.name for o in candidate.get_outputs()}
     missing = [n for n in output_names if n not in candidate_outputs]
     if missing:
         return ValidationReport((), (), (f"optimized model lost outputs: {', '.join(missing)}",))
 
-    feed_sets: list[dict[str, np.ndarray]]
-    if inputs is not None:
-        feed_sets = [dict(f) for f in inputs]
-    else:
-        feed_sets = []
+    feed_sets = [dict(f) for f in inputs] if inputs is not None else []
     worst = _Worst()
     errors: list[str] = []
     used: list[dict[str, tuple[int, ...]]] = []
@@ -289,7 +323,9 @@ def validate(
     if feed_sets:
         for feeds in feed_sets:
             if not run_one(feeds):
-                raise CannotValidate(f"the original model fails on the given inputs: {last_failure}")
+                raise CannotValidate(
+                    f"the original model fails on the given inputs: {last_failure}"
+                )
     else:
         if specs is None:
             specs = input_specs(original if isinstance(original, ir.Model) else optimized)
@@ -299,14 +335,14 @@ def validate(
         for plan in _trial_plans(specs):
             if len(used) >= wanted:
                 break
-            feeds = make_inputs(specs, plan, rng)
-            if feeds is None:
+            generated = make_inputs(specs, plan, rng)
+            if generated is None:
                 continue
-            key = tuple(f.shape for f in feeds.values())
+            key = tuple(f.shape for f in generated.values())
             if key in seen:
                 continue
             seen.add(key)
-            run_one(feeds)
+            run_one(generated)
             if errors:
                 break
         if not used and not errors:

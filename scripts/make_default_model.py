@@ -31,11 +31,15 @@ class TinyHybrid(nn.Module):
 
     def __init__(self, width: int = 64, heads: int = 4, classes: int = 10) -> None:
         super().__init__()
-        self.stem = nn.Sequential(ConvBlock(3, 32, 2), ConvBlock(32, width, 2), ConvBlock(width, width, 1))
+        self.stem = nn.Sequential(
+            ConvBlock(3, 32, 2), ConvBlock(32, width, 2), ConvBlock(width, width, 1)
+        )
         self.norm1 = nn.LayerNorm(width)
         self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
         self.norm2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Dropout(0.1), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Dropout(0.1), nn.Linear(4 * width, width)
+        )
         self.head = nn.Linear(width, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

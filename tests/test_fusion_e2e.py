@@ -92,8 +92,7 @@ def test_tiny_cnn(tmp_path: Path, dynamo: bool) -> None:
     assert result.validated, result.report.validation
     ops = result.report.after.op_counts
     assert "BatchNormalization" not in ops
-    if dynamo:  # TorchScript computes ZeroPad2d's pads at run time (Concat/ConstantOfShape): needs folding first
-        assert "Pad" not in ops
+    assert "Pad" not in ops  # TorchScript computes the pads at run time: folded first, then fused
     assert ops.get("com.microsoft::FusedConv") == 2  # Conv+Relu, Conv+Clip (ReLU6)
     assert result.model.metadata_props[TARGET_METADATA_KEY] == "ort"
     portable = optimize(path, target="onnx")

@@ -25,9 +25,9 @@ def verify_graph(graph: ir.Graph, outer: frozenset[int] = frozenset()) -> list[s
             define(value, "an initializer")
     for node in graph:
         label = f"{node.op_type} '{node.name}'"
-        for index, value in enumerate(node.inputs):
-            if value is not None and id(value) not in defined:
-                problems.append(f"{label} input {index} '{value.name}' is used before it is defined")
+        for index, used in enumerate(node.inputs):
+            if used is not None and id(used) not in defined:
+                problems.append(f"{label} input {index} '{used.name}' is used before it is defined")
         for attr in node.attributes.values():
             if attr.type == ir.AttributeType.GRAPH:
                 problems.extend(verify_graph(attr.as_graph(), frozenset(defined)))

@@ -105,7 +105,9 @@ class Pipeline:
         self.steps = list(steps)
         self.instruments = list(instruments)
 
-    def __call__(self, model: ir.Model, progress: Callable[[str], None] | None = None) -> PipelineResult:
+    def __call__(
+        self, model: ir.Model, progress: Callable[[str], None] | None = None
+    ) -> PipelineResult:
         records: list[PassRecord] = []
         warnings: list[str] = []
         for step in self.steps:
@@ -144,7 +146,9 @@ class Pipeline:
             notes=tuple(result.notes),
             iteration=iteration,
         )
-        logger.debug("pass %s: modified=%s in %.3fs %s", pass_.name, result.modified, seconds, record.stats)
+        logger.debug(
+            "pass %s: modified=%s in %.3fs %s", pass_.name, result.modified, seconds, record.stats
+        )
         for instrument in self.instruments:
             instrument.after_pass(pass_, model, record)
         return record

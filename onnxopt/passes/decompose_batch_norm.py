@@ -48,7 +48,7 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     mul = ir.node("Mul", [b["x"], scale])
     add = ir.node("Add", [mul.outputs[0], shift])
     return Replacement(
-        [mul, add], [(match.root.outputs[0], add.outputs[0])], initializers=[scale, shift]
+        [mul, add], [(match.root.outputs[0], add.outputs[0])], constants=[scale, shift]
     )
 
 

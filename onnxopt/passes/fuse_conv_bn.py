@@ -188,7 +188,7 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
             node.attributes.values(),
             name=node.name,
         )
-    return Replacement([new], [(root.outputs[0], new.outputs[0])], initializers=[weight, bias])
+    return Replacement([new], [(root.outputs[0], new.outputs[0])], constants=[weight, bias])
 
 
 def _match_bn(op: str) -> MatchFn:

@@ -189,7 +189,7 @@ def _rewrite_layer_norm(match: Match, context: RewriteContext) -> Replacement:
         inputs.append(beta)
         initializers.append(beta)
     new = ir.node("LayerNormalization", inputs, {"axis": -1, "epsilon": b["eps"]})
-    return Replacement([new], [(match.root.outputs[0], new.outputs[0])], initializers=initializers)
+    return Replacement([new], [(match.root.outputs[0], new.outputs[0])], constants=initializers)
 
 
 def _match_skip(node: ir.Node, context: RewriteContext) -> Match | Mismatch:

@@ -124,7 +124,7 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     weight = new_constant(b["weight"], "rms_norm_weight")
     op = "SimplifiedLayerNormalization" if context.options.target == "ort" else "RMSNormalization"
     new = ir.node(op, [b["x"], weight], {"axis": -1, "epsilon": b["eps"]})
-    return Replacement([new], [(match.root.outputs[0], new.outputs[0])], initializers=[weight])
+    return Replacement([new], [(match.root.outputs[0], new.outputs[0])], constants=[weight])
 
 
 RULES = (Rule("rms-norm->RMSNormalization", "Mul", _match, _rewrite),)

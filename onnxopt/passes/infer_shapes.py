@@ -27,16 +27,48 @@ def pin_input_shapes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> int
         if value is None:
             from onnxopt.errors import UsageError
 
-            raise UsageError(f"--input-shape names '{name}', which is not a graph input ({', '.join(map(str, by_name))})")
+            raise UsageError(
+                f"--input-shape names '{name}', which is not a graph input ({', '.join(map(str, by_name))})"
+            )
         if value.shape is not None and len(value.shape) != len(dims):
             from onnxopt.errors import UsageError
 
-            raise UsageError(f"--input-shape {name}: rank {len(dims)} does not match the input's rank {len(value.shape)}")
+            raise UsageError(
+                f"--input-shape {name}: rank {len(dims)} does not match the input's rank {len(value.shape)}"
+            )
         new_shape = ir.Shape(list(dims))
         if value.shape != new_shape:
             value.shape = new_shape
             changed += 1
     return changed
+
+
+def _value_infos(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
+    """Inferred types by value name, over the graph and its subgraphs; names seen twice are dropped."""
+    found: dict[str, onnx.ValueInfoProto] = {}
+    ambiguous: set[str] = set()
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        for info in (*current.value_info, *current.output):
+            if info.name in found and found[info.name].type != info.type:
+                ambiguous.add(info.name)
+            found[info.name] = info
+        for node in current.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
+    for name in ambiguous:
+        del found[name]
+    return found
+
+
+def _graph_values(graph: ir.Graph) -> list[ir.Value]:
+    values = [*graph.inputs]
+    for node in graph:
+        values.extend(node.outputs)
+    return values
 
 
 class InferShapesPass(Pass):
@@ -57,26 +89,34 @@ class InferShapesPass(Pass):
                 stats["inputs pinned"] = pinned
 
         def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
-            return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+            return onnx.shape_inference.infer_shapes(
+                proto, check_type=False, strict_mode=False, data_prop=True
+            )
 
         try:
-            inferred = ir.serde.deserialize_model(_c_api_utils.call_onnx_api(infer, model))
-        except Exception as exc:  # inference is best-effort: a model it cannot handle stays as it is
-            logger.warning("shape inference failed, shapes left as they were: %s", str(exc).splitlines()[0])
-            return PassResult(model, modified=bool(stats), stats=stats, notes=[f"shape inference failed: {exc}"])
-        for original, result in zip(model.graphs(), inferred.graphs()):
-            known = ir.convenience.create_value_mapping(result)
-            for name, value in ir.convenience.create_value_mapping(original).items():
-                other = known.get(name)
-                if other is None:
+            inferred = _c_api_utils.call_onnx_api(infer, model)
+        except (
+            Exception
+        ) as exc:  # inference is best-effort: a model it cannot handle stays as it is
+            logger.warning(
+                "shape inference failed, shapes left as they were: %s", str(exc).splitlines()[0]
+            )
+            return PassResult(
+                model, modified=bool(stats), stats=stats, notes=[f"shape inference failed: {exc}"]
+            )
+        # Read only the inferred types (deserializing the whole inferred model costs more than inference).
+        infos = _value_infos(inferred.graph)
+        for graph in model.graphs():
+            for value in _graph_values(graph):
+                info = infos.get(value.name or "")
+                if info is None:
                     continue
-                if value.dtype is None and other.dtype is not None:
-                    value.dtype = other.dtype
+                dtype_type = ir.serde.deserialize_type_proto_for_type(info.type)
+                shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+                if value.type is None and dtype_type is not None:
+                    value.type = dtype_type
                     stats["types inferred"] += 1
-                if other.shape is not None and (
-                    _known_dims(other.shape) > _known_dims(value.shape)
-                    or (value.shape is None)
-                ):
-                    value.shape = other.shape
+                if shape is not None and _known_dims(shape) > _known_dims(value.shape):
+                    value.shape = shape
                     stats["shapes inferred"] += 1
         return PassResult(model, modified=bool(stats), stats=stats)

@@ -10,6 +10,9 @@ from onnxopt.passes.decompose_batch_norm import DecomposeBatchNormPass
 from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
 from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
+from onnxopt.passes.eliminate_noops import EliminateNoopsPass
+from onnxopt.passes.fold_constants import FoldConstantsPass
+from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
 from onnxopt.passes.fuse_conv_activation import FuseConvActivationPass
 from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
 from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
@@ -18,13 +21,15 @@ from onnxopt.passes.fuse_matmul import FuseMatMulPass
 from onnxopt.passes.fuse_pad import FusePadPass
 from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.lift_constants import LiftConstantsPass
+from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
 PassClass = type[Pass]
 LevelSpec = Sequence[PassClass | tuple[PassClass, ...]]
 
-# Fusions, in the order they feed each other (BN folds before Conv+Relu, LayerNorm before Skip).
+# Fusions, in the order they feed each other (Pad and BN fold before Conv+Relu becomes FusedConv).
 # Contrib-op rewrites check options.target themselves, so one list serves both targets: the
 # default (level 2, target ort) is what runs fastest on ONNX Runtime; --target onnx stays portable.
 FUSIONS: list[PassClass] = [
@@ -43,6 +48,11 @@ OPT_IN_FUSIONS: list[PassClass] = [FuseSkipLayerNormPass, FuseBiasGeluPass, Deco
 ALL_PASSES: list[PassClass] = [
     SortTopologicallyPass,
     InferShapesPass,
+    LiftConstantsPass,
+    FoldShapeValuesPass,
+    FoldConstantsPass,
+    EliminateNoopsPass,
+    MergeConsecutiveOpsPass,
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
@@ -50,17 +60,33 @@ ALL_PASSES: list[PassClass] = [
     *OPT_IN_FUSIONS,
 ]
 
+# Folding exposes shapes (re-inferred at the end of each round), which expose more folding.
 CLEANUP: tuple[PassClass, ...] = (
+    FoldShapeValuesPass,
+    FoldConstantsPass,
+    EliminateNoopsPass,
+    MergeConsecutiveOpsPass,
     EliminateDeadCodePass,
     EliminateCommonSubexpressionsPass,
+    InferShapesPass,
 )
 
 LEVELS: dict[int, LevelSpec] = {
     0: [],
-    1: [SortTopologicallyPass, InferShapesPass, EliminateDeadCodePass, DeduplicateInitializersPass],
+    1: [
+        SortTopologicallyPass,
+        InferShapesPass,
+        LiftConstantsPass,
+        FoldShapeValuesPass,
+        FoldConstantsPass,
+        EliminateNoopsPass,
+        EliminateDeadCodePass,
+        DeduplicateInitializersPass,
+    ],
     2: [
         SortTopologicallyPass,
         InferShapesPass,
+        LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
         *FUSIONS,
@@ -70,6 +96,7 @@ LEVELS: dict[int, LevelSpec] = {
     3: [
         SortTopologicallyPass,
         InferShapesPass,
+        LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
         *FUSIONS,

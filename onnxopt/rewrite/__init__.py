@@ -3,4 +3,12 @@
 from onnxopt.rewrite.driver import apply_rules, iter_graphs
 from onnxopt.rewrite.rule import Match, Mismatch, Replacement, RewriteContext, Rule
 
-__all__ = ["Match", "Mismatch", "Replacement", "RewriteContext", "Rule", "apply_rules", "iter_graphs"]
+__all__ = [
+    "Match",
+    "Mismatch",
+    "Replacement",
+    "RewriteContext",
+    "Rule",
+    "apply_rules",
+    "iter_graphs",
+]

@@ -1,0 +1,99 @@
+"""Optimize many models at once (``-j N`` worker processes); one model's failure never stops the others."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from onnxopt.checks import Thresholds, evaluate
+from onnxopt.ci_report import ModelOutcome, outcome_failures
+from onnxopt.errors import OnnxoptError, UsageError
+
+
+def output_paths(models: Sequence[Path], out_dir: Path) -> list[Path]:
+    """``out_dir/<name>`` for each model; two inputs with one file name would overwrite each other."""
+    seen: dict[str, Path] = {}
+    for model in models:
+        if model.name in seen:
+            raise UsageError(
+                f"{model} and {seen[model.name]} have the same file name; --out-dir needs distinct names"
+            )
+        seen[model.name] = model
+    return [out_dir / m.name for m in models]
+
+
+def optimize_one(
+    model: Path,
+    output: Path | None,
+    options: Mapping[str, Any],
+    thresholds: Thresholds,
+    external_data: bool | None = None,
+) -> ModelOutcome:
+    """Optimize, check thresholds, and write ``output`` only when everything passed."""
+    from onnxopt import api, io
+
+    start = time.perf_counter()
+    try:
+        result = api.optimize(model, **options)
+        report = result.report
+        checks = tuple(evaluate(report, thresholds))
+        failures = outcome_failures(report, checks)
+        written = None
+        if output is not None and not failures and result.source is not None:
+            protected = (model, *result.source.external_files)
+            written = str(
+                io.save_model(
+                    result.model, output, external_data=external_data, protected=protected
+                )
+            )
+        return ModelOutcome(
+            str(model), report, checks, None, written, time.perf_counter() - start, failures
+        )
+    except OnnxoptError as exc:
+        return ModelOutcome(str(model), error=str(exc), seconds=time.perf_counter() - start)
+    except Exception as exc:  # one model's internal error must not stop the batch
+        message = (
+            f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
+        return ModelOutcome(str(model), error=message, seconds=time.perf_counter() - start)
+
+
+def optimize_many(
+    models: Sequence[Path],
+    out_dir: Path | None,
+    options: Mapping[str, Any],
+    thresholds: Thresholds,
+    *,
+    jobs: int = 1,
+    external_data: bool | None = None,
+    progress: Callable[[ModelOutcome], None] | None = None,
+) -> list[ModelOutcome]:
+    """Outcomes in the order of ``models``, whatever order the workers finish in."""
+    outputs: list[Path | None] = (
+        list(output_paths(models, out_dir)) if out_dir is not None else [None] * len(models)
+    )
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[int, ModelOutcome] = {}
+    if jobs <= 1:
+        for index, (model, output) in enumerate(zip(models, outputs)):
+            results[index] = optimize_one(model, output, options, thresholds, external_data)
+            if progress is not None:
+                progress(results[index])
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {
+                pool.submit(
+                    optimize_one, model, output, dict(options), thresholds, external_data
+                ): index
+                for index, (model, output) in enumerate(zip(models, outputs))
+            }
+            for future in as_completed(futures):
+                index = futures[future]
+                results[index] = future.result()
+                if progress is not None:
+                    progress(results[index])
+    return [results[i] for i in range(len(models))]

@@ -1,0 +1,72 @@
+"""Name the pass that broke a model: replay the pipeline's pass sequence and binary-search its prefixes.
+
+Passes are deterministic, so running the first ``k`` passes of a recorded run reproduces that run's
+state after ``k`` passes. The empty prefix is correct (it is the original) and the full sequence is
+known bad; ``log2(n)`` probes find the first pass after which validation fails.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from onnxopt import io
+from onnxopt.passes.base import Pipeline
+from onnxopt.passes.levels import pass_by_name
+from onnxopt.passes.options import PassOptions
+from onnxopt.validate import ValidationReport, input_specs, validate
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BisectResult:
+    sequence: tuple[str, ...]
+    first_bad_index: int | None  # index into sequence; None when the full sequence validates
+    report: ValidationReport | None  # validation right after the first bad pass
+    probes: int
+
+    @property
+    def culprit(self) -> str | None:
+        return None if self.first_bad_index is None else self.sequence[self.first_bad_index]
+
+
+def bisect_passes(
+    model_path: str | Path,
+    sequence: Sequence[str],
+    options: PassOptions,
+    *,
+    inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> BisectResult:
+    path = Path(model_path)
+    probes = 0
+    reports: dict[int, ValidationReport] = {}
+
+    def passes_after(k: int) -> bool:
+        nonlocal probes
+        probes += 1
+        if progress is not None:
+            progress(f"bisect: first {k} of {len(sequence)} passes")
+        model = io.load_model(path).model
+        specs = input_specs(model) if inputs is None else None
+        Pipeline([pass_by_name(name)(options) for name in sequence[:k]])(model)
+        report = validate(path, model, specs=specs, inputs=inputs)
+        reports[k] = report
+        return report.passed
+
+    if passes_after(len(sequence)):
+        return BisectResult(tuple(sequence), None, None, probes)
+    good, bad = 0, len(sequence)
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if passes_after(middle):
+            good = middle
+        else:
+            bad = middle
+    logger.info("bisect: pass %d (%s) introduced the mismatch", bad, sequence[bad - 1])
+    return BisectResult(tuple(sequence), bad - 1, reports.get(bad), probes)

@@ -1,0 +1,176 @@
+"""The CI pipeline step: thresholds, JUnit/markdown reports, config files, batches and bisection."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import onnx.parser
+import onnx_ir as ir
+import pytest
+from click.testing import CliRunner
+
+from onnxopt import cli
+from onnxopt.passes import levels
+from onnxopt.passes.base import Pass, PassResult
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = ROOT / "models" / "default.onnx"
+
+
+def _run(args: list[str], cwd: Path | None = None) -> tuple[int, str, str]:
+    runner = CliRunner()
+    if cwd is None:
+        result = runner.invoke(cli.main, args)
+    else:
+        with runner.isolated_filesystem(temp_dir=cwd):
+            result = runner.invoke(cli.main, args)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _small_model(path: Path) -> Path:
+    proto = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) { a = Relu(x) b = Relu(x) c = Identity(a) y = Add(c, b) }
+        """
+    )
+    path.write_bytes(proto.SerializeToString())
+    return path
+
+
+def test_thresholds_pass_and_fail_with_one_line_each(tmp_path: Path) -> None:
+    model = _small_model(tmp_path / "m.onnx")
+    code, out, err = _run(["check", str(model), "--max-abs-error", "1e-6", "--json"])
+    assert code == 0
+    checks = json.loads(out)["checks"]
+    assert [c["name"] for c in checks] == ["max-abs-error"] and checks[0]["passed"]
+
+    code, out, err = _run(
+        ["check", str(model), "--min-node-reduction", "90%", "-o", str(tmp_path / "o.onnx")]
+    )
+    assert code == 1
+    assert "min-node-reduction:" in err and "is under the minimum 90.0%" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_latency_threshold_without_a_benchmark_is_reported_as_unmeasured(tmp_path: Path) -> None:
+    from onnxopt.api import optimize
+    from onnxopt.checks import Thresholds, evaluate
+
+    report = optimize(_small_model(tmp_path / "m.onnx")).report
+    (result,) = evaluate(report, Thresholds(max_latency_ratio=1.0))
+    assert not result.passed and "not measured" in result.message
+
+
+def test_junit_and_markdown_reports(tmp_path: Path) -> None:
+    model = _small_model(tmp_path / "m.onnx")
+    junit = tmp_path / "report.xml"
+    md = tmp_path / "summary.md"
+    code, _, _ = _run(
+        [
+            "check",
+            str(model),
+            "--max-abs-error",
+            "1e-6",
+            "--junit",
+            str(junit),
+            "--markdown",
+            str(md),
+        ]
+    )
+    assert code == 0
+    suite = ET.parse(junit).getroot()
+    assert suite.get("tests") == "2" and suite.get("failures") == "0"
+    assert [c.get("name") for c in suite.iter("testcase")] == ["validation", "max-abs-error"]
+    text = md.read_text()
+    assert "all models passed" in text and "| `" in text
+
+
+def test_batch_continues_after_a_bad_model_and_exit_code_says_so(tmp_path: Path) -> None:
+    good = _small_model(tmp_path / "good.onnx")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    out_dir = tmp_path / "out"
+    code, out, err = _run(["optimize", str(good), str(bad), "--out-dir", str(out_dir), "--json"])
+    assert code == 2
+    data = json.loads(out)
+    assert [m["status"] for m in data["models"]] == ["ok", "error"]
+    assert (out_dir / "good.onnx").exists() and not (out_dir / "bad.onnx").exists()
+    assert "1 of 2 model(s) could not be optimized" in err
+
+
+def test_batch_with_workers(tmp_path: Path) -> None:
+    models = [_small_model(tmp_path / f"m{i}.onnx") for i in range(3)]
+    code, out, _ = _run(
+        ["optimize", *map(str, models), "--out-dir", str(tmp_path / "o"), "-j", "2", "--json"]
+    )
+    assert code == 0
+    assert [Path(m["model"]).name for m in json.loads(out)["models"]] == [
+        "m0.onnx",
+        "m1.onnx",
+        "m2.onnx",
+    ]
+
+
+def test_same_file_names_in_a_batch_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one = _small_model(tmp_path / "a" / "m.onnx")
+    two = _small_model(tmp_path / "b" / "m.onnx")
+    code, _, err = _run(["optimize", str(one), str(two), "--out-dir", str(tmp_path / "o")])
+    assert code == 2 and "same file name" in err
+
+
+def test_config_file_sets_defaults_and_rejects_typos(tmp_path: Path) -> None:
+    model = _small_model(tmp_path / "m.onnx")
+    config = tmp_path / "onnxopt.toml"
+    config.write_text('min-node-reduction = "99%"\ndisable = ["eliminate-common-subexpressions"]\n')
+    code, _, err = _run(["--config", str(config), "check", str(model)])
+    assert code == 1 and "min-node-reduction" in err
+    config.write_text("levl = 2\n")
+    code, _, err = _run(["--config", str(config), "check", str(model)])
+    assert code == 2 and "unknown onnxopt setting(s): levl" in err
+
+
+def test_pyproject_table_is_found_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _small_model(tmp_path / "m.onnx")
+    (tmp_path / "pyproject.toml").write_text('[tool.onnxopt]\nmin-node-reduction = "99%"\n')
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _run(["check", str(model)])
+    assert code == 1 and "min-node-reduction" in err
+
+
+class _BreakRelu(Pass):
+    """Deliberately wrong: turns Relu into Abs (a sabotage pass to prove bisection finds it)."""
+
+    name = "break-relu"
+    summary = "test only"
+
+    def call(self, model: ir.Model) -> PassResult:
+        count = 0
+        for node in model.graph:
+            if node.op_type == "Relu":
+                node.op_type = "Abs"
+                count += 1
+        return PassResult(model, modified=bool(count), stats=Counter({"broken": count}))
+
+
+def test_bisect_names_the_pass_that_broke_validation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(levels, "ALL_PASSES", [*levels.ALL_PASSES, _BreakRelu])
+    model = _small_model(tmp_path / "m.onnx")
+    passes = "eliminate-dead-code,eliminate-common-subexpressions,break-relu,sort-topologically"
+    code, _, err = _run(
+        ["optimize", str(model), "--passes", passes, "--bisect", "-o", str(tmp_path / "o.onnx")]
+    )
+    assert code == 1
+    assert "pass #3 'break-relu' introduced the mismatch" in err
+    assert not (tmp_path / "o.onnx").exists()

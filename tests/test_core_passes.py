@@ -1,0 +1,233 @@
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from graphs import assert_numerically_equal, op_types, parse_model
+
+from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
+from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
+from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
+from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.options import PassOptions
+from onnxopt.passes.sort_topologically import SortTopologicallyPass
+
+DEAD = """
+<ir_version: 8, opset_import: ["" : 17, "custom" : 1]>
+g (float[N, 4] x) => (float[N, 4] y, float[N, 4] z) {
+    unused = Relu(x)
+    also_unused = Sigmoid(unused)
+    y = Abs(x)
+    z = Neg(x)
+}
+"""
+
+
+def test_dead_code_removes_unused_nodes_and_opsets_but_keeps_outputs() -> None:
+    model = parse_model(DEAD)
+    result = EliminateDeadCodePass()(model.clone())
+    assert result.stats == {"nodes removed": 2, "opsets removed": 1}
+    assert op_types(result.model) == ["Abs", "Neg"]
+    assert "custom" not in result.model.opset_imports
+    assert_numerically_equal(model, result.model)
+    assert not EliminateDeadCodePass()(result.model).modified
+
+
+def test_dead_code_removes_unused_initializers() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) <float[4] w = {1, 2, 3, 4}, float[2] dead = {5, 6}> {
+            y = Add(x, w)
+        }
+        """
+    )
+    result = EliminateDeadCodePass()(model.clone())
+    assert result.stats == {"initializers removed": 1}
+    assert list(result.model.graph.initializers) == ["w"]
+
+
+def test_dead_code_keeps_a_graph_output_nothing_else_uses() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) { y = Relu(x) }
+        """
+    )
+    assert not EliminateDeadCodePass()(model).modified
+
+
+CSE = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 8] x) => (float[N, 8] y) {
+    a = Relu(x)
+    b = Relu(x)
+    c = Transpose<perm = [1, 0]>(a)
+    d = Transpose<perm = [1, 0]>(b)
+    e = Transpose<perm = [1, 0]>(x)
+    f = Add(c, d)
+    g2 = Add(f, e)
+    y = Transpose<perm = [1, 0]>(g2)
+}
+"""
+
+
+def test_cse_merges_identical_nodes_only() -> None:
+    model = parse_model(CSE)
+    result = EliminateCommonSubexpressionsPass()(model.clone())
+    assert result.stats == {"nodes merged": 2}
+    assert op_types(result.model).count("Relu") == 1
+    assert op_types(result.model).count("Transpose") == 3  # transposes of different inputs stay
+    assert_numerically_equal(model, result.model)
+    assert not EliminateCommonSubexpressionsPass()(result.model).modified
+
+
+def test_cse_never_merges_random_ops() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) {
+            r1 = RandomUniformLike(x)
+            r2 = RandomUniformLike(x)
+            y = Add(r1, r2)
+        }
+        """
+    )
+    assert not EliminateCommonSubexpressionsPass()(model).modified
+
+
+def test_duplicate_initializers_are_merged() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[3] x) => (float[3] y) <float[3] a = {1, 2, 3}, float[3] b = {1, 2, 3}, float[3] c = {1, 2, 4}> {
+            s = Add(x, a)
+            t = Mul(s, b)
+            y = Sub(t, c)
+        }
+        """
+    )
+    result = DeduplicateInitializersPass()(model.clone())
+    assert result.stats == {"initializers merged": 1}
+    assert sorted(result.model.graph.initializers) == ["a", "c"]
+    assert_numerically_equal(model, result.model)
+    assert not DeduplicateInitializersPass()(result.model).modified
+
+
+def test_duplicate_initializers_with_different_dtype_stay() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int64[2] x, int32[2] x2) => (int64[2] y, int32[2] y2) <int64[2] a = {1, 2}, int32[2] b = {1, 2}> {
+            y = Add(x, a)
+            y2 = Add(x2, b)
+        }
+        """
+    )
+    assert not DeduplicateInitializersPass()(model).modified
+
+
+def test_topological_sort_is_stable_and_fixes_order() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) {
+            a = Relu(x)
+            b = Abs(x)
+            y = Add(a, b)
+        }
+        """
+    )
+    assert not SortTopologicallyPass()(model.clone()).modified  # already valid: untouched
+    graph = model.graph
+    add = graph.node(2)
+    graph.remove(add)
+    graph.insert_before(graph.node(0), add)  # now Add comes before its producers
+    result = SortTopologicallyPass()(model)
+    assert result.modified
+    assert op_types(result.model) == ["Relu", "Abs", "Add"]
+
+
+def test_shape_inference_keeps_symbolic_dims() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 3, 8] x) => (y) {
+            t = Transpose<perm = [0, 2, 1]>(x)
+            y = Relu(t)
+        }
+        """
+    )
+    result = InferShapesPass()(model)
+    assert result.modified
+    y = result.model.graph.outputs[0]
+    assert y.dtype == ir.DataType.FLOAT
+    assert y.shape is not None
+    assert [str(d) for d in y.shape] == ["batch", "8", "3"]
+    assert not InferShapesPass()(result.model).modified
+
+
+def test_input_shape_pinning() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 3] x) => (y) { y = Relu(x) }
+        """
+    )
+    result = InferShapesPass(PassOptions(input_shapes={"x": (4, 3)}))(model)
+    assert result.stats["inputs pinned"] == 1
+    assert result.model.graph.outputs[0].shape == ir.Shape([4, 3])
+
+
+@pytest.mark.parametrize("bad", [{"nope": (1, 3)}, {"x": (1, 3, 4)}])
+def test_input_shape_pinning_rejects_bad_requests(bad: dict[str, tuple[int, ...]]) -> None:
+    from onnxopt.errors import UsageError
+
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 3] x) => (y) { y = Relu(x) }
+        """
+    )
+    with pytest.raises(UsageError):
+        InferShapesPass(PassOptions(input_shapes=bad))(model)
+
+
+def test_validation_catches_a_wrong_rewrite() -> None:
+    from onnxopt.validate import validate
+
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }
+        """
+    )
+    broken = model.clone()
+    broken.graph.node(0).op_type = "Abs"
+    report = validate(model, broken)
+    assert not report.passed
+    assert report.failing_outputs() == ["y"]
+    assert len(report.trials) == 2  # the dynamic dim was tried at two sizes
+    assert {t["x"][0] for t in report.trials} == {1, 3}
+
+
+def test_validation_keeps_token_ids_inside_the_embedding() -> None:
+    from onnxopt.validate import input_specs, make_inputs
+
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int64[B, S] ids) => (float[B, S, 2] y, float[M, 2] z)
+          <float[7, 2] table = {1,2,3,4,5,6,7,8,9,10,11,12,13,14}, float[5, 2] small = {1,2,3,4,5,6,7,8,9,10}> {
+            shape = Constant<value = int64[1] {-1}>()
+            flat = Reshape(ids, shape)
+            z = Gather(table, flat)
+            y = Gather(small, ids)
+        }
+        """
+    )
+    (spec,) = input_specs(model)
+    assert spec.int_high == 5  # the smaller of the two tables, one reached through a Reshape
+    feeds = make_inputs([spec], lambda d: d if isinstance(d, int) else 50, np.random.default_rng(0))
+    assert feeds is not None
+    assert feeds["ids"].max() < 5 and feeds["ids"].min() >= 0

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx_ir as ir
+import pytest
+from graphs import parse_model
+
+from onnxopt.errors import UsageError
+from onnxopt.passes.base import FixedPoint, Pass, PassResult, Pipeline
+from onnxopt.passes.levels import ALL_PASSES, LEVELS, build_steps
+
+TEXT = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] y) { a = Relu(x) b = Relu(x) y = Add(a, b) }
+"""
+
+
+class _AlwaysChanges(Pass):
+    name = "always-changes"
+    summary = "test pass that claims a change every time"
+
+    def call(self, model: ir.Model) -> PassResult:
+        return PassResult(model, modified=True, stats=Counter({"claimed": 1}))
+
+
+def test_pipeline_records_every_pass_with_stats_and_time() -> None:
+    steps = build_steps(passes=["eliminate-common-subexpressions", "eliminate-dead-code"])
+    result = Pipeline(steps)(parse_model(TEXT))
+    assert [r.name for r in result.records] == [
+        "eliminate-common-subexpressions",
+        "eliminate-dead-code",
+    ]
+    assert result.records[0].stats == {"nodes merged": 1}
+    assert all(r.seconds >= 0 for r in result.records)
+    assert result.totals()["eliminate-common-subexpressions"] == {"nodes merged": 1}
+
+
+def test_fixed_point_cap_is_reported_not_silent() -> None:
+    result = Pipeline([FixedPoint([_AlwaysChanges()], max_iterations=3)])(parse_model(TEXT))
+    assert len(result.records) == 3
+    assert result.warnings and "still changed the model after 3 rounds" in result.warnings[0]
+
+
+def test_fixed_point_stops_when_nothing_changes() -> None:
+    steps = build_steps(passes=["eliminate-dead-code"])
+    result = Pipeline([FixedPoint(steps, max_iterations=5)])(parse_model(TEXT))
+    assert len(result.records) == 1
+    assert not result.warnings
+
+
+def test_disable_and_unknown_names() -> None:
+    names = [type(s).__name__ for s in build_steps(1, disable=["infer-shapes"])]
+    assert "InferShapesPass" not in names
+    with pytest.raises(UsageError, match="unknown pass 'nope'"):
+        build_steps(passes=["nope"])
+    with pytest.raises(UsageError, match="unknown pass"):
+        build_steps(disable=["nope"])
+    with pytest.raises(UsageError, match="unknown level"):
+        build_steps(9)
+
+
+def test_every_pass_has_a_unique_kebab_name_and_summary() -> None:
+    names = [cls.name for cls in ALL_PASSES]
+    assert len(names) == len(set(names))
+    for cls in ALL_PASSES:
+        assert cls.name == cls.name.lower() and " " not in cls.name
+        assert cls.summary
+    for spec in LEVELS.values():
+        for entry in spec:
+            for cls in entry if isinstance(entry, tuple) else (entry,):
+                assert cls in ALL_PASSES
