@@ -61,12 +61,15 @@ ALL_PASSES: list[PassClass] = [
 ]
 
 # Folding exposes shapes (re-inferred at the end of each round), which expose more folding.
+# Folding also creates equal constants: deduplicating them in the loop lets CSE merge their users
+# (else a second optimize run still finds work, and the output is not a fixed point).
 CLEANUP: tuple[PassClass, ...] = (
     FoldShapeValuesPass,
     FoldConstantsPass,
     EliminateNoopsPass,
     MergeConsecutiveOpsPass,
     EliminateDeadCodePass,
+    DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
     InferShapesPass,
 )
