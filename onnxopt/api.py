@@ -23,6 +23,9 @@ from onnxopt.validate import CannotValidate, ValidationReport, input_specs, vali
 
 logger = logging.getLogger(__name__)
 
+# Recorded in every optimized model: which runtime its fusions may rely on ("onnx" or "ort").
+TARGET_METADATA_KEY = "onnxopt.target"
+
 
 @dataclass(frozen=True)
 class OptimizeResult:
@@ -104,6 +107,7 @@ def optimize(
     instruments = [VerifyEach()] if verify_each else []
     result = Pipeline(steps, instruments)(working, progress)
     optimize_seconds = time.perf_counter() - start
+    working.metadata_props[TARGET_METADATA_KEY] = target
 
     validation: ValidationReport | None = None
     validate_seconds = 0.0

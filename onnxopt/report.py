@@ -129,9 +129,32 @@ class OptimizeReport:
                 seen.setdefault(note, None)
         return list(seen)
 
+    def fusion_counts(self) -> list[tuple[str, int, int]]:
+        """(rule, candidates, fused) per rewrite rule of the fuse-* passes.
+
+        A candidate is a node a rule recognised (fused, or rejected with a reason under --explain);
+        without --explain, rejected candidates are not collected and candidates equals fused.
+        """
+        fused: Counter[str] = Counter()
+        for record in self.records:
+            if record.name.startswith("fuse-"):
+                fused.update(record.stats)
+        rejected: Counter[str] = Counter()
+        for record in self.records:  # a pass repeated to a fixed point re-reports the same misses
+            if not record.name.startswith("fuse-"):
+                continue
+            in_record = Counter(note.split(": ", 1)[0] for note in record.notes)
+            for rule, count in in_record.items():
+                rejected[rule] = max(rejected[rule], count)
+        rules = list(dict.fromkeys([*fused, *rejected]))
+        return [(rule, fused[rule] + rejected[rule], fused[rule]) for rule in rules]
+
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["schema_version"] = REPORT_SCHEMA_VERSION
+        data["fusions"] = [
+            {"rule": r, "candidates": c, "fused": f} for r, c, f in self.fusion_counts()
+        ]
         data["passes"] = [
             {"name": n, "runs": r, "seconds": round(s, 6), "changes": st}
             for n, r, s, st in self.pass_totals()
@@ -191,6 +214,14 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
     console.print(passes)
 
     if explain:
+        fusions = Table(title="fusions", title_justify="left")
+        fusions.add_column("rule")
+        fusions.add_column("candidates", justify="right")
+        fusions.add_column("fused", justify="right")
+        for rule, candidates, fused in report.fusion_counts():
+            fusions.add_row(rule, str(candidates), str(fused))
+        if fusions.row_count:
+            console.print(fusions)
         notes = report.explain_notes()
         console.print(f"[bold]explain[/bold]: {len(notes)} candidate(s) not rewritten")
         for note in notes:

@@ -6,12 +6,20 @@ from collections.abc import Sequence
 
 from onnxopt.errors import UsageError
 from onnxopt.passes.base import FixedPoint, Pass, Step
+from onnxopt.passes.decompose_batch_norm import DecomposeBatchNormPass
 from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
 from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
 from onnxopt.passes.eliminate_noops import EliminateNoopsPass
 from onnxopt.passes.fold_constants import FoldConstantsPass
 from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
+from onnxopt.passes.fuse_conv_activation import FuseConvActivationPass
+from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
+from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
+from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
+from onnxopt.passes.fuse_matmul import FuseMatMulPass
+from onnxopt.passes.fuse_pad import FusePadPass
+from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
@@ -21,6 +29,21 @@ from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
 PassClass = type[Pass]
 LevelSpec = Sequence[PassClass | tuple[PassClass, ...]]
+
+# Fusions, in the order they feed each other (Pad and BN fold before Conv+Relu becomes FusedConv).
+# Contrib-op rewrites check options.target themselves, so one list serves both targets: the
+# default (level 2, target ort) is what runs fastest on ONNX Runtime; --target onnx stays portable.
+FUSIONS: list[PassClass] = [
+    FusePadPass,
+    FuseConvBnPass,
+    FuseConvActivationPass,
+    FuseLayerNormPass,
+    FuseRmsNormPass,
+    FuseGeluPass,
+    FuseMatMulPass,  # last: attention patterns need to see their Transpose + MatMul unfused
+]
+# Correct but measured slower on ONNX Runtime's CPU kernels (README, "Fusions"): --passes only.
+OPT_IN_FUSIONS: list[PassClass] = [FuseSkipLayerNormPass, FuseBiasGeluPass, DecomposeBatchNormPass]
 
 # Every pass, in the order a custom --passes list is best run in.
 ALL_PASSES: list[PassClass] = [
@@ -34,6 +57,8 @@ ALL_PASSES: list[PassClass] = [
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
+    *FUSIONS,
+    *OPT_IN_FUSIONS,
     ReorderForMemoryPass,
 ]
 
@@ -69,6 +94,7 @@ LEVELS: dict[int, LevelSpec] = {
         LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
+        *FUSIONS,
         InferShapesPass,
         EliminateDeadCodePass,
         ReorderForMemoryPass,
@@ -79,6 +105,7 @@ LEVELS: dict[int, LevelSpec] = {
         LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
+        *FUSIONS,
         InferShapesPass,
         EliminateDeadCodePass,
         ReorderForMemoryPass,
