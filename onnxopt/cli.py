@@ -220,6 +220,11 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="Largest tensor constant folding may create.",
         ),
         click.option(
+            "--fold-may-grow",
+            is_flag=True,
+            help="Fold even where the result is larger than what it replaces (the file may grow).",
+        ),
+        click.option(
             "--input-shape",
             "input_shapes",
             multiple=True,
@@ -354,6 +359,7 @@ def _optimize_command(
     disable: str | None,
     target: str,
     fold_limit: str,
+    fold_may_grow: bool,
     input_shapes: tuple[str, ...],
     dims: tuple[str, ...],
     memory: bool,
@@ -382,6 +388,15 @@ def _optimize_command(
     _setup_logging(verbose)
     if output is not None and (len(models) > 1 or out_dir is not None):
         raise UsageError("-o OUTPUT takes one model; use --out-dir DIR for several")
+    if (
+        output is not None
+        and not overwrite
+        and output.exists()
+        and output.resolve() == models[0].resolve()
+    ):
+        raise UsageError(
+            f"{output}: refusing to overwrite the input model (add --overwrite to allow it)"
+        )
     thresholds = Thresholds(
         max_abs_error=max_abs_error,
         max_rel_error=max_rel_error,
@@ -395,6 +410,7 @@ def _optimize_command(
         "disable": _split(disable),
         "target": target,
         "fold_limit_bytes": parse_size(fold_limit),
+        "fold_may_grow": fold_may_grow,
         "input_shapes": dict(parse_input_shape(s) for s in input_shapes),
         "check": not no_validate,
         "inputs": load_inputs(inputs_file) if inputs_file else None,
