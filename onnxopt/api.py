@@ -16,8 +16,9 @@ from onnxopt import io
 from onnxopt.passes.base import Pipeline, VerifyEach
 from onnxopt.passes.levels import DEFAULT_LEVEL, build_steps
 from onnxopt.passes.options import DEFAULT_FOLD_LIMIT_BYTES, PassOptions, Target
+from onnxopt.reference import Reference, load_reference, reference_path_for
 from onnxopt.report import ModelSummary, OptimizeReport
-from onnxopt.validate import ValidationReport, input_specs, validate
+from onnxopt.validate import ReferenceReport, ValidationReport, compare_to_eager, input_specs, validate
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ def optimize(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     check: bool = True,
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
+    reference: str | os.PathLike[str] | Reference | None = None,
+    find_reference: bool = False,
     explain: bool = False,
     verify_each: bool = False,
     progress: Callable[[str], None] | None = None,
@@ -52,7 +55,21 @@ def optimize(
 
     Returns the optimized model and its report; the caller decides what to do with a failed
     validation (``result.report.validation.passed``). Nothing is written to disk.
+
+    ``reference`` (a ``.ref.npz`` written by ``onnxopt export``, or a loaded :class:`Reference`)
+    adds its inputs to validation and compares both the original and the optimized model to the
+    eager PyTorch outputs (``result.report.reference``). With ``find_reference``, a model path's
+    own reference (``x.onnx`` -> ``x.ref.npz``) is used when it exists and none was given.
     """
+    if reference is None and find_reference and not isinstance(model, ir.Model):
+        own = reference_path_for(model)
+        reference = own if own.is_file() else None
+    eager: Reference | None = None
+    eager_source = ""
+    if isinstance(reference, Reference):
+        eager, eager_source = reference, "<reference>"
+    elif reference is not None:
+        eager, eager_source = load_reference(reference), str(reference)
     options = PassOptions(
         fold_limit_bytes=fold_limit_bytes,
         target=target,
@@ -75,6 +92,8 @@ def optimize(
         source_name = str(model)
         file_bytes = loaded.file_bytes
     before = ModelSummary.of(working, file_bytes)
+    input_names = [str(v.name) for v in working.graph.inputs]
+    eager_inputs = {k: v for k, v in eager.inputs.items() if k in input_names} if eager is not None else {}
     specs = input_specs(working) if check and inputs is None and not input_shapes else None
 
     start = time.perf_counter()
@@ -90,8 +109,19 @@ def optimize(
         start = time.perf_counter()
         if specs is None and inputs is None:
             specs = input_specs(working)  # pinned shapes: generate inputs of the pinned sizes
-        validation = validate(original, working, specs=specs, inputs=inputs)
+        validation = validate(original, working, specs=specs, inputs=inputs, extra_inputs=[eager_inputs] if eager else [])
         validate_seconds = time.perf_counter() - start
+
+    reference_report: ReferenceReport | None = None
+    if eager is not None:
+        if progress is not None:
+            progress("compare with eager PyTorch")
+        export_cmp, export_error = compare_to_eager(original, eager_inputs, eager.outputs)
+        optimized_cmp, optimized_error = compare_to_eager(working, eager_inputs, eager.outputs)
+        errors = tuple(
+            f"{what}: {error}" for what, error in (("original", export_error), ("optimized", optimized_error)) if error
+        )
+        reference_report = ReferenceReport(eager_source, eager.metadata, export_cmp, optimized_cmp, errors)
 
     report = OptimizeReport(
         source=source_name,
@@ -106,5 +136,6 @@ def optimize(
         warnings=result.warnings,
         optimize_seconds=optimize_seconds,
         validate_seconds=validate_seconds,
+        reference=reference_report,
     )
     return OptimizeResult(working, report, loaded)

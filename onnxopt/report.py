@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnxopt import io
 from onnxopt.passes.base import PassRecord
 from onnxopt.rewrite.driver import iter_graphs
-from onnxopt.validate import ValidationReport
+from onnxopt.validate import ReferenceReport, ValidationReport
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -107,6 +107,7 @@ class OptimizeReport:
     warnings: tuple[str, ...]
     optimize_seconds: float
     validate_seconds: float
+    reference: ReferenceReport | None = None  # against eager PyTorch outputs, when a reference was given
 
     def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
         """(name, runs, seconds, summed stats) per pass, in first-run order."""
@@ -138,6 +139,9 @@ class OptimizeReport:
             record["seconds"] = round(record["seconds"], 6)
         if self.validation is not None:
             data["validation"]["passed"] = self.validation.passed
+        if self.reference is not None:
+            data["reference"]["export_passed"] = self.reference.export_passed
+            data["reference"]["optimized_passed"] = self.reference.optimized_passed
         return data
 
 
@@ -226,5 +230,32 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
         )
         for error in validation.errors:
             console.print(f"[red]{error}[/red]", highlight=False)
+    if report.reference is not None:
+        _render_reference(report.reference, console)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+
+
+def _render_reference(reference: ReferenceReport, console: Any) -> None:
+    """Export error (original ONNX vs eager) and optimized vs eager, side by side per output."""
+    from rich.table import Table
+
+    meta = reference.metadata
+    origin = ", ".join(f"{k} {meta[k]}" for k in ("exporter", "torch_version") if k in meta)
+    table = Table(title=f"vs eager PyTorch ({reference.source}{'; ' + origin if origin else ''})", title_justify="left")
+    table.add_column("output")
+    table.add_column("export: max abs", justify="right")
+    table.add_column("max rel", justify="right")
+    table.add_column("optimized: max abs", justify="right")
+    table.add_column("max rel", justify="right")
+    table.add_column("")
+    optimized = {c.name: c for c in reference.optimized}
+    for exp in reference.export:
+        opt = optimized.get(exp.name)
+        if opt is None:
+            continue
+        verdict = "[green]ok[/green]" if exp.passed and opt.passed else "[yellow]export over tol[/yellow]" if not exp.passed else "[yellow]optimized over tol[/yellow]"
+        table.add_row(exp.name, f"{exp.max_abs:.3g}", f"{exp.max_rel:.3g}", f"{opt.max_abs:.3g}", f"{opt.max_rel:.3g}", verdict)
+    console.print(table)
+    for error in reference.errors:
+        console.print(f"[red]{error}[/red]", highlight=False)
