@@ -18,7 +18,13 @@ from onnxopt.passes.levels import DEFAULT_LEVEL, build_steps
 from onnxopt.passes.options import DEFAULT_FOLD_LIMIT_BYTES, PassOptions, Target
 from onnxopt.reference import Reference, load_reference, reference_path_for
 from onnxopt.report import ModelSummary, OptimizeReport
-from onnxopt.validate import ReferenceReport, ValidationReport, compare_to_eager, input_specs, validate
+from onnxopt.validate import (
+    ReferenceReport,
+    ValidationReport,
+    compare_to_eager,
+    input_specs,
+    validate,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +99,9 @@ def optimize(
         file_bytes = loaded.file_bytes
     before = ModelSummary.of(working, file_bytes)
     input_names = [str(v.name) for v in working.graph.inputs]
-    eager_inputs = {k: v for k, v in eager.inputs.items() if k in input_names} if eager is not None else {}
+    eager_inputs = (
+        {k: v for k, v in eager.inputs.items() if k in input_names} if eager is not None else {}
+    )
     specs = input_specs(working) if check and inputs is None and not input_shapes else None
 
     start = time.perf_counter()
@@ -109,7 +117,13 @@ def optimize(
         start = time.perf_counter()
         if specs is None and inputs is None:
             specs = input_specs(working)  # pinned shapes: generate inputs of the pinned sizes
-        validation = validate(original, working, specs=specs, inputs=inputs, extra_inputs=[eager_inputs] if eager else [])
+        validation = validate(
+            original,
+            working,
+            specs=specs,
+            inputs=inputs,
+            extra_inputs=[eager_inputs] if eager else [],
+        )
         validate_seconds = time.perf_counter() - start
 
     reference_report: ReferenceReport | None = None
@@ -119,9 +133,13 @@ def optimize(
         export_cmp, export_error = compare_to_eager(original, eager_inputs, eager.outputs)
         optimized_cmp, optimized_error = compare_to_eager(working, eager_inputs, eager.outputs)
         errors = tuple(
-            f"{what}: {error}" for what, error in (("original", export_error), ("optimized", optimized_error)) if error
+            f"{what}: {error}"
+            for what, error in (("original", export_error), ("optimized", optimized_error))
+            if error
         )
-        reference_report = ReferenceReport(eager_source, eager.metadata, export_cmp, optimized_cmp, errors)
+        reference_report = ReferenceReport(
+            eager_source, eager.metadata, export_cmp, optimized_cmp, errors
+        )
 
     report = OptimizeReport(
         source=source_name,

@@ -359,7 +359,9 @@ def _optimize_command(
     if output is not None and (len(models) > 1 or out_dir is not None):
         raise UsageError("-o OUTPUT takes one model; use --out-dir DIR for several")
     if reference_file is not None and len(models) > 1:
-        raise UsageError("--reference takes one model (each model's own MODEL.ref.npz is used when present)")
+        raise UsageError(
+            "--reference takes one model (each model's own MODEL.ref.npz is used when present)"
+        )
     thresholds = Thresholds(
         max_abs_error=max_abs_error,
         max_rel_error=max_rel_error,
@@ -717,10 +719,25 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
 
 @main.command(cls=_Command, name="export")
 @click.argument("model_name", metavar="MODEL", required=False)
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write the ONNX model (default: MODEL.onnx).")
-@click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default="dynamo", show_default=True, help="torch.onnx.export(dynamo=True) or the TorchScript exporter.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Where to write the ONNX model (default: MODEL.onnx).",
+)
+@click.option(
+    "--exporter",
+    type=click.Choice(["dynamo", "torchscript"]),
+    default="dynamo",
+    show_default=True,
+    help="torch.onnx.export(dynamo=True) or the TorchScript exporter.",
+)
 @click.option("--opset", type=int, help="ONNX opset to export to (default: the exporter's).")
-@click.option("--static", is_flag=True, help="Fix every dim to the example inputs' (no dynamic batch/sequence axes).")
+@click.option(
+    "--static",
+    is_flag=True,
+    help="Fix every dim to the example inputs' (no dynamic batch/sequence axes).",
+)
 @click.option("--list", "list_models", is_flag=True, help="List the zoo's models and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_common
@@ -751,7 +768,9 @@ def export_command(
                 click.echo(f"{row['name']:24s} {row['summary']}")
         return
     if not model_name:
-        raise UsageError("give MODEL (a zoo name, see `onnxopt export --list`, or package.module:factory)")
+        raise UsageError(
+            "give MODEL (a zoo name, see `onnxopt export --list`, or package.module:factory)"
+        )
     from onnxopt.export import export
 
     target = output or Path(model_name.rpartition(":")[2] + ".onnx")
@@ -767,7 +786,9 @@ def export_command(
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(result), indent=2))
     else:
-        click.echo(f"wrote {result.output} and {result.reference} ({exporter}, opset {result.opset}, {result.export_seconds:.1f} s)")
+        click.echo(
+            f"wrote {result.output} and {result.reference} ({exporter}, opset {result.opset}, {result.export_seconds:.1f} s)"
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -107,7 +107,9 @@ class OptimizeReport:
     warnings: tuple[str, ...]
     optimize_seconds: float
     validate_seconds: float
-    reference: ReferenceReport | None = None  # against eager PyTorch outputs, when a reference was given
+    reference: ReferenceReport | None = (
+        None  # against eager PyTorch outputs, when a reference was given
+    )
 
     def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
         """(name, runs, seconds, summed stats) per pass, in first-run order."""
@@ -242,7 +244,10 @@ def _render_reference(reference: ReferenceReport, console: Any) -> None:
 
     meta = reference.metadata
     origin = ", ".join(f"{k} {meta[k]}" for k in ("exporter", "torch_version") if k in meta)
-    table = Table(title=f"vs eager PyTorch ({reference.source}{'; ' + origin if origin else ''})", title_justify="left")
+    table = Table(
+        title=f"vs eager PyTorch ({reference.source}{'; ' + origin if origin else ''})",
+        title_justify="left",
+    )
     table.add_column("output")
     table.add_column("export: max abs", justify="right")
     table.add_column("max rel", justify="right")
@@ -254,8 +259,21 @@ def _render_reference(reference: ReferenceReport, console: Any) -> None:
         opt = optimized.get(exp.name)
         if opt is None:
             continue
-        verdict = "[green]ok[/green]" if exp.passed and opt.passed else "[yellow]export over tol[/yellow]" if not exp.passed else "[yellow]optimized over tol[/yellow]"
-        table.add_row(exp.name, f"{exp.max_abs:.3g}", f"{exp.max_rel:.3g}", f"{opt.max_abs:.3g}", f"{opt.max_rel:.3g}", verdict)
+        verdict = (
+            "[green]ok[/green]"
+            if exp.passed and opt.passed
+            else "[yellow]export over tol[/yellow]"
+            if not exp.passed
+            else "[yellow]optimized over tol[/yellow]"
+        )
+        table.add_row(
+            exp.name,
+            f"{exp.max_abs:.3g}",
+            f"{exp.max_rel:.3g}",
+            f"{opt.max_abs:.3g}",
+            f"{opt.max_rel:.3g}",
+            verdict,
+        )
     console.print(table)
     for error in reference.errors:
         console.print(f"[red]{error}[/red]", highlight=False)

@@ -324,7 +324,9 @@ def validate(
 
     for feeds in [dict(f) for f in extra_inputs]:
         if not run_one(feeds):
-            raise CannotValidate(f"the original model fails on the reference inputs: {last_failure}")
+            raise CannotValidate(
+                f"the original model fails on the reference inputs: {last_failure}"
+            )
     if feed_sets:
         for feeds in feed_sets:
             if not run_one(feeds):
@@ -394,11 +396,17 @@ def compare_to_eager(
         outputs = [o.name for o in session.get_outputs()]
         missing = [n for n in expected if n not in outputs]
         if missing:
-            return (), f"the model has no output named {', '.join(missing)} (the reference names {', '.join(expected)})"
+            return (
+                (),
+                f"the model has no output named {', '.join(missing)} (the reference names {', '.join(expected)})",
+            )
         actual = session.run(list(expected), {k: v for k, v in inputs.items() if k in names})
     except Exception as exc:
         return (), f"ONNX Runtime fails on the reference inputs: {_first_line(exc)}"
-    return tuple(compare_arrays(n, np.asarray(expected[n]), np.asarray(a)) for n, a in zip(expected, actual, strict=True)), None
+    return tuple(
+        compare_arrays(n, np.asarray(expected[n]), np.asarray(a))
+        for n, a in zip(expected, actual, strict=True)
+    ), None
 
 
 def load_inputs(path: str | Path) -> list[dict[str, np.ndarray]]:
