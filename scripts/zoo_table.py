@@ -2,7 +2,8 @@
 
 Reads zoo/status.json (written by scripts/export_zoo.py), runs `onnxopt optimize MODEL --json` on each
 successful export (its .ref.npz is picked up, so the report compares with eager PyTorch) in its own
-process, writes zoo/table.json and prints a Markdown table on stdout.
+process (reports are cached in zoo/NAME.EXPORTER.report.json until the model changes), writes
+zoo/table.json and prints a Markdown table on stdout.
 
     .venv/bin/python scripts/zoo_table.py            # after `make models`
     .venv/bin/python scripts/zoo_table.py --out zoo-tiny
@@ -26,12 +27,18 @@ EXPORTERS = ("dynamo", "torchscript")
 
 
 def optimize_report(model: Path, timeout: float) -> dict[str, Any]:
+    """The JSON report of `onnxopt optimize MODEL`, cached in MODEL.report.json until MODEL changes."""
+    cache = model.with_suffix(".report.json")
+    if cache.is_file() and cache.stat().st_mtime > model.stat().st_mtime:
+        cached: dict[str, Any] = json.loads(cache.read_text())
+        return cached
     command = [sys.executable, "-m", "onnxopt", "optimize", str(model), "--json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if done.returncode not in (0, 1) or not done.stdout.strip():
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         return {"error": lines[-1] if lines else f"exit {done.returncode}"}
     report: dict[str, Any] = json.loads(done.stdout)
+    cache.write_text(json.dumps(report) + "\n")
     return report
 
 
