@@ -107,9 +107,8 @@ class OptimizeReport:
     warnings: tuple[str, ...]
     optimize_seconds: float
     validate_seconds: float
-    reference: ReferenceReport | None = (
-        None  # against eager PyTorch outputs, when a reference was given
-    )
+    # Original and optimized vs eager PyTorch outputs, when a reference (.ref.npz) was given.
+    reference: ReferenceReport | None = None
 
     def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
         """(name, runs, seconds, summed stats) per pass, in first-run order."""
@@ -249,10 +248,10 @@ def _render_reference(reference: ReferenceReport, console: Any) -> None:
         title_justify="left",
     )
     table.add_column("output")
-    table.add_column("export: max abs", justify="right")
-    table.add_column("max rel", justify="right")
-    table.add_column("optimized: max abs", justify="right")
-    table.add_column("max rel", justify="right")
+    table.add_column("export abs", justify="right")
+    table.add_column("export rel", justify="right")
+    table.add_column("optimized abs", justify="right")
+    table.add_column("optimized rel", justify="right")
     table.add_column("")
     optimized = {c.name: c for c in reference.optimized}
     for exp in reference.export:
