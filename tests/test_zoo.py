@@ -207,3 +207,11 @@ def test_optimize_rejects_a_malformed_reference(tmp_path: Path) -> None:
     bad.write_bytes(b"not a zip")
     code, _, err = _cli("optimize", str(model), "--reference", str(bad))
     assert code == 2 and "not a readable .npz file" in err
+
+
+def test_cli_export_list_names_every_model() -> None:
+    code, out, _ = _cli("export", "--list", "--json")
+    assert code == 0
+    names = [row["name"] for row in json.loads(out)]
+    assert names == list(ZOO)
+    assert "llama-tiny" in names and "whisper-encoder" in names
