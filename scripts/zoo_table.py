@@ -73,7 +73,9 @@ def summarize(
 
 
 def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1e}"
+    if value is None:
+        return "-"
+    return "0" if value == 0 else f"{value:.1e}"
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -88,7 +90,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             continue
         tol = "" if r["export_within_tolerance"] else " (over tol)"
         lines.append(
-            f"| {r['model']} | {r['exporter']} | ok ({r['export_seconds']:.0f} s) | {r['nodes_before']} | {r['nodes_after']} "
+            f"| {r['model']} | {r['exporter']} | ok | {r['nodes_before']} | {r['nodes_after']} "
             f"| {_num(r['export_max_abs'])}{tol} | {_num(r['optimized_max_abs'])} | {_num(r['optimization_max_abs'])} "
             f"| {'yes' if r['validated'] else 'NO'} |"
         )
