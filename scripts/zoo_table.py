@@ -2,7 +2,7 @@
 
 Reads zoo/status.json (written by scripts/export_zoo.py), runs `onnxopt optimize MODEL --json` on each
 successful export (its .ref.npz is picked up, so the report compares with eager PyTorch) in its own
-process (reports are cached in zoo/NAME.EXPORTER.report.json until the model changes), writes
+process (reports are cached in zoo/NAME.EXPORTER.report.json until the model or onnxopt changes), writes
 zoo/table.json and prints a Markdown table on stdout.
 
     .venv/bin/python scripts/zoo_table.py            # after `make models`
@@ -12,6 +12,7 @@ zoo/table.json and prints a Markdown table on stdout.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -26,18 +27,28 @@ from onnxopt.zoo import ZOO  # noqa: E402
 EXPORTERS = ("dynamo", "torchscript")
 
 
-def optimize_report(model: Path, timeout: float) -> dict[str, Any]:
-    """The JSON report of `onnxopt optimize MODEL`, cached in MODEL.report.json until MODEL changes."""
+def onnxopt_digest() -> str:
+    """Changes whenever onnxopt's code does (a new pass must not be hidden by a cached report)."""
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "onnxopt").rglob("*.py")):
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def optimize_report(model: Path, timeout: float, digest: str) -> dict[str, Any]:
+    """The JSON report of `onnxopt optimize MODEL`, cached in MODEL.report.json (same model, same onnxopt)."""
     cache = model.with_suffix(".report.json")
     if cache.is_file() and cache.stat().st_mtime > model.stat().st_mtime:
         cached: dict[str, Any] = json.loads(cache.read_text())
-        return cached
+        if cached.get("onnxopt_digest") == digest:
+            return cached
     command = [sys.executable, "-m", "onnxopt", "optimize", str(model), "--json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if done.returncode not in (0, 1) or not done.stdout.strip():
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         return {"error": lines[-1] if lines else f"exit {done.returncode}"}
     report: dict[str, Any] = json.loads(done.stdout)
+    report["onnxopt_digest"] = digest
     cache.write_text(json.dumps(report) + "\n")
     return report
 
@@ -114,6 +125,7 @@ def main() -> int:
         parser.error(f"{status_file} not found: run scripts/export_zoo.py (make models) first")
     status: dict[str, dict[str, Any]] = json.loads(status_file.read_text())
     rows = []
+    digest = onnxopt_digest()
     order = list(ZOO)
     for key, entry in sorted(
         status.items(),
@@ -121,7 +133,9 @@ def main() -> int:
     ):
         model = args.out / key
         report = (
-            optimize_report(model, args.timeout) if entry.get("ok") and model.is_file() else None
+            optimize_report(model, args.timeout, digest)
+            if entry.get("ok") and model.is_file()
+            else None
         )
         row = summarize(entry["model"], entry["exporter"], entry, report)
         print(f"{key}: {row.get('error') or 'ok'}", file=sys.stderr)
