@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from onnxopt.passes.options import DEFAULT_FOLD_LIMIT_BYTES, PassOptions, Target
 from onnxopt.reference import Reference, load_reference, reference_path_for
 from onnxopt.report import ModelSummary, OptimizeReport
 from onnxopt.validate import (
+    CannotValidate,
     ReferenceReport,
     ValidationReport,
     compare_to_eager,
@@ -40,6 +42,17 @@ class OptimizeResult:
         return self.report.validation is not None and self.report.validation.passed
 
 
+@contextlib.contextmanager
+def _located(loaded: io.LoadedModel | None) -> Iterator[None]:
+    """Prefix "why validation cannot run" with the model file, so the one error line says where."""
+    try:
+        yield
+    except CannotValidate as exc:
+        if loaded is None or loaded.path is None:
+            raise
+        raise CannotValidate(f"{loaded.path}: {exc}") from exc
+
+
 def optimize(
     model: str | os.PathLike[str] | ir.Model,
     *,
@@ -48,6 +61,7 @@ def optimize(
     disable: Sequence[str] = (),
     target: Target = "ort",
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
+    fold_may_grow: bool = False,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     check: bool = True,
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
@@ -78,6 +92,7 @@ def optimize(
         eager, eager_source = load_reference(reference), str(reference)
     options = PassOptions(
         fold_limit_bytes=fold_limit_bytes,
+        fold_may_grow=fold_may_grow,
         target=target,
         input_shapes=dict(input_shapes or {}),
         explain=explain,
@@ -102,7 +117,8 @@ def optimize(
     eager_inputs = (
         {k: v for k, v in eager.inputs.items() if k in input_names} if eager is not None else {}
     )
-    specs = input_specs(working) if check and inputs is None and not input_shapes else None
+    with _located(loaded):
+        specs = input_specs(working) if check and inputs is None and not input_shapes else None
 
     start = time.perf_counter()
     instruments = [VerifyEach()] if verify_each else []
@@ -115,15 +131,16 @@ def optimize(
         if progress is not None:
             progress("validate")
         start = time.perf_counter()
-        if specs is None and inputs is None:
-            specs = input_specs(working)  # pinned shapes: generate inputs of the pinned sizes
-        validation = validate(
-            original,
-            working,
-            specs=specs,
-            inputs=inputs,
-            extra_inputs=[eager_inputs] if eager else [],
-        )
+        with _located(loaded):
+            if specs is None and inputs is None:
+                specs = input_specs(working)  # pinned shapes: generate inputs of the pinned sizes
+            validation = validate(
+                original,
+                working,
+                specs=specs,
+                inputs=inputs,
+                extra_inputs=[eager_inputs] if eager else [],
+            )
         validate_seconds = time.perf_counter() - start
 
     reference_report: ReferenceReport | None = None

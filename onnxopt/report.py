@@ -147,11 +147,12 @@ class OptimizeReport:
 
 
 def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> None:
-    """Print the report as rich tables."""
+    """Print the report as rich tables (names from the model are escaped: they are not markup)."""
+    from rich.markup import escape
     from rich.table import Table
 
     ops = Table(
-        title=f"onnxopt: {report.source} (level O{report.level}, target {report.target})",
+        title=f"onnxopt: {escape(report.source)} (level O{report.level}, target {report.target})",
         title_justify="left",
     )
     ops.add_column("op")
@@ -164,7 +165,7 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
         a = report.after.op_counts.get(name, 0)
         if a == b:
             continue
-        ops.add_row(name, str(b), str(a), f"{a - b:+d}")
+        ops.add_row(escape(name), str(b), str(a), f"{a - b:+d}")
     unchanged = sum(
         1 for n in names if report.before.op_counts.get(n, 0) == report.after.op_counts.get(n, 0)
     )
@@ -214,7 +215,7 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
         for out in validation.outputs:
             verdict = "[green]ok[/green]" if out.passed else "[red]MISMATCH[/red]"
             table.add_row(
-                out.name,
+                escape(out.name),
                 out.dtype,
                 f"{out.max_abs:.3g}",
                 f"{out.max_rel:.3g}",
@@ -230,21 +231,22 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
             highlight=False,
         )
         for error in validation.errors:
-            console.print(f"[red]{error}[/red]", highlight=False)
+            console.print(f"[red]{escape(error)}[/red]", highlight=False)
     if report.reference is not None:
         _render_reference(report.reference, console)
     for warning in report.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
 
 
 def _render_reference(reference: ReferenceReport, console: Any) -> None:
     """Export error (original ONNX vs eager) and optimized vs eager, side by side per output."""
+    from rich.markup import escape
     from rich.table import Table
 
     meta = reference.metadata
     origin = ", ".join(f"{k} {meta[k]}" for k in ("exporter", "torch_version") if k in meta)
     table = Table(
-        title=f"vs eager PyTorch ({reference.source}{'; ' + origin if origin else ''})",
+        title=f"vs eager PyTorch ({escape(reference.source)}{'; ' + escape(origin) if origin else ''})",
         title_justify="left",
     )
     table.add_column("output")
@@ -266,7 +268,7 @@ def _render_reference(reference: ReferenceReport, console: Any) -> None:
             else "[yellow]optimized over tol[/yellow]"
         )
         table.add_row(
-            exp.name,
+            escape(exp.name),
             f"{exp.max_abs:.3g}",
             f"{exp.max_rel:.3g}",
             f"{opt.max_abs:.3g}",
@@ -275,4 +277,4 @@ def _render_reference(reference: ReferenceReport, console: Any) -> None:
         )
     console.print(table)
     for error in reference.errors:
-        console.print(f"[red]{error}[/red]", highlight=False)
+        console.print(f"[red]{escape(error)}[/red]", highlight=False)

@@ -9,7 +9,12 @@ from onnxopt.passes.base import FixedPoint, Pass, Step
 from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
 from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
+from onnxopt.passes.eliminate_noops import EliminateNoopsPass
+from onnxopt.passes.fold_constants import FoldConstantsPass
+from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
 from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.lift_constants import LiftConstantsPass
+from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
@@ -20,22 +25,46 @@ LevelSpec = Sequence[PassClass | tuple[PassClass, ...]]
 ALL_PASSES: list[PassClass] = [
     SortTopologicallyPass,
     InferShapesPass,
+    LiftConstantsPass,
+    FoldShapeValuesPass,
+    FoldConstantsPass,
+    EliminateNoopsPass,
+    MergeConsecutiveOpsPass,
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
 ]
 
+# Folding exposes shapes (re-inferred at the end of each round), which expose more folding.
+# Folding also creates equal constants: deduplicating them in the loop lets CSE merge their users
+# (else a second optimize run still finds work, and the output is not a fixed point).
 CLEANUP: tuple[PassClass, ...] = (
+    FoldShapeValuesPass,
+    FoldConstantsPass,
+    EliminateNoopsPass,
+    MergeConsecutiveOpsPass,
     EliminateDeadCodePass,
+    DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
+    InferShapesPass,
 )
 
 LEVELS: dict[int, LevelSpec] = {
     0: [],
-    1: [SortTopologicallyPass, InferShapesPass, EliminateDeadCodePass, DeduplicateInitializersPass],
+    1: [
+        SortTopologicallyPass,
+        InferShapesPass,
+        LiftConstantsPass,
+        FoldShapeValuesPass,
+        FoldConstantsPass,
+        EliminateNoopsPass,
+        EliminateDeadCodePass,
+        DeduplicateInitializersPass,
+    ],
     2: [
         SortTopologicallyPass,
         InferShapesPass,
+        LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
         InferShapesPass,
@@ -44,6 +73,7 @@ LEVELS: dict[int, LevelSpec] = {
     3: [
         SortTopologicallyPass,
         InferShapesPass,
+        LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
         InferShapesPass,

@@ -28,7 +28,14 @@ def describe(node: ir.Node) -> str:
     return f"{node.op_type} '{node.name}'" if node.name else node.op_type
 
 
-def _can_replace(old: ir.Value, new: ir.Value, graph: ir.Graph | ir.Function) -> Mismatch | None:
+def body(graph: ir.Graph | ir.Function) -> ir.Graph:
+    """The ir.Graph that nodes of ``graph`` point to (a Function keeps its nodes in one)."""
+    return graph.graph if isinstance(graph, ir.Function) else graph
+
+
+def _can_replace(
+    old: ir.Value, new: ir.Value, graph: ir.Graph | ir.Function, new_nodes: Sequence[ir.Node]
+) -> Mismatch | None:
     if not old.is_graph_output():
         return None
     # The graph output keeps its name; the new value must be free to take it.
@@ -37,22 +44,89 @@ def _can_replace(old: ir.Value, new: ir.Value, graph: ir.Graph | ir.Function) ->
             "its result is a graph output and the replacement is a graph input, output or initializer"
         )
     producer = new.producer()
-    if producer is None or producer.graph is not graph:
+    # A new node is not in the graph yet, but will be.
+    if producer is None or (
+        producer.graph is not body(graph) and not any(producer is n for n in new_nodes)
+    ):
         return Mismatch("its result is a graph output and the replacement comes from another scope")
     return None
 
 
+class FreshNames:
+    """Hands out value names not used anywhere in the model (the set is built on first need)."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self.model = model
+        self._taken: set[str] | None = None
+
+    def _collect(self) -> set[str]:
+        taken: set[str] = set()
+        for graph in iter_graphs(self.model):
+            values = list(graph.inputs)
+            if isinstance(graph, ir.Graph):
+                values.extend(graph.initializers.values())
+            for node in graph:
+                values.extend(node.outputs)
+            taken.update(v.name for v in values if v.name)
+        return taken
+
+    def fresh(self, hint: str) -> str:
+        if self._taken is None:
+            self._taken = self._collect()
+        name, k = hint, 0
+        while name in self._taken:
+            k += 1
+            name = f"{hint}_{k}"
+        self._taken.add(name)
+        return name
+
+
+def _materialize_constants(
+    graph: ir.Graph | ir.Function, root: ir.Node, constants: Sequence[ir.Value], names: FreshNames
+) -> list[ir.Node]:
+    """Name the new constants; initializers where allowed, else Constant nodes (returned)."""
+    # IR < 4 requires every initializer to be a graph input too; functions have no initializers.
+    as_initializers = isinstance(graph, ir.Graph) and names.model.ir_version >= 4
+    hint = root.name or root.op_type
+    constant_nodes = []
+    for value in constants:
+        if value.const_value is None:
+            raise ValueError("a replacement constant has no const_value")
+        value.name = names.fresh(f"{hint}_const")
+        if as_initializers:
+            assert isinstance(graph, ir.Graph)
+            graph.register_initializer(value)
+        else:
+            attr = ir.AttrTensor("value", value.const_value)
+            constant_nodes.append(ir.Node("", "Constant", [], [attr], outputs=[value]))
+    return constant_nodes
+
+
 def apply_replacement(
-    graph: ir.Graph | ir.Function, match: Match, replacement: Replacement
+    graph: ir.Graph | ir.Function,
+    match: Match,
+    replacement: Replacement,
+    names: FreshNames | None = None,
 ) -> Mismatch | None:
-    """Insert the new nodes before the root, move users, drop matched nodes left unused."""
+    """Insert the new nodes before the root, move users, drop matched nodes left unused.
+
+    ``names`` is needed only when the replacement brings new constants.
+    """
     for old, new in replacement.values:
-        problem = _can_replace(old, new, graph)
+        problem = _can_replace(old, new, graph, replacement.nodes)
         if problem is not None:
+            # A new node uses its inputs from birth: leave no phantom uses behind.
+            for node in replacement.nodes:
+                node.resize_inputs(0)
             return problem
     root = match.root
-    if replacement.nodes:
-        graph.insert_before(root, replacement.nodes)
+    new_nodes = list(replacement.nodes)
+    if replacement.constants:
+        if names is None:
+            raise ValueError("apply_replacement needs FreshNames to add constants")
+        new_nodes = _materialize_constants(graph, root, replacement.constants, names) + new_nodes
+    if new_nodes:
+        graph.insert_before(root, new_nodes)
     for old, new in replacement.values:
         was_output = old.is_graph_output()
         name = old.name
@@ -65,7 +139,7 @@ def apply_replacement(
             old.name = None
             new.name = name
     for node in reversed(list(match.nodes)):
-        if node.graph is graph and all(
+        if node.graph is body(graph) and all(
             not out.uses() and not out.is_graph_output() for out in node.outputs
         ):
             graph.remove(node, safe=True)
@@ -82,6 +156,7 @@ def apply_rules(
     """Apply ``rules`` everywhere until none matches; return (counts per rule, mismatch notes)."""
     stats: Counter[str] = Counter()
     notes: list[str] = []
+    names = FreshNames(model)
     by_op: dict[str, list[Rule]] = {}
     for rule in rules:
         by_op.setdefault(rule.op_type, []).append(rule)
@@ -91,7 +166,7 @@ def apply_rules(
             changed = False
             final_round_notes: list[str] = []
             for node in list(graph):
-                if node.graph is not graph:
+                if node.graph is not body(graph):
                     continue  # removed by an earlier rewrite this round
                 for rule in by_op.get(node.op_type, ()):
                     if not is_op(node, rule.op_type, rule.domain):
@@ -110,7 +185,7 @@ def apply_rules(
                                 f"{rule.name}: {describe(node)}: {replacement.reason}"
                             )
                         continue
-                    problem = apply_replacement(graph, outcome, replacement)
+                    problem = apply_replacement(graph, outcome, replacement, names)
                     if problem is not None:
                         if options.explain:
                             final_round_notes.append(

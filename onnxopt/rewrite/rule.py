@@ -45,10 +45,15 @@ class Replacement:
     ``values`` maps each old value whose users must move to a new value; the new value may be an
     existing value (for eliminations) or an output of one of ``nodes``. Matched nodes whose outputs
     end up unused are removed by the driver.
+
+    ``constants`` are new unnamed values with ``const_value`` set (e.g. merged Unsqueeze axes) that
+    ``nodes`` read; the driver names them and adds them as initializers, or as Constant nodes where
+    initializers cannot be used (functions, IR version < 4).
     """
 
     nodes: Sequence[ir.Node]
     values: Sequence[tuple[ir.Value, ir.Value]]
+    constants: Sequence[ir.Value] = ()
 
 
 @dataclass(frozen=True)

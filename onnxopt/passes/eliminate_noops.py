@@ -1,0 +1,403 @@
+"""Remove nodes that provably return their input unchanged (same values, dtype and shape).
+
+Each rule proves the no-op from constants, dtypes and shapes; symbolic dims are never assumed to
+have any particular size, so a proof that needs one fails with a reason (see ``--explain``).
+
+Floating-point note: ``x + 0`` and ``x - (-0)`` turn ``-0.0`` into ``+0.0``; removing them keeps
+``-0.0``. The two compare equal, so we remove them as ONNX Runtime's own optimizer does. ``x * 1``,
+``x / 1`` and ``x - 0`` are exact for every value, NaN and infinities included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import const_array, is_op
+from onnxopt.passes._shape_facts import (
+    SLICE_TO_END,
+    broadcast_keeps,
+    cast_target,
+    const_ints,
+    dims_of,
+    int_param,
+    is_whole_shape_of,
+    normalize_axes,
+    optional_input,
+    producer_op,
+    same_known_dims,
+    slice_params,
+)
+from onnxopt.passes.base import Pass, PassResult
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+
+
+def _keep(node: ir.Node, source: ir.Value | None, *inner: ir.Node) -> Match | Mismatch:
+    """The node's first output is ``source``; ``inner`` nodes go too when nothing else uses them."""
+    if source is None:
+        return Mismatch("its data input is missing")
+    result = node.outputs[0]
+    if source.dtype is not None and result.dtype is not None and source.dtype != result.dtype:
+        return Mismatch(f"the result is {result.dtype} but the input is {source.dtype}")
+    return Match([*inner, node], {"source": source})
+
+
+def _forward(match: Match, context: RewriteContext) -> Replacement:
+    return Replacement((), ((match.root.outputs[0], match.bindings["source"]),))
+
+
+def _identity(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    return _keep(node, node.inputs[0])
+
+
+def _dropout(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if len(node.outputs) > 1 and (node.outputs[1].uses() or node.outputs[1].is_graph_output()):
+        return Mismatch("its mask output is used")
+    if context.opset() < 7 and not node.attributes.get_int("is_test", 0):
+        return Mismatch("is_test=0: Dropout before opset 7 is in training mode")
+    training = optional_input(node, 2)
+    if training is not None:
+        flag = const_array(training)
+        if flag is None:
+            return Mismatch("training_mode is not a constant")
+        if flag.size != 1 or bool(flag.reshape(-1)[0]):
+            return Mismatch("training_mode is true")
+    return _keep(node, node.inputs[0])
+
+
+def _cast(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    source = node.inputs[0]
+    if source is None or source.dtype is None:
+        return Mismatch("the input dtype is unknown")
+    target = cast_target(node)
+    if target != source.dtype:
+        return Mismatch(f"casts {source.dtype} to {target}")
+    return _keep(node, source)
+
+
+def _cast_like(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    source, like = node.inputs[0], optional_input(node, 1)
+    if source is None or like is None or source.dtype is None or like.dtype is None:
+        return Mismatch("an input dtype is unknown")
+    if source.dtype != like.dtype:
+        return Mismatch(f"casts {source.dtype} to {like.dtype}")
+    return _keep(node, source)
+
+
+def _reshape(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    data = node.inputs[0]
+    data_dims = dims_of(data)
+    if same_known_dims(data_dims, dims_of(node.outputs[0])):
+        return _keep(node, data)
+    shape = optional_input(node, 1)
+    if is_whole_shape_of(shape, data):
+        return _keep(node, data)
+    target = (
+        tuple(node.attributes.get_ints("shape", ()))
+        if "shape" in node.attributes
+        else const_ints(shape)
+    )
+    if target is None:
+        return Mismatch("the target shape is not a constant and the shapes are not both known")
+    if data_dims is None:
+        return Mismatch("the input rank is unknown")
+    if len(target) != len(data_dims):
+        return Mismatch(f"it changes the rank from {len(data_dims)} to {len(target)}")
+    allow_zero = node.attributes.get_int("allowzero", 0)
+    inferred = 0
+    for axis, (want, dim) in enumerate(zip(target, data_dims, strict=True)):
+        if want == 0 and not allow_zero:
+            continue  # copies the input dim
+        if want == -1:
+            inferred += 1  # equals the input dim once every other dim is proven equal
+            continue
+        if dim is None:
+            return Mismatch(f"target dim {axis} is {want} but the input dim is symbolic")
+        if want != dim:
+            return Mismatch(f"target dim {axis} is {want} but the input has {dim}")
+    if inferred > 1:
+        return Mismatch("the target has several -1 dims")
+    return _keep(node, data)
+
+
+def _transpose(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    perm = node.attributes.get_ints("perm", None)
+    if perm is None:
+        dims = dims_of(node.inputs[0])
+        if dims is None:
+            return Mismatch("no perm and the rank is unknown")
+        perm = tuple(reversed(range(len(dims))))
+    if tuple(perm) != tuple(range(len(perm))):
+        return Mismatch(f"perm {list(perm)} is not the identity")
+    return _keep(node, node.inputs[0])
+
+
+def _expand(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    data, shape = node.inputs[0], optional_input(node, 1)
+    data_dims = dims_of(data)
+    if is_whole_shape_of(shape, data) or same_known_dims(data_dims, dims_of(node.outputs[0])):
+        return _keep(node, data)
+    target = const_ints(shape)
+    if target is None:
+        return Mismatch("the target shape is not a constant")
+    if data_dims is None:
+        return Mismatch("the input rank is unknown")
+    problem = broadcast_keeps(data_dims, target, f"the target shape {list(target)}")
+    return problem if problem is not None else _keep(node, data)
+
+
+def _pad(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if "paddings" in node.attributes:  # Pad-1
+        pads: tuple[int, ...] | Mismatch | None = tuple(node.attributes.get_ints("paddings", ()))
+    else:
+        pads = int_param(node, "pads", 1)
+    if isinstance(pads, Mismatch):
+        return pads
+    if pads is None:
+        return Mismatch("no pads")
+    if any(pads):
+        return Mismatch(f"pads {list(pads)} are not all zero")
+    return _keep(node, node.inputs[0])
+
+
+def _slice(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    params = slice_params(node)
+    if isinstance(params, Mismatch):
+        return params
+    data = node.inputs[0]
+    dims = dims_of(data)
+    axes = normalize_axes(params.axes, len(dims) if dims is not None else None)
+    if axes is None:
+        return Mismatch("its axes cannot be resolved (negative axis with unknown rank?)")
+    for axis, start, end, step in zip(axes, params.starts, params.ends, params.steps, strict=True):
+        dim = dims[axis] if dims is not None else None
+        if step != 1:
+            return Mismatch(f"step {step} on axis {axis}")
+        if start != 0 and not (start < 0 and dim is not None and start + dim <= 0):
+            return Mismatch(f"axis {axis} starts at {start}")
+        if end < SLICE_TO_END and not (dim is not None and end >= dim):
+            return Mismatch(
+                f"axis {axis} ends at {end}, and the dim is {dim if dim is not None else 'symbolic'}"
+            )
+    return _keep(node, data)
+
+
+def _concat(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if len(node.inputs) != 1:
+        return Mismatch(f"it has {len(node.inputs)} inputs")
+    return _keep(node, node.inputs[0])
+
+
+def _single_input(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """Variadic Sum/Mean/Max/Min of one tensor is that tensor."""
+    if len(node.inputs) != 1:
+        return Mismatch(f"it has {len(node.inputs)} inputs")
+    return _keep(node, node.inputs[0])
+
+
+def _tile(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    repeats = const_ints(optional_input(node, 1))
+    if repeats is None:
+        return Mismatch("the repeats are not a constant")
+    if any(r != 1 for r in repeats):
+        return Mismatch(f"repeats {list(repeats)} are not all 1")
+    return _keep(node, node.inputs[0])
+
+
+def _reduce(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """A reduction over no axes (noop_with_empty_axes) or only over size-1 dims it keeps."""
+    axes = int_param(node, "axes", 1)
+    if isinstance(axes, Mismatch):
+        return axes
+    noop_when_empty = node.attributes.get_int("noop_with_empty_axes", 0)
+    if not axes and noop_when_empty:
+        return _keep(node, node.inputs[0])
+    if node.attributes.get_int("keepdims", 1) == 0:
+        return Mismatch("keepdims=0 drops the reduced dims")
+    dims = dims_of(node.inputs[0])
+    if dims is None:
+        return Mismatch("the input rank is unknown")
+    reduced = normalize_axes(axes, len(dims)) if axes else tuple(range(len(dims)))
+    if reduced is None:
+        return Mismatch(f"axes {list(axes or ())} are out of range")
+    if any(dims[axis] != 1 for axis in reduced):
+        return Mismatch("it reduces a dim that is not known to be 1")
+    return _keep(node, node.inputs[0])
+
+
+def _split(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if len(node.outputs) != 1:
+        return Mismatch(f"it has {len(node.outputs)} outputs")
+    sizes = int_param(node, "split", 1)
+    if isinstance(sizes, Mismatch):
+        return sizes
+    if sizes is not None:
+        dims = dims_of(node.inputs[0])
+        axes = normalize_axes([node.attributes.get_int("axis", 0)], len(dims) if dims else None)
+        if (
+            dims is None
+            or axes is None
+            or dims[axes[0]] is None
+            or tuple(sizes) != (dims[axes[0]],)
+        ):
+            return Mismatch(f"split sizes {list(sizes)} cannot be proven to cover the whole axis")
+    return _keep(node, node.inputs[0])
+
+
+def _flatten(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    dims = dims_of(node.inputs[0])
+    if dims is None or len(dims) != 2:
+        return Mismatch("the input is not known to be 2-D")
+    axis = node.attributes.get_int("axis", 1)
+    axis = axis + 2 if axis < 0 else axis
+    if axis == 1 or (axis == 0 and dims[0] == 1) or (axis == 2 and dims[1] == 1):
+        return _keep(node, node.inputs[0])
+    return Mismatch(f"axis {axis} reshapes a 2-D input of shape {list(dims)}")
+
+
+def _axes_pair(outer: ir.Node, inner: ir.Node, rank: int | None) -> Mismatch | None:
+    """Prove that ``outer`` and ``inner`` (Squeeze/Unsqueeze) name the same axes at rank ``rank``."""
+    outer_axes, inner_axes = int_param(outer, "axes", 1), int_param(inner, "axes", 1)
+    for axes in (outer_axes, inner_axes):
+        if isinstance(axes, Mismatch):
+            return axes
+    if inner_axes is None and is_op(inner, "Squeeze"):
+        dims = dims_of(inner.inputs[0])  # Squeeze without axes drops every dim of size 1
+        if dims is None or None in dims:
+            return Mismatch("the Squeeze has no axes and the input shape is not fully known")
+        inner_axes = tuple(i for i, d in enumerate(dims) if d == 1)
+        rank = len(dims)
+    assert not isinstance(outer_axes, Mismatch) and not isinstance(inner_axes, Mismatch)
+    if outer_axes is None or inner_axes is None:
+        return Mismatch("the Squeeze has no axes")
+    if sorted(outer_axes) == sorted(inner_axes):
+        return None  # both are normalized against the same rank, so equal lists mean equal axes
+    a, b = normalize_axes(outer_axes, rank), normalize_axes(inner_axes, rank)
+    if a is None or b is None:
+        return Mismatch("the axes differ in sign and the rank is unknown")
+    if sorted(a) != sorted(b):
+        return Mismatch(f"axes {list(inner_axes)} and {list(outer_axes)} differ")
+    return None
+
+
+def _undo_pair(inner_type: str) -> Callable[[ir.Node, RewriteContext], Match | Mismatch]:
+    """Squeeze(Unsqueeze(x, a), a) or Unsqueeze(Squeeze(x, a), a): both give x back."""
+
+    def match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+        inner = producer_op(node, inner_type)
+        if isinstance(inner, Mismatch):
+            return inner
+        # Both ops' axes count in the rank of the tensor that has the extra dims.
+        unsqueezed = node.inputs[0] if inner_type == "Unsqueeze" else inner.inputs[0]
+        dims = dims_of(unsqueezed)
+        problem = _axes_pair(node, inner, len(dims) if dims is not None else None)
+        return problem if problem is not None else _keep(node, inner.inputs[0], inner)
+
+    return match
+
+
+def _neutral_operand(
+    element: float, commutative: bool
+) -> Callable[[ir.Node, RewriteContext], Match | Mismatch]:
+    """``x op c`` (or ``c op x``) where every element of the constant ``c`` is ``element``."""
+
+    def match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+        if len(node.inputs) != 2:
+            return Mismatch("it does not have two inputs")
+        orders = [(0, 1), (1, 0)] if commutative else [(0, 1)]
+        problem = Mismatch(f"no operand is a constant {element:g}")
+        for kept_index, const_index in orders:
+            kept, constant = node.inputs[kept_index], node.inputs[const_index]
+            array = const_array(constant)
+            if array is None or array.size == 0 or not bool(np.all(array == element)):
+                continue
+            if kept is None or kept.dtype is None:
+                return Mismatch("the other operand's dtype is unknown")
+            if kept.dtype.numpy() != array.dtype:
+                return Mismatch(f"the operands' dtypes differ ({kept.dtype} and {array.dtype})")
+            dims = dims_of(kept)
+            if dims is None:
+                return Mismatch("the other operand's rank is unknown")
+            shape_problem = broadcast_keeps(dims, array.shape, f"the constant {element:g}")
+            if shape_problem is not None:
+                problem = shape_problem
+                continue
+            return _keep(node, kept)
+        return problem
+
+    return match
+
+
+def _where(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    condition = const_array(node.inputs[0])
+    if condition is None or condition.size == 0:
+        return Mismatch("the condition is not a constant")
+    if bool(np.all(condition)):
+        kept, other = node.inputs[1], node.inputs[2]
+    elif not bool(np.any(condition)):
+        kept, other = node.inputs[2], node.inputs[1]
+    else:
+        return Mismatch("the condition mixes true and false")
+    dims, other_dims = dims_of(kept), dims_of(other)
+    if dims is None or other_dims is None:
+        return Mismatch("a branch's rank is unknown")
+    problem = broadcast_keeps(dims, condition.shape, "the condition") or broadcast_keeps(
+        dims, other_dims, "the unused branch"
+    )
+    return problem if problem is not None else _keep(node, kept)
+
+
+def _rule(
+    name: str, op_type: str, match: Callable[[ir.Node, RewriteContext], Match | Mismatch]
+) -> Rule:
+    return Rule(name, op_type, match, _forward)
+
+
+RULES: tuple[Rule, ...] = (
+    _rule("Identity removed", "Identity", _identity),
+    _rule("Dropout removed", "Dropout", _dropout),
+    _rule("Cast removed", "Cast", _cast),
+    _rule("CastLike removed", "CastLike", _cast_like),
+    _rule("Reshape removed", "Reshape", _reshape),
+    _rule("Transpose removed", "Transpose", _transpose),
+    _rule("Expand removed", "Expand", _expand),
+    _rule("Pad removed", "Pad", _pad),
+    _rule("Slice removed", "Slice", _slice),
+    _rule("Concat removed", "Concat", _concat),
+    _rule("Sum removed", "Sum", _single_input),
+    _rule("Mean removed", "Mean", _single_input),
+    _rule("Max removed", "Max", _single_input),
+    _rule("Min removed", "Min", _single_input),
+    _rule("Tile removed", "Tile", _tile),
+    *(
+        _rule(f"{op} removed", op, _reduce)
+        for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd")
+    ),
+    _rule("Split removed", "Split", _split),
+    _rule("Flatten removed", "Flatten", _flatten),
+    _rule("Unsqueeze+Squeeze removed", "Squeeze", _undo_pair("Unsqueeze")),
+    _rule("Squeeze+Unsqueeze removed", "Unsqueeze", _undo_pair("Squeeze")),
+    _rule("Add 0 removed", "Add", _neutral_operand(0, commutative=True)),
+    _rule("Sub 0 removed", "Sub", _neutral_operand(0, commutative=False)),
+    _rule("Mul 1 removed", "Mul", _neutral_operand(1, commutative=True)),
+    _rule("Div 1 removed", "Div", _neutral_operand(1, commutative=False)),
+    _rule("Where removed", "Where", _where),
+)
+
+
+class EliminateNoopsPass(Pass):
+    """Remove ops proven to return their input: Identity, inference Dropout, same-dtype Cast,
+    shape-preserving Reshape/Expand/Flatten, identity Transpose, zero Pad, whole-axis Slice,
+    one-input Concat/Sum/Mean/Max/Min, one-output Split, Tile by ones, Unsqueeze/Squeeze pairs,
+    ReduceSum/Mean/Max/Min/Prod over nothing or over kept size-1 dims,
+    x+0, x-0, x*1, x/1, Where with a constant condition.
+    """
+
+    name = "eliminate-noops"
+    summary = "remove ops that provably return their input (Identity, Dropout, x*1, identity Transpose, ...)"
+
+    def call(self, model: ir.Model) -> PassResult:
+        stats, notes = apply_rules(model, RULES, self.options)
+        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)

@@ -1,0 +1,397 @@
+"""Shape-value propagation: fold Shape -> Gather/Slice/Concat/... chains once the dims they read are static.
+
+Every small integer vector computed from shapes is tracked element by element: an element is a known
+``int``, a reference to "dim *i* of value *v*" (a symbolic dim, kept symbolic), or unknown. Tracked ops:
+Shape (with start/end), Size, Gather, Slice, Concat, Unsqueeze/Squeeze, Reshape to 1-D, Cast to an
+integer type, Identity, and integer Add/Sub/Mul/Div/Mod. A vector whose elements are all known ints is
+replaced by an initializer, even when other dims of the same tensor are symbolic: ``Shape(x)[1]`` folds
+when dim 1 is a known int.
+
+Reshape targets that are only partly known are rewritten when provably equivalent: an element that is
+dim *i* of the reshaped tensor itself (the same value's dim, or a dim with the same symbol) at position
+*i* becomes 0, "copy the dim" (``allowzero=1`` becomes 0 when the target holds no literal 0); a single
+remaining unknown element, with every other element a known positive int, becomes -1.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import is_onnx_domain
+from onnxopt.passes._evaluate import evaluate_numpy
+from onnxopt.passes.base import Pass, PassResult
+from onnxopt.passes.fold_constants import ConstantPool, replace_with_initializer
+
+MAX_ELEMENTS = 64
+INT_TYPES = (ir.DataType.INT64, ir.DataType.INT32)
+
+
+@dataclass(frozen=True)
+class DimOf:
+    """Dim ``index`` of ``value`` (a symbolic dim at the time it was read)."""
+
+    value: ir.Value
+    index: int
+
+
+Elem = int | DimOf | None
+
+
+@dataclass(frozen=True)
+class ShapeVector:
+    elements: tuple[Elem, ...]
+    scalar: bool
+    dtype: ir.DataType
+
+    @property
+    def ints(self) -> list[int] | None:
+        if all(isinstance(e, int) for e in self.elements):
+            return [int(e) for e in self.elements]  # type: ignore[arg-type]
+        return None
+
+    def array(self) -> np.ndarray:
+        ints = self.ints
+        assert ints is not None
+        array = np.array(ints, dtype=self.dtype.numpy())
+        return array.reshape(()) if self.scalar else array
+
+
+def _from_constant(value: ir.Value) -> ShapeVector | None:
+    if value.is_graph_input():
+        return None
+    try:
+        tensor = ir.convenience.get_const_tensor(value)
+    except ValueError:
+        return None
+    if (
+        tensor is None
+        or tensor.dtype not in INT_TYPES
+        or len(tensor.shape) > 1
+        or tensor.size > MAX_ELEMENTS
+    ):
+        return None
+    array = tensor.numpy()
+    return ShapeVector(tuple(int(v) for v in array.reshape(-1)), array.ndim == 0, tensor.dtype)
+
+
+def _ints_of(vector: ShapeVector | None) -> list[int] | None:
+    return None if vector is None else vector.ints
+
+
+class _Tracker:
+    def __init__(self) -> None:
+        self.vectors: dict[ir.Value, ShapeVector] = {}
+
+    def get(self, value: ir.Value | None) -> ShapeVector | None:
+        if value is None:
+            return None
+        if value not in self.vectors:
+            found = _from_constant(value)
+            if found is None:
+                return None
+            self.vectors[value] = found
+        return self.vectors[value]
+
+    def visit(self, node: ir.Node) -> None:
+        if not is_onnx_domain(node.domain) or len(node.outputs) != 1:
+            return
+        handler = getattr(self, f"_op_{node.op_type}", None)
+        if handler is None:
+            return
+        result = handler(node)
+        if result is not None and len(result.elements) <= MAX_ELEMENTS:
+            self.vectors[node.outputs[0]] = result
+
+    def _op_Shape(self, node: ir.Node) -> ShapeVector | None:
+        source = node.inputs[0]
+        if source is None or source.shape is None:
+            return None
+        rank = len(source.shape)
+        start = node.attributes.get_int("start", 0)
+        end = node.attributes.get_int("end", rank)
+        start = min(max(start + rank if start < 0 else start, 0), rank)
+        end = min(max(end + rank if end < 0 else end, 0), rank)
+        elements: list[Elem] = []
+        for index in range(start, end):
+            dim = source.shape[index]
+            elements.append(int(dim) if isinstance(dim, int) else DimOf(source, index))
+        return ShapeVector(tuple(elements), False, ir.DataType.INT64)
+
+    def _op_Size(self, node: ir.Node) -> ShapeVector | None:
+        source = node.inputs[0]
+        if (
+            source is None
+            or source.shape is None
+            or not all(isinstance(d, int) for d in source.shape)
+        ):
+            return None
+        return ShapeVector(
+            (int(np.prod(source.shape.numpy(), dtype=np.int64)),), True, ir.DataType.INT64
+        )
+
+    def _op_Identity(self, node: ir.Node) -> ShapeVector | None:
+        return self.get(node.inputs[0])
+
+    def _op_Cast(self, node: ir.Node) -> ShapeVector | None:
+        source = self.get(node.inputs[0])
+        to = ir.DataType(node.attributes.get_int("to", 0))
+        if source is None or to not in INT_TYPES:
+            return None
+        if to == ir.DataType.INT32 and any(
+            isinstance(e, int) and not -(2**31) <= e < 2**31 for e in source.elements
+        ):
+            return None
+        return ShapeVector(source.elements, source.scalar, to)
+
+    def _op_Gather(self, node: ir.Node) -> ShapeVector | None:
+        data = self.get(node.inputs[0])
+        indices = self.get(node.inputs[1]) if len(node.inputs) > 1 else None
+        positions = _ints_of(indices)
+        if data is None or data.scalar or indices is None or positions is None:
+            return None
+        if node.attributes.get_int("axis", 0) not in (0, -1):
+            return None
+        size = len(data.elements)
+        if any(not -size <= p < size for p in positions):
+            return None
+        picked = tuple(data.elements[p] for p in positions)
+        return ShapeVector(picked, indices.scalar, data.dtype)
+
+    def _op_Slice(self, node: ir.Node) -> ShapeVector | None:
+        data = self.get(node.inputs[0])
+        if data is None or data.scalar:
+            return None
+        arrays: list[np.ndarray | None] = [np.arange(len(data.elements), dtype=np.int64)]
+        for value in node.inputs[1:]:
+            if value is None:
+                arrays.append(None)
+                continue
+            ints = _ints_of(self.get(value))
+            if ints is None:
+                return None
+            arrays.append(np.array(ints, dtype=np.int64))
+        result = evaluate_numpy(node, arrays)
+        if result is None:
+            return None
+        return ShapeVector(tuple(data.elements[int(i)] for i in result[0]), False, data.dtype)
+
+    def _op_Concat(self, node: ir.Node) -> ShapeVector | None:
+        if node.attributes.get_int("axis", 0) not in (0, -1):
+            return None
+        parts = [self.get(v) for v in node.inputs]
+        elements: list[Elem] = []
+        dtypes = set()
+        for part in parts:
+            if part is None or part.scalar:
+                return None
+            elements.extend(part.elements)
+            dtypes.add(part.dtype)
+        if len(dtypes) != 1:
+            return None
+        return ShapeVector(tuple(elements), False, dtypes.pop())
+
+    def _axes(self, node: ir.Node) -> list[int] | None:
+        attr = node.attributes.get("axes")
+        if attr is not None:
+            return list(attr.as_ints())
+        if len(node.inputs) > 1 and node.inputs[1] is not None:
+            return _ints_of(self.get(node.inputs[1]))
+        return None
+
+    def _op_Unsqueeze(self, node: ir.Node) -> ShapeVector | None:
+        source = self.get(node.inputs[0])
+        if source is None or not source.scalar or self._axes(node) not in ([0], [-1]):
+            return None
+        return ShapeVector(source.elements, False, source.dtype)
+
+    def _op_Squeeze(self, node: ir.Node) -> ShapeVector | None:
+        source = self.get(node.inputs[0])
+        axes = self._axes(node)
+        if source is None or source.scalar or len(source.elements) != 1:
+            return None
+        if axes is not None and axes not in ([0], [-1]):
+            return None
+        return ShapeVector(source.elements, True, source.dtype)
+
+    def _op_Reshape(self, node: ir.Node) -> ShapeVector | None:
+        source = self.get(node.inputs[0])
+        target = _ints_of(self.get(node.inputs[1])) if len(node.inputs) > 1 else None
+        if source is None or target is None:
+            return None
+        count = len(source.elements)
+        if target == []:
+            return ShapeVector(source.elements, True, source.dtype) if count == 1 else None
+        if len(target) == 1 and target[0] in (-1, count):
+            return ShapeVector(source.elements, False, source.dtype)
+        return None
+
+    def _binary(self, node: ir.Node) -> ShapeVector | None:
+        a, b = self.get(node.inputs[0]), self.get(node.inputs[1])
+        if a is None or b is None or a.dtype != b.dtype:
+            return None
+        if len(a.elements) != len(b.elements) and 1 not in (len(a.elements), len(b.elements)):
+            return None
+        size = max(len(a.elements), len(b.elements))
+        left = a.elements * size if len(a.elements) == 1 else a.elements
+        right = b.elements * size if len(b.elements) == 1 else b.elements
+        out: list[Elem] = []
+        for x, y in zip(left, right, strict=True):
+            out.append(_combine(node.op_type, x, y))
+        return ShapeVector(tuple(out), a.scalar and b.scalar, a.dtype)
+
+    _op_Add = _op_Sub = _op_Mul = _op_Div = _op_Mod = _binary
+
+
+def _combine(op: str, x: Elem, y: Elem) -> Elem:
+    if isinstance(x, int) and isinstance(y, int):
+        if op == "Add":
+            return x + y
+        if op == "Sub":
+            return x - y
+        if op == "Mul":
+            return x * y
+        if y == 0:
+            return None
+        if op == "Div":
+            quotient = abs(x) // abs(y)
+            return quotient if (x >= 0) == (y > 0) else -quotient
+        return x % y  # Mod with fmod=0 on ints follows the divisor's sign, like Python
+    if op in ("Mul", "Div") and y == 1:
+        return x
+    if op == "Mul" and x == 1:
+        return y
+    if op in ("Add", "Sub") and y == 0:
+        return x
+    if op == "Add" and x == 0:
+        return y
+    return None
+
+
+class FoldShapeValuesPass(Pass):
+    """Fold shape computations whose dims are statically known; symbolic dims stay symbolic."""
+
+    name = "fold-shape-values"
+    summary = "fold Shape->Gather/Slice/Concat chains on static dims; 0/-1 in partly known Reshape targets"
+
+    def call(self, model: ir.Model) -> PassResult:
+        stats: Counter[str] = Counter()
+        tracker = _Tracker()
+        pool = ConstantPool(model)
+        graphs = [model.graph, *model.graph.subgraphs()]
+        for graph in graphs:
+            for node in graph:
+                tracker.visit(node)
+        # Fold fully known vectors that something still reads, nearest the consumers.
+        for graph in graphs:
+            for node in list(graph):
+                value = node.outputs[0] if len(node.outputs) == 1 else None
+                vector = tracker.vectors.get(value) if value is not None else None
+                if (
+                    value is None
+                    or vector is None
+                    or vector.ints is None
+                    or node.op_type == "Constant"
+                ):
+                    continue
+                if (
+                    all(_is_folded(use.node, tracker) for use in value.uses())
+                    and not value.is_graph_output()
+                ):
+                    continue  # an intermediate: its consumer gets folded instead
+                if not value.uses() and not value.is_graph_output():
+                    continue
+                replace_with_initializer(value, vector.array(), pool)
+                stats["shape values folded"] += 1
+            for node in list(graph):
+                if (
+                    is_onnx_domain(node.domain)
+                    and node.op_type == "Reshape"
+                    and _rewrite_reshape(node, tracker, pool)
+                ):
+                    stats["Reshape targets made constant"] += 1
+        if stats:
+            _remove_dead_producers(graphs)
+        return PassResult(model, modified=bool(stats), stats=stats)
+
+
+def _is_folded(node: ir.Node, tracker: _Tracker) -> bool:
+    if len(node.outputs) != 1 or node.op_type == "Constant":
+        return False
+    vector = tracker.vectors.get(node.outputs[0])
+    return vector is not None and vector.ints is not None
+
+
+def _same_dim(element: DimOf, data: ir.Value, index: int) -> bool:
+    """Whether ``element`` is provably dim ``index`` of ``data``: the same value's same dim, or a dim
+    carrying the same symbol (ONNX shape inference gives one symbol to dims it proves equal, and a
+    model's inputs declare equal dims with one name)."""
+    if element.value is data:
+        return element.index == index
+    if data.shape is None or index >= len(data.shape) or element.value.shape is None:
+        return False
+    mine = data.shape[index]
+    theirs = element.value.shape[element.index]
+    return (
+        isinstance(mine, ir.SymbolicDim)
+        and isinstance(theirs, ir.SymbolicDim)
+        and mine.value is not None
+        and mine.value == theirs.value
+    )
+
+
+def _rewrite_reshape(node: ir.Node, tracker: _Tracker, pool: ConstantPool) -> bool:
+    data = node.inputs[0]
+    target_value = node.inputs[1] if len(node.inputs) > 1 else None
+    if data is None or target_value is None:
+        return False
+    allowzero = node.attributes.get_int("allowzero", 0) != 0
+    target = tracker.get(target_value)
+    if (
+        target is None
+        or target.scalar
+        or target.ints is not None
+        or target_value.const_value is not None
+    ):
+        return False
+    if allowzero and any(isinstance(e, int) and e == 0 for e in target.elements):
+        return False  # a literal 0 means "zero" here and "copy" without allowzero
+    elements: list[int | None] = []
+    for index, element in enumerate(target.elements):
+        if isinstance(element, int):
+            elements.append(element)
+        elif isinstance(element, DimOf) and _same_dim(element, data, index):
+            elements.append(0)
+        else:
+            elements.append(None)
+    unknown = [i for i, e in enumerate(elements) if e is None]
+    if len(unknown) > 1:
+        return False
+    if unknown:
+        others = [e for i, e in enumerate(elements) if i != unknown[0]]
+        if any(e is None or e <= 0 for e in others):
+            return False  # -1 is exact only when every other dim is a known positive size
+        elements[unknown[0]] = -1
+    array = np.array(elements, dtype=np.int64)
+    graph = node.graph
+    assert graph is not None
+    constant = pool.add_initializer(graph, f"{target_value.name or 'shape'}_static", array)
+    node.replace_input_with(1, constant)
+    if allowzero and 0 in elements:
+        # Copy dims need allowzero=0. Equivalent: no literal 0 was in the target, and a copied dim
+        # that is 0 at run time was a literal 0 before, which allowzero=1 kept as 0 too.
+        node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
+    return True
+
+
+def _remove_dead_producers(graphs: list[ir.Graph]) -> None:
+    """Remove nodes left without users by folding (pure ops only: the ones this pass tracks)."""
+    for graph in reversed(graphs):
+        for node in reversed(list(graph)):
+            if not is_onnx_domain(node.domain) or not hasattr(_Tracker, f"_op_{node.op_type}"):
+                continue
+            if all(not out.uses() and not out.is_graph_output() for out in node.outputs):
+                graph.remove(node, safe=True)

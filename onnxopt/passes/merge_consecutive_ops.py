@@ -1,0 +1,469 @@
+"""Merge chains of the same op into one: Transpose, Reshape, Squeeze, Unsqueeze, Cast, Slice, Concat.
+
+A Reshape also absorbs a Flatten, Squeeze or Unsqueeze before it (all keep the element order).
+
+The outer op is rewritten to read the inner op's input directly; the inner op goes away when
+nothing else uses it (when something does, it stays and the chain is still one op shorter).
+
+Cast chains are merged only where exact: ``Cast(Cast(x, B), C) == Cast(x, C)`` holds when every
+value of x's type A is exactly representable in B (``EXACT_WIDENING``), since then the second cast
+sees the very value the first one was given. When C == A too, both casts go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import is_op
+from onnxopt.passes._shape_facts import (
+    INT64_MAX,
+    SliceParams,
+    cast_target,
+    const_ints,
+    dims_of,
+    int_param,
+    normalize_axes,
+    producer_op,
+    slice_params,
+)
+from onnxopt.passes.base import Pass, PassResult
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+
+T = ir.DataType
+_FLOATS = (T.FLOAT16, T.BFLOAT16, T.FLOAT, T.DOUBLE)
+_INTS = (T.INT8, T.INT16, T.INT32, T.INT64, T.UINT8, T.UINT16, T.UINT32, T.UINT64)
+
+# A -> the types B holding every value of A exactly (integers up to 2**p in a p-bit significand:
+# float16 11 bits, bfloat16 8, float 24, double 53). Identity casts are eliminate-noops' business.
+EXACT_WIDENING: dict[ir.DataType, frozenset[ir.DataType]] = {
+    T.BOOL: frozenset(_INTS + _FLOATS),
+    T.INT8: frozenset((T.INT16, T.INT32, T.INT64, *_FLOATS)),
+    T.UINT8: frozenset((T.INT16, T.INT32, T.INT64, T.UINT16, T.UINT32, T.UINT64, *_FLOATS)),
+    T.INT16: frozenset((T.INT32, T.INT64, T.FLOAT, T.DOUBLE)),
+    T.UINT16: frozenset((T.INT32, T.INT64, T.UINT32, T.UINT64, T.FLOAT, T.DOUBLE)),
+    T.INT32: frozenset((T.INT64, T.DOUBLE)),
+    T.UINT32: frozenset((T.INT64, T.UINT64, T.DOUBLE)),
+    T.FLOAT16: frozenset((T.FLOAT, T.DOUBLE)),
+    T.BFLOAT16: frozenset((T.FLOAT, T.DOUBLE)),
+    T.FLOAT: frozenset((T.DOUBLE,)),
+}
+# Final types a merged Cast may produce: plain numbers and bool (not strings, whose text depends on
+# the source type, nor float8/4-bit types, whose conversions ORT implements per source type).
+_MERGEABLE_TARGETS = frozenset((T.BOOL, *_INTS, *_FLOATS))
+
+
+def _constant(values: Sequence[int]) -> ir.Value:
+    tensor = ir.tensor(np.asarray(values, dtype=np.int64))
+    return ir.Value(
+        name=None, type=ir.TensorType(T.INT64), shape=ir.Shape([len(values)]), const_value=tensor
+    )
+
+
+def _replace_with(match: Match, node: ir.Node, constants: Sequence[ir.Value] = ()) -> Replacement:
+    return Replacement((node,), ((match.root.outputs[0], node.outputs[0]),), tuple(constants))
+
+
+def _bypass(match: Match, context: RewriteContext) -> Replacement:
+    return Replacement((), ((match.root.outputs[0], match.bindings["source"]),))
+
+
+def _same_op_on(
+    outer: ir.Node,
+    source: ir.Value,
+    inputs: Sequence[ir.Value | None] = (),
+    **changed: Sequence[int],
+) -> ir.Node:
+    """A copy of ``outer`` reading ``source`` (then ``inputs``), with int-list attributes ``changed``."""
+    attributes = [attr for name, attr in outer.attributes.items() if name not in changed]
+    attributes += [ir.AttrInt64s(name, list(value)) for name, value in changed.items()]
+    return ir.Node(outer.domain, outer.op_type, [source, *inputs], attributes)
+
+
+# Transpose∘Transpose ---------------------------------------------------------------------------
+
+
+def _match_transposes(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    inner = producer_op(node, "Transpose")
+    if isinstance(inner, Mismatch):
+        return inner
+    inner_perm = inner.attributes.get_ints("perm", None)
+    outer_perm = node.attributes.get_ints("perm", None)
+    if inner_perm is None and outer_perm is None:
+        return Match([inner, node], {"perm": None})  # reversing twice
+    rank = len(inner_perm if inner_perm is not None else outer_perm)  # type: ignore[arg-type]
+    first = tuple(inner_perm) if inner_perm is not None else tuple(reversed(range(rank)))
+    second = tuple(outer_perm) if outer_perm is not None else tuple(reversed(range(rank)))
+    if len(first) != len(second):
+        return Mismatch("the perms have different lengths")
+    return Match([inner, node], {"perm": tuple(first[i] for i in second)})
+
+
+def _rewrite_transposes(match: Match, context: RewriteContext) -> Replacement:
+    inner, outer = match.nodes
+    source = inner.inputs[0]
+    assert source is not None
+    perm = match.bindings["perm"]
+    if perm is None or perm == tuple(range(len(perm))):
+        return Replacement((), ((outer.outputs[0], source),))
+    return _replace_with(match, _same_op_on(outer, source, perm=list(perm)))
+
+
+# Reshape∘Reshape (and Reshape after the other order-keeping shape ops) ---------------------------
+
+
+def _reshape_of(inner_type: str) -> Callable[[ir.Node, RewriteContext], Match | Mismatch]:
+    """Reshape(op(x), s) == Reshape(x, s) when op only reshapes and s does not copy op's dims."""
+
+    def match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+        return _match_reshape_of(node, inner_type)
+
+    return match
+
+
+def _match_reshape_of(node: ir.Node, inner_type: str) -> Match | Mismatch:
+    inner = producer_op(node, inner_type)
+    if isinstance(inner, Mismatch):
+        return inner
+    if node.attributes.get_int("allowzero", 0):
+        return Match([inner, node], {"target": None})  # 0 means 0: the target does not look back
+    attribute_form = "shape" in node.attributes  # Reshape-1
+    target = (
+        tuple(node.attributes.get_ints("shape", ()))
+        if attribute_form
+        else const_ints(node.inputs[1])
+    )
+    if target is None:
+        return Mismatch("the outer target shape is not a constant (a 0 in it would copy a dim)")
+    if 0 not in target:
+        return Match([inner, node], {"target": None})
+    middle = dims_of(inner.outputs[0])
+    resolved = []
+    for axis, want in enumerate(target):
+        if want == 0:
+            dim = middle[axis] if middle is not None and axis < len(middle) else None
+            if dim is None:
+                return Mismatch(
+                    f"the outer target copies dim {axis} of the inner result, which is not known"
+                )
+            want = dim
+        resolved.append(want)
+    return Match([inner, node], {"target": tuple(resolved), "attribute_form": attribute_form})
+
+
+def _rewrite_reshapes(match: Match, context: RewriteContext) -> Replacement:
+    inner, outer = match.nodes
+    source = inner.inputs[0]
+    assert source is not None
+    target = match.bindings["target"]
+    if target is None:
+        return _replace_with(match, _same_op_on(outer, source, outer.inputs[1:]))
+    if match.bindings["attribute_form"]:
+        return _replace_with(match, _same_op_on(outer, source, shape=list(target)))
+    shape = _constant(target)
+    return _replace_with(match, _same_op_on(outer, source, [shape]), [shape])
+
+
+# Squeeze∘Squeeze and Unsqueeze∘Unsqueeze -------------------------------------------------------
+
+
+def _nth_free(taken: Sequence[int], n: int) -> int:
+    """The n-th (0-based) non-negative integer not in ``taken``."""
+    position = -1
+    for _ in range(n + 1):
+        position += 1
+        while position in taken:
+            position += 1
+    return position
+
+
+def merge_unsqueeze_axes(first: Sequence[int], second: Sequence[int]) -> tuple[int, ...]:
+    """Axes of one Unsqueeze equal to Unsqueeze(second) after Unsqueeze(first) (non-negative axes).
+
+    The first result's dims, the new ones included, fill the final result's slots not in
+    ``second``, in order.
+    """
+    return tuple(sorted({*second, *(_nth_free(second, axis) for axis in first)}))
+
+
+def merge_squeeze_axes(first: Sequence[int], second: Sequence[int]) -> tuple[int, ...]:
+    """Axes of one Squeeze equal to Squeeze(second) after Squeeze(first) (non-negative axes).
+
+    Dim q of the first result is the source's q-th dim not in ``first``.
+    """
+    return tuple(sorted({*first, *(_nth_free(first, axis) for axis in second)}))
+
+
+def _axes_or_mismatch(node: ir.Node, rank: int | None) -> tuple[int, ...] | Mismatch | None:
+    axes = int_param(node, "axes", 1)
+    if axes is None or isinstance(axes, Mismatch):
+        return axes
+    normalized = normalize_axes(axes, rank)
+    if normalized is None:
+        return Mismatch(f"{node.op_type} axes {list(axes)} are negative and the rank is unknown")
+    return normalized
+
+
+def _rank(value: ir.Value | None) -> int | None:
+    dims = dims_of(value)
+    return len(dims) if dims is not None else None
+
+
+def _match_unsqueezes(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    inner = producer_op(node, "Unsqueeze")
+    if isinstance(inner, Mismatch):
+        return inner
+    first = _axes_or_mismatch(inner, _rank(inner.outputs[0]))
+    second = _axes_or_mismatch(node, _rank(node.outputs[0]))
+    for axes in (first, second):
+        if isinstance(axes, Mismatch):
+            return axes
+        if axes is None:
+            return Mismatch("an Unsqueeze has no axes")
+    assert isinstance(first, tuple) and isinstance(second, tuple)
+    return Match([inner, node], {"axes": merge_unsqueeze_axes(first, second)})
+
+
+def _match_squeezes(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    inner = producer_op(node, "Squeeze")
+    if isinstance(inner, Mismatch):
+        return inner
+    first = _axes_or_mismatch(inner, _rank(inner.inputs[0]))
+    second = _axes_or_mismatch(node, _rank(node.inputs[0]))
+    for axes in (first, second):
+        if isinstance(axes, Mismatch):
+            return axes
+    if second is None:
+        # Squeezing every 1 after squeezing some (or all) of them squeezes every 1 of the source.
+        return Match([inner, node], {"axes": None})
+    if first is None:
+        return Mismatch("the inner Squeeze has no axes, so the outer one cannot squeeze anything")
+    assert isinstance(first, tuple) and isinstance(second, tuple)
+    return Match([inner, node], {"axes": merge_squeeze_axes(first, second)})
+
+
+def _rewrite_axes_merge(match: Match, context: RewriteContext) -> Replacement:
+    inner, outer = match.nodes
+    source = inner.inputs[0]
+    assert source is not None
+    axes = match.bindings["axes"]
+    if axes is None:
+        return _replace_with(match, _same_op_on(outer, source))
+    if "axes" in outer.attributes or context.opset() < 13:
+        return _replace_with(match, _same_op_on(outer, source, axes=list(axes)))
+    constant = _constant(axes)
+    return _replace_with(match, _same_op_on(outer, source, [constant]), [constant])
+
+
+# Cast∘Cast -------------------------------------------------------------------------------------
+
+
+def _match_casts(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    inner = producer_op(node, "Cast")
+    if isinstance(inner, Mismatch):
+        return inner
+    source = inner.inputs[0]
+    assert source is not None
+    if source.dtype is None:
+        return Mismatch("the source dtype is unknown")
+    middle, final = cast_target(inner), cast_target(node)
+    if middle is None or final is None:
+        return Mismatch("a Cast has no valid 'to'")
+    if middle not in EXACT_WIDENING.get(source.dtype, frozenset()):
+        return Mismatch(f"{source.dtype} -> {middle} is not exact, so the chain is not one cast")
+    if final == source.dtype:
+        return Match([inner, node], {"source": source})
+    if final not in _MERGEABLE_TARGETS:
+        return Mismatch(f"casting to {final} may depend on the source type")
+    if source.dtype in _INTS and middle in _FLOATS and final in _INTS:
+        # Out of range, float -> int is undefined while int -> int wraps: not the same cast.
+        return Mismatch(
+            f"{source.dtype} -> {middle} -> {final} differs from one cast when out of range"
+        )
+    return Match([inner, node], {"source": None})
+
+
+def _rewrite_casts(match: Match, context: RewriteContext) -> Replacement:
+    if match.bindings["source"] is not None:
+        return _bypass(match, context)
+    inner, outer = match.nodes
+    source = inner.inputs[0]
+    assert source is not None
+    return _replace_with(match, _same_op_on(outer, source))
+
+
+# Slice∘Slice -----------------------------------------------------------------------------------
+
+
+def _non_negative(index: int, dim: int | None) -> int | None:
+    """A start/end made non-negative as Slice does (add the dim), or None when that needs the dim."""
+    if index >= 0:
+        return index
+    return None if dim is None else max(index + dim, 0)
+
+
+def compose_slices(
+    inner: tuple[int, int, int], outer: tuple[int, int, int], dim: int | None, middle: int | None
+) -> tuple[int, int, int] | str:
+    """(start, end, step) of one Slice equal to ``outer`` applied after ``inner`` on one axis.
+
+    ``dim`` is the axis size (None: symbolic), ``middle`` its size after ``inner``. With
+    non-negative indices the result holds for every dim: inner picks a + s1*k while that is
+    below b; outer keeps k = c + s2*j while k < d. Returns why not when it cannot compose.
+    """
+    (a, b, inner_step), (c, d, outer_step) = inner, outer
+    if inner_step <= 0 or outer_step <= 0:
+        return "with a negative step"
+    if middle is None and dim is not None:
+        middle = len(range(*slice(a, b, inner_step).indices(dim)))
+    first, last = _non_negative(a, dim), _non_negative(b, dim)
+    skip, keep = _non_negative(c, middle), _non_negative(d, middle)
+    if first is None or last is None or skip is None or keep is None:
+        return "with negative indices on a symbolic dim"
+    start = min(first + inner_step * skip, INT64_MAX)
+    end = min(first + inner_step * keep, last, INT64_MAX)
+    return start, end, inner_step * outer_step
+
+
+def _match_slices(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    inner = producer_op(node, "Slice")
+    if isinstance(inner, Mismatch):
+        return inner
+    first, second = slice_params(inner), slice_params(node)
+    for params in (first, second):
+        if isinstance(params, Mismatch):
+            return params
+    assert isinstance(first, SliceParams) and isinstance(second, SliceParams)
+    source_dims, middle_dims = dims_of(inner.inputs[0]), dims_of(inner.outputs[0])
+    rank = len(source_dims) if source_dims is not None else _rank(inner.outputs[0])
+    first_axes, second_axes = normalize_axes(first.axes, rank), normalize_axes(second.axes, rank)
+    if first_axes is None or second_axes is None:
+        return Mismatch("the slice axes are negative and the rank is unknown")
+    merged: dict[int, tuple[int, int, int]] = {}
+    for axis, start, end, step in zip(
+        first_axes, first.starts, first.ends, first.steps, strict=True
+    ):
+        merged[axis] = (start, end, step)
+    for axis, start, end, step in zip(
+        second_axes, second.starts, second.ends, second.steps, strict=True
+    ):
+        if axis not in merged:
+            merged[axis] = (start, end, step)
+            continue
+        dim = source_dims[axis] if source_dims is not None else None
+        middle = middle_dims[axis] if middle_dims is not None else None
+        composed = compose_slices(merged[axis], (start, end, step), dim, middle)
+        if isinstance(composed, str):
+            return Mismatch(f"axis {axis} is sliced twice {composed}")
+        merged[axis] = composed
+    return Match([inner, node], {"slices": merged, "attribute_form": first.attribute_form})
+
+
+def _rewrite_slices(match: Match, context: RewriteContext) -> Replacement:
+    inner, outer = match.nodes
+    source = inner.inputs[0]
+    assert source is not None
+    merged: dict[int, tuple[int, int, int]] = match.bindings["slices"]
+    axes = list(merged)
+    starts = [merged[a][0] for a in axes]
+    ends = [merged[a][1] for a in axes]
+    steps = [merged[a][2] for a in axes]
+    if match.bindings["attribute_form"] or context.opset() < 10:
+        if any(s != 1 for s in steps):
+            raise AssertionError("Slice-1 has no steps")
+        return _replace_with(match, _same_op_on(outer, source, starts=starts, ends=ends, axes=axes))
+    constants = [_constant(starts), _constant(ends), _constant(axes)]
+    if any(s != 1 for s in steps):
+        constants.append(_constant(steps))
+    return _replace_with(match, _same_op_on(outer, source, constants), constants)
+
+
+# Concat∘Concat ---------------------------------------------------------------------------------
+
+
+def _concat_axis(node: ir.Node, context: RewriteContext) -> int | None:
+    axis = node.attributes.get_int("axis", 1 if context.opset() < 4 else None)
+    if axis is None or axis >= 0:
+        return axis
+    rank = _rank(node.outputs[0])
+    return None if rank is None else axis + rank
+
+
+def _match_concats(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    axis = _concat_axis(node, context)
+    if axis is None:
+        return Mismatch("its axis is negative and the rank is unknown")
+    inlined: list[ir.Node] = []
+    reason = Mismatch("no input comes from a Concat")
+    for value in node.inputs:
+        producer = value.producer() if value is not None else None
+        if producer is None or not is_op(producer, "Concat") or producer in inlined:
+            continue
+        assert value is not None
+        if value.is_graph_output() or any(use.node is not node for use in value.uses()):
+            reason = Mismatch("the inner Concat's result has other users")
+            continue
+        if producer.graph is not node.graph:
+            reason = Mismatch("the inner Concat is in another scope")
+            continue
+        if _concat_axis(producer, context) != axis:
+            reason = Mismatch("the inner Concat joins along another axis")
+            continue
+        inlined.append(producer)
+    if not inlined:
+        return reason
+    return Match([*inlined, node])
+
+
+def _rewrite_concats(match: Match, context: RewriteContext) -> Replacement:
+    outer = match.root
+    inlined = set(map(id, match.nodes[:-1]))
+    inputs: list[ir.Value | None] = []
+    for value in outer.inputs:
+        producer = value.producer() if value is not None else None
+        if producer is not None and id(producer) in inlined:
+            inputs.extend(producer.inputs)
+        else:
+            inputs.append(value)
+    merged = _same_op_on(outer, inputs[0], inputs[1:])  # type: ignore[arg-type]
+    return _replace_with(match, merged)
+
+
+def _rule(
+    name: str,
+    op_type: str,
+    match: Callable[[ir.Node, RewriteContext], Match | Mismatch],
+    rewrite: Callable[[Match, RewriteContext], Replacement],
+) -> Rule:
+    return Rule(name, op_type, match, rewrite)
+
+
+RULES: tuple[Rule, ...] = (
+    _rule("Transpose∘Transpose", "Transpose", _match_transposes, _rewrite_transposes),
+    *(
+        _rule(f"Reshape∘{inner}", "Reshape", _reshape_of(inner), _rewrite_reshapes)
+        for inner in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+    ),
+    _rule("Unsqueeze∘Unsqueeze", "Unsqueeze", _match_unsqueezes, _rewrite_axes_merge),
+    _rule("Squeeze∘Squeeze", "Squeeze", _match_squeezes, _rewrite_axes_merge),
+    _rule("Cast∘Cast", "Cast", _match_casts, _rewrite_casts),
+    _rule("Slice∘Slice", "Slice", _match_slices, _rewrite_slices),
+    _rule("Concat∘Concat", "Concat", _match_concats, _rewrite_concats),
+)
+
+
+class MergeConsecutiveOpsPass(Pass):
+    """Merge Transpose∘Transpose (composed perm), Reshape∘(Reshape|Flatten|Squeeze|Unsqueeze), Squeeze∘Squeeze,
+    Unsqueeze∘Unsqueeze (merged axes), exact Cast∘Cast, Slice∘Slice and Concat∘Concat into one op.
+    """
+
+    name = "merge-consecutive-ops"
+    summary = (
+        "merge Transpose, Reshape, (Un)Squeeze, exact Cast, Slice and Concat chains into one op"
+    )
+
+    def call(self, model: ir.Model) -> PassResult:
+        stats, notes = apply_rules(model, RULES, self.options)
+        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)

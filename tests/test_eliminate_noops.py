@@ -1,0 +1,541 @@
+from __future__ import annotations
+
+import pytest
+
+from onnxopt.passes.eliminate_noops import EliminateNoopsPass
+from tests._pass_check import assert_refuses, assert_rewrites, load
+
+
+def model(
+    body: str, inputs: str = "float[2,3,4] x", outputs: str = "float[2,3,4] y", opset: int = 13
+) -> str:
+    return f'<ir_version: 8, opset_import: ["" : {opset}]>\ng ({inputs}) => ({outputs}) {body}'
+
+
+# (id, model, stats, ops after, trials): every model ends in a Relu so the removed op's result is
+# not a graph output (that case has its own tests below).
+POSITIVE = [
+    ("identity", model("{ i = Identity(x)\n y = Relu(i) }"), {"Identity removed": 1}, ["Relu"], 1),
+    (
+        "dropout-12",
+        model("<float r = {0.5}> { d = Dropout(x, r)\n y = Relu(d) }", opset=12),
+        {"Dropout removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "dropout-training-false",
+        model("<float r = {0.5}, bool t = {0}> { d, m = Dropout(x, r, t)\n y = Relu(d) }"),
+        {"Dropout removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "dropout-10-attr",
+        model("{ d = Dropout <ratio = 0.3> (x)\n y = Relu(d) }", opset=10),
+        {"Dropout removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "cast-same",
+        model("{ c = Cast <to = 1> (x)\n y = Relu(c) }"),
+        {"Cast removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "castlike-same",
+        model("<float like = {1.0}> { c = CastLike(x, like)\n y = Relu(c) }", opset=15),
+        {"CastLike removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "reshape-static",
+        model("<int64[3] s = {2, 3, 4}> { r = Reshape(x, s)\n y = Relu(r) }"),
+        {"Reshape removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "reshape-copy-dims-dynamic",
+        model(
+            "<int64[3] s = {0, 0, -1}> { r = Reshape(x, s)\n y = Relu(r) }",
+            inputs="float[N,M,4] x",
+            outputs="float[N,M,4] y",
+        ),
+        {"Reshape removed": 1},
+        ["Relu"],
+        2,
+    ),
+    (
+        "reshape-shape-of-input",
+        model(
+            "{ s = Shape(x)\n r = Reshape(x, s)\n y = Relu(r) }",
+            inputs="float[N,4] x",
+            outputs="float[N,4] y",
+        ),
+        {"Reshape removed": 1},
+        ["Shape", "Relu"],
+        2,
+    ),
+    (
+        "transpose-identity",
+        model("{ t = Transpose <perm = [0, 1, 2]> (x)\n y = Relu(t) }"),
+        {"Transpose removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "expand-to-broadcastable",
+        model(
+            "<int64[2] s = {1, 4}> { e = Expand(x, s)\n y = Relu(e) }",
+            inputs="float[N,3,4] x",
+            outputs="float[N,3,4] y",
+        ),
+        {"Expand removed": 1},
+        ["Relu"],
+        2,
+    ),
+    (
+        "pad-zero-input",
+        model("<int64[6] p = {0, 0, 0, 0, 0, 0}> { q = Pad(x, p)\n y = Relu(q) }"),
+        {"Pad removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "pad-zero-attr",
+        model("{ q = Pad <pads = [0, 0, 0, 0, 0, 0]> (x)\n y = Relu(q) }", opset=10),
+        {"Pad removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "slice-whole-dynamic",
+        model(
+            "<int64[2] st = {0, -100}, int64[2] en = {9223372036854775807, 4}, int64[2] ax = {0, -1}>"
+            " { s = Slice(x, st, en, ax)\n y = Relu(s) }",
+            inputs="float[N,4] x",
+            outputs="float[N,4] y",
+        ),
+        {"Slice removed": 1},
+        ["Relu"],
+        2,
+    ),
+    (
+        "slice-whole-attr",
+        model("{ s = Slice <starts = [0], ends = [1000], axes = [2]> (x)\n y = Relu(s) }", opset=9),
+        {"Slice removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "concat-one",
+        model("{ c = Concat <axis = 1> (x)\n y = Relu(c) }"),
+        {"Concat removed": 1},
+        ["Relu"],
+        1,
+    ),
+    ("sum-one", model("{ c = Sum(x)\n y = Relu(c) }"), {"Sum removed": 1}, ["Relu"], 1),
+    ("max-one", model("{ c = Max(x)\n y = Relu(c) }"), {"Max removed": 1}, ["Relu"], 1),
+    (
+        "tile-ones",
+        model("<int64[3] r = {1, 1, 1}> { t = Tile(x, r)\n y = Relu(t) }"),
+        {"Tile removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "reduce-size-one-axis",
+        model(
+            "{ r = ReduceMean <axes = [-1], keepdims = 1> (x)\n y = Relu(r) }",
+            inputs="float[N,3,1] x",
+            outputs="float[N,3,1] y",
+        ),
+        {"ReduceMean removed": 1},
+        ["Relu"],
+        2,
+    ),
+    (
+        "reduce-noop-empty-axes",
+        model("{ r = ReduceSum <noop_with_empty_axes = 1> (x)\n y = Relu(r) }"),
+        {"ReduceSum removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "split-one",
+        model("{ s = Split <axis = 1> (x)\n y = Relu(s) }"),
+        {"Split removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "split-one-attr",
+        model("{ s = Split <axis = 1, split = [3]> (x)\n y = Relu(s) }", opset=11),
+        {"Split removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "flatten-2d",
+        model(
+            "{ f = Flatten <axis = 1> (x)\n y = Relu(f) }",
+            inputs="float[N,5] x",
+            outputs="float[N,5] y",
+        ),
+        {"Flatten removed": 1},
+        ["Relu"],
+        2,
+    ),
+    (
+        "unsqueeze-squeeze-13",
+        model("<int64[2] a = {0, -1}> { u = Unsqueeze(x, a)\n s = Squeeze(u, a)\n y = Relu(s) }"),
+        {"Unsqueeze+Squeeze removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "unsqueeze-squeeze-11",
+        model(
+            "{ u = Unsqueeze <axes = [1]> (x)\n s = Squeeze <axes = [1]> (u)\n y = Relu(s) }",
+            opset=11,
+        ),
+        {"Unsqueeze+Squeeze removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "squeeze-unsqueeze-no-axes",
+        model(
+            "<int64[2] a = {0, 2}> { s = Squeeze(x)\n u = Unsqueeze(s, a)\n y = Relu(u) }",
+            inputs="float[1,3,1] x",
+            outputs="float[1,3,1] y",
+        ),
+        {"Squeeze+Unsqueeze removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "add-zero-dynamic",
+        model(
+            "<float[4] z = {0.0, 0.0, 0.0, -0.0}> { a = Add(z, x)\n y = Relu(a) }",
+            inputs="float[N,4] x",
+            outputs="float[N,4] y",
+        ),
+        {"Add 0 removed": 1},
+        ["Relu"],
+        2,
+    ),
+    (
+        "sub-zero",
+        model("<float z = {0.0}> { a = Sub(x, z)\n y = Relu(a) }"),
+        {"Sub 0 removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "mul-one-int",
+        model(
+            "<int64[1,1] one = {1}> { a = Mul(x, one)\n y = Abs(a) }",
+            inputs="int64[3,4] x",
+            outputs="int64[3,4] y",
+        ),
+        {"Mul 1 removed": 1},
+        ["Abs"],
+        1,
+    ),
+    (
+        "div-one",
+        model("<float[3,1] one = {1.0, 1.0, 1.0}> { a = Div(x, one)\n y = Relu(a) }"),
+        {"Div 1 removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "where-true",
+        model("<bool[4] c = {1, 1, 1, 1}, float o = {5.0}> { w = Where(c, x, o)\n y = Relu(w) }"),
+        {"Where removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "chain",
+        model(
+            "{ i = Identity(x)\n t = Transpose <perm = [0, 1, 2]> (i)\n c = Cast <to = 1> (t)\n y = Relu(c) }"
+        ),
+        {"Identity removed": 1, "Transpose removed": 1, "Cast removed": 1},
+        ["Relu"],
+        1,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "stats", "ops", "trials"), [c[1:] for c in POSITIVE], ids=[c[0] for c in POSITIVE]
+)
+def test_removes_noop(text: str, stats: dict[str, int], ops: list[str], trials: int) -> None:
+    assert_rewrites(EliminateNoopsPass, text, stats, ops, trials)
+
+
+NEGATIVE = [
+    (
+        "add-broadcast-enlarges",
+        model(
+            "<float[2,3,4] z = {" + ", ".join(["0.0"] * 24) + "}> { a = Add(x, z)\n y = Relu(a) }",
+            inputs="float[3,4] x",
+        ),
+        "broadcasting would add dims",
+    ),
+    (
+        "mul-broadcast-dim-enlarges",
+        model(
+            "<float[3] one = {1.0, 1.0, 1.0}> { a = Mul(x, one)\n y = Relu(a) }",
+            inputs="float[2,1] x",
+            outputs="float[2,3] y",
+        ),
+        "broadcasting changes the shape",
+    ),
+    (
+        "add-symbolic-dim",
+        model(
+            "<float[3] z = {0.0, 0.0, 0.0}> { a = Add(x, z)\n y = Relu(a) }",
+            inputs="float[2,N] x",
+            outputs="float[2,3] y",
+        ),
+        "symbolic dim",
+    ),
+    (
+        "add-unknown-shape",
+        model(
+            "<float[3] z = {0.0, 0.0, 0.0}> { r = Reshape(x, s)\n a = Add(r, z)\n y = Relu(a) }",
+            inputs="float[6] x, int64[K] s",
+            outputs="float y",
+        ),
+        "rank is unknown",
+    ),
+    (
+        "add-nonzero",
+        model("<float z = {1.0}> { a = Add(x, z)\n y = Relu(a) }"),
+        "no operand is a constant 0",
+    ),
+    (
+        "sub-zero-on-left",
+        model("<float z = {0.0}> { a = Sub(z, x)\n y = Relu(a) }"),
+        "no operand is a constant 0",
+    ),
+    (
+        "cast-changes-dtype",
+        model("{ c = Cast <to = 11> (x)\n y = Relu(c) }", outputs="double[2,3,4] y"),
+        "casts FLOAT to DOUBLE",
+    ),
+    (
+        "dropout-training",
+        model("<float r = {0.5}, bool t = {1}> { d, m = Dropout(x, r, t)\n y = Relu(d) }"),
+        "training_mode is true",
+    ),
+    (
+        "dropout-6-training",
+        model("{ d = Dropout <is_test = 0> (x)\n y = Relu(d) }", opset=6),
+        "is_test=0",
+    ),
+    (
+        "dropout-mask-used",
+        model("{ d, m = Dropout(x)\n y = Relu(d) }", outputs="float[2,3,4] y, bool[2,3,4] m"),
+        "mask output is used",
+    ),
+    (
+        "reshape-symbolic",
+        model(
+            "<int64[2] s = {2, 4}> { r = Reshape(x, s)\n y = Relu(r) }",
+            inputs="float[N,4] x",
+            outputs="float[2,4] y",
+        ),
+        "input dim is symbolic",
+    ),
+    (
+        "reshape-changes",
+        model(
+            "<int64[3] s = {3, 2, 4}> { r = Reshape(x, s)\n y = Relu(r) }", outputs="float[3,2,4] y"
+        ),
+        "target dim 0 is 3 but the input has 2",
+    ),
+    (
+        "transpose-real",
+        model("{ t = Transpose <perm = [1, 0, 2]> (x)\n y = Relu(t) }", outputs="float[3,2,4] y"),
+        "not the identity",
+    ),
+    (
+        "expand-enlarges",
+        model(
+            "<int64[3] s = {2, 3, 4}> { e = Expand(x, s)\n y = Relu(e) }", inputs="float[1,3,4] x"
+        ),
+        "broadcasting changes the shape",
+    ),
+    (
+        "expand-symbolic",
+        model(
+            "<int64[2] s = {3, 4}> { e = Expand(x, s)\n y = Relu(e) }",
+            inputs="float[N,4] x",
+            outputs="float[3,4] y",
+        ),
+        "symbolic dim",
+    ),
+    (
+        "tile-repeats",
+        model(
+            "<int64[3] r = {1, 2, 1}> { t = Tile(x, r)\n y = Relu(t) }", outputs="float[2,6,4] y"
+        ),
+        "not all 1",
+    ),
+    (
+        "reduce-keepdims-0",
+        model(
+            "{ r = ReduceMax <axes = [2], keepdims = 0> (x)\n y = Relu(r) }",
+            inputs="float[2,3,1] x",
+            outputs="float[2,3] y",
+        ),
+        "keepdims=0",
+    ),
+    (
+        "reduce-symbolic-dim",
+        model(
+            "<int64[1] a = {1}> { r = ReduceSum(x, a)\n y = Relu(r) }",
+            inputs="float[2,N] x",
+            outputs="float[2,1] y",
+        ),
+        "not known to be 1",
+    ),
+    ("sum-two", model("{ c = Sum(x, x)\n y = Relu(c) }"), "it has 2 inputs"),
+    (
+        "pad-nonzero",
+        model(
+            "<int64[6] p = {0, 0, 1, 0, 0, 0}> { q = Pad(x, p)\n y = Relu(q) }",
+            outputs="float[2,4,4] y",
+        ),
+        "not all zero",
+    ),
+    (
+        "slice-partial",
+        model(
+            "<int64[1] st = {0}, int64[1] en = {3}, int64[1] ax = {2}> { s = Slice(x, st, en, ax)\n y = Relu(s) }",
+            outputs="float[2,3,3] y",
+        ),
+        "ends at 3",
+    ),
+    (
+        "slice-symbolic-end",
+        model(
+            "<int64[1] st = {0}, int64[1] en = {8}, int64[1] ax = {0}> { s = Slice(x, st, en, ax)\n y = Relu(s) }",
+            inputs="float[N,4] x",
+            outputs="float[N,4] y",
+        ),
+        "symbolic",
+    ),
+    (
+        "flatten-3d",
+        model("{ f = Flatten <axis = 1> (x)\n y = Relu(f) }", outputs="float[2,12] y"),
+        "not known to be 2-D",
+    ),
+    (
+        "squeeze-other-axes",
+        model(
+            "<int64[1] a = {0}, int64[1] b = {1}> { u = Unsqueeze(x, a)\n s = Squeeze(u, b)\n y = Relu(s) }",
+            inputs="float[2,1,4] x",
+            outputs="float[1,2,4] y",
+        ),
+        "differ",
+    ),
+    (
+        "squeeze-all-symbolic",
+        model(
+            "<int64[1] a = {0}> { s = Squeeze(x)\n u = Unsqueeze(s, a)\n y = Relu(u) }",
+            inputs="float[1,N] x",
+            outputs="float[1,N] y",
+        ),
+        "not fully known",
+    ),
+    (
+        "where-mixed",
+        model("<bool[4] c = {1, 0, 1, 1}, float o = {5.0}> { w = Where(c, x, o)\n y = Relu(w) }"),
+        "mixes true and false",
+    ),
+    (
+        "where-other-branch-enlarges",
+        model(
+            "<bool c = {1}, float[2,3,4] o = {"
+            + ", ".join(["1.0"] * 24)
+            + "}> { w = Where(c, x, o)\n y = Relu(w) }",
+            inputs="float[3,4] x",
+        ),
+        "the unused branch has rank 3 > 2",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"), [c[1:] for c in NEGATIVE], ids=[c[0] for c in NEGATIVE]
+)
+def test_keeps_op_that_is_not_a_noop(text: str, reason: str) -> None:
+    assert_refuses(EliminateNoopsPass, text, reason)
+
+
+def test_graph_output_identity_of_producer_keeps_output_name() -> None:
+    text = model("{ r = Relu(x)\n y = Identity(r) }")
+    optimized = assert_rewrites(EliminateNoopsPass, text, {"Identity removed": 1}, ["Relu"])
+    assert [v.name for v in optimized.graph.outputs] == ["y"]
+
+
+def test_graph_output_identity_of_graph_input_is_kept() -> None:
+    assert_refuses(EliminateNoopsPass, model("{ y = Identity(x) }"), "replacement is a graph input")
+
+
+def test_graph_output_identity_of_initializer_is_kept() -> None:
+    text = model(
+        "<float[2] w = {1.0, 2.0}> { y = Identity(w) }", inputs="float[2] x", outputs="float[2] y"
+    )
+    assert_refuses(EliminateNoopsPass, text, "replacement is a graph input, output or initializer")
+
+
+def test_identity_between_two_graph_outputs_is_kept() -> None:
+    text = model("{ r = Relu(x)\n y = Identity(r) }", outputs="float[2,3,4] r, float[2,3,4] y")
+    assert_refuses(EliminateNoopsPass, text, "graph output")
+
+
+def test_identity_returning_outer_value_from_branch_is_kept() -> None:
+    text = model(
+        "{ c = ReduceSum <keepdims = 0> (x)\n b = Greater(c, c)\n r = Relu(x)\n"
+        " y = If(b) <then_branch = t () => (float[2,3,4] o1) { o1 = Identity(r) },"
+        " else_branch = e () => (float[2,3,4] o2) { o2 = Neg(x) }> }"
+    )
+    assert_refuses(EliminateNoopsPass, text, "another scope")
+
+
+def test_identity_inside_branch_is_removed() -> None:
+    text = model(
+        "{ c = ReduceSum <keepdims = 0> (x)\n b = Greater(c, c)\n"
+        " y = If(b) <then_branch = t () => (float[2,3,4] o1) { i = Identity(x)\n o1 = Neg(i) },"
+        " else_branch = e () => (float[2,3,4] o2) { o2 = Neg(x) }> }"
+    )
+    result = EliminateNoopsPass()(load(text))
+    assert dict(result.stats) == {"Identity removed": 1}
+
+
+def test_default_model_loses_its_noops_and_still_validates() -> None:
+    import onnxopt
+
+    # Without folding, which would forward the Identities of constants first.
+    passes = ["infer-shapes", "eliminate-noops", "eliminate-dead-code"]
+    result = onnxopt.optimize("models/default.onnx", passes=passes)
+    assert result.validated
+    totals = result.report.pass_totals()
+    stats = {
+        k: v
+        for name, _, _, changes in totals
+        if name == "eliminate-noops"
+        for k, v in changes.items()
+    }
+    assert stats.get("Identity removed", 0) >= 1
+    assert result.report.after.nodes < result.report.before.nodes

@@ -1,0 +1,192 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from graphs import assert_numerically_equal, op_types, parse_model
+
+from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
+from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.validate import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _initializer(model, name: str) -> np.ndarray:  # type: ignore[no-untyped-def]
+    tensor = model.graph.initializers[name].const_value
+    assert tensor is not None
+    return tensor.numpy()
+
+
+STATIC_DIM = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 6] x) => (float[N, 2, 3] y, int64 n) <int64 zero = {0}, int64 one = {1}, int64[1] axes = {0}, int64[2] tail = {2, 3}> {
+    s = Shape(x)
+    d1 = Gather<axis = 0>(s, one)
+    d0 = Gather<axis = 0>(s, zero)
+    n = Identity(d0)
+    d1u = Unsqueeze(d1, axes)
+    half = Div(d1u, tail)
+    t = Concat<axis = 0>(half, tail)
+    r = Reshape(x, t)
+    y = Identity(r)
+}
+"""
+
+
+def test_static_dim_folds_while_symbolic_dim_stays() -> None:
+    model = parse_model(STATIC_DIM)
+    result = FoldShapeValuesPass()(model.clone())
+    # Shape(x)[1] = 6 is static: 6 / [2, 3] = [3, 2] and the Reshape target [3, 2, 2, 3] fold.
+    # Shape(x)[0] = N is symbolic: the Shape/Gather feeding `n` stay.
+    assert result.stats == {"shape values folded": 1}
+    assert op_types(result.model) == ["Shape", "Gather", "Identity", "Reshape", "Identity"]
+    assert _initializer(result.model, "t").tolist() == [3, 2, 2, 3]
+    assert not FoldShapeValuesPass()(result.model).modified
+
+
+def test_shape_start_end_attributes() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4, 5] x) => (float[N, 20] y) <int64[1] m1 = {-1}> {
+            s = Shape<start = 1>(x)
+            p = ReduceProd<keepdims = 1>(s)
+            t = Concat<axis = 0>(m1, p)
+            y = Reshape(x, t)
+        }
+        """
+    )
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats == {"shape values folded": 1}
+    assert _initializer(result.model, "s").tolist() == [4, 5]
+    assert_numerically_equal(model, result.model)
+
+
+TORCHSCRIPT_RESHAPE = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 4, 8] x) => (float[B, 32] y) <int64 zero = {0}, int64 one = {1}, int64 two = {2}, int64[1] axes = {0}> {
+    s = Shape(x)
+    b = Gather<axis = 0>(s, zero)
+    c = Gather<axis = 0>(s, one)
+    w = Gather<axis = 0>(s, two)
+    cw = Mul(c, w)
+    bu = Unsqueeze(b, axes)
+    cwu = Unsqueeze(cw, axes)
+    t = Concat<axis = 0>(bu, cwu)
+    y = Reshape(x, t)
+}
+"""
+
+
+def test_reshape_target_with_symbolic_batch_becomes_copy_dim() -> None:
+    model = parse_model(TORCHSCRIPT_RESHAPE)
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats == {"Reshape targets made constant": 1, "shape values folded": 1}
+    assert op_types(result.model) == ["Reshape"]
+    reshape = result.model.graph.node(0)
+    target = reshape.inputs[1]
+    assert target is not None and target.const_value is not None
+    assert target.const_value.numpy().tolist() == [0, 32]
+    report = validate(model, result.model)
+    assert report.passed and len(report.trials) == 2  # the symbolic batch at two sizes
+    assert not FoldShapeValuesPass()(result.model).modified
+
+
+def test_single_unknown_dim_becomes_minus_one() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 8] x, float[M] other) => (float[B, 2, 4] y) <int64[2] tail = {2, 4}> {
+            s = Shape(other)
+            t = Concat<axis = 0>(s, tail)
+            y = Reshape(x, t)
+        }
+        """
+    )
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats == {"Reshape targets made constant": 1}
+    target = result.model.graph.node(-1).inputs[1]
+    assert target is not None and target.const_value is not None
+    assert target.const_value.numpy().tolist() == [-1, 2, 4]
+    assert_numerically_equal(model, result.model)
+
+
+def test_two_unknown_dims_are_left_alone() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, T, 8] x, float[M, S] other) => (float[B, T, 8] y) <int64[1] tail = {8}> {
+            s = Shape(other)
+            t = Concat<axis = 0>(s, tail)
+            y = Reshape(x, t)
+        }
+        """
+    )
+    assert not FoldShapeValuesPass()(model).modified
+
+
+def test_allowzero_reshape_gets_copy_dims_and_allowzero_0() -> None:
+    model = parse_model(
+        TORCHSCRIPT_RESHAPE.replace("y = Reshape(x, t)", "y = Reshape<allowzero = 1>(x, t)")
+    )
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats == {"Reshape targets made constant": 1, "shape values folded": 1}
+    reshape = result.model.graph.node(0)
+    assert reshape.attributes.get_int("allowzero", 0) == 0
+    assert_numerically_equal(model, result.model)
+
+
+def test_allowzero_reshape_with_a_literal_zero_is_left_alone() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 0, 8] x) => (float[B, 0, 8] y) <int64[2] tail = {0, 8}> {
+            s = Shape<end = 1>(x)
+            t = Concat<axis = 0>(s, tail)
+            y = Reshape<allowzero = 1>(x, t)
+        }
+        """
+    )
+    assert not FoldShapeValuesPass()(model).modified
+
+
+def test_default_model_optimizes_to_far_fewer_nodes() -> None:
+    from onnxopt.api import optimize
+
+    result = optimize(ROOT / "models" / "default.onnx")
+    assert result.validated
+    assert result.report.before.nodes == 198
+    assert result.report.after.nodes <= 55
+    # The result is a fixed point: optimizing it again changes nothing.
+    again = optimize(result.model, check=False)
+    assert [r.name for r in again.report.records if r.modified] == []
+
+
+def test_infer_then_fold_on_default_model_is_idempotent() -> None:
+    from onnxopt import io
+
+    model = io.load_model(ROOT / "models" / "default.onnx").model
+    InferShapesPass()(model)
+    assert FoldShapeValuesPass()(model).modified
+    assert not FoldShapeValuesPass()(model).modified
+
+
+def test_dims_with_the_same_symbol_become_copy_dims() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, T, 8] x, float[B, T] mask) => (float[B, T, 2, 4] y) <int64[2] heads = {2, 4}> {
+            s = Shape(mask)
+            t = Concat<axis = 0>(s, heads)
+            y = Reshape(x, t)
+        }
+        """
+    )
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats == {"Reshape targets made constant": 1}
+    target = result.model.graph.node(-1).inputs[1]
+    assert target is not None and target.const_value is not None
+    assert target.const_value.numpy().tolist() == [0, 0, 2, 4]
+    report = validate(model, result.model)
+    assert report.passed and len(report.trials) == 2

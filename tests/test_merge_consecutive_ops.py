@@ -1,0 +1,469 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from onnxopt.passes.merge_consecutive_ops import (
+    EXACT_WIDENING,
+    MergeConsecutiveOpsPass,
+    compose_slices,
+    merge_squeeze_axes,
+    merge_unsqueeze_axes,
+)
+from onnxopt.validate import validate
+from tests._pass_check import assert_refuses, assert_rewrites, load
+from tests.test_eliminate_noops import model
+
+T = "Transpose∘Transpose"
+
+# (id, model, stats, ops after, trials)
+POSITIVE = [
+    (
+        "transpose-compose",
+        model(
+            "{ a = Transpose <perm = [1, 0, 2]> (x)\n b = Transpose <perm = [0, 2, 1]> (a)\n y = Relu(b) }",
+            outputs="float[3,4,2] y",
+        ),
+        {T: 1},
+        ["Transpose", "Relu"],
+        1,
+    ),
+    (
+        "transpose-inverse",
+        model(
+            "{ a = Transpose <perm = [2, 0, 1]> (x)\n b = Transpose <perm = [1, 2, 0]> (a)\n y = Relu(b) }"
+        ),
+        {T: 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "transpose-default-perms",
+        model("{ a = Transpose(x)\n b = Transpose(a)\n y = Relu(b) }"),
+        {T: 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "transpose-chain-of-three",
+        model(
+            "{ a = Transpose <perm = [1, 0, 2]> (x)\n b = Transpose <perm = [0, 2, 1]> (a)\n"
+            " c = Transpose <perm = [2, 1, 0]> (b)\n y = Relu(c) }",
+            outputs="float[2,4,3] y",
+        ),
+        {T: 2},
+        ["Transpose", "Relu"],
+        1,
+    ),
+    (
+        "transpose-shared-inner",
+        model(
+            "{ a = Transpose <perm = [1, 0, 2]> (x)\n r = Relu(a)\n b = Transpose <perm = [1, 0, 2]> (a)\n"
+            " y = Add(x, b) }",
+            outputs="float[2,3,4] y, float[3,2,4] r",
+        ),
+        {T: 1},
+        ["Transpose", "Relu", "Add"],
+        1,
+    ),
+    (
+        "reshape-reshape",
+        model(
+            "<int64[3] s1 = {0, 3, 4}, int64[2] s2 = {-1, 6}> { a = Reshape(x, s1)\n b = Reshape(a, s2)\n y = Relu(b) }",
+            inputs="float[N,12] x",
+            outputs="float[M,6] y",
+        ),
+        {"Reshape∘Reshape": 1},
+        ["Reshape", "Relu"],
+        2,
+    ),
+    (
+        "reshape-reshape-copy-dim",
+        model(
+            "<int64[2] s1 = {6, 4}, int64[3] s2 = {0, 2, 2}> { a = Reshape(x, s1)\n b = Reshape(a, s2)\n y = Relu(b) }",
+            outputs="float[6,2,2] y",
+        ),
+        {"Reshape∘Reshape": 1},
+        ["Reshape", "Relu"],
+        1,
+    ),
+    (
+        "reshape-after-flatten",
+        model(
+            "<int64[2] s = {4, -1}> { a = Flatten <axis = 2> (x)\n b = Reshape(a, s)\n y = Relu(b) }",
+            outputs="float[4,6] y",
+        ),
+        {"Reshape∘Flatten": 1},
+        ["Reshape", "Relu"],
+        1,
+    ),
+    (
+        "reshape-after-unsqueeze-copy-dim",
+        model(
+            "<int64[1] a1 = {1}, int64[3] s = {0, 0, -1}> { a = Unsqueeze(x, a1)\n b = Reshape(a, s)\n"
+            " y = Relu(b) }",
+            outputs="float[2,1,12] y",
+        ),
+        {"Reshape∘Unsqueeze": 1},
+        ["Reshape", "Relu"],
+        1,
+    ),
+    (
+        "reshape-after-squeeze",
+        model(
+            "<int64[2] s = {-1, 3}> { a = Squeeze(x)\n b = Reshape(a, s)\n y = Relu(b) }",
+            inputs="float[N,1,6] x",
+            outputs="float[M,3] y",
+        ),
+        {"Reshape∘Squeeze": 1},
+        ["Reshape", "Relu"],
+        2,
+    ),
+    (
+        "unsqueeze-unsqueeze-13",
+        model(
+            "<int64[1] a1 = {1}, int64[2] a2 = {0, -1}> { a = Unsqueeze(x, a1)\n b = Unsqueeze(a, a2)\n y = Relu(b) }",
+            inputs="float[N,4] x",
+            outputs="float[1,N,1,4,1] y",
+        ),
+        {"Unsqueeze∘Unsqueeze": 1},
+        ["Unsqueeze", "Relu"],
+        2,
+    ),
+    (
+        "unsqueeze-unsqueeze-11",
+        model(
+            "{ a = Unsqueeze <axes = [0, 3]> (x)\n b = Unsqueeze <axes = [2]> (a)\n y = Relu(b) }",
+            inputs="float[2,3] x",
+            outputs="float[1,2,1,3,1] y",
+            opset=11,
+        ),
+        {"Unsqueeze∘Unsqueeze": 1},
+        ["Unsqueeze", "Relu"],
+        1,
+    ),
+    (
+        "squeeze-squeeze-13",
+        model(
+            "<int64[1] a1 = {1}, int64[1] a2 = {-1}> { a = Squeeze(x, a1)\n b = Squeeze(a, a2)\n y = Relu(b) }",
+            inputs="float[2,1,3,1] x",
+            outputs="float[2,3] y",
+        ),
+        {"Squeeze∘Squeeze": 1},
+        ["Squeeze", "Relu"],
+        1,
+    ),
+    (
+        "squeeze-then-squeeze-all",
+        model(
+            "{ a = Squeeze <axes = [0]> (x)\n b = Squeeze(a)\n y = Relu(b) }",
+            inputs="float[1,2,1] x",
+            outputs="float[2] y",
+            opset=11,
+        ),
+        {"Squeeze∘Squeeze": 1},
+        ["Squeeze", "Relu"],
+        1,
+    ),
+    (
+        "cast-f32-f64-f32",
+        model("{ a = Cast <to = 11> (x)\n b = Cast <to = 1> (a)\n y = Relu(b) }"),
+        {"Cast∘Cast": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        "cast-i32-i64-i32",
+        model(
+            "{ a = Cast <to = 7> (x)\n b = Cast <to = 6> (a)\n y = Abs(b) }",
+            inputs="int32[5] x",
+            outputs="int32[5] y",
+        ),
+        {"Cast∘Cast": 1},
+        ["Abs"],
+        1,
+    ),
+    (
+        "cast-u8-i32-f32",
+        model(
+            "{ a = Cast <to = 6> (x)\n b = Cast <to = 1> (a)\n y = Relu(b) }",
+            inputs="uint8[5] x",
+            outputs="float[5] y",
+        ),
+        {"Cast∘Cast": 1},
+        ["Cast", "Relu"],
+        1,
+    ),
+    (
+        "slice-same-axis",
+        model(
+            "<int64[1] s1 = {1}, int64[1] e1 = {20}, int64[1] a = {1}, int64[1] st1 = {2},"
+            " int64[1] s2 = {1}, int64[1] e2 = {-1}, int64[1] st2 = {2}>"
+            " { p = Slice(x, s1, e1, a, st1)\n q = Slice(p, s2, e2, a, st2)\n y = Relu(q) }",
+            inputs="float[2,16] x",
+            outputs="float[2,3] y",
+        ),
+        {"Slice∘Slice": 1},
+        ["Slice", "Relu"],
+        1,
+    ),
+    (
+        "slice-same-axis-dynamic",
+        model(
+            "<int64[1] s1 = {1}, int64[1] e1 = {9223372036854775807}, int64[1] a = {0},"
+            " int64[1] s2 = {2}, int64[1] e2 = {5}>"
+            " { p = Slice(x, s1, e1, a)\n q = Slice(p, s2, e2, a)\n y = Relu(q) }",
+            inputs="float[N,4] x",
+            outputs="float[M,4] y",
+        ),
+        {"Slice∘Slice": 1},
+        ["Slice", "Relu"],
+        2,
+    ),
+    (
+        "slice-distinct-axes",
+        model(
+            "<int64[1] s = {1}, int64[1] e = {3}, int64[1] a0 = {0}, int64[1] a1 = {-1}>"
+            " { p = Slice(x, s, e, a0)\n q = Slice(p, s, e, a1)\n y = Relu(q) }",
+            outputs="float[1,3,2] y",
+        ),
+        {"Slice∘Slice": 1},
+        ["Slice", "Relu"],
+        1,
+    ),
+    (
+        "slice-slice-attr",
+        model(
+            "{ p = Slice <starts = [1], ends = [4], axes = [2]> (x)\n"
+            " q = Slice <starts = [-2], ends = [100], axes = [2]> (p)\n y = Relu(q) }",
+            outputs="float[2,3,2] y",
+            opset=9,
+        ),
+        {"Slice∘Slice": 1},
+        ["Slice", "Relu"],
+        1,
+    ),
+    (
+        "concat-concat",
+        model(
+            "{ a = Concat <axis = 1> (x, x)\n b = Concat <axis = -2> (x, a, x)\n y = Relu(b) }",
+            outputs="float[2,12,4] y",
+        ),
+        {"Concat∘Concat": 1},
+        ["Concat", "Relu"],
+        1,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "stats", "ops", "trials"), [c[1:] for c in POSITIVE], ids=[c[0] for c in POSITIVE]
+)
+def test_merges_chain(text: str, stats: dict[str, int], ops: list[str], trials: int) -> None:
+    assert_rewrites(MergeConsecutiveOpsPass, text, stats, ops, trials)
+
+
+NEGATIVE = [
+    (
+        "cast-lossy-f16",
+        model("{ a = Cast <to = 10> (x)\n b = Cast <to = 1> (a)\n y = Relu(b) }"),
+        "FLOAT -> FLOAT16 is not exact",
+    ),
+    (
+        "cast-int-float-int",
+        model(
+            "{ a = Cast <to = 11> (x)\n b = Cast <to = 3> (a)\n y = Abs(b) }",
+            inputs="int32[5] x",
+            outputs="int8[5] y",
+        ),
+        "differs from one cast when out of range",
+    ),
+    (
+        "cast-narrowing-first",
+        model(
+            "{ a = Cast <to = 6> (x)\n b = Cast <to = 7> (a)\n y = Abs(b) }",
+            inputs="int64[5] x",
+            outputs="int64[5] y",
+        ),
+        "INT64 -> INT32 is not exact",
+    ),
+    (
+        "reshape-copy-symbolic",
+        model(
+            "<int64[2] s1 = {-1, 4}, int64[2] s2 = {0, -1}> { a = Reshape(x, s1)\n b = Reshape(a, s2)\n y = Relu(b) }",
+            inputs="float[N,8] x",
+            outputs="float[M,4] y",
+        ),
+        "copies dim 0",
+    ),
+    (
+        "reshape-dynamic-target",
+        model(
+            "<int64[2] s1 = {-1, 4}> { a = Reshape(x, s1)\n b = Reshape(a, s)\n y = Relu(b) }",
+            inputs="float[2,8] x, int64[2] s",
+            outputs="float[M,K] y",
+        ),
+        "not a constant",
+    ),
+    (
+        "slice-negative-on-symbolic",
+        model(
+            "<int64[1] s = {1}, int64[1] e = {-1}, int64[1] a = {0}>"
+            " { p = Slice(x, s, e, a)\n q = Slice(p, s, e, a)\n y = Relu(q) }",
+            inputs="float[N,4] x",
+            outputs="float[M,4] y",
+        ),
+        "negative indices on a symbolic dim",
+    ),
+    (
+        "slice-negative-step",
+        model(
+            "<int64[1] s = {-1}, int64[1] e = {-100}, int64[1] a = {0}, int64[1] st = {-1}>"
+            " { p = Slice(x, s, e, a, st)\n q = Slice(p, s, e, a, st)\n y = Relu(q) }"
+        ),
+        "negative step",
+    ),
+    (
+        "slice-dynamic-starts",
+        model(
+            "<int64[1] e = {3}, int64[1] a = {0}> { p = Slice(x, s, e, a)\n q = Slice(p, s, e, a)\n y = Relu(q) }",
+            inputs="float[4,4] x, int64[1] s",
+            outputs="float[M,4] y",
+        ),
+        "starts input 's' is not a constant",
+    ),
+    (
+        "concat-other-axis",
+        model(
+            "{ a = Concat <axis = 1> (x, x)\n b = Concat <axis = 0> (a, a)\n y = Relu(b) }",
+            outputs="float[4,6,4] y",
+        ),
+        "joins along another axis",
+    ),
+    (
+        "concat-inner-shared",
+        model(
+            "{ a = Concat <axis = 1> (x, x)\n b = Concat <axis = 1> (a, x)\n r = Relu(a)\n y = Concat <axis = 0> (b, b) }",
+            outputs="float[4,9,4] y",
+        ),
+        "other users",
+    ),
+    (
+        "unsqueeze-dynamic-axes",
+        model(
+            "<int64[1] a1 = {0}> { a = Unsqueeze(x, a1)\n b = Unsqueeze(a, k)\n y = Relu(b) }",
+            inputs="float[2,3,4] x, int64[1] k",
+            outputs="float[1,1,2,3,4] y",
+        ),
+        "axes input 'k' is not a constant",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"), [c[1:] for c in NEGATIVE], ids=[c[0] for c in NEGATIVE]
+)
+def test_keeps_chain_that_cannot_merge(text: str, reason: str) -> None:
+    assert_refuses(MergeConsecutiveOpsPass, text, reason)
+
+
+def test_identity_transposes_ending_at_graph_output_from_input_are_kept() -> None:
+    text = model("{ a = Transpose <perm = [0, 2, 1]> (x)\n y = Transpose <perm = [0, 2, 1]> (a) }")
+    assert_refuses(MergeConsecutiveOpsPass, text, "replacement is a graph input")
+
+
+def test_merged_transpose_at_graph_output_keeps_its_name() -> None:
+    text = model(
+        "{ r = Relu(x)\n a = Transpose <perm = [1, 0, 2]> (r)\n y = Transpose <perm = [0, 2, 1]> (a) }",
+        outputs="float[3,4,2] y",
+    )
+    optimized = assert_rewrites(MergeConsecutiveOpsPass, text, {T: 1}, ["Relu", "Transpose"])
+    assert [v.name for v in optimized.graph.outputs] == ["y"]
+
+
+def test_exact_widening_table_is_exact() -> None:
+    """Every listed A -> B keeps A's extreme integers (and for floats, widening is exact by IEEE)."""
+    import onnx_ir as ir
+
+    for source, targets in EXACT_WIDENING.items():
+        src = source.numpy()
+        if not np.issubdtype(src, np.integer):
+            continue  # bool -> anything keeps 0/1; float widening is exact by IEEE 754
+        info = np.iinfo(src)
+        values = np.array([info.min, info.max, info.max - 1], dtype=src)
+        for target in targets:
+            assert (values.astype(target.numpy()).astype(src) == values).all(), (source, target)
+            assert target != ir.DataType.STRING
+
+
+def test_merge_inside_a_function_adds_a_constant_node() -> None:
+    text = """<ir_version: 8, opset_import: ["" : 13, "local" : 1]>
+g (float[2,3] x) => (float[1,2,1,3,1] y) { y = local.F(x) }
+<domain: "local", opset_import: ["" : 13]>
+F (a) => (b) {
+  a1 = Constant <value = int64[1] {1}> ()
+  a2 = Constant <value = int64[2] {0, 4}> ()
+  u = Unsqueeze(a, a1)
+  b = Unsqueeze(u, a2)
+}"""
+    original = load(text)
+    result = MergeConsecutiveOpsPass()(original.clone())
+    assert dict(result.stats) == {"Unsqueeze∘Unsqueeze": 1}
+    function = next(iter(result.model.functions.values()))
+    assert [n.op_type for n in function][-2:] == ["Constant", "Unsqueeze"]
+    assert validate(original, result.model).passed
+    assert not MergeConsecutiveOpsPass()(result.model).modified
+
+
+def test_merge_inside_a_branch_adds_a_branch_initializer() -> None:
+    text = model(
+        "{ c = ReduceSum <keepdims = 0> (x)\n b = Greater(c, c)\n"
+        " y = If(b) <then_branch = t () => (float[1,1,2,3,4] o1) {"
+        " a1 = Constant <value = int64[1] {0}> ()\n u = Unsqueeze(x, a1)\n o1 = Unsqueeze(u, a1) },"
+        " else_branch = e () => (float[1,1,2,3,4] o2) {"
+        " a2 = Constant <value = int64[2] {0, 1}> ()\n o2 = Unsqueeze(x, a2) }> }",
+        outputs="float[1,1,2,3,4] y",
+    )
+    original = load(text)
+    result = MergeConsecutiveOpsPass()(original.clone())
+    assert dict(result.stats) == {"Unsqueeze∘Unsqueeze": 1}
+    branch = next(iter(result.model.graph.subgraphs()))
+    assert [n.op_type for n in branch] == ["Constant", "Unsqueeze"]
+    assert len(branch.initializers) == 1
+    assert validate(original, result.model).passed
+    assert not MergeConsecutiveOpsPass()(result.model).modified
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dim=st.integers(0, 12),
+    inner=st.tuples(st.integers(-15, 15), st.integers(-15, 15), st.integers(1, 3)),
+    outer=st.tuples(st.integers(-15, 15), st.integers(-15, 15), st.integers(1, 3)),
+    symbolic=st.booleans(),
+)
+def test_compose_slices_matches_two_slices(
+    dim: int, inner: tuple[int, int, int], outer: tuple[int, int, int], symbolic: bool
+) -> None:
+    composed = compose_slices(inner, outer, None if symbolic else dim, None)
+    if isinstance(composed, str):
+        assert symbolic and min(*inner[:2], *outer[:2]) < 0
+        return
+    data = np.arange(dim)
+    expected = data[slice(*inner)][slice(*outer)]
+    np.testing.assert_array_equal(data[slice(*composed)], expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rank=st.integers(0, 3), data=st.data())
+def test_merged_unsqueeze_and_squeeze_axes(rank: int, data: st.DataObject) -> None:
+    source = np.zeros(tuple(range(2, 2 + rank)))
+    first = data.draw(st.lists(st.integers(0, rank), min_size=1, max_size=2, unique=True))
+    middle = np.expand_dims(source, tuple(first))
+    second = data.draw(st.lists(st.integers(0, middle.ndim), min_size=1, max_size=2, unique=True))
+    final = np.expand_dims(middle, tuple(second))
+    merged = merge_unsqueeze_axes(first, second)
+    assert np.expand_dims(source, merged).shape == final.shape
+    # Squeezing the same dims back in two steps is one Squeeze of the merged axes.
+    assert np.squeeze(final, merge_squeeze_axes(second, first)).shape == source.shape
