@@ -760,7 +760,7 @@ def export_command(
     verbose: int,
     traceback: bool,
 ) -> None:
-    """Export MODEL (a zoo name or package.module:factory) to ONNX, with its eager reference MODEL.ref.npz.
+    """Export MODEL (a zoo name or package.module:factory) to ONNX, with its eager reference (x.onnx -> x.ref.npz).
 
     A factory returns (module, example_inputs) or (module, example_inputs, dynamic_axes).
     """
