@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 ONNXOPT := $(VENV)/bin/onnxopt
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install install-torch demo test test-all lint format models bench clean
+.PHONY: install install-torch demo test test-all lint format models zoo-table bench clean
 
 $(VENV)/.stamp-base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,14 @@ lint: install
 format: install
 	$(VENV)/bin/ruff format onnxopt tests scripts benchmarks
 	$(VENV)/bin/ruff check --fix onnxopt tests scripts benchmarks
+
+# The whole zoo, full size, both exporters, into zoo/ (git-ignored); up-to-date exports are skipped.
+models: install-torch
+	$(PY) scripts/export_zoo.py
+
+# Nodes before/after `onnxopt optimize` and error vs eager for every export in zoo/ (the README table).
+zoo-table: install-torch
+	$(PY) scripts/zoo_table.py
 
 clean:
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache

@@ -18,8 +18,16 @@ from onnxopt.analysis.memory_plan import MemoryPlan, memory_report
 from onnxopt.passes.base import Pipeline, VerifyEach
 from onnxopt.passes.levels import DEFAULT_LEVEL, build_steps
 from onnxopt.passes.options import DEFAULT_FOLD_LIMIT_BYTES, PassOptions, Target
+from onnxopt.reference import Reference, load_reference, reference_path_for
 from onnxopt.report import ModelSummary, OptimizeReport
-from onnxopt.validate import CannotValidate, ValidationReport, input_specs, validate
+from onnxopt.validate import (
+    CannotValidate,
+    ReferenceReport,
+    ValidationReport,
+    compare_to_eager,
+    input_specs,
+    validate,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +70,8 @@ def optimize(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     check: bool = True,
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
+    reference: str | os.PathLike[str] | Reference | None = None,
+    find_reference: bool = False,
     explain: bool = False,
     verify_each: bool = False,
     progress: Callable[[str], None] | None = None,
@@ -72,9 +82,24 @@ def optimize(
 
     Returns the optimized model and its report; the caller decides what to do with a failed
     validation (``result.report.validation.passed``). Nothing is written to disk.
+
+    ``reference`` (a ``.ref.npz`` written by ``onnxopt export``, or a loaded :class:`Reference`)
+    adds its inputs to validation and compares both the original and the optimized model to the
+    eager PyTorch outputs (``result.report.reference``). With ``find_reference``, a model path's
+    own reference (``x.onnx`` -> ``x.ref.npz``) is used when it exists and none was given.
+
     With ``memory=True`` the report gains activation-memory figures (symbolic dims bound by
     ``dims``) and ``result.memory_plan`` holds the optimized model's arena plan.
     """
+    if reference is None and find_reference and not isinstance(model, ir.Model):
+        own = reference_path_for(model)
+        reference = own if own.is_file() else None
+    eager: Reference | None = None
+    eager_source = ""
+    if isinstance(reference, Reference):
+        eager, eager_source = reference, "<reference>"
+    elif reference is not None:
+        eager, eager_source = load_reference(reference), str(reference)
     options = PassOptions(
         fold_limit_bytes=fold_limit_bytes,
         fold_may_grow=fold_may_grow,
@@ -100,6 +125,10 @@ def optimize(
         file_bytes = loaded.file_bytes
     before = ModelSummary.of(working, file_bytes)
     unoptimized = working.clone() if memory else None
+    input_names = [str(v.name) for v in working.graph.inputs]
+    eager_inputs = (
+        {k: v for k, v in eager.inputs.items() if k in input_names} if eager is not None else {}
+    )
     with _located(loaded):
         specs = input_specs(working) if check and inputs is None and not input_shapes else None
 
@@ -118,7 +147,13 @@ def optimize(
         with _located(loaded):
             if specs is None and inputs is None:
                 specs = input_specs(working)  # pinned shapes: generate inputs of the pinned sizes
-            validation = validate(original, working, specs=specs, inputs=inputs)
+            validation = validate(
+                original,
+                working,
+                specs=specs,
+                inputs=inputs,
+                extra_inputs=[eager_inputs] if eager else [],
+            )
         validate_seconds = time.perf_counter() - start
 
     memory_section = memory_plan = None
@@ -127,6 +162,21 @@ def optimize(
             progress("memory plan")
         memory_section, memory_plan = memory_report(
             unoptimized, working, dims=dims, input_shapes=input_shapes
+        )
+
+    reference_report: ReferenceReport | None = None
+    if eager is not None:
+        if progress is not None:
+            progress("compare with eager PyTorch")
+        export_cmp, export_error = compare_to_eager(original, eager_inputs, eager.outputs)
+        optimized_cmp, optimized_error = compare_to_eager(working, eager_inputs, eager.outputs)
+        errors = tuple(
+            f"{what}: {error}"
+            for what, error in (("original", export_error), ("optimized", optimized_error))
+            if error
+        )
+        reference_report = ReferenceReport(
+            eager_source, eager.metadata, export_cmp, optimized_cmp, errors
         )
 
     report = OptimizeReport(
@@ -143,5 +193,6 @@ def optimize(
         optimize_seconds=optimize_seconds,
         validate_seconds=validate_seconds,
         memory=memory_section,
+        reference=reference_report,
     )
     return OptimizeResult(working, report, loaded, memory_plan)

@@ -253,6 +253,15 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="Validate on these inputs (.npz) instead of random ones.",
         ),
         click.option(
+            "--reference",
+            "reference_file",
+            type=click.Path(path_type=Path),
+            help="Eager PyTorch reference (.ref.npz from `onnxopt export`; default: MODEL's own, when present).",
+        ),
+        click.option(
+            "--no-reference", is_flag=True, help="Ignore the reference file next to MODEL."
+        ),
+        click.option(
             "--no-validate", is_flag=True, help="Skip numerical validation on ONNX Runtime."
         ),
         click.option(
@@ -365,6 +374,8 @@ def _optimize_command(
     memory: bool,
     memory_plan: Path | None,
     inputs_file: Path | None,
+    reference_file: Path | None,
+    no_reference: bool,
     no_validate: bool,
     external_data: bool | None,
     overwrite: bool,
@@ -397,6 +408,10 @@ def _optimize_command(
         raise UsageError(
             f"{output}: refusing to overwrite the input model (add --overwrite to allow it)"
         )
+    if reference_file is not None and len(models) > 1:
+        raise UsageError(
+            "--reference takes one model (each model's own MODEL.ref.npz is used when present)"
+        )
     thresholds = Thresholds(
         max_abs_error=max_abs_error,
         max_rel_error=max_rel_error,
@@ -414,6 +429,8 @@ def _optimize_command(
         "input_shapes": dict(parse_input_shape(s) for s in input_shapes),
         "check": not no_validate,
         "inputs": load_inputs(inputs_file) if inputs_file else None,
+        "reference": reference_file if not no_validate else None,
+        "find_reference": not (no_reference or no_validate),
         "explain": explain,
         "verify_each": verify_each,
         "dims": parse_dims(dims),
@@ -767,6 +784,80 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
         f"parameters: {format_bytes(summary.parameter_bytes)}; file: {format_bytes(summary.file_bytes)}",
         highlight=False,
     )
+
+
+@main.command(cls=_Command, name="export")
+@click.argument("model_name", metavar="MODEL", required=False)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Where to write the ONNX model (default: MODEL.onnx).",
+)
+@click.option(
+    "--exporter",
+    type=click.Choice(["dynamo", "torchscript"]),
+    default="dynamo",
+    show_default=True,
+    help="torch.onnx.export(dynamo=True) or the TorchScript exporter.",
+)
+@click.option("--opset", type=int, help="ONNX opset to export to (default: the exporter's).")
+@click.option(
+    "--static",
+    is_flag=True,
+    help="Fix every dim to the example inputs' (no dynamic batch/sequence axes).",
+)
+@click.option("--list", "list_models", is_flag=True, help="List the zoo's models and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_common
+def export_command(
+    model_name: str | None,
+    output: Path | None,
+    exporter: str,
+    opset: int | None,
+    static: bool,
+    list_models: bool,
+    as_json: bool,
+    verbose: int,
+    traceback: bool,
+) -> None:
+    """Export MODEL (a zoo name or package.module:factory) to ONNX, with its eager reference (x.onnx -> x.ref.npz).
+
+    A factory returns (module, example_inputs) or (module, example_inputs, dynamic_axes).
+    """
+    from onnxopt.zoo import ZOO
+
+    _setup_logging(verbose)
+    if list_models:
+        rows = [{"name": e.name, "factory": e.factory, "summary": e.summary} for e in ZOO.values()]
+        if as_json:
+            click.echo(json.dumps(rows, indent=2))
+        else:
+            for row in rows:
+                click.echo(f"{row['name']:24s} {row['summary']}")
+        return
+    if not model_name:
+        raise UsageError(
+            "give MODEL (a zoo name, see `onnxopt export --list`, or package.module:factory)"
+        )
+    from onnxopt.export import export
+
+    target = output or Path(model_name.rpartition(":")[2] + ".onnx")
+    with _stderr_console().status("exporting", spinner="dots") as status:
+        result = export(
+            model_name,
+            target,
+            exporter=exporter,  # type: ignore[arg-type]
+            opset=opset,
+            dynamic=not static,
+            progress=lambda step: status.update(f"{step} …"),
+        )
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(result), indent=2))
+    else:
+        click.echo(
+            f"wrote {result.output} and {result.reference} ({exporter}, opset {result.opset}, {result.export_seconds:.1f} s)"
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

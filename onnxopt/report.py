@@ -17,7 +17,7 @@ from onnxopt import io
 from onnxopt.analysis.memory_plan import MemoryReport
 from onnxopt.passes.base import PassRecord
 from onnxopt.rewrite.driver import iter_graphs
-from onnxopt.validate import ValidationReport
+from onnxopt.validate import ReferenceReport, ValidationReport
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -109,6 +109,8 @@ class OptimizeReport:
     optimize_seconds: float
     validate_seconds: float
     memory: MemoryReport | None = None
+    # Original and optimized vs eager PyTorch outputs, when a reference (.ref.npz) was given.
+    reference: ReferenceReport | None = None
 
     def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
         """(name, runs, seconds, summed stats) per pass, in first-run order."""
@@ -163,6 +165,9 @@ class OptimizeReport:
             record["seconds"] = round(record["seconds"], 6)
         if self.validation is not None:
             data["validation"]["passed"] = self.validation.passed
+        if self.reference is not None:
+            data["reference"]["export_passed"] = self.reference.export_passed
+            data["reference"]["optimized_passed"] = self.reference.optimized_passed
         return data
 
 
@@ -262,6 +267,8 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
             console.print(f"[red]{escape(error)}[/red]", highlight=False)
     if report.memory is not None:
         render_memory(report.memory, console)
+    if report.reference is not None:
+        _render_reference(report.reference, console)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
 
@@ -298,3 +305,45 @@ def render_memory(memory: MemoryReport, console: Any) -> None:
             f"[yellow]{len(memory.unknown)} tensor(s) of unknown size counted as 0:[/yellow] {names}",
             highlight=False,
         )
+
+
+def _render_reference(reference: ReferenceReport, console: Any) -> None:
+    """Export error (original ONNX vs eager) and optimized vs eager, side by side per output."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    meta = reference.metadata
+    origin = ", ".join(f"{k} {meta[k]}" for k in ("exporter", "torch_version") if k in meta)
+    table = Table(
+        title=f"vs eager PyTorch ({escape(reference.source)}{'; ' + escape(origin) if origin else ''})",
+        title_justify="left",
+    )
+    table.add_column("output")
+    table.add_column("export abs", justify="right")
+    table.add_column("export rel", justify="right")
+    table.add_column("optimized abs", justify="right")
+    table.add_column("optimized rel", justify="right")
+    table.add_column("")
+    optimized = {c.name: c for c in reference.optimized}
+    for exp in reference.export:
+        opt = optimized.get(exp.name)
+        if opt is None:
+            continue
+        verdict = (
+            "[green]ok[/green]"
+            if exp.passed and opt.passed
+            else "[yellow]export over tol[/yellow]"
+            if not exp.passed
+            else "[yellow]optimized over tol[/yellow]"
+        )
+        table.add_row(
+            escape(exp.name),
+            f"{exp.max_abs:.3g}",
+            f"{exp.max_rel:.3g}",
+            f"{opt.max_abs:.3g}",
+            f"{opt.max_rel:.3g}",
+            verdict,
+        )
+    console.print(table)
+    for error in reference.errors:
+        console.print(f"[red]{escape(error)}[/red]", highlight=False)

@@ -307,6 +307,7 @@ def validate(
     *,
     specs: Sequence[InputSpec] | None = None,
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
+    extra_inputs: Sequence[Mapping[str, np.ndarray]] = (),
     seed: int = 0,
     trials: int = 2,
 ) -> ValidationReport:
@@ -314,7 +315,8 @@ def validate(
 
     ``original`` is a model or the path of the untouched file (cheapest: ORT reads it directly).
     ``specs`` describe the inputs to generate (from :func:`input_specs` of the original); by default
-    they are derived from ``original`` when it is a model, else from ``optimized``.
+    they are derived from ``original`` when it is a model, else from ``optimized``. ``inputs``
+    replace the generated inputs; ``extra_inputs`` (e.g. an export's example inputs) are tried too.
     """
     try:
         reference = _session(original)
@@ -361,6 +363,11 @@ def validate(
         used.append({k: tuple(v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray)})
         return True
 
+    for feeds in [dict(f) for f in extra_inputs]:
+        if not run_one(feeds):
+            raise CannotValidate(
+                f"the original model fails on the reference inputs: {last_failure}"
+            )
     if feed_sets:
         for feeds in feed_sets:
             if not run_one(feeds):
@@ -371,7 +378,7 @@ def validate(
         if specs is None:
             specs = input_specs(original if isinstance(original, ir.Model) else optimized)
         dynamic = any(not isinstance(d, int) for s in specs for d in s.dims)
-        wanted = trials if dynamic else 1
+        wanted = len(extra_inputs) + (trials if dynamic else 1)
         seen: set[tuple[tuple[int, ...], ...]] = set()
         for plan in _trial_plans(specs):
             if len(used) >= wanted:
@@ -392,6 +399,55 @@ def validate(
                 "pass --inputs FILE.npz or --no-validate"
             )
     return ValidationReport(tuple(used), tuple(worst.comparisons.values()), tuple(errors))
+
+
+@dataclass(frozen=True)
+class ReferenceReport:
+    """The exported model (``export``) and the optimized one (``optimized``) against eager PyTorch outputs.
+
+    Diagnostic: it tells which step lost accuracy. Whether optimization preserved the model is
+    :class:`ValidationReport`'s verdict (which also runs the reference inputs).
+    """
+
+    source: str
+    metadata: dict[str, str]
+    export: tuple[OutputComparison, ...]
+    optimized: tuple[OutputComparison, ...]
+    errors: tuple[str, ...] = ()
+
+    @property
+    def export_passed(self) -> bool:
+        return not self.errors and all(c.passed for c in self.export)
+
+    @property
+    def optimized_passed(self) -> bool:
+        return not self.errors and all(c.passed for c in self.optimized)
+
+
+def compare_to_eager(
+    model: ir.Model | Path, inputs: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]
+) -> tuple[tuple[OutputComparison, ...], str | None]:
+    """Run ``model`` on ORT (optimizations off) on ``inputs``; compare each output named in ``expected``.
+
+    Returns the comparisons and an error message (the model fails to load or run, an output is missing).
+    """
+    try:
+        session = _session(model)
+        names = {i.name for i in session.get_inputs()}
+        outputs = [o.name for o in session.get_outputs()]
+        missing = [n for n in expected if n not in outputs]
+        if missing:
+            return (
+                (),
+                f"the model has no output named {', '.join(missing)} (the reference names {', '.join(expected)})",
+            )
+        actual = session.run(list(expected), {k: v for k, v in inputs.items() if k in names})
+    except Exception as exc:
+        return (), f"ONNX Runtime fails on the reference inputs: {_first_line(exc)}"
+    return tuple(
+        compare_arrays(n, np.asarray(expected[n]), np.asarray(a))
+        for n, a in zip(expected, actual, strict=True)
+    ), None
 
 
 def load_inputs(path: str | Path) -> list[dict[str, np.ndarray]]:
