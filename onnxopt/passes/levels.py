@@ -9,6 +9,7 @@ from onnxopt.passes.base import FixedPoint, Pass, Step
 from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
 from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
+from onnxopt.passes.fuse_attention import FuseAttentionPass
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
@@ -23,6 +24,7 @@ ALL_PASSES: list[PassClass] = [
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
+    FuseAttentionPass,
 ]
 
 CLEANUP: tuple[PassClass, ...] = (
@@ -39,6 +41,7 @@ LEVELS: dict[int, LevelSpec] = {
         DeduplicateInitializersPass,
         CLEANUP,
         InferShapesPass,
+        FuseAttentionPass,
         EliminateDeadCodePass,
     ],
     3: [
@@ -47,6 +50,7 @@ LEVELS: dict[int, LevelSpec] = {
         DeduplicateInitializersPass,
         CLEANUP,
         InferShapesPass,
+        FuseAttentionPass,
         EliminateDeadCodePass,
     ],
 }
