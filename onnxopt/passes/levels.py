@@ -11,6 +11,7 @@ from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexp
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
 from onnxopt.passes.fuse_attention import FuseAttentionPass
 from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.merge_qkv_projections import MergeQkvProjectionsPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
@@ -25,6 +26,7 @@ ALL_PASSES: list[PassClass] = [
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
     FuseAttentionPass,
+    MergeQkvProjectionsPass,
 ]
 
 CLEANUP: tuple[PassClass, ...] = (
@@ -42,6 +44,7 @@ LEVELS: dict[int, LevelSpec] = {
         CLEANUP,
         InferShapesPass,
         FuseAttentionPass,
+        MergeQkvProjectionsPass,
         EliminateDeadCodePass,
     ],
     3: [
@@ -51,6 +54,7 @@ LEVELS: dict[int, LevelSpec] = {
         CLEANUP,
         InferShapesPass,
         FuseAttentionPass,
+        MergeQkvProjectionsPass,
         EliminateDeadCodePass,
     ],
 }

@@ -56,7 +56,7 @@ def apply_replacement(
             return problem
     root = match.root
     if replacement.nodes:
-        graph.insert_before(root, replacement.nodes)
+        graph.insert_before(match.anchor or root, replacement.nodes)
     for old, new in replacement.values:
         was_output = old.is_graph_output()
         name = old.name
