@@ -253,3 +253,18 @@ def test_fuses_real_exports(kind: str, dynamo: bool, tmp_path) -> None:  # type:
     )
     assert report.passed, report
     assert not FuseAttentionPass()(fused).modified
+
+
+@pytest.mark.parametrize("key_form", ["torchscript", "dynamo"])
+def test_onnx_target_uses_standard_attention_at_opset_23(key_form: str) -> None:
+    model = _model(key_form=key_form)
+    model.opset_imports[""] = 23
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(target="onnx"))(fused)
+    assert result.stats == {"attention->onnx-attention": 1}
+    types = _op_types(fused)
+    assert "Attention" in types and "Softmax" not in types
+    assert all(n.domain in ("", "ai.onnx") for n in fused.graph)
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1)])
+    assert report.passed, report
+    assert not FuseAttentionPass(PassOptions(target="onnx"))(fused).modified

@@ -750,7 +750,7 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
     block: _Block = match.bindings["block"]
     heads: int = match.bindings["heads"]
     if context.options.target == "onnx":
-        return _rewrite_onnx(block, heads)
+        return _rewrite_onnx(block, context.opset())
     tape = ir.tape.Tape()
     opset = context.opset()
     use_3d = block.key.three_d is not None and block.value.three_d is not None
@@ -767,28 +767,7 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
         query = tape.op("Reshape", [moved, _const(tape, [0, 0, -1])])
     assert key is not None and value is not None
-    bias = block.bias
-    if bias is not None:
-        rank = _rank(bias)
-        assert rank is not None
-        if rank < 4:
-            bias = tape.op("Unsqueeze", [bias, _const(tape, list(range(4 - rank)))])
-        full = (
-            rank == 4
-            and _same_symbol(block.bias, 2, query, 1)
-            and _same_symbol(block.bias, 3, key, kv_axis)
-        )
-        if not full:
-            target = tape.op(
-                "Concat",
-                [
-                    _const(tape, [1, 1]),
-                    _seq_len(tape, query, 1, opset),
-                    _seq_len(tape, key, kv_axis, opset),
-                ],
-                {"axis": 0},
-            )
-            bias = tape.op("Expand", [bias, target])
+    bias = _full_bias(tape, block.bias, query, 1, key, kv_axis, opset)
     inputs: list[ir.Value | None] = [query, key, value]
     if bias is not None:
         inputs += [None, None, bias]
@@ -806,6 +785,43 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
     return Replacement(tape.nodes, [(block.output, result)])
 
 
+def _full_bias(
+    tape: ir.tape.Tape,
+    bias: ir.Value | None,
+    query: ir.Value,
+    q_axis: int,
+    key: ir.Value,
+    kv_axis: int,
+    opset: int,
+) -> ir.Value | None:
+    """The additive mask as rank 4 with dims 2 and 3 spelled out (ORT's kernels do not broadcast them).
+
+    Unless shapes prove the mask is already [., ., S, T], it is Expanded to [1, 1, S, T] (which keeps
+    its own dims 0 and 1), S and T read from the query and key at run time.
+    """
+    if bias is None:
+        return None
+    rank = _rank(bias)
+    assert rank is not None
+    full = (
+        rank == 4 and _same_symbol(bias, 2, query, q_axis) and _same_symbol(bias, 3, key, kv_axis)
+    )
+    if rank < 4:
+        bias = tape.op("Unsqueeze", [bias, _const(tape, list(range(4 - rank)))])
+    if full:
+        return bias
+    target = tape.op(
+        "Concat",
+        [
+            _const(tape, [1, 1]),
+            _seq_len(tape, query, q_axis, opset),
+            _seq_len(tape, key, kv_axis, opset),
+        ],
+        {"axis": 0},
+    )
+    return tape.op("Expand", [bias, target])
+
+
 def _nan_guard(tape: ir.tape.Tape, value: ir.Value, like: ir.Value) -> ir.Value:
     dtype = like.dtype.numpy() if like.dtype is not None else np.dtype(np.float32)
     zero = tape.op("Constant", [], {"value": ir.tensor(np.zeros((), dtype=dtype))})
@@ -813,7 +829,7 @@ def _nan_guard(tape: ir.tape.Tape, value: ir.Value, like: ir.Value) -> ir.Value:
     return tape.op("Where", [isnan, zero, value])
 
 
-def _rewrite_onnx(block: _Block, heads: int) -> Replacement | Mismatch:
+def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
     tape = ir.tape.Tape()
     sides = []
     for side in (block.query, block.key, block.value):
@@ -824,8 +840,9 @@ def _rewrite_onnx(block: _Block, heads: int) -> Replacement | Mismatch:
             split = tape.op("Reshape", [side.three_d, _const(tape, [0, 0, -1, side.head_size])])
             sides.append(tape.op("Transpose", [split], {"perm": [0, 2, 1, 3]}))
     inputs: list[ir.Value | None] = list(sides)
-    if block.bias is not None:
-        inputs.append(block.bias)
+    bias = _full_bias(tape, block.bias, sides[0], 2, sides[1], 2, opset)
+    if bias is not None:
+        inputs.append(bias)
     attention = tape.op("Attention", inputs, {"scale": float(block.scale)})
     result = attention
     if block.nan_guard:
