@@ -233,12 +233,26 @@ def _is_dim(entry: Entry, index: int) -> bool:
     return isinstance(entry, tuple) and entry[2] == index
 
 
-def _keeps_leading_dims(entries: Sequence[Entry], allowzero: bool) -> bool:
-    """Entries 0 and 1 of a reshape keep the input's [B, S] (copy markers or dims 0 and 1 read at run time)."""
+def _keeps_leading_dims(entries: Sequence[Entry], allowzero: bool, source: ir.Value | None) -> bool:
+    """Entries 0 and 1 of a reshape keep the input's [B, S].
+
+    Each is a copy marker (0), the dim read at run time, or a constant equal to the input's static
+    dim; one of them may be -1 when the other is pinned (the trailing entries are checked by callers).
+    """
+    if sum(1 for e in entries if e == -1) > 1:
+        return False
+
+    def pinned(entry: Entry, axis: int) -> bool:
+        if entry == 0:
+            return not allowzero
+        if isinstance(entry, int):
+            return entry > 0 and entry == _dim(source, axis)
+        return _is_dim(entry, axis)
+
     first, second = entries[0], entries[1]
-    ok_first = (first == 0 and not allowzero) or _is_dim(first, 0)
-    ok_second = (second == 0 and not allowzero) or _is_dim(second, 1) or second == -1
-    return ok_first and ok_second
+    if first == -1:
+        return pinned(second, 1)
+    return pinned(first, 0) and (second == -1 or pinned(second, 1))
 
 
 @dataclass(frozen=True)
@@ -290,7 +304,7 @@ def _reshape_to_heads(value: ir.Value | None) -> tuple[ir.Value, int, int, ir.No
     if (
         not isinstance(head_size, int)
         or head_size <= 0
-        or not _keeps_leading_dims(entries, allowzero)
+        or not _keeps_leading_dims(entries, allowzero, source)
     ):
         return None
     if entries[1] == -1 and not (isinstance(heads, int) and heads > 0):
@@ -402,8 +416,12 @@ def _is_noop_reshape(reshape: ir.Node, by_axis: Sequence[Sequence[ir.Value]]) ->
     entries = _target_entries(reshape.inputs[1])
     if entries is None or len(entries) != 4:
         return False
+    if sum(1 for e in entries if e == -1) > 1:
+        return False
     for axis, entry in enumerate(entries):
-        if axis == 1 and entry == -1:
+        if entry == -1 or (
+            isinstance(entry, int) and entry > 0 and entry == _dim(by_axis[axis][0], axis)
+        ):
             continue
         if not (
             isinstance(entry, tuple)
@@ -447,7 +465,7 @@ def _merged_heads(
         return None
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
     constant = const_array(reshape.inputs[1])
-    if len(entries) != 3 or not _keeps_leading_dims(entries, allowzero):
+    if len(entries) != 3 or not _keeps_leading_dims(entries, allowzero, transpose.outputs[0]):
         if constant is not None and 0 not in entries and entries.count(-1) <= 1:
             return reshape.outputs[0], [*nodes, reshape], reshape.inputs[1]
         return None
@@ -641,6 +659,10 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         and query_heads.head_size != key_heads.head_size
     ):
         return Mismatch("Q and K have different head sizes")
+    if scores.dtype is not None and scores.dtype != ir.DataType.FLOAT:
+        return Mismatch(
+            f"attention in {scores.dtype.name}: only float32 blocks are fused (the fused kernels' CPU coverage)"
+        )
     if bias is not None:
         problem = _check_bias(bias, heads)
         if problem is not None:

@@ -24,6 +24,10 @@ from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, 
 # Merging huge weights would double peak weight memory while the pass runs.
 MAX_MERGED_BYTES = 512 * 1024 * 1024
 
+_NOT_A_PROJECTION = "not a MatMul with a constant 2-D weight"
+_NO_SIBLING = "no sibling MatMul with a constant [K, N] weight reads the same input"
+_NOT_FIRST = "merged from the first projection of this input"
+
 
 @dataclass(frozen=True)
 class _Projection:
@@ -57,7 +61,7 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     source = node.inputs[0]
     first = _projection(node)
     if source is None or first is None:
-        return Mismatch("not a MatMul with a constant 2-D weight")
+        return Mismatch(_NOT_A_PROJECTION)
     siblings: list[_Projection] = []
     for use in source.uses():
         if use.idx != 0 or any(use.node is p.matmul for p in siblings):
@@ -69,9 +73,9 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
             continue
         siblings.append(projection)
     if len(siblings) < 2:
-        return Mismatch("no sibling MatMul with a constant [K, N] weight reads the same input")
+        return Mismatch(_NO_SIBLING)
     if siblings[0].matmul is not node:
-        return Mismatch("merged from the first projection of this input")
+        return Mismatch(_NOT_FIRST)
     merged_elements = sum(p.weight.size for p in siblings)
     if merged_elements * first.weight.itemsize > MAX_MERGED_BYTES:
         return Mismatch("the merged weight would be larger than 512 MiB")
@@ -142,6 +146,8 @@ class MergeQkvProjectionsPass(Pass):
         new_weights: list[ir.Value] = []
         rule = Rule("matmuls->merged-matmul", "MatMul", _match, _rewrite_with(new_weights))
         stats, notes = apply_rules(model, [rule], self.options)
+        # Every lone MatMul is "not a candidate"; --explain lists only groups that could have merged.
+        notes = [n for n in notes if not n.endswith((_NOT_A_PROJECTION, _NO_SIBLING, _NOT_FIRST))]
         for weight in new_weights:
             if weight.uses():
                 model.graph.register_initializer(weight)
