@@ -35,20 +35,14 @@ def _can_replace(
         return None
     # The graph output keeps its name; the new value must be free to take it.
     if new.is_graph_input() or new.is_graph_output() or new.is_initializer():
-        return Mismatch(
-            "its result is a graph output and the replacement is a graph input, output or initializer"
-        )
+        return Mismatch("its result is a graph output and the replacement is a graph input, output or initializer")
     producer = new.producer()
-    if producer is None or (
-        producer.graph is not graph and not any(producer is n for n in new_nodes)
-    ):
+    if producer is None or (producer.graph is not graph and not any(producer is n for n in new_nodes)):
         return Mismatch("its result is a graph output and the replacement comes from another scope")
     return None
 
 
-def apply_replacement(
-    graph: ir.Graph | ir.Function, match: Match, replacement: Replacement
-) -> Mismatch | None:
+def apply_replacement(graph: ir.Graph | ir.Function, match: Match, replacement: Replacement) -> Mismatch | None:
     """Insert the new nodes before the root, move users, drop matched nodes left unused."""
     for old, new in replacement.values:
         problem = _can_replace(old, new, graph, replacement.nodes)
@@ -69,9 +63,7 @@ def apply_replacement(
             old.name = None
             new.name = name
     for node in reversed(list(match.nodes)):
-        if node.graph is graph and all(
-            not out.uses() and not out.is_graph_output() for out in node.outputs
-        ):
+        if node.graph is graph and all(not out.uses() and not out.is_graph_output() for out in node.outputs):
             graph.remove(node, safe=True)
     return None
 
@@ -103,23 +95,17 @@ def apply_rules(
                     outcome = rule.match(node, context)
                     if isinstance(outcome, Mismatch):
                         if options.explain:
-                            final_round_notes.append(
-                                f"{rule.name}: {describe(node)}: {outcome.reason}"
-                            )
+                            final_round_notes.append(f"{rule.name}: {describe(node)}: {outcome.reason}")
                         continue
                     replacement = rule.rewrite(outcome, context)
                     if isinstance(replacement, Mismatch):
                         if options.explain:
-                            final_round_notes.append(
-                                f"{rule.name}: {describe(node)}: {replacement.reason}"
-                            )
+                            final_round_notes.append(f"{rule.name}: {describe(node)}: {replacement.reason}")
                         continue
                     problem = apply_replacement(graph, outcome, replacement)
                     if problem is not None:
                         if options.explain:
-                            final_round_notes.append(
-                                f"{rule.name}: {describe(node)}: {problem.reason}"
-                            )
+                            final_round_notes.append(f"{rule.name}: {describe(node)}: {problem.reason}")
                         continue
                     stats[rule.name] += 1
                     changed = True
