@@ -122,9 +122,15 @@ def ort_transformers(path: Path, kind: str, out: Path) -> Path | None:
     except ImportError:
         return None
     model_type = {"gpt2": "gpt2", "llama": "gpt2"}.get(kind, "bert")
-    optimized = optimizer.optimize_model(
-        str(path), model_type=model_type, num_heads=0, hidden_size=0, opt_level=0
-    )
+    try:
+        optimized = optimizer.optimize_model(
+            str(path), model_type=model_type, num_heads=0, hidden_size=0, opt_level=0
+        )
+    except Exception as exc:  # the tool crashes on some current exports; report it and go on
+        print(
+            f"  onnxruntime.transformers.optimizer failed on {path.name}: {type(exc).__name__}: {exc}"
+        )
+        return None
     optimized.save_model_to_file(str(out), use_external_data_format=True)
     return out
 
