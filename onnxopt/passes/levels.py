@@ -13,6 +13,7 @@ from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
 from onnxopt.passes.eliminate_noops import EliminateNoopsPass
 from onnxopt.passes.fold_constants import FoldConstantsPass
 from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
+from onnxopt.passes.fuse_attention import FuseAttentionPass
 from onnxopt.passes.fuse_conv_activation import FuseConvActivationPass
 from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
 from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
@@ -23,6 +24,7 @@ from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
+from onnxopt.passes.merge_qkv_projections import MergeQkvProjectionsPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.passes.reorder_for_memory import ReorderForMemoryPass
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
@@ -57,6 +59,8 @@ ALL_PASSES: list[PassClass] = [
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
+    FuseAttentionPass,
+    MergeQkvProjectionsPass,
     *FUSIONS,
     *OPT_IN_FUSIONS,
     ReorderForMemoryPass,
@@ -94,19 +98,25 @@ LEVELS: dict[int, LevelSpec] = {
         LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
+        # Attention first: it needs to see the Transpose + MatMul that fuse-matmul would absorb.
+        FuseAttentionPass,
+        MergeQkvProjectionsPass,
         *FUSIONS,
         InferShapesPass,
         EliminateDeadCodePass,
         ReorderForMemoryPass,
     ],
+    # O3: as O2, then the cleanup fixed point once more over the fused graph (slower to run).
     3: [
         SortTopologicallyPass,
         InferShapesPass,
         LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
+        FuseAttentionPass,
+        MergeQkvProjectionsPass,
         *FUSIONS,
-        InferShapesPass,
+        CLEANUP,
         EliminateDeadCodePass,
         ReorderForMemoryPass,
     ],

@@ -34,7 +34,7 @@ def body(graph: ir.Graph | ir.Function) -> ir.Graph:
 
 
 def _can_replace(
-    old: ir.Value, new: ir.Value, graph: ir.Graph | ir.Function, new_nodes: Sequence[ir.Node]
+    old: ir.Value, new: ir.Value, graph: ir.Graph | ir.Function, new_nodes: Sequence[ir.Node] = ()
 ) -> Mismatch | None:
     if not old.is_graph_output():
         return None
@@ -126,7 +126,7 @@ def apply_replacement(
             raise ValueError("apply_replacement needs FreshNames to add constants")
         new_nodes = _materialize_constants(graph, root, replacement.constants, names) + new_nodes
     if new_nodes:
-        graph.insert_before(root, new_nodes)
+        graph.insert_before(match.anchor or root, new_nodes)
     for old, new in replacement.values:
         was_output = old.is_graph_output()
         name = old.name

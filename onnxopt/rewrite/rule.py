@@ -35,6 +35,9 @@ class Match:
 
     nodes: Sequence[ir.Node]
     bindings: dict[str, Any] = field(default_factory=dict)
+    # Where the replacement's nodes go; None: just before the root. A rule whose matched nodes have
+    # users between them (sibling MatMuls) anchors the new nodes at the first one instead.
+    anchor: ir.Node | None = None
 
     @property
     def root(self) -> ir.Node:

@@ -1,0 +1,893 @@
+"""Fuse scaled-dot-product attention blocks into one attention op.
+
+The matched block, rooted at its Softmax, is what PyTorch's exporters emit for
+``softmax(Q @ K^T * scale + bias) @ V`` followed by the merge of the heads::
+
+    Q4 = Transpose(Reshape(q, [B, S, H, d]), [0,2,1,3])   (or any [B, H, S, d] tensor, e.g. after rotary)
+    KT = K4 transposed to [B, H, d, T]                     (three exporter spellings, see _key_transposed)
+    P  = Softmax(MatMul(Q4 * a, KT * b) * c + bias)        (scalar factors optional, in any of the spots)
+    P  = Where(IsNaN(P), 0, P)                             (optional: SDPA's "fully masked row -> 0")
+    Y  = Reshape(Transpose(MatMul(P, V4), [0,2,1,3]), [B, S, H*dv])
+
+For ``--target ort`` the block becomes ``com.microsoft.MultiHeadAttention(q, k, v, attention_bias=bias)``
+with ``scale = a*b*c``. Q/K/V are passed as the [B, S, H*d] tensors before the head split when the
+graph has them (the head-split Transposes disappear), else K/V as [B, H, T, d] (a layout the op
+accepts) and Q transposed back to [B, S, H*d]. The additive mask keeps its exact values: ORT wants
+dims 2 and 3 of ``attention_bias`` spelled out, so a mask that may broadcast there is Expanded to
+[b, h, S, T] with S and T read from the tensors at run time (no dynamic dim becomes a constant).
+SDPA's NaN guard is kept exactly: a fully masked row makes ORT's softmax NaN, which the guard, moved
+after the op, turns into the zeros the original produces.
+
+For ``--target onnx`` the block becomes ONNX ``Attention`` (opset 23) on the [B, H, S, d] tensors,
+when the model's opset allows it; the mask is passed as ``attn_mask`` (the op broadcasts it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import MS_DOMAIN, const_array, is_op, single_consumer
+from onnxopt.passes.base import Pass, PassResult
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+
+logger = logging.getLogger(__name__)
+
+ONNX_ATTENTION_OPSET = 23
+
+
+def _producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
+    if value is None:
+        return None
+    node = value.producer()
+    return node if is_op(node, op_type) else None
+
+
+def _scalar(value: ir.Value | None) -> float | None:
+    array = const_array(value)
+    if array is None or array.size != 1 or not np.issubdtype(array.dtype, np.floating):
+        return None
+    result = float(array.reshape(-1)[0])
+    return result if np.isfinite(result) and result != 0.0 else None
+
+
+def _peel_scale(value: ir.Value) -> tuple[ir.Value, float, list[ir.Node]]:
+    """Strip scalar-constant Mul/Div nodes off ``value``: value = base * factor."""
+    factor = 1.0
+    nodes: list[ir.Node] = []
+    while True:
+        node = value.producer()
+        if is_op(node, "Mul"):
+            assert node is not None
+            left, right = node.inputs[0], node.inputs[1]
+            if (s := _scalar(right)) is not None and left is not None:
+                factor *= s
+                nodes.append(node)
+                value = left
+                continue
+            if (s := _scalar(left)) is not None and right is not None:
+                factor *= s
+                nodes.append(node)
+                value = right
+                continue
+        if is_op(node, "Div"):
+            assert node is not None
+            s = _scalar(node.inputs[1])
+            if s is not None and node.inputs[0] is not None:
+                factor /= s
+                nodes.append(node)
+                value = node.inputs[0]
+                continue
+        return value, factor, nodes
+
+
+def _perm(node: ir.Node | None) -> list[int] | None:
+    if not is_op(node, "Transpose"):
+        return None
+    assert node is not None
+    perm = node.attributes.get_ints("perm", None)
+    return list(perm) if perm is not None else None
+
+
+# --- reading Reshape targets -------------------------------------------------------------------
+# A target is read as a list of entries: an int constant, or ("dim", source, index) for a dim read
+# off some tensor's Shape at run time. Only what the exporters emit is understood.
+
+Entry = int | tuple[str, ir.Value, int]
+
+
+def _shape_slice(value: ir.Value) -> tuple[ir.Value, int, int | None] | None:
+    """``value`` = Shape(src)[start:end] as (src, start, end), or None."""
+    node = value.producer()
+    if is_op(node, "Shape"):
+        assert node is not None and node.inputs[0] is not None
+        start = node.attributes.get_int("start", 0)
+        end = node.attributes.get_int("end", None)
+        return node.inputs[0], start, end
+    if is_op(node, "Slice"):
+        assert node is not None
+        source = node.inputs[0]
+        if source is None or not is_op(source.producer(), "Shape"):
+            return None
+        shape_node = source.producer()
+        assert shape_node is not None
+        if (
+            shape_node.attributes.get_int("start", 0) != 0
+            or shape_node.attributes.get("end") is not None
+        ):
+            return None
+        starts = const_array(node.inputs[1])
+        ends = const_array(node.inputs[2])
+        axes = (
+            const_array(node.inputs[3])
+            if len(node.inputs) > 3 and node.inputs[3] is not None
+            else None
+        )
+        steps = (
+            const_array(node.inputs[4])
+            if len(node.inputs) > 4 and node.inputs[4] is not None
+            else None
+        )
+        if starts is None or ends is None or starts.size != 1 or ends.size != 1:
+            return None
+        if (axes is not None and int(axes.reshape(-1)[0]) != 0) or (
+            steps is not None and int(steps.reshape(-1)[0]) != 1
+        ):
+            return None
+        start = int(starts.reshape(-1)[0])
+        end = int(ends.reshape(-1)[0])
+        src = shape_node.inputs[0]
+        assert src is not None
+        return src, max(start, -(2**31)), None if end >= 2**31 else end
+    return None
+
+
+def _target_entries(
+    value: ir.Value | None, rank_of: dict[int, int] | None = None
+) -> list[Entry] | None:
+    """The entries of a Reshape target (a constant, or a Concat of constants and shape reads)."""
+    if value is None:
+        return None
+    array = const_array(value)
+    if array is not None:
+        return [int(x) for x in array.reshape(-1)]
+    node = value.producer()
+    if is_op(node, "Concat"):
+        assert node is not None
+        entries: list[Entry] = []
+        for piece in node.inputs:
+            part = _piece_entries(piece)
+            if part is None:
+                return None
+            entries.extend(part)
+        return entries
+    return _piece_entries(value)
+
+
+def _piece_entries(value: ir.Value | None) -> list[Entry] | None:
+    if value is None:
+        return None
+    array = const_array(value)
+    if array is not None:
+        return [int(x) for x in array.reshape(-1)]
+    sliced = _shape_slice(value)
+    if sliced is not None:
+        source, start, end = sliced
+        rank = _rank(source)
+        if rank is None:
+            if start >= 0 and end is not None and end > start:
+                return [("dim", source, i) for i in range(start, end)]
+            return None
+        lo = max(start + rank, 0) if start < 0 else start
+        hi = rank if end is None else (end + rank if end < 0 else min(end, rank))
+        return [("dim", source, i) for i in range(lo, hi)]
+    node = value.producer()
+    # Unsqueeze(Gather(Shape(src), i)) / Reshape(Gather(...)): one dim as a 1-element tensor
+    if is_op(node, "Unsqueeze") or is_op(node, "Reshape"):
+        assert node is not None
+        inner = node.inputs[0]
+        gather = inner.producer() if inner is not None else None
+        if is_op(gather, "Gather"):
+            assert gather is not None
+            index = const_array(gather.inputs[1])
+            shape_of = gather.inputs[0]
+            shape_node = shape_of.producer() if shape_of is not None else None
+            if index is not None and index.size == 1 and is_op(shape_node, "Shape"):
+                assert shape_node is not None and shape_node.inputs[0] is not None
+                if (
+                    shape_node.attributes.get_int("start", 0) == 0
+                    and shape_node.attributes.get("end") is None
+                ):
+                    i = int(index.reshape(-1)[0])
+                    rank = _rank(shape_node.inputs[0])
+                    if i < 0:
+                        if rank is None:
+                            return None
+                        i += rank
+                    return [("dim", shape_node.inputs[0], i)]
+    return None
+
+
+def _rank(value: ir.Value | None) -> int | None:
+    if value is None:
+        return None
+    if value.shape is not None:
+        return len(value.shape)
+    perm = _perm(value.producer())  # a Transpose's rank is its perm's length, even without shapes
+    return len(perm) if perm is not None else None
+
+
+def _last_dim(value: ir.Value | None) -> int | None:
+    if value is None or value.shape is None or len(value.shape) == 0:
+        return None
+    dim = value.shape[-1]
+    return dim if isinstance(dim, int) else None
+
+
+def _is_dim(entry: Entry, index: int) -> bool:
+    return isinstance(entry, tuple) and entry[2] == index
+
+
+def _keeps_leading_dims(entries: Sequence[Entry], allowzero: bool, source: ir.Value | None) -> bool:
+    """Entries 0 and 1 of a reshape keep the input's [B, S].
+
+    Each is a copy marker (0), the dim read at run time, or a constant equal to the input's static
+    dim; one of them may be -1 when the other is pinned (the trailing entries are checked by callers).
+    """
+    if sum(1 for e in entries if e == -1) > 1:
+        return False
+
+    def pinned(entry: Entry, axis: int) -> bool:
+        if entry == 0:
+            return not allowzero
+        if isinstance(entry, int):
+            return entry > 0 and entry == _dim(source, axis)
+        return _is_dim(entry, axis)
+
+    first, second = entries[0], entries[1]
+    if first == -1:
+        return pinned(second, 1)
+    return pinned(first, 0) and (second == -1 or pinned(second, 1))
+
+
+@dataclass(frozen=True)
+class _Heads:
+    """A [B, H, S, d] operand: the [B, S, H*d] tensor it was split from (if any) and its head count/size."""
+
+    four_d: ir.Value | None
+    three_d: ir.Value | None
+    heads: int | None
+    head_size: int | None
+    nodes: tuple[ir.Node, ...]
+
+
+def _split_heads(value4: ir.Value) -> _Heads:
+    """Recognise ``Transpose(Reshape(x, [B, S, H, d]), [0, 2, 1, 3])``; else an opaque [B, H, S, d] tensor."""
+    opaque = _Heads(value4, None, _dim(value4, 1), _dim(value4, 3), ())
+    transpose = value4.producer()
+    if _perm(transpose) != [0, 2, 1, 3]:
+        return opaque
+    assert transpose is not None
+    reshaped = transpose.inputs[0]
+    split = _reshape_to_heads(reshaped)
+    if split is None:
+        return opaque
+    three_d, heads, head_size, reshape = split
+    return _Heads(value4, three_d, heads, head_size, (reshape, transpose))
+
+
+def _dim(value: ir.Value | None, index: int) -> int | None:
+    if value is None or value.shape is None or len(value.shape) <= index:
+        return None
+    dim = value.shape[index]
+    return dim if isinstance(dim, int) else None
+
+
+def _reshape_to_heads(value: ir.Value | None) -> tuple[ir.Value, int, int, ir.Node] | None:
+    """``value = Reshape(x, [B, S, H, d])`` with x of rank 3: (x, H, d, reshape)."""
+    reshape = _producer(value, "Reshape")
+    if reshape is None:
+        return None
+    source = reshape.inputs[0]
+    if source is None or _rank(source) not in (None, 3):
+        return None
+    entries = _target_entries(reshape.inputs[1])
+    if entries is None or len(entries) != 4:
+        return None
+    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
+    heads, head_size = entries[2], entries[3]
+    if (
+        not isinstance(head_size, int)
+        or head_size <= 0
+        or not _keeps_leading_dims(entries, allowzero, source)
+    ):
+        return None
+    if entries[1] == -1 and not (isinstance(heads, int) and heads > 0):
+        return None
+    if heads == -1:
+        width = _last_dim(source)
+        if width is None or width % head_size:
+            return None
+        heads = width // head_size
+    if not isinstance(heads, int) or heads <= 0:
+        return None
+    width = _last_dim(source)
+    if width is not None and width != heads * head_size:
+        return None
+    return source, heads, head_size, reshape
+
+
+def _key_transposed(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mismatch:
+    """Resolve K^T ([B, H, d, T]) to K, as one of the exporters' spellings.
+
+    1. ``Transpose(Reshape(k, [B, T, H, d]), [0, 2, 3, 1])``        (TorchScript)
+    2. ``Transpose(K4, [0, 1, 3, 2])``
+    3. ``Reshape(Transpose(Reshape(K4, [-1, T, d]), [0, 2, 1]), [B, H, d, T])``  (dynamo), the dims read
+       from ``Shape(K4)`` at run time.
+    """
+    base, factor, nodes = _peel_scale(value)
+    producer = base.producer()
+    perm = _perm(producer)
+    if perm == [0, 2, 3, 1]:
+        assert producer is not None
+        split = _reshape_to_heads(producer.inputs[0])
+        if split is None:
+            return Mismatch("the key's head split is not Reshape([B, T, H, d]) of a rank-3 tensor")
+        three_d, heads, head_size, reshape = split
+        return _Heads(None, three_d, heads, head_size, (reshape,)), factor, [producer, *nodes]
+    if perm == [0, 1, 3, 2]:
+        assert producer is not None and producer.inputs[0] is not None
+        key4, more, inner = _peel_scale(producer.inputs[0])
+        key_heads = _split_heads(key4)
+        return key_heads, factor * more, [*key_heads.nodes, *inner, producer, *nodes]
+    reshape_back = _producer(base, "Reshape")
+    if reshape_back is not None:
+        transpose = (
+            reshape_back.inputs[0].producer() if reshape_back.inputs[0] is not None else None
+        )
+        reshape_flat = _producer(transpose.inputs[0], "Reshape") if transpose is not None else None
+        if (
+            _perm(transpose) == [0, 2, 1]
+            and reshape_flat is not None
+            and reshape_flat.inputs[0] is not None
+        ):
+            assert transpose is not None
+            key4 = reshape_flat.inputs[0]
+            flat = _target_entries(reshape_flat.inputs[1])
+            back = _target_entries(reshape_back.inputs[1])
+            if flat is None or back is None:
+                return Mismatch("the key transpose reshapes to shapes that cannot be read")
+            if not _is_flat_key(flat, key4) or not _is_unflat_key(back, key4):
+                return Mismatch(
+                    "the key transpose's reshapes are not [-1, T, d] and [B, H, d, T] of the key"
+                )
+            key_base, more, inner = _peel_scale(key4)
+            key_heads = _split_heads(key_base)
+            return (
+                key_heads,
+                factor * more,
+                [*key_heads.nodes, *inner, reshape_flat, transpose, reshape_back, *nodes],
+            )
+    return Mismatch("the second MatMul operand is not a transposed key")
+
+
+def _same_dim(entry: Entry, source: ir.Value, index: int) -> bool:
+    return isinstance(entry, tuple) and entry[1] is source and entry[2] == index
+
+
+def _is_flat_key(entries: Sequence[Entry], key4: ir.Value) -> bool:
+    return (
+        len(entries) == 3
+        and entries[0] == -1
+        and _same_dim(entries[1], key4, 2)
+        and _same_dim(entries[2], key4, 3)
+    )
+
+
+def _is_unflat_key(entries: Sequence[Entry], key4: ir.Value) -> bool:
+    return (
+        len(entries) == 4
+        and _same_dim(entries[0], key4, 0)
+        and _same_dim(entries[1], key4, 1)
+        and _same_dim(entries[2], key4, 3)
+        and _same_dim(entries[3], key4, 2)
+    )
+
+
+def _main_user(value: ir.Value) -> ir.Node | None:
+    """The one consumer of ``value`` that is not a Shape read (checked later by _dies_with)."""
+    if value.is_graph_output():
+        return None
+    users = [u.node for u in value.uses() if not is_op(u.node, "Shape")]
+    return (
+        users[0]
+        if len(users) == 1 and sum(1 for u in value.uses() if u.node is users[0]) == 1
+        else None
+    )
+
+
+def _is_noop_reshape(reshape: ir.Node, by_axis: Sequence[Sequence[ir.Value]]) -> bool:
+    """A Reshape of [B, H, S, dv] to [dim 0, -1, dim 2, dim 3] read off tensors known to share those dims."""
+    entries = _target_entries(reshape.inputs[1])
+    if entries is None or len(entries) != 4:
+        return False
+    if sum(1 for e in entries if e == -1) > 1:
+        return False
+    for axis, entry in enumerate(entries):
+        if entry == -1 or (
+            isinstance(entry, int) and entry > 0 and entry == _dim(by_axis[axis][0], axis)
+        ):
+            continue
+        if not (
+            isinstance(entry, tuple)
+            and entry[2] == axis
+            and any(entry[1] is v for v in by_axis[axis])
+        ):
+            return False
+    return True
+
+
+def _merged_heads(
+    value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]
+) -> tuple[ir.Value, list[ir.Node], ir.Value | None] | None:
+    """P@V's Transpose [0,2,1,3] and Reshape to [B, S, H*dv]: (output, nodes, target to re-apply or None).
+
+    A Reshape to a constant shape without copy markers (GPT-2 dynamo: [-1, D]) is re-applied to the
+    fused [B, S, H*dv] output: both hold the same elements in the same order.
+    """
+    nodes: list[ir.Node] = []
+    transpose = _main_user(value)
+    if (
+        is_op(transpose, "Reshape")
+        and transpose is not None
+        and _is_noop_reshape(transpose, by_axis)
+    ):
+        nodes.append(transpose)  # TorchScript's SDPA reshapes P@V to its own shape first
+        transpose = _main_user(transpose.outputs[0])
+    if _perm(transpose) != [0, 2, 1, 3]:
+        return None
+    assert transpose is not None
+    nodes.append(transpose)
+    reshape = _main_user(transpose.outputs[0])
+    if (
+        not is_op(reshape, "Reshape")
+        or reshape is None
+        or reshape.inputs[0] is not transpose.outputs[0]
+    ):
+        return None
+    entries = _target_entries(reshape.inputs[1])
+    if entries is None:
+        return None
+    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
+    constant = const_array(reshape.inputs[1])
+    if len(entries) != 3 or not _keeps_leading_dims(entries, allowzero, transpose.outputs[0]):
+        if constant is not None and 0 not in entries and entries.count(-1) <= 1:
+            return reshape.outputs[0], [*nodes, reshape], reshape.inputs[1]
+        return None
+    last = entries[2]
+    if entries[1] == -1 and not (isinstance(last, int) and last > 0):
+        return None
+    if not (isinstance(last, int) and (last == -1 or last > 0)):
+        return None
+    return reshape.outputs[0], [*nodes, reshape], None
+
+
+_SHAPE_OPS = (
+    "Shape",
+    "Gather",
+    "Unsqueeze",
+    "Squeeze",
+    "Concat",
+    "Slice",
+    "Cast",
+    "Reshape",
+    "Identity",
+)
+
+
+def _dies_with(
+    dying: set[ir.Node], heavy: Sequence[ir.Node], anywhere: Sequence[ir.Node]
+) -> list[ir.Node] | None:
+    """Shape-reading nodes that only feed ``dying``, so they go when the block goes.
+
+    TorchScript reads the dims of intermediate attention tensors (``Shape(P@V)``) to build the final
+    Reshape's target. Those readers die with the block; the ``heavy`` nodes must die entirely (else
+    the fusion would compute attention twice), the others (Q/K/V transposes) may stay alive.
+    Returns the readers in graph order, or None when a heavy node's result escapes.
+    """
+    memo: dict[int, bool] = {}
+    readers: list[ir.Node] = []
+
+    def dies(node: ir.Node, depth: int = 0) -> bool:
+        if node in dying:
+            return True
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        memo[key] = False
+        if depth > 8 or not any(is_op(node, op) for op in _SHAPE_OPS):
+            return False
+        for out in node.outputs:
+            if out.is_graph_output() or not all(dies(u.node, depth + 1) for u in out.uses()):
+                return False
+        memo[key] = True
+        readers.append(node)
+        return True
+
+    def consumers_die(node: ir.Node) -> bool:
+        return all(
+            not out.is_graph_output() and all(dies(u.node) for u in out.uses())
+            for out in node.outputs
+        )
+
+    for node in heavy:
+        if not consumers_die(node):
+            return None
+    for node in anywhere:
+        consumers_die(node)
+    return readers[::-1]  # found consumer-first; removal wants producers before consumers
+
+
+@dataclass(frozen=True)
+class _Block:
+    query: _Heads
+    key: _Heads
+    value: _Heads
+    scale: float
+    bias: ir.Value | None
+    nan_guard: bool
+    output: ir.Value
+    output_target: ir.Value | None
+
+
+def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    axis = softmax.attributes.get_int("axis", -1)
+    scores = softmax.inputs[0]
+    if scores is None:
+        return Mismatch("Softmax has no input")
+    rank = _rank(scores)
+    if axis != -1 and not (rank is not None and axis == rank - 1):
+        return Mismatch(f"Softmax is over axis {axis}, not the last one")
+    nodes: list[ir.Node] = []
+    # Walk up: [Add bias] <- [scalar scale] <- MatMul(Q, K^T)
+    bias: ir.Value | None = None
+    add = _producer(scores, "Add")
+    base = scores
+    if add is not None:
+        for i in (0, 1):
+            candidate = add.inputs[i]
+            other = add.inputs[1 - i]
+            if candidate is not None and is_op(_peel_scale(candidate)[0].producer(), "MatMul"):
+                base, bias = candidate, other
+                break
+        else:
+            return Mismatch("the Softmax input is an Add without a Q@K^T MatMul operand")
+        nodes.append(add)
+    assert base is not None
+    scores_mm, post_scale, scale_nodes = _peel_scale(base)
+    matmul = _producer(scores_mm, "MatMul")
+    if matmul is None:
+        return Mismatch("the Softmax input is not (scaled) Q@K^T")
+    if matmul.inputs[0] is None or matmul.inputs[1] is None:
+        return Mismatch("Q@K^T has a missing input")
+    query_base, query_scale, query_nodes = _peel_scale(matmul.inputs[0])
+    key = _key_transposed(matmul.inputs[1])
+    if isinstance(key, Mismatch):
+        return key
+    key_heads, key_scale, key_nodes = key
+    query_heads = _split_heads(query_base)
+    # Walk down: [IsNaN/Where guard] -> MatMul(P, V) -> Transpose -> Reshape
+    probs = softmax.outputs[0]
+    nan_guard = False
+    uses = [u.node for u in probs.uses()]
+    guard_nodes: list[ir.Node] = []
+    if len(uses) == 2 and not probs.is_graph_output():
+        isnan = next((n for n in uses if is_op(n, "IsNaN")), None)
+        where = next((n for n in uses if is_op(n, "Where")), None)
+        if (
+            isnan is None
+            or where is None
+            or where.inputs[0] is not isnan.outputs[0]
+            or where.inputs[2] is not probs
+            or not _is_zero(where.inputs[1])
+            or single_consumer(isnan.outputs[0]) is not where
+        ):
+            return Mismatch("the attention probabilities have other consumers")
+        nan_guard = True
+        guard_nodes = [isnan, where]
+        probs = where.outputs[0]
+    pv = _main_user(probs)
+    if not is_op(pv, "MatMul") or pv is None or pv.inputs[0] is not probs or pv.inputs[1] is None:
+        return Mismatch("the attention probabilities are not multiplied by V")
+    value4 = pv.inputs[1]
+    query4 = matmul.inputs[0]
+    block_values = [pv.outputs[0], query4, query_base, value4]
+    by_axis = (
+        block_values,
+        block_values,
+        [pv.outputs[0], query4, query_base],
+        [pv.outputs[0], value4],
+    )
+    merged = _merged_heads(pv.outputs[0], by_axis)
+    if merged is None:
+        return Mismatch(
+            "the attention output is not merged back to [B, S, H*d] by Transpose+Reshape"
+        )
+    output, out_nodes, output_target = merged
+    value_heads = _split_heads(pv.inputs[1])
+
+    heads = query_heads.heads or key_heads.heads or value_heads.heads
+    value_size = value_heads.head_size or _dim(pv.outputs[0], 3)
+    width = _last_dim(output)
+    if width is None:
+        out_entries = _target_entries(out_nodes[-1].inputs[1])
+        width = (
+            out_entries[-1]
+            if out_entries and isinstance(out_entries[-1], int) and out_entries[-1] > 0
+            else None
+        )
+    if width is None:  # the output projection's weight is [H*dv, D]
+        for use in output.uses():
+            weight = use.node.inputs[1] if len(use.node.inputs) > 1 else None
+            if (
+                (is_op(use.node, "MatMul") or is_op(use.node, "Gemm"))
+                and use.idx == 0
+                and _rank(weight) == 2
+            ):
+                width = (
+                    _dim(weight, 0)
+                    if not use.node.attributes.get_int("transB", 0)
+                    else _dim(weight, 1)
+                )
+    if heads is None and value_size and width and width % value_size == 0:
+        heads = width // value_size  # [B, S, H*dv] merged from heads of size dv
+    if heads is None:
+        return Mismatch("cannot tell the number of heads (shapes unknown)")
+    for side in (query_heads, key_heads, value_heads):
+        if side.heads is not None and side.heads != heads:
+            return Mismatch(
+                f"Q, K and V have different head counts ({side.heads} vs {heads}); grouped K/V not repeated"
+            )
+    if (
+        query_heads.head_size is not None
+        and key_heads.head_size is not None
+        and query_heads.head_size != key_heads.head_size
+    ):
+        return Mismatch("Q and K have different head sizes")
+    if scores.dtype is not None and scores.dtype != ir.DataType.FLOAT:
+        return Mismatch(
+            f"attention in {scores.dtype.name}: only float32 blocks are fused (the fused kernels' CPU coverage)"
+        )
+    if bias is not None:
+        problem = _check_bias(bias, heads)
+        if problem is not None:
+            return problem
+    block = _Block(
+        query=query_heads,
+        key=key_heads,
+        value=value_heads,
+        scale=query_scale * key_scale * post_scale,
+        bias=bias,
+        nan_guard=nan_guard,
+        output=output,
+        output_target=output_target,
+    )
+    target = context.options.target
+    if target == "onnx" and context.opset() < ONNX_ATTENTION_OPSET:
+        return Mismatch(
+            f"--target onnx: ONNX Attention needs opset {ONNX_ATTENTION_OPSET}, the model has {context.opset()}"
+        )
+    if target == "ort":
+        if (key_heads.three_d is None) != (value_heads.three_d is None) and (
+            key_heads.four_d is None or value_heads.four_d is None
+        ):
+            return Mismatch("K and V are in different layouts")
+    elif key_heads.four_d is None and key_heads.three_d is None:
+        return Mismatch("the key is not available as [B, H, T, d]")
+    ordered = [
+        *reversed(value_heads.nodes),
+        *reversed(key_nodes),
+        *reversed(query_heads.nodes),
+        *reversed(query_nodes),
+        matmul,
+        *reversed(scale_nodes),
+        *nodes,
+        softmax,
+        *guard_nodes,
+        pv,
+        *out_nodes,
+    ]
+    heavy = [matmul, *scale_nodes, *nodes, softmax, *guard_nodes, pv, *out_nodes[:-1]]
+    readers = _dies_with(set(ordered), heavy, ordered)
+    if readers is None:
+        return Mismatch(
+            "an intermediate attention tensor (scores, probabilities or P@V) has other consumers"
+        )
+    # Graph order, so that the driver can drop consumers before their producers (root last).
+    position = {id(node): i for i, node in enumerate(context.graph)}
+    ordered = sorted(
+        {id(n): n for n in [*ordered, *readers]}.values(), key=lambda n: position.get(id(n), -1)
+    )
+    return Match(ordered, {"block": block, "heads": heads})
+
+
+def _is_zero(value: ir.Value | None) -> bool:
+    array = const_array(value)
+    return array is not None and array.size == 1 and float(array.reshape(-1)[0]) == 0.0
+
+
+def _check_bias(bias: ir.Value, heads: int) -> Mismatch | None:
+    rank = _rank(bias)
+    if rank is None:
+        return Mismatch("the mask's rank is unknown, so it may not broadcast to [B, H, S, T]")
+    if rank > 4:
+        return Mismatch(f"the mask has rank {rank}; it is not broadcastable to [B, H, S, T]")
+    if rank == 4:
+        head_dim = _dim(bias, 1)
+        if head_dim is not None and head_dim not in (1, heads):
+            return Mismatch(
+                f"the mask's dim 1 is {head_dim}; it is not broadcastable to [B, {heads}, S, T]"
+            )
+    return None
+
+
+# --- rewrite -----------------------------------------------------------------------------------
+
+
+def _const(tape: ir.tape.Tape, values: Sequence[int]) -> ir.Value:
+    return tape.op("Constant", [], {"value": ir.tensor(np.array(values, dtype=np.int64))})
+
+
+def _seq_len(tape: ir.tape.Tape, value: ir.Value, axis: int, opset: int) -> ir.Value:
+    if opset >= 15:
+        return tape.op("Shape", [value], {"start": axis, "end": axis + 1})
+    shape = tape.op("Shape", [value])
+    return tape.op(
+        "Slice", [shape, _const(tape, [axis]), _const(tape, [axis + 1]), _const(tape, [0])]
+    )
+
+
+def _same_symbol(a: ir.Value | None, i: int, b: ir.Value | None, j: int) -> bool:
+    if (
+        a is None
+        or b is None
+        or a.shape is None
+        or b.shape is None
+        or len(a.shape) <= i
+        or len(b.shape) <= j
+    ):
+        return False
+    x, y = a.shape[i], b.shape[j]
+    if isinstance(x, int) or isinstance(y, int):
+        return isinstance(x, int) and x == y and x > 1
+    return x.value is not None and x.value == y.value
+
+
+def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | Mismatch:
+    block: _Block = match.bindings["block"]
+    heads: int = match.bindings["heads"]
+    if context.options.target == "onnx":
+        return _rewrite_onnx(block, context.opset())
+    tape = ir.tape.Tape()
+    opset = context.opset()
+    use_3d = block.key.three_d is not None and block.value.three_d is not None
+    if use_3d:
+        key, value, kv_axis = block.key.three_d, block.value.three_d, 1
+    else:
+        key, value, kv_axis = block.key.four_d, block.value.four_d, 2
+        if key is None or value is None:
+            return Mismatch("K and V are in different layouts")
+    if block.query.three_d is not None:
+        query = block.query.three_d
+    else:
+        assert block.query.four_d is not None
+        moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
+        query = tape.op("Reshape", [moved, _const(tape, [0, 0, -1])])
+    assert key is not None and value is not None
+    bias = _full_bias(tape, block.bias, query, 1, key, kv_axis, opset)
+    inputs: list[ir.Value | None] = [query, key, value]
+    if bias is not None:
+        inputs += [None, None, bias]
+    attention = tape.op(
+        "MultiHeadAttention",
+        inputs,
+        {"num_heads": heads, "scale": float(block.scale)},
+        domain=MS_DOMAIN,
+    )
+    result = attention
+    if block.nan_guard:
+        result = _nan_guard(tape, attention, block.output)
+    if block.output_target is not None:
+        result = tape.op("Reshape", [result, block.output_target])
+    return Replacement(tape.nodes, [(block.output, result)])
+
+
+def _full_bias(
+    tape: ir.tape.Tape,
+    bias: ir.Value | None,
+    query: ir.Value,
+    q_axis: int,
+    key: ir.Value,
+    kv_axis: int,
+    opset: int,
+) -> ir.Value | None:
+    """The additive mask as rank 4 with dims 2 and 3 spelled out (ORT's kernels do not broadcast them).
+
+    Unless shapes prove the mask is already [., ., S, T], it is Expanded to [1, 1, S, T] (which keeps
+    its own dims 0 and 1), S and T read from the query and key at run time.
+    """
+    if bias is None:
+        return None
+    rank = _rank(bias)
+    assert rank is not None
+    full = (
+        rank == 4 and _same_symbol(bias, 2, query, q_axis) and _same_symbol(bias, 3, key, kv_axis)
+    )
+    if rank < 4:
+        bias = tape.op("Unsqueeze", [bias, _const(tape, list(range(4 - rank)))])
+    if full:
+        return bias
+    target = tape.op(
+        "Concat",
+        [
+            _const(tape, [1, 1]),
+            _seq_len(tape, query, q_axis, opset),
+            _seq_len(tape, key, kv_axis, opset),
+        ],
+        {"axis": 0},
+    )
+    return tape.op("Expand", [bias, target])
+
+
+def _nan_guard(tape: ir.tape.Tape, value: ir.Value, like: ir.Value) -> ir.Value:
+    dtype = like.dtype.numpy() if like.dtype is not None else np.dtype(np.float32)
+    zero = tape.op("Constant", [], {"value": ir.tensor(np.zeros((), dtype=dtype))})
+    isnan = tape.op("IsNaN", [value])
+    return tape.op("Where", [isnan, zero, value])
+
+
+def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
+    tape = ir.tape.Tape()
+    sides = []
+    for side in (block.query, block.key, block.value):
+        if side.four_d is not None:
+            sides.append(side.four_d)
+        else:
+            assert side.three_d is not None and side.head_size is not None
+            split = tape.op("Reshape", [side.three_d, _const(tape, [0, 0, -1, side.head_size])])
+            sides.append(tape.op("Transpose", [split], {"perm": [0, 2, 1, 3]}))
+    inputs: list[ir.Value | None] = list(sides)
+    bias = _full_bias(tape, block.bias, sides[0], 2, sides[1], 2, opset)
+    if bias is not None:
+        inputs.append(bias)
+    attention = tape.op("Attention", inputs, {"scale": float(block.scale)})
+    result = attention
+    if block.nan_guard:
+        result = _nan_guard(tape, attention, block.output)
+    moved = tape.op("Transpose", [result], {"perm": [0, 2, 1, 3]})
+    merged = tape.op("Reshape", [moved, block.output_target or _const(tape, [0, 0, -1])])
+    return Replacement(tape.nodes, [(block.output, merged)])
+
+
+ATTENTION_RULE = Rule("attention->mha", "Softmax", _match_attention, _rewrite_attention)
+
+
+class FuseAttentionPass(Pass):
+    """Fuse Softmax(Q@K^T*scale + mask)@V blocks into MultiHeadAttention (ort) or Attention (onnx, opset 23)."""
+
+    name = "fuse-attention"
+    summary = "fuse multi-head attention blocks (MultiHeadAttention for ort, Attention-23 for onnx)"
+
+    def call(self, model: ir.Model) -> PassResult:
+        stats, notes = apply_rules(model, [ATTENTION_RULE], self.options)
+        if stats:
+            if self.options.target == "ort":
+                model.opset_imports.setdefault(MS_DOMAIN, 1)
+            else:
+                stats = Counter({"attention->onnx-attention": stats["attention->mha"]})
+        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)

@@ -1,0 +1,270 @@
+"""FuseAttentionPass: hand-built SDPA graphs (both exporter spellings) and tiny real exports."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnx_ir as ir
+import pytest
+
+from onnxopt.passes.fuse_attention import FuseAttentionPass
+from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.options import PassOptions
+from onnxopt.validate import validate
+
+B_DIM, D, H, HEAD = "B", 8, 2, 4
+
+
+def _weights(seed: int = 0) -> str:
+    rng = np.random.default_rng(seed)
+
+    def mat(name: str, shape: tuple[int, ...]) -> str:
+        values = ", ".join(f"{v:.4f}" for v in rng.standard_normal(int(np.prod(shape))) * 0.5)
+        dims = ", ".join(map(str, shape))
+        return f"float[{dims}] {name} = {{{values}}}"
+
+    return ",\n".join(
+        [
+            mat("wq", (D, D)),
+            mat("wk", (D, D)),
+            mat("wv", (D, D)),
+            mat("bq", (D,)),
+            mat("bk", (D,)),
+            mat("bv", (D,)),
+        ]
+    )
+
+
+def _model(
+    *, key_form: str = "torchscript", runtime_mask_shape: bool = False, softmax_axis: int = -1
+) -> ir.Model:
+    """x[B,S,8] and a [B,S] padding mask -> one SDPA block (2 heads of 4), as the exporters write it."""
+    if key_form == "torchscript":  # K^T = Transpose(Reshape(k), [0,2,3,1])
+        key_t = """
+            kr = Reshape(kb, heads)
+            kt = Transpose<perm=[0,2,3,1]>(kr)
+        """
+    else:  # dynamo: K4 -> Reshape[-1,T,d] -> Transpose[0,2,1] -> Reshape[B,H,d,T] read off Shape(K4)
+        key_t = """
+            kr = Reshape(kb, heads)
+            k4 = Transpose<perm=[0,2,1,3]>(kr)
+            ks = Shape(k4)
+            k_bh = Slice(ks, zero1, minus2)
+            k_t = Slice(ks, minus2, minus1)
+            k_d = Slice(ks, minus1, big)
+            flat_shape = Concat<axis=0>(minus1, k_t, k_d)
+            kflat = Reshape(k4, flat_shape)
+            kflat_t = Transpose<perm=[0,2,1]>(kflat)
+            back_shape = Concat<axis=0>(k_bh, k_d, k_t)
+            kt = Reshape(kflat_t, back_shape)
+        """
+    extra_input = ", int64[N] bias_shape" if runtime_mask_shape else ""
+    expand = "bias = Expand(bias0, bias_shape)" if runtime_mask_shape else "bias = Identity(bias0)"
+    text = f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        agraph (float[B, S, 8] x, int64[B, S] mask{extra_input}) => (float[B, S, 8] y) <
+            {_weights()},
+            int64[4] heads = {{0, 0, 2, 4}},
+            int64[3] merged = {{0, 0, 8}},
+            int64[1] zero1 = {{0}},
+            int64[2] mask_axes = {{1, 2}},
+            int64[1] minus1 = {{-1}},
+            int64[1] minus2 = {{-2}},
+            int64[1] big = {{9223372036854775807}},
+            float sq = {{0.70710678}},
+            float zero = {{0.0}},
+            float ninf = {{-inf}}
+        > {{
+            q0 = MatMul(x, wq)
+            qb = Add(q0, bq)
+            k0 = MatMul(x, wk)
+            kb = Add(k0, bk)
+            v0 = MatMul(x, wv)
+            vb = Add(v0, bv)
+            qr = Reshape(qb, heads)
+            q4 = Transpose<perm=[0,2,1,3]>(qr)
+            {key_t}
+            vr = Reshape(vb, heads)
+            v4 = Transpose<perm=[0,2,1,3]>(vr)
+            qs = Mul(q4, sq)
+            kts = Mul(kt, sq)
+            scores = MatMul(qs, kts)
+            mbool = Cast<to=9>(mask)
+            mb = Unsqueeze(mbool, mask_axes)
+            bias0 = Where(mb, zero, ninf)
+            {expand}
+            masked = Add(scores, bias)
+            probs = Softmax<axis={softmax_axis}>(masked)
+            nan = IsNaN(probs)
+            clean = Where(nan, zero, probs)
+            pv = MatMul(clean, v4)
+            pt = Transpose<perm=[0,2,1,3]>(pv)
+            y = Reshape(pt, merged)
+        }}
+    """
+    proto = onnx.parser.parse_model(text)
+    onnx.checker.check_model(proto)
+    model = ir.serde.deserialize_model(proto)
+    InferShapesPass()(model)
+    return model
+
+
+def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = (rng.random((batch, seq)) > 0.3).astype(np.int64)
+    mask[0, :] = 1
+    if batch > 1:
+        mask[1, :] = 0  # a fully padded sequence: SDPA's NaN guard turns its rows into zeros
+    if batch > 2:
+        mask[2, seq // 2 :] = 0  # right padding
+    return {"x": rng.standard_normal((batch, seq, D)).astype(np.float32), "mask": mask}
+
+
+def _op_types(model: ir.Model) -> list[str]:
+    return [node.op_type for node in model.graph]
+
+
+@pytest.mark.parametrize("key_form", ["torchscript", "dynamo"])
+def test_fuses_sdpa_into_multi_head_attention(key_form: str) -> None:
+    model = _model(key_form=key_form)
+    fused = model.clone()
+    result = FuseAttentionPass()(fused)
+    assert result.stats == {"attention->mha": 1}
+    types = _op_types(fused)
+    assert types.count("MultiHeadAttention") == 1
+    assert "Softmax" not in types and "Transpose" not in types
+    assert sum(t == "MatMul" for t in types) == 3  # the Q/K/V projections only
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    assert mha.domain == "com.microsoft"
+    assert mha.attributes.get_int("num_heads") == H
+    assert mha.attributes.get_float("scale") == pytest.approx(0.5, rel=1e-6)
+    assert fused.opset_imports["com.microsoft"] == 1
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(4, 7, 2)])
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_fully_masked_rows_stay_zero_and_padding_is_exact() -> None:
+    model = _model()
+    fused = model.clone()
+    FuseAttentionPass()(fused)
+    feeds = _feeds(3, 6, 3)
+    report = validate(model, fused, inputs=[feeds])
+    assert report.passed, report
+    assert report.outputs[0].max_abs < 1e-5
+
+
+def test_mask_of_unknown_rank_is_not_fused() -> None:
+    model = _model(runtime_mask_shape=True)
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert any("mask's rank is unknown" in note for note in result.notes), result.notes
+
+
+def test_softmax_over_another_axis_is_not_fused() -> None:
+    model = _model(softmax_axis=2)
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert any("Softmax is over axis 2" in note for note in result.notes)
+
+
+def test_onnx_target_needs_opset_23() -> None:
+    model = _model()
+    result = FuseAttentionPass(PassOptions(target="onnx", explain=True))(model)
+    assert not result.modified
+    assert any("needs opset 23, the model has 17" in note for note in result.notes)
+
+
+# --- tiny real exports ---------------------------------------------------------------------------
+
+
+def _export(kind: str, dynamo: bool, tmp_path) -> ir.Model:  # type: ignore[no-untyped-def]
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if kind == "bert":
+        config = transformers.BertConfig(
+            vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=32, max_position_embeddings=32,
+        )  # fmt: skip
+        module = transformers.BertModel(config)
+    elif kind == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32, use_cache=False
+        )
+        module = transformers.GPT2Model(config)
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=32, max_position_embeddings=32, use_cache=False,
+        )  # fmt: skip
+        module = transformers.LlamaModel(config)
+    module.eval()
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = module
+
+        def forward(self, input_ids, attention_mask):  # type: ignore[no-untyped-def]
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    args = (torch.randint(0, 64, (2, 7)), torch.ones(2, 7, dtype=torch.long))
+    path = tmp_path / f"{kind}.onnx"
+    if dynamo:
+        from torch.export import Dim
+
+        shapes = ({0: Dim.AUTO, 1: Dim.AUTO}, {0: Dim.AUTO, 1: Dim.AUTO})
+        torch.onnx.export(Wrapper(), args, str(path), input_names=["input_ids", "attention_mask"],
+                          dynamic_shapes=shapes, dynamo=True)  # fmt: skip
+    else:
+        axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+        torch.onnx.export(Wrapper(), args, str(path), input_names=["input_ids", "attention_mask"],
+                          dynamic_axes=axes, opset_version=17, dynamo=False)  # fmt: skip
+    model = ir.load(str(path))
+    InferShapesPass()(model)
+    return model
+
+
+def _text_feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, seq), dtype=np.int64)
+    mask[-1, : seq // 2] = 0  # left padding on the last sequence
+    if batch > 2:
+        mask[0, :] = 0
+    return {"input_ids": rng.integers(0, 64, (batch, seq)), "attention_mask": mask}
+
+
+@pytest.mark.parametrize(
+    ("kind", "dynamo"),
+    [("bert", False), ("gpt2", False), ("llama", False), pytest.param("bert", True, marks=pytest.mark.slow),
+     pytest.param("gpt2", True, marks=pytest.mark.slow), pytest.param("llama", True, marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_fuses_real_exports(kind: str, dynamo: bool, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model = _export(kind, dynamo, tmp_path)
+    fused = model.clone()
+    result = FuseAttentionPass()(fused)
+    assert result.stats == {"attention->mha": 1}
+    types = _op_types(fused)
+    assert "Softmax" not in types and types.count("MultiHeadAttention") == 1
+    report = validate(
+        model, fused, inputs=[_text_feeds(3, 6, 0), _text_feeds(1, 1, 1), _text_feeds(2, 9, 2)]
+    )
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+@pytest.mark.parametrize("key_form", ["torchscript", "dynamo"])
+def test_onnx_target_uses_standard_attention_at_opset_23(key_form: str) -> None:
+    model = _model(key_form=key_form)
+    model.opset_imports[""] = 23
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(target="onnx"))(fused)
+    assert result.stats == {"attention->onnx-attention": 1}
+    types = _op_types(fused)
+    assert "Attention" in types and "Softmax" not in types
+    assert all(n.domain in ("", "ai.onnx") for n in fused.graph)
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1)])
+    assert report.passed, report
+    assert not FuseAttentionPass(PassOptions(target="onnx"))(fused).modified
