@@ -1,0 +1,105 @@
+"""The interleaved timing loop: every variant once per round, so paired ratios cancel machine noise.
+
+A round runs all variants back to back, alternating forward and reverse order (A B C, C B A, ...) so
+that no variant always runs right after a particular other one. The loop stops at the first of: every
+watched speed-up's confidence interval is within ``±ci_target`` of its median (after ``min_rounds``),
+the time budget is spent, or ``max_rounds`` is reached.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxopt.bench.stats import median_interval, paired_speedup
+
+
+@dataclass(frozen=True)
+class Runner:
+    """A loaded variant: ``run()`` is one timed inference, ``outputs()`` runs once and returns host arrays."""
+
+    name: str
+    device: str  # cpu, cuda
+    create_seconds: float  # session creation / module preparation
+    run: Callable[[], object]
+    outputs: Callable[[], list[np.ndarray]]
+    keepalive: object = None  # e.g. device buffers bound to a session
+
+
+@dataclass(frozen=True)
+class TimingResult:
+    samples: tuple[tuple[float, ...], ...]  # per variant, per round, seconds
+    rounds: int
+    seconds: float
+    stop_reason: str
+
+
+def warm_up(
+    runs: Sequence[Callable[[], object]],
+    *,
+    count: int,
+    seconds: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> None:
+    """Run each variant ``count`` times, or fewer when ``seconds`` run out (at least once each)."""
+    start = clock()
+    for _ in range(count):
+        for run in runs:
+            run()
+        if clock() - start > seconds:
+            return
+
+
+def _tight(
+    samples: Sequence[list[float]],
+    pairs: Sequence[tuple[int, int]],
+    target: float,
+    confidence: float,
+) -> bool:
+    if pairs:
+        return all(
+            paired_speedup(samples[a], samples[b], confidence).relative_half_width <= target
+            for a, b in pairs
+        )
+    return all(median_interval(s, confidence).relative_half_width <= target for s in samples)
+
+
+def interleave(
+    runs: Sequence[Callable[[], object]],
+    pairs: Sequence[tuple[int, int]],
+    *,
+    budget_seconds: float,
+    min_rounds: int = 10,
+    max_rounds: int = 100_000,
+    ci_target: float = 0.01,
+    confidence: float = 0.95,
+    clock: Callable[[], float] = time.perf_counter,
+) -> TimingResult:
+    """Time ``runs`` round-robin; ``pairs`` (baseline index, candidate index) are the speed-ups watched."""
+    samples: list[list[float]] = [[] for _ in runs]
+    order = list(range(len(runs)))
+    start = clock()
+    rounds = 0
+    next_check = min_rounds
+    stop_reason = f"reached --max-rounds {max_rounds}"
+    while rounds < max_rounds:
+        sequence = order if rounds % 2 == 0 else order[::-1]
+        for index in sequence:
+            begin = clock()
+            runs[index]()
+            samples[index].append(clock() - begin)
+        rounds += 1
+        elapsed = clock() - start
+        if elapsed >= budget_seconds and rounds >= min(min_rounds, 3):
+            stop_reason = f"time budget of {budget_seconds:g} s spent"
+            break
+        if rounds >= next_check:
+            # Geometric schedule: checking costs O(rounds), so check O(log rounds) times.
+            next_check = max(rounds + 1, int(rounds * 1.1))
+            if _tight(samples, pairs, ci_target, confidence):
+                stop_reason = f"{confidence:.0%} intervals within ±{ci_target:.1%}"
+                break
+    return TimingResult(tuple(tuple(s) for s in samples), rounds, clock() - start, stop_reason)
