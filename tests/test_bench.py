@@ -146,9 +146,10 @@ def test_bench_uses_a_given_optimized_file_and_sweeps_batch(tmp_path):
     report = bench(
         str(DEFAULT_MODEL),
         *("--optimized", str(optimized), "--sweep", "batch=1,3", "--ort-level", "disable"),
-        *("--budget", "0.2", "--threads", "1", "--no-memory"),
+        *("--budget", "0.2", "--threads", "1", "--no-memory", "--clock", "cpu"),
     )
     assert report["optimized"]["source"] == str(optimized)
+    assert report["environment"]["clock"] == "cpu"
     assert [p["shapes"]["image"][0] for p in report["points"]] == [1, 3]
     for index in range(2):
         found = variants(report, point=index)

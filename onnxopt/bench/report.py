@@ -151,7 +151,8 @@ def render(report: BenchReport, console: Any) -> None:
     info = report.optimized
     console.print(
         f"[bold]{escape(report.model)}[/bold]: optimized by {escape(info.source)}, "
-        f"{info.nodes_before} → {info.nodes_after} nodes; {report.threads} threads",
+        f"{info.nodes_before} → {info.nodes_after} nodes; {report.threads} threads; "
+        f"{report.environment.get('clock', 'wall')} clock",
         highlight=False,
     )
     variants = [v for p in report.points for g in p.groups for v in g.variants]
@@ -244,7 +245,8 @@ def plot(report: BenchReport, path: Path) -> Path:
         )
         axis.invert_yaxis()
         axis.set_xscale("log")  # a noisy machine's outliers would squash the boxes on a linear axis
-        axis.set_xlabel("latency (ms, log scale); box: quartiles, whiskers: p5-p95")
+        what = "CPU time per run" if report.environment.get("clock") == "cpu" else "latency"
+        axis.set_xlabel(f"{what} (ms, log scale); box: quartiles, whiskers: p5-p95")
         shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in point.shapes.items())
         axis.set_title(f"{group.provider}: {shapes}", fontsize=9, loc="left")
         axis.grid(axis="x", alpha=0.3)

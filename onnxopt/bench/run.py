@@ -55,6 +55,7 @@ class BenchOptions:
     sweeps: tuple[tuple[str, tuple[int, ...]], ...] = ()
     inputs: Mapping[str, np.ndarray] | None = None
     budget_seconds: float = 20.0
+    clock: str = "wall"  # wall: latency; cpu: process CPU time, steadier on a shared machine
     ci_target: float = 0.01
     confidence: float = 0.95
     min_rounds: int = 20
@@ -325,6 +326,7 @@ def _run_group(provider: str, setup: _Setup) -> GroupResult:
         max_rounds=options.max_rounds,
         ci_target=options.ci_target,
         confidence=options.confidence,
+        timer=timing.CLOCKS[options.clock],
     )
     baseline_of = {candidate: baseline for baseline, candidate in pairs}
     reference_index = next(
@@ -372,7 +374,7 @@ def _run_group(provider: str, setup: _Setup) -> GroupResult:
     )
 
 
-def _environment(threads: int) -> dict[str, str]:
+def _environment(threads: int, clock: str) -> dict[str, str]:
     import onnxruntime as ort
 
     from onnxopt import __version__
@@ -384,6 +386,7 @@ def _environment(threads: int) -> dict[str, str]:
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
         "intra_op_threads": str(threads),
+        "clock": clock,
         "thread_spinning": "off",
     }
     try:
@@ -413,6 +416,8 @@ def run_bench(
         raise UsageError(
             f"--ort-level {','.join(bad_levels)}: choose from {', '.join(providers.ORT_LEVELS)}"
         )
+    if options.clock not in timing.CLOCKS:
+        raise UsageError(f"--clock {options.clock}: choose from {', '.join(timing.CLOCKS)}")
     if options.inputs is not None and (options.sweeps or options.shapes):
         raise UsageError(
             "--inputs fixes the input shapes; it cannot be combined with --shape or --sweep"
@@ -476,6 +481,11 @@ def run_bench(
             "RSS load / peak: host memory growth of each variant in a fresh process (load; peak over load and "
             "3 runs); ORT arena statistics are not exposed by its Python API, device memory is not measured"
         )
+    if options.clock == "cpu":
+        notes.append(
+            "steady-state figures are process CPU time per run (--clock cpu), not wall-clock latency; "
+            "create and first-run times are wall clock"
+        )
     if options.torch_compile:
         notes.append("torch-compile's first run includes compilation; its memory is not measured")
     return BenchReport(
@@ -483,7 +493,7 @@ def run_bench(
         optimized=info,
         torch=options.torch,
         threads=threads,
-        environment=_environment(threads),
+        environment=_environment(threads, options.clock),
         points=tuple(points),
         notes=tuple(notes),
     )
