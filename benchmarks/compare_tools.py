@@ -239,7 +239,7 @@ def bench(
         "--threads",
         str(args.threads),
     ]
-    command += ["--no-memory", "--json"]
+    command += ["--clock", args.clock, "--no-memory", "--json"]
     if torch_spec:
         command += ["--torch", torch_spec]
     done = subprocess.run(
@@ -338,8 +338,8 @@ def markdown(
     lines += [
         "",
         f"Speed-up: median of paired per-round latency ratios original/optimized with its 95% interval "
-        f"(`onnxopt bench`, ORT {ort.__version__} CPU, {args.threads} thread(s), {args.budget:g} s per "
-        "level pair, batch 1, sequence 128 for text models). > 1: faster. Optimize time: reading the "
+        f"(`onnxopt bench`, ORT {ort.__version__} CPU, {args.threads} thread(s), {args.clock} clock, "
+        f"{args.budget:g} s per model and tool, batch 1, sequence 128 for text models). > 1: faster. Optimize time: reading the "
         "model, optimizing and writing it, in a fresh process; peak RSS: its resident-memory growth over "
         "the interpreter with the tool imported. Errors: max |difference| on the benchmark inputs, "
         f"ORT optimizations off. Generated in {seconds / 60:.0f} min by `benchmarks/compare_tools.py`.",
@@ -365,6 +365,15 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="cpu",
+        help="bench --clock (cpu: steadier on a shared machine)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="Keep the optimized models in --workdir"
+    )
+    parser.add_argument(
         "--workdir", type=Path, help="Where exported and optimized models go (default: temp)"
     )
     parser.add_argument("--out", type=Path, help="Write the markdown table here (default: stdout)")
@@ -383,7 +392,9 @@ def main() -> None:
             ]
             cases = [ModelCase(p.stem, p, None) for p in paths]
         else:
-            cases = default_models(workdir, [h for h in args.hf.split(",") if h])
+            cases = default_models(
+                workdir, [h for h in args.hf.split(",") if h], small=not args.no_small
+            )
         rows: list[tuple[ModelCase, int, Cell]] = []
         for case in cases:
             nodes_before = _count_nodes(case.path)
@@ -398,7 +409,7 @@ def main() -> None:
                         cell.error = f"bench: {exc}"
                 rows.append((case, nodes_before, cell))
                 for leftover in (out, out.with_name(out.name + ".data")):
-                    if args.workdir is None and leftover.exists():
+                    if not args.keep and leftover.exists():
                         leftover.unlink()
         table = markdown(rows, args, time.perf_counter() - start)
     if args.out:

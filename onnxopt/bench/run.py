@@ -327,6 +327,7 @@ def _run_group(provider: str, setup: _Setup) -> GroupResult:
         ci_target=options.ci_target,
         confidence=options.confidence,
         timer=timing.CLOCKS[options.clock],
+        seed=options.seed,
     )
     baseline_of = {candidate: baseline for baseline, candidate in pairs}
     reference_index = next(

@@ -1,13 +1,15 @@
 """The interleaved timing loop: every variant once per round, so paired ratios cancel machine noise.
 
-A round runs all variants back to back, alternating forward and reverse order (A B C, C B A, ...) so
-that no variant always runs right after a particular other one. The loop stops at the first of: every
+A round runs all variants back to back in a fresh random order (seeded), so that no variant always
+runs first, last, or right after a particular other one (a fixed A B C, C B A alternation would run A
+and C twice in a row every other round, with their caches warm). The loop stops at the first of: every
 watched speed-up's confidence interval is within ``±ci_target`` of its median (after ``min_rounds``),
 the time budget is spent, or ``max_rounds`` is reached.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -87,6 +89,7 @@ def interleave(
     confidence: float = 0.95,
     clock: Callable[[], float] = time.perf_counter,
     timer: Callable[[], float] = time.perf_counter,
+    seed: int = 0,
 ) -> TimingResult:
     """Time ``runs`` round-robin; ``pairs`` (baseline index, candidate index) are the speed-ups watched.
 
@@ -94,13 +97,14 @@ def interleave(
     """
     samples: list[list[float]] = [[] for _ in runs]
     order = list(range(len(runs)))
+    shuffler = random.Random(seed)
     start = clock()
     rounds = 0
     next_check = min_rounds
     stop_reason = f"reached --max-rounds {max_rounds}"
     while rounds < max_rounds:
-        sequence = order if rounds % 2 == 0 else order[::-1]
-        for index in sequence:
+        shuffler.shuffle(order)
+        for index in order:
             begin = timer()
             runs[index]()
             samples[index].append(timer() - begin)
