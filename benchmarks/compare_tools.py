@@ -271,21 +271,24 @@ class ModelCase:
     torch: str | None  # factory for the eager reference
 
 
-def default_models(workdir: Path, hf: list[str]) -> list[ModelCase]:
+def default_models(workdir: Path, hf: list[str], small: bool = True) -> list[ModelCase]:
+    """The exported zoo when there is one; else default.onnx, light_* models and BERT-tiny; plus ``hf``."""
     zoo = ROOT / "zoo"
-    if zoo.is_dir() and any(zoo.rglob("*.onnx")):
+    if small and zoo.is_dir() and any(zoo.rglob("*.onnx")):
         return [ModelCase(p.stem, p, None) for p in sorted(zoo.rglob("*.onnx"))]
     import onnx
 
     light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-    cases = [ModelCase("default", ROOT / "models" / "default.onnx", None)]
-    cases += [
-        ModelCase(n, light / f"{n}.onnx", None) for n in LIGHT if (light / f"{n}.onnx").exists()
-    ]
+    cases = []
+    if small:
+        cases.append(ModelCase("default", ROOT / "models" / "default.onnx", None))
+        cases += [
+            ModelCase(n, light / f"{n}.onnx", None) for n in LIGHT if (light / f"{n}.onnx").exists()
+        ]
     sys.path.insert(0, str(HERE))
     import hf_models
 
-    for name in ["bert_tiny", *hf]:
+    for name in ["bert_tiny", *hf] if small else hf:
         path = workdir / f"{name}.onnx"
         if not path.exists():
             print(f"exporting {name} ...", file=sys.stderr)
@@ -370,6 +373,7 @@ def main() -> None:
         default="cpu",
         help="bench --clock (cpu: steadier on a shared machine)",
     )
+    parser.add_argument("--no-small", action="store_true", help="Only the --hf models")
     parser.add_argument(
         "--keep", action="store_true", help="Keep the optimized models in --workdir"
     )

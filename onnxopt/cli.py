@@ -308,13 +308,14 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
 @click.option("--inputs", "inputs_file", type=click.Path(path_type=Path), help="Benchmark on these inputs (.npz) instead of random ones.")
 @click.option("--budget", type=click.FloatRange(0, min_open=True), default=20.0, show_default=True, help="Seconds of interleaved timing per input size and provider.")
 @click.option("--ci", "ci_target", type=click.FloatRange(0, min_open=True), default=0.01, show_default=True, help="Stop early once every speed-up's 95% interval is within ±this fraction.")
+@click.option("--sessions", type=click.IntRange(1), default=3, show_default=True, help="Recreate the ORT sessions this many times or more over the budget; intervals then include session-to-session variation.")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True, help="Time runs by wall clock (latency) or process CPU time (steadier on a busy, shared machine).")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory measurement (child processes).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write the latency distributions to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @_common
-def bench(model: Path, optimized: Path | None, level: int, torch_spec: str | None, torch_compile: bool, provider: str, threads: int, ort_level: str, shapes: tuple[str, ...], sweeps: tuple[str, ...], inputs_file: Path | None, budget: float, ci_target: float, clock: str, no_memory: bool, seed: int, plot_path: Path | None, as_json: bool, verbose: int, traceback: bool) -> None:
+def bench(model: Path, optimized: Path | None, level: int, torch_spec: str | None, torch_compile: bool, provider: str, threads: int, ort_level: str, shapes: tuple[str, ...], sweeps: tuple[str, ...], inputs_file: Path | None, budget: float, ci_target: float, sessions: int, clock: str, no_memory: bool, seed: int, plot_path: Path | None, as_json: bool, verbose: int, traceback: bool) -> None:
     """Time MODEL against its optimized form (and PyTorch) on ONNX Runtime, interleaved; speed-ups with 95% intervals."""
     from onnxopt.bench import BenchOptions, plot, render, run_bench
     from onnxopt.bench.run import parse_sweep
@@ -328,7 +329,7 @@ def bench(model: Path, optimized: Path | None, level: int, torch_spec: str | Non
         providers=tuple(_split(provider)), threads=threads, ort_levels=tuple(_split(ort_level)),
         shapes=dict(parse_input_shape(s) for s in shapes), sweeps=tuple(parse_sweep(s) for s in sweeps),
         inputs=load_inputs(inputs_file)[0] if inputs_file else None,
-        budget_seconds=budget, ci_target=ci_target, clock=clock, memory=not no_memory, seed=seed,
+        budget_seconds=budget, ci_target=ci_target, sessions=sessions, clock=clock, memory=not no_memory, seed=seed,
     )
     with _stderr_console().status("benchmarking", spinner="dots") as status:
         report = run_bench(model, options, progress=lambda step: status.update(f"{step} …"))

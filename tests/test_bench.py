@@ -66,6 +66,25 @@ def test_paired_speedup_is_the_median_of_ratios_with_an_interval_around_it():
     assert median_interval([1.0, 2.0, 3.0]).low is None
 
 
+def test_block_bootstrap_widens_the_interval_by_the_spread_between_sessions():
+    rng = np.random.default_rng(1)
+    shifts = [
+        0.96,
+        1.0,
+        1.04,
+        0.98,
+        1.02,
+        1.0,
+    ]  # each session generation runs a bit faster or slower
+    values = np.concatenate([shift * rng.uniform(0.995, 1.005, size=50) for shift in shifts])
+    blocks = np.repeat(np.arange(len(shifts)), 50)
+    naive = median_interval(values)
+    blocked = paired_speedup(values, np.ones_like(values), blocks=blocks.tolist())
+    assert blocked.blocks == 6 and blocked.median == pytest.approx(naive.median)
+    assert blocked.high - blocked.low > 2 * (naive.high - naive.low)
+    assert paired_speedup(values, np.ones_like(values), blocks=[0] * values.size) == naive
+
+
 def test_shapes_come_from_pins_then_sweeps_then_examples_then_defaults():
     model = io.model_from_proto(onnx.parser.parse_model(TWO_INPUTS))
     specs = input_specs(model)
@@ -115,6 +134,7 @@ def test_bench_cpu_reports_every_variant_and_skips_cuda_with_a_reason(tmp_path):
         assert variant["create_seconds"] > 0 and variant["first_run_seconds"] > 0
         if name.startswith("optimized"):
             speedup = variant["speedup"]
+            assert speedup["blocks"] >= 1  # generations of sessions the interval spans
             assert speedup["median"] > 0 and speedup["low"] <= speedup["median"] <= speedup["high"]
             assert variant["speedup_baseline"] == name.replace("optimized", "original")
         if name != "original (disable)":

@@ -203,9 +203,13 @@ def render(report: BenchReport, console: Any) -> None:
         console.print(table)
         for group in point.groups:
             if not group.skipped:
+                generations = max(
+                    (v.speedup.blocks for v in group.variants if v.speedup), default=1
+                )
                 console.print(
-                    f"[dim]{group.provider}: {group.rounds} interleaved rounds in "
-                    f"{group.timing_seconds:.1f} s ({escape(group.stop_reason)})[/dim]",
+                    f"[dim]{group.provider}: {group.rounds} interleaved rounds on {generations} "
+                    f"generation(s) of sessions in {group.timing_seconds:.1f} s "
+                    f"({escape(group.stop_reason)})[/dim]",
                     highlight=False,
                 )
     for number, footnote in enumerate(footnotes, 1):

@@ -55,6 +55,7 @@ class BenchOptions:
     sweeps: tuple[tuple[str, tuple[int, ...]], ...] = ()
     inputs: Mapping[str, np.ndarray] | None = None
     budget_seconds: float = 20.0
+    sessions: int = 3  # session generations the budget is spread over (see timing.interleave)
     clock: str = "wall"  # wall: latency; cpu: process CPU time, steadier on a shared machine
     ci_target: float = 0.01
     confidence: float = 0.95
@@ -77,6 +78,7 @@ class _Loaded:
     run: Callable[[], object]
     outputs: list[np.ndarray]
     memory: memory.MemoryResult | None
+    model_path: str | None = None  # ORT variants: what a reload creates a new session from
 
 
 def parse_sweep(text: str) -> tuple[str, tuple[int, ...]]:
@@ -253,7 +255,15 @@ def _load_group(provider: str, setup: _Setup) -> list[_Loaded]:
             first, outputs = _timed_first_run(runner.outputs)
             loaded.append(
                 _Loaded(
-                    name, provider, level, runner.create_seconds, first, runner.run, outputs, mem
+                    name,
+                    provider,
+                    level,
+                    runner.create_seconds,
+                    first,
+                    runner.run,
+                    outputs,
+                    mem,
+                    path,
                 )
             )
     if torch_model is not None:
@@ -293,6 +303,22 @@ def _load_group(provider: str, setup: _Setup) -> list[_Loaded]:
     return loaded
 
 
+def _reload(runs: list[Callable[[], object]], variants: Sequence[_Loaded], setup: _Setup) -> None:
+    """Replace every ORT variant's session with a new one, releasing the old one first."""
+    for index, variant in enumerate(variants):
+        if variant.model_path is None or variant.ort_level is None:
+            continue  # PyTorch modules keep their weights where they are
+        runs[index] = variant.run = _released
+        runner = providers.create_runner(
+            variant.model_path, variant.provider, variant.ort_level, setup.threads, setup.feeds
+        )
+        runs[index] = variant.run = runner.run
+
+
+def _released() -> None:
+    raise AssertionError("a released session was run")
+
+
 def _pairs(variants: Sequence[_Loaded]) -> list[tuple[int, int]]:
     """(baseline, candidate) index pairs: optimized vs original at its level; PyTorch vs the first original."""
     originals = {v.ort_level: i for i, v in enumerate(variants) if v.name == "original"}
@@ -328,6 +354,8 @@ def _run_group(provider: str, setup: _Setup) -> GroupResult:
         confidence=options.confidence,
         timer=timing.CLOCKS[options.clock],
         seed=options.seed,
+        reload=lambda runs: _reload(runs, variants, setup),
+        sessions=options.sessions,
     )
     baseline_of = {candidate: baseline for baseline, candidate in pairs}
     reference_index = next(
@@ -343,7 +371,9 @@ def _run_group(provider: str, setup: _Setup) -> GroupResult:
         baseline_label = None
         if i in baseline_of:
             base = variants[baseline_of[i]]
-            speedup = paired_speedup(result.samples[baseline_of[i]], samples, options.confidence)
+            speedup = paired_speedup(
+                result.samples[baseline_of[i]], samples, options.confidence, result.blocks
+            )
             baseline_label = f"original ({base.ort_level})"
         ref_label = f"original ({reference.ort_level}, {provider})"
         vs_original = (

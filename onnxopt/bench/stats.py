@@ -54,6 +54,7 @@ class Interval:
     high: float | None
     confidence: float
     count: int
+    blocks: int = 1  # > 1: a block bootstrap over session generations
 
     @property
     def relative_half_width(self) -> float:
@@ -99,12 +100,56 @@ def median_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.
     return Interval(median, float(ordered[k - 1]), float(ordered[count - k]), coverage, count)
 
 
-def paired_speedup(
-    baseline: Sequence[float], candidate: Sequence[float], confidence: float = 0.95
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def block_bootstrap_interval(
+    values: Sequence[float] | np.ndarray,
+    blocks: Sequence[int],
+    confidence: float = 0.95,
+    seed: int = 0,
 ) -> Interval:
-    """Median of ``baseline[i] / candidate[i]`` (> 1: the candidate is faster) with its interval."""
+    """Median of ``values`` with a two-level (blocks, then values within them) bootstrap interval.
+
+    Values from one block share something the order-statistic interval would wrongly treat as
+    independent noise (here: the sessions they were timed on, whose memory placement can shift a
+    run by a few percent); resampling whole blocks puts that variation into the interval.
+    """
+    data = np.asarray(values, dtype=np.float64)
+    labels = np.asarray(blocks)
+    groups = [data[labels == label] for label in dict.fromkeys(labels.tolist())]
+    median = float(np.median(data))
+    if len(groups) < 2:
+        return median_interval(data, confidence)
+    rng = np.random.default_rng(seed)
+    medians = np.empty(BOOTSTRAP_RESAMPLES)
+    for i in range(BOOTSTRAP_RESAMPLES):
+        chosen = rng.integers(0, len(groups), len(groups))
+        medians[i] = np.median(
+            np.concatenate(
+                [groups[g][rng.integers(0, groups[g].size, groups[g].size)] for g in chosen]
+            )
+        )
+    alpha = 1.0 - confidence
+    low, high = np.quantile(medians, [alpha / 2, 1 - alpha / 2])
+    return Interval(median, float(low), float(high), confidence, int(data.size), len(groups))
+
+
+def paired_speedup(
+    baseline: Sequence[float],
+    candidate: Sequence[float],
+    confidence: float = 0.95,
+    blocks: Sequence[int] | None = None,
+) -> Interval:
+    """Median of ``baseline[i] / candidate[i]`` (> 1: the candidate is faster) with its interval.
+
+    With ``blocks`` (the session generation of each round) the interval is a block bootstrap.
+    """
     if len(baseline) != len(candidate):
         raise ValueError("paired samples differ in length")
     a = np.asarray(baseline, dtype=np.float64)
     b = np.asarray(candidate, dtype=np.float64)
-    return median_interval(a / np.maximum(b, 1e-12), confidence)
+    ratios = a / np.maximum(b, 1e-12)
+    if blocks is not None and len(set(blocks)) > 1:
+        return block_bootstrap_interval(ratios, blocks, confidence)
+    return median_interval(ratios, confidence)

@@ -9,6 +9,7 @@ the time budget is spent, or ``max_rounds`` is reached.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ class Runner:
 @dataclass(frozen=True)
 class TimingResult:
     samples: tuple[tuple[float, ...], ...]  # per variant, per round, seconds
+    blocks: tuple[int, ...]  # per round: the generation of sessions it ran on
     rounds: int
     seconds: float
     stop_reason: str
@@ -69,10 +71,11 @@ def _tight(
     pairs: Sequence[tuple[int, int]],
     target: float,
     confidence: float,
+    blocks: Sequence[int],
 ) -> bool:
     if pairs:
         return all(
-            paired_speedup(samples[a], samples[b], confidence).relative_half_width <= target
+            paired_speedup(samples[a], samples[b], confidence, blocks).relative_half_width <= target
             for a, b in pairs
         )
     return all(median_interval(s, confidence).relative_half_width <= target for s in samples)
@@ -90,15 +93,25 @@ def interleave(
     clock: Callable[[], float] = time.perf_counter,
     timer: Callable[[], float] = time.perf_counter,
     seed: int = 0,
+    reload: Callable[[list[Callable[[], object]]], None] | None = None,
+    sessions: int = 1,
 ) -> TimingResult:
     """Time ``runs`` round-robin; ``pairs`` (baseline index, candidate index) are the speed-ups watched.
 
     ``timer`` measures each run (wall or CPU time); ``clock`` measures the budget (wall time).
+    With ``reload`` (which replaces the runs in the list it is given with freshly created ones), the
+    budget is cut into ``2 * sessions`` blocks with new sessions each, and the loop may stop early
+    only after ``sessions`` blocks, so that intervals include the session-to-session variation.
     """
+    runs = list(runs)
     samples: list[list[float]] = [[] for _ in runs]
+    blocks: list[int] = []
+    block = 0
+    reloading = reload is not None and sessions > 1
+    block_seconds = budget_seconds / (2 * sessions) if reloading else math.inf
     order = list(range(len(runs)))
     shuffler = random.Random(seed)
-    start = clock()
+    start = block_start = clock()
     rounds = 0
     next_check = min_rounds
     stop_reason = f"reached --max-rounds {max_rounds}"
@@ -109,14 +122,24 @@ def interleave(
             runs[index]()
             samples[index].append(timer() - begin)
         rounds += 1
+        blocks.append(block)
         elapsed = clock() - start
         if elapsed >= budget_seconds and rounds >= min(min_rounds, 3):
             stop_reason = f"time budget of {budget_seconds:g} s spent"
             break
-        if rounds >= next_check:
+        if rounds >= next_check and block + 1 >= (sessions if reloading else 1):
             # Geometric schedule: checking costs O(rounds), so check O(log rounds) times.
             next_check = max(rounds + 1, int(rounds * 1.1))
-            if _tight(samples, pairs, ci_target, confidence):
+            if _tight(samples, pairs, ci_target, confidence, blocks):
                 stop_reason = f"{confidence:.0%} intervals within ±{ci_target:.1%}"
                 break
-    return TimingResult(tuple(tuple(s) for s in samples), rounds, clock() - start, stop_reason)
+        if reload is not None and clock() - block_start >= block_seconds:
+            if budget_seconds - elapsed < block_seconds / 2:
+                continue  # too little time left for a useful block: finish on these sessions
+            reload(runs)
+            warm_up(runs, count=2, seconds=block_seconds / 4, clock=clock)
+            block += 1
+            block_start = clock()
+    return TimingResult(
+        tuple(tuple(s) for s in samples), tuple(blocks), rounds, clock() - start, stop_reason
+    )
