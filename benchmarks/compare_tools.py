@@ -340,7 +340,7 @@ def markdown(
         )
     lines += [
         "",
-        f"Speed-up: median of paired per-round latency ratios original/optimized with its 95% interval "
+        f"Speed-up: median of paired per-round time ratios original/optimized with its 95% interval "
         f"(`onnxopt bench`, ORT {ort.__version__} CPU, {args.threads} thread(s), {args.clock} clock, "
         f"{args.budget:g} s per model and tool, batch 1, sequence 128 for text models). > 1: faster. Optimize time: reading the "
         "model, optimizing and writing it, in a fresh process; peak RSS: its resident-memory growth over "
