@@ -705,6 +705,14 @@ def _stdout_console() -> Any:
     return Console()
 
 
+def _wide_console() -> Any:
+    """stdout, at least 150 columns wide even when piped: wide tables wrap badly."""
+    console = _stdout_console()
+    if console.width < 150 and not console.is_terminal:
+        console.width = 150
+    return console
+
+
 @main.command(cls=_Command)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @_common
@@ -858,6 +866,161 @@ def export_command(
         click.echo(
             f"wrote {result.output} and {result.reference} ({exporter}, opset {result.opset}, {result.export_seconds:.1f} s)"
         )
+
+
+@main.command(cls=_Command)
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option(
+    "--optimized",
+    type=click.Path(path_type=Path),
+    help="Time this optimized file instead of optimizing MODEL in memory.",
+)
+@click.option(
+    "-O",
+    "--level",
+    type=click.IntRange(0, 3),
+    default=2,
+    show_default=True,
+    help="onnxopt level used to optimize MODEL in memory.",
+)
+@click.option(
+    "--torch",
+    "torch_spec",
+    metavar="NAME|MODULE:FACTORY",
+    help="Also time eager PyTorch: a zoo name or package.module:factory returning (module, inputs).",
+)
+@click.option(
+    "--torch-compile", is_flag=True, help="Also time torch.compile of the --torch module."
+)
+@click.option(
+    "--provider",
+    default="cpu",
+    show_default=True,
+    help="ORT execution providers: cpu, cuda (comma-separated).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(0),
+    default=0,
+    help="Intra-op threads for ORT and PyTorch (default: physical cores).",
+)
+@click.option(
+    "--ort-level",
+    default="all,disable",
+    show_default=True,
+    help="ORT graph optimization levels: disable, basic, extended, all (comma-separated).",
+)
+@click.option("--shape", "shapes", multiple=True, help="An input's shape: NAME:1x128 (repeatable).")
+@click.option(
+    "--sweep",
+    "sweeps",
+    multiple=True,
+    help="Repeat for sizes of a dynamic dim: batch=1,4,16, sequence=... or DIM=... (repeatable: all combinations).",
+)
+@click.option(
+    "--inputs",
+    "inputs_file",
+    type=click.Path(path_type=Path),
+    help="Benchmark on these inputs (.npz) instead of random ones.",
+)
+@click.option(
+    "--budget",
+    type=click.FloatRange(0, min_open=True),
+    default=20.0,
+    show_default=True,
+    help="Seconds of interleaved timing per input size and provider.",
+)
+@click.option(
+    "--ci",
+    "ci_target",
+    type=click.FloatRange(0, min_open=True),
+    default=0.01,
+    show_default=True,
+    help="Stop early once every speed-up's 95% interval is within ±this fraction.",
+)
+@click.option(
+    "--sessions",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Recreate the ORT sessions this many times or more over the budget; intervals then include session-to-session variation.",
+)
+@click.option(
+    "--clock",
+    type=click.Choice(["wall", "cpu"]),
+    default="wall",
+    show_default=True,
+    help="Time runs by wall clock (latency) or process CPU time (steadier on a busy, shared machine).",
+)
+@click.option(
+    "--no-memory", is_flag=True, help="Skip the peak-memory measurement (child processes)."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(path_type=Path),
+    help="Write the latency distributions to this PNG.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@_common
+def bench(
+    model: Path,
+    optimized: Path | None,
+    level: int,
+    torch_spec: str | None,
+    torch_compile: bool,
+    provider: str,
+    threads: int,
+    ort_level: str,
+    shapes: tuple[str, ...],
+    sweeps: tuple[str, ...],
+    inputs_file: Path | None,
+    budget: float,
+    ci_target: float,
+    sessions: int,
+    clock: str,
+    no_memory: bool,
+    seed: int,
+    plot_path: Path | None,
+    as_json: bool,
+    verbose: int,
+    traceback: bool,
+) -> None:
+    """Time MODEL against its optimized form (and PyTorch) on ONNX Runtime, interleaved; speed-ups with 95% intervals."""
+    from onnxopt.bench import BenchOptions, plot, render, run_bench
+    from onnxopt.bench.run import parse_sweep
+    from onnxopt.validate import load_inputs
+
+    _setup_logging(verbose)
+    if torch_compile and not torch_spec:
+        raise UsageError("--torch-compile needs --torch")
+    options = BenchOptions(
+        optimized=optimized,
+        level=level,
+        torch=torch_spec,
+        torch_compile=torch_compile,
+        providers=tuple(_split(provider)),
+        threads=threads,
+        ort_levels=tuple(_split(ort_level)),
+        shapes=dict(parse_input_shape(s) for s in shapes),
+        sweeps=tuple(parse_sweep(s) for s in sweeps),
+        inputs=load_inputs(inputs_file)[0] if inputs_file else None,
+        budget_seconds=budget,
+        ci_target=ci_target,
+        sessions=sessions,
+        clock=clock,
+        memory=not no_memory,
+        seed=seed,
+    )
+    with _stderr_console().status("benchmarking", spinner="dots") as status:
+        report = run_bench(model, options, progress=lambda step: status.update(f"{step} …"))
+    if plot_path is not None:
+        click.echo(f"wrote {plot(report, plot_path)}", err=True)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        render(report, _wide_console())
 
 
 if __name__ == "__main__":  # pragma: no cover

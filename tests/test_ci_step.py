@@ -174,3 +174,16 @@ def test_bisect_names_the_pass_that_broke_validation(
     assert code == 1
     assert "pass #3 'break-relu' introduced the mismatch" in err
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_latency_and_memory_thresholds_run_a_benchmark(tmp_path: Path) -> None:
+    model = _small_model(tmp_path / "m.onnx")
+    code, out, err = _run(
+        ["check", str(model), "--max-latency-ratio", "100", "--max-peak-memory", "64GiB", "--json"]
+    )
+    assert code == 0, err
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert checks["max-latency-ratio"]["passed"] and checks["max-latency-ratio"]["measured"] > 0
+    assert checks["max-peak-memory"]["passed"] and checks["max-peak-memory"]["measured"] > 0
+    code, _, err = _run(["check", str(model), "--max-peak-memory", "1KiB"])
+    assert code == 1 and "max-peak-memory:" in err and "is over the limit 1.0 KiB" in err

@@ -1,0 +1,530 @@
+"""``run_bench``: optimize (or load) the candidate, build the inputs, time every variant, check outputs.
+
+For each input size (one, or each point of the sweeps) and each provider, every variant is loaded
+(session creation and first run timed), its peak memory measured in a child process, then all are
+warmed up and timed interleaved in one loop; speed-ups are medians of paired ratios.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import platform
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxopt import io
+from onnxopt.bench import memory, providers, timing
+from onnxopt.bench.report import (
+    Agreement,
+    BenchReport,
+    GroupResult,
+    OptimizedInfo,
+    PointResult,
+    VariantResult,
+)
+from onnxopt.bench.stats import LatencyStats, paired_speedup
+from onnxopt.errors import UsageError
+from onnxopt.passes.levels import DEFAULT_LEVEL
+from onnxopt.report import ModelSummary
+from onnxopt.validate import InputSpec, compare_arrays, input_specs, make_inputs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH = 1
+DEFAULT_DYNAMIC_SIZE = 128  # a dynamic dim other than the first: a sequence length or image side
+SWEEP_ALIASES = {"batch": 0, "sequence": 1, "seq": 1}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    optimized: Path | None = None  # benchmark this file instead of optimizing in memory
+    level: int = DEFAULT_LEVEL
+    torch: str | None = None  # package.module:factory or a zoo name
+    torch_compile: bool = False
+    providers: tuple[str, ...] = ("cpu",)
+    threads: int = 0  # 0: the number of physical cores
+    ort_levels: tuple[str, ...] = ("all", "disable")
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    sweeps: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    inputs: Mapping[str, np.ndarray] | None = None
+    budget_seconds: float = 20.0
+    sessions: int = 3  # session generations the budget is spread over (see timing.interleave)
+    clock: str = "wall"  # wall: latency; cpu: process CPU time, steadier on a shared machine
+    ci_target: float = 0.01
+    confidence: float = 0.95
+    min_rounds: int = 20
+    max_rounds: int = 100_000
+    warmup_runs: int = 5
+    memory: bool = True
+    seed: int = 0
+
+
+@dataclass
+class _Loaded:
+    """A variant ready to time."""
+
+    name: str
+    provider: str
+    ort_level: str | None
+    create_seconds: float
+    first_run_seconds: float
+    run: Callable[[], object]
+    outputs: list[np.ndarray]
+    memory: memory.MemoryResult | None
+    model_path: str | None = None  # ORT variants: what a reload creates a new session from
+
+
+def parse_sweep(text: str) -> tuple[str, tuple[int, ...]]:
+    """``batch=1,4,16`` -> ("batch", (1, 4, 16))."""
+    name, sep, values = text.partition("=")
+    try:
+        sizes = tuple(int(v) for v in values.split(",") if v.strip())
+    except ValueError:
+        sizes = ()
+    if not sep or not name.strip() or not sizes or any(v <= 0 for v in sizes):
+        raise UsageError(
+            f"--sweep '{text}': expected DIM=SIZE,SIZE,... with positive sizes (e.g. batch=1,4,16)"
+        )
+    return name.strip(), sizes
+
+
+def _threads(requested: int) -> int:
+    if requested > 0:
+        return requested
+    import psutil
+
+    return int(psutil.cpu_count(logical=False) or psutil.cpu_count() or 1)
+
+
+def _sweep_points(sweeps: Sequence[tuple[str, tuple[int, ...]]]) -> list[dict[str, int]]:
+    if not sweeps:
+        return [{}]
+    names = [name for name, _ in sweeps]
+    return [
+        dict(zip(names, values, strict=False))
+        for values in itertools.product(*(v for _, v in sweeps))
+    ]
+
+
+def resolve_shapes(
+    specs: Sequence[InputSpec],
+    pinned: Mapping[str, tuple[int, ...]],
+    sweep: Mapping[str, int],
+    examples: Mapping[str, tuple[int, ...]],
+) -> dict[str, tuple[int, ...]]:
+    """Concrete input shapes: pinned (--shape) > sweep (dim name or batch/sequence) > example inputs > defaults."""
+    names = [s.name for s in specs]
+    for name in pinned:
+        if name not in names:
+            raise UsageError(
+                f"--shape {name}: the model has no input '{name}' (inputs: {', '.join(names)})"
+            )
+    symbols = {d for s in specs for d in s.dims if isinstance(d, str)}
+    for name in sweep:
+        if name not in symbols and name not in SWEEP_ALIASES:
+            known = ", ".join(sorted(symbols)) or "none"
+            raise UsageError(
+                f"--sweep {name}: not a dynamic dim of the inputs (dims: {known}; or batch, sequence)"
+            )
+    chosen: dict[str, int] = {k: v for k, v in sweep.items() if k in symbols}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        if spec.name in pinned:
+            shape = pinned[spec.name]
+            if len(shape) != len(spec.dims) or any(
+                isinstance(d, int) and d != s for d, s in zip(spec.dims, shape, strict=False)
+            ):
+                raise UsageError(
+                    f"--shape {spec.name}: {shape} does not fit the input's dims {spec.dims}"
+                )
+            shapes[spec.name] = shape
+            for dim, size in zip(spec.dims, shape, strict=False):
+                if isinstance(dim, str):
+                    chosen.setdefault(dim, size)
+    for spec in specs:
+        if spec.name in shapes:
+            continue
+        example = examples.get(spec.name)
+        dims: list[int] = []
+        for axis, dim in enumerate(spec.dims):
+            if isinstance(dim, int):
+                dims.append(dim)
+                continue
+            alias = next((k for k, a in SWEEP_ALIASES.items() if a == axis and k in sweep), None)
+            if isinstance(dim, str) and dim in chosen:
+                size = chosen[dim]
+            elif alias is not None:
+                size = sweep[alias]
+            elif example is not None and len(example) == len(spec.dims):
+                size = example[axis]
+            else:
+                size = DEFAULT_BATCH if axis == 0 else DEFAULT_DYNAMIC_SIZE
+            if isinstance(dim, str):
+                chosen.setdefault(dim, size)
+            dims.append(size)
+        shapes[spec.name] = tuple(dims)
+    return shapes
+
+
+def _feeds(
+    specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]], seed: int
+) -> dict[str, np.ndarray]:
+    concrete = [InputSpec(s.name, s.dtype, shapes[s.name], s.int_high) for s in specs]
+    feeds = make_inputs(
+        concrete, lambda d: d if isinstance(d, int) else 1, np.random.default_rng(seed)
+    )
+    if feeds is None:
+        raise UsageError(
+            f"inputs of shapes {dict(shapes)} are too large to generate; choose smaller --shape"
+        )
+    return feeds
+
+
+def _agreement(
+    reference: str,
+    expected: Sequence[np.ndarray],
+    actual: Sequence[np.ndarray],
+    names: Sequence[str],
+) -> Agreement:
+    if not expected or not actual:
+        return Agreement(reference, 0, 0.0, 0.0, 0, "no outputs to compare")
+    count = min(len(expected), len(actual))
+    worst_abs = worst_rel = 0.0
+    mismatches = compared = 0
+    for i in range(count):
+        e, a = np.asarray(expected[i]), np.asarray(actual[i])
+        if e.shape != a.shape:
+            continue  # positional matching with eager outputs may pair unrelated tensors
+        comparison = compare_arrays(
+            names[i] if i < len(names) else str(i), e, a.astype(e.dtype, copy=False)
+        )
+        compared += 1
+        worst_abs = max(worst_abs, comparison.max_abs)
+        worst_rel = max(worst_rel, comparison.max_rel)
+        mismatches += comparison.mismatches
+    note = "" if compared else "output shapes differ"
+    return Agreement(reference, compared, worst_abs, worst_rel, mismatches, note)
+
+
+def _timed_first_run(run: Callable[[], list[np.ndarray]]) -> tuple[float, list[np.ndarray]]:
+    start = time.perf_counter()
+    outputs = run()
+    return time.perf_counter() - start, outputs
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every group of one input size shares."""
+
+    models: Mapping[str, str]  # variant name -> model file
+    options: BenchOptions
+    threads: int
+    feeds: Mapping[str, np.ndarray]
+    torch_model: Any
+    input_names: Sequence[str]
+    output_names: Sequence[str]
+    progress: Callable[[str], None]
+
+
+def _load_group(provider: str, setup: _Setup) -> list[_Loaded]:
+    options, threads, feeds, progress = setup.options, setup.threads, setup.feeds, setup.progress
+    torch_model, input_names = setup.torch_model, setup.input_names
+    loaded: list[_Loaded] = []
+    for level in options.ort_levels:
+        for name, path in setup.models.items():
+            mem = None
+            if options.memory:
+                progress(f"{provider}: memory of {name} ({level}) in a child process")
+                job = {
+                    "kind": "ort",
+                    "model": path,
+                    "provider": provider,
+                    "level": level,
+                    "threads": threads,
+                }
+                mem = memory.measure(job, feeds)
+            progress(f"{provider}: loading {name} ({level})")
+            runner = providers.create_runner(path, provider, level, threads, feeds)
+            first, outputs = _timed_first_run(runner.outputs)
+            loaded.append(
+                _Loaded(
+                    name,
+                    provider,
+                    level,
+                    runner.create_seconds,
+                    first,
+                    runner.run,
+                    outputs,
+                    mem,
+                    path,
+                )
+            )
+    if torch_model is not None:
+        from onnxopt.bench import torch_side
+
+        device = "cuda" if provider == "cuda" else "cpu"
+        if device == "cuda" and not torch_side.import_torch().cuda.is_available():
+            return loaded
+        for compiled in (False, True) if options.torch_compile else (False,):
+            mem = None
+            if options.memory and not compiled and device == "cpu" and options.torch is not None:
+                progress(f"{provider}: memory of torch-eager in a child process")
+                job = {
+                    "kind": "torch",
+                    "torch": options.torch,
+                    "threads": threads,
+                    "input_names": list(input_names),
+                }
+                mem = memory.measure(job, feeds)
+            progress(f"{provider}: preparing torch-{'compile' if compiled else 'eager'}")
+            torch_runner = torch_side.create_runner(
+                torch_model, feeds, input_names, compiled=compiled, threads=threads, device=device
+            )
+            first, outputs = _timed_first_run(torch_runner.outputs)
+            loaded.append(
+                _Loaded(
+                    torch_runner.name,
+                    provider,
+                    None,
+                    torch_runner.create_seconds,
+                    first,
+                    torch_runner.run,
+                    outputs,
+                    mem,
+                )
+            )
+    return loaded
+
+
+def _reload(runs: list[Callable[[], object]], variants: Sequence[_Loaded], setup: _Setup) -> None:
+    """Replace every ORT variant's session with a new one, releasing the old one first."""
+    for index, variant in enumerate(variants):
+        if variant.model_path is None or variant.ort_level is None:
+            continue  # PyTorch modules keep their weights where they are
+        runs[index] = variant.run = _released
+        runner = providers.create_runner(
+            variant.model_path, variant.provider, variant.ort_level, setup.threads, setup.feeds
+        )
+        runs[index] = variant.run = runner.run
+
+
+def _released() -> None:
+    raise AssertionError("a released session was run")
+
+
+def _pairs(variants: Sequence[_Loaded]) -> list[tuple[int, int]]:
+    """(baseline, candidate) index pairs: optimized vs original at its level; PyTorch vs the first original."""
+    originals = {v.ort_level: i for i, v in enumerate(variants) if v.name == "original"}
+    first_original = next(iter(originals.values()))
+    pairs = []
+    for i, variant in enumerate(variants):
+        if variant.name == "original":
+            continue
+        pairs.append((originals.get(variant.ort_level, first_original), i))
+    return pairs
+
+
+def _run_group(provider: str, setup: _Setup) -> GroupResult:
+    reason = providers.provider_unavailable(provider)
+    if reason is not None:
+        return GroupResult(provider, reason)
+    options, progress, output_names = setup.options, setup.progress, setup.output_names
+    variants = _load_group(provider, setup)
+    runs = [v.run for v in variants]
+    pairs = _pairs(variants)
+    progress(f"{provider}: warming up")
+    timing.warm_up(runs, count=options.warmup_runs, seconds=min(5.0, options.budget_seconds * 0.1))
+    progress(
+        f"{provider}: timing {len(runs)} variants interleaved (budget {options.budget_seconds:g} s)"
+    )
+    result = timing.interleave(
+        runs,
+        pairs,
+        budget_seconds=options.budget_seconds,
+        min_rounds=options.min_rounds,
+        max_rounds=options.max_rounds,
+        ci_target=options.ci_target,
+        confidence=options.confidence,
+        timer=timing.CLOCKS[options.clock],
+        seed=options.seed,
+        reload=lambda runs: _reload(runs, variants, setup),
+        sessions=options.sessions,
+    )
+    baseline_of = {candidate: baseline for baseline, candidate in pairs}
+    reference_index = next(
+        (i for i, v in enumerate(variants) if v.name == "original" and v.ort_level == "disable"),
+        next(i for i, v in enumerate(variants) if v.name == "original"),
+    )
+    reference = variants[reference_index]
+    eager = next((v for v in variants if v.name == "torch-eager"), None)
+    results = []
+    for i, variant in enumerate(variants):
+        samples = result.samples[i]
+        speedup = None
+        baseline_label = None
+        if i in baseline_of:
+            base = variants[baseline_of[i]]
+            speedup = paired_speedup(
+                result.samples[baseline_of[i]], samples, options.confidence, result.blocks
+            )
+            baseline_label = f"original ({base.ort_level})"
+        ref_label = f"original ({reference.ort_level}, {provider})"
+        vs_original = (
+            None
+            if i == reference_index
+            else _agreement(ref_label, reference.outputs, variant.outputs, output_names)
+        )
+        vs_eager = None
+        if eager is not None and variant is not eager:
+            vs_eager = _agreement("torch-eager", eager.outputs, variant.outputs, output_names)
+        results.append(
+            VariantResult(
+                name=variant.name,
+                provider=provider,
+                ort_level=variant.ort_level,
+                create_seconds=variant.create_seconds,
+                first_run_seconds=variant.first_run_seconds,
+                latency=LatencyStats.of(samples),
+                speedup=speedup,
+                speedup_baseline=baseline_label,
+                memory=variant.memory,
+                vs_original=vs_original,
+                vs_eager=vs_eager,
+                samples=samples,
+            )
+        )
+    return GroupResult(
+        provider, None, result.rounds, result.seconds, result.stop_reason, tuple(results)
+    )
+
+
+def _environment(threads: int, clock: str) -> dict[str, str]:
+    import onnxruntime as ort
+
+    from onnxopt import __version__
+
+    env = {
+        "onnxopt": __version__,
+        "onnxruntime": ort.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "intra_op_threads": str(threads),
+        "clock": clock,
+        "thread_spinning": "off",
+    }
+    try:
+        import psutil
+
+        env["cpus"] = f"{psutil.cpu_count(logical=False)} physical, {psutil.cpu_count()} logical"
+    except ImportError:  # pragma: no cover - psutil is a dependency of the bench
+        pass
+    return env
+
+
+def run_bench(
+    model_path: str | Path, options: BenchOptions, progress: Callable[[str], None] | None = None
+) -> BenchReport:
+    """Benchmark ``model_path`` against its optimized form (and PyTorch); nothing is written but temp files."""
+    from onnxopt import api
+
+    say = progress or (lambda _message: None)
+    path = Path(model_path)
+    unknown = [p for p in options.providers if p not in providers.PROVIDERS]
+    if unknown:
+        raise UsageError(
+            f"--provider {','.join(unknown)}: choose from {', '.join(providers.PROVIDERS)}"
+        )
+    bad_levels = [lvl for lvl in options.ort_levels if lvl not in providers.ORT_LEVELS]
+    if bad_levels or not options.ort_levels:
+        raise UsageError(
+            f"--ort-level {','.join(bad_levels)}: choose from {', '.join(providers.ORT_LEVELS)}"
+        )
+    if options.clock not in timing.CLOCKS:
+        raise UsageError(f"--clock {options.clock}: choose from {', '.join(timing.CLOCKS)}")
+    if options.inputs is not None and (options.sweeps or options.shapes):
+        raise UsageError(
+            "--inputs fixes the input shapes; it cannot be combined with --shape or --sweep"
+        )
+    threads = _threads(options.threads)
+    notes: list[str] = []
+
+    say("loading")
+    source = io.load_model(path)
+    specs = input_specs(source.model)
+    nodes_before = ModelSummary.of(source.model).nodes
+    output_names = [str(v.name) for v in source.model.graph.outputs]
+    input_names = [s.name for s in specs]
+    with tempfile.TemporaryDirectory(prefix="onnxopt-bench-") as tmp:
+        if options.optimized is not None:
+            candidate = io.load_model(options.optimized)
+            info = OptimizedInfo(
+                str(options.optimized), nodes_before, ModelSummary.of(candidate.model).nodes, None
+            )
+            optimized_path = str(options.optimized)
+            del candidate
+        else:
+            say(f"optimizing (-O{options.level})")
+            result = api.optimize(
+                source.model, level=options.level, input_shapes=options.shapes, check=False
+            )
+            info = OptimizedInfo(
+                f"onnxopt -O{options.level} (in memory)",
+                result.report.before.nodes,
+                result.report.after.nodes,
+                result.report.optimize_seconds,
+            )
+            optimized_path = str(io.save_model(result.model, Path(tmp) / "optimized.onnx"))
+            del result
+        del source
+        models = {"original": str(path), "optimized": optimized_path}
+
+        torch_model = None
+        if options.torch is not None:
+            from onnxopt.bench import torch_side
+
+            say(f"building PyTorch module {options.torch}")
+            torch_model = torch_side.build(options.torch)
+        examples = torch_model.example_shapes(input_names) if torch_model is not None else {}
+
+        points = []
+        for sweep in _sweep_points(options.sweeps):
+            if options.inputs is not None:
+                feeds = {k: np.asarray(v) for k, v in options.inputs.items()}
+                shapes = {k: tuple(v.shape) for k, v in feeds.items()}
+            else:
+                shapes = resolve_shapes(specs, options.shapes, sweep, examples)
+                feeds = _feeds(specs, shapes, options.seed)
+            setup = _Setup(
+                models, options, threads, feeds, torch_model, input_names, output_names, say
+            )
+            groups = [_run_group(provider, setup) for provider in options.providers]
+            points.append(PointResult(shapes, tuple(groups)))
+    if options.memory:
+        notes.append(
+            "RSS load / peak: host memory growth of each variant in a fresh process (load; peak over load and "
+            "3 runs); ORT arena statistics are not exposed by its Python API, device memory is not measured"
+        )
+    if options.clock == "cpu":
+        notes.append(
+            "steady-state figures are process CPU time per run (--clock cpu), not wall-clock latency; "
+            "create and first-run times are wall clock"
+        )
+    if options.torch_compile:
+        notes.append("torch-compile's first run includes compilation; its memory is not measured")
+    return BenchReport(
+        model=str(path),
+        optimized=info,
+        torch=options.torch,
+        threads=threads,
+        environment=_environment(threads, options.clock),
+        points=tuple(points),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,16 @@
+"""Tiny plain-PyTorch factories for the bench tests: each returns (module in eval mode, example inputs)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def tiny_mlp() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4)).eval()
+    return module, (torch.randn(2, 16),)
+
+
+def not_a_module() -> int:
+    return 3
