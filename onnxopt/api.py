@@ -41,6 +41,7 @@ def optimize(
     disable: Sequence[str] = (),
     target: Target = "ort",
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
+    fold_growth: bool = False,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     check: bool = True,
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
@@ -55,6 +56,7 @@ def optimize(
     """
     options = PassOptions(
         fold_limit_bytes=fold_limit_bytes,
+        fold_growth=fold_growth,
         target=target,
         input_shapes=dict(input_shapes or {}),
         explain=explain,

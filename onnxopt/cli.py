@@ -204,6 +204,12 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="Largest tensor constant folding may create.",
         ),
         click.option(
+            "--fold-growth",
+            is_flag=True,
+            help="Let constant folding grow the file (e.g. materialize weights stored as "
+            "ConstantOfShape); by default folding never grows it.",
+        ),
+        click.option(
             "--input-shape",
             "input_shapes",
             multiple=True,
@@ -322,6 +328,7 @@ def _optimize_command(
     disable: str | None,
     target: str,
     fold_limit: str,
+    fold_growth: bool,
     input_shapes: tuple[str, ...],
     inputs_file: Path | None,
     no_validate: bool,
@@ -360,6 +367,7 @@ def _optimize_command(
         "disable": _split(disable),
         "target": target,
         "fold_limit_bytes": parse_size(fold_limit),
+        "fold_growth": fold_growth,
         "input_shapes": dict(parse_input_shape(s) for s in input_shapes),
         "check": not no_validate,
         "inputs": load_inputs(inputs_file) if inputs_file else None,
@@ -588,6 +596,7 @@ def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> None:
 
     pass_options = PassOptions(
         fold_limit_bytes=options["fold_limit_bytes"],
+        fold_growth=options["fold_growth"],
         target=options["target"],
         input_shapes=options["input_shapes"],
     )

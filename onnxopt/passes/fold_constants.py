@@ -27,7 +27,9 @@ disappear) and the folded nodes' encodings; each removed byte pays once. Results
 what only moves its elements: Reshape, Unsqueeze, Expand, Tile, Transpose, Slice, Gather, Concat, Cast)
 is written as one ConstantOfShape node instead, which costs a few bytes. A refused result leaves its
 producer in place and its inputs are reconsidered. So a Transpose or Cast of a weight used once folds,
-but a Tile/Expand of a small constant into a big tensor stays as it is.
+but a Tile/Expand of a small constant into a big tensor stays as it is. ``--fold-growth`` lifts the
+policy: every foldable result within ``--fold-limit`` becomes an initializer, uniform ones included
+(what onnxsim does; weights stored as ConstantOfShape are materialized).
 
 ``If`` with a constant condition is replaced by the chosen branch's nodes (names kept unique, outer-scope
 references preserved). Inside subgraphs, an outer-scope value counts as constant only when it is one.
@@ -161,10 +163,11 @@ def _has_subgraph(node: ir.Node) -> bool:
 
 
 class _Folder:
-    def __init__(self, model: ir.Model, fold_limit: int, explain: bool) -> None:
+    def __init__(self, model: ir.Model, fold_limit: int, explain: bool, grow: bool = False) -> None:
         self.model = model
         self.fold_limit = fold_limit
         self.explain = explain
+        self.grow = grow  # --fold-growth: no growth policy, uniform results become initializers too
         self.opsets = dict(model.opset_imports)
         # Before IR 4 every initializer had to be listed as a graph input: those are constants.
         self.legacy_inputs = model.ir_version < 4
@@ -355,7 +358,10 @@ class _Folder:
         Each result costs its bytes plus its initializer's encoding; it is paid from what folding
         removes within its input cone: constants read only by folded nodes, and the folded nodes'
         own encodings. Every removed byte pays once. Results of at most 64 bytes are always kept.
+        With ``--fold-growth`` nothing is refused here.
         """
+        if self.grow:
+            return False
         folded = set(plan.folded)
         budget: dict[ir.Value | ir.Node, int] = {}
         cones: dict[ir.Value, list[ir.Value | ir.Node]] = {}
@@ -504,7 +510,7 @@ class _Folder:
                 value.replace_all_uses_with(alias)
                 continue
             const = plan.known[value]
-            if const.fill is not None and const.type.nbytes > TINY_RESULT_BYTES:
+            if const.fill is not None and const.type.nbytes > TINY_RESULT_BYTES and not self.grow:
                 _replace_with_constant_of_shape(value, const.type.shape, const.fill)
                 self.stats[STAT_UNIFORM] += 1
                 continue
@@ -751,7 +757,9 @@ class FoldConstantsPass(Pass):
     summary = "evaluate nodes with constant inputs (numpy / batched ORT), inline constant If; size-bounded"
 
     def call(self, model: ir.Model) -> PassResult:
-        folder = _Folder(model, self.options.fold_limit_bytes, self.options.explain)
+        folder = _Folder(
+            model, self.options.fold_limit_bytes, self.options.explain, self.options.fold_growth
+        )
         modified = False
         for _ in range(MAX_ROUNDS):
             changed = self._round(folder)

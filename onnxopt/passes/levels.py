@@ -16,6 +16,7 @@ from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.options import PassOptions
+from onnxopt.passes.remove_initializer_inputs import RemoveInitializerInputsPass
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
 PassClass = type[Pass]
@@ -24,6 +25,7 @@ LevelSpec = Sequence[PassClass | tuple[PassClass, ...]]
 # Every pass, in the order a custom --passes list is best run in.
 ALL_PASSES: list[PassClass] = [
     SortTopologicallyPass,
+    RemoveInitializerInputsPass,
     InferShapesPass,
     LiftConstantsPass,
     FoldShapeValuesPass,
@@ -36,12 +38,15 @@ ALL_PASSES: list[PassClass] = [
 ]
 
 # Folding exposes shapes (re-inferred at the end of each round), which expose more folding.
+# Folding can create equal constants (two Concats of the same dims): merging them lets CSE merge
+# their users, and keeps a second optimization of the output from finding anything left to do.
 CLEANUP: tuple[PassClass, ...] = (
     FoldShapeValuesPass,
     FoldConstantsPass,
     EliminateNoopsPass,
     MergeConsecutiveOpsPass,
     EliminateDeadCodePass,
+    DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
     InferShapesPass,
 )
@@ -50,6 +55,7 @@ LEVELS: dict[int, LevelSpec] = {
     0: [],
     1: [
         SortTopologicallyPass,
+        RemoveInitializerInputsPass,
         InferShapesPass,
         LiftConstantsPass,
         FoldShapeValuesPass,
@@ -60,6 +66,7 @@ LEVELS: dict[int, LevelSpec] = {
     ],
     2: [
         SortTopologicallyPass,
+        RemoveInitializerInputsPass,
         InferShapesPass,
         LiftConstantsPass,
         DeduplicateInitializersPass,
@@ -69,6 +76,7 @@ LEVELS: dict[int, LevelSpec] = {
     ],
     3: [
         SortTopologicallyPass,
+        RemoveInitializerInputsPass,
         InferShapesPass,
         LiftConstantsPass,
         DeduplicateInitializersPass,

@@ -1,0 +1,145 @@
+"""The fixes that bring onnxopt's node counts to onnxsim's and onnxslim's (benchmarks/node_counts.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper
+import pytest
+from graphs import assert_numerically_equal, op_types, parse_model
+from test_fold_constants import EXPAND_SMALL
+
+from onnxopt import api, io
+from onnxopt.passes.fold_constants import FoldConstantsPass
+from onnxopt.passes.options import PassOptions
+from onnxopt.passes.remove_initializer_inputs import RemoveInitializerInputsPass
+
+GROW = PassOptions(fold_growth=True)
+
+
+def _legacy_model(ir_version: int = 3) -> onnx.ModelProto:
+    """Two identical Conv branches whose weights are equal ConstantOfShape fills, IR 3 style: every
+    initializer (the fills' shapes, a real bias) is also a graph input."""
+    shape = onnx.numpy_helper.from_array(np.array([8, 3, 1, 1], np.int64), "w_shape")
+    shape2 = onnx.numpy_helper.from_array(np.array([8, 3, 1, 1], np.int64), "w2_shape")
+    bias = onnx.numpy_helper.from_array(np.arange(8, dtype=np.float32), "bias")
+    fill = onnx.numpy_helper.from_array(np.array([0.5], np.float32))
+    nodes = [
+        oh.make_node("ConstantOfShape", ["w_shape"], ["w"], value=fill),
+        oh.make_node("ConstantOfShape", ["w2_shape"], ["w2"], value=fill),
+        oh.make_node("Conv", ["x", "w", "bias"], ["a"]),
+        oh.make_node("Conv", ["x", "w2", "bias"], ["b"]),
+        oh.make_node("Add", ["a", "b"], ["y"]),
+    ]
+    inputs = [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 5, 5])]
+    inputs += [
+        oh.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in (shape, shape2, bias)
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "legacy",
+        inputs,
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 8, 5, 5])],
+        [shape, shape2, bias],
+    )
+    return oh.make_model(graph, ir_version=ir_version, opset_imports=[oh.make_opsetid("", 9)])
+
+
+def test_ir3_initializer_inputs_become_weights() -> None:
+    model = io.model_from_proto(_legacy_model())
+    result = RemoveInitializerInputsPass()(model.clone())
+    assert result.stats == {"initializer inputs removed": 3}
+    assert [v.name for v in result.model.graph.inputs] == ["x"]
+    assert result.model.ir_version == 4
+    assert_numerically_equal(model, result.model)
+    assert not RemoveInitializerInputsPass()(result.model).modified
+
+
+def test_initializer_inputs_of_ir4_and_later_stay_overridable() -> None:
+    model = io.model_from_proto(_legacy_model(ir_version=4))
+    assert not RemoveInitializerInputsPass()(model).modified
+    assert len(model.graph.inputs) == 4
+
+
+def test_ir3_duplicate_branches_merge_at_the_default_level() -> None:
+    # As graph inputs the two equal shapes could not be merged, so neither could the two Convs.
+    result = api.optimize(io.model_from_proto(_legacy_model()))
+    assert result.validated
+    assert op_types(result.model) == ["ConstantOfShape", "Conv", "Add"]
+
+
+def test_fold_growth_folds_what_would_grow_the_file() -> None:
+    model = parse_model(EXPAND_SMALL)
+    assert not FoldConstantsPass()(model.clone()).modified  # the default never grows the file
+    result = FoldConstantsPass(GROW)(model.clone())
+    assert result.stats == {"nodes folded": 1}
+    assert op_types(result.model) == ["Constant", "Constant", "Mul"]
+    assert result.model.graph.initializers["big"].const_value.shape == (1000, 3)
+    assert_numerically_equal(model, result.model)
+    assert not FoldConstantsPass(GROW)(result.model).modified
+
+
+WEIGHT_AS_FILL = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 64, 4, 4] x) => (float[N, 64, 4, 4] y) <int64[1] shape = {64}, int64[2] axes = {1, 2}> {
+    c = ConstantOfShape<value = float[1] {0.5}>(shape)
+    u = Unsqueeze(c, axes)
+    y = Mul(x, u)
+}
+"""
+
+
+@pytest.mark.parametrize(
+    ("options", "expected_ops", "stats"),
+    [
+        (
+            PassOptions(),
+            ["ConstantOfShape", "Mul"],
+            {"nodes folded": 2, "uniform results as ConstantOfShape": 1},
+        ),
+        (GROW, ["Mul"], {"nodes folded": 2}),
+    ],
+)
+def test_uniform_weights_are_materialized_only_with_fold_growth(
+    options: PassOptions, expected_ops: list[str], stats: dict[str, int]
+) -> None:
+    model = parse_model(WEIGHT_AS_FILL)
+    result = FoldConstantsPass(options)(model.clone())
+    assert result.stats == stats
+    assert op_types(result.model) == expected_ops
+    assert_numerically_equal(model, result.model)
+    assert not FoldConstantsPass(options)(result.model).modified
+
+
+def test_fold_limit_still_applies_with_fold_growth() -> None:
+    model = parse_model(EXPAND_SMALL)
+    options = PassOptions(fold_growth=True, fold_limit_bytes=1024, explain=True)
+    result = FoldConstantsPass(options)(model.clone())
+    assert result.stats == {"refused: over fold limit": 1}
+    assert "over --fold-limit 1 KiB" in result.notes[0]
+
+
+EQUAL_SHAPES = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 8] x) => (float[N, 2, 4] y) <int64[1] zero = {0}, int64[1] two = {2}, int64[1] four = {4}> {
+    s1 = Shape(x)
+    n1 = Gather<axis = 0>(s1, zero)
+    c1 = Concat<axis = 0>(n1, two, four)
+    r1 = Reshape(x, c1)
+    s2 = Shape(x)
+    n2 = Gather<axis = 0>(s2, zero)
+    c2 = Concat<axis = 0>(n2, two, four)
+    r2 = Reshape(x, c2)
+    y = Add(r1, r2)
+}
+"""
+
+
+def test_equal_folded_constants_are_merged_and_their_users_too() -> None:
+    model = parse_model(EQUAL_SHAPES)
+    result = api.optimize(model)
+    assert result.validated
+    assert op_types(result.model).count("Reshape") == 1
+    again = api.optimize(result.model, check=False)
+    assert not any(r.modified for r in again.report.records if r.name != "infer-shapes")
