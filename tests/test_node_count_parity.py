@@ -143,3 +143,63 @@ def test_equal_folded_constants_are_merged_and_their_users_too() -> None:
     assert op_types(result.model).count("Reshape") == 1
     again = api.optimize(result.model, check=False)
     assert not any(r.modified for r in again.report.records if r.name != "infer-shapes")
+
+
+SLICED_BUFFER = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (int64[B, S] ids) => (float[B, S] y)
+  <float[1, 64] buffer = VALUES, int64[1] zero = {0}, int64[1] one = {1}, int64[1] two = {2}> {
+    shape = Shape(ids)
+    seq = Slice(shape, one, two)
+    part = Slice(buffer, zero, seq, one)
+    part_shape = Shape(part)
+    rows = Gather<axis = 0>(part_shape, zero)
+    target = Concat<axis = 0>(rows, seq)
+    moved = Reshape(part, target)
+    f = Cast<to = 1>(ids)
+    y = Add(f, moved)
+}
+""".replace("VALUES", "{" + ", ".join(str(i) for i in range(64)) + "}")
+
+
+def test_slice_keeps_the_dims_of_axes_it_does_not_touch() -> None:
+    # ONNX infers only the rank of a Slice by a dynamic end; dim 0 of `part` is provably 1, so
+    # Shape(part)[0] folds and the Reshape target loses its shape computation.
+    from onnxopt.passes.infer_shapes import InferShapesPass
+
+    model = parse_model(SLICED_BUFFER)
+    result = InferShapesPass()(model.clone())
+    assert result.stats["shapes refined"] == 1
+    part = next(n for n in result.model.graph if n.outputs[0].name == "part").outputs[0]
+    assert part.shape is not None and part.shape[0] == 1
+    optimized = api.optimize(model)
+    assert optimized.validated
+    assert "Gather" not in op_types(optimized.model)
+    assert not InferShapesPass()(optimized.model).stats.get("shapes refined")
+
+
+AND_TRUE = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4] x, float[N, 4] z) => (bool[N, 4] y, bool[N, 4] w)
+  <bool[1, 4] yes = {1, 1, 1, 1}, bool no = {0}, bool[4, 4] wide = VALUES> {
+    c = Greater(x, z)
+    y = And(yes, c)
+    o = Or(c, no)
+    w = And(o, wide)
+}
+""".replace("VALUES", "{" + ", ".join(["1"] * 16) + "}")
+
+
+def test_and_true_and_or_false_are_removed_when_shapes_allow() -> None:
+    from onnxopt.passes.eliminate_noops import EliminateNoopsPass
+    from onnxopt.passes.infer_shapes import InferShapesPass
+
+    model = parse_model(AND_TRUE)
+    InferShapesPass()(model)
+    result = EliminateNoopsPass(PassOptions(explain=True))(model.clone())
+    assert result.stats == {"And true removed": 1, "Or false removed": 1}
+    # And with a [4, 4] constant may broadcast N up to 4: it stays.
+    assert op_types(result.model) == ["Greater", "And"]
+    assert any("symbolic dim" in note for note in result.notes)
+    assert_numerically_equal(model, result.model)
+    assert not EliminateNoopsPass()(result.model).modified
