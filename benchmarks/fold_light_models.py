@@ -1,7 +1,8 @@
 """Node counts and file sizes after onnxopt, onnxsim and onnxslim on the light_* models in onnx's wheel.
 
 The light_* models store every weight as ConstantOfShape of a scalar (a few bytes each). onnxsim and
-onnxslim fold them into full tensors; onnxopt's folding never grows the file, so those stay. Each tool
+onnxslim fold them into full tensors; onnxopt's folding never grows the file, so those stay (tool
+``onnxopt-grow`` runs onnxopt with ``fold_may_grow=True``, which folds them too). Each tool
 runs in its own subprocess (bounded memory, a timeout) one model at a time.
 
     .venv/bin/python benchmarks/fold_light_models.py [--models light_resnet50,...] [--json out.json]
@@ -23,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 _RUNNER = r"""
 import json, sys, onnx
 tool, src = sys.argv[1], sys.argv[2]
-if tool == "onnxopt":
+if tool in ("onnxopt", "onnxopt-grow"):
     sys.path.insert(0, sys.argv[3])
     from onnxopt import api, io
-    result = api.optimize(src)
+    result = api.optimize(src, fold_may_grow=tool == "onnxopt-grow")
     proto = io.to_proto(result.model)
     extra = {"validated": result.validated}
 elif tool == "onnxsim":
@@ -65,6 +66,9 @@ def measure(tool: str, path: Path, timeout: int) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="", help="comma-separated names (default: all light_*)")
+    parser.add_argument(
+        "--files", default="", help="comma-separated model paths instead of light_*"
+    )
     parser.add_argument("--tools", default="onnxopt,onnxsim,onnxslim")
     parser.add_argument("--timeout", type=int, default=600)
     parser.add_argument("--json", dest="json_out", default="")
@@ -72,15 +76,18 @@ def main() -> None:
     names = [n for n in args.models.split(",") if n] or sorted(
         p.stem for p in LIGHT.glob("light_*.onnx")
     )
+    paths = [LIGHT / f"{n}.onnx" for n in names]
+    if args.files:
+        paths = [Path(f) for f in args.files.split(",") if f]
     tools = [t for t in args.tools.split(",") if t]
     rows = []
     print(
         f"| model | nodes before | {' | '.join(f'{t} nodes' for t in tools)} | file before | {' | '.join(f'{t} file' for t in tools)} |"
     )
     print("|---" * (2 + 2 * len(tools) + 1) + "|")
-    for name in names:
-        path = LIGHT / f"{name}.onnx"
-        original = onnx.load(path)
+    for path in paths:
+        name = path.stem
+        original = onnx.load(path, load_external_data=False)
         row: dict[str, object] = {
             "model": name,
             "nodes": len(original.graph.node),

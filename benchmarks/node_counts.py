@@ -8,7 +8,7 @@ with seeded random weights by both PyTorch exporters (TorchScript ``dynamo=False
 
 Each tool runs in its own subprocess with a timeout, one model at a time: onnxopt at its default level
 (``onnxopt.optimize``, which also validates the result on ONNX Runtime against the original),
-``onnxsim.simplify`` and ``onnxslim.slim``. onnxopt also runs with ``fold_growth=True``, which lets
+``onnxsim.simplify`` and ``onnxslim.slim``. onnxopt also runs with ``fold_may_grow=True``, which lets
 constant folding write bigger tensors than it removes (what onnxsim and onnxslim do to the light_*
 weights); the default never grows the file.
 
@@ -42,7 +42,7 @@ extra = {}
 if tool.startswith("onnxopt"):
     sys.path.insert(0, root)
     from onnxopt import api, io
-    growth = {"fold_growth": True, "fold_limit_bytes": 1 << 30} if tool == "onnxopt-grow" else {}
+    growth = {"fold_may_grow": True, "fold_limit_bytes": 1 << 30} if tool == "onnxopt-grow" else {}
     result = api.optimize(src, **growth)
     proto = io.to_proto(result.model)
     extra = {"validated": result.validated}

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from onnxopt.passes.base import Pipeline, VerifyEach
 from onnxopt.passes.levels import DEFAULT_LEVEL, build_steps
 from onnxopt.passes.options import DEFAULT_FOLD_LIMIT_BYTES, PassOptions, Target
 from onnxopt.report import ModelSummary, OptimizeReport
-from onnxopt.validate import ValidationReport, input_specs, validate
+from onnxopt.validate import CannotValidate, ValidationReport, input_specs, validate
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,17 @@ class OptimizeResult:
         return self.report.validation is not None and self.report.validation.passed
 
 
+@contextlib.contextmanager
+def _located(loaded: io.LoadedModel | None) -> Iterator[None]:
+    """Prefix "why validation cannot run" with the model file, so the one error line says where."""
+    try:
+        yield
+    except CannotValidate as exc:
+        if loaded is None or loaded.path is None:
+            raise
+        raise CannotValidate(f"{loaded.path}: {exc}") from exc
+
+
 def optimize(
     model: str | os.PathLike[str] | ir.Model,
     *,
@@ -41,7 +53,7 @@ def optimize(
     disable: Sequence[str] = (),
     target: Target = "ort",
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
-    fold_growth: bool = False,
+    fold_may_grow: bool = False,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     check: bool = True,
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
@@ -56,7 +68,7 @@ def optimize(
     """
     options = PassOptions(
         fold_limit_bytes=fold_limit_bytes,
-        fold_growth=fold_growth,
+        fold_may_grow=fold_may_grow,
         target=target,
         input_shapes=dict(input_shapes or {}),
         explain=explain,
@@ -77,7 +89,8 @@ def optimize(
         source_name = str(model)
         file_bytes = loaded.file_bytes
     before = ModelSummary.of(working, file_bytes)
-    specs = input_specs(working) if check and inputs is None and not input_shapes else None
+    with _located(loaded):
+        specs = input_specs(working) if check and inputs is None and not input_shapes else None
 
     start = time.perf_counter()
     instruments = [VerifyEach()] if verify_each else []
@@ -90,9 +103,10 @@ def optimize(
         if progress is not None:
             progress("validate")
         start = time.perf_counter()
-        if specs is None and inputs is None:
-            specs = input_specs(working)  # pinned shapes: generate inputs of the pinned sizes
-        validation = validate(original, working, specs=specs, inputs=inputs)
+        with _located(loaded):
+            if specs is None and inputs is None:
+                specs = input_specs(working)  # pinned shapes: generate inputs of the pinned sizes
+            validation = validate(original, working, specs=specs, inputs=inputs)
         validate_seconds = time.perf_counter() - start
 
     report = OptimizeReport(

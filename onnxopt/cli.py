@@ -20,10 +20,13 @@ from onnxopt import __version__
 from onnxopt.errors import CheckFailed, OnnxoptError, UsageError
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def exit_code_for(exc: BaseException) -> int:
     """The one place exceptions become exit codes."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
     if isinstance(exc, CheckFailed):
         return EXIT_CHECK_FAILED
     return EXIT_ERROR
@@ -46,6 +49,8 @@ def _fail(exc: BaseException, traceback: bool) -> NoReturn:
         )
         if not traceback:
             message += " (rerun with --traceback and report it)"
+    # One line, always: a multi-line message (e.g. from a runtime) would break "one error line".
+    message = " ".join(message.split())
     click.echo(f"onnxopt: error: {message}", err=True)
     sys.exit(exit_code_for(exc))
 
@@ -59,9 +64,9 @@ class _Command(click.Command):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             click.echo("onnxopt: interrupted", err=True)
-            sys.exit(130)
+            sys.exit(exit_code_for(exc))
         except Exception as exc:  # the single mapping point; see exit_code_for
             _fail(exc, traceback)
 
@@ -150,7 +155,7 @@ def main(ctx: click.Context, config_path: Path | None) -> None:
         ctx.default_map = default_map(load_config(path), commands, path)
     except UsageError as exc:
         click.echo(f"onnxopt: error: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
+        sys.exit(exit_code_for(exc))
 
 
 def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -204,7 +209,7 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="Largest tensor constant folding may create.",
         ),
         click.option(
-            "--fold-growth",
+            "--fold-may-grow",
             is_flag=True,
             help="Let constant folding grow the file (e.g. materialize weights stored as "
             "ConstantOfShape); by default folding never grows it.",
@@ -328,7 +333,7 @@ def _optimize_command(
     disable: str | None,
     target: str,
     fold_limit: str,
-    fold_growth: bool,
+    fold_may_grow: bool,
     input_shapes: tuple[str, ...],
     inputs_file: Path | None,
     no_validate: bool,
@@ -367,7 +372,7 @@ def _optimize_command(
         "disable": _split(disable),
         "target": target,
         "fold_limit_bytes": parse_size(fold_limit),
-        "fold_growth": fold_growth,
+        "fold_may_grow": fold_may_grow,
         "input_shapes": dict(parse_input_shape(s) for s in input_shapes),
         "check": not no_validate,
         "inputs": load_inputs(inputs_file) if inputs_file else None,
@@ -596,7 +601,7 @@ def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> None:
 
     pass_options = PassOptions(
         fold_limit_bytes=options["fold_limit_bytes"],
-        fold_growth=options["fold_growth"],
+        fold_may_grow=options["fold_may_grow"],
         target=options["target"],
         input_shapes=options["input_shapes"],
     )
@@ -679,15 +684,17 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(summary), indent=2))
         return
+    from rich.markup import escape
     from rich.table import Table
 
     console = _stdout_console()
     opsets = ", ".join(f"{d or 'ai.onnx'}={v}" for d, v in summary.opsets.items())
     console.print(
-        f"[bold]{model}[/bold]  ir_version {summary.ir_version}, opsets {opsets}", highlight=False
+        f"[bold]{escape(str(model))}[/bold]  ir_version {summary.ir_version}, opsets {opsets}",
+        highlight=False,
     )
     if summary.producer:
-        console.print(f"producer: {summary.producer}", highlight=False)
+        console.print(f"producer: {summary.producer}", highlight=False, markup=False)
     io_table = Table(title="inputs and outputs", title_justify="left")
     io_table.add_column("")
     io_table.add_column("name")
@@ -695,13 +702,14 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
     io_table.add_column("shape")
     for kind, infos in (("input", summary.inputs), ("output", summary.outputs)):
         for info in infos:
-            io_table.add_row(kind, info.name, info.dtype, format_shape(info.shape))
+            # Names and shapes are data, not markup: "[batch, 3]" would otherwise vanish as a tag.
+            io_table.add_row(kind, escape(info.name), info.dtype, escape(format_shape(info.shape)))
     console.print(io_table)
     ops = Table(title=f"{summary.nodes} nodes", title_justify="left")
     ops.add_column("op")
     ops.add_column("count", justify="right")
     for name, count in sorted(summary.op_counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        ops.add_row(name, str(count))
+        ops.add_row(escape(name), str(count))
     console.print(ops)
     console.print(
         f"parameters: {format_bytes(summary.parameter_bytes)}; file: {format_bytes(summary.file_bytes)}",

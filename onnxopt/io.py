@@ -89,7 +89,11 @@ def _read_proto(path: Path) -> onnx.ModelProto:
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(data)
-    except DecodeError:
+    except DecodeError as exc:
+        if "MaxDepth" in str(exc):
+            raise ModelLoadError(
+                f"{path}: protobuf messages are nested too deeply (subgraphs within subgraphs?); not loaded"
+            ) from None
         raise ModelLoadError(
             f"{path}: not a valid ONNX protobuf (truncated, corrupted or too deeply nested)"
         ) from None
@@ -117,13 +121,33 @@ def _check_versions(where: str, proto: onnx.ModelProto) -> None:
         if domain in ("", "ai.onnx"):
             default_opset = opset.version
     if default_opset is None:
-        if proto.graph.node:
-            raise ModelLoadError(f"{where}: the model imports no opset for the default ONNX domain")
+        # A model made only of custom or ai.onnx.ml ops needs no default opset.
+        user = _first_default_domain_node(proto.graph)
+        if user is not None:
+            raise ModelLoadError(
+                f"{where}: node '{user.name or user.op_type}' ({user.op_type}) is a standard ONNX op, "
+                "but the model imports no opset for the default ONNX domain"
+            )
         return
     if default_opset < 1 or default_opset > MAX_OPSET:
         raise ModelLoadError(
             f"{where}: opset {default_opset} is not supported (the installed onnx knows opsets 1..{MAX_OPSET})"
         )
+
+
+def _first_default_domain_node(graph: onnx.GraphProto) -> onnx.NodeProto | None:
+    """The first node of the default domain in ``graph`` or its subgraphs (iterative: no recursion)."""
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        for node in current.node:
+            if node.domain in ("", "ai.onnx"):
+                return node
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
+    return None
 
 
 def _iter_graph_tensors(
@@ -221,12 +245,13 @@ def _check_external_data(
 
 
 def _check_graph_structure(
-    where: str, graph: onnx.GraphProto, outer: frozenset[str], label: str
+    where: str, graph: onnx.GraphProto, outer: tuple[frozenset[str], ...], label: str
 ) -> None:
-    """Names are unique (SSA), every input is defined, and nodes form no cycle."""
+    """Names are unique (SSA) and UTF-8, every input is defined, dims are not negative, no cycle."""
     defined: dict[str, str] = {}
 
     def define(name: str, what: str) -> None:
+        _check_text(where, f"{label}the name of {what}", name)
         if not name:
             return
         if name in defined:
@@ -235,10 +260,19 @@ def _check_graph_structure(
             )
         defined[name] = what
 
+    for kind, values in (
+        ("graph input", graph.input),
+        ("graph output", graph.output),
+        ("value_info", graph.value_info),
+    ):
+        for value in values:
+            _check_text(where, f"{label}the name of a {kind}", value.name)
+            _check_dims(where, f"{label}{kind} '{value.name}'", value.type)
     for value in graph.input:
         define(value.name, "graph input")
     initializer_names = set()
     for t in graph.initializer:
+        _check_text(where, f"{label}the name of an initializer", t.name)
         if t.name in defined and t.name in initializer_names:
             raise ModelLoadError(f"{where}: {label}initializer '{t.name}' is defined twice")
         initializer_names.add(t.name)
@@ -254,11 +288,18 @@ def _check_graph_structure(
             if node.name
             else f"node #{index} ({node.op_type})"
         )
+        for what, text in (("name", node.name), ("op type", node.op_type), ("domain", node.domain)):
+            _check_text(where, f"{label}the {what} of node #{index}", text)
         for out in node.output:
             define(out, node_label)
             if out:
                 producer_index[out] = index
-    known = set(defined) | outer
+    # Outer scopes stay separate sets: copying them into every subgraph's scope would be quadratic.
+    scopes = (*outer, frozenset(defined))
+
+    def is_known(name: str) -> bool:
+        return any(name in scope for scope in scopes)
+
     for index, node in enumerate(graph.node):
         node_label = (
             f"node '{node.name}' ({node.op_type})"
@@ -266,7 +307,8 @@ def _check_graph_structure(
             else f"node #{index} ({node.op_type})"
         )
         for name in node.input:
-            if name and name not in known:
+            _check_text(where, f"{label}an input name of {node_label}", name)
+            if name and not is_known(name):
                 raise ModelLoadError(
                     f"{where}: {label}{node_label} uses '{name}', which no node, input or initializer defines"
                 )
@@ -275,15 +317,48 @@ def _check_graph_structure(
             if attr.HasField("g"):
                 subgraphs.append(attr.g)
             for sub in subgraphs:
-                _check_graph_structure(
-                    where, sub, frozenset(known), f"{label}{node_label}/{attr.name}: "
-                )
+                _check_graph_structure(where, sub, scopes, f"{label}{node_label}/{attr.name}: ")
     for out in graph.output:
-        if out.name not in known:
+        if not is_known(out.name):
             raise ModelLoadError(
                 f"{where}: {label}graph output '{out.name}' is not produced by anything"
             )
     _check_acyclic(where, graph, producer_index, label)
+
+
+def _check_text(where: str, what: str, text: str | bytes) -> None:
+    """protobuf hands back ``bytes`` for a string field that is not valid UTF-8: refuse those."""
+    if isinstance(text, bytes):
+        raise ModelLoadError(f"{where}: {what} is not valid UTF-8 ({text[:40]!r})")
+
+
+def _check_dims(where: str, what: str, type_proto: onnx.TypeProto) -> None:
+    if not type_proto.HasField("tensor_type"):
+        return
+    for axis, dim in enumerate(type_proto.tensor_type.shape.dim):
+        if dim.HasField("dim_value") and dim.dim_value < 0:
+            raise ModelLoadError(
+                f"{where}: {what} has a negative dimension ({dim.dim_value}) at axis {axis}"
+            )
+        if dim.HasField("dim_param"):
+            _check_text(where, f"a dimension name of {what}", dim.dim_param)
+
+
+def _check_model_strings(where: str, proto: onnx.ModelProto) -> None:
+    for what, text in (
+        ("producer_name", proto.producer_name),
+        ("producer_version", proto.producer_version),
+        ("domain", proto.domain),
+        ("doc_string", proto.doc_string),
+        ("graph name", proto.graph.name),
+        ("graph doc_string", proto.graph.doc_string),
+    ):
+        _check_text(where, f"the model's {what}", text)
+    for entry in proto.metadata_props:
+        _check_text(where, "a metadata key", entry.key)
+        _check_text(where, f"metadata '{entry.key}'", entry.value)
+    for opset in proto.opset_import:
+        _check_text(where, "an opset domain", opset.domain)
 
 
 def _check_acyclic(
@@ -327,9 +402,10 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     model_path = Path(path)
     proto = _read_proto(model_path)
     where = str(model_path)
+    _check_model_strings(where, proto)
     _check_versions(where, proto)
     external_files = _check_external_data(where, proto, model_path.parent)
-    _check_graph_structure(where, proto.graph, frozenset(), "")
+    _check_graph_structure(where, proto.graph, (), "")
     model = _deserialize(where, proto)
     ir.external_data.set_base_dir(model.graph, str(model_path.parent.resolve()))
     return LoadedModel(model, model_path, model_path.stat().st_size, external_files)
@@ -337,9 +413,10 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
 
 def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model:
     """Check and convert an in-memory proto (external data is refused: it has no folder)."""
+    _check_model_strings(where, proto)
     _check_versions(where, proto)
     _check_external_data(where, proto, None)
-    _check_graph_structure(where, proto.graph, frozenset(), "")
+    _check_graph_structure(where, proto.graph, (), "")
     return _deserialize(where, proto)
 
 
@@ -397,7 +474,9 @@ def save_model(
     target = Path(path)
     for keep in protected:
         if _same_file(target, keep):
-            raise UsageError(f"{target}: refusing to overwrite the input model's file '{keep}'")
+            raise UsageError(
+                f"{target}: refusing to overwrite the input model's file '{keep}' (--overwrite allows it)"
+            )
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise ModelSaveError(f"{target}: folder '{folder}' does not exist")
@@ -418,6 +497,8 @@ def save_model(
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     os.close(fd)
     tmp = Path(tmp_name)
+    # mkstemp makes the file private (0600); the model should get the mode any new file gets.
+    os.chmod(tmp, 0o666 & ~_current_umask())
     try:
         if use_external:
             ir.save(model, tmp, external_data=data_name, size_threshold_bytes=1024)
@@ -436,6 +517,12 @@ def save_model(
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     return target
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _inline_external(model: ir.Model) -> ir.Model:

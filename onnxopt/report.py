@@ -142,11 +142,12 @@ class OptimizeReport:
 
 
 def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> None:
-    """Print the report as rich tables."""
+    """Print the report as rich tables (names from the model are escaped: they are not markup)."""
+    from rich.markup import escape
     from rich.table import Table
 
     ops = Table(
-        title=f"onnxopt: {report.source} (level O{report.level}, target {report.target})",
+        title=f"onnxopt: {escape(report.source)} (level O{report.level}, target {report.target})",
         title_justify="left",
     )
     ops.add_column("op")
@@ -159,7 +160,7 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
         a = report.after.op_counts.get(name, 0)
         if a == b:
             continue
-        ops.add_row(name, str(b), str(a), f"{a - b:+d}")
+        ops.add_row(escape(name), str(b), str(a), f"{a - b:+d}")
     unchanged = sum(
         1 for n in names if report.before.op_counts.get(n, 0) == report.after.op_counts.get(n, 0)
     )
@@ -209,7 +210,7 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
         for out in validation.outputs:
             verdict = "[green]ok[/green]" if out.passed else "[red]MISMATCH[/red]"
             table.add_row(
-                out.name,
+                escape(out.name),
                 out.dtype,
                 f"{out.max_abs:.3g}",
                 f"{out.max_rel:.3g}",
@@ -225,6 +226,6 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
             highlight=False,
         )
         for error in validation.errors:
-            console.print(f"[red]{error}[/red]", highlight=False)
+            console.print(f"[red]{escape(error)}[/red]", highlight=False)
     for warning in report.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)

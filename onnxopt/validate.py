@@ -9,6 +9,7 @@ other integers are small and non-negative, and every dynamic dimension is tried 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,7 +197,7 @@ def _session(model: ir.Model | Path, threads: int = 2) -> Any:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = threads
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: run errors come back as exceptions, in one line
     if isinstance(model, Path):
         return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     with io.ort_model_source(model) as source:
@@ -219,6 +220,11 @@ def compare_arrays(name: str, expected: np.ndarray, actual: np.ndarray) -> Outpu
         )
     if expected.size == 0:
         return OutputComparison(name, dtype, 0, 0.0, 0.0, 0, atol, rtol)
+    if expected.dtype.kind == "V" and actual.dtype == expected.dtype:
+        # ml_dtypes (bfloat16, float8, int4) are no numpy numbers: compare them widened, with the
+        # tolerances of their own dtype (NaN == NaN, as for the native float types).
+        wide = np.float32 if "float" in expected.dtype.name else np.int64
+        expected, actual = expected.astype(wide), actual.astype(wide)
     if not (np.issubdtype(expected.dtype, np.number) or expected.dtype == np.bool_):
         bad = int(np.sum(expected != actual))
         return OutputComparison(
@@ -230,7 +236,8 @@ def compare_arrays(name: str, expected: np.ndarray, actual: np.ndarray) -> Outpu
         same_nan = np.isnan(e) == np.isnan(a)
         same_inf = (np.isinf(e) == np.isinf(a)) & ((e == a) | ~np.isinf(e))
         finite = np.isfinite(e) & np.isfinite(a)
-        diff = np.where(finite, np.abs(e - a), 0.0)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is masked out below
+            diff = np.where(finite, np.abs(e - a), 0.0)
         rel = np.where(finite, diff / np.maximum(np.abs(e), 1e-12), 0.0)
         bad = (~same_nan) | (~same_inf) | (diff > atol + rtol * np.abs(np.where(finite, e, 0.0)))
         return OutputComparison(
@@ -258,6 +265,37 @@ def compare_arrays(name: str, expected: np.ndarray, actual: np.ndarray) -> Outpu
     )
 
 
+def _flatten_output(
+    name: str, expected: object, actual: object
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """Pairs of arrays to compare: a sequence output ``s`` becomes ``s[0]``, ``s[1]``, ...
+
+    A length or presence mismatch is reported as a shape mismatch of the whole output.
+    """
+    if isinstance(expected, list) or isinstance(actual, list):
+        if not (isinstance(expected, list) and isinstance(actual, list)):
+            return [(name, np.zeros((1,)), np.zeros((0,)))]
+        if len(expected) != len(actual):
+            return [(name, np.zeros((len(expected),)), np.zeros((len(actual),)))]
+        pairs: list[tuple[str, np.ndarray, np.ndarray]] = []
+        for index, (e, a) in enumerate(zip(expected, actual)):
+            pairs.extend(_flatten_output(f"{name}[{index}]", e, a))
+        return pairs
+    if expected is None or actual is None:  # an optional output
+        if expected is None and actual is None:
+            return []
+        return [(name, np.zeros((1,)), np.zeros((0,)))]
+    return [(name, np.asarray(expected), np.asarray(actual))]
+
+
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : (Load model from .* failed:)?")
+
+
+def _ort_reason(exc: BaseException) -> str:
+    """ORT's message without its status prefix and the temp path it loaded from."""
+    return _ORT_PREFIX.sub("", _first_line(exc)).strip()
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[-1] if text else type(exc).__name__
@@ -282,7 +320,8 @@ def validate(
         reference = _session(original)
     except Exception as exc:
         raise CannotValidate(
-            f"ONNX Runtime cannot load the original model: {_first_line(exc)}"
+            f"ONNX Runtime cannot load the original model, so it cannot be validated "
+            f"({_ort_reason(exc)}); if it uses custom ops, rerun with --no-validate"
         ) from exc
     try:
         candidate = _session(optimized)
@@ -308,7 +347,7 @@ def validate(
         try:
             expected = reference.run(output_names, feeds)
         except Exception as exc:
-            last_failure = _first_line(exc)
+            last_failure = _ort_reason(exc)
             return False
         try:
             actual = candidate.run(output_names, feeds)
@@ -316,8 +355,10 @@ def validate(
             errors.append(f"optimized model fails where the original runs: {_first_line(exc)}")
             return True
         for name, e, a in zip(output_names, expected, actual):
-            worst.add(compare_arrays(name, np.asarray(e), np.asarray(a)))
-        used.append({k: tuple(v.shape) for k, v in feeds.items()})
+            for item_name, e_item, a_item in _flatten_output(name, e, a):
+                worst.add(compare_arrays(item_name, e_item, a_item))
+        # Sequence and optional inputs (lists, None) have no single shape to report.
+        used.append({k: tuple(v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray)})
         return True
 
     if feed_sets:

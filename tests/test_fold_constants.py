@@ -158,6 +158,14 @@ def test_expand_of_small_constant_is_not_folded_into_a_big_one() -> None:
     )
 
 
+def test_fold_may_grow_folds_it_anyway() -> None:
+    model = parse_model(EXPAND_SMALL)
+    result = FoldConstantsPass(PassOptions(fold_may_grow=True))(model.clone())
+    assert result.stats == {"nodes folded": 1}
+    assert op_types(result.model) == ["Constant", "Constant", "Mul"]  # dead-code removes these
+    assert_numerically_equal(model, result.model)
+
+
 def test_transpose_of_a_weight_used_once_folds_because_it_frees_the_weight() -> None:
     model = parse_model(
         """

@@ -97,7 +97,7 @@ def test_single_unknown_dim_becomes_minus_one() -> None:
     model = parse_model(
         """
         <ir_version: 8, opset_import: ["" : 17]>
-        g (float[B, 8] x, float[B] other) => (float[B, 2, 4] y) <int64[2] tail = {2, 4}> {
+        g (float[B, 8] x, float[M] other) => (float[B, 2, 4] y) <int64[2] tail = {2, 4}> {
             s = Shape(other)
             t = Concat<axis = 0>(s, tail)
             y = Reshape(x, t)
@@ -116,7 +116,7 @@ def test_two_unknown_dims_are_left_alone() -> None:
     model = parse_model(
         """
         <ir_version: 8, opset_import: ["" : 17]>
-        g (float[B, T, 8] x, float[B, T] other) => (float[B, T, 8] y) <int64[1] tail = {8}> {
+        g (float[B, T, 8] x, float[M, S] other) => (float[B, T, 8] y) <int64[1] tail = {8}> {
             s = Shape(other)
             t = Concat<axis = 0>(s, tail)
             y = Reshape(x, t)
@@ -126,12 +126,29 @@ def test_two_unknown_dims_are_left_alone() -> None:
     assert not FoldShapeValuesPass()(model).modified
 
 
-def test_allowzero_reshape_is_left_alone() -> None:
+def test_allowzero_reshape_gets_copy_dims_and_allowzero_0() -> None:
     model = parse_model(
         TORCHSCRIPT_RESHAPE.replace("y = Reshape(x, t)", "y = Reshape<allowzero = 1>(x, t)")
     )
-    result = FoldShapeValuesPass()(model)
-    assert "Reshape targets made constant" not in result.stats
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats == {"Reshape targets made constant": 1, "shape values folded": 1}
+    reshape = result.model.graph.node(0)
+    assert reshape.attributes.get_int("allowzero", 0) == 0
+    assert_numerically_equal(model, result.model)
+
+
+def test_allowzero_reshape_with_a_literal_zero_is_left_alone() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 0, 8] x) => (float[B, 0, 8] y) <int64[2] tail = {0, 8}> {
+            s = Shape<end = 1>(x)
+            t = Concat<axis = 0>(s, tail)
+            y = Reshape<allowzero = 1>(x, t)
+        }
+        """
+    )
+    assert not FoldShapeValuesPass()(model).modified
 
 
 def test_default_model_optimizes_to_far_fewer_nodes() -> None:
@@ -141,6 +158,9 @@ def test_default_model_optimizes_to_far_fewer_nodes() -> None:
     assert result.validated
     assert result.report.before.nodes == 198
     assert result.report.after.nodes <= 55
+    # The result is a fixed point: optimizing it again changes nothing.
+    again = optimize(result.model, check=False)
+    assert [r.name for r in again.report.records if r.modified] == []
 
 
 def test_infer_then_fold_on_default_model_is_idempotent() -> None:
@@ -150,3 +170,23 @@ def test_infer_then_fold_on_default_model_is_idempotent() -> None:
     InferShapesPass()(model)
     assert FoldShapeValuesPass()(model).modified
     assert not FoldShapeValuesPass()(model).modified
+
+
+def test_dims_with_the_same_symbol_become_copy_dims() -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, T, 8] x, float[B, T] mask) => (float[B, T, 2, 4] y) <int64[2] heads = {2, 4}> {
+            s = Shape(mask)
+            t = Concat<axis = 0>(s, heads)
+            y = Reshape(x, t)
+        }
+        """
+    )
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats == {"Reshape targets made constant": 1}
+    target = result.model.graph.node(-1).inputs[1]
+    assert target is not None and target.const_value is not None
+    assert target.const_value.numpy().tolist() == [0, 0, 2, 4]
+    report = validate(model, result.model)
+    assert report.passed and len(report.trials) == 2

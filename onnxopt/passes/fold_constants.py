@@ -27,9 +27,8 @@ disappear) and the folded nodes' encodings; each removed byte pays once. Results
 what only moves its elements: Reshape, Unsqueeze, Expand, Tile, Transpose, Slice, Gather, Concat, Cast)
 is written as one ConstantOfShape node instead, which costs a few bytes. A refused result leaves its
 producer in place and its inputs are reconsidered. So a Transpose or Cast of a weight used once folds,
-but a Tile/Expand of a small constant into a big tensor stays as it is. ``--fold-growth`` lifts the
-policy: every foldable result within ``--fold-limit`` becomes an initializer, uniform ones included
-(what onnxsim does; weights stored as ConstantOfShape are materialized).
+but a Tile/Expand of a small constant into a big tensor stays as it is. ``fold_may_grow`` lifts the
+policy (every result within ``--fold-limit`` is written in full, as onnxsim does).
 
 ``If`` with a constant condition is replaced by the chosen branch's nodes (names kept unique, outer-scope
 references preserved). Inside subgraphs, an outer-scope value counts as constant only when it is one.
@@ -163,11 +162,10 @@ def _has_subgraph(node: ir.Node) -> bool:
 
 
 class _Folder:
-    def __init__(self, model: ir.Model, fold_limit: int, explain: bool, grow: bool = False) -> None:
+    def __init__(self, model: ir.Model, fold_limit: int, explain: bool) -> None:
         self.model = model
         self.fold_limit = fold_limit
         self.explain = explain
-        self.grow = grow  # --fold-growth: no growth policy, uniform results become initializers too
         self.opsets = dict(model.opset_imports)
         # Before IR 4 every initializer had to be listed as a graph input: those are constants.
         self.legacy_inputs = model.ir_version < 4
@@ -178,6 +176,8 @@ class _Folder:
         self.leaves: dict[ir.Value, _Const | None] = {}
         self.numpy_results: dict[ir.Node, list[np.ndarray]] = {}
         self.encoded_sizes: dict[ir.Node, int] = {}
+        self.pool = ConstantPool(model)
+        self.may_grow = False
 
     # ------------------------------------------------------------------ facts
 
@@ -358,10 +358,7 @@ class _Folder:
         Each result costs its bytes plus its initializer's encoding; it is paid from what folding
         removes within its input cone: constants read only by folded nodes, and the folded nodes'
         own encodings. Every removed byte pays once. Results of at most 64 bytes are always kept.
-        With ``--fold-growth`` nothing is refused here.
         """
-        if self.grow:
-            return False
         folded = set(plan.folded)
         budget: dict[ir.Value | ir.Node, int] = {}
         cones: dict[ir.Value, list[ir.Value | ir.Node]] = {}
@@ -409,6 +406,8 @@ class _Folder:
             assert producer is not None
             if _alias_of(value, folded) is not None:
                 continue  # uses move to the Identity's constant input: nothing new is written
+            if self.may_grow:
+                continue
             if const.fill is not None:
                 # Written as ConstantOfShape: a few bytes. Already that compact when one node makes it.
                 if all(s is None or s.producer() not in folded for s in producer.inputs):
@@ -510,13 +509,17 @@ class _Folder:
                 value.replace_all_uses_with(alias)
                 continue
             const = plan.known[value]
-            if const.fill is not None and const.type.nbytes > TINY_RESULT_BYTES and not self.grow:
-                _replace_with_constant_of_shape(value, const.type.shape, const.fill)
+            if (
+                const.fill is not None
+                and const.type.nbytes > TINY_RESULT_BYTES
+                and not self.may_grow
+            ):
+                _replace_with_constant_of_shape(value, const.type.shape, const.fill, self.pool)
                 self.stats[STAT_UNIFORM] += 1
                 continue
             array = const.read()
             assert array is not None
-            replace_with_initializer(value, array)
+            replace_with_initializer(value, array, self.pool)
         by_graph: dict[ir.Graph, list[ir.Node]] = {}
         removed = [node for node in plan.folded if node not in plan.kept]
         for node in removed:
@@ -534,12 +537,12 @@ class _Folder:
             return
         branch = branch_attr.as_graph()
         taken = _used_names(self.model, exclude=branch)
+        outputs = list(branch.outputs)
+        branch.outputs.clear()  # first: a graph output cannot leave its graph
         for name, init in list(branch.initializers.items()):
             del branch.initializers[name]
             init.name = _fresh(name, taken)
             graph.register_initializer(init)
-        outputs = list(branch.outputs)
-        branch.outputs.clear()
         moved = list(branch)
         branch.remove(moved)
         for inner in moved:
@@ -643,26 +646,14 @@ def _uniform_fill(
 
 
 def _replace_with_constant_of_shape(
-    value: ir.Value, shape: tuple[int, ...], fill: np.ndarray
+    value: ir.Value, shape: tuple[int, ...], fill: np.ndarray, pool: ConstantPool
 ) -> None:
     """Replace ``value`` by ``ConstantOfShape(shape)`` filled with ``fill``: a few bytes in the file."""
     producer = value.producer()
     assert producer is not None and producer.graph is not None
     graph = producer.graph
     name = value.name or f"{producer.name or producer.op_type}_out{value.index()}"
-    shape_name = f"{name}_shape"
-    suffix = 1
-    while shape_name in graph.initializers:
-        shape_name = f"{name}_shape{suffix}"
-        suffix += 1
-    dims = np.array(shape, dtype=np.int64)
-    shape_value = ir.Value(
-        name=shape_name,
-        type=ir.TensorType(ir.DataType.INT64),
-        shape=ir.Shape(dims.shape),
-        const_value=ir.Tensor(dims, name=shape_name),
-    )
-    graph.register_initializer(shape_value)
+    shape_value = pool.add_initializer(graph, f"{name}_shape", np.array(shape, dtype=np.int64))
     node = ir.Node(
         "",
         "ConstantOfShape",
@@ -679,19 +670,47 @@ def _replace_with_constant_of_shape(
     out.name = name
 
 
-def replace_with_initializer(value: ir.Value, array: np.ndarray) -> ir.Value:
-    """Make ``array`` an initializer of the graph producing ``value``, under ``value``'s name, and move
-    every use of ``value`` (graph outputs included) to it. The producer is left for the caller to remove."""
-    producer = value.producer()
-    assert producer is not None and producer.graph is not None
-    graph = producer.graph
-    name = value.name or f"{producer.name or producer.op_type}_out{value.index()}"
+POOL_MAX_BYTES = 1024
+
+
+class ConstantPool:
+    """Small initializers by content, so folding reuses an equal one instead of writing a duplicate
+    (which deduplication would otherwise merge on the next run: optimizing twice must change nothing)."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self._by_key: dict[tuple[ir.Graph, str, tuple[int, ...], bytes], ir.Value] = {}
+        for graph in _graphs(model):
+            for value in graph.initializers.values():
+                tensor = value.const_value
+                if tensor is None or value.is_graph_input() or value.is_graph_output():
+                    continue
+                if tensor.nbytes <= POOL_MAX_BYTES and tensor.dtype in SUPPORTED_DTYPES:
+                    self._by_key.setdefault(self._key(graph, tensor.numpy()), value)
+
+    @staticmethod
+    def _key(graph: ir.Graph, array: np.ndarray) -> tuple[ir.Graph, str, tuple[int, ...], bytes]:
+        return graph, array.dtype.str, tuple(array.shape), np.ascontiguousarray(array).tobytes()
+
+    def add_initializer(self, graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+        """An initializer of ``graph`` holding ``array``: an equal small one, or a new one named
+        ``name`` (made unique)."""
+        small = array.nbytes <= POOL_MAX_BYTES
+        if small:
+            found = self._by_key.get(self._key(graph, array))
+            if found is not None and found.graph is graph and found.is_initializer():
+                return found
+        constant = _new_initializer(graph, name, array)
+        if small:
+            self._by_key[self._key(graph, array)] = constant
+        return constant
+
+
+def _new_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     unique = name
     suffix = 1
     while unique in graph.initializers:
-        unique = f"{name}_folded{suffix}"
+        unique = f"{name}_{suffix}"
         suffix += 1
-    value.name = None
     constant = ir.Value(
         name=unique,
         type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
@@ -699,6 +718,25 @@ def replace_with_initializer(value: ir.Value, array: np.ndarray) -> ir.Value:
         const_value=ir.Tensor(array, name=unique),
     )
     graph.register_initializer(constant)
+    return constant
+
+
+def replace_with_initializer(
+    value: ir.Value, array: np.ndarray, pool: ConstantPool | None = None
+) -> ir.Value:
+    """Move every use of ``value`` (graph outputs included) to an initializer holding ``array`` in the
+    graph producing it: an equal small one from ``pool``, else a new one under ``value``'s name. The
+    producer is left for the caller to remove."""
+    producer = value.producer()
+    assert producer is not None and producer.graph is not None
+    graph = producer.graph
+    name = value.name or f"{producer.name or producer.op_type}_out{value.index()}"
+    if pool is not None and not value.is_graph_output():
+        constant = pool.add_initializer(graph, name, array)
+        value.replace_all_uses_with(constant)
+        return constant
+    value.name = None
+    constant = _new_initializer(graph, name, array)
     value.replace_all_uses_with(constant, replace_graph_outputs=True)
     return constant
 
@@ -757,9 +795,8 @@ class FoldConstantsPass(Pass):
     summary = "evaluate nodes with constant inputs (numpy / batched ORT), inline constant If; size-bounded"
 
     def call(self, model: ir.Model) -> PassResult:
-        folder = _Folder(
-            model, self.options.fold_limit_bytes, self.options.explain, self.options.fold_growth
-        )
+        folder = _Folder(model, self.options.fold_limit_bytes, self.options.explain)
+        folder.may_grow = self.options.fold_may_grow
         modified = False
         for _ in range(MAX_ROUNDS):
             changed = self._round(folder)

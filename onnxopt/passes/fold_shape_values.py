@@ -7,9 +7,10 @@ integer type, Identity, and integer Add/Sub/Mul/Div/Mod. A vector whose elements
 replaced by an initializer, even when other dims of the same tensor are symbolic: ``Shape(x)[1]`` folds
 when dim 1 is a known int.
 
-Reshape targets that are only partly known are rewritten when provably equivalent (``allowzero=0``):
-an element that is "dim *i* of the reshaped tensor itself", at position *i*, becomes 0 (copy the dim);
-a single remaining unknown element, with every other element a known positive int, becomes -1.
+Reshape targets that are only partly known are rewritten when provably equivalent: an element that is
+dim *i* of the reshaped tensor itself (the same value's dim, or a dim with the same symbol) at position
+*i* becomes 0, "copy the dim" (``allowzero=1`` becomes 0 when the target holds no literal 0); a single
+remaining unknown element, with every other element a known positive int, becomes -1.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import onnx_ir as ir
 from onnxopt.ops import is_onnx_domain
 from onnxopt.passes._evaluate import evaluate_numpy
 from onnxopt.passes.base import Pass, PassResult
-from onnxopt.passes.fold_constants import replace_with_initializer
+from onnxopt.passes.fold_constants import ConstantPool, replace_with_initializer
 
 MAX_ELEMENTS = 64
 INT_TYPES = (ir.DataType.INT64, ir.DataType.INT32)
@@ -279,6 +280,7 @@ class FoldShapeValuesPass(Pass):
     def call(self, model: ir.Model) -> PassResult:
         stats: Counter[str] = Counter()
         tracker = _Tracker()
+        pool = ConstantPool(model)
         graphs = [model.graph, *model.graph.subgraphs()]
         for graph in graphs:
             for node in graph:
@@ -302,13 +304,13 @@ class FoldShapeValuesPass(Pass):
                     continue  # an intermediate: its consumer gets folded instead
                 if not value.uses() and not value.is_graph_output():
                     continue
-                replace_with_initializer(value, vector.array())
+                replace_with_initializer(value, vector.array(), pool)
                 stats["shape values folded"] += 1
             for node in list(graph):
                 if (
                     is_onnx_domain(node.domain)
                     and node.op_type == "Reshape"
-                    and _rewrite_reshape(node, tracker)
+                    and _rewrite_reshape(node, tracker, pool)
                 ):
                     stats["Reshape targets made constant"] += 1
         if stats:
@@ -323,11 +325,30 @@ def _is_folded(node: ir.Node, tracker: _Tracker) -> bool:
     return vector is not None and vector.ints is not None
 
 
-def _rewrite_reshape(node: ir.Node, tracker: _Tracker) -> bool:
+def _same_dim(element: DimOf, data: ir.Value, index: int) -> bool:
+    """Whether ``element`` is provably dim ``index`` of ``data``: the same value's same dim, or a dim
+    carrying the same symbol (ONNX shape inference gives one symbol to dims it proves equal, and a
+    model's inputs declare equal dims with one name)."""
+    if element.value is data:
+        return element.index == index
+    if data.shape is None or index >= len(data.shape) or element.value.shape is None:
+        return False
+    mine = data.shape[index]
+    theirs = element.value.shape[element.index]
+    return (
+        isinstance(mine, ir.SymbolicDim)
+        and isinstance(theirs, ir.SymbolicDim)
+        and mine.value is not None
+        and mine.value == theirs.value
+    )
+
+
+def _rewrite_reshape(node: ir.Node, tracker: _Tracker, pool: ConstantPool) -> bool:
     data = node.inputs[0]
     target_value = node.inputs[1] if len(node.inputs) > 1 else None
-    if data is None or target_value is None or node.attributes.get_int("allowzero", 0) != 0:
+    if data is None or target_value is None:
         return False
+    allowzero = node.attributes.get_int("allowzero", 0) != 0
     target = tracker.get(target_value)
     if (
         target is None
@@ -336,11 +357,13 @@ def _rewrite_reshape(node: ir.Node, tracker: _Tracker) -> bool:
         or target_value.const_value is not None
     ):
         return False
+    if allowzero and any(isinstance(e, int) and e == 0 for e in target.elements):
+        return False  # a literal 0 means "zero" here and "copy" without allowzero
     elements: list[int | None] = []
     for index, element in enumerate(target.elements):
         if isinstance(element, int):
             elements.append(element)
-        elif isinstance(element, DimOf) and element.value is data and element.index == index:
+        elif isinstance(element, DimOf) and _same_dim(element, data, index):
             elements.append(0)
         else:
             elements.append(None)
@@ -355,20 +378,12 @@ def _rewrite_reshape(node: ir.Node, tracker: _Tracker) -> bool:
     array = np.array(elements, dtype=np.int64)
     graph = node.graph
     assert graph is not None
-    base = f"{target_value.name or 'shape'}_static"
-    name = base
-    suffix = 1
-    while name in graph.initializers:
-        name = f"{base}{suffix}"
-        suffix += 1
-    constant = ir.Value(
-        name=name,
-        type=ir.TensorType(ir.DataType.INT64),
-        shape=ir.Shape(array.shape),
-        const_value=ir.Tensor(array, name=name),
-    )
-    graph.register_initializer(constant)
+    constant = pool.add_initializer(graph, f"{target_value.name or 'shape'}_static", array)
     node.replace_input_with(1, constant)
+    if allowzero and 0 in elements:
+        # Copy dims need allowzero=0. Equivalent: no literal 0 was in the target, and a copied dim
+        # that is 0 at run time was a literal 0 before, which allowzero=1 kept as 0 too.
+        node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
     return True
 
 

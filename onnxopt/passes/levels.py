@@ -38,8 +38,8 @@ ALL_PASSES: list[PassClass] = [
 ]
 
 # Folding exposes shapes (re-inferred at the end of each round), which expose more folding.
-# Folding can create equal constants (two Concats of the same dims): merging them lets CSE merge
-# their users, and keeps a second optimization of the output from finding anything left to do.
+# Folding also creates equal constants: deduplicating them in the loop lets CSE merge their users
+# (else a second optimize run still finds work, and the output is not a fixed point).
 CLEANUP: tuple[PassClass, ...] = (
     FoldShapeValuesPass,
     FoldConstantsPass,

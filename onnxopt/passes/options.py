@@ -14,9 +14,8 @@ DEFAULT_FOLD_LIMIT_BYTES = 32 * 1024 * 1024
 class PassOptions:
     # Largest tensor constant folding may materialize, in bytes.
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES
-    # Let constant folding grow the file: write every foldable result (within the limit) as an
-    # initializer, weights stored as ConstantOfShape included. Off: folding never grows the file.
-    fold_growth: bool = False
+    # Let constant folding write results bigger than what it removes (onnxsim's behaviour).
+    fold_may_grow: bool = False
     # Which runtime fusions may target: standard ONNX only, or ONNX Runtime's contrib ops too.
     target: Target = "ort"
     # Dims pinned by the user: input name -> full shape.
