@@ -14,6 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt import io
+from onnxopt.analysis.memory_plan import MemoryPlan, memory_report
 from onnxopt.passes.base import Pipeline, VerifyEach
 from onnxopt.passes.levels import DEFAULT_LEVEL, build_steps
 from onnxopt.passes.options import DEFAULT_FOLD_LIMIT_BYTES, PassOptions, Target
@@ -22,12 +23,16 @@ from onnxopt.validate import CannotValidate, ValidationReport, input_specs, vali
 
 logger = logging.getLogger(__name__)
 
+# Recorded in every optimized model: which runtime its fusions may rely on ("onnx" or "ort").
+TARGET_METADATA_KEY = "onnxopt.target"
+
 
 @dataclass(frozen=True)
 class OptimizeResult:
     model: ir.Model
     report: OptimizeReport
     source: io.LoadedModel | None
+    memory_plan: MemoryPlan | None = None
 
     @property
     def validated(self) -> bool:
@@ -60,11 +65,15 @@ def optimize(
     explain: bool = False,
     verify_each: bool = False,
     progress: Callable[[str], None] | None = None,
+    dims: Mapping[str, int] | None = None,
+    memory: bool = False,
 ) -> OptimizeResult:
     """Optimize a model (a path or an ``ir.Model``, which is left untouched) and validate the result.
 
     Returns the optimized model and its report; the caller decides what to do with a failed
     validation (``result.report.validation.passed``). Nothing is written to disk.
+    With ``memory=True`` the report gains activation-memory figures (symbolic dims bound by
+    ``dims``) and ``result.memory_plan`` holds the optimized model's arena plan.
     """
     options = PassOptions(
         fold_limit_bytes=fold_limit_bytes,
@@ -72,6 +81,7 @@ def optimize(
         target=target,
         input_shapes=dict(input_shapes or {}),
         explain=explain,
+        dims=dict(dims or {}),
     )
     steps = build_steps(level, passes=passes, disable=disable, options=options)
     loaded: io.LoadedModel | None = None
@@ -89,6 +99,7 @@ def optimize(
         source_name = str(model)
         file_bytes = loaded.file_bytes
     before = ModelSummary.of(working, file_bytes)
+    unoptimized = working.clone() if memory else None
     with _located(loaded):
         specs = input_specs(working) if check and inputs is None and not input_shapes else None
 
@@ -96,6 +107,7 @@ def optimize(
     instruments = [VerifyEach()] if verify_each else []
     result = Pipeline(steps, instruments)(working, progress)
     optimize_seconds = time.perf_counter() - start
+    working.metadata_props[TARGET_METADATA_KEY] = target
 
     validation: ValidationReport | None = None
     validate_seconds = 0.0
@@ -108,6 +120,14 @@ def optimize(
                 specs = input_specs(working)  # pinned shapes: generate inputs of the pinned sizes
             validation = validate(original, working, specs=specs, inputs=inputs)
         validate_seconds = time.perf_counter() - start
+
+    memory_section = memory_plan = None
+    if unoptimized is not None:
+        if progress is not None:
+            progress("memory plan")
+        memory_section, memory_plan = memory_report(
+            unoptimized, working, dims=dims, input_shapes=input_shapes
+        )
 
     report = OptimizeReport(
         source=source_name,
@@ -122,5 +142,6 @@ def optimize(
         warnings=result.warnings,
         optimize_seconds=optimize_seconds,
         validate_seconds=validate_seconds,
+        memory=memory_section,
     )
-    return OptimizeResult(working, report, loaded)
+    return OptimizeResult(working, report, loaded, memory_plan)

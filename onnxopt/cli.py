@@ -120,6 +120,17 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+def parse_dims(texts: tuple[str, ...]) -> dict[str, int]:
+    """``("batch=8,seq=512", ...)`` -> {"batch": 8, "seq": 512}."""
+    dims: dict[str, int] = {}
+    for part in (p for text in texts for p in _split(text)):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit():
+            raise UsageError(f"--dim '{part}': expected NAME=SIZE (e.g. batch=8,seq=512)")
+        dims[name.strip()] = int(value)
+    return dims
+
+
 def _split(text: str | None) -> list[str]:
     return [p.strip() for p in (text or "").split(",") if p.strip()]
 
@@ -211,14 +222,29 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--fold-may-grow",
             is_flag=True,
-            help="Let constant folding grow the file (e.g. materialize weights stored as "
-            "ConstantOfShape); by default folding never grows it.",
+            help="Fold even where the result is larger than what it replaces (the file may grow).",
         ),
         click.option(
             "--input-shape",
             "input_shapes",
             multiple=True,
             help="Pin an input's dims: NAME:1x3x224x224 (repeatable).",
+        ),
+        click.option(
+            "--dim",
+            "dims",
+            multiple=True,
+            help="Size symbolic dims for memory figures and reordering: batch=8,seq=512.",
+        ),
+        click.option(
+            "--memory",
+            is_flag=True,
+            help="Report activation memory (naive / lower bound / planned) before and after.",
+        ),
+        click.option(
+            "--memory-plan",
+            type=click.Path(path_type=Path),
+            help="Write the optimized model's arena plan (offsets, lifetimes) as JSON.",
         ),
         click.option(
             "--inputs",
@@ -335,6 +361,9 @@ def _optimize_command(
     fold_limit: str,
     fold_may_grow: bool,
     input_shapes: tuple[str, ...],
+    dims: tuple[str, ...],
+    memory: bool,
+    memory_plan: Path | None,
     inputs_file: Path | None,
     no_validate: bool,
     external_data: bool | None,
@@ -359,6 +388,15 @@ def _optimize_command(
     _setup_logging(verbose)
     if output is not None and (len(models) > 1 or out_dir is not None):
         raise UsageError("-o OUTPUT takes one model; use --out-dir DIR for several")
+    if (
+        output is not None
+        and not overwrite
+        and output.exists()
+        and output.resolve() == models[0].resolve()
+    ):
+        raise UsageError(
+            f"{output}: refusing to overwrite the input model (add --overwrite to allow it)"
+        )
     thresholds = Thresholds(
         max_abs_error=max_abs_error,
         max_rel_error=max_rel_error,
@@ -378,10 +416,22 @@ def _optimize_command(
         "inputs": load_inputs(inputs_file) if inputs_file else None,
         "explain": explain,
         "verify_each": verify_each,
+        "dims": parse_dims(dims),
+        "memory": memory or memory_plan is not None,
     }
+    if memory_plan is not None and (len(models) > 1 or out_dir is not None):
+        raise UsageError("--memory-plan takes one model")
     if len(models) == 1 and out_dir is None:
         outcome = _optimize_single(
-            models[0], output, options, thresholds, external_data, overwrite, as_json, explain
+            models[0],
+            output,
+            options,
+            thresholds,
+            external_data,
+            overwrite,
+            as_json,
+            explain,
+            memory_plan,
         )
         outcomes = [outcome]
     else:
@@ -434,6 +484,7 @@ def _optimize_single(
     overwrite: bool,
     as_json: bool,
     explain: bool,
+    memory_plan: Path | None = None,
 ) -> Any:
     from onnxopt import api, io
     from onnxopt.checks import evaluate
@@ -458,6 +509,8 @@ def _optimize_single(
             output=str(written),
             after=dataclasses.replace(report.after, file_bytes=written.stat().st_size),
         )
+    if memory_plan is not None and result.memory_plan is not None:
+        memory_plan.write_text(json.dumps(result.memory_plan.to_json(), indent=1))
     if as_json:
         data = report.to_json()
         data["checks"] = [dataclasses.asdict(c) for c in checks]

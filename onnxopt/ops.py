@@ -26,8 +26,16 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
     """The value's constant contents as numpy, or None when it is not a known constant.
 
     Graph inputs that also carry an initializer are *not* constant: the caller may feed them.
+    Identity nodes are looked through.
     """
-    if value is None or value.is_graph_input():
+    for _ in range(8):  # see through Identity chains (TorchScript shares tied weights that way)
+        if value is None or value.is_graph_input():
+            return None
+        producer = value.producer()
+        if producer is None or not is_op(producer, "Identity"):
+            break
+        value = producer.inputs[0]
+    if value is None:
         return None
     tensor = ir.convenience.get_const_tensor(value)
     if tensor is None:

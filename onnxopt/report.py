@@ -14,6 +14,7 @@ from typing import Any
 import onnx_ir as ir
 
 from onnxopt import io
+from onnxopt.analysis.memory_plan import MemoryReport
 from onnxopt.passes.base import PassRecord
 from onnxopt.rewrite.driver import iter_graphs
 from onnxopt.validate import ValidationReport
@@ -107,6 +108,7 @@ class OptimizeReport:
     warnings: tuple[str, ...]
     optimize_seconds: float
     validate_seconds: float
+    memory: MemoryReport | None = None
 
     def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
         """(name, runs, seconds, summed stats) per pass, in first-run order."""
@@ -127,9 +129,32 @@ class OptimizeReport:
                 seen.setdefault(note, None)
         return list(seen)
 
+    def fusion_counts(self) -> list[tuple[str, int, int]]:
+        """(rule, candidates, fused) per rewrite rule of the fuse-* passes.
+
+        A candidate is a node a rule recognised (fused, or rejected with a reason under --explain);
+        without --explain, rejected candidates are not collected and candidates equals fused.
+        """
+        fused: Counter[str] = Counter()
+        for record in self.records:
+            if record.name.startswith("fuse-"):
+                fused.update(record.stats)
+        rejected: Counter[str] = Counter()
+        for record in self.records:  # a pass repeated to a fixed point re-reports the same misses
+            if not record.name.startswith("fuse-"):
+                continue
+            in_record = Counter(note.split(": ", 1)[0] for note in record.notes)
+            for rule, count in in_record.items():
+                rejected[rule] = max(rejected[rule], count)
+        rules = list(dict.fromkeys([*fused, *rejected]))
+        return [(rule, fused[rule] + rejected[rule], fused[rule]) for rule in rules]
+
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["schema_version"] = REPORT_SCHEMA_VERSION
+        data["fusions"] = [
+            {"rule": r, "candidates": c, "fused": f} for r, c, f in self.fusion_counts()
+        ]
         data["passes"] = [
             {"name": n, "runs": r, "seconds": round(s, 6), "changes": st}
             for n, r, s, st in self.pass_totals()
@@ -189,6 +214,14 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
     console.print(passes)
 
     if explain:
+        fusions = Table(title="fusions", title_justify="left")
+        fusions.add_column("rule")
+        fusions.add_column("candidates", justify="right")
+        fusions.add_column("fused", justify="right")
+        for rule, candidates, fused in report.fusion_counts():
+            fusions.add_row(rule, str(candidates), str(fused))
+        if fusions.row_count:
+            console.print(fusions)
         notes = report.explain_notes()
         console.print(f"[bold]explain[/bold]: {len(notes)} candidate(s) not rewritten")
         for note in notes:
@@ -227,5 +260,41 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
         )
         for error in validation.errors:
             console.print(f"[red]{escape(error)}[/red]", highlight=False)
+    if report.memory is not None:
+        render_memory(report.memory, console)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+
+
+def render_memory(memory: MemoryReport, console: Any) -> None:
+    """The activation memory table: naive / lower bound / planned / gap per order."""
+    from rich.table import Table
+
+    table = Table(title="activation memory (main graph, 64-byte aligned)", title_justify="left")
+    for column in ("order", "naive", "lower bound", "planned", "gap"):
+        table.add_column(column, justify="left" if column == "order" else "right")
+    for row in memory.rows:
+        table.add_row(
+            row.label,
+            format_bytes(row.naive_bytes),
+            format_bytes(row.lower_bound_bytes),
+            format_bytes(row.planned_bytes),
+            f"{row.gap * 100:.2f}%",
+        )
+    console.print(table)
+    console.print(
+        f"peak vs the input order's lower bound without reuse: {-memory.reduction * 100:+.1f}%",
+        highlight=False,
+    )
+    if memory.assumed_dims:
+        dims = ", ".join(memory.assumed_dims)
+        console.print(
+            f"[yellow]assumed {dims} = {memory.default_dim}[/yellow] (bind with --dim NAME=SIZE)",
+            highlight=False,
+        )
+    if memory.unknown:
+        names = ", ".join(memory.unknown[:5]) + (" ..." if len(memory.unknown) > 5 else "")
+        console.print(
+            f"[yellow]{len(memory.unknown)} tensor(s) of unknown size counted as 0:[/yellow] {names}",
+            highlight=False,
+        )

@@ -6,21 +6,45 @@ from collections.abc import Sequence
 
 from onnxopt.errors import UsageError
 from onnxopt.passes.base import FixedPoint, Pass, Step
+from onnxopt.passes.decompose_batch_norm import DecomposeBatchNormPass
 from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
 from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
 from onnxopt.passes.eliminate_noops import EliminateNoopsPass
 from onnxopt.passes.fold_constants import FoldConstantsPass
 from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
+from onnxopt.passes.fuse_conv_activation import FuseConvActivationPass
+from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
+from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
+from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
+from onnxopt.passes.fuse_matmul import FuseMatMulPass
+from onnxopt.passes.fuse_pad import FusePadPass
+from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.passes.remove_initializer_inputs import RemoveInitializerInputsPass
+from onnxopt.passes.reorder_for_memory import ReorderForMemoryPass
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
 PassClass = type[Pass]
 LevelSpec = Sequence[PassClass | tuple[PassClass, ...]]
+
+# Fusions, in the order they feed each other (Pad and BN fold before Conv+Relu becomes FusedConv).
+# Contrib-op rewrites check options.target themselves, so one list serves both targets: the
+# default (level 2, target ort) is what runs fastest on ONNX Runtime; --target onnx stays portable.
+FUSIONS: list[PassClass] = [
+    FusePadPass,
+    FuseConvBnPass,
+    FuseConvActivationPass,
+    FuseLayerNormPass,
+    FuseRmsNormPass,
+    FuseGeluPass,
+    FuseMatMulPass,  # last: attention patterns need to see their Transpose + MatMul unfused
+]
+# Correct but measured slower on ONNX Runtime's CPU kernels (README, "Fusions"): --passes only.
+OPT_IN_FUSIONS: list[PassClass] = [FuseSkipLayerNormPass, FuseBiasGeluPass, DecomposeBatchNormPass]
 
 # Every pass, in the order a custom --passes list is best run in.
 ALL_PASSES: list[PassClass] = [
@@ -35,6 +59,9 @@ ALL_PASSES: list[PassClass] = [
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
+    *FUSIONS,
+    *OPT_IN_FUSIONS,
+    ReorderForMemoryPass,
 ]
 
 # Folding exposes shapes (re-inferred at the end of each round), which expose more folding.
@@ -71,8 +98,10 @@ LEVELS: dict[int, LevelSpec] = {
         LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
+        *FUSIONS,
         InferShapesPass,
         EliminateDeadCodePass,
+        ReorderForMemoryPass,
     ],
     3: [
         SortTopologicallyPass,
@@ -81,8 +110,10 @@ LEVELS: dict[int, LevelSpec] = {
         LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
+        *FUSIONS,
         InferShapesPass,
         EliminateDeadCodePass,
+        ReorderForMemoryPass,
     ],
 }
 DEFAULT_LEVEL = 2

@@ -20,5 +20,7 @@ class PassOptions:
     target: Target = "ort"
     # Dims pinned by the user: input name -> full shape.
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Sizes of symbolic dims (e.g. batch=8, seq=512) for memory analyses and reordering.
+    dims: dict[str, int] = field(default_factory=dict)
     # Explain why rewrites did not apply (collects Mismatch reasons; slightly slower).
     explain: bool = False

@@ -173,14 +173,14 @@ def apply_rules(
                         continue
                     outcome = rule.match(node, context)
                     if isinstance(outcome, Mismatch):
-                        if options.explain:
+                        if options.explain and outcome.candidate:
                             final_round_notes.append(
                                 f"{rule.name}: {describe(node)}: {outcome.reason}"
                             )
                         continue
                     replacement = rule.rewrite(outcome, context)
                     if isinstance(replacement, Mismatch):
-                        if options.explain:
+                        if options.explain and replacement.candidate:
                             final_round_notes.append(
                                 f"{rule.name}: {describe(node)}: {replacement.reason}"
                             )

@@ -21,6 +21,9 @@ class Mismatch:
     """Why a candidate was not rewritten, e.g. ``Mismatch("Conv output has 2 consumers")``."""
 
     reason: str
+    # False when the node was never a plausible candidate (e.g. an Add that is not part of any
+    # LayerNorm): --explain stays quiet about those and only lists real near-misses.
+    candidate: bool = True
 
     def __bool__(self) -> bool:  # so `if not (m := rule.match(...))` reads naturally
         return False

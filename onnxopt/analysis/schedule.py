@@ -1,0 +1,436 @@
+"""Memory-aware scheduling: a topological order of a graph's nodes with a low peak of live bytes.
+
+The memory model is the one of :mod:`onnxopt.analysis.memory` (view groups share a buffer,
+element-wise ops may write over an input that dies there). Running node ``v`` with ``cur`` bytes
+live costs, during its step, ``cur + alloc(v) + workspace(v) - in_place(v)`` and leaves
+``cur + alloc(v) - freed(v)`` live, where ``freed`` are the buffers whose last reader is ``v``.
+
+1. List scheduling (two greedy rules: least net growth; and finish the most recent chain first,
+   a depth-first rule that completes one branch before starting the next), O(E log V) each.
+2. Exact refinement: around the steps at the peak, a window of consecutive nodes is reordered
+   optimally by dynamic programming over its downsets (sets of window nodes closed under
+   dependencies), minimising the window's largest step. Windows are independent: what is live
+   across a window's borders does not depend on the order inside it. Bounded in states and time.
+3. The candidate with the lowest peak wins; the input order wins ties, so it is never worse.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from onnxopt.analysis.memory import Dataflow, simulate, without_gc
+
+WINDOW_SIZES = (10, 16, 24)
+MAX_STATES = 4_000
+# Exact refinement is bounded by work (DP transitions), not by the clock, so results are reproducible.
+REFINE_WORK = 300_000
+
+
+@dataclass(frozen=True)
+class Schedule:
+    order: tuple[int, ...]
+    peak: int  # lower bound (largest live total) of ``order``
+    original_peak: int
+    strategy: str
+    arena: int = 0  # planned arena of ``order`` (the lower bound when plans were not scored)
+    original_arena: int = 0
+
+
+class _Model:
+    """Static, order-independent per-node facts at view-group level."""
+
+    def __init__(self, flow: Dataflow) -> None:
+        n = len(flow.nodes)
+        self.flow = flow
+        self.n = n
+        self.alloc = [0] * n
+        self.own_groups: list[list[int]] = [[] for _ in range(n)]
+        for r in flow.group_members:
+            p = flow.producer[r]
+            self.alloc[p] += flow.sizes[r]
+            self.own_groups[p].append(r)
+        self.readers = flow.group_readers
+        self.size = flow.sizes
+        self.ws = flow.workspace
+        self.groups_in = flow.node_groups_in
+        # in-place pairs at group level: (output size, input group)
+        self.inplace = [
+            [(flow.sizes[o], flow.group[s]) for o, s in flow.inplace[i]] for i in range(n)
+        ]
+        self.succs: list[list[int]] = [[] for _ in range(n)]
+        for j, ps in enumerate(flow.preds):
+            for i in ps:
+                self.succs[i].append(j)
+
+
+def _greedy(model: _Model, rule: str) -> list[int]:
+    """List scheduling; ``rule`` is "net" (least growth) or "chain" (depth-first on recent chains)."""
+    n = model.n
+    flow = model.flow
+    indeg = [len(p) for p in flow.preds]
+    remaining = {g: len(rs) for g, rs in model.readers.items()}
+    scheduled = [False] * n
+    pos = [-1] * n
+    version = [0] * n
+    heap: list[tuple[tuple[int, ...], int, int]] = []
+
+    def freed(v: int) -> int:
+        total = 0
+        for g in model.groups_in[v]:
+            if remaining[g] == 1:
+                total += model.size[g]
+        for g in model.own_groups[v]:
+            if not model.readers[g]:
+                total += model.size[g]
+        return total
+
+    def key(v: int) -> tuple[int, ...]:
+        net = model.alloc[v] - freed(v)
+        if rule == "net":
+            return (net, v)
+        latest = max((pos[u] for u in flow.preds[v]), default=-1)
+        return (0 if net <= 0 else 1, net if net <= 0 else -latest, v)
+
+    def push(v: int) -> None:
+        version[v] += 1
+        heapq.heappush(heap, (key(v), version[v], v))
+
+    for v in range(n):
+        if indeg[v] == 0:
+            push(v)
+    order: list[int] = []
+    while heap:
+        _, ver, v = heapq.heappop(heap)
+        if scheduled[v] or ver != version[v]:
+            continue
+        scheduled[v] = True
+        pos[v] = len(order)
+        order.append(v)
+        for g in model.groups_in[v]:
+            remaining[g] -= 1
+            if remaining[g] == 1:
+                for w in model.readers[g]:
+                    if not scheduled[w]:
+                        if indeg[w] == 0:
+                            push(w)
+                        break
+        for w in model.succs[v]:
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                push(w)
+    if len(order) != n:  # a cycle: leave the order alone
+        return list(range(n))
+    return order
+
+
+def _resting_before(model: _Model, order: Sequence[int]) -> list[int]:
+    """Bytes live between steps: resting[p] = live just before step p runs."""
+    n = len(order)
+    pos = [0] * model.n
+    for p, v in enumerate(order):
+        pos[v] = p
+    delta = [0] * (n + 2)
+    at = pos.__getitem__
+    for g, span in model.flow.group_span.items():
+        s = pos[model.flow.producer[g]]
+        e = max(map(at, span))
+        # live after step s up to (and including) step e: contributes to resting[s+1 .. e]
+        delta[s + 1] += model.size[g]
+        delta[e + 1] -= model.size[g]
+    out = []
+    running = 0
+    for p in range(n):
+        running += delta[p]
+        out.append(running)
+    return out
+
+
+def _window_dp(
+    model: _Model,
+    order: Sequence[int],
+    a: int,
+    b: int,
+    base: int,
+    pos: Sequence[int],
+    work: list[int],
+) -> tuple[int, list[int], list[int], list[int]] | None:
+    """Best order of ``order[a:b]``: (its peak, the order, step bytes, resting bytes before each step).
+
+    None when the window has more downsets than the state cap or the work budget ran out.
+    """
+    nodes = list(order[a:b])
+    k = len(nodes)
+    local = {v: i for i, v in enumerate(nodes)}
+    pred_mask = [0] * k
+    for i, v in enumerate(nodes):
+        for u in model.flow.preds[v]:
+            j = local.get(u)
+            if j is not None:
+                pred_mask[i] |= 1 << j
+    # Groups touched: window-reader masks and whether someone after the window still reads them.
+    reader_mask: dict[int, int] = {}
+    later: set[int] = set()
+    for v in nodes:
+        for g in model.groups_in[v]:
+            if g in reader_mask:
+                continue
+            mask = 0
+            for r in model.readers[g]:
+                j = local.get(r)
+                if j is not None:
+                    mask |= 1 << j
+                elif pos[r] >= b:
+                    later.add(g)
+            # a view of g produced after the window keeps it alive too
+            for m in model.flow.group_members[g]:
+                if pos[model.flow.producer[m]] >= b:
+                    later.add(g)
+            reader_mask[g] = mask
+    alloc = [model.alloc[v] for v in nodes]
+    ws = [model.ws[v] for v in nodes]
+    dead_own = [
+        sum(model.size[g] for g in model.own_groups[v] if not model.readers[g]) for v in nodes
+    ]
+
+    def step(state: int, i: int, mem: int) -> tuple[int, int]:
+        v = nodes[i]
+        after = state | (1 << i)
+        dying: list[int] = []
+        freed = dead_own[i]
+        for g in model.groups_in[v]:
+            if g not in later and reader_mask[g] & ~after == 0:
+                dying.append(g)
+                freed += model.size[g]
+        saving = 0
+        if dying:
+            claimed: set[int] = set()
+            for size, g in model.inplace[v]:
+                if g in dying and g not in claimed:
+                    claimed.add(g)
+                    saving += size
+        return mem + alloc[i] + ws[i] - saving, mem + alloc[i] - freed
+
+    full = (1 << k) - 1
+    # level-by-level: state -> (peak so far, resting mem, parent state, last node)
+    level: dict[int, tuple[int, int]] = {0: (0, base)}
+    parents: list[dict[int, tuple[int, int]]] = []
+    count = 0
+    for _ in range(k):
+        nxt: dict[int, tuple[int, int]] = {}
+        back: dict[int, tuple[int, int]] = {}
+        for state, (peak, mem) in level.items():
+            work[0] -= k
+            for i in range(k):
+                bit = 1 << i
+                if state & bit or pred_mask[i] & ~state:
+                    continue
+                during, rest = step(state, i, mem)
+                new_peak = max(peak, during)
+                new = state | bit
+                old = nxt.get(new)
+                if old is None or new_peak < old[0]:
+                    nxt[new] = (new_peak, rest)
+                    back[new] = (state, i)
+        count += len(nxt)
+        if count > MAX_STATES or work[0] <= 0:
+            return None
+        parents.append(back)
+        level = nxt
+    if full not in level:
+        return None
+    best_peak = level[full][0]
+    local_order: list[int] = []
+    state = full
+    for back in reversed(parents):
+        prev, i = back[state]
+        local_order.append(i)
+        state = prev
+    local_order.reverse()
+    steps = []
+    rests = []
+    mem = base
+    state = 0
+    for i in local_order:
+        rests.append(mem)
+        during, mem = step(state, i, mem)
+        state |= 1 << i
+        steps.append(during)
+    return best_peak, [nodes[i] for i in local_order], steps, rests
+
+
+def _refine(model: _Model, order: list[int], work: int, deadline: float) -> list[int]:
+    """Lower the peak with exact window reorderings around the peak steps, until none helps."""
+    order = list(order)
+    n = len(order)
+    if n < 2:
+        return order
+    steps = list(simulate(model.flow, order, with_buffers=False).step_bytes)
+    resting = _resting_before(model, order)
+    pos = [0] * model.n
+    for q, v in enumerate(order):
+        pos[v] = q
+    tried: set[tuple[int, int]] = set()
+    budget = [work]
+    while budget[0] > 0 and time.perf_counter() < deadline:
+        peak = max(steps)
+        improved = False
+        candidates = [p for p in range(n) if steps[p] == peak][:8]
+        for p in candidates:
+            for width in WINDOW_SIZES:
+                for a in sorted({max(0, p - width // 2), max(0, p - width + 2), max(0, p - 1)}):
+                    b = min(n, a + width)
+                    if (a, b) in tried or b - a < 2:
+                        continue
+                    tried.add((a, b))
+                    result = _window_dp(model, order, a, b, resting[a], pos, budget)
+                    if result is None:
+                        break
+                    best, new_nodes, new_steps, new_rests = result
+                    if best < max(steps[a:b]):
+                        # Only the window changes: what is live across its borders stays the same.
+                        order[a:b] = new_nodes
+                        steps[a:b] = new_steps
+                        resting[a:b] = new_rests
+                        for q in range(a, b):
+                            pos[order[q]] = q
+                        tried.clear()
+                        improved = True
+                        break
+                    if budget[0] <= 0 or time.perf_counter() > deadline:
+                        return order
+                if improved:
+                    break
+            if improved:
+                break
+        if not improved:
+            break
+    return order
+
+
+# Up to this many nodes, candidate orders are judged by the arena the planner actually builds
+# (tight schedules can be hard to pack); beyond it, by the lower bound alone (planning is O(n log n)
+# but costs seconds per candidate at 100k nodes).
+PLAN_SCORING_NODES = 20_000
+PLAN_SCORING_CANDIDATES = 3
+PLAN_SCORING_WORK = 300_000
+
+
+@without_gc
+def schedule_for_memory(
+    flow: Dataflow,
+    *,
+    work: int = REFINE_WORK,
+    seconds: float = 30.0,
+    refine: bool = True,
+    plan_scoring: bool | None = None,
+    ort_guard: bool = True,
+) -> Schedule:
+    """A topological order of ``flow``'s nodes with the lowest memory we can find.
+
+    Candidates: the input order, two list schedules, and each refined by exact window search.
+    They are compared by (planned arena, lower bound) when ``plan_scoring`` (default: graphs up to
+    ``PLAN_SCORING_NODES`` nodes), else by the lower bound. The input order wins ties, and a
+    candidate must not raise the lower bound either, so the result is never worse than the input.
+    ``work`` bounds the exact refinement (DP transitions per candidate); ``seconds`` is a safety cap.
+    With ``ort_guard``, a candidate is also rejected when ONNX Runtime's default execution order
+    (see :func:`ort_default_order`) of the reordered file would have a higher peak than that of
+    the input file: ORT ignores the file's order by default, and new node indices change its ties.
+    """
+    from onnxopt.analysis.memory_plan import plan_flow
+
+    model = _Model(flow)
+    if plan_scoring is None:
+        plan_scoring = model.n <= PLAN_SCORING_NODES
+    identity = list(range(model.n))
+    candidates: list[tuple[str, list[int]]] = [("input order", identity)]
+    for rule in ("net", "chain"):
+        candidates.append((f"greedy-{rule}", _greedy(model, rule)))
+    deadline = time.perf_counter() + seconds
+    if refine:
+        for name, order in list(candidates):
+            candidates.append((f"{name}+exact windows", _refine(model, order, work, deadline)))
+    if ort_guard:
+        # Orders ORT's default depth-first walk produces from these files: good for us and,
+        # written to the file, often good for ORT's own walk too.
+        for name, order in list(candidates):
+            walked = ort_default_order(flow, order)
+            candidates.append((f"{name}, ORT walk", walked))
+            candidates.append((f"{name}, ORT walk twice", ort_default_order(flow, walked)))
+
+    def peak_of(order: list[int]) -> int:
+        return simulate(flow, order, with_buffers=False).peak
+
+    def arena_of(order: list[int], peak: int) -> int:
+        return (
+            plan_flow(flow, order, search_work=PLAN_SCORING_WORK).arena_bytes
+            if plan_scoring
+            else peak
+        )
+
+    original_peak = peak_of(identity)
+    ort_original = peak_of(ort_default_order(flow, identity)) if ort_guard else 0
+    # Cheap filter first (lower bound, ORT's walk), then plan only the few most promising.
+    shortlist: list[tuple[int, int, str, list[int]]] = []
+    seen: set[tuple[int, ...]] = {tuple(identity)}
+    for index, (name, order) in enumerate(candidates[1:]):
+        key = tuple(order)
+        if key in seen:
+            continue
+        seen.add(key)
+        peak = peak_of(order)
+        if peak > original_peak:
+            continue
+        if ort_guard and peak_of(ort_default_order(flow, order)) > ort_original:
+            continue
+        shortlist.append((peak, index, name, order))
+    shortlist.sort()
+    original = (arena_of(identity, original_peak), original_peak)
+    best_name, best_order, best = "input order", identity, original
+    for peak, _, name, order in shortlist[:PLAN_SCORING_CANDIDATES]:
+        score = (arena_of(order, peak), peak)
+        if score < best:
+            best_name, best_order, best = name, order, score
+    return Schedule(tuple(best_order), best[1], original[1], best_name, best[0], original[0])
+
+
+def ort_default_order(flow: Dataflow, file_order: Sequence[int]) -> list[int]:
+    """The order ONNX Runtime's default ``ExecutionOrder`` runs ``file_order`` in (graph optimizations off).
+
+    ORT numbers nodes as the file lists them, then runs a depth-first post-order from the nodes
+    whose outputs no node reads (pushed by index), exploring a node's producers highest index
+    first (``GraphViewer`` / ``Graph::ReverseDFSFrom``). So it finishes one input branch before the
+    next, whatever the file order, and the file order only breaks ties through the indices.
+    """
+    index = [0] * len(flow.nodes)
+    for position, v in enumerate(file_order):
+        index[v] = position
+    has_reader = [False] * len(flow.nodes)
+    for ps in flow.preds:
+        for u in ps:
+            has_reader[u] = True
+    stack: list[tuple[int, bool]] = [(v, False) for v in file_order if not has_reader[v]]
+    visited = [False] * len(flow.nodes)
+    order: list[int] = []
+    while stack:
+        v, leave = stack.pop()
+        if leave:
+            order.append(v)
+            continue
+        if visited[v]:
+            continue
+        visited[v] = True
+        stack.append((v, True))
+        for u in sorted(flow.preds[v], key=index.__getitem__):
+            if not visited[u]:
+                stack.append((u, False))
+    return order
+
+
+def is_topological(flow: Dataflow, order: Sequence[int]) -> bool:
+    pos = {v: p for p, v in enumerate(order)}
+    if len(pos) != len(flow.nodes) or set(pos) != set(range(len(flow.nodes))):
+        return False
+    return all(pos[u] < pos[v] for v, ps in enumerate(flow.preds) for u in ps)

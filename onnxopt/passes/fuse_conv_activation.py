@@ -1,0 +1,108 @@
+"""Fuse Conv + activation into com.microsoft FusedConv (target ort only).
+
+ONNX Runtime's CPU FusedConv (float32) applies Relu, Tanh, Sigmoid, LeakyRelu, Clip or HardSigmoid
+to the convolution's output inside the MLAS kernel, saving one pass over the activations.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import MS_DOMAIN, const_array, is_op
+from onnxopt.passes.base import Pass, PassResult
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite.patterns import ensure_opset, users
+
+_FLOAT_MAX = float(np.finfo(np.float32).max)
+
+
+def _clip_bounds(node: ir.Node) -> list[float] | Mismatch:
+    if "min" in node.attributes or "max" in node.attributes:  # opset < 11
+        return [
+            node.attributes.get_float("min", -_FLOAT_MAX),
+            node.attributes.get_float("max", _FLOAT_MAX),
+        ]
+    bounds = []
+    for index, default in ((1, -_FLOAT_MAX), (2, _FLOAT_MAX)):
+        value = node.inputs[index] if len(node.inputs) > index else None
+        if value is None:
+            bounds.append(default)
+            continue
+        array = const_array(value)
+        if array is None or array.size != 1:
+            return Mismatch("Clip bounds are not constant scalars")
+        bounds.append(float(array.reshape(())))
+    return bounds
+
+
+def _activation_params(node: ir.Node) -> list[float] | Mismatch | None:
+    op = node.op_type
+    if op in ("Relu", "Tanh", "Sigmoid"):
+        return None
+    if op == "LeakyRelu":
+        return [node.attributes.get_float("alpha", 0.01)]
+    if op == "HardSigmoid":
+        return [node.attributes.get_float("alpha", 0.2), node.attributes.get_float("beta", 0.5)]
+    return _clip_bounds(node)
+
+
+def _match(activation: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if context.options.target != "ort":
+        return Mismatch("FusedConv is an ONNX Runtime op (target ort)", candidate=False)
+    value = activation.inputs[0]
+    conv = None if value is None else value.producer()
+    if not is_op(conv, "Conv") or conv is None or value is None:
+        return Mismatch("input is not a Conv", candidate=False)
+    if users(value) != 1:
+        return Mismatch(f"Conv output has {users(value)} consumers")
+    if value.dtype != ir.DataType.FLOAT:
+        return Mismatch("FusedConv on ORT CPU runs float32 only")
+    params = _activation_params(activation)
+    if isinstance(params, Mismatch):
+        return params
+    return Match([conv, activation], {"conv": conv, "params": params})
+
+
+def _rewrite(match: Match, context: RewriteContext) -> Replacement:
+    conv, activation = match.nodes
+    attributes: dict[str, ir.Attr] = {a.name: a for a in conv.attributes.values()}
+    attributes["activation"] = ir.AttrString("activation", activation.op_type)
+    if match.bindings["params"] is not None:
+        attributes["activation_params"] = ir.AttrFloat32s(
+            "activation_params", match.bindings["params"]
+        )
+    new = ir.Node(MS_DOMAIN, "FusedConv", list(conv.inputs), attributes.values(), name=conv.name)
+    ensure_opset(context.model, MS_DOMAIN, 1)
+    return Replacement([new], [(activation.outputs[0], new.outputs[0])])
+
+
+def _unsupported(activation: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    conv = None if activation.inputs[0] is None else activation.inputs[0].producer()
+    if context.options.target == "ort" and is_op(conv, "Conv"):
+        return Mismatch(f"ORT's FusedConv has no {activation.op_type} activation")
+    return Mismatch("not after a Conv", candidate=False)
+
+
+RULES = (
+    *(
+        Rule(f"conv+{op.lower()}->FusedConv", op, _match, _rewrite)
+        for op in ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid")
+    ),
+    Rule("conv+hardswish->FusedConv", "HardSwish", _unsupported, _rewrite),
+)
+
+
+class FuseConvActivationPass(Pass):
+    """Conv + Relu/Tanh/Sigmoid/LeakyRelu/Clip/HardSigmoid -> com.microsoft FusedConv (target ort, float32)."""
+
+    name = "fuse-conv-activation"
+    summary = "fuse Conv + activation into com.microsoft FusedConv (ort)"
+
+    def call(self, model: ir.Model) -> PassResult:
+        if self.options.target != "ort":
+            return PassResult(model, modified=False)
+        stats, notes = apply_rules(model, RULES, self.options)
+        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)

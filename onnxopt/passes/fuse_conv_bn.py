@@ -1,0 +1,259 @@
+"""Fold per-channel affine ops into the producing Conv / ConvTranspose / Gemm / MatMul.
+
+BatchNormalization in inference mode is ``y = x * s + t`` with ``s = gamma / sqrt(var + eps)`` and
+``t = beta - mean * s``. After a Conv this folds into the weights: ``W' = W * s`` (per output channel)
+and ``b' = b * s + t``. A constant per-channel ``Add`` (``b' = b + c``) or ``Mul`` (``W' = W * c``,
+``b' = b * c``) folds the same way. Arithmetic runs in float64 and is cast back to the weight dtype.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import const_array, is_op
+from onnxopt.passes.base import Pass, PassResult
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite.patterns import new_constant, other_input, users
+from onnxopt.rewrite.rule import MatchFn
+
+_FOLDABLE = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def bn_affine(bn: ir.Node) -> tuple[np.ndarray, np.ndarray] | Mismatch:
+    """(s, t) of an inference-mode BatchNormalization with constant statistics."""
+    if bn.attributes.get_int("training_mode", 0) != 0:
+        return Mismatch("BatchNormalization is in training mode")
+    if bn.attributes.get_int("spatial", 1) != 1:
+        return Mismatch("BatchNormalization has spatial=0 (per-element statistics)")
+    if any(out.uses() or out.is_graph_output() for out in bn.outputs[1:]):
+        return Mismatch("BatchNormalization's running statistics outputs are used")
+    arrays = []
+    for label, value in zip(("scale", "B", "mean", "var"), bn.inputs[1:5], strict=False):
+        array = const_array(value)
+        if array is None:
+            return Mismatch(f"BatchNormalization {label} is not a constant")
+        if array.ndim != 1:
+            return Mismatch(f"BatchNormalization {label} has rank {array.ndim}, expected 1")
+        arrays.append(array.astype(np.float64))
+    if len({a.shape for a in arrays}) != 1:
+        return Mismatch("BatchNormalization statistics differ in length")
+    scale, bias, mean, var = arrays
+    eps = bn.attributes.get_float("epsilon", 1e-5)
+    s = scale / np.sqrt(var + eps)
+    return s, bias - mean * s
+
+
+def _per_channel(
+    value: ir.Value | None, out_rank: int, channels: int, channel_axis: int
+) -> np.ndarray | Mismatch:
+    """A constant broadcastable as one number per channel along ``channel_axis`` of the output."""
+    array = const_array(value)
+    if array is None:
+        return Mismatch("the other operand is not a constant", candidate=False)
+    if array.ndim > out_rank:
+        return Mismatch(f"the constant has rank {array.ndim}, more than the output's {out_rank}")
+    shape = (1,) * (out_rank - array.ndim) + array.shape
+    for axis, dim in enumerate(shape):
+        if axis != channel_axis and dim != 1:
+            return Mismatch(
+                f"the constant of shape {list(array.shape)} is not per-channel (axis {axis} has {dim})"
+            )
+    if shape[channel_axis] not in (1, channels):
+        return Mismatch(f"the constant has {shape[channel_axis]} channels, the output {channels}")
+    return np.broadcast_to(array.reshape(shape[channel_axis]).astype(np.float64), (channels,))
+
+
+def _producer(value: ir.Value | None) -> ir.Node | Mismatch:
+    node = None if value is None else value.producer()
+    if node is None or not any(is_op(node, op) for op in _FOLDABLE):
+        return Mismatch(
+            "input is not produced by Conv, ConvTranspose, Gemm or MatMul", candidate=False
+        )
+    if users(node.outputs[0]) != 1:
+        return Mismatch(f"{node.op_type} output has {users(node.outputs[0])} consumers")
+    return node
+
+
+def _weight(node: ir.Node, index: int) -> np.ndarray | Mismatch:
+    value = node.inputs[index] if index < len(node.inputs) else None
+    array = const_array(value)
+    if value is None or array is None:
+        return Mismatch(f"{node.op_type} weight is not a constant")
+    if not np.issubdtype(array.dtype, np.floating):
+        return Mismatch(f"{node.op_type} weight has dtype {array.dtype}, not floating point")
+    sharers = len({use.node for use in value.uses()}) - 1
+    if sharers > 0:
+        return Mismatch(
+            f"{node.op_type} weight '{value.name}' is shared with {sharers} other node(s)"
+        )
+    return array
+
+
+def _optional_bias(node: ir.Node, index: int, channels: int) -> np.ndarray | Mismatch:
+    value = node.inputs[index] if index < len(node.inputs) else None
+    if value is None:
+        return np.zeros(channels)
+    array = const_array(value)
+    if array is None:
+        return Mismatch(f"{node.op_type} bias is not a constant")
+    return array.astype(np.float64)
+
+
+def _scale_layer(node: ir.Node, weight: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The weight with output channel c multiplied by s[c]."""
+    w = weight.astype(np.float64)
+    if is_op(node, "Conv"):
+        return w * s.reshape((-1,) + (1,) * (w.ndim - 1))
+    if is_op(node, "ConvTranspose"):
+        group = node.attributes.get_int("group", 1)
+        c_in, c_out_g = w.shape[0], w.shape[1]
+        grouped = w.reshape((group, c_in // group, c_out_g, *w.shape[2:]))
+        grouped = grouped * s.reshape((group, 1, c_out_g) + (1,) * (w.ndim - 2))
+        return grouped.reshape(w.shape)
+    trans_b = is_op(node, "Gemm") and node.attributes.get_int("transB", 0) == 1
+    return w * (s[:, None] if trans_b else s[None, :])
+
+
+def _channels(node: ir.Node, weight: np.ndarray) -> int:
+    if is_op(node, "Conv"):
+        return int(weight.shape[0])
+    if is_op(node, "ConvTranspose"):
+        return int(weight.shape[1]) * node.attributes.get_int("group", 1)
+    trans_b = is_op(node, "Gemm") and node.attributes.get_int("transB", 0) == 1
+    return int(weight.shape[0] if trans_b else weight.shape[1])
+
+
+def _layer_checks(node: ir.Node, weight: np.ndarray) -> Mismatch | None:
+    if is_op(node, "Conv") or is_op(node, "ConvTranspose"):
+        if weight.ndim < 3:
+            return Mismatch(f"{node.op_type} weight has rank {weight.ndim}")
+        return None
+    if weight.ndim != 2:
+        return Mismatch(f"{node.op_type} weight has rank {weight.ndim}, expected 2")
+    a = node.inputs[0]
+    if a is None or a.shape is None or len(a.shape) != 2:
+        return Mismatch(f"{node.op_type} input rank is not known to be 2")
+    return None
+
+
+def _fold(
+    node: ir.Node, root: ir.Node, s: np.ndarray, t: np.ndarray, what: str
+) -> Match | Mismatch:
+    """Match ``root`` (y = x*s + t per channel) onto ``node`` and precompute the new weights."""
+    weight_index = 1
+    weight = _weight(node, weight_index)
+    if isinstance(weight, Mismatch):
+        return weight
+    problem = _layer_checks(node, weight)
+    if problem is not None:
+        return problem
+    channels = _channels(node, weight)
+    if s.shape != (channels,):
+        return Mismatch(f"{what} has {s.shape[0]} channels, {node.op_type} produces {channels}")
+    if is_op(node, "Gemm"):
+        bias = (
+            const_array(node.inputs[2])
+            if len(node.inputs) > 2 and node.inputs[2] is not None
+            else np.zeros(1)
+        )
+        if bias is None:
+            return Mismatch("Gemm C is not a constant")
+        beta = node.attributes.get_float("beta", 1.0)
+        new_bias = beta * bias.astype(np.float64) * s + t
+    else:
+        old_bias = _optional_bias(node, 2, channels)
+        if isinstance(old_bias, Mismatch):
+            return old_bias
+        new_bias = old_bias * s + t
+    new_weight = _scale_layer(node, weight, s).astype(weight.dtype)
+    return Match([node, root], {"weight": new_weight, "bias": new_bias.astype(weight.dtype)})
+
+
+def _rewrite(match: Match, context: RewriteContext) -> Replacement:
+    node, root = match.nodes
+    weight = new_constant(match.bindings["weight"], node.inputs[1].name if node.inputs[1] else None)
+    bias = new_constant(match.bindings["bias"], f"{node.name or node.op_type}_bias")
+    if is_op(node, "MatMul") or is_op(node, "Gemm"):
+        attrs = {a.name: a for a in node.attributes.values()} if is_op(node, "Gemm") else {}
+        attrs["beta"] = ir.AttrFloat32("beta", 1.0)
+        new = ir.Node("", "Gemm", [node.inputs[0], weight, bias], attrs.values(), name=node.name)
+    else:
+        new = ir.Node(
+            "",
+            node.op_type,
+            [node.inputs[0], weight, bias],
+            node.attributes.values(),
+            name=node.name,
+        )
+    return Replacement([new], [(root.outputs[0], new.outputs[0])], constants=[weight, bias])
+
+
+def _match_bn(op: str) -> MatchFn:
+    def match(bn: ir.Node, context: RewriteContext) -> Match | Mismatch:
+        if bn.inputs[0] is None or not is_op(bn.inputs[0].producer(), op):
+            return Mismatch(f"input is not produced by {op}", candidate=False)
+        node = _producer(bn.inputs[0])
+        if isinstance(node, Mismatch):
+            return node
+        affine = bn_affine(bn)
+        if isinstance(affine, Mismatch):
+            return affine
+        return _fold(node, bn, *affine, "BatchNormalization")
+
+    return match
+
+
+def _match_affine(op: str) -> MatchFn:
+    def match(root: ir.Node, context: RewriteContext) -> Match | Mismatch:
+        node: ir.Node | Mismatch = Mismatch(
+            "no input is produced by Conv or ConvTranspose", candidate=False
+        )
+        for candidate in root.inputs[:2]:
+            producer = None if candidate is None else candidate.producer()
+            if is_op(producer, "Conv") or is_op(producer, "ConvTranspose"):
+                node = _producer(candidate)
+                break
+        if isinstance(node, Mismatch):
+            return node
+        weight = const_array(node.inputs[1])
+        if weight is None:
+            return Mismatch(f"{node.op_type} weight is not a constant")
+        channels = _channels(node, weight)
+        factor = _per_channel(other_input(root, node.outputs[0]), weight.ndim, channels, 1)
+        if isinstance(factor, Mismatch):
+            return factor
+        if op == "Add":
+            return _fold(node, root, np.ones(channels), factor, "Add")
+        return _fold(node, root, factor, np.zeros(channels), "Mul")
+
+    return match
+
+
+RULES = (
+    Rule("conv+bn->conv", "BatchNormalization", _match_bn("Conv"), _rewrite),
+    Rule(
+        "convtranspose+bn->convtranspose",
+        "BatchNormalization",
+        _match_bn("ConvTranspose"),
+        _rewrite,
+    ),
+    Rule("gemm+bn->gemm", "BatchNormalization", _match_bn("Gemm"), _rewrite),
+    Rule("matmul+bn->gemm", "BatchNormalization", _match_bn("MatMul"), _rewrite),
+    Rule("conv+add->conv", "Add", _match_affine("Add"), _rewrite),
+    Rule("conv+mul->conv", "Mul", _match_affine("Mul"), _rewrite),
+)
+
+
+class FuseConvBnPass(Pass):
+    """Fold BatchNormalization (after Conv, ConvTranspose, Gemm, 2-D MatMul) and constant per-channel
+    Add/Mul (after Conv, ConvTranspose) into the layer's weights and bias."""
+
+    name = "fuse-conv-bn"
+    summary = "fold BatchNormalization and per-channel Add/Mul into the preceding Conv/Gemm weights"
+
+    def call(self, model: ir.Model) -> PassResult:
+        stats, notes = apply_rules(model, RULES, self.options)
+        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)

@@ -1,0 +1,336 @@
+"""Fuse decomposed layer normalization into LayerNormalization, and Add+LayerNorm into SkipLayerNormalization.
+
+Exporters spell ``y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta`` (over the last axis) as
+ReduceMean, Sub, Pow (or Mul by itself), ReduceMean, Add, Sqrt, Div (or Mul by Reciprocal), Mul, Add.
+For target ``ort``, ``LayerNormalization(a + b [+ bias])`` becomes com.microsoft
+SkipLayerNormalization; when the sum is also used elsewhere it is taken from the fused node's
+fourth output.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import MS_DOMAIN, const_array, is_op, single_consumer
+from onnxopt.passes.base import Pass, PassResult
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite.patterns import (
+    const_scalar,
+    ensure_opset,
+    new_constant,
+    other_input,
+    producer_op,
+    users,
+)
+
+LAYER_NORM_OPSET = 17
+
+
+def reduce_axes(node: ir.Node) -> list[int] | None:
+    """The axes a Reduce* node reduces over (attribute before opset 18, input after), when constant."""
+    attr = node.attributes.get("axes")
+    if attr is not None:
+        return list(attr.as_ints())
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = const_array(node.inputs[1])
+        return None if axes is None else [int(a) for a in axes.reshape(-1)]
+    return None
+
+
+def last_axis_problem(node: ir.Node, data: ir.Value | None, what: str) -> str | None:
+    """Why ``node`` (a ReduceMean) is not a keepdims mean over exactly the last axis of ``data``."""
+    axes = reduce_axes(node)
+    if axes is None:
+        return f"{what} ReduceMean axes are not constant"
+    if node.attributes.get_int("keepdims", 1) != 1:
+        return f"{what} ReduceMean has keepdims=0"
+    rank = None if data is None or data.shape is None else len(data.shape)
+    if axes == [-1] or (rank is not None and axes == [rank - 1]):
+        return None
+    return f"{what} ReduceMean axes {axes} are not the last axis (rank {rank if rank is not None else '?'})"
+
+
+def per_channel_vector(value: ir.Value | None, data: ir.Value | None) -> np.ndarray | None:
+    """A constant of shape [..., 1, H] (leading dims 1), flattened to [H], that broadcasts against
+    ``data`` along its last axis without raising its rank (H may be 1 when the last dim is static)."""
+    array = const_array(value)
+    if array is None or array.ndim == 0 or any(d != 1 for d in array.shape[:-1]):
+        return None
+    rank = None if data is None or data.shape is None else len(data.shape)
+    if array.ndim > (rank if rank is not None else 1):
+        return None
+    vector = array.reshape(-1)
+    last = None if rank is None or data is None or data.shape is None else data.shape[-1]
+    if isinstance(last, int) and vector.shape[0] != last:
+        if vector.shape[0] != 1:
+            return None
+        vector = np.repeat(vector, last)
+    elif vector.shape[0] == 1 and not isinstance(last, int):
+        return None  # a broadcast scalar over an unknown hidden size
+    return vector
+
+
+def _exclusive(value: ir.Value, allowed: list[ir.Node]) -> bool:
+    return not value.is_graph_output() and all(use.node in allowed for use in value.uses())
+
+
+def _match_layer_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """Rooted at the normalizing Div (or Mul by Reciprocal); extends forward over Mul gamma, Add beta."""
+    reciprocal = None
+    if is_op(node, "Div"):
+        centered, std = node.inputs[0], node.inputs[1]
+    else:
+        for operand in node.inputs[:2]:
+            reciprocal = producer_op(operand, "Reciprocal")
+            if reciprocal is not None:
+                break
+        if reciprocal is None:
+            return Mismatch("no operand is a Reciprocal", candidate=False)
+        std = reciprocal.inputs[0]
+        centered = other_input(node, reciprocal.outputs[0])
+    sqrt = producer_op(std, "Sqrt")
+    sub = producer_op(centered, "Sub")
+    if sqrt is None or sub is None:
+        return Mismatch("not (x - mean) / sqrt(...)", candidate=False)
+    add_eps = producer_op(sqrt.inputs[0], "Add")
+    if add_eps is None:
+        return Mismatch("Sqrt input is not variance + epsilon")
+    var_mean = eps = None
+    for operand in add_eps.inputs[:2]:
+        if producer_op(operand, "ReduceMean") is not None:
+            var_mean = producer_op(operand, "ReduceMean")
+            eps = const_scalar(other_input(add_eps, operand))
+    if var_mean is None:
+        return Mismatch("Sqrt input is not ReduceMean(...) + epsilon")
+    if eps is None:
+        return Mismatch("epsilon is not a constant scalar")
+    square = var_mean.inputs[0].producer() if var_mean.inputs[0] is not None else None
+    squares_centered = (
+        is_op(square, "Pow")
+        and square is not None
+        and square.inputs[0] is centered
+        and const_scalar(square.inputs[1]) == 2.0
+    ) or (
+        is_op(square, "Mul") and square is not None and list(square.inputs) == [centered, centered]
+    )
+    if square is None or not squares_centered:
+        return Mismatch("variance is not ReduceMean((x - mean)^2)")
+    x, mean = sub.inputs[0], sub.inputs[1]
+    mean_node = producer_op(mean, "ReduceMean")
+    if mean_node is None or mean_node.inputs[0] is not x:
+        return Mismatch("Sub does not subtract ReduceMean(x) from x")
+    for reduce, what in ((mean_node, "mean"), (var_mean, "variance")):
+        problem = last_axis_problem(reduce, x, what)
+        if problem is not None:
+            return Mismatch(problem)
+    core = (
+        [mean_node, sub, square, var_mean, add_eps, sqrt]
+        + ([reciprocal] if reciprocal else [])
+        + [node]
+    )
+    for inner in core[:-1]:
+        if not _exclusive(inner.outputs[0], core):
+            return Mismatch(f"intermediate {inner.op_type} result is used outside the pattern")
+    if (
+        x is None
+        or x.dtype is None
+        or x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE)
+    ):
+        return Mismatch("input is not float, float16 or double")
+    nodes = list(core)
+    gamma = beta = None
+    tail = node.outputs[0]
+    mul = single_consumer(tail)
+    if is_op(mul, "Mul") and mul is not None:
+        gamma = per_channel_vector(other_input(mul, tail), x)
+        if gamma is not None:
+            nodes.append(mul)
+            tail = mul.outputs[0]
+            add = single_consumer(tail)
+            if is_op(add, "Add") and add is not None:
+                beta = per_channel_vector(other_input(add, tail), x)
+                if beta is not None and beta.shape == gamma.shape:
+                    nodes.append(add)
+                else:
+                    beta = None
+    hidden = gamma.shape[0] if gamma is not None else None
+    if hidden is None and x.shape is not None and isinstance(x.shape[-1], int):
+        hidden = x.shape[-1]
+    if hidden is None:
+        return Mismatch("hidden size unknown (no constant gamma and the last dim is not static)")
+    if context.options.target == "onnx" and context.opset() < LAYER_NORM_OPSET:
+        return Mismatch(
+            f"LayerNormalization needs opset {LAYER_NORM_OPSET}, the model imports {context.opset()}"
+        )
+    dtype = x.dtype.numpy()
+    if gamma is None:
+        gamma = np.ones(hidden, dtype=dtype)
+    return Match(
+        nodes,
+        {
+            "x": x,
+            "eps": eps,
+            "gamma": gamma.astype(dtype),
+            "beta": None if beta is None else beta.astype(dtype),
+        },
+    )
+
+
+def _rewrite_layer_norm(match: Match, context: RewriteContext) -> Replacement:
+    b = match.bindings
+    gamma = new_constant(b["gamma"], "layer_norm_scale")
+    inputs = [b["x"], gamma]
+    initializers = [gamma]
+    if b["beta"] is not None:
+        beta = new_constant(b["beta"], "layer_norm_bias")
+        inputs.append(beta)
+        initializers.append(beta)
+    new = ir.node("LayerNormalization", inputs, {"axis": -1, "epsilon": b["eps"]})
+    return Replacement([new], [(match.root.outputs[0], new.outputs[0])], constants=initializers)
+
+
+def _match_skip(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if context.options.target != "ort":
+        return Mismatch(
+            "SkipLayerNormalization is an ONNX Runtime op (target ort)", candidate=False
+        )
+    add = producer_op(node.inputs[0], "Add")
+    if add is None:
+        return Mismatch("input is not an Add", candidate=False)
+    if any(out.uses() or out.is_graph_output() for out in node.outputs[1:]):
+        return Mismatch("LayerNormalization's mean / inv_std_dev outputs are used")
+    x = node.inputs[0]
+    simplified = node.op_type == "SimplifiedLayerNormalization"
+    if node.attributes.get_int("stash_type", 1) != 1:
+        return Mismatch("LayerNormalization stash_type is not float32")
+    gamma = const_array(node.inputs[1])
+    beta = (
+        const_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None else None
+    )
+    if gamma is None or gamma.ndim != 1:
+        return Mismatch("scale is not a constant 1-D tensor")
+    if len(node.inputs) > 2 and node.inputs[2] is not None and (beta is None or beta.ndim != 1):
+        return Mismatch("bias is not a constant 1-D tensor")
+    rank = None if x is None or x.shape is None else len(x.shape)
+    axis = node.attributes.get_int("axis", -1)
+    if axis != -1 and (rank is None or axis != rank - 1):
+        return Mismatch(f"LayerNormalization axis {axis} is not the last axis")
+    a, skip = add.inputs[0], add.inputs[1]
+    if a is None or skip is None or const_array(a) is not None or const_array(skip) is not None:
+        return Mismatch("one Add operand is a constant (a bias, not a skip connection)")
+    if a.shape is None or skip.shape is None or len(a.shape) not in (2, 3) or a.shape != skip.shape:
+        return Mismatch(
+            f"Add operands' shapes {a.shape} and {skip.shape} are not the same known 2-D/3-D shape"
+        )
+    if a.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        return Mismatch("input is not float or float16")
+    nodes = [add, node]
+    bias = None
+    for operand in (a, skip):
+        inner = producer_op(operand, "Add")
+        if inner is None or users(operand) != 1:
+            continue
+        for term in inner.inputs[:2]:
+            vector = const_array(term)
+            if (
+                vector is not None
+                and vector.ndim == 1
+                and vector.shape == gamma.shape
+                and term is not None
+            ):
+                bias = term
+                rest = other_input(inner, term)
+                a, skip = (rest, skip) if operand is a else (a, rest)
+                nodes.insert(0, inner)
+                break
+        if bias is not None:
+            break
+    sum_used_elsewhere = users(add.outputs[0]) > 1
+    return Match(
+        nodes,
+        {
+            "inputs": [a, skip, node.inputs[1], bias]
+            if simplified
+            else [a, skip, node.inputs[1], node.inputs[2] if beta is not None else None, bias],
+            "op": "SkipSimplifiedLayerNormalization" if simplified else "SkipLayerNormalization",
+            "eps": node.attributes.get_float("epsilon", 1e-5),
+            "add": add,
+            "keep_sum": sum_used_elsewhere,
+        },
+    )
+
+
+def _rewrite_skip(match: Match, context: RewriteContext) -> Replacement:
+    b = match.bindings
+    inputs = list(b["inputs"])
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    new = ir.node(
+        b["op"],
+        inputs,
+        {"epsilon": b["eps"]},
+        domain=MS_DOMAIN,
+        num_outputs=4 if b["keep_sum"] else 1,
+    )
+    values = [(match.root.outputs[0], new.outputs[0])]
+    if b["keep_sum"]:
+        values.append((b["add"].outputs[0], new.outputs[3]))
+    return Replacement([new], values)
+
+
+RULES = (
+    Rule("decomposed->LayerNormalization", "Div", _match_layer_norm, _rewrite_layer_norm),
+    Rule(
+        "decomposed(reciprocal)->LayerNormalization", "Mul", _match_layer_norm, _rewrite_layer_norm
+    ),
+)
+SKIP_RULES = (
+    Rule(
+        "add+LayerNormalization->SkipLayerNormalization",
+        "LayerNormalization",
+        _match_skip,
+        _rewrite_skip,
+    ),
+    Rule(
+        "add+SimplifiedLayerNormalization->SkipSimplifiedLayerNormalization",
+        "SimplifiedLayerNormalization",
+        _match_skip,
+        _rewrite_skip,
+    ),
+)
+
+
+class FuseLayerNormPass(Pass):
+    """Decomposed layer norm (last axis) -> LayerNormalization (opset 17+; any opset for target ort)."""
+
+    name = "fuse-layer-norm"
+    summary = "fuse decomposed layer normalization into LayerNormalization"
+
+    def call(self, model: ir.Model) -> PassResult:
+        stats, notes = apply_rules(model, RULES, self.options)
+        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+
+
+class FuseSkipLayerNormPass(Pass):
+    """``LayerNormalization(a + b [+ bias])`` -> com.microsoft SkipLayerNormalization and
+    ``SimplifiedLayerNormalization(a + b)`` -> SkipSimplifiedLayerNormalization (target ort only).
+
+    Not in the default levels: on ORT 1.32 CPU the SkipLayerNormalization kernel measured 3-5x
+    slower than Add + LayerNormalization ([1, 128, 768]) and SkipSimplifiedLayerNormalization
+    between 0.9x and 1.8x the time of Add + SimplifiedLayerNormalization
+    (benchmarks/fusion_kernels.py). They may pay on GPU execution providers.
+    """
+
+    name = "fuse-skip-layer-norm"
+    summary = "fuse residual Add + LayerNormalization into SkipLayerNormalization (ort; opt-in, slower on CPU)"
+
+    def call(self, model: ir.Model) -> PassResult:
+        if self.options.target != "ort":
+            return PassResult(model, modified=False)
+        stats, notes = apply_rules(model, SKIP_RULES, self.options)
+        if stats:
+            ensure_opset(model, MS_DOMAIN, 1)
+        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)

@@ -1,0 +1,141 @@
+"""Fuse LLaMA-style RMS normalization: ``y = x * rsqrt(mean(x^2, -1) + eps) * w``.
+
+rsqrt is spelled Reciprocal(Sqrt(.)), Div(1, Sqrt(.)) or Pow(., -0.5); x^2 as Pow(x, 2) or Mul(x, x).
+An identity Cast (to x's own type) between the normalization and the weight is absorbed.
+Target ``ort``: SimplifiedLayerNormalization (registered by ONNX Runtime in the default domain).
+Target ``onnx``: RMSNormalization, which exists from opset 23 only; older models are left alone.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import is_op, single_consumer
+from onnxopt.passes.base import Pass, PassResult
+from onnxopt.passes.fuse_layer_norm import (
+    last_axis_problem,
+    per_channel_vector,
+)
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite.patterns import (
+    const_scalar,
+    new_constant,
+    other_input,
+    producer_op,
+)
+
+RMS_NORM_OPSET = 23
+
+
+def _rsqrt_of(value: ir.Value | None) -> tuple[list[ir.Node], ir.Value] | None:
+    """(nodes, v) when ``value = 1 / sqrt(v)``."""
+    node = None if value is None else value.producer()
+    if (
+        is_op(node, "Pow")
+        and node is not None
+        and const_scalar(node.inputs[1]) == -0.5
+        and node.inputs[0] is not None
+    ):
+        return [node], node.inputs[0]
+    sqrt = None
+    if is_op(node, "Reciprocal") and node is not None:
+        sqrt = producer_op(node.inputs[0], "Sqrt")
+    elif is_op(node, "Div") and node is not None and const_scalar(node.inputs[0]) == 1.0:
+        sqrt = producer_op(node.inputs[1], "Sqrt")
+    if node is None or sqrt is None or sqrt.inputs[0] is None:
+        return None
+    return [sqrt, node], sqrt.inputs[0]
+
+
+def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    found = None
+    for operand in node.inputs[:2]:
+        found = _rsqrt_of(operand)
+        if found is not None:
+            h = other_input(node, operand)
+            break
+    if found is None:
+        return Mismatch("no operand is 1/sqrt(...)", candidate=False)
+    rsqrt_nodes, v = found
+    add = producer_op(v, "Add")
+    if add is None:
+        return Mismatch("1/sqrt argument is not mean + epsilon", candidate=False)
+    mean = eps = None
+    for operand in add.inputs[:2]:
+        if producer_op(operand, "ReduceMean") is not None:
+            mean = producer_op(operand, "ReduceMean")
+            eps = const_scalar(other_input(add, operand))
+    if mean is None:
+        return Mismatch("1/sqrt argument is not ReduceMean(x^2) + epsilon", candidate=False)
+    square = mean.inputs[0].producer() if mean.inputs[0] is not None else None
+    is_square = square is not None and (
+        (is_op(square, "Pow") and square.inputs[0] is h and const_scalar(square.inputs[1]) == 2.0)
+        or (is_op(square, "Mul") and list(square.inputs) == [h, h])
+    )
+    if square is None or not is_square:
+        return Mismatch("mean is not over the square of the normalized input", candidate=False)
+    if eps is None:
+        return Mismatch("epsilon is not a constant scalar")
+    problem = last_axis_problem(mean, h, "RMS")
+    if problem is not None:
+        return Mismatch(problem)
+    core = [square, mean, add, *rsqrt_nodes, node]
+    for inner in core[:-1]:
+        if inner.outputs[0].is_graph_output() or any(
+            use.node not in core for use in inner.outputs[0].uses()
+        ):
+            return Mismatch(f"intermediate {inner.op_type} result is used outside the pattern")
+    if h is None or h.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        return Mismatch("input is not float or float16")
+    nodes = list(core)
+    tail = node.outputs[0]
+    follower = single_consumer(tail)
+    if (
+        is_op(follower, "Cast")
+        and follower is not None
+        and follower.attributes.get_int("to", 0) == h.dtype.value
+    ):
+        nodes.append(follower)
+        tail = follower.outputs[0]
+        follower = single_consumer(tail)
+    weight = None
+    if is_op(follower, "Mul") and follower is not None:
+        weight = per_channel_vector(other_input(follower, tail), h)
+        if weight is not None:
+            nodes.append(follower)
+    if weight is None:
+        last = None if h.shape is None or len(h.shape) == 0 else h.shape[-1]
+        if not isinstance(last, int):
+            return Mismatch("no constant weight follows and the hidden size is not static")
+        weight = np.ones(last)
+    target = context.options.target
+    if target == "onnx" and context.opset() < RMS_NORM_OPSET:
+        return Mismatch(
+            f"RMSNormalization needs opset {RMS_NORM_OPSET}, the model imports {context.opset()}"
+        )
+    return Match(nodes, {"x": h, "eps": eps, "weight": weight.astype(h.dtype.numpy())})
+
+
+def _rewrite(match: Match, context: RewriteContext) -> Replacement:
+    b = match.bindings
+    weight = new_constant(b["weight"], "rms_norm_weight")
+    op = "SimplifiedLayerNormalization" if context.options.target == "ort" else "RMSNormalization"
+    new = ir.node(op, [b["x"], weight], {"axis": -1, "epsilon": b["eps"]})
+    return Replacement([new], [(match.root.outputs[0], new.outputs[0])], constants=[weight])
+
+
+RULES = (Rule("rms-norm->RMSNormalization", "Mul", _match, _rewrite),)
+
+
+class FuseRmsNormPass(Pass):
+    """x * rsqrt(mean(x^2) + eps) * w -> SimplifiedLayerNormalization (ort) / RMSNormalization (onnx, opset 23+)."""
+
+    name = "fuse-rms-norm"
+    summary = "fuse RMS normalization (ort: SimplifiedLayerNormalization; onnx: RMSNormalization, opset 23+)"
+
+    def call(self, model: ir.Model) -> PassResult:
+        stats, notes = apply_rules(model, RULES, self.options)
+        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)

@@ -1,0 +1,177 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
+from onnxopt.passes.options import PassOptions
+from tests.fusion_util import op_types, parse, rng_array, run_checked
+
+BN_PARAMS = {
+    "s": rng_array(4, seed=1),
+    "b": rng_array(4, seed=2),
+    "m": rng_array(4, seed=3),
+    "v": rng_array(4, seed=4, positive=True),
+}
+
+CONV_BN = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 3, 8, 8] x) => (float[N, 4, 6, 6] y) {
+    c = Conv <kernel_shape = [3, 3]> (x, w, bias)
+    y = BatchNormalization <epsilon = 0.001> (c, s, b, m, v)
+}
+"""
+
+
+def test_conv_bn_folds_into_weights() -> None:
+    model = parse(CONV_BN, w=rng_array(4, 3, 3, 3), bias=rng_array(4, seed=9), **BN_PARAMS)
+    result = run_checked(FuseConvBnPass(), model)
+    assert result.stats == {"conv+bn->conv": 1}
+    assert op_types(result.model) == ["Conv"]
+
+
+def test_conv_transpose_bn_with_groups() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 5, 5] x) => (float[N, 4, 7, 7] y) {
+        c = ConvTranspose <kernel_shape = [3, 3], group = 2> (x, w)
+        y = BatchNormalization (c, s, b, m, v)
+    }
+    """
+    model = parse(text, w=rng_array(4, 2, 3, 3), **BN_PARAMS)
+    result = run_checked(FuseConvBnPass(), model)
+    assert result.stats == {"convtranspose+bn->convtranspose": 1}
+    assert op_types(result.model) == ["ConvTranspose"]
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm_bn(trans_b: int) -> None:
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 5] x) => (float[N, 4] y) {{
+        c = Gemm <transB = {trans_b}, beta = 0.5> (x, w, bias)
+        y = BatchNormalization (c, s, b, m, v)
+    }}
+    """
+    w = rng_array(4, 5) if trans_b else rng_array(5, 4)
+    model = parse(text, w=w, bias=rng_array(4, seed=7), **BN_PARAMS)
+    result = run_checked(FuseConvBnPass(), model)
+    assert result.stats == {"gemm+bn->gemm": 1}
+    assert op_types(result.model) == ["Gemm"]
+
+
+def test_matmul_bn_becomes_gemm() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 5] x) => (float[N, 4] y) {
+        c = MatMul (x, w)
+        y = BatchNormalization (c, s, b, m, v)
+    }
+    """
+    result = run_checked(FuseConvBnPass(), parse(text, w=rng_array(5, 4), **BN_PARAMS))
+    assert result.stats == {"matmul+bn->gemm": 1}
+    assert op_types(result.model) == ["Gemm"]
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "rule"),
+    [
+        ("Add", (4, 1, 1), "conv+add->conv"),
+        ("Mul", (1, 4, 1, 1), "conv+mul->conv"),
+        ("Mul", (1,), "conv+mul->conv"),
+    ],
+)
+def test_conv_per_channel_add_mul(op: str, shape: tuple[int, ...], rule: str) -> None:
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 8, 8] x) => (float[N, 4, 6, 6] y) {{
+        c = Conv <kernel_shape = [3, 3]> (x, w)
+        y = {op} (k, c)
+    }}
+    """
+    model = parse(text, w=rng_array(4, 3, 3, 3), k=rng_array(*shape, seed=5))
+    result = run_checked(FuseConvBnPass(), model)
+    assert result.stats == {rule: 1}
+    assert op_types(result.model) == ["Conv"]
+
+
+def _explain(model_text: str, **arrays: np.ndarray) -> list[str]:
+    model = parse(model_text, **arrays)
+    result = FuseConvBnPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    return result.notes
+
+
+def test_shared_weight_is_not_folded() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 8, 8] x) => (float[N, 4, 6, 6] y, float[N, 4, 6, 6] z) {
+        c = Conv <kernel_shape = [3, 3]> (x, w)
+        y = BatchNormalization (c, s, b, m, v)
+        z = Conv <kernel_shape = [3, 3]> (x, w)
+    }
+    """
+    notes = _explain(text, w=rng_array(4, 3, 3, 3), **BN_PARAMS)
+    assert notes == [
+        "conv+bn->conv: BatchNormalization: Conv weight 'w' is shared with 1 other node(s)"
+    ]
+
+
+def test_non_constant_statistics_are_not_folded() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 8, 8] x, float[4] m) => (float[N, 4, 6, 6] y) {
+        c = Conv <kernel_shape = [3, 3]> (x, w)
+        y = BatchNormalization (c, s, b, m, v)
+    }
+    """
+    params = {k: v for k, v in BN_PARAMS.items() if k != "m"}
+    notes = _explain(text, w=rng_array(4, 3, 3, 3), **params)
+    assert notes == ["conv+bn->conv: BatchNormalization: BatchNormalization mean is not a constant"]
+
+
+def test_foreign_domain_and_non_channel_constants_are_left_alone() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 17, "custom" : 1]>
+    g (float[N, 3, 8, 8] x) => (float[N, 4, 6, 6] y, float[N, 4, 6, 6] z) {
+        c = Conv <kernel_shape = [3, 3]> (x, w)
+        y = custom.BatchNormalization (c, s, b, m, v)
+        d = Conv <kernel_shape = [3, 3]> (x, w2)
+        z = Add (d, k)
+    }
+    """
+    notes = _explain(
+        text, w=rng_array(4, 3, 3, 3), w2=rng_array(4, 3, 3, 3), k=rng_array(6, 1), **BN_PARAMS
+    )
+    assert notes == [
+        "conv+add->conv: Add: the constant of shape [6, 1] is not per-channel (axis 2 has 6)"
+    ]
+
+
+def test_conv_with_two_consumers_is_not_folded() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 8, 8] x) => (float[N, 4, 6, 6] y, float[N, 4, 6, 6] c) {
+        c = Conv <kernel_shape = [3, 3]> (x, w)
+        y = BatchNormalization (c, s, b, m, v)
+    }
+    """
+    notes = _explain(text, w=rng_array(4, 3, 3, 3), **BN_PARAMS)
+    assert notes == ["conv+bn->conv: BatchNormalization: Conv output has 2 consumers"]
+
+
+def test_lone_batch_norm_decomposes_to_mul_add() -> None:
+    from onnxopt.passes.decompose_batch_norm import DecomposeBatchNormPass
+
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4, 5] x) => (float[N, 4, 5] y) {
+        r = Relu (x)
+        y = BatchNormalization (r, s, b, m, v)
+    }
+    """
+    result = run_checked(DecomposeBatchNormPass(), parse(text, **BN_PARAMS))
+    assert result.stats == {"bn->mul+add": 1}
+    assert op_types(result.model) == ["Relu", "Mul", "Add"]
+    after_conv = parse(CONV_BN, w=rng_array(4, 3, 3, 3), bias=rng_array(4), **BN_PARAMS)
+    assert not DecomposeBatchNormPass()(after_conv).modified

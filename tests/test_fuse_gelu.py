@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
+from onnxopt.passes.options import PassOptions
+from tests.fusion_util import op_types, parse, rng_array, run_checked
+
+HEADER = (
+    '<ir_version: 9, opset_import: ["" : {opset}]>\ng (float[B, S, 8] x) => (float[B, S, 8] y) {{\n'
+)
+
+ERF_TORCH = """
+    z = Add (x, bias)
+    d = Div (z, sqrt2)
+    e = Erf (d)
+    a = Add (e, one)
+    m = Mul (z, a)
+    y = Mul (m, half)
+}}
+"""
+
+ERF_HALF_FIRST = """
+    z = Add (bias, x)
+    d = Mul (z, inv_sqrt2)
+    e = Erf (d)
+    a = Add (one, e)
+    h = Mul (half, z)
+    y = Mul (h, a)
+}}
+"""
+
+TANH = """
+    z = Add (x, bias)
+    p = Pow (z, three)
+    c = Mul (p, k)
+    s = Add (z, c)
+    t = Mul (s, sqrt2pi)
+    th = Tanh (t)
+    a = Add (th, one)
+    h = Mul (z, half)
+    y = Mul (h, a)
+}}
+"""
+
+CONSTANTS = {
+    "sqrt2": rng_array(1)[0] * 0 + 1.4142135,
+    "inv_sqrt2": rng_array(1)[0] * 0 + 0.70710678,
+    "one": rng_array(1)[0] * 0 + 1.0,
+    "half": rng_array(1)[0] * 0 + 0.5,
+    "three": rng_array(1)[0] * 0 + 3.0,
+    "k": rng_array(1)[0] * 0 + 0.044715,
+    "sqrt2pi": rng_array(1)[0] * 0 + 0.7978845608,
+}
+
+
+def _model(body: str, opset: int = 17):  # type: ignore[no-untyped-def]
+    return parse(HEADER.format(opset=opset) + body.format(), bias=rng_array(8, seed=3), **CONSTANTS)
+
+
+@pytest.mark.parametrize("body", [ERF_TORCH, ERF_HALF_FIRST])
+def test_erf_gelu_ort_old_opset_becomes_contrib_gelu(body: str) -> None:
+    result = run_checked(FuseGeluPass(), _model(body))
+    assert result.stats == {"gelu(erf)->Gelu": 1}
+    assert op_types(result.model) == ["Add", "com.microsoft::Gelu"]
+    biased = run_checked(FuseBiasGeluPass(), result.model)
+    assert biased.stats == {"add+Gelu->BiasGelu": 1}
+    assert op_types(biased.model) == ["com.microsoft::BiasGelu"]
+
+
+def test_tanh_gelu_ort_old_opset_becomes_fast_gelu() -> None:
+    result = run_checked(FuseGeluPass(), _model(TANH))
+    assert result.stats == {"gelu(tanh)->Gelu": 1}
+    assert op_types(result.model) == ["Add", "com.microsoft::FastGelu"]
+    biased = run_checked(FuseBiasGeluPass(), result.model)
+    assert biased.stats == {"add+FastGelu->FastGelu(bias)": 1}
+    assert op_types(biased.model) == ["com.microsoft::FastGelu"]
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort"])
+@pytest.mark.parametrize(("body", "approximate"), [(ERF_TORCH, None), (TANH, "tanh")])
+def test_opset_20_uses_standard_gelu(body: str, approximate: str | None, target: str) -> None:
+    options = PassOptions(target=target)  # type: ignore[arg-type]
+    result = run_checked(FuseGeluPass(options), _model(body, opset=20))
+    assert op_types(result.model) == ["Add", "Gelu"]
+    gelu = list(result.model.graph)[-1]
+    attr = gelu.attributes.get("approximate")
+    assert (attr.as_string() if attr is not None else None) == approximate
+
+
+def test_onnx_target_needs_opset_20() -> None:
+    result = FuseGeluPass(PassOptions(target="onnx", explain=True))(_model(ERF_TORCH))
+    assert not result.modified
+    assert result.notes == ["gelu(erf)->Gelu: Erf: Gelu needs opset 20, the model imports 17"]
+
+
+def test_wrong_constant_is_not_gelu() -> None:
+    model = parse(
+        HEADER.format(opset=17) + ERF_TORCH.format(),
+        bias=rng_array(8),
+        **{**CONSTANTS, "half": CONSTANTS["one"]},
+    )
+    result = FuseGeluPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert result.notes == ["gelu(erf)->Gelu: Erf: x * (1 + ...) is not multiplied by 0.5"]
+
+
+def test_shared_intermediate_blocks_fusion() -> None:
+    text = HEADER.format(opset=17).replace(
+        "=> (float[B, S, 8] y)", "=> (float[B, S, 8] y, float[B, S, 8] a)"
+    )
+    model = parse(text + ERF_TORCH.format(), bias=rng_array(8), **CONSTANTS)
+    result = FuseGeluPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert result.notes == [
+        "gelu(erf)->Gelu: Erf: 1 + erf/tanh is used by more than one Mul (or is a graph output)"
+    ]
+
+
+def test_native_gelu_with_bias_becomes_bias_gelu_for_ort() -> None:
+    text = """
+    <ir_version: 9, opset_import: ["" : 20]>
+    g (float[B, S, 8] x) => (float[B, S, 8] y, float[B, S, 8] t) {
+        z = Add (x, bias)
+        y = Gelu (z)
+        u = Add (x, bias)
+        t = Gelu <approximate = "tanh"> (u)
+    }
+    """
+    result = run_checked(FuseBiasGeluPass(), parse(text, bias=rng_array(8, seed=3)))
+    assert result.stats == {"add+Gelu(onnx)->BiasGelu/FastGelu": 2}
+    assert op_types(result.model) == ["com.microsoft::BiasGelu", "com.microsoft::FastGelu"]
+
+
+def test_rank_raising_constant_is_not_a_scalar() -> None:
+    model = parse(
+        HEADER.format(opset=17).replace("float[B, S, 8] y", "float[1, B, S, 8] y")
+        + ERF_TORCH.format(),
+        bias=rng_array(8),
+        **{**CONSTANTS, "half": np.full((1, 1, 1, 1), 0.5, dtype=np.float32)},
+    )
+    assert not FuseGeluPass()(model).modified

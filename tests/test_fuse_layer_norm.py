@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import pytest
+
+from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
+from onnxopt.passes.options import PassOptions
+from tests.fusion_util import op_types, parse, rng_array, run_checked
+
+LN_17 = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, S, 8] x) => (float[B, S, 8] y) {{
+    mean = ReduceMean <axes = [{axis}]> (x)
+    d = Sub (x, mean)
+    two = Constant <value = float {{2.0}}> ()
+    sq = Pow (d, two)
+    var = ReduceMean <axes = [{axis}]> (sq)
+    eps = Constant <value = float {{1e-5}}> ()
+    ve = Add (var, eps)
+    std = Sqrt (ve)
+    n = Div (d, std)
+    scaled = Mul (n, gamma)
+    y = Add (scaled, beta)
+}}
+"""
+
+LN_18_RECIPROCAL = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (float[B, S, 8] x) => (float[B, S, 8] y) {
+    axes = Constant <value = int64[1] {-1}> ()
+    mean = ReduceMean (x, axes)
+    d = Sub (x, mean)
+    sq = Mul (d, d)
+    var = ReduceMean (sq, axes)
+    eps = Constant <value = float {1e-6}> ()
+    ve = Add (eps, var)
+    std = Sqrt (ve)
+    r = Reciprocal (std)
+    n = Mul (d, r)
+    y = Mul (gamma, n)
+}
+"""
+
+
+def _ln_model(text: str = LN_17, axis: int = -1):  # type: ignore[no-untyped-def]
+    return parse(text.format(axis=axis), gamma=rng_array(8, seed=1), beta=rng_array(8, seed=2))
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort"])
+def test_layer_norm_fused(target: str) -> None:
+    result = run_checked(FuseLayerNormPass(PassOptions(target=target)), _ln_model())  # type: ignore[arg-type]
+    assert result.stats == {"decomposed->LayerNormalization": 1}
+    assert op_types(result.model) == ["Constant", "Constant", "LayerNormalization"]
+
+
+def test_layer_norm_reciprocal_form_without_beta() -> None:
+    result = run_checked(
+        FuseLayerNormPass(), parse(LN_18_RECIPROCAL, gamma=rng_array(1, 1, 8, seed=3))
+    )
+    assert result.stats == {"decomposed(reciprocal)->LayerNormalization": 1}
+    assert [t for t in op_types(result.model) if t != "Constant"] == ["LayerNormalization"]
+
+
+def test_layer_norm_wrong_axis_is_explained() -> None:
+    result = FuseLayerNormPass(PassOptions(explain=True))(_ln_model(axis=1))
+    assert not result.modified
+    assert result.notes == [
+        "decomposed->LayerNormalization: Div: mean ReduceMean axes [1] are not the last axis (rank 3)"
+    ]
+
+
+def test_layer_norm_non_constant_epsilon() -> None:
+    text = LN_17.format(axis=-1).replace("float[B, S, 8] x)", "float[B, S, 8] x, float eps_in)")
+    text = text.replace("ve = Add (var, eps)", "ve = Add (var, eps_in)")
+    model = parse(text, gamma=rng_array(8), beta=rng_array(8))
+    result = FuseLayerNormPass(PassOptions(explain=True))(model)
+    assert result.notes == ["decomposed->LayerNormalization: Div: epsilon is not a constant scalar"]
+
+
+def test_layer_norm_needs_opset_17_for_target_onnx() -> None:
+    text = LN_17.format(axis=-1).replace('"" : 17', '"" : 13')
+    model = parse(text, gamma=rng_array(8), beta=rng_array(8))
+    result = FuseLayerNormPass(PassOptions(target="onnx", explain=True))(model)
+    assert result.notes == [
+        "decomposed->LayerNormalization: Div: LayerNormalization needs opset 17, the model imports 13"
+    ]
+    # ONNX Runtime registers LayerNormalization for older opsets too.
+    ort_result = run_checked(FuseLayerNormPass(PassOptions(target="ort")), model)
+    assert ort_result.stats == {"decomposed->LayerNormalization": 1}
+
+
+SKIP_LN = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, S, 8] x, float[B, S, 8] r) => (float[B, S, 8] y{extra_out}) {{
+    h = Add (x, bias)
+    s = Add (h, r)
+    y = LayerNormalization <epsilon = 1e-5> (s, gamma, beta)
+    {extra}
+}}
+"""
+
+
+@pytest.mark.parametrize("keep_sum", [False, True])
+def test_skip_layer_norm(keep_sum: bool) -> None:
+    text = SKIP_LN.format(
+        extra_out=", float[B, S, 8] z" if keep_sum else "", extra="z = Relu (s)" if keep_sum else ""
+    )
+    model = parse(
+        text, bias=rng_array(8, seed=1), gamma=rng_array(8, seed=2), beta=rng_array(8, seed=3)
+    )
+    from onnxopt.passes.infer_shapes import InferShapesPass
+
+    InferShapesPass()(model)
+    result = run_checked(FuseSkipLayerNormPass(), model)
+    assert result.stats == {"add+LayerNormalization->SkipLayerNormalization": 1}
+    expected = ["com.microsoft::SkipLayerNormalization"] + (["Relu"] if keep_sum else [])
+    assert op_types(result.model) == expected
+    node = next(iter(result.model.graph))
+    assert len(node.inputs) == 5  # input, skip, gamma, beta, bias
+
+
+def test_skip_layer_norm_only_for_ort_and_known_shapes() -> None:
+    model = parse(
+        SKIP_LN.format(extra_out="", extra=""),
+        bias=rng_array(8),
+        gamma=rng_array(8),
+        beta=rng_array(8),
+    )
+    assert not FuseSkipLayerNormPass(PassOptions(target="onnx"))(model.clone()).modified
+    model.graph.inputs[1].shape = None
+    result = FuseSkipLayerNormPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert len(result.notes) == 1 and "not the same known 2-D/3-D shape" in result.notes[0]
+
+
+def test_skip_simplified_layer_norm_keeps_residual_sum() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[B, S, 8] x, float[B, S, 8] r) => (float[B, S, 8] y, float[B, S, 8] s) {
+        s = Add (x, r)
+        y = SimplifiedLayerNormalization <epsilon = 1e-6, axis = -1> (s, gamma)
+    }
+    """
+    model = parse(text, gamma=rng_array(8, seed=2))
+    result = run_checked(FuseSkipLayerNormPass(), model)
+    assert result.stats == {"add+SimplifiedLayerNormalization->SkipSimplifiedLayerNormalization": 1}
+    assert op_types(result.model) == ["com.microsoft::SkipSimplifiedLayerNormalization"]

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pytest
+
+from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
+from onnxopt.passes.options import PassOptions
+from tests.fusion_util import op_types, parse, rng_array, run_checked
+
+RMS = """
+<ir_version: 10, opset_import: ["" : {opset}]>
+g (float[B, S, 8] x) => (float[B, S, 8] y) {{
+    h = Cast <to = 1> (x)
+    sq = Pow (h, two)
+    axes = Constant <value = int64[1] {{{axis}}}> ()
+    ms = ReduceMean (sq, axes)
+    v = Add (ms, eps)
+    {rsqrt}
+    n = Mul (h, r)
+    c = Cast <to = 1> (n)
+    y = Mul (w, c)
+}}
+"""
+RSQRT = {
+    "reciprocal": "s = Sqrt (v)\n    r = Reciprocal (s)",
+    "div": "s = Sqrt (v)\n    r = Div (one, s)",
+    "pow": "r = Pow (v, minus_half)",
+}
+
+
+def _model(opset: int = 18, rsqrt: str = "reciprocal", axis: int = -1, eps: float = 1e-6):  # type: ignore[no-untyped-def]
+    text = RMS.format(opset=opset, axis=axis, rsqrt=RSQRT[rsqrt])
+    scalars = {"two": 2.0, "eps": eps, "one": 1.0, "minus_half": -0.5}
+    return parse(
+        text, w=rng_array(8, seed=1), **{k: rng_array(1)[0] * 0 + v for k, v in scalars.items()}
+    )
+
+
+@pytest.mark.parametrize("rsqrt", sorted(RSQRT))
+def test_rms_norm_ort(rsqrt: str) -> None:
+    result = run_checked(FuseRmsNormPass(), _model(rsqrt=rsqrt))
+    assert result.stats == {"rms-norm->RMSNormalization": 1}
+    assert [t for t in op_types(result.model) if t != "Constant"] == [
+        "Cast",
+        "SimplifiedLayerNormalization",
+    ]
+
+
+def test_rms_norm_onnx_opset_23() -> None:
+    result = run_checked(FuseRmsNormPass(PassOptions(target="onnx")), _model(opset=23))
+    assert [t for t in op_types(result.model) if t != "Constant"] == ["Cast", "RMSNormalization"]
+
+
+def test_rms_norm_onnx_old_opset_left_alone() -> None:
+    result = FuseRmsNormPass(PassOptions(target="onnx", explain=True))(_model())
+    assert not result.modified
+    assert result.notes == [
+        "rms-norm->RMSNormalization: Mul: RMSNormalization needs opset 23, the model imports 18"
+    ]
+
+
+def test_rms_norm_wrong_axis() -> None:
+    result = FuseRmsNormPass(PassOptions(explain=True))(_model(axis=1))
+    assert not result.modified
+    assert result.notes == [
+        "rms-norm->RMSNormalization: Mul: RMS ReduceMean axes [1] are not the last axis (rank 3)"
+    ]
