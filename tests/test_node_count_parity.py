@@ -192,3 +192,27 @@ def test_and_true_and_or_false_are_removed_when_shapes_allow() -> None:
     assert any("symbolic dim" in note for note in result.notes)
     assert_numerically_equal(model, result.model)
     assert not EliminateNoopsPass()(result.model).modified
+
+
+def test_shared_conv_weight_is_folded_into_a_copy_with_fold_may_grow() -> None:
+    # light_* weights are equal ConstantOfShape fills, which deduplication then shares between
+    # Convs; the fused weight is a new tensor, so the shared one stays for its other user.
+    from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
+    from tests.fusion_util import parse, rng_array, run_checked
+
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, 8, 8] x) => (float[N, 4, 6, 6] y, float[N, 4, 6, 6] z) {
+        c = Conv <kernel_shape = [3, 3]> (x, w)
+        y = BatchNormalization (c, s, b, m, v)
+        z = Conv <kernel_shape = [3, 3]> (x, w)
+    }
+    """
+    stats = {f"{k}": rng_array(4, seed=i, positive=k == "v") for i, k in enumerate("sbmv", 1)}
+    model = parse(text, w=rng_array(4, 3, 3, 3), **stats)
+    assert not FuseConvBnPass()(model.clone()).modified
+    result = run_checked(FuseConvBnPass(GROW), model)
+    assert result.stats == {"conv+bn->conv": 1}
+    assert op_types(result.model) == ["Conv", "Conv"]
+    kept = result.model.graph.initializers["w"]  # still read by the other Conv
+    assert [use.node.outputs[0].name for use in kept.uses()] == ["z"]
