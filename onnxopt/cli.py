@@ -671,6 +671,7 @@ def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> None:
 
     pass_options = PassOptions(
         fold_limit_bytes=options["fold_limit_bytes"],
+        fold_may_grow=options["fold_may_grow"],
         target=options["target"],
         input_shapes=options["input_shapes"],
     )

@@ -383,6 +383,8 @@ RULES: tuple[Rule, ...] = (
     _rule("Sub 0 removed", "Sub", _neutral_operand(0, commutative=False)),
     _rule("Mul 1 removed", "Mul", _neutral_operand(1, commutative=True)),
     _rule("Div 1 removed", "Div", _neutral_operand(1, commutative=False)),
+    _rule("And true removed", "And", _neutral_operand(True, commutative=True)),
+    _rule("Or false removed", "Or", _neutral_operand(False, commutative=True)),
     _rule("Where removed", "Where", _where),
 )
 
@@ -392,7 +394,7 @@ class EliminateNoopsPass(Pass):
     shape-preserving Reshape/Expand/Flatten, identity Transpose, zero Pad, whole-axis Slice,
     one-input Concat/Sum/Mean/Max/Min, one-output Split, Tile by ones, Unsqueeze/Squeeze pairs,
     ReduceSum/Mean/Max/Min/Prod over nothing or over kept size-1 dims,
-    x+0, x-0, x*1, x/1, Where with a constant condition.
+    x+0, x-0, x*1, x/1, x and true, x or false, Where with a constant condition.
     """
 
     name = "eliminate-noops"

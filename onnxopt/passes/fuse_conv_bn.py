@@ -77,7 +77,7 @@ def _producer(value: ir.Value | None) -> ir.Node | Mismatch:
     return node
 
 
-def _weight(node: ir.Node, index: int) -> np.ndarray | Mismatch:
+def _weight(node: ir.Node, index: int, may_copy: bool) -> np.ndarray | Mismatch:
     value = node.inputs[index] if index < len(node.inputs) else None
     array = const_array(value)
     if value is None or array is None:
@@ -85,7 +85,8 @@ def _weight(node: ir.Node, index: int) -> np.ndarray | Mismatch:
     if not np.issubdtype(array.dtype, np.floating):
         return Mismatch(f"{node.op_type} weight has dtype {array.dtype}, not floating point")
     sharers = len({use.node for use in value.uses()}) - 1
-    if sharers > 0:
+    # The fused weight is a new tensor; a shared one stays for its other users (the file grows).
+    if sharers > 0 and not may_copy:
         return Mismatch(
             f"{node.op_type} weight '{value.name}' is shared with {sharers} other node(s)"
         )
@@ -140,11 +141,11 @@ def _layer_checks(node: ir.Node, weight: np.ndarray) -> Mismatch | None:
 
 
 def _fold(
-    node: ir.Node, root: ir.Node, s: np.ndarray, t: np.ndarray, what: str
+    node: ir.Node, root: ir.Node, s: np.ndarray, t: np.ndarray, what: str, may_copy: bool
 ) -> Match | Mismatch:
     """Match ``root`` (y = x*s + t per channel) onto ``node`` and precompute the new weights."""
     weight_index = 1
-    weight = _weight(node, weight_index)
+    weight = _weight(node, weight_index, may_copy)
     if isinstance(weight, Mismatch):
         return weight
     problem = _layer_checks(node, weight)
@@ -201,7 +202,7 @@ def _match_bn(op: str) -> MatchFn:
         affine = bn_affine(bn)
         if isinstance(affine, Mismatch):
             return affine
-        return _fold(node, bn, *affine, "BatchNormalization")
+        return _fold(node, bn, *affine, "BatchNormalization", context.options.fold_may_grow)
 
     return match
 
@@ -226,8 +227,10 @@ def _match_affine(op: str) -> MatchFn:
         if isinstance(factor, Mismatch):
             return factor
         if op == "Add":
-            return _fold(node, root, np.ones(channels), factor, "Add")
-        return _fold(node, root, factor, np.zeros(channels), "Mul")
+            return _fold(
+                node, root, np.ones(channels), factor, "Add", context.options.fold_may_grow
+            )
+        return _fold(node, root, factor, np.zeros(channels), "Mul", context.options.fold_may_grow)
 
     return match
 

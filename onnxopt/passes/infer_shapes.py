@@ -7,6 +7,7 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import _c_api_utils
 
+from onnxopt.passes._refine_shapes import refine_shapes
 from onnxopt.passes.base import Pass, PassResult
 
 logger = logging.getLogger(__name__)
@@ -119,4 +120,7 @@ class InferShapesPass(Pass):
                 if shape is not None and _known_dims(shape) > _known_dims(value.shape):
                     value.shape = shape
                     stats["shapes inferred"] += 1
+        refined = refine_shapes(model)  # dims ONNX loses though an op provably copies them
+        if refined:
+            stats["shapes refined"] += refined
         return PassResult(model, modified=bool(stats), stats=stats)

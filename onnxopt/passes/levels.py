@@ -26,6 +26,7 @@ from onnxopt.passes.lift_constants import LiftConstantsPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.merge_qkv_projections import MergeQkvProjectionsPass
 from onnxopt.passes.options import PassOptions
+from onnxopt.passes.remove_initializer_inputs import RemoveInitializerInputsPass
 from onnxopt.passes.reorder_for_memory import ReorderForMemoryPass
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
@@ -50,6 +51,7 @@ OPT_IN_FUSIONS: list[PassClass] = [FuseSkipLayerNormPass, FuseBiasGeluPass, Deco
 # Every pass, in the order a custom --passes list is best run in.
 ALL_PASSES: list[PassClass] = [
     SortTopologicallyPass,
+    RemoveInitializerInputsPass,
     InferShapesPass,
     LiftConstantsPass,
     FoldShapeValuesPass,
@@ -84,6 +86,7 @@ LEVELS: dict[int, LevelSpec] = {
     0: [],
     1: [
         SortTopologicallyPass,
+        RemoveInitializerInputsPass,
         InferShapesPass,
         LiftConstantsPass,
         FoldShapeValuesPass,
@@ -94,6 +97,7 @@ LEVELS: dict[int, LevelSpec] = {
     ],
     2: [
         SortTopologicallyPass,
+        RemoveInitializerInputsPass,
         InferShapesPass,
         LiftConstantsPass,
         DeduplicateInitializersPass,
@@ -109,6 +113,7 @@ LEVELS: dict[int, LevelSpec] = {
     # O3: as O2, then the cleanup fixed point once more over the fused graph (slower to run).
     3: [
         SortTopologicallyPass,
+        RemoveInitializerInputsPass,
         InferShapesPass,
         LiftConstantsPass,
         DeduplicateInitializersPass,

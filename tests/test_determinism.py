@@ -1,0 +1,97 @@
+"""Optimizing twice gives a byte-identical file, and optimizing the output again changes nothing.
+
+tests/test_cli.py checks the bytes for models/default.onnx and the light_* models through the CLI;
+here: transformer exports of both PyTorch exporters, the fold_may_grow pipeline, and that no pass
+(shape inference aside) finds anything left to change in an optimized model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+from onnxopt import api, io
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+def _optimize(source: Path, target: Path, **options: object) -> bytes:
+    result = api.optimize(source, check=False, **options)  # type: ignore[arg-type]
+    return io.save_model(result.model, target).read_bytes()
+
+
+def _assert_deterministic(source: Path, tmp_path: Path, **options: object) -> None:
+    first = _optimize(source, tmp_path / "first.onnx", **options)
+    second = _optimize(source, tmp_path / "second.onnx", **options)
+    assert first == second, "optimizing the same file twice gave different bytes"
+    again = _optimize(tmp_path / "first.onnx", tmp_path / "again.onnx", **options)
+    assert again == first, "optimizing the optimized file changed it"
+    result = api.optimize(tmp_path / "first.onnx", check=False, **options)  # type: ignore[arg-type]
+    changed = [r.name for r in result.report.records if r.modified]
+    assert changed == ["infer-shapes"] or not changed, f"passes still changed the output: {changed}"
+
+
+def test_fold_may_grow_output_is_deterministic_and_a_fixed_point(tmp_path: Path) -> None:
+    _assert_deterministic(LIGHT / "light_squeezenet.onnx", tmp_path, fold_may_grow=True)
+
+
+def _export_tiny_bert(path: Path, dynamo: bool) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    bert = transformers.BertModel(config).eval()
+
+    class Bert(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: object, attention_mask: object) -> tuple[object, object]:
+            out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+            return out.last_hidden_state, out.pooler_output
+
+    model = Bert().eval()
+    ids = torch.randint(0, 100, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    names = {"input_names": ["input_ids", "attention_mask"], "output_names": ["hidden", "pooled"]}
+    if dynamo:
+        batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=64)
+        shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+        program = torch.onnx.export(model, (ids, mask), dynamic_shapes=shapes, dynamo=True, **names)
+        program.save(str(path))
+        return
+    dims = {0: "batch", 1: "seq"}
+    torch.onnx.export(
+        model,
+        (ids, mask),
+        str(path),
+        dynamic_axes={"input_ids": dims, "attention_mask": dims},
+        opset_version=17,
+        dynamo=False,
+        **names,
+    )
+
+
+@pytest.mark.torch
+def test_torchscript_bert_is_deterministic_and_a_fixed_point(tmp_path: Path) -> None:
+    source = tmp_path / "bert.onnx"
+    _export_tiny_bert(source, dynamo=False)
+    _assert_deterministic(source, tmp_path)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_dynamo_bert_is_deterministic_and_a_fixed_point(tmp_path: Path) -> None:
+    source = tmp_path / "bert.onnx"
+    _export_tiny_bert(source, dynamo=True)
+    _assert_deterministic(source, tmp_path)
