@@ -64,6 +64,7 @@ def optimize(
     level: int = DEFAULT_LEVEL,
     passes: Sequence[str] | None = None,
     disable: Sequence[str] = (),
+    enable: Sequence[str] = (),
     target: Target = "ort",
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
     fold_may_grow: bool = False,
@@ -108,7 +109,7 @@ def optimize(
         explain=explain,
         dims=dict(dims or {}),
     )
-    steps = build_steps(level, passes=passes, disable=disable, options=options)
+    steps = build_steps(level, passes=passes, disable=disable, enable=enable, options=options)
     loaded: io.LoadedModel | None = None
     if isinstance(model, ir.Model):
         working = model.clone()

@@ -207,6 +207,10 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "--disable", help="Drop these passes from the level's pipeline (comma-separated)."
         ),
         click.option(
+            "--enable",
+            help="Append these opt-in passes to the level's pipeline (comma-separated).",
+        ),
+        click.option(
             "--target",
             type=click.Choice(["ort", "onnx"]),
             default="ort",
@@ -366,6 +370,7 @@ def _optimize_command(
     level: int,
     passes: str | None,
     disable: str | None,
+    enable: str | None,
     target: str,
     fold_limit: str,
     fold_may_grow: bool,
@@ -423,6 +428,7 @@ def _optimize_command(
         "level": level,
         "passes": _split(passes) if passes is not None else None,
         "disable": _split(disable),
+        "enable": _split(enable),
         "target": target,
         "fold_limit_bytes": parse_size(fold_limit),
         "fold_may_grow": fold_may_grow,

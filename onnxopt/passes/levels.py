@@ -8,6 +8,7 @@ from onnxopt.errors import UsageError
 from onnxopt.passes.base import FixedPoint, Pass, Step
 from onnxopt.passes.decompose_batch_norm import DecomposeBatchNormPass
 from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
+from onnxopt.passes.drop_shape_annotations import DropShapeAnnotationsPass
 from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
 from onnxopt.passes.eliminate_noops import EliminateNoopsPass
@@ -66,6 +67,7 @@ ALL_PASSES: list[PassClass] = [
     *FUSIONS,
     *OPT_IN_FUSIONS,
     ReorderForMemoryPass,
+    DropShapeAnnotationsPass,  # opt-in (--enable): see its docstring
 ]
 
 # Folding exposes shapes (re-inferred at the end of each round), which expose more folding.
@@ -142,11 +144,12 @@ def build_steps(
     *,
     passes: Sequence[str] | None = None,
     disable: Sequence[str] = (),
+    enable: Sequence[str] = (),
     options: PassOptions | None = None,
 ) -> list[Step]:
-    """The steps for ``level``, or exactly ``passes`` in the given order, minus ``disable``."""
+    """The steps for ``level`` plus ``enable`` (appended), or exactly ``passes``; minus ``disable``."""
     options = options or PassOptions()
-    for name in disable:
+    for name in (*disable, *enable):
         pass_by_name(name)  # unknown names are an error, not silently ignored
     dropped = set(disable)
     if passes is not None:
@@ -161,4 +164,5 @@ def build_steps(
                 steps.append(FixedPoint(group))
         elif entry.name not in dropped:
             steps.append(entry(options))
+    steps.extend(pass_by_name(name)(options) for name in enable if name not in dropped)
     return steps

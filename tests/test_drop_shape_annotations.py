@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from graphs import assert_numerically_equal, parse_model
+
+from onnxopt import optimize
+from onnxopt.io import to_proto
+from onnxopt.passes.drop_shape_annotations import DropShapeAnnotationsPass
+from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.options import PassOptions
+
+TEXT = """
+<ir_version: 8, opset_import: ["" : 17, "custom" : 1]>
+g (float[N, 4] x) => (float[N, 4] y, float[N, 4] z) {
+    a = Relu(x)
+    b = Sigmoid(a)
+    y = Add(a, b)
+    c = custom.Thing(x)
+    z = Abs(x)
+}
+"""
+
+
+def _value_info_names(model) -> list[str]:  # type: ignore[no-untyped-def]
+    return [v.name for v in to_proto(model).graph.value_info]
+
+
+def test_intermediate_shapes_are_dropped_for_ort_only() -> None:
+    model = parse_model(TEXT)
+    InferShapesPass()(model)
+    assert {"a", "b"} <= set(_value_info_names(model))
+    onnx_target = DropShapeAnnotationsPass(PassOptions(target="onnx"))(model)
+    assert not onnx_target.modified
+    result = DropShapeAnnotationsPass(PassOptions(target="ort"))(model)
+    assert result.stats == {"shapes dropped": 2}
+    names = _value_info_names(result.model)
+    assert "a" not in names and "b" not in names
+    assert result.model.graph.outputs[0].shape is not None  # the interface keeps its types
+    assert not DropShapeAnnotationsPass()(result.model).modified
+
+
+def test_enable_appends_an_opt_in_pass() -> None:
+    model = parse_model(TEXT.replace(', "custom" : 1', "").replace("    c = custom.Thing(x)\n", ""))
+    result = optimize(model, enable=["drop-shape-annotations"])
+    assert result.report.passes_run[-1] == "drop-shape-annotations"
+    assert _value_info_names(result.model) == []
+    assert_numerically_equal(model, result.model)
