@@ -38,9 +38,17 @@ def test_intermediate_shapes_are_dropped_for_ort_only() -> None:
     assert not DropShapeAnnotationsPass()(result.model).modified
 
 
-def test_enable_appends_an_opt_in_pass() -> None:
+def test_default_level_drops_annotations_for_ort_and_keeps_them_for_onnx() -> None:
     model = parse_model(TEXT.replace(', "custom" : 1', "").replace("    c = custom.Thing(x)\n", ""))
-    result = optimize(model, enable=["drop-shape-annotations"])
+    result = optimize(model)
     assert result.report.passes_run[-1] == "drop-shape-annotations"
     assert _value_info_names(result.model) == []
     assert_numerically_equal(model, result.model)
+    portable = optimize(model, target="onnx")
+    assert {"a", "b"} <= set(_value_info_names(portable.model))
+
+
+def test_enable_appends_an_opt_in_pass() -> None:
+    model = parse_model(TEXT.replace(', "custom" : 1', "").replace("    c = custom.Thing(x)\n", ""))
+    result = optimize(model, enable=["fuse-bias-gelu"])
+    assert result.report.passes_run[-1] == "fuse-bias-gelu"

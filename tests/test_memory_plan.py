@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
+import onnx
 import onnx.parser
 import pytest
 
@@ -20,7 +22,7 @@ from onnxopt.analysis.memory_plan import (
 )
 from onnxopt.io import model_from_proto
 
-LIGHT = "/work/main/.venv/lib/python3.11/site-packages/onnx/backend/test/data/light"
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 # Sizes with 64-byte alignment: a=64, b=128, c=256, d=320 bytes.
 CONCATS = """

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import onnx
 import onnx.parser
 
 from onnxopt.analysis.memory import build_dataflow, live_ranges, simulate, tensor_sizes
@@ -11,6 +14,8 @@ from onnxopt.io import model_from_proto
 from onnxopt.passes.options import PassOptions
 from onnxopt.passes.reorder_for_memory import ReorderForMemoryPass, apply_order
 from onnxopt.validate import validate
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 # Two branches that each make a big temporary and reduce it; the input order builds both
 # temporaries before reducing either (peak 256+256+64), finishing one branch first needs less.
@@ -75,7 +80,7 @@ def test_an_order_that_cannot_improve_is_left_alone():
 def test_schedule_is_topological_and_never_raises_the_peak_on_a_light_model():
     from onnxopt import io
 
-    path = "/work/main/.venv/lib/python3.11/site-packages/onnx/backend/test/data/light/light_squeezenet.onnx"
+    path = str(LIGHT / "light_squeezenet.onnx")
     model = io.load_model(path).model
     sizes = tensor_sizes(model)
     flow = build_dataflow(model.graph, sizes)
@@ -90,7 +95,7 @@ def test_schedule_is_topological_and_never_raises_the_peak_on_a_light_model():
 def test_reordered_light_model_gives_the_same_outputs_on_ort():
     from onnxopt import io
 
-    path = "/work/main/.venv/lib/python3.11/site-packages/onnx/backend/test/data/light/light_inception_v1.onnx"
+    path = str(LIGHT / "light_inception_v1.onnx")
     model = io.load_model(path).model
     original = model.clone()
     flow = build_dataflow(original.graph, tensor_sizes(original))

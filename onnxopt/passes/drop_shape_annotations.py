@@ -21,6 +21,7 @@ class DropShapeAnnotationsPass(Pass):
     optimizer fuse Add + LayerNormalization into SkipLayerNormalization on TorchScript exports,
     a kernel measured 3-4x slower than the pair it replaces on ORT's CPU provider (README,
     "Shape annotations"). Target onnx keeps every annotation for other runtimes and tools.
+    Runs last at O2/O3, after every pass that reads shapes.
     """
 
     name = "drop-shape-annotations"

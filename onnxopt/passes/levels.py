@@ -67,7 +67,7 @@ ALL_PASSES: list[PassClass] = [
     *FUSIONS,
     *OPT_IN_FUSIONS,
     ReorderForMemoryPass,
-    DropShapeAnnotationsPass,  # opt-in (--enable): see its docstring
+    DropShapeAnnotationsPass,
 ]
 
 # Folding exposes shapes (re-inferred at the end of each round), which expose more folding.
@@ -108,9 +108,13 @@ LEVELS: dict[int, LevelSpec] = {
         FuseAttentionPass,
         MergeQkvProjectionsPass,
         *FUSIONS,
+        # Fusions may add Constant nodes (axes, shapes): lift and share them as the cleanup did.
+        LiftConstantsPass,
+        DeduplicateInitializersPass,
         InferShapesPass,
         EliminateDeadCodePass,
         ReorderForMemoryPass,
+        DropShapeAnnotationsPass,
     ],
     # O3: as O2, then the cleanup fixed point once more over the fused graph (slower to run).
     3: [
@@ -123,9 +127,11 @@ LEVELS: dict[int, LevelSpec] = {
         FuseAttentionPass,
         MergeQkvProjectionsPass,
         *FUSIONS,
+        LiftConstantsPass,
         CLEANUP,
         EliminateDeadCodePass,
         ReorderForMemoryPass,
+        DropShapeAnnotationsPass,
     ],
 }
 DEFAULT_LEVEL = 2
