@@ -15,7 +15,8 @@ $(VENV)/.stamp-base: pyproject.toml
 	touch $@
 
 $(VENV)/.stamp-torch: $(VENV)/.stamp-base
-	$(PIP) install -q '$(TORCH_PIN)' 'transformers>=4.45'
+	$(PIP) install -q '$(TORCH_PIN)'
+	$(PIP) install -q -e '.[dev,torch]'
 	touch $@
 
 install: $(VENV)/.stamp-base

@@ -72,8 +72,7 @@ def big_model(folder: Path, gigabytes: float) -> Path:
         for i in range(layers):
             block = rng.standard_normal((hidden, hidden), dtype=np.float32)
             f.write(block.tobytes())
-            tensor = helper.make_tensor(f"w{i}", TensorProto.FLOAT, [hidden, hidden], vals=[])
-            tensor.ClearField("float_data")
+            tensor = TensorProto(name=f"w{i}", data_type=TensorProto.FLOAT, dims=[hidden, hidden])
             tensor.data_location = TensorProto.EXTERNAL
             for key, value in (
                 ("location", data_path.name),

@@ -226,8 +226,12 @@ def render(report: BenchReport, console: Any) -> None:
 
 def plot(report: BenchReport, path: Path) -> Path:
     """Box plots of every variant's latency samples, one panel per input size and provider."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from onnxopt.errors import UsageError
 
+        raise UsageError("--plot needs matplotlib: pip install 'onnxopt[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
