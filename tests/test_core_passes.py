@@ -231,3 +231,37 @@ def test_validation_keeps_token_ids_inside_the_embedding() -> None:
     feeds = make_inputs([spec], lambda d: d if isinstance(d, int) else 50, np.random.default_rng(0))
     assert feeds is not None
     assert feeds["ids"].max() < 5 and feeds["ids"].min() >= 0
+
+
+def test_large_duplicate_initializers_are_merged_by_streamed_hash(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from onnxopt import io
+
+    rng = np.random.default_rng(0)
+    same = rng.standard_normal(2048).astype(np.float32)
+    other = same.copy()
+    other[-1] += 1.0  # same dtype, shape and hash-prefix: must still stay apart
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxopt.io import model_from_proto
+
+    nodes = [
+        helper.make_node("Add", ["x", "w1"], ["a"]),
+        helper.make_node("Add", ["a", "w2"], ["b"]),
+        helper.make_node("Add", ["b", "w3"], ["y"]),
+    ]
+    weights = [
+        numpy_helper.from_array(a, n) for n, a in (("w1", same), ("w2", same.copy()), ("w3", other))
+    ]
+    io_info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2048]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "g", [io_info[0]], [io_info[1]], weights)
+    model = model_from_proto(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    )
+    path = tmp_path / "m.onnx"
+    ir.save(model, path, external_data="m.onnx.data", size_threshold_bytes=16)
+    loaded = io.load_model(path).model
+    assert isinstance(loaded.graph.initializers["w2"].const_value, ir.ExternalTensor)
+    result = DeduplicateInitializersPass()(loaded)
+    assert result.stats == {"initializers merged": 1}
+    assert sorted(result.model.graph.initializers) == ["w1", "w3"]
+    assert_numerically_equal(io.load_model(path).model, result.model)

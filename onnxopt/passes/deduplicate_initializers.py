@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
+from collections.abc import Iterator
 
 import onnx_ir as ir
 from onnx_ir.passes import common as ir_common
@@ -8,12 +10,94 @@ from onnx_ir.passes import common as ir_common
 from onnxopt.passes._counting import ModelCensus
 from onnxopt.passes.base import Pass, PassResult
 
-# Small tensors are compared byte for byte; larger ones by content hash (bounded memory).
+# Small tensors are compared byte for byte by onnx-ir's pass; larger ones here, by streamed hash.
 _EXACT_LIMIT_ELEMENTS = 1024
+_CHUNK_BYTES = 16 * 1024 * 1024
+
+
+def _chunks(tensor: ir.TensorProtocol) -> Iterator[bytes]:
+    """The tensor's bytes in bounded pieces; external data is read from its file, never mapped whole."""
+    if isinstance(tensor, ir.ExternalTensor) and tensor.length is not None:
+        with open(tensor.path, "rb") as f:
+            f.seek(tensor.offset or 0)
+            remaining = tensor.length
+            while remaining > 0:
+                piece = f.read(min(_CHUNK_BYTES, remaining))
+                if not piece:
+                    return
+                remaining -= len(piece)
+                yield piece
+        return
+    yield tensor.tobytes()
+
+
+def _digest(tensor: ir.TensorProtocol) -> bytes:
+    digest = hashlib.sha256()
+    for piece in _chunks(tensor):
+        digest.update(piece)
+    return digest.digest()
+
+
+def _same_bytes(a: ir.TensorProtocol, b: ir.TensorProtocol) -> bool:
+    """Confirm a hash match byte for byte, piece by piece (bounded memory)."""
+    left = right = b""
+    stream_a, stream_b = _chunks(a), _chunks(b)
+    while True:
+        if not left:
+            left = next(stream_a, b"")
+        if not right:
+            right = next(stream_b, b"")
+        if not left or not right:
+            return not left and not right
+        size = min(len(left), len(right))
+        if left[:size] != right[:size]:
+            return False
+        left, right = left[size:], right[size:]
+
+
+def _merge_large(model: ir.Model) -> int:
+    """Merge equal initializers above the exact-compare size, one graph at a time, in graph order."""
+    merged = 0
+    for graph in model.graphs():
+        interface = {id(v) for v in (*graph.inputs, *graph.outputs)}
+        groups: dict[tuple[object, tuple[object, ...]], list[ir.Value]] = {}
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if tensor is None or id(value) in interface or tensor.size <= _EXACT_LIMIT_ELEMENTS:
+                continue
+            groups.setdefault((tensor.dtype, tuple(tensor.shape)), []).append(value)
+        for candidates in groups.values():
+            if len(candidates) < 2:
+                continue  # nothing to compare with: no need to read the bytes at all
+            kept: dict[bytes, list[ir.Value]] = {}
+            for value in candidates:
+                assert value.const_value is not None
+                key = _digest(value.const_value)
+                twin = next(
+                    (
+                        k
+                        for k in kept.get(key, [])
+                        if k.const_value is not None
+                        and _same_bytes(k.const_value, value.const_value)
+                    ),
+                    None,
+                )
+                if twin is None:
+                    kept.setdefault(key, []).append(value)
+                    continue
+                ir.convenience.replace_all_uses_with(value, twin)
+                assert value.name is not None
+                del graph.initializers[value.name]
+                merged += 1
+    return merged
 
 
 class DeduplicateInitializersPass(Pass):
-    """Point every use of an initializer at one copy when several hold identical dtype, shape and bytes."""
+    """Point every use of an initializer at one copy when several hold identical dtype, shape and bytes.
+
+    Only tensors that share dtype and shape with another are read; large ones are hashed in
+    16 MiB pieces straight from their external-data file, so memory stays bounded on big models.
+    """
 
     name = "deduplicate-initializers"
     summary = "merge initializers with identical dtype, shape and contents"
@@ -21,7 +105,7 @@ class DeduplicateInitializersPass(Pass):
     def call(self, model: ir.Model) -> PassResult:
         before = ModelCensus.of(model).initializers
         ir_common.DeduplicateInitializersPass(size_limit=_EXACT_LIMIT_ELEMENTS)(model)
-        ir_common.DeduplicateHashedInitializersPass()(model)
+        _merge_large(model)
         merged = before - ModelCensus.of(model).initializers
         stats = Counter({"initializers merged": merged}) if merged > 0 else Counter()
         return PassResult(model, modified=bool(stats), stats=stats)
