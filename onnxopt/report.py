@@ -124,9 +124,13 @@ class OptimizeReport:
             for name, (runs, secs, stats) in table.items()
         ]
 
-    def explain_notes(self) -> list[str]:
+    def explain_notes(self, fusions: bool | None = None) -> list[str]:
+        """Distinct --explain notes in run order; ``fusions`` keeps only (True) or drops (False)
+        those of the fuse-* passes."""
         seen: dict[str, None] = {}
         for record in self.records:
+            if fusions is not None and record.name.startswith("fuse-") != fusions:
+                continue
             for note in record.notes:
                 seen.setdefault(note, None)
         return list(seen)
@@ -227,10 +231,17 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
             fusions.add_row(rule, str(candidates), str(fused))
         if fusions.row_count:
             console.print(fusions)
-        notes = report.explain_notes()
-        console.print(f"[bold]explain[/bold]: {len(notes)} candidate(s) not rewritten")
+        notes = report.explain_notes(fusions=True)
+        console.print(f"[bold]explain[/bold]: {len(notes)} fusion candidate(s) not fused")
         for note in notes:
             console.print(f"  {note}", markup=False, highlight=False)
+        others = report.explain_notes(fusions=False)
+        if others:
+            console.print(
+                f"[dim]{len(others)} other candidate(s) not rewritten by the cleanup passes "
+                "(each with its reason in --json records)[/dim]",
+                highlight=False,
+            )
 
     validation = report.validation
     if validation is None:
