@@ -539,10 +539,10 @@ def _optimize_single(
         data["checks"] = [dataclasses.asdict(c) for c in checks]
         click.echo(json.dumps(data, indent=2))
     else:
-        render(report, _stdout_console(), explain=explain)
+        render(report, _wide_console(), explain=explain)
         for check in checks:
             mark = "[green]ok[/green]" if check.passed else "[red]FAILED[/red]"
-            _stdout_console().print(f"{mark} {check.message}", highlight=False)
+            _wide_console().print(f"{mark} {check.message}", highlight=False)
         if output is None:
             click.echo("no output written (give -o OUTPUT to write the optimized model)", err=True)
         elif written is not None:
@@ -639,7 +639,7 @@ def _optimize_batch(
             f"{o.seconds:.1f} s",
             status,
         )
-    _stdout_console().print(table)
+    _wide_console().print(table)
     return outcomes
 
 
