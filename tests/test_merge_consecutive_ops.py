@@ -467,3 +467,22 @@ def test_merged_unsqueeze_and_squeeze_axes(rank: int, data: st.DataObject) -> No
     assert np.expand_dims(source, merged).shape == final.shape
     # Squeezing the same dims back in two steps is one Squeeze of the merged axes.
     assert np.squeeze(final, merge_squeeze_axes(second, first)).shape == source.shape
+
+
+def test_reshape_chain_with_a_shared_inner_reshape_is_left_alone() -> None:
+    # The inner Reshape also feeds a Shape: merging would keep it and only hide the chain (attention's
+    # head merge looks exactly like this in TorchScript GPT-2 exports).
+    text = model(
+        """{
+            inner = Reshape(x, t1)
+            outer = Reshape(inner, t2)
+            s = Shape(inner)
+            y = Relu(outer)
+        }""".replace(
+            "{",
+            "{\n            t1 = Constant<value = int64[2] {2, 12}>()\n            t2 = Constant<value = int64[1] {24}>()",
+            1,
+        ),
+        outputs="float[24] y, int64[2] s",
+    )
+    assert_refuses(MergeConsecutiveOpsPass, text, "has other users; merging would remove nothing")

@@ -659,6 +659,11 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         and query_heads.head_size != key_heads.head_size
     ):
         return Mismatch("Q and K have different head sizes")
+    if key_heads.head_size != value_heads.head_size or key_heads.head_size is None:
+        # The fused ops take one head size for K and V (MultiHeadAttention: same K/V shapes).
+        return Mismatch(
+            f"K and V head sizes are not provably equal ({key_heads.head_size} vs {value_heads.head_size})"
+        )
     if scores.dtype is not None and scores.dtype != ir.DataType.FLOAT:
         return Mismatch(
             f"attention in {scores.dtype.name}: only float32 blocks are fused (the fused kernels' CPU coverage)"

@@ -127,6 +127,13 @@ def _match_reshape_of(node: ir.Node, inner_type: str) -> Match | Mismatch:
     inner = producer_op(node, inner_type)
     if isinstance(inner, Mismatch):
         return inner
+    inner_out = inner.outputs[0]
+    if inner_out.is_graph_output() or any(use.node is not node for use in inner_out.uses()):
+        # The inner op stays for its other users, so merging removes nothing; it would only hide
+        # the chain from patterns that read it (attention's head merge feeds a Shape and a Gemm).
+        return Mismatch(
+            f"the inner {inner_type} result has other users; merging would remove nothing"
+        )
     if node.attributes.get_int("allowzero", 0):
         return Match([inner, node], {"target": None})  # 0 means 0: the target does not look back
     attribute_form = "shape" in node.attributes  # Reshape-1
