@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from onnxopt.checks import Thresholds, evaluate
+from onnxopt.api import OptimizeResult
+from onnxopt.checks import Measurements, Thresholds, evaluate
 from onnxopt.ci_report import ModelOutcome, outcome_failures
-from onnxopt.errors import OnnxoptError, UsageError
+from onnxopt.errors import UsageError, describe
 
 
 def output_paths(models: Sequence[Path], out_dir: Path) -> list[Path]:
@@ -25,6 +27,42 @@ def output_paths(models: Sequence[Path], out_dir: Path) -> list[Path]:
     return [out_dir / m.name for m in models]
 
 
+def check_and_write(
+    model: Path,
+    result: OptimizeResult,
+    thresholds: Thresholds,
+    output: Path | None,
+    external_data: bool | None = None,
+    measured: Measurements | None = None,
+    *,
+    overwrite: bool = False,
+    seconds: float | None = None,
+) -> ModelOutcome:
+    """Check thresholds; write ``output`` only when validation and every threshold passed.
+
+    The input model and its external data are protected unless ``overwrite``. The returned report
+    carries the written file's name and size.
+    """
+    from onnxopt import io
+
+    report = result.report
+    checks = tuple(evaluate(report, thresholds, measured))
+    failures = outcome_failures(report, checks)
+    written = None
+    if output is not None and not failures:
+        assert result.source is not None
+        protected = () if overwrite else (model, *result.source.external_files)
+        path = io.save_model(result.model, output, external_data=external_data, protected=protected)
+        written = str(path)
+        report = dataclasses.replace(
+            report,
+            output=written,
+            after=dataclasses.replace(report.after, file_bytes=path.stat().st_size),
+        )
+    elapsed = report.optimize_seconds if seconds is None else seconds
+    return ModelOutcome(str(model), report, checks, None, written, elapsed, failures)
+
+
 def optimize_one(
     model: Path,
     output: Path | None,
@@ -32,33 +70,17 @@ def optimize_one(
     thresholds: Thresholds,
     external_data: bool | None = None,
 ) -> ModelOutcome:
-    """Optimize, check thresholds, and write ``output`` only when everything passed."""
-    from onnxopt import api, io
+    """Optimize, check thresholds, and write ``output`` only when everything passed; never raise."""
+    from onnxopt import api
 
     start = time.perf_counter()
     try:
         result = api.optimize(model, **options)
-        report = result.report
-        checks = tuple(evaluate(report, thresholds))
-        failures = outcome_failures(report, checks)
-        written = None
-        if output is not None and not failures and result.source is not None:
-            protected = (model, *result.source.external_files)
-            written = str(
-                io.save_model(
-                    result.model, output, external_data=external_data, protected=protected
-                )
-            )
-        return ModelOutcome(
-            str(model), report, checks, None, written, time.perf_counter() - start, failures
+        return check_and_write(
+            model, result, thresholds, output, external_data, seconds=time.perf_counter() - start
         )
-    except OnnxoptError as exc:
-        return ModelOutcome(str(model), error=str(exc), seconds=time.perf_counter() - start)
-    except Exception as exc:  # one model's internal error must not stop the batch
-        message = (
-            f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        )
-        return ModelOutcome(str(model), error=message, seconds=time.perf_counter() - start)
+    except Exception as exc:  # one model's error, internal or not, must not stop the batch
+        return ModelOutcome(str(model), error=describe(exc), seconds=time.perf_counter() - start)
 
 
 def optimize_many(

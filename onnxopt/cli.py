@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import click
 
 from onnxopt import __version__
-from onnxopt.errors import CheckFailed, OnnxoptError, UsageError
+from onnxopt.errors import CheckFailed, OnnxoptError, UsageError, describe
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -37,20 +37,9 @@ def _fail(exc: BaseException, traceback: bool) -> NoReturn:
         import traceback as tb
 
         tb.print_exception(exc)
-    if isinstance(exc, OnnxoptError):
-        message = str(exc)
-    elif isinstance(exc, MemoryError):
-        message = "out of memory"
-    elif isinstance(exc, RecursionError):
-        message = "the model is nested too deeply to process"
-    else:
-        message = (
-            f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        )
-        if not traceback:
-            message += " (rerun with --traceback and report it)"
-    # One line, always: a multi-line message (e.g. from a runtime) would break "one error line".
-    message = " ".join(message.split())
+    message = describe(exc)
+    if message.startswith("internal error:") and not traceback:
+        message += " (rerun with --traceback and report it)"
     click.echo(f"onnxopt: error: {message}", err=True)
     sys.exit(exit_code_for(exc))
 
@@ -509,29 +498,24 @@ def _optimize_single(
     explain: bool,
     memory_plan: Path | None = None,
 ) -> Any:
-    from onnxopt import api, io
-    from onnxopt.checks import evaluate
-    from onnxopt.ci_report import ModelOutcome, outcome_failures
+    from onnxopt import api
+    from onnxopt.batch import check_and_write
     from onnxopt.report import render
 
     console = _stderr_console()
     with console.status("optimizing", spinner="dots") as status:
         result = api.optimize(model, progress=lambda step: status.update(f"{step} …"), **options)
-    report = result.report
-    checks = tuple(evaluate(report, thresholds, _measure(model, result, thresholds)))
-    failures = outcome_failures(report, checks)
-    written = None
-    if output is not None and not failures:
-        assert result.source is not None
-        protected = () if overwrite else (model, *result.source.external_files)
-        written = io.save_model(
-            result.model, output, external_data=external_data, protected=protected
-        )
-        report = dataclasses.replace(
-            report,
-            output=str(written),
-            after=dataclasses.replace(report.after, file_bytes=written.stat().st_size),
-        )
+    outcome = check_and_write(
+        model,
+        result,
+        thresholds,
+        output,
+        external_data,
+        _measure(model, result, thresholds),
+        overwrite=overwrite,
+    )
+    report, checks, written = outcome.report, outcome.checks, outcome.output
+    assert report is not None
     if memory_plan is not None and result.memory_plan is not None:
         memory_plan.write_text(json.dumps(result.memory_plan.to_json(), indent=1))
     if as_json:
@@ -547,15 +531,7 @@ def _optimize_single(
             click.echo("no output written (give -o OUTPUT to write the optimized model)", err=True)
         elif written is not None:
             click.echo(f"wrote {written}", err=True)
-    return ModelOutcome(
-        str(model),
-        report,
-        checks,
-        None,
-        str(written) if written else None,
-        report.optimize_seconds,
-        failures,
-    )
+    return outcome
 
 
 def _measure(model: Path, result: Any, thresholds: Any) -> Any:

@@ -29,3 +29,18 @@ class CheckFailed(OnnxoptError):
 
 class ValidationError(CheckFailed):
     """Optimized and original models disagree beyond tolerance on ONNX Runtime."""
+
+
+def describe(exc: BaseException) -> str:
+    """One line saying what went wrong: the library's own message, or the kind of internal error."""
+    if isinstance(exc, OnnxoptError):
+        message = str(exc)
+    elif isinstance(exc, MemoryError):
+        message = "out of memory"
+    elif isinstance(exc, RecursionError):
+        message = "the model is nested too deeply to process"
+    else:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        message = f"internal error: {type(exc).__name__}: {first}"
+    # One line, always: a multi-line message (e.g. from a runtime) would break "one error line".
+    return " ".join(message.split())
