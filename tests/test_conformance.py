@@ -268,33 +268,13 @@ def _node_ids(step: int) -> list[str]:
     return sorted(node_cases())[::step]
 
 
-# Failures the sweep found in passes owned elsewhere, kept visible (xfail, not skip) until fixed.
-_IF_INLINING = (
-    "fold-constants inlines the constant-condition If: 'already an initializer of a different "
-    "graph' (main at 82cd45e); with fold's a54614d the result fails ORT's Range scalar check"
-)
-KNOWN_FAILURES = {
-    "test_affine_grid_2d_expanded": _IF_INLINING,
-    "test_affine_grid_2d_align_corners_expanded": _IF_INLINING,
-}
-
-
-def _node_params(step: int) -> list[object]:
-    return [
-        pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_FAILURES[n], strict=False))
-        if n in KNOWN_FAILURES
-        else n
-        for n in _node_ids(step)
-    ]
-
-
-@pytest.mark.parametrize("name", _node_params(NODE_SAMPLE_STEP))
+@pytest.mark.parametrize("name", _node_ids(NODE_SAMPLE_STEP))
 def test_node_case_sample(name: str, tmp_path: Path) -> None:
     check_optimized(node_cases()[name], tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", _node_params(1))
+@pytest.mark.parametrize("name", _node_ids(1))
 def test_node_case(name: str, tmp_path: Path) -> None:
     check_optimized(node_cases()[name], tmp_path)
 

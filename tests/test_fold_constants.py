@@ -12,6 +12,7 @@ from onnxopt.passes._evaluate import evaluate_numpy, evaluate_on_runtime
 from onnxopt.passes.fold_constants import FoldConstantsPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
 from onnxopt.passes.options import PassOptions
+from onnxopt.validate import validate
 
 EXPLAIN = PassOptions(explain=True)
 
@@ -291,6 +292,37 @@ def test_if_inlining_keeps_names_unique() -> None:
     names = [out.name for node in result.model.graph for out in node.outputs]
     assert len(names) == len(set(names))
     assert "t1_1" in names
+
+
+IF_RANGE = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (int64[2] size) => (int64[M] y) {
+    c = Constant<value = bool {1}>()
+    zero = Constant<value = int64 {0}>()
+    one = Constant<value = int64 {1}>()
+    n = If(c) <
+        then_branch = then_g () => (int64[1] t_out) {
+            t_out, rest = Split<num_outputs = 2>(size)
+        },
+        else_branch = else_g () => (int64[1] e_out) {
+            e_out = Identity(one)
+        }
+    >
+    y = Range(zero, n, one)
+}
+"""
+
+
+def test_if_inlining_hands_range_a_scalar() -> None:
+    # The branch yields a [1] tensor; ORT runs Range on it while the If hides its shape, but refuses
+    # the model once inlining exposes it (ONNX's expanded AffineGrid function does this).
+    model = parse_model(IF_RANGE)
+    result = FoldConstantsPass()(model.clone())
+    assert result.stats["If inlined"] == 1
+    assert [t for t in op_types(result.model) if t != "Constant"] == ["Split", "Reshape", "Range"]
+    report = validate(model, result.model, inputs=[{"size": np.array([5, 3], dtype=np.int64)}])
+    assert report.passed, report.errors
+    assert not FoldConstantsPass()(result.model).modified
 
 
 IF_CAPTURE = """

@@ -560,6 +560,7 @@ class _Folder:
                 new.shape = old.shape
             if not old.is_graph_output():
                 old.replace_all_uses_with(new)
+                identities.extend(_scalars_for_range(new, node.name or "If", taken))
                 continue
             output_name = old.name
             renameable = (
@@ -759,6 +760,38 @@ def _connected_groups(nodes: list[ir.Node], plan: _Plan) -> list[list[ir.Node]]:
     for node in nodes:
         groups.setdefault(find(node), []).append(node)
     return list(groups.values())
+
+
+def _scalars_for_range(value: ir.Value, prefix: str, taken: set[str]) -> list[ir.Node]:
+    """Reshape ``value`` to a scalar for the Range nodes reading it, when it is known to hold one
+    element but is not a scalar.
+
+    An If output's shape is unknown to its readers, so a branch may hand Range (whose inputs must be
+    scalars) a [1] tensor and ONNX Runtime still loads the model; its kernel reads the one element.
+    Once the branch is inlined, ORT's shape check sees the [1] and refuses the model. The Reshape
+    keeps the value and satisfies the check."""
+    shape = static_shape(value)
+    if shape is None or len(shape) == 0 or int(np.prod(shape)) != 1:
+        return []
+    uses = [
+        use
+        for use in value.uses()
+        if use.node.op_type == "Range" and use.node.domain in ONNX_DOMAINS
+    ]
+    if not uses:
+        return []
+    no_dims = ir.tensor(np.zeros(0, dtype=np.int64))
+    shape_node = ir.Node("", "Constant", [], attributes=[ir.AttrTensor("value", no_dims)])
+    shape_node.outputs[0].name = _fresh(f"{prefix}_scalar_shape", taken)
+    reshape = ir.Node(
+        "", "Reshape", [value, shape_node.outputs[0]], name=_fresh(f"{prefix}_scalar", taken)
+    )
+    reshape.outputs[0].name = _fresh(f"{value.name or prefix}_scalar", taken)
+    reshape.outputs[0].type = value.type
+    reshape.outputs[0].shape = ir.Shape([])
+    for use in uses:
+        use.node.replace_input_with(use.idx, reshape.outputs[0])
+    return [shape_node, reshape]
 
 
 def _used_names(model: ir.Model, exclude: ir.Graph) -> set[str]:
