@@ -859,6 +859,13 @@ def export_command(
     help="Time this optimized file instead of optimizing MODEL in memory.",
 )
 @click.option(
+    "--compare",
+    "compare",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="Also time this file in the same interleaved rounds, labelled NAME (e.g. another tool's output; repeatable).",
+)
+@click.option(
     "-O",
     "--level",
     type=click.IntRange(0, 3),
@@ -950,6 +957,7 @@ def export_command(
 def bench(
     model: Path,
     optimized: Path | None,
+    compare: tuple[str, ...],
     level: int,
     torch_spec: str | None,
     torch_compile: bool,
@@ -972,7 +980,7 @@ def bench(
 ) -> None:
     """Time MODEL against its optimized form (and PyTorch) on ONNX Runtime, interleaved; speed-ups with 95% intervals."""
     from onnxopt.bench import BenchOptions, plot, render, run_bench
-    from onnxopt.bench.run import parse_sweep
+    from onnxopt.bench.run import parse_compare, parse_sweep
     from onnxopt.validate import load_inputs
 
     _setup_logging(verbose)
@@ -980,6 +988,7 @@ def bench(
         raise UsageError("--torch-compile needs --torch")
     options = BenchOptions(
         optimized=optimized,
+        compare=parse_compare(compare),
         level=level,
         torch=torch_spec,
         torch_compile=torch_compile,

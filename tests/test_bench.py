@@ -46,6 +46,24 @@ def variants(report: dict, provider: str = "cpu", point: int = 0) -> dict[str, d
     }
 
 
+def test_bench_times_other_files_in_the_same_rounds(tmp_path):
+    # The same model at -O1 stands in for another tool's output: timed and checked like the rest.
+    other = tmp_path / "other.onnx"
+    args = ["optimize", str(DEFAULT_MODEL), "-o", str(other), "-O", "1", "--no-reference"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    report = bench(
+        str(DEFAULT_MODEL),
+        *("--compare", f"o1={other}", "--compare", str(other), "--ort-level", "all"),
+        *("--budget", "0.2", "--threads", "1", "--no-memory", "--clock", "cpu"),
+    )
+    found = variants(report)
+    assert list(found) == ["original (all)", "optimized (all)", "o1 (all)", "other (all)"]
+    for label in ("o1 (all)", "other (all)"):
+        assert found[label]["speedup_baseline"] == "original (all)"
+        assert found[label]["speedup"]["median"] > 0
+        assert found[label]["vs_original"]["passed"]
+
+
 def test_median_rank_is_the_exact_binomial_order_statistic():
     assert median_rank(5) is None  # [min, max] covers only 1 - 2/32 = 93.75%
     rank, coverage = median_rank(6)
@@ -214,6 +232,12 @@ def test_bench_times_eager_pytorch_on_the_same_inputs(tmp_path):
         (["--ort-level", "max"], "choose from disable"),
         (["--torch", "tests.bench_factories:missing"], "has no attribute missing"),
         (["--torch", "resnet_that_no_zoo_has"], "--torch resnet_that_no_zoo_has"),
+        (
+            ["--compare", "optimized=models/default.onnx"],
+            "--compare 'optimized=models/default.onnx'",
+        ),
+        (["--compare", "a=models/default.onnx", "--compare", "a=x.onnx"], "unique NAME"),
+        (["--compare", "b=missing.onnx"], "missing.onnx"),
     ],
 )
 def test_bench_usage_errors_exit_2(args, message):

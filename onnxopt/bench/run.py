@@ -45,6 +45,8 @@ SWEEP_ALIASES = {"batch": 0, "sequence": 1, "seq": 1}
 @dataclass(frozen=True)
 class BenchOptions:
     optimized: Path | None = None  # benchmark this file instead of optimizing in memory
+    # Further files timed in the same interleaved rounds (e.g. other tools' outputs), by label.
+    compare: Mapping[str, Path] = field(default_factory=dict)
     level: int = DEFAULT_LEVEL
     torch: str | None = None  # package.module:factory or a zoo name
     torch_compile: bool = False
@@ -79,6 +81,27 @@ class _Loaded:
     outputs: list[np.ndarray]
     memory: memory.MemoryResult | None
     model_path: str | None = None  # ORT variants: what a reload creates a new session from
+
+
+RESERVED_LABELS = frozenset({"original", "optimized", "torch-eager", "torch-compile"})
+
+
+def parse_compare(texts: Sequence[str]) -> dict[str, Path]:
+    """``["ortopt=a.onnx", "b.onnx"]`` -> {"ortopt": a.onnx, "b": b.onnx}: a bare path is labelled
+    by its file stem; labels must be unique and not name a built-in variant."""
+    files: dict[str, Path] = {}
+    for text in texts:
+        label, sep, path = text.partition("=")
+        if not sep:
+            label, path = Path(text).stem, text
+        label = label.strip()
+        if not label or not path.strip() or label in RESERVED_LABELS or label in files:
+            raise UsageError(
+                f"--compare '{text}': expected NAME=PATH with a unique NAME other than "
+                f"{', '.join(sorted(RESERVED_LABELS))}"
+            )
+        files[label] = Path(path.strip())
+    return files
 
 
 def parse_sweep(text: str) -> tuple[str, tuple[int, ...]]:
@@ -485,6 +508,9 @@ def run_bench(
             del result
         del source
         models = {"original": str(path), "optimized": optimized_path}
+        for label, other in options.compare.items():
+            io.load_model(other)  # refuses a bad file with its own clear error, before any timing
+            models[label] = str(other)
 
         torch_model = None
         if options.torch is not None:
