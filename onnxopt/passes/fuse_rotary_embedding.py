@@ -27,6 +27,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op
+from onnxopt.passes._refine_shapes import _is_unknown
 from onnxopt.passes._shape_facts import cast_target, const_ints, int_param, slice_params
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
@@ -53,6 +54,9 @@ def _dim_name(dim: object) -> object:
 
 
 def _same_dim(a: object, b: object) -> bool:
+    """Equal ints, or the same named symbolic dim (inference placeholders "unk__N" prove nothing)."""
+    if _is_unknown(a) or _is_unknown(b):
+        return False
     a, b = _dim_name(a), _dim_name(b)
     return a is not None and a == b
 
@@ -105,6 +109,28 @@ def _rows_of(freqs: ir.Value) -> object:
             if found is not None:
                 return found
     return rows
+
+
+def _positions_of(x: ir.Value) -> object:
+    """x's sequence dim (axis 2), looking through the head split ``Transpose(Reshape(v, [0, 0, N, H]))``
+    when shape inference lost it (it does at opset 21+): then it is v's dim 1."""
+    assert x.shape is not None
+    dim = x.shape[2]
+    transpose = producer_op(x, "Transpose")
+    if isinstance(dim, int) or transpose is None:
+        return dim
+    if tuple(transpose.attributes.get_ints("perm", ())) != (0, 2, 1, 3):
+        return dim
+    reshape = producer_op(transpose.inputs[0], "Reshape")
+    if reshape is None or reshape.attributes.get_int("allowzero", 0) != 0:
+        return dim
+    target = const_ints(reshape.inputs[1]) if len(reshape.inputs) > 1 else None
+    source = reshape.inputs[0]
+    if target is None or len(target) != 4 or target[1] != 0 or source is None:
+        return dim
+    if source.shape is None or len(source.shape) < 2:
+        return dim
+    return source.shape[1]
 
 
 def _table(value: ir.Value | None, head: int) -> _Table | Mismatch:
@@ -224,7 +250,7 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
             return table
         if table.trig and table.trig != name.capitalize():
             return Mismatch(f"the {name} product's table comes from {table.trig}")
-        if table.freqs is not None and not _same_dim(_rows_of(table.freqs), shape[2]):
+        if table.freqs is not None and not _same_dim(_rows_of(table.freqs), _positions_of(x)):
             return Mismatch(f"cannot prove the {name} table has one row per input position")
         if table.constant is not None and table.constant.shape[0] != shape[2]:
             return Mismatch(
