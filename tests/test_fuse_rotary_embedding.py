@@ -71,7 +71,18 @@ def _model(
     extra_output: str = "",
     position_axes: str = "axes02",
 ) -> ir.Model:
-    text = ROPE.format(
+    text = _rope_text(opset, positions, extra_input, extra_output, position_axes)
+    return parse(text, inv_freq=_inv_freq(), **_slices(lo))
+
+
+def _rope_text(
+    opset: int,
+    positions: str = "pos",
+    extra_input: str = "",
+    extra_output: str = "",
+    position_axes: str = "axes02",
+) -> str:
+    return ROPE.format(
         opset=opset,
         positions=positions,
         position_axes=position_axes,
@@ -80,7 +91,6 @@ def _model(
         rotary_q=ROTARY.format(x="q"),
         rotary_k=ROTARY.format(x="k"),
     )
-    return parse(text, inv_freq=_inv_freq(), **_slices(lo))
 
 
 def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
@@ -241,3 +251,33 @@ def test_tiny_llama_rotary(exporter: str, tmp_path: Path) -> None:
     assert ops.get("com.microsoft::RotaryEmbedding") == 4
     assert "Neg" not in ops and "Sin" in ops
     assert result.report.reference is not None and not result.report.reference.errors
+
+
+def test_rotary_float16_with_cast_tables() -> None:
+    """transformers casts cos/sin to the activations' dtype: the Cast is rebuilt on the cache."""
+    text = (
+        _rope_text(20)
+        .replace("float[B, 4, S, 16]", "float16[B, 4, S, 16]")
+        .replace("float[B, 2, S, 16]", "float16[B, 2, S, 16]")
+        .replace(
+            "c = Unsqueeze (c3, ax1)", "c3h = Cast <to = 10> (c3)\n    c = Unsqueeze (c3h, ax1)"
+        )
+        .replace(
+            "s = Unsqueeze (s3, ax1)", "s3h = Cast <to = 10> (s3)\n    s = Unsqueeze (s3h, ax1)"
+        )
+    )
+    model = parse(text, inv_freq=_inv_freq(), **_slices())
+    fused = model.clone()
+    assert FuseRotaryEmbeddingPass()(fused).stats == {"rotary->RotaryEmbedding": 2}
+    types = [t for t in op_types(fused) if t != "Constant"]
+    assert types[-6:] == [
+        "Cos",
+        "Cast",
+        "Sin",
+        "Cast",
+        "com.microsoft::RotaryEmbedding",
+        "com.microsoft::RotaryEmbedding",
+    ]
+    half = [{k: v.astype(np.float16) for k, v in f.items()} for f in SIZES]
+    report = validate(model, fused, inputs=half)
+    assert report.passed, report

@@ -15,7 +15,7 @@ from onnxopt.cli import EXIT_ERROR, EXIT_OK
 from onnxopt.errors import UsageError
 from onnxopt.validate import validate
 from tests.test_cli import cli, one_error_line
-from tests.test_fuse_rotary_embedding import ROPE, ROTARY, _inv_freq, _slices
+from tests.test_fuse_rotary_embedding import _inv_freq, _rope_text, _slices
 
 # A weight big enough (4 KiB) to be kept out of the protobuf the converter sees, and a Squeeze whose
 # axes move from an attribute to an input at opset 13.
@@ -40,18 +40,6 @@ def _save(tmp_path: Path, text: str, **initializers: np.ndarray) -> Path:
     path = tmp_path / "model.onnx"
     onnx.save(_proto(text, **initializers), path)
     return path
-
-
-def _rope_text(opset: int) -> str:
-    return ROPE.format(
-        opset=opset,
-        positions="pos",
-        position_axes="axes02",
-        extra_input="",
-        extra_output="",
-        rotary_q=ROTARY.format(x="q"),
-        rotary_k=ROTARY.format(x="k"),
-    )
 
 
 def test_convert_opset_keeps_weights_out_of_protobuf_and_back() -> None:
