@@ -66,6 +66,7 @@ def optimize(
     disable: Sequence[str] = (),
     enable: Sequence[str] = (),
     target: Target = "ort",
+    opset: int | None = None,
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
     fold_may_grow: bool = False,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
@@ -88,6 +89,10 @@ def optimize(
     adds its inputs to validation and compares both the original and the optimized model to the
     eager PyTorch outputs (``result.report.reference``). With ``find_reference``, a model path's
     own reference (``x.onnx`` -> ``x.ref.npz``) is used when it exists and none was given.
+
+    ``opset`` raises the model's default-domain opset with onnx.version_converter before the
+    passes run (so fusions may use newer standard ops); validation still compares with the
+    unconverted original.
 
     With ``memory=True`` the report gains activation-memory figures (symbolic dims bound by
     ``dims``) and ``result.memory_plan`` holds the optimized model's arena plan.
@@ -134,6 +139,14 @@ def optimize(
         specs = input_specs(working) if check and inputs is None and not input_shapes else None
 
     start = time.perf_counter()
+    conversion = None
+    if opset is not None:
+        if progress is not None:
+            progress("convert opset")
+        from_opset = working.opset_imports.get("", working.opset_imports.get("ai.onnx"))
+        working = io.convert_opset(working, opset)
+        if from_opset != opset:
+            conversion = f"opset {from_opset} → {opset} (onnx.version_converter)"
     instruments = [VerifyEach()] if verify_each else []
     result = Pipeline(steps, instruments)(working, progress)
     optimize_seconds = time.perf_counter() - start
@@ -195,5 +208,6 @@ def optimize(
         validate_seconds=validate_seconds,
         memory=memory_section,
         reference=reference_report,
+        opset_conversion=conversion,
     )
     return OptimizeResult(working, report, loaded, memory_plan)

@@ -42,7 +42,12 @@ def bisect_passes(
     *,
     inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
     progress: Callable[[str], None] | None = None,
+    opset: int | None = None,
 ) -> BisectResult:
+    """The first pass of ``sequence`` after which ``model_path`` no longer validates.
+
+    ``opset``: convert the model first, as ``optimize --opset`` did.
+    """
     path = Path(model_path)
     probes = 0
     reports: dict[int, ValidationReport] = {}
@@ -54,6 +59,8 @@ def bisect_passes(
             progress(f"bisect: first {k} of {len(sequence)} passes")
         model = io.load_model(path).model
         specs = input_specs(model) if inputs is None else None
+        if opset is not None:
+            model = io.convert_opset(model, opset)
         Pipeline([pass_by_name(name)(options) for name in sequence[:k]])(model)
         report = validate(path, model, specs=specs, inputs=inputs)
         reports[k] = report

@@ -207,6 +207,12 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="Runtime that fusions may target.",
         ),
         click.option(
+            "--opset",
+            type=click.IntRange(1, None),
+            help="First raise the model's ONNX opset to N (onnx.version_converter), e.g. 23 for "
+            "RMSNormalization/Attention/RotaryEmbedding with --target onnx.",
+        ),
+        click.option(
             "--fold-limit",
             default="32MiB",
             show_default=True,
@@ -361,6 +367,7 @@ def _optimize_command(
     disable: str | None,
     enable: str | None,
     target: str,
+    opset: int | None,
     fold_limit: str,
     fold_may_grow: bool,
     input_shapes: tuple[str, ...],
@@ -419,6 +426,7 @@ def _optimize_command(
         "disable": _split(disable),
         "enable": _split(enable),
         "target": target,
+        "opset": opset,
         "fold_limit_bytes": parse_size(fold_limit),
         "fold_may_grow": fold_may_grow,
         "input_shapes": dict(parse_input_shape(s) for s in input_shapes),
@@ -660,7 +668,12 @@ def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> None:
     sequence = list(outcome.report.passes_run)
     with _stderr_console().status("bisecting", spinner="dots") as status:
         result = bisect_passes(
-            model, sequence, pass_options, inputs=options["inputs"], progress=status.update
+            model,
+            sequence,
+            pass_options,
+            inputs=options["inputs"],
+            progress=status.update,
+            opset=options["opset"],
         )
     if result.culprit is None:
         click.echo(

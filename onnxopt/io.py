@@ -547,3 +547,54 @@ def ort_model_source(model: ir.Model) -> Iterator[bytes | str]:
         path = Path(tmp) / "model.onnx"
         ir.save(model, path, external_data="model.onnx.data", size_threshold_bytes=1024)
         yield str(path)
+
+
+def convert_opset(model: ir.Model, version: int) -> ir.Model:
+    """The model with its default-domain opset raised to ``version`` by onnx.version_converter.
+
+    Weights do not travel through protobuf: large initializers become typed inputs for the
+    conversion (the converter reads op signatures, not weights) and are put back afterwards, so
+    external data stays memory-mapped. Raises UsageError when ``version`` is below the model's
+    opset or beyond what the installed onnx knows, or when the converter fails.
+    """
+    from onnx import version_converter
+    from onnx_ir.passes.common import _c_api_utils
+
+    current = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+    if current is None:
+        raise UsageError(f"--opset {version}: the model imports no default-domain opset")
+    if version < current:
+        raise UsageError(
+            f"--opset {version}: the model already uses opset {current}; opsets can only be raised"
+        )
+    if version > MAX_OPSET:
+        raise UsageError(
+            f"--opset {version}: onnx {onnx.__version__} converts up to opset {MAX_OPSET}"
+        )
+    if version == current:
+        return model
+    inputs = {v.name for v in model.graph.inputs}
+    weights = {name: v.const_value for name, v in model.graph.initializers.items()}
+
+    def convert(proto: onnx.ModelProto) -> onnx.ModelProto:
+        return version_converter.convert_version(proto, version)
+
+    try:
+        converted_proto = _c_api_utils.call_onnx_api(convert, model)
+    except Exception as exc:  # the converter raises assorted C++ errors
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"--opset {version}: onnx.version_converter cannot convert this model from opset "
+            f"{current}: {first}"
+        ) from exc
+    converted = _deserialize("<converted model>", converted_proto)
+    # Every initializer went in as an input too (the big ones without their data): undo both.
+    for value in list(converted.graph.inputs):
+        name = value.name or ""
+        if name in inputs or name not in weights:
+            continue
+        converted.graph.inputs.remove(value)
+        if name not in converted.graph.initializers:
+            value.const_value = weights[name]
+            converted.graph.register_initializer(value)
+    return converted

@@ -111,6 +111,8 @@ class OptimizeReport:
     memory: MemoryReport | None = None
     # Original and optimized vs eager PyTorch outputs, when a reference (.ref.npz) was given.
     reference: ReferenceReport | None = None
+    # "opset 17 → 23 (onnx.version_converter)" when --opset raised the opset before the passes.
+    opset_conversion: str | None = None
 
     def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
         """(name, runs, seconds, summed stats) per pass, in first-run order."""
@@ -209,6 +211,8 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
     )
     ops.add_row("file size", format_bytes(first.file_bytes), format_bytes(last.file_bytes), "")
     console.print(ops)
+    if report.opset_conversion is not None:
+        console.print(f"converted: {report.opset_conversion}", highlight=False)
 
     passes = Table(title="passes", title_justify="left")
     passes.add_column("pass")

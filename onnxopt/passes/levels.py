@@ -22,6 +22,7 @@ from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormP
 from onnxopt.passes.fuse_matmul import FuseMatMulPass
 from onnxopt.passes.fuse_pad import FusePadPass
 from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
+from onnxopt.passes.fuse_rotary_embedding import FuseRotaryEmbeddingPass
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
@@ -43,6 +44,9 @@ FUSIONS: list[PassClass] = [
     FuseConvActivationPass,
     FuseLayerNormPass,
     FuseRmsNormPass,
+    # After attention (which runs before FUSIONS): attention patterns see the rotary as they were
+    # exported, and the fused RotaryEmbedding keeps its output value, which attention consumes.
+    FuseRotaryEmbeddingPass,
     FuseGeluPass,
     FuseMatMulPass,  # last: attention patterns need to see their Transpose + MatMul unfused
 ]

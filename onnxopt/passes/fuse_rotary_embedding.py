@@ -1,0 +1,379 @@
+"""Fuse rotary position embeddings (RoPE, rotate-half form) as transformers' LLaMA exports them.
+
+    y = x * cos + rotate_half(x) * sin,    rotate_half(x) = Concat(-x[..., H/2:], x[..., :H/2])
+
+with ``x`` [B, N, S, H] (heads already split) and ``cos``/``sin`` [1, 1, S, H] broadcast over batch and
+heads. Exporters compute them once per model as ``Unsqueeze(Cos(Concat(f, f)), 1)`` with
+``f = positions * inv_freq`` [1, S, H/2], so both halves of ``cos`` are equal and ``Cos(f)`` is the
+half-width cache the fused ops read. The caches are built from that same ``f`` (once per model,
+shared by every layer): the sequence length stays dynamic. A constant ``cos``/``sin`` (static
+exports fold them) gives constant caches.
+
+Target ``ort``: com.microsoft.RotaryEmbedding(x, position_ids=[0], cos_cache [S, H/2], sin_cache)
+with ``interleaved=0``; a one-element position_ids is ONNX Runtime's "offset" form: token ``s`` reads
+cache row ``s``, which is the row the original graph multiplied it by.
+Target ``onnx``: RotaryEmbedding (opset 23) without position_ids, caches expanded to [B, S, H/2] as
+the standard op requires; older opsets are left alone (``--opset 23`` upgrades first).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import MS_DOMAIN, const_array, is_op
+from onnxopt.passes._refine_shapes import _is_unknown
+from onnxopt.passes._shape_facts import cast_target, const_ints, int_param, slice_params
+from onnxopt.passes.base import Pass, PassResult
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite.patterns import ensure_opset, new_constant, other_input, producer_op
+
+ROTARY_OPSET = 23
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
+
+
+@dataclass(frozen=True)
+class _Table:
+    """Where a cos/sin table comes from: ``f`` and the trig op (then Casts), or a constant cache."""
+
+    freqs: ir.Value | None  # f [1, S, H/2]; None for a constant table
+    trig: str  # "Cos" or "Sin"
+    casts: tuple[ir.DataType, ...] = ()
+    constant: np.ndarray | None = None  # [S, H/2] half-width cache
+    # Concat, Cos/Sin, Casts, Unsqueeze: shared by every layer, removed with the last user.
+    nodes: tuple[ir.Node, ...] = ()
+
+
+def _dim_name(dim: object) -> object:
+    return dim.value if isinstance(dim, ir.SymbolicDim) else dim
+
+
+def _same_dim(a: object, b: object) -> bool:
+    """Equal ints, or the same named symbolic dim (inference placeholders "unk__N" prove nothing)."""
+    if _is_unknown(a) or _is_unknown(b):
+        return False
+    a, b = _dim_name(a), _dim_name(b)
+    return a is not None and a == b
+
+
+def _dim_of_scalar(value: ir.Value | None) -> object:
+    """The dim a scalar stands for: ``Gather(Shape(v), k)`` or ``Squeeze(Shape(v, k, k+1))`` -> v.shape[k]."""
+    node = None if value is None else value.producer()
+    if node is None or not node.inputs or node.inputs[0] is None:
+        return None
+    if is_op(node, "Cast"):
+        return _dim_of_scalar(node.inputs[0])
+    shape = node.inputs[0].producer()
+    if not is_op(shape, "Shape") or shape is None or shape.inputs[0] is None:
+        return None
+    source = shape.inputs[0]
+    start = shape.attributes.get_int("start", 0)
+    if is_op(node, "Gather") and len(node.inputs) > 1:
+        index = const_ints(node.inputs[1])
+        if index is None or len(index) != 1 or node.attributes.get_int("axis", 0) != 0:
+            return None
+        offset = index[0]
+    elif is_op(node, "Squeeze"):
+        end = shape.attributes.get_int("end", None)
+        if end is None or end - start != 1:
+            return None
+        offset = 0
+    else:
+        return None
+    if source.shape is None or start < 0 or offset < 0 or start + offset >= len(source.shape):
+        return None
+    return source.shape[start + offset]
+
+
+def _rows_of(freqs: ir.Value) -> object:
+    """The number of rows (positions) of ``f`` [1, S, H/2]: its inferred dim, or Range(0, n, 1)'s n."""
+    assert freqs.shape is not None
+    rows = freqs.shape[1]
+    mul = producer_op(freqs, "Mul")
+    if mul is None:
+        return rows
+    for operand in mul.inputs[:2]:
+        node = None if operand is None else operand.producer()
+        while node is not None and (is_op(node, "Cast") or is_op(node, "Unsqueeze")):
+            node = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if is_op(node, "Range") and node is not None and len(node.inputs) == 3:
+            start, step = const_array(node.inputs[0]), const_array(node.inputs[2])
+            from_zero = start is not None and start.size == 1 and float(start.reshape(())) == 0
+            unit = step is not None and step.size == 1 and float(step.reshape(())) == 1
+            found = _dim_of_scalar(node.inputs[1]) if from_zero and unit else None
+            if found is not None:
+                return found
+    return rows
+
+
+def _positions_of(x: ir.Value) -> object:
+    """x's sequence dim (axis 2), looking through the head split ``Transpose(Reshape(v, [0, 0, N, H]))``
+    when shape inference lost it (it does at opset 21+): then it is v's dim 1."""
+    assert x.shape is not None
+    dim = x.shape[2]
+    transpose = producer_op(x, "Transpose")
+    if isinstance(dim, int) or transpose is None:
+        return dim
+    if tuple(transpose.attributes.get_ints("perm", ())) != (0, 2, 1, 3):
+        return dim
+    reshape = producer_op(transpose.inputs[0], "Reshape")
+    if reshape is None or reshape.attributes.get_int("allowzero", 0) != 0:
+        return dim
+    target = const_ints(reshape.inputs[1]) if len(reshape.inputs) > 1 else None
+    source = reshape.inputs[0]
+    if target is None or len(target) != 4 or target[1] != 0 or source is None:
+        return dim
+    if source.shape is None or len(source.shape) < 2:
+        return dim
+    return source.shape[1]
+
+
+def _table(value: ir.Value | None, head: int) -> _Table | Mismatch:
+    """The cos/sin operand [1, 1, S, H] traced back to its half-width source."""
+    array = const_array(value)
+    if array is not None:
+        if array.ndim < 2 or any(d != 1 for d in array.shape[:-2]) or array.shape[-1] != head:
+            return Mismatch(
+                f"constant cos/sin has shape {list(array.shape)}, not [1, 1, S, {head}]"
+            )
+        rows = array.reshape(array.shape[-2], head)
+        if not np.array_equal(rows[:, : head // 2], rows[:, head // 2 :]):
+            return Mismatch("constant cos/sin halves differ (not rotate-half RoPE)")
+        return _Table(None, "", constant=np.ascontiguousarray(rows[:, : head // 2]))
+    unsqueeze = producer_op(value, "Unsqueeze")
+    if unsqueeze is None:
+        return Mismatch("cos/sin is neither a constant nor Unsqueeze(Cos/Sin(...), 1)")
+    axes = int_param(unsqueeze, "axes", 1)
+    if axes not in ((1,), (-3,)):
+        return Mismatch(f"cos/sin Unsqueeze axes are {axes}, not [1] (the heads axis)")
+    inner = unsqueeze.inputs[0]
+    casts: list[ir.DataType] = []
+    chain = [unsqueeze]
+    node = None if inner is None else inner.producer()
+    while is_op(node, "Cast") and node is not None:
+        to = cast_target(node)
+        if to is None:
+            return Mismatch("cos/sin Cast has no readable target type")
+        casts.insert(0, to)
+        chain.insert(0, node)
+        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    if node is None or not (is_op(node, "Cos") or is_op(node, "Sin")):
+        return Mismatch("cos/sin is not computed by Cos/Sin")
+    concat = producer_op(node.inputs[0], "Concat")
+    if concat is None or len(concat.inputs) != 2 or concat.inputs[0] is not concat.inputs[1]:
+        return Mismatch(f"{node.op_type} input is not Concat(f, f) (both halves the same angles)")
+    freqs = concat.inputs[0]
+    assert freqs is not None
+    if freqs.shape is None or len(freqs.shape) != 3:
+        return Mismatch("rotary angles are not rank 3 [1, S, H/2]")
+    if concat.attributes.get_int("axis", 0) not in (-1, 2):
+        return Mismatch("rotary angles are not concatenated on the last axis")
+    if freqs.shape[0] != 1:
+        return Mismatch("rotary angles differ per batch row (position_ids input); not fused")
+    if freqs.shape[2] != head // 2:
+        return Mismatch(
+            f"rotary angles have {freqs.shape[2]} columns, not head size / 2 = {head // 2}"
+        )
+    return _Table(freqs, node.op_type, tuple(casts), nodes=(concat, node, *chain))
+
+
+def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node] | Mismatch:
+    """[Slice, Slice, Neg, Concat] when ``value = Concat(-x[..., H/2:], x[..., :H/2])``."""
+    concat = producer_op(value, "Concat")
+    if concat is None or len(concat.inputs) != 2:
+        return Mismatch("no rotate_half (Concat of two halves) in the sin product", candidate=False)
+    if concat.attributes.get_int("axis", 0) not in (-1, 3):
+        return Mismatch("rotate_half Concat is not on the last axis")
+    neg = producer_op(concat.inputs[0], "Neg")
+    high = producer_op(None if neg is None else neg.inputs[0], "Slice")
+    low = producer_op(concat.inputs[1], "Slice")
+    if neg is None or high is None or low is None:
+        return Mismatch("rotate_half is not Concat(Neg(Slice(x)), Slice(x)) (interleaved RoPE?)")
+    half = head // 2
+    for node, want in ((low, (0, half)), (high, (half, head))):
+        if node.inputs[0] is not x:
+            return Mismatch("rotate_half slices a different tensor than the cos product")
+        params = slice_params(node)
+        if isinstance(params, Mismatch):
+            return params
+        if len(params.starts) != 1 or params.axes[0] not in (-1, 3) or params.steps[0] != 1:
+            return Mismatch("rotate_half Slice is not a unit-step slice of the last axis")
+        end = params.ends[0] if params.ends[0] < head else head
+        if (params.starts[0], end) != want:
+            return Mismatch(
+                f"rotate_half slices [{params.starts[0]}:{params.ends[0]}], expected the halves of {head}"
+                " (partial rotary dims are not fused)"
+            )
+    return [low, high, neg, concat]
+
+
+def _products(add: ir.Node) -> tuple[ir.Node, ir.Node, ir.Value, ir.Value] | Mismatch:
+    """(cos Mul, sin Mul, x, rotate_half(x)) in either operand order."""
+    muls = [producer_op(v, "Mul") for v in add.inputs[:2]]
+    if muls[0] is None or muls[1] is None:
+        return Mismatch("Add is not of two products", candidate=False)
+    for cos_mul, sin_mul in ((muls[0], muls[1]), (muls[1], muls[0])):
+        for rotated in sin_mul.inputs[:2]:
+            concat = producer_op(rotated, "Concat")
+            if concat is None or rotated is None or len(concat.inputs) != 2:
+                continue
+            low = producer_op(concat.inputs[1], "Slice")
+            x = None if low is None else low.inputs[0]
+            if x is not None and any(x is operand for operand in cos_mul.inputs[:2]):
+                return cos_mul, sin_mul, x, rotated
+    return Mismatch("no product with a rotate_half Concat", candidate=False)
+
+
+def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    found = _products(add)
+    if isinstance(found, Mismatch):
+        return found
+    cos_mul, sin_mul, x, rotated = found
+    shape = x.shape
+    if shape is None or len(shape) != 4:
+        return Mismatch("rotary input is not rank 4 [batch, heads, sequence, head_size]")
+    head = shape[3]
+    if not isinstance(head, int) or head % 2:
+        return Mismatch(f"head size {head} is not a static even number")
+    rotation = _rotate_half(rotated, x, head)
+    if isinstance(rotation, Mismatch):
+        return rotation
+    cos = _table(other_input(cos_mul, x), head)
+    sin = _table(other_input(sin_mul, rotated), head)
+    for name, table in (("cos", cos), ("sin", sin)):
+        if isinstance(table, Mismatch):
+            return table
+        if table.trig and table.trig != name.capitalize():
+            return Mismatch(f"the {name} product's table comes from {table.trig}")
+        if table.freqs is not None and not _same_dim(_rows_of(table.freqs), _positions_of(x)):
+            return Mismatch(f"cannot prove the {name} table has one row per input position")
+        if table.constant is not None and table.constant.shape[0] != shape[2]:
+            return Mismatch(
+                f"constant {name} has {table.constant.shape[0]} rows, input has {shape[2]} positions"
+            )
+    assert not isinstance(cos, Mismatch) and not isinstance(sin, Mismatch)
+    if x.dtype not in _FLOATS:
+        return Mismatch("rotary input is not float or float16")
+    core = [cos_mul, *rotation, sin_mul, add]
+    for inner in core[:-1]:
+        if inner.outputs[0].is_graph_output() or any(
+            use.node not in core for use in inner.outputs[0].uses()
+        ):
+            return Mismatch(
+                f"intermediate {inner.op_type} result is used outside the rotary pattern"
+            )
+    if context.options.target == "onnx" and context.opset() < ROTARY_OPSET:
+        return Mismatch(
+            f"RotaryEmbedding needs opset {ROTARY_OPSET}, the model imports {context.opset()}"
+        )
+    # Producers first: the driver removes matched nodes last-to-first once they have no users.
+    shared = list(dict.fromkeys([*cos.nodes, *sin.nodes]))
+    return Match([*shared, *core], {"x": x, "cos": cos, "sin": sin, "head": head})
+
+
+def _existing(
+    value: ir.Value, op_type: str, test: Callable[[ir.Node], bool] | None = None
+) -> ir.Value | None:
+    """The output of a node already computing ``op_type(value, ...)``, so that layers share caches."""
+    for use in value.uses():
+        node = use.node
+        if use.idx == 0 and is_op(node, op_type) and (test is None or test(node)):
+            return node.outputs[0]
+    return None
+
+
+def _casts_to(to: ir.DataType, node: ir.Node) -> bool:
+    return cast_target(node) == to
+
+
+def _cache(
+    table: _Table, head: int, flat: bool, nodes: list[ir.Node], constants: list[ir.Value]
+) -> ir.Value:
+    """The half-width cache: [S, H/2] when ``flat`` (contrib op), else [1, S, H/2]; reuses earlier ones."""
+    if table.constant is not None:
+        array = table.constant if flat else table.constant[None]
+        value = new_constant(array, f"rotary_{table.trig.lower() or 'cos_sin'}_cache")
+        constants.append(value)
+        return value
+    assert table.freqs is not None
+    angles = table.freqs
+    if flat:
+        shape = np.array([-1, head // 2], dtype=np.int64)
+        reshaped = _existing(
+            angles,
+            "Reshape",
+            lambda n: len(n.inputs) > 1 and const_ints(n.inputs[1]) == (-1, head // 2),
+        )
+        if reshaped is None:
+            shape_value = new_constant(shape, "rotary_cache_shape")
+            constants.append(shape_value)
+            node = ir.node("Reshape", [angles, shape_value])
+            nodes.append(node)
+            reshaped = node.outputs[0]
+        angles = reshaped
+    result = _existing(angles, table.trig)
+    if result is None:
+        node = ir.node(table.trig, [angles])
+        nodes.append(node)
+        result = node.outputs[0]
+    for to in table.casts:
+        cast = _existing(result, "Cast", partial(_casts_to, to))
+        if cast is None:
+            node = ir.node("Cast", [result], {"to": to.value})
+            nodes.append(node)
+            cast = node.outputs[0]
+        result = cast
+    return result
+
+
+def _rewrite(match: Match, context: RewriteContext) -> Replacement:
+    b = match.bindings
+    x: ir.Value = b["x"]
+    nodes: list[ir.Node] = []
+    constants: list[ir.Value] = []
+    if context.options.target == "ort":
+        cos = _cache(b["cos"], b["head"], True, nodes, constants)
+        sin = _cache(b["sin"], b["head"], True, nodes, constants)
+        offset = new_constant(np.array([0], dtype=np.int64), "rotary_position_offset")
+        constants.append(offset)
+        new = ir.node(
+            "RotaryEmbedding", [x, offset, cos, sin], {"interleaved": 0}, domain=MS_DOMAIN
+        )
+        ensure_opset(context.model, MS_DOMAIN, 1)
+    else:
+        cos = _cache(b["cos"], b["head"], False, nodes, constants)
+        sin = _cache(b["sin"], b["head"], False, nodes, constants)
+        # RotaryEmbedding-23 without position_ids wants [B, S, H/2] caches: broadcast over batch.
+        batch = ir.node("Shape", [x], {"start": 0, "end": 1})
+        ones = new_constant(np.array([1, 1], dtype=np.int64), "rotary_cache_tail")
+        constants.append(ones)
+        target = ir.node("Concat", [batch.outputs[0], ones], {"axis": 0})
+        cos_b = ir.node("Expand", [cos, target.outputs[0]])
+        sin_b = ir.node("Expand", [sin, target.outputs[0]])
+        nodes.extend([batch, target, cos_b, sin_b])
+        new = ir.node(
+            "RotaryEmbedding", [x, cos_b.outputs[0], sin_b.outputs[0]], {"interleaved": 0}
+        )
+    nodes.append(new)
+    return Replacement(nodes, [(match.root.outputs[0], new.outputs[0])], constants=constants)
+
+
+RULES = (Rule("rotary->RotaryEmbedding", "Add", _match, _rewrite),)
+
+
+class FuseRotaryEmbeddingPass(Pass):
+    """x*cos + rotate_half(x)*sin -> com.microsoft.RotaryEmbedding (ort) / RotaryEmbedding (onnx, opset 23+)."""
+
+    name = "fuse-rotary-embedding"
+    summary = (
+        "fuse rotary position embeddings (ort: com.microsoft RotaryEmbedding; onnx: opset 23+)"
+    )
+
+    def call(self, model: ir.Model) -> PassResult:
+        stats, notes = apply_rules(model, RULES, self.options)
+        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)

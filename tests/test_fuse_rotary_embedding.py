@@ -1,0 +1,283 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from onnxopt.passes.fuse_rotary_embedding import FuseRotaryEmbeddingPass
+from onnxopt.passes.options import PassOptions
+from onnxopt.validate import validate
+from tests.fusion_util import op_types, parse
+
+# Two rotaries (query with 4 heads, key with 2) sharing one cos/sin table, as transformers' LLaMA
+# exports it after cleanup: f = positions * inv_freq [1, S, 8], cos = Unsqueeze(Cos(Concat(f, f)), 1).
+ROPE = """
+<ir_version: 10, opset_import: ["" : {opset}]>
+g (float[B, 4, S, 16] q, float[B, 2, S, 16] k{extra_input}) => (float[B, 4, S, 16] qr, float[B, 2, S, 16] kr{extra_output}) {{
+    zero = Constant <value = int64 {{0}}> ()
+    one = Constant <value = int64 {{1}}> ()
+    shp = Shape <start = 2, end = 3> (q)
+    n = Squeeze (shp)
+    pos = Range (zero, n, one)
+    axes02 = Constant <value = int64[2] {{0, 2}}> ()
+    ax2 = Constant <value = int64[1] {{2}}> ()
+    pos3 = Unsqueeze ({positions}, {position_axes})
+    posf = Cast <to = 1> (pos3)
+    f = Mul (posf, inv_freq)
+    ff = Concat <axis = -1> (f, f)
+    c3 = Cos (ff)
+    s3 = Sin (ff)
+    ax1 = Constant <value = int64[1] {{1}}> ()
+    c = Unsqueeze (c3, ax1)
+    s = Unsqueeze (s3, ax1)
+{rotary_q}
+{rotary_k}
+}}
+"""
+
+ROTARY = """
+    {x}_c = Mul ({x}, c)
+    {x}_lo = Slice ({x}, starts_lo, ends_lo, last, step)
+    {x}_hi = Slice ({x}, starts_hi, ends_hi, last, step)
+    {x}_neg = Neg ({x}_hi)
+    {x}_rot = Concat <axis = -1> ({x}_neg, {x}_lo)
+    {x}_s = Mul ({x}_rot, s)
+    {x}r = Add ({x}_c, {x}_s)
+"""
+
+
+def _slices(lo: int = 8) -> dict[str, np.ndarray]:
+    return {
+        "starts_lo": np.array([0]),
+        "ends_lo": np.array([lo]),
+        "starts_hi": np.array([lo]),
+        "ends_hi": np.array([2**63 - 1]),
+        "last": np.array([-1]),
+        "step": np.array([1]),
+    }
+
+
+def _inv_freq() -> np.ndarray:
+    return (1.0 / 10000 ** (np.arange(0, 16, 2) / 16)).astype(np.float32)
+
+
+def _model(
+    opset: int = 20,
+    positions: str = "pos",
+    lo: int = 8,
+    extra_input: str = "",
+    extra_output: str = "",
+    position_axes: str = "axes02",
+) -> ir.Model:
+    text = _rope_text(opset, positions, extra_input, extra_output, position_axes)
+    return parse(text, inv_freq=_inv_freq(), **_slices(lo))
+
+
+def _rope_text(
+    opset: int,
+    positions: str = "pos",
+    extra_input: str = "",
+    extra_output: str = "",
+    position_axes: str = "axes02",
+) -> str:
+    return ROPE.format(
+        opset=opset,
+        positions=positions,
+        position_axes=position_axes,
+        extra_input=extra_input,
+        extra_output=extra_output,
+        rotary_q=ROTARY.format(x="q"),
+        rotary_k=ROTARY.format(x="k"),
+    )
+
+
+def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "q": rng.standard_normal((batch, 4, seq, 16)).astype(np.float32),
+        "k": rng.standard_normal((batch, 2, seq, 16)).astype(np.float32),
+    }
+
+
+SIZES = [_feeds(2, 7, 0), _feeds(1, 1, 1), _feeds(3, 33, 2)]
+
+
+def _fuse(model: ir.Model, options: PassOptions | None = None) -> ir.Model:
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass(options)(fused)
+    assert result.stats == {"rotary->RotaryEmbedding": 2}
+    report = validate(model, fused, inputs=SIZES)
+    assert report.passed, report
+    assert len(report.trials) == len(SIZES)
+    assert not FuseRotaryEmbeddingPass(options)(fused).modified
+    return fused
+
+
+def test_rotary_ort_shares_one_cache() -> None:
+    fused = _fuse(_model())
+    assert [t for t in op_types(fused) if t != "Constant"] == [
+        "Shape",
+        "Squeeze",
+        "Range",
+        "Unsqueeze",
+        "Cast",
+        "Mul",
+        "Reshape",
+        "Cos",
+        "Sin",
+        "com.microsoft::RotaryEmbedding",
+        "com.microsoft::RotaryEmbedding",
+    ]
+    assert fused.opset_imports["com.microsoft"] == 1
+    # The caches are [S, H/2], computed from the model's own positions: nothing pins S.
+    rotary = [n for n in fused.graph if n.op_type == "RotaryEmbedding"]
+    assert rotary[0].inputs[2] is rotary[1].inputs[2] and rotary[0].inputs[3] is rotary[1].inputs[3]
+    assert rotary[0].attributes.get_int("interleaved") == 0
+
+
+def test_rotary_onnx_opset_23() -> None:
+    fused = _fuse(_model(opset=23), PassOptions(target="onnx"))
+    types = [t for t in op_types(fused) if t != "Constant"]
+    assert types.count("RotaryEmbedding") == 2 and "Neg" not in types and "Slice" not in types
+    assert all(n.domain in ("", "ai.onnx") for n in fused.graph)
+
+
+def test_rotary_onnx_old_opset_left_alone() -> None:
+    result = FuseRotaryEmbeddingPass(PassOptions(target="onnx", explain=True))(_model())
+    assert not result.modified
+    assert (
+        result.notes
+        == ["rotary->RotaryEmbedding: Add: RotaryEmbedding needs opset 23, the model imports 20"]
+        * 2
+    )
+
+
+def test_rotary_constant_tables_static_shapes() -> None:
+    """A static export folds cos/sin into constants: the caches become constants of the same rows."""
+    angles = np.arange(6)[:, None] * _inv_freq()[None]
+    table = np.concatenate([angles, angles], -1)[None, None].astype(np.float32)
+    text = (
+        """
+    <ir_version: 10, opset_import: ["" : 20]>
+    g (float[2, 4, 6, 16] q) => (float[2, 4, 6, 16] qr) {
+    """
+        + ROTARY.format(x="q")
+        + "}"
+    )
+    model = parse(text, c=np.cos(table), s=np.sin(table), **_slices())
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass()(fused)
+    assert result.stats == {"rotary->RotaryEmbedding": 1}
+    assert [t for t in op_types(fused) if t != "Constant"] == ["com.microsoft::RotaryEmbedding"]
+    report = validate(model, fused)
+    assert report.passed, report
+    assert not FuseRotaryEmbeddingPass()(fused).modified
+
+
+def _refuses(model: ir.Model, reason: str, options: PassOptions | None = None) -> None:
+    before = op_types(model)
+    result = FuseRotaryEmbeddingPass(options or PassOptions(explain=True))(model)
+    assert not result.modified, result.stats
+    assert op_types(model) == before
+    assert any(reason in note for note in result.notes), result.notes
+
+
+def test_rotary_partial_dims_refused() -> None:
+    _refuses(_model(lo=4), "rotate_half slices [0:4], expected the halves of 16")
+
+
+def test_rotary_positions_per_batch_row_refused() -> None:
+    """position_ids [B, S] given as an input: the angles differ per batch row."""
+    _refuses(
+        _model(
+            positions="position_ids",
+            extra_input=", int64[B, S] position_ids",
+            position_axes="ax2",
+        ),
+        "rotary angles differ per batch row",
+    )
+
+
+def test_rotary_unproven_sequence_length_refused() -> None:
+    """Angles from positions of unknown length: cos could broadcast one row over every position."""
+    _refuses(
+        _model(positions="p", extra_input=", int64[P] p"),
+        "cannot prove the cos table has one row per input position",
+    )
+
+
+def test_rotary_intermediate_used_elsewhere_refused() -> None:
+    """The query's x*cos is also a graph output: only the key's rotary fuses."""
+    result = FuseRotaryEmbeddingPass(PassOptions(explain=True))(
+        _model(extra_output=", float[B, 4, S, 16] q_c")
+    )
+    assert result.stats == {"rotary->RotaryEmbedding": 1}
+    assert result.notes == [
+        "rotary->RotaryEmbedding: Add: intermediate Mul result is used outside the rotary pattern"
+    ]
+    assert "Neg" in op_types(result.model) and "Cos" in op_types(result.model)
+
+
+def test_rotary_halves_that_differ_refused() -> None:
+    table = np.random.default_rng(0).standard_normal((1, 1, 6, 16)).astype(np.float32)
+    text = (
+        """
+    <ir_version: 10, opset_import: ["" : 20]>
+    g (float[2, 4, 6, 16] q) => (float[2, 4, 6, 16] qr) {
+    """
+        + ROTARY.format(x="q")
+        + "}"
+    )
+    _refuses(parse(text, c=table, s=table, **_slices()), "constant cos/sin halves differ")
+
+
+@pytest.mark.torch
+@pytest.mark.slow  # ~20 s each; test_zoo already runs llama-tiny (TorchScript) at -O2 in the fast set
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_tiny_llama_rotary(exporter: str, tmp_path: Path) -> None:
+    """Both exporters' LLaMA: 2 layers x (query, key) rotaries fused, outputs equal at several sizes."""
+    pytest.importorskip("torch")
+    from onnxopt.api import optimize
+    from onnxopt.export import export
+
+    path = tmp_path / "llama.onnx"
+    export("llama-tiny", path, exporter=exporter)  # type: ignore[arg-type]
+    result = optimize(path, find_reference=True)
+    assert result.validated, result.report.validation
+    assert result.report.validation is not None and len(result.report.validation.trials) >= 3
+    ops = result.report.after.op_counts
+    assert ops.get("com.microsoft::RotaryEmbedding") == 4
+    assert "Neg" not in ops and "Sin" in ops
+    assert result.report.reference is not None and not result.report.reference.errors
+
+
+def test_rotary_float16_with_cast_tables() -> None:
+    """transformers casts cos/sin to the activations' dtype: the Cast is rebuilt on the cache."""
+    text = (
+        _rope_text(20)
+        .replace("float[B, 4, S, 16]", "float16[B, 4, S, 16]")
+        .replace("float[B, 2, S, 16]", "float16[B, 2, S, 16]")
+        .replace(
+            "c = Unsqueeze (c3, ax1)", "c3h = Cast <to = 10> (c3)\n    c = Unsqueeze (c3h, ax1)"
+        )
+        .replace(
+            "s = Unsqueeze (s3, ax1)", "s3h = Cast <to = 10> (s3)\n    s = Unsqueeze (s3h, ax1)"
+        )
+    )
+    model = parse(text, inv_freq=_inv_freq(), **_slices())
+    fused = model.clone()
+    assert FuseRotaryEmbeddingPass()(fused).stats == {"rotary->RotaryEmbedding": 2}
+    types = [t for t in op_types(fused) if t != "Constant"]
+    assert types[-6:] == [
+        "Cos",
+        "Cast",
+        "Sin",
+        "Cast",
+        "com.microsoft::RotaryEmbedding",
+        "com.microsoft::RotaryEmbedding",
+    ]
+    half = [{k: v.astype(np.float16) for k, v in f.items()} for f in SIZES]
+    report = validate(model, fused, inputs=half)
+    assert report.passed, report
