@@ -117,3 +117,30 @@ def test_search_is_bounded_by_nodes_and_deterministic():
     assert first == second
     assert first.lower_bound == bound <= first.proven_minimum <= first.arena
     check(buffers, first.offsets, first.arena)
+
+
+def test_fixed_buffers_are_walls_the_others_go_around():
+    # Buffer 0 is kept at offset 64; 1 and 2 overlap it in time and must avoid [64, 192).
+    buffers = [(128, 0, 3), (64, 0, 1), (128, 2, 3), (64, 4, 5)]
+    found = solve(buffers, 320, fixed={0: 64})
+    assert found.status == "feasible" and found.offsets is not None
+    assert found.offsets[0] == 64
+    assert found.offsets[1] == 0 and found.offsets[2] == 192
+    check(buffers, found.offsets, 320)
+    # Nothing fits below 64 for a 128-byte buffer, and 192 + 128 > 256.
+    assert solve(buffers, 256, fixed={0: 64}).status == "infeasible"
+
+
+def test_window_search_brings_a_greedy_plan_down_to_the_bound():
+    rng = random.Random(0)
+    buffers = [
+        (64 * rng.choice((1, 4, 16)), t, t + rng.randint(0, 12))
+        for t in range(120)
+        for _ in range(2)
+    ]
+    greedy = pack(buffers, search_work=0)
+    assert greedy.arena > greedy.lower_bound  # 8960 > 8832
+    packing = pack(buffers, exact_nodes=0)  # windows only, no search over the whole timeline
+    assert packing.arena == packing.lower_bound == 8832
+    assert packing.strategy.endswith("+exact windows")
+    check(buffers, packing.offsets, packing.arena)

@@ -20,7 +20,7 @@ tree was searched), or "unknown" (the node budget ran out).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 Interval = tuple[int, int, int]  # (size, first step, last step)
@@ -75,34 +75,58 @@ def _partitions(
     return [(k, end, groups[k]) for k, end in zip(starts, ends, strict=True) if groups[k]]
 
 
+def fit(base: int, size: int, walls: Sequence[tuple[int, int]]) -> int:
+    """Lowest offset at or above ``base`` where ``size`` bytes miss every wall (sorted [lo, hi))."""
+    at = base
+    for lo, hi in walls:
+        if hi <= at:
+            continue
+        if lo >= at + size:
+            break
+        at = hi
+    return at
+
+
 def solve(
     buffers: Sequence[Interval],
     capacity: int,
     *,
     node_limit: int = 100_000,
     neighbours: Sequence[Sequence[int]] | None = None,
+    fixed: Mapping[int, int] | None = None,
 ) -> ExactResult:
     """Offsets placing ``buffers`` (no two live at once overlapping) within ``capacity`` bytes.
 
     Sizes must already be multiples of the alignment (offsets are sums of sizes). ``node_limit``
     bounds the search nodes over all preorders; ``neighbours`` (buffers overlapping in time, as
-    :func:`onnxopt.analysis.memory_plan.conflicts` gives) is computed when not given.
+    :func:`onnxopt.analysis.memory_plan.conflicts` gives) is computed when not given. ``fixed``
+    maps buffers to offsets they keep: the search places the others around them (and then
+    "infeasible" only means "not around these").
     """
     if neighbours is None:
         from onnxopt.analysis.memory_plan import conflicts
 
         neighbours = conflicts(buffers)
-    sizes = [b[0] for b in buffers]
+    fixed = fixed or {}
+    # Buffers kept in place take no part in the search except as walls around the others.
+    sizes = [0 if b in fixed else size for b, (size, _, _) in enumerate(buffers)]
     if any(size > capacity for size in sizes):
         return ExactResult("infeasible", None, 0)
-    points, spans = _sections(buffers)
+    walls = [
+        sorted((fixed[c], fixed[c] + buffers[c][0]) for c in neighbours[b] if c in fixed)
+        if fixed and sizes[b]
+        else []
+        for b in range(len(buffers))
+    ]
+    free = [(size, s, e) for size, (_, s, e) in zip(sizes, buffers, strict=True)]
+    points, spans = _sections(free)
     n_sections = max(len(points) - 1, 0)
-    offsets = [0] * len(buffers)
+    offsets = [fixed.get(b, 0) for b in range(len(buffers))]
     nodes_used = 0
     for first, end, group in _partitions(n_sections, spans, sizes):
         budget = node_limit - nodes_used
         status, placed, spent = _solve_partition(
-            group, first, end, buffers, spans, neighbours, capacity, budget
+            group, first, end, free, spans, neighbours, walls, capacity, budget
         )
         nodes_used += spent
         if status != "feasible":
@@ -119,6 +143,7 @@ def _solve_partition(
     buffers: Sequence[Interval],
     spans: Sequence[tuple[int, int]],
     neighbours: Sequence[Sequence[int]],
+    walls: Sequence[list[tuple[int, int]]],
     capacity: int,
     budget: int,
 ) -> tuple[str, dict[int, int], int]:
@@ -147,7 +172,7 @@ def _solve_partition(
             if this_limit <= 0:
                 return "unknown", {}, spent
             status, placed, used = _search(
-                ordered, first, end, buffers, spans, neighbours, capacity, this_limit
+                ordered, first, end, buffers, spans, neighbours, walls, capacity, this_limit
             )
             spent += used
             if status == "feasible":
@@ -166,6 +191,7 @@ def _search(
     buffers: Sequence[Interval],
     spans: Sequence[tuple[int, int]],
     neighbours: Sequence[Sequence[int]],
+    walls_of: Sequence[list[tuple[int, int]]],
     capacity: int,
     node_limit: int,
 ) -> tuple[str, dict[int, int], int]:
@@ -176,6 +202,7 @@ def _search(
     lo = [spans[b][0] - first for b in ordered]
     hi = [spans[b][1] - first for b in ordered]
     nbrs = [[rank[c] for c in neighbours[b] if c in rank] for b in ordered]
+    walls = [walls_of[b] for b in ordered]
     n_sec = end - first
     floor = [0] * n_sec
     total = [0] * n_sec
@@ -184,7 +211,8 @@ def _search(
             total[k] += size[r]
     near_lo = [min([lo[c] for c in nbrs[r]], default=lo[r]) for r in range(n)]
     near_hi = [max([hi[c] for c in nbrs[r]], default=hi[r]) for r in range(n)]
-    min_off = [0] * n
+    base = [0] * n  # highest top of the placed neighbours
+    min_off = [fit(0, size[r], walls[r]) for r in range(n)]  # lowest offset from there
     offset = [-1] * n
     unplaced = set(range(n))
     open_nbrs = [len(nb) for nb in nbrs]  # unplaced neighbours
@@ -201,7 +229,7 @@ def _search(
         found.sort(key=lambda r: (min_off[r], r))
         return found
 
-    Undo = tuple[list[tuple[int, int, int]], list[tuple[int, int]], list[int]]
+    Undo = tuple[list[tuple[int, int, int]], list[tuple[int, int, int]], list[int]]
 
     def put(r: int, at: int, sec_log: list[tuple[int, int, int]]) -> None:
         offset[r] = at
@@ -234,9 +262,10 @@ def _search(
         for c in nbrs[r]:
             open_nbrs[c] -= 1
             if offset[c] < 0:
-                if min_off[c] < top:
-                    off_log.append((c, min_off[c]))
-                    min_off[c] = top
+                if base[c] < top:
+                    off_log.append((c, base[c], min_off[c]))
+                    base[c] = top
+                    min_off[c] = fit(top, size[c], walls[c]) if walls[c] else top
                 if open_nbrs[c] == 0:
                     isolated.append(c)
         logs = (sec_log, off_log, placed)
@@ -251,8 +280,9 @@ def _search(
 
     def unplace(logs: Undo) -> None:
         sec_log, off_log, placed = logs
-        for c, value in reversed(off_log):
-            min_off[c] = value
+        for c, old_base, old_min in reversed(off_log):
+            base[c] = old_base
+            min_off[c] = old_min
         for k, value, s in reversed(sec_log):
             floor[k] = value
             total[k] += s
@@ -264,7 +294,9 @@ def _search(
 
     for r in range(n):
         if not nbrs[r]:
-            put(r, 0, [])
+            if min_off[r] + size[r] > capacity:
+                return "infeasible", {}, 0
+            put(r, min_off[r], [])
     if not unplaced:
         return "feasible", {ordered[q]: offset[q] for q in range(n)}, 0
     # Stack frames: [candidate list, next index, placed rank or -1, undo logs]
