@@ -10,6 +10,7 @@ seeded local search perturbs the best placement order. Every plan is re-checked 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
 import time
@@ -38,6 +39,9 @@ class Packing:
     arena: int
     lower_bound: int
     strategy: str
+    # The smallest arena any placement can have, as far as we proved: ``lower_bound``, or more
+    # when the exact search exhausted a smaller capacity.
+    proven_minimum: int = 0
 
 
 def lower_bound(buffers: Sequence[Interval]) -> int:
@@ -170,8 +174,20 @@ def pack(
     search_seconds: float = 30.0,
     search_work: int = 4_000_000,
     seed: int = 0,
+    exact_nodes: int | None = None,
 ) -> Packing:
-    """Offsets for ``buffers`` (sizes already multiples of ``alignment``) in the smallest arena found."""
+    """Offsets for ``buffers`` (sizes already multiples of ``alignment``) in the smallest arena found.
+
+    Greedy placements first. Above the lower bound: the exact branch and bound of
+    :mod:`onnxopt.analysis.exact_packing` at capacities up to 1% above it (``exact_nodes`` search
+    nodes, default ``search_work // 200`` capped by the problem size, since a node costs time
+    linear in it); then the same search window by window around what sticks out of the greedy
+    plan (``search_work // 200`` nodes); then the seeded local search. All bounded by work
+    counters, so results are reproducible.
+    """
+    if exact_nodes is None:
+        exact_nodes = min(search_work // 200, 20_000_000 // max(len(buffers), 1))
+    window_nodes = search_work // 200
     bound = lower_bound(buffers)
     neighbours = conflicts(buffers)
     sizes = [b[0] for b in buffers]
@@ -184,6 +200,20 @@ def pack(
             break
     assert best is not None
     arena, offsets, name, order, best_fit = best
+    proven = bound
+    if arena > bound and exact_nodes > 0 and len(buffers) <= EXACT_MAX_BUFFERS:
+        exact, exact_arena, proven = _exact(
+            buffers, neighbours, bound, arena, alignment, exact_nodes
+        )
+        if exact is not None:
+            offsets, arena, name = exact, exact_arena, "exact"
+    # Windows only to reach the 1% target: past it, what they could still gain costs too much.
+    if arena > int(bound * (1 + EXACT_SLACKS[-1])) and window_nodes > 0:
+        repaired, repaired_arena = _repair(
+            buffers, neighbours, offsets, bound, arena, alignment, window_nodes
+        )
+        if repaired is not None:
+            offsets, arena, name = repaired, repaired_arena, f"{name}+exact windows"
     if arena > bound and search_seconds > 0 and buffers:
         # Deterministic: a fixed number of seeded tries (scaled to the problem); the clock is only a safety cap.
         work = len(buffers) + sum(map(len, neighbours))
@@ -193,7 +223,105 @@ def pack(
         )
         if improved:
             name += "+search"
-    return Packing(tuple(offsets), arena, bound, name)
+    return Packing(tuple(offsets), arena, bound, name, proven)
+
+
+def _repair(
+    buffers: Sequence[Interval],
+    neighbours: Sequence[Sequence[int]],
+    offsets: Sequence[int],
+    bound: int,
+    arena: int,
+    alignment: int,
+    nodes: int,
+) -> tuple[list[int] | None, int]:
+    """Bring a placement under a capacity just above ``bound`` one time window at a time.
+
+    Where buffers stick out above the capacity, the buffers live in a window of steps around them
+    are placed again by the exact search, around the others (kept where they are); the window
+    doubles while the search fails, within the node budget. Returns the first capacity's plan
+    that fits everywhere (or None) and its arena.
+    """
+    from onnxopt.analysis.exact_packing import solve
+
+    step = max(alignment, 1)
+    capacities = sorted({int(bound * (1 + s)) // step * step for s in EXACT_SLACKS})
+    by_start = sorted(range(len(buffers)), key=lambda i: buffers[i][1])
+    starts = [buffers[i][1] for i in by_start]
+    last = max((e for _, _, e in buffers), default=0)
+    for capacity in capacities:
+        if capacity >= arena:
+            break
+        budget = nodes // len(EXACT_SLACKS)
+        current = list(offsets)
+        while budget > 0:
+            over = [i for i, (size, _, _) in enumerate(buffers) if current[i] + size > capacity]
+            if not over:
+                used = max((o + b[0] for o, b in zip(current, buffers, strict=True)), default=0)
+                return current, used
+            hot = min(over, key=lambda i: (buffers[i][1], i))
+            lo, hi = buffers[hot][1], buffers[hot][2]
+            margin = max(hi - lo, 4)
+            while budget > 0:
+                a, b = lo - margin, hi + margin
+                # The window's buffers: those starting by b that end at a or later.
+                free = {i for i in by_start[: bisect.bisect_right(starts, b)] if buffers[i][2] >= a}
+                fixed = {i: current[i] for i in range(len(buffers)) if i not in free}
+                result = solve(
+                    buffers,
+                    capacity,
+                    node_limit=min(budget, WINDOW_NODES),
+                    neighbours=neighbours,
+                    fixed=fixed,
+                )
+                budget -= max(result.nodes, 1)
+                if result.status == "feasible" and result.offsets is not None:
+                    current = list(result.offsets)
+                    break
+                if a <= 0 and b >= last:  # the whole timeline: no larger window to try
+                    budget = 0
+                margin *= 2
+    return None, arena
+
+
+# Node budget of one window's exact search.
+WINDOW_NODES = 2_000
+
+# Capacities the exact search tries, as fractions above the lower bound (the target is 1%).
+EXACT_SLACKS = (0.0, 0.005, 0.0099)
+# Beyond this many buffers a search node costs too much in Python; greedy and local search only.
+EXACT_MAX_BUFFERS = 4_000
+
+
+def _exact(
+    buffers: Sequence[Interval],
+    neighbours: Sequence[Sequence[int]],
+    bound: int,
+    arena: int,
+    alignment: int,
+    nodes: int,
+) -> tuple[list[int] | None, int, int]:
+    """Branch and bound at capacities just above ``bound`` (below ``arena``), smallest first.
+
+    Returns the offsets and arena of the first capacity that fits (or None), and the proven
+    minimum arena (capacities the search exhausted are too small).
+    """
+    from onnxopt.analysis.exact_packing import solve
+
+    step = max(alignment, 1)
+    capacities = sorted({int(bound * (1 + s)) // step * step for s in EXACT_SLACKS})
+    capacities = [c for c in capacities if bound <= c < arena]
+    proven = bound
+    per_try = max(nodes // len(EXACT_SLACKS), 1)
+    for capacity in capacities:
+        result = solve(buffers, capacity, node_limit=per_try, neighbours=neighbours)
+        if result.status == "infeasible":
+            proven = max(proven, capacity + 1)
+        elif result.status == "feasible" and result.offsets is not None:
+            offsets = list(result.offsets)
+            used = max((o + b[0] for o, b in zip(offsets, buffers, strict=True)), default=0)
+            return offsets, used, proven
+    return None, arena, proven
 
 
 def _local_search(
@@ -275,6 +403,9 @@ class MemoryPlan:
     graph_input_bytes: int
     initializer_bytes: int
     graph_output_bytes: int
+    # Smallest arena any placement of these buffers can have, as far as the planner proved
+    # (the lower bound, or more when the exact search exhausted smaller capacities).
+    proven_minimum_bytes: int = 0
 
     @property
     def gap(self) -> float:
@@ -287,6 +418,7 @@ class MemoryPlan:
             "lower_bound_bytes": self.lower_bound_bytes,
             "naive_bytes": self.naive_bytes,
             "gap": round(self.gap, 6),
+            "proven_minimum_bytes": self.proven_minimum_bytes,
             "alignment": self.alignment,
             "strategy": self.strategy,
             "graph_input_bytes": self.graph_input_bytes,
@@ -346,6 +478,7 @@ def plan_flow(
         graph_input_bytes=flow.graph_input_bytes,
         initializer_bytes=flow.initializer_bytes,
         graph_output_bytes=flow.graph_output_bytes,
+        proven_minimum_bytes=packing.proven_minimum,
     )
 
 
