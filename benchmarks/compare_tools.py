@@ -64,6 +64,17 @@ def _run_onnxopt(src: str, dst: str) -> None:
     io.save_model(result.model, dst)
 
 
+def _run_onnxopt_validated(src: str, dst: str) -> None:
+    """What ``onnxopt optimize`` does by default: the same, plus validation on ORT before saving."""
+    import onnxopt
+    from onnxopt import io
+
+    result = onnxopt.optimize(src, check=True)
+    if not result.validated:
+        raise RuntimeError("onnxopt's validation failed")
+    io.save_model(result.model, dst)
+
+
 def _run_onnxsim(src: str, dst: str) -> None:
     import onnx
     import onnxsim
@@ -113,6 +124,7 @@ def _run_ort_transformers(src: str, dst: str) -> None:
 
 RUNNERS = {
     "onnxopt": _run_onnxopt,
+    "onnxopt-validated": _run_onnxopt_validated,
     "onnxsim": _run_onnxsim,
     "onnxslim": _run_onnxslim,
     "onnxoptimizer": _run_onnxoptimizer,
@@ -123,6 +135,7 @@ RUNNERS = {
 
 IMPORTS = {
     "onnxopt": ("onnxopt",),
+    "onnxopt-validated": ("onnxopt", "onnxruntime"),
     "onnxsim": ("onnx", "onnxsim"),
     "onnxslim": ("onnxslim",),
     "onnxoptimizer": ("onnx", "onnxoptimizer"),
@@ -310,6 +323,10 @@ def _mib(count: int | None) -> str:
     return "-" if count is None else f"{count / 2**20:.0f} MiB"
 
 
+def _times(count: int | None, path: Path) -> str:
+    return "-" if count is None else f"{count / path.stat().st_size:.1f}×"
+
+
 def _err(value: float | None, agrees: bool | None = None) -> str:
     if value is None:
         return "-"
@@ -323,7 +340,7 @@ def markdown(
     import onnxruntime as ort
 
     lines = [
-        "| model | tool | nodes | optimize time | optimizer peak RSS | speed-up @DISABLE_ALL | "
+        "| model | tool | nodes | optimize time | optimizer peak RSS (× file) | speed-up @DISABLE_ALL | "
         "speed-up @ENABLE_ALL | max err vs original | max err vs eager |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -335,7 +352,7 @@ def markdown(
             continue
         lines.append(
             f"| {case.name} | {cell.tool} | {nodes_before} → {cell.nodes} | "
-            f"{cell.seconds:.2f} s | {_mib(cell.peak_growth)} | {_ratio(cell.ratios.get('disable'))} | "
+            f"{cell.seconds:.2f} s | {_mib(cell.peak_growth)} ({_times(cell.peak_growth, case.path)}) | {_ratio(cell.ratios.get('disable'))} | "
             f"{_ratio(cell.ratios.get('all'))} | {_err(cell.err_original, cell.agrees)} | {_err(cell.err_eager)} |"
         )
     lines += [
@@ -368,6 +385,11 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
+        "--no-latency",
+        action="store_true",
+        help="Skip `onnxopt bench` (no speed-ups or accuracy): node counts, optimize time, peak RSS",
+    )
+    parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="cpu",
@@ -381,6 +403,7 @@ def main() -> None:
         "--workdir", type=Path, help="Where exported and optimized models go (default: temp)"
     )
     parser.add_argument("--out", type=Path, help="Write the markdown table here (default: stdout)")
+    parser.add_argument("--json", type=Path, help="Also write every cell as JSON here")
     args = parser.parse_args()
     tools = [t for t in args.tools.split(",") if t]
     unknown = [t for t in tools if t not in RUNNERS]
@@ -406,7 +429,7 @@ def main() -> None:
                 print(f"{case.name}: {tool} ...", file=sys.stderr, flush=True)
                 out = workdir / f"{case.name}.{tool}.onnx"
                 cell = run_tool(tool, case.path, out)
-                if cell.error is None:
+                if cell.error is None and not args.no_latency:
                     try:
                         fill_from_bench(cell, bench(case.path, out, case.torch, args))
                     except (RuntimeError, KeyError, IndexError, json.JSONDecodeError) as exc:
@@ -416,6 +439,13 @@ def main() -> None:
                     if not args.keep and leftover.exists():
                         leftover.unlink()
         table = markdown(rows, args, time.perf_counter() - start)
+    if args.json:
+        cells = [
+            {"model": case.name, "file_bytes": case.path.stat().st_size, "nodes_before": before}
+            | vars(cell)
+            for case, before, cell in rows
+        ]
+        args.json.write_text(json.dumps(cells, indent=1), encoding="utf-8")
     if args.out:
         args.out.write_text(table, encoding="utf-8")
         print(f"wrote {args.out}", file=sys.stderr)
