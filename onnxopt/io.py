@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
@@ -882,11 +883,24 @@ def _current_umask() -> int:
     return mask
 
 
+def mapped_arrays(model: ir.Model) -> dict[str, np.ndarray]:
+    """The main graph's weights mapped from the source file, by name, as read-only array views."""
+    return {
+        str(value.name): value.const_value.numpy()
+        for value in model.graph.initializers.values()
+        if isinstance(value.const_value, MappedTensor)
+    }
+
+
 @contextlib.contextmanager
-def ort_model_source(model: ir.Model) -> Iterator[bytes | str]:
-    """Something ``onnxruntime.InferenceSession`` accepts: serialized bytes, or a temp path for big models."""
+def ort_model_source(model: ir.Model, *, mapped_in_memory: bool = False) -> Iterator[bytes | str]:
+    """Something ``onnxruntime.InferenceSession`` accepts: serialized bytes, or a temp path for big models.
+
+    ``mapped_in_memory``: the caller hands ORT the ``mapped_arrays`` itself (SessionOptions'
+    ``add_external_initializers``), so the bytes may reference them without their data.
+    """
     external = has_external_tensors(model) or parameter_bytes(model) >= EXTERNAL_DATA_AUTO_THRESHOLD
-    if not external and not has_mapped_tensors(model):
+    if not external and (mapped_in_memory or not has_mapped_tensors(model)):
         yield to_proto(model).SerializeToString()
         return
     with tempfile.TemporaryDirectory(prefix="onnxopt-") as tmp:

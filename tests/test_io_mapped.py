@@ -92,3 +92,15 @@ def test_mapped_weights_deduplicate_by_contents_not_by_sample(tmp_path: Path) ->
     v[32, 5] += 1.0
     near = _write(tmp_path / "near.onnx", w, v)
     assert not DeduplicateInitializersPass()(io.load_model(near).model).modified
+
+
+def test_validation_and_eager_comparison_share_one_session_per_model(tmp_path: Path) -> None:
+    from onnxopt import validate as validation
+
+    w = np.ones((64, 64), np.float32)
+    loaded = io.load_model(_write(tmp_path / "m.onnx", w, w))
+    with validation.shared_sessions():
+        first = validation._session(loaded.model)
+        assert validation._session(loaded.model) is first
+        assert validation._session(tmp_path / "m.onnx") is validation._session(tmp_path / "m.onnx")
+    assert validation._session(loaded.model) is not first  # outside the block: a new session
