@@ -355,6 +355,16 @@ def markdown(
             f"{cell.seconds:.2f} s | {_mib(cell.peak_growth)} ({_times(cell.peak_growth, case.path)}) | {_ratio(cell.ratios.get('disable'))} | "
             f"{_ratio(cell.ratios.get('all'))} | {_err(cell.err_original, cell.agrees)} | {_err(cell.err_eager)} |"
         )
+    if args.no_latency:  # keep nodes, time and memory; the latency and error columns are empty
+        lines = ["|".join(line.split("|")[:6]) + "|" for line in lines]
+        lines += [
+            "",
+            "Optimize time: reading the model, optimizing and writing it, in a fresh process; peak RSS: "
+            "its resident-memory growth over the interpreter with the tool imported, and that growth "
+            f"as a multiple of the model's file size. Generated in {seconds / 60:.0f} min by "
+            "`benchmarks/compare_tools.py --no-latency`.",
+        ]
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         f"Speed-up: median of paired per-round time ratios original/optimized with its 95% interval "
