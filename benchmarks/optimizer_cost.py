@@ -50,15 +50,23 @@ class _Phases:
         self.rows: list[dict[str, Any]] = []
         self.current = "start"
         self.started = time.perf_counter()
+        self.cpu_started = time.process_time()
         self.peak = 0
         _reset_peak()
 
     def __call__(self, name: str) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         peak = _status("VmHWM") - self.baseline
         self.peak = max(self.peak, peak)
-        self.rows.append({"phase": self.current, "seconds": now - self.started, "peak": peak})
-        self.current, self.started = name, now
+        self.rows.append(
+            {
+                "phase": self.current,
+                "seconds": now - self.started,
+                "cpu": cpu - self.cpu_started,
+                "peak": peak,
+            }
+        )
+        self.current, self.started, self.cpu_started = name, now, cpu
         _reset_peak()
 
 
@@ -73,23 +81,27 @@ def child(model: str, validate: bool) -> None:
         import onnxruntime  # noqa: F401  (an import, not the optimizer's work)
     baseline = _status("VmRSS")
     phases = _Phases(baseline)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     result = onnxopt.optimize(model, check=validate, progress=phases)
     with tempfile.TemporaryDirectory(prefix="optimizer-cost-") as tmp:
         phases("save")
         io.save_model(result.model, Path(tmp) / "out.onnx")
         phases("end")
-        total = time.perf_counter() - start
+        total, cpu_total = time.perf_counter() - start, time.process_time() - cpu_start
     # Merge repeated passes (fixed-point iterations) into one row each, in first-seen order.
     merged: dict[str, dict[str, Any]] = {}
     for row in phases.rows[1:]:  # the first row is the gap before "load"
-        entry = merged.setdefault(row["phase"], {"phase": row["phase"], "seconds": 0.0, "peak": 0})
+        entry = merged.setdefault(
+            row["phase"], {"phase": row["phase"], "seconds": 0.0, "cpu": 0.0, "peak": 0}
+        )
         entry["seconds"] += row["seconds"]
+        entry["cpu"] += row["cpu"]
         entry["peak"] = max(entry["peak"], row["peak"])
     print(
         json.dumps(
             {
                 "seconds": total,
+                "cpu": cpu_total,
                 "peak": phases.peak,
                 "phases": list(merged.values()),
                 "validated": result.validated if validate else None,
@@ -120,8 +132,9 @@ GROUPS = {"load": "load", "validate": "validate", "save": "save"}
 
 def table(results: list[dict[str, Any]], phases: bool) -> str:
     lines = [
-        "| model | file | onnxopt (no validation) | peak RSS (× file) | load | passes | save "
-        "| with validation | validation alone | peak RSS with validation (× file) | nodes |",
+        "| model | file | onnxopt (no validation): wall / CPU | peak RSS (× file) | load | passes "
+        "| save | with validation: wall / CPU | validation alone | peak RSS with validation (× file) "
+        "| nodes |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -130,9 +143,10 @@ def table(results: list[dict[str, Any]], phases: bool) -> str:
         passes = sum(p["seconds"] for p in bare["phases"] if p["phase"] not in GROUPS)
         validation = next((p for p in full["phases"] if p["phase"] == "validate"), None)
         lines.append(
-            f"| {r['model']} | {_mib(size)} | {bare['seconds']:.2f} s | {_mib(bare['peak'])} "
+            f"| {r['model']} | {_mib(size)} | {bare['seconds']:.2f} / {bare['cpu']:.2f} s "
+            f"| {_mib(bare['peak'])} "
             f"({bare['peak'] / size:.2f}×) | {by_phase['load']['seconds']:.2f} s | {passes:.2f} s | "
-            f"{by_phase['save']['seconds']:.2f} s | {full['seconds']:.2f} s | "
+            f"{by_phase['save']['seconds']:.2f} s | {full['seconds']:.2f} / {full['cpu']:.2f} s | "
             f"{validation['seconds'] if validation else 0:.2f} s | {_mib(full['peak'])} "
             f"({full['peak'] / size:.2f}×) | {bare['nodes']} |"
         )
@@ -142,11 +156,13 @@ def table(results: list[dict[str, Any]], phases: bool) -> str:
                 "",
                 f"{r['model']}: per phase (no validation; validation from the second run)",
             ]
-            lines += ["", "| phase | seconds | peak RSS growth |", "|---|---:|---:|"]
+            lines += ["", "| phase | wall s | CPU s | peak RSS growth |", "|---|---:|---:|---:|"]
             rows = [*r["bare"]["phases"]]
             rows += [p for p in r["full"]["phases"] if p["phase"] == "validate"]
             for p in sorted(rows, key=lambda p: -p["seconds"]):
-                lines.append(f"| {p['phase']} | {p['seconds']:.3f} | {_mib(p['peak'])} |")
+                lines.append(
+                    f"| {p['phase']} | {p['seconds']:.3f} | {p['cpu']:.3f} | {_mib(p['peak'])} |"
+                )
     return "\n".join(lines) + "\n"
 
 
