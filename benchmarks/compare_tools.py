@@ -387,6 +387,15 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
+def _write_json(path: Path, rows: list[tuple[ModelCase, int, Cell]]) -> None:
+    cells = [
+        {"model": case.name, "file_bytes": case.path.stat().st_size, "nodes_before": before}
+        | vars(cell)
+        for case, before, cell in rows
+    ]
+    path.write_text(json.dumps(cells, indent=1), encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -455,17 +464,13 @@ def main() -> None:
                     except (RuntimeError, KeyError, IndexError, json.JSONDecodeError) as exc:
                         cell.error = f"bench: {exc}"
                 rows.append((case, nodes_before, cell))
+                if args.json:  # after every cell, so that a long run that is stopped keeps its rows
+                    _write_json(args.json, rows)
                 for leftover in (out, out.with_name(out.name + ".data")):
                     if not args.keep and leftover.exists():
                         leftover.unlink()
         table = markdown(rows, args, time.perf_counter() - start)
-    if args.json:
-        cells = [
-            {"model": case.name, "file_bytes": case.path.stat().st_size, "nodes_before": before}
-            | vars(cell)
-            for case, before, cell in rows
-        ]
-        args.json.write_text(json.dumps(cells, indent=1), encoding="utf-8")
+
     if args.out:
         args.out.write_text(table, encoding="utf-8")
         print(f"wrote {args.out}", file=sys.stderr)
