@@ -64,6 +64,17 @@ def _run_onnxopt(src: str, dst: str) -> None:
     io.save_model(result.model, dst)
 
 
+def _run_onnxopt_validated(src: str, dst: str) -> None:
+    """What ``onnxopt optimize`` does by default: the same, plus validation on ORT before saving."""
+    import onnxopt
+    from onnxopt import io
+
+    result = onnxopt.optimize(src, check=True)
+    if not result.validated:
+        raise RuntimeError("onnxopt's validation failed")
+    io.save_model(result.model, dst)
+
+
 def _run_onnxsim(src: str, dst: str) -> None:
     import onnx
     import onnxsim
@@ -113,6 +124,7 @@ def _run_ort_transformers(src: str, dst: str) -> None:
 
 RUNNERS = {
     "onnxopt": _run_onnxopt,
+    "onnxopt-validated": _run_onnxopt_validated,
     "onnxsim": _run_onnxsim,
     "onnxslim": _run_onnxslim,
     "onnxoptimizer": _run_onnxoptimizer,
@@ -123,6 +135,7 @@ RUNNERS = {
 
 IMPORTS = {
     "onnxopt": ("onnxopt",),
+    "onnxopt-validated": ("onnxopt", "onnxruntime"),
     "onnxsim": ("onnx", "onnxsim"),
     "onnxslim": ("onnxslim",),
     "onnxoptimizer": ("onnx", "onnxoptimizer"),
@@ -144,10 +157,12 @@ def _child(tool: str, src: str, dst: str) -> None:
             if name != "onnxscript.rewriter.ort_fusions":
                 raise
     baseline = _vm("VmRSS")
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     RUNNERS[tool](src, dst)
-    seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "peak_growth": _vm("VmHWM") - baseline}))
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    print(
+        json.dumps({"seconds": seconds, "cpu_seconds": cpu, "peak_growth": _vm("VmHWM") - baseline})
+    )
 
 
 # --- the parent: run tools, bench results, write the table ---------------------------------------
@@ -158,6 +173,7 @@ class Cell:
     tool: str
     nodes: int | None = None
     seconds: float | None = None
+    cpu_seconds: float | None = None
     peak_growth: int | None = None
     ratios: dict[str, dict[str, float | None]] = field(default_factory=dict)
     err_original: float | None = None
@@ -215,6 +231,7 @@ def run_tool(tool: str, src: Path, dst: Path) -> Cell:
         return cell
     stats = json.loads(done.stdout.strip().splitlines()[-1])
     cell.seconds, cell.peak_growth = stats["seconds"], stats["peak_growth"]
+    cell.cpu_seconds = stats.get("cpu_seconds")
     cell.nodes = _count_nodes(dst)
     return cell
 
@@ -310,6 +327,10 @@ def _mib(count: int | None) -> str:
     return "-" if count is None else f"{count / 2**20:.0f} MiB"
 
 
+def _times(count: int | None, path: Path) -> str:
+    return "-" if count is None else f"{count / path.stat().st_size:.1f}×"
+
+
 def _err(value: float | None, agrees: bool | None = None) -> str:
     if value is None:
         return "-"
@@ -323,7 +344,7 @@ def markdown(
     import onnxruntime as ort
 
     lines = [
-        "| model | tool | nodes | optimize time | optimizer peak RSS | speed-up @DISABLE_ALL | "
+        "| model | tool | nodes | optimize time | optimizer peak RSS (× file) | speed-up @DISABLE_ALL | "
         "speed-up @ENABLE_ALL | max err vs original | max err vs eager |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -335,9 +356,25 @@ def markdown(
             continue
         lines.append(
             f"| {case.name} | {cell.tool} | {nodes_before} → {cell.nodes} | "
-            f"{cell.seconds:.2f} s | {_mib(cell.peak_growth)} | {_ratio(cell.ratios.get('disable'))} | "
+            f"{cell.seconds:.2f} s | {_mib(cell.peak_growth)} ({_times(cell.peak_growth, case.path)}) | {_ratio(cell.ratios.get('disable'))} | "
             f"{_ratio(cell.ratios.get('all'))} | {_err(cell.err_original, cell.agrees)} | {_err(cell.err_eager)} |"
         )
+    if args.no_latency:  # keep nodes, time and memory; the latency and error columns are empty
+        lines = ["|".join(line.split("|")[:6]) + "|" for line in lines]
+        lines[0] += " CPU time |"
+        lines[1] += "---:|"
+        for index, (_case, _before, cell) in enumerate(rows, start=2):
+            lines[index] += (
+                f" {cell.cpu_seconds:.2f} s |" if cell.cpu_seconds is not None else " - |"
+            )
+        lines += [
+            "",
+            "Optimize time: reading the model, optimizing and writing it, in a fresh process; peak RSS: "
+            "its resident-memory growth over the interpreter with the tool imported, and that growth "
+            f"as a multiple of the model's file size. Generated in {seconds / 60:.0f} min by "
+            "`benchmarks/compare_tools.py --no-latency`.",
+        ]
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         f"Speed-up: median of paired per-round time ratios original/optimized with its 95% interval "
@@ -348,6 +385,15 @@ def markdown(
         f"ORT optimizations off. Generated in {seconds / 60:.0f} min by `benchmarks/compare_tools.py`.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _write_json(path: Path, rows: list[tuple[ModelCase, int, Cell]]) -> None:
+    cells = [
+        {"model": case.name, "file_bytes": case.path.stat().st_size, "nodes_before": before}
+        | vars(cell)
+        for case, before, cell in rows
+    ]
+    path.write_text(json.dumps(cells, indent=1), encoding="utf-8")
 
 
 def main() -> None:
@@ -368,6 +414,11 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
+        "--no-latency",
+        action="store_true",
+        help="Skip `onnxopt bench` (no speed-ups or accuracy): node counts, optimize time, peak RSS",
+    )
+    parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="cpu",
@@ -381,6 +432,7 @@ def main() -> None:
         "--workdir", type=Path, help="Where exported and optimized models go (default: temp)"
     )
     parser.add_argument("--out", type=Path, help="Write the markdown table here (default: stdout)")
+    parser.add_argument("--json", type=Path, help="Also write every cell as JSON here")
     args = parser.parse_args()
     tools = [t for t in args.tools.split(",") if t]
     unknown = [t for t in tools if t not in RUNNERS]
@@ -406,16 +458,19 @@ def main() -> None:
                 print(f"{case.name}: {tool} ...", file=sys.stderr, flush=True)
                 out = workdir / f"{case.name}.{tool}.onnx"
                 cell = run_tool(tool, case.path, out)
-                if cell.error is None:
+                if cell.error is None and not args.no_latency:
                     try:
                         fill_from_bench(cell, bench(case.path, out, case.torch, args))
                     except (RuntimeError, KeyError, IndexError, json.JSONDecodeError) as exc:
                         cell.error = f"bench: {exc}"
                 rows.append((case, nodes_before, cell))
+                if args.json:  # after every cell, so that a long run that is stopped keeps its rows
+                    _write_json(args.json, rows)
                 for leftover in (out, out.with_name(out.name + ".data")):
                     if not args.keep and leftover.exists():
                         leftover.unlink()
         table = markdown(rows, args, time.perf_counter() - start)
+
     if args.out:
         args.out.write_text(table, encoding="utf-8")
         print(f"wrote {args.out}", file=sys.stderr)

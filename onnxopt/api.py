@@ -26,6 +26,7 @@ from onnxopt.validate import (
     ValidationReport,
     compare_to_eager,
     input_specs,
+    shared_sessions,
     validate,
 )
 
@@ -154,44 +155,47 @@ def optimize(
 
     validation: ValidationReport | None = None
     validate_seconds = 0.0
-    if check:
-        if progress is not None:
-            progress("validate")
-        start = time.perf_counter()
-        with _located(loaded):
-            if specs is None and inputs is None:
-                specs = input_specs(working)  # pinned shapes: generate inputs of the pinned sizes
-            validation = validate(
-                original,
-                working,
-                specs=specs,
-                inputs=inputs,
-                extra_inputs=[eager_inputs] if eager else [],
-            )
-        validate_seconds = time.perf_counter() - start
-
     memory_section = memory_plan = None
-    if unoptimized is not None:
-        if progress is not None:
-            progress("memory plan")
-        memory_section, memory_plan = memory_report(
-            unoptimized, working, dims=dims, input_shapes=input_shapes
-        )
-
     reference_report: ReferenceReport | None = None
-    if eager is not None:
-        if progress is not None:
-            progress("compare with eager PyTorch")
-        export_cmp, export_error = compare_to_eager(original, eager_inputs, eager.outputs)
-        optimized_cmp, optimized_error = compare_to_eager(working, eager_inputs, eager.outputs)
-        errors = tuple(
-            f"{what}: {error}"
-            for what, error in (("original", export_error), ("optimized", optimized_error))
-            if error
-        )
-        reference_report = ReferenceReport(
-            eager_source, eager.metadata, export_cmp, optimized_cmp, errors
-        )
+    # Validation and the eager comparison share one ORT session per model (each loads the weights).
+    with shared_sessions():
+        if check:
+            if progress is not None:
+                progress("validate")
+            start = time.perf_counter()
+            with _located(loaded):
+                if specs is None and inputs is None:
+                    # pinned shapes: generate inputs of the pinned sizes
+                    specs = input_specs(working)
+                validation = validate(
+                    original,
+                    working,
+                    specs=specs,
+                    inputs=inputs,
+                    extra_inputs=[eager_inputs] if eager else [],
+                )
+            validate_seconds = time.perf_counter() - start
+
+        if unoptimized is not None:
+            if progress is not None:
+                progress("memory plan")
+            memory_section, memory_plan = memory_report(
+                unoptimized, working, dims=dims, input_shapes=input_shapes
+            )
+
+        if eager is not None:
+            if progress is not None:
+                progress("compare with eager PyTorch")
+            export_cmp, export_error = compare_to_eager(original, eager_inputs, eager.outputs)
+            optimized_cmp, optimized_error = compare_to_eager(working, eager_inputs, eager.outputs)
+            errors = tuple(
+                f"{what}: {error}"
+                for what, error in (("original", export_error), ("optimized", optimized_error))
+                if error
+            )
+            reference_report = ReferenceReport(
+                eager_source, eager.metadata, export_cmp, optimized_cmp, errors
+            )
 
     report = OptimizeReport(
         source=source_name,

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
@@ -397,17 +400,214 @@ def _check_acyclic(
         )
 
 
+# --- weights stored inline in the .onnx file, read in place ------------------------------------------
+#
+# A single-file model holds its weights in ``raw_data`` fields. Parsing it whole costs the file twice
+# (the bytes read, then the parsed copy) and a serialized copy again on save. Instead the loader
+# walks the protobuf wire format of the memory-mapped file, parses everything except large
+# ``graph.initializer[i].raw_data`` fields, and points those tensors at their bytes in the file
+# itself (``MappedTensor``). The saver does the reverse: it serializes the model with the large
+# tensors left out and streams their bytes into the output one tensor at a time.
+
+# Initializers at least this big are mapped from the source file / streamed into the output.
+MAPPED_MIN_BYTES = 4096
+
+_WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
+_MODEL_GRAPH = 7  # ModelProto.graph
+_GRAPH_INITIALIZER = 5  # GraphProto.initializer
+_TENSOR_RAW_DATA = 9  # TensorProto.raw_data
+_TENSOR_EXTERNAL_DATA = 13  # TensorProto.external_data
+_TENSOR_DATA_LOCATION = 14  # TensorProto.data_location
+
+
+class MappedTensor(ir.ExternalTensor):
+    """An initializer stored inline in the source .onnx file, read through a memory map of it.
+
+    To onnx-ir it is external data (the "external" file is the model file itself); to onnxopt it
+    is an inline weight: saving writes it back inline, and ``has_external_tensors`` ignores it.
+    """
+
+
+class _NotMappable(Exception):
+    """The file uses protobuf features the wire-format walk does not handle: parse it whole."""
+
+
+def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise _NotMappable("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _tag(field: int, wire: int) -> bytes:
+    return _varint(field << 3 | wire)
+
+
+def _fields(buf: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, wire type, field start, payload start, payload end) for each field."""
+    pos = start
+    while pos < end:
+        field_start = pos
+        key, pos = _read_varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == _WIRE_VARINT:
+            _, pos = _read_varint(buf, pos)
+            yield field, wire, field_start, pos, pos
+            continue
+        if wire == _WIRE_LEN:
+            length, payload = _read_varint(buf, pos)
+            pos = payload + length
+        elif wire == _WIRE_I64:
+            payload, pos = pos, pos + 8
+        elif wire == _WIRE_I32:
+            payload, pos = pos, pos + 4
+        else:
+            raise _NotMappable(f"wire type {wire}")
+        if pos > end:
+            raise _NotMappable("field runs past its message")
+        yield field, wire, field_start, payload, pos
+
+
+def _strip_tensor(buf: memoryview, start: int, end: int) -> tuple[bytes, int, int] | None:
+    """The tensor's fields without a large ``raw_data``, and where that data lies; None to keep it."""
+    raw: tuple[int, int, int] | None = None
+    for field, wire, field_start, payload, field_end in _fields(buf, start, end):
+        if field in (_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION):
+            return None  # already external (or oddly marked): leave it to the normal path
+        if field == _TENSOR_RAW_DATA and wire == _WIRE_LEN:
+            raw = (field_start, payload, field_end)
+    if raw is None or raw[2] - raw[1] < MAPPED_MIN_BYTES:
+        return None
+    field_start, payload, field_end = raw
+    kept = bytes(buf[start:field_start]) + bytes(buf[field_end:end])
+    return kept, payload, field_end - payload
+
+
+def _parse_mapped(buf: memoryview) -> tuple[onnx.ModelProto, list[tuple[int, int, int]]]:
+    """Parse a model without its large initializers' bytes: (proto, [(index, offset, length)])."""
+    pieces: list[bytes] = []
+    mapped: list[tuple[int, int, int]] = []
+    graphs = 0
+    for field, wire, field_start, payload, field_end in _fields(buf, 0, len(buf)):
+        if field != _MODEL_GRAPH or wire != _WIRE_LEN:
+            pieces.append(bytes(buf[field_start:field_end]))
+            continue
+        graphs += 1
+        if graphs > 1:
+            raise _NotMappable("the graph field appears twice")
+        graph: list[bytes] = []
+        index = 0
+        for g_field, g_wire, g_start, g_payload, g_end in _fields(buf, payload, field_end):
+            if g_field == _GRAPH_INITIALIZER and g_wire == _WIRE_LEN:
+                stripped = _strip_tensor(buf, g_payload, g_end)
+                if stripped is not None:
+                    kept, offset, length = stripped
+                    graph += [_tag(g_field, g_wire), _varint(len(kept)), kept]
+                    mapped.append((index, offset, length))
+                    index += 1
+                    continue
+                index += 1
+            graph.append(bytes(buf[g_start:g_end]))
+        body = b"".join(graph)
+        pieces += [_tag(field, wire), _varint(len(body)), body]
+    proto = onnx.ModelProto()
+    proto.ParseFromString(b"".join(pieces))
+    return proto, mapped
+
+
+def _read_proto_mapped(path: Path) -> tuple[onnx.ModelProto, list[tuple[int, int, int]]] | None:
+    """Parse ``path`` leaving large inline weights in the file; None when that cannot be done safely."""
+    try:
+        st = path.stat()
+        resolved = path.resolve()
+    except OSError:
+        return None
+    # onnx-ir refuses to map a file with several hard links; a name with ':' reads as a drive.
+    if not stat.S_ISREG(st.st_mode) or st.st_size < 16 or st.st_nlink != 1 or ":" in resolved.name:
+        return None
+    try:
+        with path.open("rb") as f:
+            head = f.read(16)
+            _sniff(path, head)
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped_file:
+                view = memoryview(mapped_file)
+                try:
+                    proto, mapped = _parse_mapped(view)
+                finally:
+                    view.release()
+    except (_NotMappable, DecodeError, RecursionError, OSError, ValueError, BufferError):
+        return None  # the whole-file parser gives the precise error, or succeeds
+    if not proto.HasField("graph") or not mapped:
+        return None
+    for index, offset, length in mapped:
+        tensor = proto.graph.initializer[index]
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", resolved.name), ("offset", offset), ("length", length)):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, str(value)
+    return proto, mapped
+
+
+def _adopt_mapped(model: ir.Model, source: Path) -> None:
+    """Turn the initializers that point into the model file itself into ``MappedTensor``s."""
+    resolved = source.resolve()
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if (
+            isinstance(tensor, ir.ExternalTensor)
+            and not isinstance(tensor, MappedTensor)
+            and os.fspath(tensor.location) == resolved.name
+        ):
+            value.const_value = MappedTensor(
+                resolved.name,
+                tensor.offset,
+                tensor.length,
+                tensor.dtype,
+                shape=tensor.shape,
+                name=tensor.name,
+                doc_string=tensor.doc_string,
+                metadata_props=dict(tensor.metadata_props),
+                base_dir=str(resolved.parent),
+            )
+
+
 def load_model(path: str | os.PathLike[str]) -> LoadedModel:
-    """Load and check an ONNX model file; external data stays memory-mapped in its files."""
+    """Load and check an ONNX model file; weights are memory-mapped in their files, never copied.
+
+    External data stays in its files; large initializers stored inline stay in the model file
+    (see ``MappedTensor``), so loading costs about the graph's size, not the weights'.
+    """
     model_path = Path(path)
-    proto = _read_proto(model_path)
+    lazy = _read_proto_mapped(model_path)
+    proto = lazy[0] if lazy is not None else _read_proto(model_path)
     where = str(model_path)
     _check_model_strings(where, proto)
     _check_versions(where, proto)
     external_files = _check_external_data(where, proto, model_path.parent)
     _check_graph_structure(where, proto.graph, (), "")
     model = _deserialize(where, proto)
+    del proto
     ir.external_data.set_base_dir(model.graph, str(model_path.parent.resolve()))
+    if lazy is not None:
+        _adopt_mapped(model, model_path)
     return LoadedModel(model, model_path, model_path.stat().st_size, external_files)
 
 
@@ -444,11 +644,168 @@ def parameter_bytes(model: ir.Model) -> int:
 
 
 def has_external_tensors(model: ir.Model) -> bool:
+    """Whether weights live in external-data files (weights mapped from the model file do not count)."""
     for graph in (model.graph, *model.graph.subgraphs()):
         for value in graph.initializers.values():
-            if isinstance(value.const_value, ir.ExternalTensor):
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor) and not isinstance(tensor, MappedTensor):
                 return True
     return False
+
+
+def has_mapped_tensors(model: ir.Model) -> bool:
+    return any(isinstance(v.const_value, MappedTensor) for v in model.graph.initializers.values())
+
+
+_STREAM_CHUNK_BYTES = 16 * 1024 * 1024
+_PLACEHOLDER = "onnxopt-streamed"
+
+
+def _streamed(tensor: ir.TensorProtocol | None) -> bool:
+    """Whether a main-graph initializer is written by streaming (large, or data in another file)."""
+    if tensor is None or tensor.dtype == ir.DataType.STRING:
+        return False
+    return isinstance(tensor, ir.ExternalTensor) or tensor.nbytes >= MAPPED_MIN_BYTES
+
+
+def _raw_bytes(tensor: ir.TensorProtocol) -> tuple[int, Iterator[bytes | memoryview]]:
+    """The tensor's ``raw_data`` bytes: their count, then the bytes in bounded pieces."""
+    if isinstance(tensor, ir.ExternalTensor) and tensor.length is not None:
+        path, offset, length = tensor.path, tensor.offset or 0, tensor.length
+
+        def from_file() -> Iterator[bytes]:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                remaining = length
+                while remaining > 0:
+                    piece = f.read(min(_STREAM_CHUNK_BYTES, remaining))
+                    if not piece:
+                        raise ModelSaveError(f"{path}: external data ended early")
+                    remaining -= len(piece)
+                    yield piece
+
+        return length, from_file()
+    if isinstance(tensor, ir.Tensor):
+        array = tensor.numpy()
+        if (
+            array.dtype.itemsize * 8 == tensor.dtype.bitwidth
+            and array.dtype.byteorder in "<=|"
+            and array.flags.c_contiguous
+        ):
+            flat = array.reshape(-1).view("uint8").data
+            return flat.nbytes, iter([flat])
+    data = tensor.tobytes()
+    return len(data), iter([data])
+
+
+def _write_single_file(model: ir.Model, f: BinaryIO) -> None:
+    """Write ``model`` as one protobuf file, streaming the large initializers' bytes.
+
+    The graph is serialized with each large initializer replaced by a metadata-only stand-in;
+    the file is then assembled field by field (protobuf allows any field order), each large
+    tensor's ``raw_data`` written from its source (memory map, external file or array) in turn.
+    Memory stays at one serialized graph plus one tensor, instead of the model twice.
+    """
+    for graph in model.graph.subgraphs():  # rare and small: load subgraph external data in memory
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                value.const_value = ir.Tensor(
+                    value.const_value.numpy(), name=value.const_value.name
+                )
+    graph_proto_values = [v for v in model.graph.initializers.values() if _streamed(v.const_value)]
+    tensors: list[ir.TensorProtocol] = []
+    for index, value in enumerate(graph_proto_values):
+        tensor = value.const_value
+        assert tensor is not None
+        tensors.append(tensor)
+        value.const_value = ir.ExternalTensor(
+            _PLACEHOLDER,
+            index,
+            None,
+            tensor.dtype,
+            shape=ir.Shape(list(tensor.shape.numpy())),
+            name=tensor.name or value.name or "",
+            doc_string=tensor.doc_string,
+            metadata_props=dict(tensor.metadata_props),
+        )
+    try:
+        proto = ir.serde.serialize_model(model)
+    finally:
+        for value, tensor in zip(graph_proto_values, tensors, strict=True):
+            value.const_value = tensor
+    initializers: list[tuple[bytes, ir.TensorProtocol | None]] = []
+    for init in proto.graph.initializer:
+        info = {entry.key: entry.value for entry in init.external_data}
+        if init.data_location == onnx.TensorProto.EXTERNAL and info.get("location") == _PLACEHOLDER:
+            tensor = tensors[int(info["offset"])]
+            init.ClearField("external_data")
+            init.ClearField("data_location")
+            initializers.append((init.SerializeToString(), tensor))
+        else:
+            initializers.append((init.SerializeToString(), None))
+    proto.graph.ClearField("initializer")
+    graph_bytes = proto.graph.SerializeToString()
+    proto.ClearField("graph")
+    model_bytes = proto.SerializeToString()
+    del proto
+
+    raw_tag = _tag(_TENSOR_RAW_DATA, _WIRE_LEN)
+    init_tag = _tag(_GRAPH_INITIALIZER, _WIRE_LEN)
+    entries: list[tuple[bytes, ir.TensorProtocol | None, int]] = []
+    graph_length = len(graph_bytes)
+    for header, tensor in initializers:
+        if tensor is None:
+            entries.append((header, None, 0))
+            body = len(header)
+        else:
+            count = tensor.nbytes if not isinstance(tensor, ir.ExternalTensor) else None
+            count = _raw_bytes(tensor)[0] if count is None else count
+            entries.append((header, tensor, count))
+            body = len(header) + len(raw_tag) + len(_varint(count)) + count
+        graph_length += len(init_tag) + len(_varint(body)) + body
+    f.write(model_bytes)
+    f.write(_tag(_MODEL_GRAPH, _WIRE_LEN) + _varint(graph_length))
+    f.write(graph_bytes)
+    for header, tensor, count in entries:
+        if tensor is None:
+            f.write(init_tag + _varint(len(header)) + header)
+            continue
+        body = len(header) + len(raw_tag) + len(_varint(count)) + count
+        f.write(init_tag + _varint(body) + header + raw_tag + _varint(count))
+        if isinstance(tensor, ir.ExternalTensor) and _copy_in_kernel(tensor, f):
+            continue
+        size, pieces = _raw_bytes(tensor)
+        if size != count:
+            raise ModelSaveError(f"tensor '{tensor.name}': {size} bytes, expected {count}")
+        for piece in pieces:
+            f.write(piece)
+
+
+def _copy_in_kernel(tensor: ir.ExternalTensor, f: BinaryIO) -> bool:
+    """Copy an external tensor's bytes file to file without passing them through Python.
+
+    Returns False, having written nothing, where the kernel cannot do it (no ``copy_file_range``,
+    another file system type, a pipe); the caller then copies through a buffer.
+    """
+    copy = getattr(os, "copy_file_range", None)
+    if copy is None or tensor.length is None:
+        return False
+    f.flush()
+    with open(tensor.path, "rb") as source:
+        offset, remaining = tensor.offset or 0, tensor.length
+        copied = 0
+        while remaining > 0:
+            try:
+                done = copy(source.fileno(), f.fileno(), remaining, offset + copied)
+            except OSError:
+                done = 0
+            if done <= 0:
+                if copied == 0:
+                    return False
+                raise ModelSaveError(f"{tensor.path}: external data ended early")
+            copied += done
+            remaining -= done
+    return True
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -507,7 +864,8 @@ def save_model(
                 raise ModelSaveError(
                     f"{target}: weights exceed the 2 GiB protobuf limit; external data is required"
                 )
-            ir.save(_inline_external(model), tmp)
+            with tmp.open("wb") as out:
+                _write_single_file(model, out)
         with tmp.open("rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -525,27 +883,33 @@ def _current_umask() -> int:
     return mask
 
 
-def _inline_external(model: ir.Model) -> ir.Model:
-    """Load external tensors into memory so a single-file save is self-contained (small models only)."""
-    if not has_external_tensors(model):
-        return model
-    for graph in (model.graph, *model.graph.subgraphs()):
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor):
-                value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name)
-    return model
+def mapped_arrays(model: ir.Model) -> dict[str, np.ndarray]:
+    """The main graph's weights mapped from the source file, by name, as read-only array views."""
+    return {
+        str(value.name): value.const_value.numpy()
+        for value in model.graph.initializers.values()
+        if isinstance(value.const_value, MappedTensor)
+    }
 
 
 @contextlib.contextmanager
-def ort_model_source(model: ir.Model) -> Iterator[bytes | str]:
-    """Something ``onnxruntime.InferenceSession`` accepts: serialized bytes, or a temp path for big models."""
-    if not has_external_tensors(model) and parameter_bytes(model) < EXTERNAL_DATA_AUTO_THRESHOLD:
+def ort_model_source(model: ir.Model, *, mapped_in_memory: bool = False) -> Iterator[bytes | str]:
+    """Something ``onnxruntime.InferenceSession`` accepts: serialized bytes, or a temp path for big models.
+
+    ``mapped_in_memory``: the caller hands ORT the ``mapped_arrays`` itself (SessionOptions'
+    ``add_external_initializers``), so the bytes may reference them without their data.
+    """
+    external = has_external_tensors(model) or parameter_bytes(model) >= EXTERNAL_DATA_AUTO_THRESHOLD
+    if not external and (mapped_in_memory or not has_mapped_tensors(model)):
         yield to_proto(model).SerializeToString()
         return
     with tempfile.TemporaryDirectory(prefix="onnxopt-") as tmp:
         path = Path(tmp) / "model.onnx"
-        ir.save(model, path, external_data="model.onnx.data", size_threshold_bytes=1024)
+        if external:
+            ir.save(model, path, external_data="model.onnx.data", size_threshold_bytes=1024)
+        else:  # weights mapped from the source file: one streamed file, never a bytes copy
+            with path.open("wb") as out:
+                _write_single_file(model, out)
         yield str(path)
 
 

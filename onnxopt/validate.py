@@ -8,9 +8,11 @@ other integers are small and non-negative, and every dynamic dimension is tried 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,7 +193,37 @@ def make_inputs(
     return feeds
 
 
+_SESSIONS: contextvars.ContextVar[dict[tuple[object, int], Any] | None] = contextvars.ContextVar(
+    "onnxopt_validation_sessions", default=None
+)
+
+
+@contextlib.contextmanager
+def shared_sessions() -> Iterator[None]:
+    """Within this block, ``validate`` and ``compare_to_eager`` share one ORT session per model.
+
+    ``optimize`` validates and then compares with eager PyTorch: without this each model (hundreds
+    of MB of weights) would be loaded into ORT twice. The models must not change inside the block.
+    """
+    token = _SESSIONS.set({})
+    try:
+        yield
+    finally:
+        _SESSIONS.reset(token)
+
+
 def _session(model: ir.Model | Path, threads: int = 2) -> Any:
+    cache = _SESSIONS.get()
+    key = (model if isinstance(model, Path) else id(model), threads)
+    if cache is not None and key in cache:
+        return cache[key]
+    session = _new_session(model, threads)
+    if cache is not None:
+        cache[key] = session
+    return session
+
+
+def _new_session(model: ir.Model | Path, threads: int) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -200,8 +232,16 @@ def _session(model: ir.Model | Path, threads: int = 2) -> Any:
     options.log_severity_level = 4  # fatal only: run errors come back as exceptions, in one line
     if isinstance(model, Path):
         return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    with io.ort_model_source(model) as source:
-        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    # Weights mapped from the source file are handed to ORT as buffers (no copy, no temp file);
+    # the model bytes then carry only the graph.
+    mapped = io.mapped_arrays(model)
+    buffers = [ort.OrtValue.ortvalue_from_numpy(array) for array in mapped.values()]
+    if buffers:
+        options.add_external_initializers(list(mapped), buffers)
+    with io.ort_model_source(model, mapped_in_memory=bool(buffers)) as source:
+        session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    session.onnxopt_buffers = buffers  # ORT reads the weights from these: keep them alive
+    return session
 
 
 def compare_arrays(name: str, expected: np.ndarray, actual: np.ndarray) -> OutputComparison:

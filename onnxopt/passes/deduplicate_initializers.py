@@ -4,6 +4,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterator
 
+import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes import common as ir_common
 
@@ -13,6 +14,9 @@ from onnxopt.passes.base import Pass, PassResult
 # Small tensors are compared byte for byte by onnx-ir's pass; larger ones here, by streamed hash.
 _EXACT_LIMIT_ELEMENTS = 1024
 _CHUNK_BYTES = 16 * 1024 * 1024
+# Bytes read from each end of a tensor to split a dtype+shape group before any full hash: trained
+# (or randomly initialized) weights of the same shape already differ there, so most groups end here.
+_SAMPLE_BYTES = 4096
 
 
 def _chunks(tensor: ir.TensorProtocol) -> Iterator[bytes]:
@@ -29,6 +33,22 @@ def _chunks(tensor: ir.TensorProtocol) -> Iterator[bytes]:
                 yield piece
         return
     yield tensor.tobytes()
+
+
+def _sample(tensor: ir.TensorProtocol) -> bytes:
+    """The first and last ``_SAMPLE_BYTES`` of the tensor's bytes, read without copying the rest."""
+    if isinstance(tensor, ir.ExternalTensor) and tensor.length is not None:
+        offset, length = tensor.offset or 0, tensor.length
+        with open(tensor.path, "rb") as f:
+            f.seek(offset)
+            head = f.read(min(_SAMPLE_BYTES, length))
+            f.seek(offset + max(length - _SAMPLE_BYTES, 0))
+            return head + f.read(min(_SAMPLE_BYTES, length))
+    if isinstance(tensor, ir.Tensor) and tensor.dtype.bitwidth % 8 == 0:
+        flat = np.ascontiguousarray(tensor.numpy()).reshape(-1).view(np.uint8)
+        return flat[:_SAMPLE_BYTES].tobytes() + flat[-_SAMPLE_BYTES:].tobytes()
+    data = tensor.tobytes()
+    return data[:_SAMPLE_BYTES] + data[-_SAMPLE_BYTES:]
 
 
 def _digest(tensor: ir.TensorProtocol) -> bytes:
@@ -66,9 +86,16 @@ def _merge_large(model: ir.Model) -> int:
             if tensor is None or id(value) in interface or tensor.size <= _EXACT_LIMIT_ELEMENTS:
                 continue
             groups.setdefault((tensor.dtype, tuple(tensor.shape)), []).append(value)
+        subgroups: list[list[ir.Value]] = []
         for candidates in groups.values():
             if len(candidates) < 2:
                 continue  # nothing to compare with: no need to read the bytes at all
+            by_sample: dict[bytes, list[ir.Value]] = {}
+            for value in candidates:
+                assert value.const_value is not None
+                by_sample.setdefault(_sample(value.const_value), []).append(value)
+            subgroups.extend(group for group in by_sample.values() if len(group) > 1)
+        for candidates in subgroups:
             kept: dict[bytes, list[ir.Value]] = {}
             for value in candidates:
                 assert value.const_value is not None
@@ -95,8 +122,9 @@ def _merge_large(model: ir.Model) -> int:
 class DeduplicateInitializersPass(Pass):
     """Point every use of an initializer at one copy when several hold identical dtype, shape and bytes.
 
-    Only tensors that share dtype and shape with another are read; large ones are hashed in
-    16 MiB pieces straight from their external-data file, so memory stays bounded on big models.
+    Only tensors that share dtype and shape with another are read, first 8 KiB of each (both
+    ends); only those that also share those bytes are hashed in full, in 16 MiB pieces straight
+    from their external-data file, so memory stays bounded on big models.
     """
 
     name = "deduplicate-initializers"

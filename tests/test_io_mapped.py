@@ -1,0 +1,106 @@
+"""Inline weights are read in place from the model file (MappedTensor) and streamed back on save."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import onnx.parser
+
+from onnxopt import io
+from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
+from onnxopt.validate import validate
+
+MODEL = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 64] x) => (float[N, 64] y) {
+    h = MatMul(x, w)
+    z = Add(h, b)
+    y = MatMul(z, v)
+}
+"""
+
+
+def _write(path: Path, w: np.ndarray, v: np.ndarray) -> Path:
+    model = onnx.parser.parse_model(MODEL)
+    model.graph.initializer.extend(
+        [
+            onnx.numpy_helper.from_array(w, "w"),
+            onnx.numpy_helper.from_array(np.arange(64, dtype=np.float32), "b"),
+            onnx.numpy_helper.from_array(v, "v"),
+        ]
+    )
+    onnx.save(model, str(path))
+    return path
+
+
+def _initializers(path: Path) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in onnx.load(str(path), load_external_data=False).graph.initializer}
+
+
+def test_large_inline_weights_are_mapped_and_written_back_inline(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    v = rng.standard_normal((64, 64)).astype(np.float32)
+    source = _write(tmp_path / "m.onnx", w, v)
+    loaded = io.load_model(source)
+    tensors = {name: value.const_value for name, value in loaded.model.graph.initializers.items()}
+    assert isinstance(tensors["w"], io.MappedTensor)
+    assert isinstance(tensors["v"], io.MappedTensor)
+    assert not isinstance(tensors["b"], io.MappedTensor)  # 256 bytes: parsed as usual
+    assert tensors["w"] is not None and np.array_equal(tensors["w"].numpy(), w)
+    assert not io.has_external_tensors(loaded.model)
+
+    out = io.save_model(loaded.model, tmp_path / "out.onnx")
+    assert not (tmp_path / "out.onnx.data").exists()
+    written = _initializers(out)
+    assert list(written) == ["w", "b", "v"]  # initializer order is kept
+    for name, expected in _initializers(source).items():
+        assert written[name].data_location == onnx.TensorProto.DEFAULT
+        assert np.array_equal(
+            onnx.numpy_helper.to_array(written[name]), onnx.numpy_helper.to_array(expected)
+        )
+    onnx.checker.check_model(str(out))
+    # ONNX Runtime runs the mapped model (through a streamed temp file) like the original.
+    assert validate(source, loaded.model).passed
+
+
+def test_hard_linked_file_is_parsed_whole(tmp_path: Path) -> None:
+    w = np.ones((64, 64), np.float32)
+    source = _write(tmp_path / "m.onnx", w, w * 2)
+    os.link(source, tmp_path / "other.onnx")  # onnx-ir refuses to map files with several links
+    loaded = io.load_model(source)
+    assert not any(
+        isinstance(v.const_value, io.MappedTensor) for v in loaded.model.graph.initializers.values()
+    )
+    out = io.save_model(loaded.model, tmp_path / "out.onnx")
+    assert np.array_equal(onnx.numpy_helper.to_array(_initializers(out)["v"]), w * 2)
+
+
+def test_mapped_weights_deduplicate_by_contents_not_by_sample(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    same = _write(tmp_path / "same.onnx", w, w.copy())
+    result = DeduplicateInitializersPass()(io.load_model(same).model)
+    assert result.stats == {"initializers merged": 1}
+
+    # Equal first and last 4 KiB (what the prefilter reads) but one element apart in the middle.
+    v = w.copy()
+    v[32, 5] += 1.0
+    near = _write(tmp_path / "near.onnx", w, v)
+    assert not DeduplicateInitializersPass()(io.load_model(near).model).modified
+
+
+def test_validation_and_eager_comparison_share_one_session_per_model(tmp_path: Path) -> None:
+    from onnxopt import validate as validation
+
+    w = np.ones((64, 64), np.float32)
+    loaded = io.load_model(_write(tmp_path / "m.onnx", w, w))
+    with validation.shared_sessions():
+        first = validation._session(loaded.model)
+        assert validation._session(loaded.model) is first
+        assert validation._session(tmp_path / "m.onnx") is validation._session(tmp_path / "m.onnx")
+    assert validation._session(loaded.model) is not first  # outside the block: a new session
