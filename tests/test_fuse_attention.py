@@ -37,7 +37,12 @@ def _weights(seed: int = 0) -> str:
 
 
 def _model(
-    *, key_form: str = "torchscript", runtime_mask_shape: bool = False, softmax_axis: int = -1
+    *,
+    key_form: str = "torchscript",
+    runtime_mask_shape: bool = False,
+    softmax_axis: int = -1,
+    masked_value: str = "ninf",
+    nan_guard: bool = True,
 ) -> ir.Model:
     """x[B,S,8] and a [B,S] padding mask -> one SDPA block (2 heads of 4), as the exporters write it."""
     if key_form == "torchscript":  # K^T = Transpose(Reshape(k), [0,2,3,1])
@@ -61,6 +66,12 @@ def _model(
         """
     extra_input = ", int64[N] bias_shape" if runtime_mask_shape else ""
     expand = "bias = Expand(bias0, bias_shape)" if runtime_mask_shape else "bias = Identity(bias0)"
+    guard = (
+        "nan = IsNaN(probs)\n            clean = Where(nan, zero, probs)"
+        if nan_guard
+        else ""
+    )
+    attended = "clean" if nan_guard else "probs"
     text = f"""
         <ir_version: 8, opset_import: ["" : 17]>
         agraph (float[B, S, 8] x, int64[B, S] mask{extra_input}) => (float[B, S, 8] y) <
@@ -74,7 +85,8 @@ def _model(
             int64[1] big = {{9223372036854775807}},
             float sq = {{0.70710678}},
             float zero = {{0.0}},
-            float ninf = {{-inf}}
+            float ninf = {{-inf}},
+            float lowest = {{-3.4028234663852886e38}}
         > {{
             q0 = MatMul(x, wq)
             qb = Add(q0, bq)
@@ -92,13 +104,12 @@ def _model(
             scores = MatMul(qs, kts)
             mbool = Cast<to=9>(mask)
             mb = Unsqueeze(mbool, mask_axes)
-            bias0 = Where(mb, zero, ninf)
+            bias0 = Where(mb, zero, {masked_value})
             {expand}
             masked = Add(scores, bias)
             probs = Softmax<axis={softmax_axis}>(masked)
-            nan = IsNaN(probs)
-            clean = Where(nan, zero, probs)
-            pv = MatMul(clean, v4)
+            {guard}
+            pv = MatMul({attended}, v4)
             pt = Transpose<perm=[0,2,1,3]>(pv)
             y = Reshape(pt, merged)
         }}
@@ -268,3 +279,24 @@ def test_onnx_target_uses_standard_attention_at_opset_23(key_form: str) -> None:
     report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1)])
     assert report.passed, report
     assert not FuseAttentionPass(PassOptions(target="onnx"))(fused).modified
+
+
+def test_onnx_target_raises_a_finite_mask_so_fully_masked_rows_still_average() -> None:
+    # float32's lowest makes ORT's Attention-23 zero a fully masked row; the export averages V there.
+    model = _model(masked_value="lowest", nan_guard=False)
+    model.opset_imports[""] = 23
+    fused = model.clone()
+    assert FuseAttentionPass(PassOptions(target="onnx"))(fused).stats == {
+        "attention->onnx-attention": 1
+    }
+    assert "Max" in _op_types(fused)
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(2, 1, 1)])
+    assert report.passed, report
+
+
+def test_onnx_target_refuses_an_unguarded_infinite_mask() -> None:
+    model = _model(nan_guard=False)
+    model.opset_imports[""] = 23
+    result = FuseAttentionPass(PassOptions(target="onnx", explain=True))(model)
+    assert not result.modified
+    assert any("mask holds -inf without SDPA's NaN guard" in note for note in result.notes)

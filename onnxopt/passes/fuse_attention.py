@@ -20,6 +20,12 @@ after the op, turns into the zeros the original produces.
 
 For ``--target onnx`` the block becomes ONNX ``Attention`` (opset 23) on the [B, H, S, d] tensors,
 when the model's opset allows it; the mask is passed as ``attn_mask`` (the op broadcasts it).
+ONNX Runtime's Attention-23 kernel returns zeros for a row whose every mask value is
+float32's lowest (the exported graph averages V there, as the spec does), while it treats -1e30
+as the finite number it is. So a mask is fused only when its values are provable (a ``Where``
+between constants, through views and float casts): a finite mask passes through
+``Max(mask, -1e30)`` (exp() of either is 0, so partly masked rows do not change); a -inf mask only
+behind SDPA's NaN guard, which zeroes those rows in the export too.
 """
 
 from __future__ import annotations
@@ -39,6 +45,22 @@ from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, 
 logger = logging.getLogger(__name__)
 
 ONNX_ATTENTION_OPSET = 23
+# Below any real score and far from float32's lowest, which ORT's Attention-23 reads as "masked out".
+MASK_FLOOR = -1e30
+# Ops whose output holds only values of their data input (input 0), rearranged or converted.
+_VALUE_PRESERVING = frozenset(
+    {
+        "Identity",
+        "Reshape",
+        "Expand",
+        "Unsqueeze",
+        "Squeeze",
+        "Transpose",
+        "Flatten",
+        "Cast",
+        "Slice",
+    }
+)
 
 
 def _producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
@@ -856,7 +878,63 @@ def _nan_guard(tape: ir.tape.Tape, value: ir.Value, like: ir.Value) -> ir.Value:
     return tape.op("Where", [isnan, zero, value])
 
 
+@dataclass(frozen=True)
+class _MaskValues:
+    lowest_finite: float  # the smallest finite value the mask can hold (+inf: none)
+    neg_inf: bool  # whether it can hold -inf
+
+
+def _mask_values(value: ir.Value | None, depth: int = 0) -> _MaskValues | None:
+    """What an additive mask can hold, when provable: finite numbers and maybe -inf, never NaN or
+    +inf. Known for constants, a Where choosing between such values, and views or float casts."""
+    if value is None or depth > 16:
+        return None
+    array = const_array(value)
+    if array is not None:
+        if not np.issubdtype(array.dtype, np.floating) or np.isnan(array).any():
+            return None
+        if np.isposinf(array).any():
+            return None
+        finite = array[np.isfinite(array)]
+        lowest = float(finite.min()) if finite.size else float("inf")
+        return _MaskValues(lowest, bool(np.isneginf(array).any()))
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Where":
+        a, b = _mask_values(node.inputs[1], depth + 1), _mask_values(node.inputs[2], depth + 1)
+        if a is None or b is None:
+            return None
+        return _MaskValues(min(a.lowest_finite, b.lowest_finite), a.neg_inf or b.neg_inf)
+    if node.op_type in _VALUE_PRESERVING:
+        source = node.inputs[0]
+        if node.op_type == "Cast" and (source is None or source.dtype not in _FLOATS):
+            return None  # an integer cast to float could be anything
+        return _mask_values(source, depth + 1)
+    return None
+
+
+_FLOATS = frozenset(
+    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+)
+
+
 def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
+    # Fully masked rows: the export averages V (finite mask) or gives NaN, zeroed by SDPA's guard
+    # (-inf); ORT's Attention-23 gives zeros for both -inf and float32's lowest. Fuse only where
+    # the two agree: a finite mask raised to MASK_FLOOR, or a -inf mask behind the NaN guard.
+    values = _mask_values(block.bias) if block.bias is not None else None
+    if block.bias is not None:
+        if values is None:
+            return Mismatch(
+                "mask values are not provably finite or -inf, and ONNX Runtime's Attention-23 "
+                "zeroes fully masked rows"
+            )
+        if values.neg_inf and not (block.nan_guard and values.lowest_finite > MASK_FLOOR):
+            return Mismatch(
+                "mask holds -inf without SDPA's NaN guard: the export gives NaN on fully masked "
+                "rows, ONNX Runtime's Attention-23 zeros"
+            )
     tape = ir.tape.Tape()
     sides = []
     for side in (block.query, block.key, block.value):
@@ -868,6 +946,10 @@ def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
             sides.append(tape.op("Transpose", [split], {"perm": [0, 2, 1, 3]}))
     inputs: list[ir.Value | None] = list(sides)
     bias = _full_bias(tape, block.bias, sides[0], 2, sides[1], 2, opset)
+    if bias is not None and values is not None and not values.neg_inf:
+        dtype = block.bias.dtype.numpy() if block.bias and block.bias.dtype else np.float32
+        floor = tape.op("Constant", [], {"value": ir.tensor(np.array(MASK_FLOOR, dtype=dtype))})
+        bias = tape.op("Max", [bias, floor])
     if bias is not None:
         inputs.append(bias)
     attention = tape.op("Attention", inputs, {"scale": float(block.scale)})
