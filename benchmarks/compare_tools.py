@@ -116,9 +116,11 @@ def _run_onnxscript(src: str, dst: str) -> None:
 def _run_ort_transformers(src: str, dst: str) -> None:
     from onnxruntime.transformers.optimizer import optimize_model
 
-    # Default options for model type "bert" (ORT basic optimizations, then its Python fusions);
-    # num_heads/hidden_size 0 lets it detect them from the graph.
-    optimized = optimize_model(src, model_type="bert", num_heads=0, hidden_size=0)
+    # Its default options for the model type its file name suggests (ORT basic optimizations, then
+    # its Python fusions; "bert" otherwise); num_heads/hidden_size 0: detected from the graph.
+    name = Path(src).name.lower()
+    model_type = next((t for t in ("gpt2", "vit") if t in name), "bert")
+    optimized = optimize_model(src, model_type=model_type, num_heads=0, hidden_size=0)
     optimized.save_model_to_file(dst)
 
 

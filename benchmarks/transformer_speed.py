@@ -85,6 +85,9 @@ def main() -> None:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
     parser.add_argument("--workdir", type=Path, help="keep the optimized models here")
     parser.add_argument("--out", type=Path, help="write the markdown table here")
+    parser.add_argument(
+        "--prepare", action="store_true", help="only optimize into --workdir (no timing)"
+    )
     args = parser.parse_args()
     others = [t for t in args.tools.split(",") if t]
     start = time.perf_counter()
@@ -101,7 +104,7 @@ def main() -> None:
                     continue
                 files: dict[str, Path] = {}
                 notes: list[str] = []
-                for tool in ["onnxopt", *others]:
+                for tool in others if args.prepare else ["onnxopt", *others]:
                     out = workdir / f"{model}.{exporter}.{tool}.onnx"
                     print(f"{model} {exporter}: {tool} ...", file=sys.stderr, flush=True)
                     if out.exists() and args.workdir:
@@ -112,6 +115,8 @@ def main() -> None:
                         notes.append(f"{tool} failed: {cell.error}")
                     else:
                         files[tool] = out
+                if args.prepare:
+                    continue
                 if "onnxopt" not in files:
                     rows.append(f"| {model} | {exporter} | failed | | | {'; '.join(notes)} |")
                     continue
