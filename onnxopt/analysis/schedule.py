@@ -365,7 +365,9 @@ def schedule_for_memory(
 
     def arena_of(order: list[int], peak: int) -> int:
         return (
-            plan_flow(flow, order, search_work=PLAN_SCORING_WORK).arena_bytes
+            # Greedy placements and local search only: the exact searches would cost seconds
+            # per candidate; the chosen order's final plan gets them.
+            plan_flow(flow, order, search_work=PLAN_SCORING_WORK, exact_nodes=0).arena_bytes
             if plan_scoring
             else peak
         )
