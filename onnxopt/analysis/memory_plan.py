@@ -315,8 +315,8 @@ def _exact(
     per_try = max(nodes // len(EXACT_SLACKS), 1)
     for capacity in capacities:
         result = solve(buffers, capacity, node_limit=per_try, neighbours=neighbours)
-        if result.status == "infeasible":
-            proven = max(proven, capacity + 1)
+        if result.status == "infeasible":  # arenas are multiples of the alignment
+            proven = max(proven, capacity + step)
         elif result.status == "feasible" and result.offsets is not None:
             offsets = list(result.offsets)
             used = max((o + b[0] for o, b in zip(offsets, buffers, strict=True)), default=0)
