@@ -123,7 +123,7 @@ def main() -> None:
         from onnxopt.analysis.schedule import schedule_for_memory
         from onnxopt.passes.reorder_for_memory import ReorderForMemoryPass, apply_order
 
-        for name in ("inception_v1", "squeezenet", "resnet50"):
+        for name in ("inception_v1", "squeezenet", "resnet50", "densenet121"):
             source = LIGHT / f"light_{name}.onnx"
             model = io.load_model(source).model
             ReorderForMemoryPass()(model)  # guarded: never worse for ORT's default walk

@@ -10,6 +10,7 @@ from onnxopt.analysis.exact_packing import _partitions, _sections, solve
 from onnxopt.analysis.memory_plan import (
     MemoryPlan,
     PlannedBuffer,
+    _repair,
     conflicts,
     lower_bound,
     pack,
@@ -93,6 +94,34 @@ def test_exact_search_reaches_the_bound_where_greedy_fragments():
     assert solve(buffers, 448).status == "infeasible"
 
 
+def test_optimum_above_the_lower_bound_is_proven():
+    # At most 5 units live at any step, but no placement fits in 5. Steps 0 and 4 push the 2-unit
+    # buffers a and b to an end of the arena, so at step 1 the units u, v1, v2 fill the 3 slots at
+    # the other end from a, and at step 3 v1, v2, w the 3 slots away from b. Same 3 slots: u and w
+    # share one, but they meet at step 2. Opposite ends: they overlap in one slot, too few for v1, v2.
+    x, a, u, m, v, w, b, y = (
+        (3, 0, 0),
+        (2, 0, 1),
+        (1, 1, 2),
+        (1, 2, 2),
+        (1, 1, 3),
+        (1, 2, 3),
+        (2, 3, 4),
+        (3, 4, 4),
+    )
+    units = [x, a, u, m, v, v, w, b, y]
+    assert lower_bound(units) == 5
+    assert solve(units, 5).status == "infeasible"
+    found = solve(units, 6)
+    assert found.status == "feasible" and found.offsets is not None
+    check(units, found.offsets, 6)
+    buffers = [(64 * size, start, end) for size, start, end in units]
+    packing = pack(buffers)
+    assert packing.lower_bound == 320
+    assert packing.arena == packing.proven_minimum == 384  # optimal, and proven so
+    check(buffers, packing.offsets, packing.arena)
+
+
 def test_independent_sections_are_solved_separately():
     # Two groups of buffers with no buffer crossing from steps 0-2 to steps 3-5.
     buffers = [(128, 0, 1), (64, 1, 2), (192, 0, 0), (256, 3, 4), (64, 4, 5), (0, 2, 3)]
@@ -140,7 +169,12 @@ def test_window_search_brings_a_greedy_plan_down_to_the_bound():
     ]
     greedy = pack(buffers, search_work=0)
     assert greedy.arena > greedy.lower_bound  # 8960 > 8832
-    packing = pack(buffers, exact_nodes=0)  # windows only, no search over the whole timeline
-    assert packing.arena == packing.lower_bound == 8832
-    assert packing.strategy.endswith("+exact windows")
+    # Windows only, no search over the whole timeline.
+    offsets, arena = _repair(
+        buffers, conflicts(buffers), greedy.offsets, greedy.lower_bound, greedy.arena, 64, 20_000
+    )
+    assert offsets is not None and arena == greedy.lower_bound == 8832
+    check(buffers, offsets, arena)
+    packing = pack(buffers)
+    assert packing.arena == 8832
     check(buffers, packing.offsets, packing.arena)

@@ -182,12 +182,12 @@ def pack(
     :mod:`onnxopt.analysis.exact_packing` at capacities up to 1% above it (``exact_nodes`` search
     nodes, default ``search_work // 200`` capped by the problem size, since a node costs time
     linear in it); then the same search window by window around what sticks out of the greedy
-    plan (``search_work // 200`` nodes); then the seeded local search. All bounded by work
-    counters, so results are reproducible.
+    plan (``search_work // 200`` nodes); then the seeded local search. ``exact_nodes=0`` turns
+    both exact searches off. All bounded by work counters, so results are reproducible.
     """
     if exact_nodes is None:
         exact_nodes = min(search_work // 200, 20_000_000 // max(len(buffers), 1))
-    window_nodes = search_work // 200
+    window_nodes = search_work // 200 if exact_nodes else 0
     bound = lower_bound(buffers)
     neighbours = conflicts(buffers)
     sizes = [b[0] for b in buffers]
@@ -315,8 +315,8 @@ def _exact(
     per_try = max(nodes // len(EXACT_SLACKS), 1)
     for capacity in capacities:
         result = solve(buffers, capacity, node_limit=per_try, neighbours=neighbours)
-        if result.status == "infeasible":
-            proven = max(proven, capacity + 1)
+        if result.status == "infeasible":  # arenas are multiples of the alignment
+            proven = max(proven, capacity + step)
         elif result.status == "feasible" and result.offsets is not None:
             offsets = list(result.offsets)
             used = max((o + b[0] for o, b in zip(offsets, buffers, strict=True)), default=0)
@@ -449,6 +449,7 @@ def plan_flow(
     alignment: int = DEFAULT_ALIGNMENT,
     search_seconds: float = 30.0,
     search_work: int = 4_000_000,
+    exact_nodes: int | None = None,
 ) -> MemoryPlan:
     order = list(range(len(flow.nodes))) if order is None else list(order)
     sim = simulate(flow, order, inplace=inplace)
@@ -458,7 +459,13 @@ def plan_flow(
         if flow.workspace[i]:
             intervals.append((flow.workspace[i], p, p))
             labels.append((f"<subgraphs of {node_label(flow.nodes[i], i)}>",))
-    packing = pack(intervals, alignment, search_seconds=search_seconds, search_work=search_work)
+    packing = pack(
+        intervals,
+        alignment,
+        search_seconds=search_seconds,
+        search_work=search_work,
+        exact_nodes=exact_nodes,
+    )
     buffers = tuple(
         PlannedBuffer(label, offset, size, start, end)
         for label, offset, (size, start, end) in zip(

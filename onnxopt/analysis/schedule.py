@@ -16,7 +16,9 @@ live costs, during its step, ``cur + alloc(v) + workspace(v) - in_place(v)`` and
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -348,10 +350,16 @@ def schedule_for_memory(
     candidates: list[tuple[str, list[int]]] = [("input order", identity)]
     for rule in ("net", "chain"):
         candidates.append((f"greedy-{rule}", _greedy(model, rule)))
+    if ort_guard:
+        # Orders that keep ONNX Runtime's default walk exactly as it is for the input file.
+        kept = _Model(dataclasses.replace(flow, preds=ort_walk_constraints(flow, identity)))
+        for rule in ("net", "chain"):
+            candidates.append((f"greedy-{rule}, ORT walk kept", _greedy(kept, rule)))
     deadline = time.perf_counter() + seconds
     if refine:
         for name, order in list(candidates):
-            candidates.append((f"{name}+exact windows", _refine(model, order, work, deadline)))
+            refiner = kept if name.endswith("ORT walk kept") else model
+            candidates.append((f"{name}+exact windows", _refine(refiner, order, work, deadline)))
     if ort_guard:
         # Orders ORT's default depth-first walk produces from these files: good for us and,
         # written to the file, often good for ORT's own walk too.
@@ -365,7 +373,9 @@ def schedule_for_memory(
 
     def arena_of(order: list[int], peak: int) -> int:
         return (
-            plan_flow(flow, order, search_work=PLAN_SCORING_WORK).arena_bytes
+            # Greedy placements and local search only: the exact searches would cost seconds
+            # per candidate; the chosen order's final plan gets them.
+            plan_flow(flow, order, search_work=PLAN_SCORING_WORK, exact_nodes=0).arena_bytes
             if plan_scoring
             else peak
         )
@@ -394,6 +404,31 @@ def schedule_for_memory(
         if score < best:
             best_name, best_order, best = name, order, score
     return Schedule(tuple(best_order), best[1], original[1], best_name, best[0], original[0])
+
+
+def ort_walk_constraints(flow: Dataflow, file_order: Sequence[int]) -> list[list[int]]:
+    """``flow.preds`` plus the orderings that make ONNX Runtime's default walk of a file the same.
+
+    ORT's walk (:func:`ort_default_order`) only looks at the relative file order of the
+    producers of each node and of the nodes nobody reads. A file that keeps those relative
+    orders as ``file_order`` has them is walked exactly like it, so the extra edges chain each
+    such set in ``file_order``'s order. They never close a cycle: ``file_order`` satisfies them.
+    """
+    index = [0] * len(flow.nodes)
+    for position, v in enumerate(file_order):
+        index[v] = position
+    preds = [set(ps) for ps in flow.preds]
+    has_reader = [False] * len(flow.nodes)
+    for ps in flow.preds:
+        siblings = sorted(set(ps), key=index.__getitem__)
+        for earlier, later in itertools.pairwise(siblings):
+            preds[later].add(earlier)
+        for u in ps:
+            has_reader[u] = True
+    sinks = sorted((v for v in range(len(flow.nodes)) if not has_reader[v]), key=index.__getitem__)
+    for earlier, later in itertools.pairwise(sinks):
+        preds[later].add(earlier)
+    return [sorted(ps) for ps in preds]
 
 
 def ort_default_order(flow: Dataflow, file_order: Sequence[int]) -> list[int]:
