@@ -20,6 +20,7 @@ from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
 from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
 from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
 from onnxopt.passes.fuse_matmul import FuseMatMulPass
+from onnxopt.passes.fuse_packed_attention import FusePackedAttentionPass
 from onnxopt.passes.fuse_pad import FusePadPass
 from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.infer_shapes import InferShapesPass
@@ -64,6 +65,7 @@ ALL_PASSES: list[PassClass] = [
     EliminateCommonSubexpressionsPass,
     FuseAttentionPass,
     MergeQkvProjectionsPass,
+    FusePackedAttentionPass,
     *FUSIONS,
     *OPT_IN_FUSIONS,
     ReorderForMemoryPass,
@@ -107,6 +109,7 @@ LEVELS: dict[int, LevelSpec] = {
         # Attention first: it needs to see the Transpose + MatMul that fuse-matmul would absorb.
         FuseAttentionPass,
         MergeQkvProjectionsPass,
+        FusePackedAttentionPass,
         *FUSIONS,
         # Fusions may add Constant nodes (axes, shapes): lift and share them as the cleanup did.
         LiftConstantsPass,
@@ -126,6 +129,7 @@ LEVELS: dict[int, LevelSpec] = {
         CLEANUP,
         FuseAttentionPass,
         MergeQkvProjectionsPass,
+        FusePackedAttentionPass,
         *FUSIONS,
         LiftConstantsPass,
         CLEANUP,
