@@ -107,3 +107,14 @@ def test_leaves_target_onnx_alone() -> None:
     result = FusePackedAttentionPass(PassOptions(target="onnx"))(model)
     assert not result.modified
     assert "Attention" not in op_types(model)
+
+
+def test_fuses_without_shape_annotations_as_when_enabled_at_the_end() -> None:
+    """``--enable`` runs the pass after drop-shape-annotations: MHA's contract gives the rank."""
+    from onnxopt.passes.drop_shape_annotations import DropShapeAnnotationsPass
+
+    model = load(_model())
+    DropShapeAnnotationsPass()(model)
+    result = FusePackedAttentionPass()(model)
+    assert result.stats["qkv-matmul+split+mha->attention"] == 1
+    assert op_types(model) == ["Shape", "Concat", "Expand", "Attention"]

@@ -19,12 +19,14 @@ the last axis keeps the leading dims), so that the slices have no other consumer
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op, single_consumer
 from onnxopt.passes.base import Pass, PassResult
-from onnxopt.passes.fuse_attention import _peel_scale
+from onnxopt.passes.fuse_attention import _dim, _peel_scale, _same_symbol, _target_entries
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 
 # MultiHeadAttention inputs: query, key, value, bias, key_padding_mask, attention_bias, past_key,
@@ -50,12 +52,40 @@ def _rank(value: ir.Value | None, depth: int = 0) -> int | None:
             return known[0]
         if is_op(node, "Add"):
             return max(known)
+    if is_op(node, "Reshape"):
+        assert node is not None
+        entries = _target_entries(node.inputs[1])
+        return None if entries is None else len(entries)
+    return None
+
+
+def _packed_rank(split: ir.Node) -> int | None:
+    """The split tensor's rank; without shapes, 3 when its first slice is a MultiHeadAttention query
+    next to a separate key (the op then requires [B, S, D])."""
+    rank = _rank(split.inputs[0])
+    if rank is not None:
+        return rank
+    for use in split.outputs[0].uses():
+        user = use.node
+        while is_op(user, "Mul") or is_op(user, "Div"):
+            nxt = single_consumer(user.outputs[0])
+            if nxt is None:
+                break
+            user = nxt
+        if (
+            is_op(user, "MultiHeadAttention", MS_DOMAIN)
+            and len(user.inputs) > 1
+            and user.inputs[1] is not None
+            and user.inputs[0] is not None
+            and _peel_scale(user.inputs[0])[0] is split.outputs[0]
+        ):
+            return 3
     return None
 
 
 def _split_axis(split: ir.Node) -> int | None:
     axis = split.attributes.get_int("axis", 0)
-    rank = _rank(split.inputs[0])
+    rank = _packed_rank(split)
     if axis < 0:
         return None if rank is None else axis + rank
     return axis
@@ -71,26 +101,91 @@ def _split_sizes(split: ir.Node) -> list[int] | None:
     return None  # equal parts: checked against the weight's width by the caller
 
 
-def _row_source(value: ir.Value) -> ir.Value:
-    """Walk back through ``MatMul(., W 2-D)`` and ``Add(., b 1-D)``: both keep every dim but the last."""
-    while True:
-        node = value.producer()
-        if is_op(node, "MatMul"):
-            assert node is not None
-            if node.inputs[0] is None or _rank(node.inputs[1]) != 2:
-                return value
-            value = node.inputs[0]
-        elif is_op(node, "Add"):
-            assert node is not None
-            left, right = node.inputs[0], node.inputs[1]
-            if _rank(right) == 1 and left is not None:
-                value = left
-            elif _rank(left) == 1 and right is not None:
-                value = right
-            else:
-                return value
-        else:
-            return value
+@dataclass(frozen=True)
+class _Projection:
+    """``packed = x @ W (+ b)``: as MatMul (+ Add), or GPT-2's Reshape(Gemm(Reshape(x, [-1, K])))."""
+
+    source: ir.Value
+    weight: ir.Value
+    bias: ir.Value | None
+    nodes: tuple[ir.Node, ...]  # in graph order
+
+
+def _only_feeds(value: ir.Value | None, node: ir.Node) -> bool:
+    return value is not None and single_consumer(value) is node
+
+
+def _projection(packed: ir.Value) -> _Projection | Mismatch:
+    producer = packed.producer()
+    if is_op(producer, "Reshape"):
+        return _gemm_projection(packed)
+    nodes: list[ir.Node] = []
+    bias: ir.Value | None = None
+    if is_op(producer, "Add"):
+        assert producer is not None
+        candidate = None
+        for i in (0, 1):
+            operand = producer.inputs[i]
+            if operand is not None and is_op(operand.producer(), "MatMul"):
+                candidate, bias = operand, producer.inputs[1 - i]
+                break
+        if candidate is None:
+            return Mismatch("the packed Q/K/V is an Add without a MatMul operand")
+        if not _only_feeds(candidate, producer):
+            return Mismatch("the Q/K/V projection has other consumers")
+        nodes.append(producer)
+        producer = candidate.producer()
+    if not is_op(producer, "MatMul"):
+        return Mismatch("the packed Q/K/V is not a MatMul")
+    assert producer is not None
+    source, weight = producer.inputs[0], producer.inputs[1]
+    if source is None or weight is None:
+        return Mismatch("the Q/K/V MatMul has a missing input")
+    return _Projection(source, weight, bias, (producer, *nodes))
+
+
+def _gemm_projection(packed: ir.Value) -> _Projection | Mismatch:
+    """``Reshape(Gemm(Reshape(x, [-1, K]), W, b), [B, S, N])`` with B, S read off x (or equal dims)."""
+    outer = packed.producer()
+    assert outer is not None
+    flat = outer.inputs[0]
+    gemm = flat.producer() if flat is not None else None
+    if not is_op(gemm, "Gemm") or gemm is None or not _only_feeds(flat, outer):
+        return Mismatch("the packed Q/K/V is a Reshape, but not of a Gemm used only there")
+    attrs = gemm.attributes
+    if (
+        attrs.get_float("alpha", 1.0) != 1.0
+        or attrs.get_float("beta", 1.0) != 1.0
+        or attrs.get_int("transA", 0) != 0
+        or attrs.get_int("transB", 0) != 0
+    ):
+        return Mismatch("the Q/K/V Gemm scales or transposes its operands")
+    inner = gemm.inputs[0].producer() if gemm.inputs[0] is not None else None
+    weight, bias = gemm.inputs[1], gemm.inputs[2] if len(gemm.inputs) > 2 else None
+    if not is_op(inner, "Reshape") or inner is None or weight is None:
+        return Mismatch("the Q/K/V Gemm does not read a flattened [B*S, K] input")
+    source = inner.inputs[0]
+    flat_target = const_array(inner.inputs[1])
+    rows = _dim(weight, 0)
+    if (
+        source is None
+        or _rank(source) not in (3, None)  # None: the Reshape back to [B, S, N] reads its dims
+        or _dim(source, 2) not in (None, rows)
+        or flat_target is None
+        or [int(t) for t in flat_target.reshape(-1)] != [-1, rows]  # no 0: allowzero moot
+    ):
+        return Mismatch("the Q/K/V Gemm's input is not Reshape(x, [-1, K]) of a rank-3 x")
+    entries = _target_entries(outer.inputs[1])
+    if entries is None or len(entries) != 3 or 0 in entries:
+        return Mismatch("the Q/K/V Gemm's output is not reshaped back to [B, S, N]")
+    for axis in (0, 1):
+        entry = entries[axis]
+        if isinstance(entry, tuple):
+            _, origin, index = entry
+            if index == axis and (origin is source or _same_symbol(origin, axis, source, axis)):
+                continue
+        return Mismatch("the Q/K/V Gemm's output is not reshaped back to x's [B, S]")
+    return _Projection(source, weight, bias, (inner, gemm, outer))
 
 
 def _match_shape(shape: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -107,16 +202,17 @@ def _match_shape(shape: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if not any(is_op(u.node, "MultiHeadAttention", MS_DOMAIN) for u in source.uses()):
         return Mismatch("the Split output does not feed MultiHeadAttention", candidate=False)
     packed = split.inputs[0]
-    rank = _rank(packed)
+    rank = _packed_rank(split)
     start = shape.attributes.get_int("start", 0)
     end = shape.attributes.get_int("end", None)
     if packed is None or rank is None or _split_axis(split) != rank - 1:
         return Mismatch("the Split is not along the last axis of a tensor of known rank")
     if start < 0 or end is None or not 0 <= end < rank:
         return Mismatch("the Shape may read the split axis")
-    origin = _row_source(packed)
-    if origin is packed:
-        return Mismatch("the split tensor is not a projection x @ W (+ b)")
+    projection = _projection(packed)
+    if isinstance(projection, Mismatch):
+        return projection
+    origin = projection.source
     # Q's and K's shapes now read the same dims of x: reuse an earlier read (CSE would, next run).
     existing = None
     for node in context.graph:
@@ -184,32 +280,14 @@ def _match_attention(mha: ir.Node, context: RewriteContext) -> Match | Mismatch:
             return Mismatch("a Q/K/V slice has other consumers than the attention")
         dead += [n for n in others if all(n is not d for d in dead)]
     packed = split.inputs[0]
-    if packed is None or _rank(packed) != 3 or _split_axis(split) != 2:
+    if packed is None or _packed_rank(split) != 3 or _split_axis(split) != 2:
         return Mismatch("the Split is not along the last axis of a [B, S, 3*D] tensor")
     if single_consumer(packed) is not split or packed.is_graph_output():
         return Mismatch("the packed Q/K/V tensor has other consumers")
-    nodes: list[ir.Node] = []
-    bias: ir.Value | None = None
-    producer = packed.producer()
-    if is_op(producer, "Add"):
-        assert producer is not None
-        for i in (0, 1):
-            candidate, other = producer.inputs[i], producer.inputs[1 - i]
-            if is_op(candidate.producer() if candidate else None, "MatMul"):
-                bias = other
-                break
-        if bias is None:
-            return Mismatch("the packed Q/K/V is an Add without a MatMul operand")
-        nodes.append(producer)
-        assert candidate is not None
-        if single_consumer(candidate) is not producer or candidate.is_graph_output():
-            return Mismatch("the Q/K/V projection has other consumers")
-        producer = candidate.producer()
-    if not is_op(producer, "MatMul"):
-        return Mismatch("the packed Q/K/V is not a MatMul")
-    assert producer is not None
-    matmul = producer
-    source, weight_value = matmul.inputs[0], matmul.inputs[1]
+    projection = _projection(packed)
+    if isinstance(projection, Mismatch):
+        return projection
+    source, weight_value, bias = projection.source, projection.weight, projection.bias
     weight = const_array(weight_value)
     if source is None or weight is None or weight.ndim != 2:
         return Mismatch("the Q/K/V projection's weight is not a constant 2-D matrix")
@@ -217,7 +295,7 @@ def _match_attention(mha: ir.Node, context: RewriteContext) -> Match | Mismatch:
         source.dtype is not None and source.dtype != ir.DataType.FLOAT
     ):
         return Mismatch("only float32 projections are fused (Attention's CPU kernel)")
-    if _rank(source) != 3:
+    if _rank(source) not in (3, None):  # None: MatMul with a 2-D weight keeps the rank, 3
         return Mismatch("the projection's input is not [B, S, D_in] (Attention takes rank 3)")
     width = int(weight.shape[1])
     if bias is not None:
@@ -235,7 +313,7 @@ def _match_attention(mha: ir.Node, context: RewriteContext) -> Match | Mismatch:
     position = {id(n): i for i, n in enumerate(context.graph)}
     dead.sort(key=lambda n: position.get(id(n), -1))
     scale = mha.attributes.get_float("scale", 0.0) or float(1.0 / np.sqrt(sizes[0] // heads))
-    nodes = [matmul, *nodes, split, *dead, *reversed(scale_nodes), mha]
+    nodes = [*projection.nodes, split, *dead, *reversed(scale_nodes), mha]
     return Match(
         nodes,
         {

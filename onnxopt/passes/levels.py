@@ -48,7 +48,14 @@ FUSIONS: list[PassClass] = [
     FuseMatMulPass,  # last: attention patterns need to see their Transpose + MatMul unfused
 ]
 # Correct but measured slower on ONNX Runtime's CPU kernels (README, "Fusions"): --passes only.
-OPT_IN_FUSIONS: list[PassClass] = [FuseSkipLayerNormPass, FuseBiasGeluPass, DecomposeBatchNormPass]
+# fuse-packed-attention: faster per layer (benchmarks/attention_layouts_micro.py), not yet shown
+# faster on whole models through this machine's noise (README, "Where the time goes").
+OPT_IN_FUSIONS: list[PassClass] = [
+    FuseSkipLayerNormPass,
+    FuseBiasGeluPass,
+    DecomposeBatchNormPass,
+    FusePackedAttentionPass,
+]
 
 # Every pass, in the order a custom --passes list is best run in.
 ALL_PASSES: list[PassClass] = [
@@ -65,7 +72,6 @@ ALL_PASSES: list[PassClass] = [
     EliminateCommonSubexpressionsPass,
     FuseAttentionPass,
     MergeQkvProjectionsPass,
-    FusePackedAttentionPass,
     *FUSIONS,
     *OPT_IN_FUSIONS,
     ReorderForMemoryPass,
@@ -109,7 +115,6 @@ LEVELS: dict[int, LevelSpec] = {
         # Attention first: it needs to see the Transpose + MatMul that fuse-matmul would absorb.
         FuseAttentionPass,
         MergeQkvProjectionsPass,
-        FusePackedAttentionPass,
         *FUSIONS,
         # Fusions may add Constant nodes (axes, shapes): lift and share them as the cleanup did.
         LiftConstantsPass,
@@ -129,7 +134,6 @@ LEVELS: dict[int, LevelSpec] = {
         CLEANUP,
         FuseAttentionPass,
         MergeQkvProjectionsPass,
-        FusePackedAttentionPass,
         *FUSIONS,
         LiftConstantsPass,
         CLEANUP,
