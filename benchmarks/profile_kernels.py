@@ -5,10 +5,12 @@
 Each model runs under ORT's profiler (``SessionOptions.enable_profiling``) at the chosen level
 (default ENABLE_ALL), batch 1 x sequence 128 (``--sequence``), ``--warmup`` runs discarded. Kernel
 time is the sum of the profiler's ``*_kernel_time`` events per op type, divided by the number of
-timed runs. "GEMM" is the dense projection/FFN work: MatMul, Gemm, FusedMatMul, FusedGemm (the
-attention kernels' own Q@K^T and P@V products are counted with attention, which is not a GEMM
-here). The *limit* is the speed-up the model would get if every non-GEMM kernel vanished:
-total / GEMM. With ``--json`` the table is also written as JSON.
+timed runs. "GEMM" is the dense projection/FFN work: MatMul, Gemm, FusedMatMul, FusedGemm whose
+second operand is a 2-D weight. Attention's Q@K^T and P@V products are not GEMMs here: inside a
+fused attention kernel they count with it, and unfused they are listed as "MatMul (activations)". The *limit* is the speed-up the model would get if every non-GEMM kernel vanished:
+total / GEMM. With ``--json`` the table is also written as JSON. With ``--pairs`` the models are
+ORIGINAL OPTIMIZED pairs, compared GEMM-normalized (see ``render_pairs``): on a shared machine the
+absolute kernel times move with the load, their non-GEMM/GEMM ratio much less.
 """
 
 from __future__ import annotations
@@ -60,6 +62,14 @@ def _feeds(path: Path, batch: int, sequence: int) -> dict[str, np.ndarray]:
     return generated(specs, shapes, seed=0)
 
 
+def _dense(input_shapes: list[dict[str, list[int]]]) -> bool:
+    """A projection/FFN product: the second operand (the weight) is 2-D."""
+    if len(input_shapes) < 2:
+        return False
+    dims = next(iter(input_shapes[1].values()), [])
+    return len(dims) == 2
+
+
 def profile(
     path: Path, *, level: str, threads: int, runs: int, warmup: int, batch: int, sequence: int
 ) -> Profile:
@@ -90,7 +100,10 @@ def profile(
         ts = event["ts"]
         if not any(lo <= ts <= hi for lo, hi in windows):
             continue
-        by_op[event["args"]["op_name"]] += event["dur"]
+        op = event["args"]["op_name"]
+        if op in GEMM_OPS and not _dense(event["args"].get("input_type_shape", [])):
+            op = f"{op} (activations)"  # attention's Q@K^T and P@V when not fused: not a GEMM here
+        by_op[op] += event["dur"]
         kernels += 1
     count = max(len(windows), 1)
     return Profile(
@@ -113,6 +126,28 @@ def render(profiles: list[Profile], top: int) -> str:
     return "\n".join(lines)
 
 
+def render_pairs(profiles: list[Profile]) -> str:
+    """Original/optimized pairs, compared through their non-GEMM time per GEMM time (load-robust).
+
+    With the same GEMMs in both files, t = GEMM * (1 + r), r = non-GEMM / GEMM, so the speed-up is
+    about (1 + r_original) / (1 + r_optimized) however busy the machine was during each profile;
+    the limit is 1 + r_original (every non-GEMM kernel gone), and the headroom taken is
+    (r_original - r_optimized) / r_original.
+    """
+    lines = [
+        "| model | non-GEMM/GEMM original | optimized | est. speed-up | limit | headroom taken |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for original, optimized in zip(profiles[::2], profiles[1::2], strict=True):
+        r0 = original.total / original.gemm - 1
+        r1 = optimized.total / optimized.gemm - 1
+        lines.append(
+            f"| {optimized.model} | {r0:.3f} | {r1:.3f} | {(1 + r0) / (1 + r1):.3f}× "
+            f"| {1 + r0:.3f}× | {(r0 - r1) / r0:.0%} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", type=Path)
@@ -124,6 +159,11 @@ def main() -> None:
     parser.add_argument("--sequence", type=int, default=128)
     parser.add_argument("--top", type=int, default=5, help="non-GEMM op types listed per model")
     parser.add_argument("--json", type=Path, help="also write the profiles here")
+    parser.add_argument(
+        "--pairs",
+        action="store_true",
+        help="MODELS are ORIGINAL OPTIMIZED pairs: also print the GEMM-normalized comparison",
+    )
     args = parser.parse_args()
     profiles = []
     for path in args.models:
@@ -139,6 +179,9 @@ def main() -> None:
         profiles.append(p)
         print(render([p], args.top).splitlines()[-1], file=sys.stderr, flush=True)
     print(render(profiles, args.top))
+    if args.pairs:
+        print()
+        print(render_pairs(profiles))
     if args.json:
         args.json.write_text(
             json.dumps(
