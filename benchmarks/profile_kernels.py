@@ -63,11 +63,13 @@ def _feeds(path: Path, batch: int, sequence: int) -> dict[str, np.ndarray]:
 
 
 def _dense(input_shapes: list[dict[str, list[int]]]) -> bool:
-    """A projection/FFN product: the second operand (the weight) is 2-D."""
-    if len(input_shapes) < 2:
-        return False
-    dims = next(iter(input_shapes[1].values()), [])
-    return len(dims) == 2
+    """A projection/FFN product, not attention's [B, H, S, d] x [B, H, d, T].
+
+    ORT lists the inputs a kernel still reads: a prepacked weight is gone from the list, an
+    unpacked one is 2-D; attention's products have two operands of rank >= 3.
+    """
+    ranks = [len(next(iter(shape.values()), [])) for shape in input_shapes[:2]]
+    return not (len(ranks) == 2 and min(ranks) >= 3)
 
 
 def profile(
