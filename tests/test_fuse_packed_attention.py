@@ -118,3 +118,40 @@ def test_fuses_without_shape_annotations_as_when_enabled_at_the_end() -> None:
     result = FusePackedAttentionPass()(model)
     assert result.stats["qkv-matmul+split+mha->attention"] == 1
     assert op_types(model) == ["Shape", "Concat", "Expand", "Attention"]
+
+
+def _gpt2_model(trans_b: int = 0) -> str:
+    """GPT-2's Conv1D: the projection is Reshape(Gemm(Reshape(x, [-1, K]), W, b), [B, S, 3*D])."""
+    weight = _floats("w", (24, 6) if trans_b else (6, 24), 0)
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+        g (float[B, S, 6] x) => (float[B, S, 8] y) <
+            {weight}, {_floats("b", (24,), 1)}, int64[2] flat = {{-1, 6}},
+            int64[1] width = {{24}}, int64[3] sizes = {{8, 8, 8}}
+        > {{
+            rows = Reshape(x, flat)
+            p0 = Gemm <transB: int = {trans_b}> (rows, w, b)
+            b0 = Shape <start: int = 0, end: int = 1> (x)
+            s0 = Shape <start: int = 1, end: int = 2> (x)
+            back = Concat <axis: int = 0> (b0, s0, width)
+            p = Reshape(p0, back)
+            q, k, v = Split <axis: int = 2> (p, sizes)
+            y = com.microsoft.MultiHeadAttention <num_heads: int = 2> (q, k, v)
+        }}
+    """
+
+
+def test_folds_gpt2_gemm_projection() -> None:
+    model = assert_rewrites(
+        FusePackedAttentionPass,
+        _gpt2_model(),
+        {"qkv-matmul+split+mha->attention": 1},
+        ["Shape", "Shape", "Concat", "Attention"],
+        trials=2,
+    )
+    attention = next(n for n in model.graph if n.op_type == "Attention")
+    assert attention.attributes.get_float("scale") == pytest.approx(0.5)  # 1/sqrt(4), made explicit
+
+
+def test_refuses_a_transposed_gemm_weight() -> None:
+    assert_refuses(FusePackedAttentionPass, _gpt2_model(trans_b=1), "scales or transposes")
