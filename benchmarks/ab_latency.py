@@ -8,6 +8,10 @@ each round. On a machine shared with other jobs, interference only ever adds tim
 median paired ratio we report each file's minimum and 20th percentile (process CPU time per run by
 default, ``--clock wall`` for latency) and the ratio of those against the first file (> 1: faster
 than the first file).
+
+Caveat, measured: with one session per file, session placement outweighs small graph differences
+(GPT-2: whichever file was loaded last ran 15-20% faster, in either order). Swap the order and rerun
+before believing a difference under ~20%; ``onnxopt bench --sessions`` recreates sessions.
 """
 
 from __future__ import annotations
