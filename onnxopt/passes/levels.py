@@ -20,6 +20,7 @@ from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
 from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
 from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
 from onnxopt.passes.fuse_matmul import FuseMatMulPass
+from onnxopt.passes.fuse_packed_attention import FusePackedAttentionPass
 from onnxopt.passes.fuse_pad import FusePadPass
 from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.fuse_rotary_embedding import FuseRotaryEmbeddingPass
@@ -51,7 +52,14 @@ FUSIONS: list[PassClass] = [
     FuseMatMulPass,  # last: attention patterns need to see their Transpose + MatMul unfused
 ]
 # Correct but measured slower on ONNX Runtime's CPU kernels (README, "Fusions"): --passes only.
-OPT_IN_FUSIONS: list[PassClass] = [FuseSkipLayerNormPass, FuseBiasGeluPass, DecomposeBatchNormPass]
+# fuse-packed-attention: faster per layer (benchmarks/attention_layouts_micro.py), not yet shown
+# faster on whole models through this machine's noise (README, "Where the time goes").
+OPT_IN_FUSIONS: list[PassClass] = [
+    FuseSkipLayerNormPass,
+    FuseBiasGeluPass,
+    DecomposeBatchNormPass,
+    FusePackedAttentionPass,
+]
 
 # Every pass, in the order a custom --passes list is best run in.
 ALL_PASSES: list[PassClass] = [

@@ -1,0 +1,157 @@
+"""FusePackedAttentionPass: MatMul(x, Wqkv) (+ b) + Split + MultiHeadAttention -> com.microsoft.Attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxopt.passes.fuse_packed_attention import FusePackedAttentionPass
+from onnxopt.passes.options import PassOptions
+from tests._pass_check import assert_refuses, assert_rewrites, load, op_types
+
+
+def _floats(name: str, shape: tuple[int, ...], seed: int) -> str:
+    values = np.random.default_rng(seed).standard_normal(int(np.prod(shape))) * 0.5
+    return (
+        f"float[{', '.join(map(str, shape))}] {name} = {{{', '.join(f'{v:.4f}' for v in values)}}}"
+    )
+
+
+def _model(
+    *,
+    sizes: tuple[int, int, int] = (8, 8, 8),
+    bias: bool = True,
+    mask: bool = True,
+    query_scale: bool = False,
+    leak: bool = False,
+) -> str:
+    width = sum(sizes)
+    inits = [_floats("w", (6, width), 0), _floats("b", (width,), 1)]
+    inits.append(f"int64[3] sizes = {{{', '.join(map(str, sizes))}}}")
+    inits.append("int64[2] ones = {1, 1}")
+    inits.append("float c = {0.5}")
+    body = ["p0 = MatMul(x, w)", "p = Add(p0, b)"] if bias else ["p = MatMul(x, w)"]
+    body.append("q, k, v = Split <axis: int = -1> (p, sizes)")
+    query = "q"
+    if query_scale:
+        body.append("qs = Mul(q, c)")
+        query = "qs"
+    attention_bias = ""
+    if mask:
+        body += [
+            "sq = Shape <start: int = 1, end: int = 2> (q)",
+            "sk = Shape <start: int = 1, end: int = 2> (k)",
+            "full = Concat <axis: int = 0> (ones, sq, sk)",
+            "bias = Expand(m, full)",
+        ]
+        attention_bias = ', "", "", bias'
+    body.append(
+        "y = com.microsoft.MultiHeadAttention <num_heads: int = 2, scale: float = 0.25> "
+        f"({query}, k, v{attention_bias})"
+    )
+    outputs = "float[B, S, 8] y"
+    if leak:
+        body.append("kk = Relu(k)")
+        outputs += ", float[B, S, 8] kk"
+    mask_input = ", float[B, 1, 1, S] m" if mask else ""
+    newline = "\n"
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+        g (float[B, S, 6] x{mask_input}) => ({outputs}) <
+            {", ".join(inits)}
+        > {{
+            {newline.join(body)}
+        }}
+    """
+
+
+def test_folds_projection_split_and_mha_into_attention() -> None:
+    model = assert_rewrites(
+        FusePackedAttentionPass,
+        _model(),
+        {"qkv-matmul+split+mha->attention": 1, "shape-of-qkv-slice->shape-of-input": 2},
+        ["Shape", "Concat", "Expand", "Attention"],
+        trials=2,
+    )
+    attention = next(n for n in model.graph if n.op_type == "Attention")
+    assert attention.domain == "com.microsoft"
+    assert attention.attributes.get_int("num_heads") == 2
+    assert attention.attributes.get_float("scale") == pytest.approx(0.25)
+    assert [v.name if v is not None else None for v in attention.inputs][:3] == ["x", "w", "b"]
+
+
+def test_folds_a_query_scale_into_the_attention_scale() -> None:
+    model = assert_rewrites(
+        FusePackedAttentionPass,
+        _model(bias=False, mask=False, query_scale=True),
+        {"qkv-matmul+split+mha->attention": 1},
+        ["Attention"],
+        trials=2,
+    )
+    attention = next(n for n in model.graph if n.op_type == "Attention")
+    assert attention.attributes.get_float("scale") == pytest.approx(0.125)
+
+
+def test_refuses_unequal_widths() -> None:
+    assert_refuses(
+        FusePackedAttentionPass, _model(sizes=(8, 8, 4), mask=False), "widths are not equal"
+    )
+
+
+def test_refuses_a_slice_read_elsewhere() -> None:
+    assert_refuses(FusePackedAttentionPass, _model(mask=False, leak=True), "other consumers")
+
+
+def test_leaves_target_onnx_alone() -> None:
+    model = load(_model())
+    result = FusePackedAttentionPass(PassOptions(target="onnx"))(model)
+    assert not result.modified
+    assert "Attention" not in op_types(model)
+
+
+def test_fuses_without_shape_annotations_as_when_enabled_at_the_end() -> None:
+    """``--enable`` runs the pass after drop-shape-annotations: MHA's contract gives the rank."""
+    from onnxopt.passes.drop_shape_annotations import DropShapeAnnotationsPass
+
+    model = load(_model())
+    DropShapeAnnotationsPass()(model)
+    result = FusePackedAttentionPass()(model)
+    assert result.stats["qkv-matmul+split+mha->attention"] == 1
+    assert op_types(model) == ["Shape", "Concat", "Expand", "Attention"]
+
+
+def _gpt2_model(trans_b: int = 0) -> str:
+    """GPT-2's Conv1D: the projection is Reshape(Gemm(Reshape(x, [-1, K]), W, b), [B, S, 3*D])."""
+    weight = _floats("w", (24, 6) if trans_b else (6, 24), 0)
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+        g (float[B, S, 6] x) => (float[B, S, 8] y) <
+            {weight}, {_floats("b", (24,), 1)}, int64[2] flat = {{-1, 6}},
+            int64[1] width = {{24}}, int64[3] sizes = {{8, 8, 8}}
+        > {{
+            rows = Reshape(x, flat)
+            p0 = Gemm <transB: int = {trans_b}> (rows, w, b)
+            b0 = Shape <start: int = 0, end: int = 1> (x)
+            s0 = Shape <start: int = 1, end: int = 2> (x)
+            back = Concat <axis: int = 0> (b0, s0, width)
+            p = Reshape(p0, back)
+            q, k, v = Split <axis: int = 2> (p, sizes)
+            y = com.microsoft.MultiHeadAttention <num_heads: int = 2> (q, k, v)
+        }}
+    """
+
+
+def test_folds_gpt2_gemm_projection() -> None:
+    model = assert_rewrites(
+        FusePackedAttentionPass,
+        _gpt2_model(),
+        {"qkv-matmul+split+mha->attention": 1},
+        ["Shape", "Shape", "Concat", "Attention"],
+        trials=2,
+    )
+    attention = next(n for n in model.graph if n.op_type == "Attention")
+    assert attention.attributes.get_float("scale") == pytest.approx(0.5)  # 1/sqrt(4), made explicit
+
+
+def test_refuses_a_transposed_gemm_weight() -> None:
+    assert_refuses(FusePackedAttentionPass, _gpt2_model(trans_b=1), "scales or transposes")
