@@ -66,11 +66,7 @@ def _model(
         """
     extra_input = ", int64[N] bias_shape" if runtime_mask_shape else ""
     expand = "bias = Expand(bias0, bias_shape)" if runtime_mask_shape else "bias = Identity(bias0)"
-    guard = (
-        "nan = IsNaN(probs)\n            clean = Where(nan, zero, probs)"
-        if nan_guard
-        else ""
-    )
+    guard = "nan = IsNaN(probs)\n            clean = Where(nan, zero, probs)" if nan_guard else ""
     attended = "clean" if nan_guard else "probs"
     text = f"""
         <ir_version: 8, opset_import: ["" : 17]>
