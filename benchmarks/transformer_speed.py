@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,16 @@ def bench(original: Path, files: dict[str, Path], args: argparse.Namespace) -> d
     return found
 
 
+def optimize_variant(source: Path, out: Path, flags: str) -> str | None:
+    """``onnxopt optimize`` with extra flags (validated, as a user runs it); an error line or None."""
+    command = [sys.executable, "-m", "onnxopt", "optimize", str(source), "-o", str(out)]
+    command += [*shlex.split(flags), "--no-reference"]
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=compare_tools._env(), check=False, cwd=ROOT
+    )
+    return None if done.returncode == 0 else compare_tools._last_line(done.stderr)
+
+
 def _cell(entry: dict[str, Any] | None) -> str:
     if entry is None:
         return "-"
@@ -88,8 +99,17 @@ def main() -> None:
     parser.add_argument(
         "--prepare", action="store_true", help="only optimize into --workdir (no timing)"
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=FLAGS",
+        help="also time onnxopt run with these optimize flags, e.g. "
+        "'no-qkv-merge=--disable merge-qkv-projections' (repeatable)",
+    )
     args = parser.parse_args()
-    others = [t for t in args.tools.split(",") if t]
+    variants = dict(v.split("=", 1) for v in args.variant)
+    others = [*variants, *(t for t in args.tools.split(",") if t)]
     start = time.perf_counter()
     rows: list[str] = []
     onnxopt_ratios: list[float] = []
@@ -110,9 +130,12 @@ def main() -> None:
                     if out.exists() and args.workdir:
                         files[tool] = out
                         continue
-                    cell = compare_tools.run_tool(tool, source, out)
-                    if cell.error:
-                        notes.append(f"{tool} failed: {cell.error}")
+                    if tool in variants:
+                        error = optimize_variant(source, out, variants[tool])
+                    else:
+                        error = compare_tools.run_tool(tool, source, out).error
+                    if error:
+                        notes.append(f"{tool} failed: {error}")
                     else:
                         files[tool] = out
                 if args.prepare:
@@ -129,7 +152,12 @@ def main() -> None:
                 mine = found["onnxopt"]["speedup"]["median"]
                 onnxopt_ratios.append(mine)
                 best = max(
-                    (found[t]["speedup"]["median"] for t in others if t in found), default=None
+                    (
+                        found[t]["speedup"]["median"]
+                        for t in others
+                        if t in found and t not in variants
+                    ),
+                    default=None,
                 )
                 versus = "-" if best is None else f"{mine / best:.3f}"
                 cells = " | ".join(_cell(found.get(t)) for t in others)
