@@ -127,6 +127,13 @@ def _mib(count: int) -> str:
     return f"{count / 2**20:.0f} MiB"
 
 
+def _wall_cpu(run: dict[str, Any], digits: int = 2) -> str:
+    cpu = run.get("cpu")  # older --json files have no CPU figures
+    return (
+        f"{run['seconds']:.{digits}f}" + (f" / {cpu:.{digits}f}" if cpu is not None else "") + " s"
+    )
+
+
 GROUPS = {"load": "load", "validate": "validate", "save": "save"}
 
 
@@ -143,10 +150,10 @@ def table(results: list[dict[str, Any]], phases: bool) -> str:
         passes = sum(p["seconds"] for p in bare["phases"] if p["phase"] not in GROUPS)
         validation = next((p for p in full["phases"] if p["phase"] == "validate"), None)
         lines.append(
-            f"| {r['model']} | {_mib(size)} | {bare['seconds']:.2f} / {bare['cpu']:.2f} s "
+            f"| {r['model']} | {_mib(size)} | {_wall_cpu(bare)} "
             f"| {_mib(bare['peak'])} "
             f"({bare['peak'] / size:.2f}×) | {by_phase['load']['seconds']:.2f} s | {passes:.2f} s | "
-            f"{by_phase['save']['seconds']:.2f} s | {full['seconds']:.2f} / {full['cpu']:.2f} s | "
+            f"{by_phase['save']['seconds']:.2f} s | {_wall_cpu(full)} | "
             f"{validation['seconds'] if validation else 0:.2f} s | {_mib(full['peak'])} "
             f"({full['peak'] / size:.2f}×) | {bare['nodes']} |"
         )
@@ -161,8 +168,55 @@ def table(results: list[dict[str, Any]], phases: bool) -> str:
             rows += [p for p in r["full"]["phases"] if p["phase"] == "validate"]
             for p in sorted(rows, key=lambda p: -p["seconds"]):
                 lines.append(
-                    f"| {p['phase']} | {p['seconds']:.3f} | {p['cpu']:.3f} | {_mib(p['peak'])} |"
+                    f"| {p['phase']} | {p['seconds']:.3f} | {p.get('cpu', float('nan')):.3f} "
+                    f"| {_mib(p['peak'])} |"
                 )
+    return "\n".join(lines) + "\n"
+
+
+def comparison(results: list[dict[str, Any]], others: list[dict[str, Any]]) -> str:
+    """onnxopt beside the other tools (``compare_tools.py --no-latency --json`` cells)."""
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for cell in others:
+        if cell["tool"] not in ("onnxopt", "onnxopt-validated"):
+            by_model.setdefault(cell["model"], []).append(cell)
+    tools = sorted({c["tool"] for cells in by_model.values() for c in cells})
+    header = (
+        "| model | file | nodes before | onnxopt nodes | min other (tool) | onnxopt wall / CPU "
+    )
+    header += "| with validation | onnxopt peak | "
+    header += " | ".join(f"{t}: wall / CPU, peak" for t in tools) + " |"
+    lines = [header, "|" + "---|" * (8 + len(tools))]
+    for r in results:
+        cells = {c["tool"]: c for c in by_model.get(r["model"], [])}
+        bare, full, size = r["bare"], r["full"], r["file_bytes"]
+        counted = [(c["nodes"], t) for t, c in cells.items() if c.get("nodes") is not None]
+        low = min(counted) if counted else None
+        mark = "" if low is None or bare["nodes"] <= low[0] else " (above)"
+        before = next((c["nodes_before"] for c in cells.values()), "?")
+        row = [
+            r["model"],
+            _mib(size),
+            str(before),
+            f"**{bare['nodes']}**{mark}"
+            if low is not None and bare["nodes"] <= low[0]
+            else str(bare["nodes"]) + mark,
+            f"{low[0]} ({low[1]})" if low else "-",
+            _wall_cpu(bare, 1),
+            _wall_cpu(full, 1),
+            f"{bare['peak'] / size:.2f}×",
+        ]
+        for tool in tools:
+            cell = cells.get(tool)
+            if cell is None:
+                row.append("-")
+            elif cell.get("error"):
+                row.append("failed")
+            else:
+                cpu = cell.get("cpu_seconds")
+                cpu_text = f" / {cpu:.1f}" if cpu is not None else ""
+                row.append(f"{cell['seconds']:.1f}{cpu_text} s, {cell['peak_growth'] / size:.1f}×")
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -170,13 +224,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("models", nargs="+", type=Path)
+    parser.add_argument("models", nargs="*", type=Path)
     parser.add_argument("--phases", action="store_true", help="Also print per-phase tables")
     parser.add_argument("--no-validate-run", action="store_true", help="Skip the validated run")
     parser.add_argument("--json", type=Path, help="Write the raw figures here")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        nargs="*",
+        help="Print the tables from earlier --json files instead of measuring (MODELS ignored)",
+    )
+    parser.add_argument(
+        "--others",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="compare_tools.py --no-latency --json files: add a table against the other tools",
+    )
     args = parser.parse_args()
     results = []
-    for model in args.models:
+    for earlier in args.from_json or []:
+        results += json.loads(earlier.read_text(encoding="utf-8"))
+    for model in args.models if args.from_json is None else []:
         print(f"{model.name} ...", file=sys.stderr, flush=True)
         bare = measure(model, validate=False)
         full = bare if args.no_validate_run else measure(model, validate=True)
@@ -191,6 +260,9 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
     print(table(results, args.phases))
+    if args.others:
+        others = [c for path in args.others for c in json.loads(path.read_text(encoding="utf-8"))]
+        print(comparison(results, others))
 
 
 if __name__ == "__main__":

@@ -868,6 +868,7 @@ def save_model(
                 _write_single_file(model, out)
         with tmp.open("rb") as f:
             os.fsync(f.fileno())
+        _pin_mapped_sources(model, target)
         os.replace(tmp, target)
     except (OSError, ValueError) as exc:
         raise ModelSaveError(f"{target}: cannot write ({exc})") from exc
@@ -875,6 +876,20 @@ def save_model(
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     return target
+
+
+def _pin_mapped_sources(model: ir.Model, target: Path) -> None:
+    """Map now the weights that live in ``target``, which is about to be replaced (``--overwrite``).
+
+    A mapping keeps the old file's contents after the rename; a tensor mapped only later would
+    read the new file at the old offsets.
+    """
+    if not target.exists():
+        return
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if isinstance(tensor, MappedTensor) and _same_file(Path(tensor.path), target):
+            tensor.numpy()
 
 
 def _current_umask() -> int:

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import onnx.parser
+import onnx_ir as ir
 
 from onnxopt import io
 from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
@@ -104,3 +105,17 @@ def test_validation_and_eager_comparison_share_one_session_per_model(tmp_path: P
         assert validation._session(loaded.model) is first
         assert validation._session(tmp_path / "m.onnx") is validation._session(tmp_path / "m.onnx")
     assert validation._session(loaded.model) is not first  # outside the block: a new session
+
+
+def test_saving_over_the_source_file_keeps_the_loaded_weights(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    source = _write(tmp_path / "m.onnx", w, w * 3)
+    loaded = io.load_model(source)
+    w_value = loaded.model.graph.initializers["w"]
+    w_value.const_value = ir.Tensor(w * 2, name="w")
+    loaded.model.graph.doc_string = "moves every weight in the file " * 40
+    io.save_model(loaded.model, source)  # what --overwrite does
+    v = loaded.model.graph.initializers["v"].const_value
+    assert v is not None and np.array_equal(v.numpy(), w * 3)
+    assert np.array_equal(onnx.numpy_helper.to_array(_initializers(source)["w"]), w * 2)
