@@ -223,6 +223,29 @@ def test_bench_times_eager_pytorch_on_the_same_inputs(tmp_path):
     assert eager["vs_original"]["passed"] and found["optimized (all)"]["vs_eager"]["passed"]
 
 
+def test_bench_skips_a_compared_file_that_ort_cannot_load(tmp_path):
+    # Other tools sometimes write files ORT refuses (onnxscript on GPT-2 dynamo did): say so, time the rest.
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17, "custom.domain" : 1]>
+        g (float[N, 3, 32, 32] image) => (float[N, 10] y) {
+            y = custom.domain.NoSuchKernel(image)
+        }
+        """
+    )
+    bad = tmp_path / "bad.onnx"
+    onnx.save(model, str(bad))
+    report = bench(
+        str(DEFAULT_MODEL),
+        *("--compare", f"broken={bad}", "--ort-level", "all"),
+        *("--budget", "0.2", "--threads", "1", "--no-memory", "--clock", "cpu"),
+    )
+    assert list(variants(report)) == ["original (all)", "optimized (all)"]
+    assert any(
+        n.startswith("broken was not timed: ONNX Runtime cannot load it") for n in report["notes"]
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

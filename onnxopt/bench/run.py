@@ -254,6 +254,8 @@ class _Setup:
     input_names: Sequence[str]
     output_names: Sequence[str]
     progress: Callable[[str], None]
+    # --compare files ONNX Runtime could not load, with why: skipped, and said in the report.
+    unloadable: dict[str, str] = field(default_factory=dict)
 
 
 def _load_group(provider: str, setup: _Setup) -> list[_Loaded]:
@@ -262,6 +264,8 @@ def _load_group(provider: str, setup: _Setup) -> list[_Loaded]:
     loaded: list[_Loaded] = []
     for level in options.ort_levels:
         for name, path in setup.models.items():
+            if name in setup.unloadable:
+                continue
             mem = None
             if options.memory:
                 progress(f"{provider}: memory of {name} ({level}) in a child process")
@@ -274,7 +278,14 @@ def _load_group(provider: str, setup: _Setup) -> list[_Loaded]:
                 }
                 mem = memory.measure(job, feeds)
             progress(f"{provider}: loading {name} ({level})")
-            runner = providers.create_runner(path, provider, level, threads, feeds)
+            try:
+                runner = providers.create_runner(path, provider, level, threads, feeds)
+            except Exception as error:  # ORT's own exception types; only for --compare files
+                if name not in options.compare:
+                    raise
+                setup.unloadable[name] = str(error).strip().splitlines()[0][:200]
+                loaded = [v for v in loaded if v.name != name]
+                continue
             first, outputs = _timed_first_run(runner.outputs)
             loaded.append(
                 _Loaded(
@@ -521,6 +532,7 @@ def run_bench(
         examples = torch_model.example_shapes(input_names) if torch_model is not None else {}
 
         points = []
+        unloadable: dict[str, str] = {}
         for sweep in _sweep_points(options.sweeps):
             if options.inputs is not None:
                 feeds = {k: np.asarray(v) for k, v in options.inputs.items()}
@@ -529,10 +541,20 @@ def run_bench(
                 shapes = resolve_shapes(specs, options.shapes, sweep, examples)
                 feeds = _feeds(specs, shapes, options.seed)
             setup = _Setup(
-                models, options, threads, feeds, torch_model, input_names, output_names, say
+                models,
+                options,
+                threads,
+                feeds,
+                torch_model,
+                input_names,
+                output_names,
+                say,
+                unloadable,
             )
             groups = [_run_group(provider, setup) for provider in options.providers]
             points.append(PointResult(shapes, tuple(groups)))
+    for name, why in unloadable.items():
+        notes.append(f"{name} was not timed: ONNX Runtime cannot load it ({why})")
     if options.memory:
         notes.append(
             "RSS load / peak: host memory growth of each variant in a fresh process (load; peak over load and "
