@@ -48,7 +48,11 @@ def test_default_level_drops_annotations_for_ort_and_keeps_them_for_onnx() -> No
     assert {"a", "b"} <= set(_value_info_names(portable.model))
 
 
-def test_enable_appends_an_opt_in_pass() -> None:
+def test_enable_puts_a_pass_where_all_passes_orders_it() -> None:
+    # Before the memory reorder and the annotation drop (opt-in fusions still see shapes); the
+    # Q/K/V merge right after attention fusion, as the pipeline once ran it.
     model = parse_model(TEXT.replace(', "custom" : 1', "").replace("    c = custom.Thing(x)\n", ""))
-    result = optimize(model, enable=["fuse-bias-gelu"])
-    assert result.report.passes_run[-1] == "fuse-bias-gelu"
+    result = optimize(model, enable=["fuse-bias-gelu", "merge-qkv-projections"])
+    ran = list(result.report.passes_run)
+    assert ran[-3:] == ["fuse-bias-gelu", "reorder-for-memory", "drop-shape-annotations"]
+    assert ran[ran.index("fuse-attention") + 1] == "merge-qkv-projections"

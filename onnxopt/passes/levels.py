@@ -51,7 +51,10 @@ FUSIONS: list[PassClass] = [
     FuseGeluPass,
     FuseMatMulPass,  # last: attention patterns need to see their Transpose + MatMul unfused
 ]
-# Correct but measured slower on ONNX Runtime's CPU kernels (README, "Fusions"): --passes only.
+# Correct but measured slower on ONNX Runtime's CPU kernels (README, "Fusions"): --enable only.
+# merge-qkv-projections (in ALL_PASSES right after fuse-attention, so --enable puts it there): one
+# [K, 3N] GEMM + Split ran slower than three [K, N] GEMMs on ORT CPU, and whole models were faster
+# without it on 10 of 11 zoo exports (benchmarks/transformer_speed.py; README, "Speed").
 # fuse-packed-attention: faster per layer (benchmarks/attention_layouts_micro.py), not yet shown
 # faster on whole models through this machine's noise (README, "Where the time goes").
 OPT_IN_FUSIONS: list[PassClass] = [
@@ -118,7 +121,6 @@ LEVELS: dict[int, LevelSpec] = {
         CLEANUP,
         # Attention first: it needs to see the Transpose + MatMul that fuse-matmul would absorb.
         FuseAttentionPass,
-        MergeQkvProjectionsPass,
         *FUSIONS,
         # Fusions may add Constant nodes (axes, shapes): lift and share them as the cleanup did.
         LiftConstantsPass,
@@ -137,7 +139,6 @@ LEVELS: dict[int, LevelSpec] = {
         DeduplicateInitializersPass,
         CLEANUP,
         FuseAttentionPass,
-        MergeQkvProjectionsPass,
         *FUSIONS,
         LiftConstantsPass,
         CLEANUP,
@@ -165,7 +166,8 @@ def build_steps(
     enable: Sequence[str] = (),
     options: PassOptions | None = None,
 ) -> list[Step]:
-    """The steps for ``level`` plus ``enable`` (appended), or exactly ``passes``; minus ``disable``."""
+    """The steps for ``level`` plus ``enable`` (each where ALL_PASSES orders it), or exactly
+    ``passes``; minus ``disable``."""
     options = options or PassOptions()
     for name in (*disable, *enable):
         pass_by_name(name)  # unknown names are an error, not silently ignored
@@ -182,5 +184,20 @@ def build_steps(
                 steps.append(FixedPoint(group))
         elif entry.name not in dropped:
             steps.append(entry(options))
-    steps.extend(pass_by_name(name)(options) for name in enable if name not in dropped)
+    rank = {cls: index for index, cls in enumerate(ALL_PASSES)}
+    for name in enable:
+        if name in dropped:
+            continue
+        cls = pass_by_name(name)
+        # Where ALL_PASSES puts it: before the level's first single pass that comes later there
+        # (merge-qkv-projections right after fuse-attention, opt-in fusions before the reorder).
+        at = next(
+            (
+                i
+                for i, step in enumerate(steps)
+                if isinstance(step, Pass) and rank.get(type(step), -1) > rank[cls]
+            ),
+            len(steps),
+        )
+        steps.insert(at, cls(options))
     return steps
