@@ -668,8 +668,12 @@ def _streamed(tensor: ir.TensorProtocol | None) -> bool:
     return isinstance(tensor, ir.ExternalTensor) or tensor.nbytes >= MAPPED_MIN_BYTES
 
 
-def _raw_bytes(tensor: ir.TensorProtocol) -> tuple[int, Iterator[bytes | memoryview]]:
-    """The tensor's ``raw_data`` bytes: their count, then the bytes in bounded pieces."""
+def tensor_bytes(tensor: ir.TensorProtocol) -> tuple[int, Iterator[bytes | memoryview]]:
+    """The tensor's ``raw_data`` bytes: their count, then the bytes in bounded pieces.
+
+    External data is read from its file in 16 MiB pieces, never mapped or copied whole; an array
+    in memory is viewed, not copied.
+    """
     if isinstance(tensor, ir.ExternalTensor) and tensor.length is not None:
         path, offset, length = tensor.path, tensor.offset or 0, tensor.length
 
@@ -680,7 +684,7 @@ def _raw_bytes(tensor: ir.TensorProtocol) -> tuple[int, Iterator[bytes | memoryv
                 while remaining > 0:
                     piece = f.read(min(_STREAM_CHUNK_BYTES, remaining))
                     if not piece:
-                        raise ModelSaveError(f"{path}: external data ended early")
+                        raise ModelLoadError(f"{path}: external data ended early")
                     remaining -= len(piece)
                     yield piece
 
@@ -759,7 +763,7 @@ def _write_single_file(model: ir.Model, f: BinaryIO) -> None:
             body = len(header)
         else:
             count = tensor.nbytes if not isinstance(tensor, ir.ExternalTensor) else None
-            count = _raw_bytes(tensor)[0] if count is None else count
+            count = tensor_bytes(tensor)[0] if count is None else count
             entries.append((header, tensor, count))
             body = len(header) + len(raw_tag) + len(_varint(count)) + count
         graph_length += len(init_tag) + len(_varint(body)) + body
@@ -774,7 +778,7 @@ def _write_single_file(model: ir.Model, f: BinaryIO) -> None:
         f.write(init_tag + _varint(body) + header + raw_tag + _varint(count))
         if isinstance(tensor, ir.ExternalTensor) and _copy_in_kernel(tensor, f):
             continue
-        size, pieces = _raw_bytes(tensor)
+        size, pieces = tensor_bytes(tensor)
         if size != count:
             raise ModelSaveError(f"tensor '{tensor.name}': {size} bytes, expected {count}")
         for piece in pieces:

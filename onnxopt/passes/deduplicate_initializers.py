@@ -2,37 +2,20 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterator
 
 import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes import common as ir_common
 
+from onnxopt import io
 from onnxopt.passes._counting import ModelCensus
 from onnxopt.passes.base import Pass, PassResult
 
 # Small tensors are compared byte for byte by onnx-ir's pass; larger ones here, by streamed hash.
 _EXACT_LIMIT_ELEMENTS = 1024
-_CHUNK_BYTES = 16 * 1024 * 1024
 # Bytes read from each end of a tensor to split a dtype+shape group before any full hash: trained
 # (or randomly initialized) weights of the same shape already differ there, so most groups end here.
 _SAMPLE_BYTES = 4096
-
-
-def _chunks(tensor: ir.TensorProtocol) -> Iterator[bytes]:
-    """The tensor's bytes in bounded pieces; external data is read from its file, never mapped whole."""
-    if isinstance(tensor, ir.ExternalTensor) and tensor.length is not None:
-        with open(tensor.path, "rb") as f:
-            f.seek(tensor.offset or 0)
-            remaining = tensor.length
-            while remaining > 0:
-                piece = f.read(min(_CHUNK_BYTES, remaining))
-                if not piece:
-                    return
-                remaining -= len(piece)
-                yield piece
-        return
-    yield tensor.tobytes()
 
 
 def _sample(tensor: ir.TensorProtocol) -> bytes:
@@ -53,15 +36,16 @@ def _sample(tensor: ir.TensorProtocol) -> bytes:
 
 def _digest(tensor: ir.TensorProtocol) -> bytes:
     digest = hashlib.sha256()
-    for piece in _chunks(tensor):
+    for piece in io.tensor_bytes(tensor)[1]:
         digest.update(piece)
     return digest.digest()
 
 
 def _same_bytes(a: ir.TensorProtocol, b: ir.TensorProtocol) -> bool:
     """Confirm a hash match byte for byte, piece by piece (bounded memory)."""
-    left = right = b""
-    stream_a, stream_b = _chunks(a), _chunks(b)
+    left: bytes | memoryview = b""
+    right: bytes | memoryview = b""
+    stream_a, stream_b = io.tensor_bytes(a)[1], io.tensor_bytes(b)[1]
     while True:
         if not left:
             left = next(stream_a, b"")
