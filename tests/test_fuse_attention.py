@@ -8,7 +8,7 @@ import onnx.parser
 import onnx_ir as ir
 import pytest
 
-from onnxopt.passes.fuse_attention import FuseAttentionPass
+from onnxopt.passes.fuse_attention import FuseAttentionPass, _mask_values
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.validate import validate
@@ -296,3 +296,27 @@ def test_onnx_target_refuses_an_unguarded_infinite_mask() -> None:
     result = FuseAttentionPass(PassOptions(target="onnx", explain=True))(model)
     assert not result.modified
     assert any("mask holds -inf without SDPA's NaN guard" in note for note in result.notes)
+
+
+@pytest.mark.parametrize(("to", "provable"), [(10, False), (11, True)])
+def test_mask_through_a_cast_is_provable_only_when_its_values_stay_finite(
+    to: int, provable: bool
+) -> None:
+    # float32's lowest becomes -inf in float16 (10); in double (11) it stays the finite number.
+    proto = onnx.parser.parse_model(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (bool[B, T] keep) => (float[B, T] mask) <float zero = {{0.0}}, float lowest = {{-3.4028234663852886e38}}> {{
+            m = Where(keep, zero, lowest)
+            cast = Cast<to={to}>(m)
+            mask = Cast<to=1>(cast)
+        }}
+        """
+    )
+    model = ir.serde.deserialize_model(proto)
+    InferShapesPass()(model)
+    cast = next(node for node in model.graph if node.op_type == "Cast")
+    values = _mask_values(cast.outputs[0])
+    assert (values is not None) == provable
+    if provable:
+        assert values is not None and not values.neg_inf

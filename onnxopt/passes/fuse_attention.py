@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import MS_DOMAIN, const_array, is_op, single_consumer
+from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, single_consumer
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 
@@ -899,7 +899,7 @@ def _mask_values(value: ir.Value | None, depth: int = 0) -> _MaskValues | None:
         lowest = float(finite.min()) if finite.size else float("inf")
         return _MaskValues(lowest, bool(np.isneginf(array).any()))
     node = value.producer()
-    if node is None or node.domain not in ("", "ai.onnx"):
+    if node is None or node.domain not in ONNX_DOMAINS:
         return None
     if node.op_type == "Where":
         a, b = _mask_values(node.inputs[1], depth + 1), _mask_values(node.inputs[2], depth + 1)
@@ -908,15 +908,22 @@ def _mask_values(value: ir.Value | None, depth: int = 0) -> _MaskValues | None:
         return _MaskValues(min(a.lowest_finite, b.lowest_finite), a.neg_inf or b.neg_inf)
     if node.op_type in _VALUE_PRESERVING:
         source = node.inputs[0]
-        if node.op_type == "Cast" and (source is None or source.dtype not in _FLOATS):
-            return None  # an integer cast to float could be anything
-        return _mask_values(source, depth + 1)
+        values = _mask_values(source, depth + 1)
+        if node.op_type != "Cast" or values is None:
+            return values
+        # An integer cast to float could be anything; a narrowing cast turns big finite values
+        # (float32's lowest in float16) into -inf.
+        if source is None or source.dtype is None or not source.dtype.is_floating_point():
+            return None
+        target = ir.DataType(node.attributes.get_int("to", 0))
+        if target not in _WIDE_FLOATS or values.lowest_finite < np.finfo(target.numpy()).min:
+            return None
+        return values
     return None
 
 
-_FLOATS = frozenset(
-    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
-)
+# Float types that hold float32's range, so MASK_FLOOR and float32's lowest stay finite there.
+_WIDE_FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
 
 
 def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
@@ -929,6 +936,11 @@ def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
             return Mismatch(
                 "mask values are not provably finite or -inf, and ONNX Runtime's Attention-23 "
                 "zeroes fully masked rows"
+            )
+        if not values.neg_inf and block.bias.dtype not in _WIDE_FLOATS:
+            return Mismatch(
+                f"mask is {block.bias.dtype}: it cannot hold the {MASK_FLOOR:g} floor that keeps "
+                "ONNX Runtime's Attention-23 from zeroing fully masked rows"
             )
         if values.neg_inf and not (block.nan_guard and values.lowest_finite > MASK_FLOOR):
             return Mismatch(
@@ -947,8 +959,9 @@ def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
     inputs: list[ir.Value | None] = list(sides)
     bias = _full_bias(tape, block.bias, sides[0], 2, sides[1], 2, opset)
     if bias is not None and values is not None and not values.neg_inf:
-        dtype = block.bias.dtype.numpy() if block.bias and block.bias.dtype else np.float32
-        floor = tape.op("Constant", [], {"value": ir.tensor(np.array(MASK_FLOOR, dtype=dtype))})
+        assert block.bias is not None and block.bias.dtype is not None
+        floor_value = np.array(MASK_FLOOR, dtype=block.bias.dtype.numpy())
+        floor = tape.op("Constant", [], {"value": ir.tensor(floor_value)})
         bias = tape.op("Max", [bias, floor])
     if bias is not None:
         inputs.append(bias)
