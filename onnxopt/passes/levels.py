@@ -53,8 +53,9 @@ FUSIONS: list[PassClass] = [
 ]
 # Correct but measured slower on ONNX Runtime's CPU kernels (README, "Fusions"): --enable only.
 # merge-qkv-projections (in ALL_PASSES right after fuse-attention, so --enable puts it there): one
-# [K, 3N] GEMM + Split ran slower than three [K, N] GEMMs on ORT CPU, and whole models were faster
-# without it on 10 of 11 zoo exports (benchmarks/transformer_speed.py; README, "Speed").
+# [K, 3N] GEMM + Split ran slower than three [K, N] GEMMs in ORT's CPU profiler, whole models
+# measured level (benchmarks/transformer_speed.py; README, "Speed against the other tools"), and
+# the merged weights are new tensors the optimizer must hold.
 # fuse-packed-attention: faster per layer (benchmarks/attention_layouts_micro.py), not yet shown
 # faster on whole models through this machine's noise (README, "Where the time goes").
 OPT_IN_FUSIONS: list[PassClass] = [
