@@ -226,6 +226,16 @@ def pack(
     return Packing(tuple(offsets), arena, bound, name, proven)
 
 
+def _capacities(bound: int, step: int) -> list[int]:
+    """The capacities the exact searches try: EXACT_SLACKS above ``bound``, aligned down."""
+    return sorted({int(bound * (1 + slack)) // step * step for slack in EXACT_SLACKS})
+
+
+def _arena(offsets: Sequence[int], buffers: Sequence[Interval]) -> int:
+    """The arena a placement uses: the highest end of a buffer."""
+    return max((o + b[0] for o, b in zip(offsets, buffers, strict=True)), default=0)
+
+
 def _repair(
     buffers: Sequence[Interval],
     neighbours: Sequence[Sequence[int]],
@@ -245,7 +255,7 @@ def _repair(
     from onnxopt.analysis.exact_packing import solve
 
     step = max(alignment, 1)
-    capacities = sorted({int(bound * (1 + s)) // step * step for s in EXACT_SLACKS})
+    capacities = _capacities(bound, step)
     by_start = sorted(range(len(buffers)), key=lambda i: buffers[i][1])
     starts = [buffers[i][1] for i in by_start]
     last = max((e for _, _, e in buffers), default=0)
@@ -257,8 +267,7 @@ def _repair(
         while budget > 0:
             over = [i for i, (size, _, _) in enumerate(buffers) if current[i] + size > capacity]
             if not over:
-                used = max((o + b[0] for o, b in zip(current, buffers, strict=True)), default=0)
-                return current, used
+                return current, _arena(current, buffers)
             hot = min(over, key=lambda i: (buffers[i][1], i))
             lo, hi = buffers[hot][1], buffers[hot][2]
             margin = max(hi - lo, 4)
@@ -309,7 +318,7 @@ def _exact(
     from onnxopt.analysis.exact_packing import solve
 
     step = max(alignment, 1)
-    capacities = sorted({int(bound * (1 + s)) // step * step for s in EXACT_SLACKS})
+    capacities = _capacities(bound, step)
     capacities = [c for c in capacities if bound <= c < arena]
     proven = bound
     per_try = max(nodes // len(EXACT_SLACKS), 1)
@@ -319,8 +328,7 @@ def _exact(
             proven = max(proven, capacity + step)
         elif result.status == "feasible" and result.offsets is not None:
             offsets = list(result.offsets)
-            used = max((o + b[0] for o, b in zip(offsets, buffers, strict=True)), default=0)
-            return offsets, used, proven
+            return offsets, _arena(offsets, buffers), proven
     return None, arena, proven
 
 
