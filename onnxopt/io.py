@@ -755,26 +755,26 @@ def _write_single_file(model: ir.Model, f: BinaryIO) -> None:
 
     raw_tag = _tag(_TENSOR_RAW_DATA, _WIRE_LEN)
     init_tag = _tag(_GRAPH_INITIALIZER, _WIRE_LEN)
-    entries: list[tuple[bytes, ir.TensorProtocol | None, int]] = []
+    # (header, tensor streamed after it or None, its byte count, the initializer's length)
+    entries: list[tuple[bytes, ir.TensorProtocol | None, int, int]] = []
     graph_length = len(graph_bytes)
     for header, tensor in initializers:
         if tensor is None:
-            entries.append((header, None, 0))
-            body = len(header)
+            count, body = 0, len(header)
         else:
-            count = tensor.nbytes if not isinstance(tensor, ir.ExternalTensor) else None
-            count = tensor_bytes(tensor)[0] if count is None else count
-            entries.append((header, tensor, count))
+            # An in-memory tensor knows its size; an external one is measured without reading it.
+            external = isinstance(tensor, ir.ExternalTensor)
+            count = tensor_bytes(tensor)[0] if external else tensor.nbytes
             body = len(header) + len(raw_tag) + len(_varint(count)) + count
+        entries.append((header, tensor, count, body))
         graph_length += len(init_tag) + len(_varint(body)) + body
     f.write(model_bytes)
     f.write(_tag(_MODEL_GRAPH, _WIRE_LEN) + _varint(graph_length))
     f.write(graph_bytes)
-    for header, tensor, count in entries:
+    for header, tensor, count, body in entries:
         if tensor is None:
-            f.write(init_tag + _varint(len(header)) + header)
+            f.write(init_tag + _varint(body) + header)
             continue
-        body = len(header) + len(raw_tag) + len(_varint(count)) + count
         f.write(init_tag + _varint(body) + header + raw_tag + _varint(count))
         if isinstance(tensor, ir.ExternalTensor) and _copy_in_kernel(tensor, f):
             continue
