@@ -191,3 +191,87 @@ def test_dims_with_the_same_symbol_become_copy_dims() -> None:
     assert target.const_value.numpy().tolist() == [0, 0, 2, 4]
     report = validate(model, result.model)
     assert report.passed and len(report.trials) == 2
+
+
+# Each layer reads the batch and sequence length off its own input before its Reshape, as
+# TorchScript exports of GPT-2's Conv1D do (48 times in GPT-2 small).
+PER_LAYER_SHAPE_READS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, T, 4] x, float[B, T, 4] z, float[4, 4] w) => (float[B, T, 4] y) <int64 zero = {0}, int64 one = {1}, int64[1] axes = {0}, int64[1] four = {4}, int64[2] flat = {-1, 4}> {
+    a = Add(x, z)
+    s1 = Shape(a)
+    b1 = Gather<axis = 0>(s1, zero)
+    t1 = Gather<axis = 0>(s1, one)
+    b1u = Unsqueeze(b1, axes)
+    t1u = Unsqueeze(t1, axes)
+    target1 = Concat<axis = 0>(b1u, t1u, four)
+    f1 = Reshape(a, flat)
+    m1 = MatMul(f1, w)
+    r1 = Reshape(m1, target1)
+    c = Relu(z)
+    s2 = Shape(c)
+    b2 = Gather<axis = 0>(s2, zero)
+    t2 = Gather<axis = 0>(s2, one)
+    b2u = Unsqueeze(b2, axes)
+    t2u = Unsqueeze(t2, axes)
+    target2 = Concat<axis = 0>(b2u, t2u, four)
+    f2 = Reshape(c, flat)
+    m2 = MatMul(f2, w)
+    r2 = Reshape(m2, target2)
+    y = Add(r1, r2)
+}
+"""
+
+
+def test_equal_shape_reads_are_computed_once() -> None:
+    model = parse_model(PER_LAYER_SHAPE_READS)
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    # [B, T, 4] is computed three times: Shape(a), both Concats (and B, T twice each on the way).
+    # Everything after the first Shape(a) reads that one: the second Shape, both Concats, the
+    # second layer's two Gathers and two Unsqueezes; the first layer's chain is then dead.
+    assert result.stats == {"shape values shared": 7}
+    assert op_types(result.model) == [
+        "Add",
+        "Shape",
+        "Reshape",
+        "MatMul",
+        "Reshape",
+        "Relu",
+        "Reshape",
+        "MatMul",
+        "Reshape",
+        "Add",
+    ]
+    for node in result.model.graph:
+        if node.outputs[0].name in ("r1", "r2"):
+            assert node.inputs[1] is not None and node.inputs[1].name == "s1"
+    assert_numerically_equal(model, result.model)
+    assert not FoldShapeValuesPass()(result.model).modified
+
+
+def test_different_symbols_and_unnamed_dims_are_not_shared() -> None:
+    # T and U may differ at run time; the two unnamed dims belong to different tensors.
+    model = parse_model(
+        PER_LAYER_SHAPE_READS.replace("float[B, T, 4] z", "float[B, U, 4] z")
+        .replace("a = Add(x, z)", "a = Identity(x)")
+        .replace("y = Add(r1, r2)", "y = Concat<axis = 1>(r1, r2)")
+        .replace("float[B, T, 4] y", "float[B, ?, 4] y")
+    )
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    # Shared: each target with its own layer's Shape ([B, T, 4] and [B, U, 4]), and the second
+    # layer's batch Gather and Unsqueeze (B in both). The two Shapes stay apart (T is not U).
+    assert result.stats == {"shape values shared": 4}
+    assert op_types(result.model).count("Shape") == 2
+    assert op_types(result.model).count("Concat") == 1  # the output's
+    assert_numerically_equal(model, result.model)
+
+    unnamed = parse_model(
+        PER_LAYER_SHAPE_READS.replace("float[B, T, 4] x", "float[?, ?, 4] x")
+        .replace("float[B, T, 4] z", "float[?, ?, 4] z")
+        .replace("a = Add(x, z)", "a = Identity(x)")
+        .replace("y = Add(r1, r2)", "y = Concat<axis = 1>(r1, r2)")
+        .replace("float[B, T, 4] y", "float[?, ?, 4] y")
+    )
+    assert not FoldShapeValuesPass()(unnamed.clone()).modified

@@ -7,6 +7,12 @@ integer type, Identity, and integer Add/Sub/Mul/Div/Mod. A vector whose elements
 replaced by an initializer, even when other dims of the same tensor are symbolic: ``Shape(x)[1]`` folds
 when dim 1 is a known int.
 
+Vectors that are equal element by element are computed once: a later value whose elements are the
+same known ints and the same symbolic dims (the same value's dim, or a dim carrying the same named
+symbol) as an earlier value in the same graph is replaced by that earlier value. An export that
+reads ``Shape(x)[0]`` before each of its 48 Reshapes, one ``x`` per layer, keeps one read per
+symbol; common-subexpression elimination then merges the Unsqueeze/Concat/Expand built on them.
+
 Reshape targets that are only partly known are rewritten when provably equivalent: an element that is
 dim *i* of the reshaped tensor itself (the same value's dim, or a dim with the same symbol) at position
 *i* becomes 0, "copy the dim" (``allowzero=1`` becomes 0 when the target holds no literal 0); a single
@@ -313,6 +319,8 @@ class FoldShapeValuesPass(Pass):
                     and _rewrite_reshape(node, tracker, pool)
                 ):
                     stats["Reshape targets made constant"] += 1
+            stats["shape values shared"] += _share_equal_vectors(graph, tracker)
+        stats = +stats  # drop zero counts
         if stats:
             _remove_dead_producers(graphs)
         return PassResult(model, modified=bool(stats), stats=stats)
@@ -385,6 +393,53 @@ def _rewrite_reshape(node: ir.Node, tracker: _Tracker, pool: ConstantPool) -> bo
         # that is 0 at run time was a literal 0 before, which allowzero=1 kept as 0 too.
         node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
     return True
+
+
+Key = tuple[int | str | tuple[int, int], ...]
+
+
+def _vector_key(vector: ShapeVector, ids: dict[ir.Value, int]) -> tuple[Key, bool, int] | None:
+    """What the vector computes, independent of which tensor it read: known ints and named symbols
+    as themselves, an unnamed symbolic dim as (that value, that dim). None when an element is
+    unknown."""
+    key: list[int | str | tuple[int, int]] = []
+    for element in vector.elements:
+        if isinstance(element, int):
+            key.append(element)
+        elif isinstance(element, DimOf):
+            shape = element.value.shape
+            dim = shape[element.index] if shape is not None else None
+            if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
+                key.append(dim.value)
+            else:
+                key.append((ids.setdefault(element.value, len(ids)), element.index))
+        else:
+            return None
+    return tuple(key), vector.scalar, int(vector.dtype)
+
+
+def _share_equal_vectors(graph: ir.Graph, tracker: _Tracker) -> int:
+    """Replace each computed shape vector by the first one in ``graph`` that computes the same
+    elements (nodes are in topological order, so the first is defined before every later use)."""
+    first: dict[tuple[Key, bool, int], ir.Value] = {}
+    ids: dict[ir.Value, int] = {}
+    shared = 0
+    for node in list(graph):
+        if len(node.outputs) != 1 or node.op_type == "Constant":
+            continue
+        value = node.outputs[0]
+        vector = tracker.vectors.get(value)
+        if vector is None or vector.ints is not None:
+            continue  # fully known vectors are folded to initializers instead
+        key = _vector_key(vector, ids)
+        if key is None:
+            continue
+        earlier = first.setdefault(key, value)
+        if earlier is value or value.is_graph_output() or not value.uses():
+            continue
+        value.replace_all_uses_with(earlier)
+        shared += 1
+    return shared
 
 
 def _remove_dead_producers(graphs: list[ir.Graph]) -> None:

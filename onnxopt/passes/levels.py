@@ -124,9 +124,13 @@ LEVELS: dict[int, LevelSpec] = {
         FuseAttentionPass,
         *FUSIONS,
         # Fusions may add Constant nodes (axes, shapes): lift and share them as the cleanup did.
+        # Fused attention reads the sequence length off each layer's Q and K: shared once shapes
+        # are inferred again, and the per-layer mask Expands they feed merge.
         LiftConstantsPass,
         DeduplicateInitializersPass,
         InferShapesPass,
+        FoldShapeValuesPass,
+        EliminateCommonSubexpressionsPass,
         EliminateDeadCodePass,
         ReorderForMemoryPass,
         DropShapeAnnotationsPass,
