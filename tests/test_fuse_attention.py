@@ -43,8 +43,13 @@ def _model(
     softmax_axis: int = -1,
     masked_value: str = "ninf",
     nan_guard: bool = True,
+    merge_target: str = "constant",
 ) -> ir.Model:
-    """x[B,S,8] and a [B,S] padding mask -> one SDPA block (2 heads of 4), as the exporters write it."""
+    """x[B,S,8] and a [B,S] padding mask -> one SDPA block (2 heads of 4), as the exporters write it.
+
+    ``merge_target="gathered"`` merges the heads back with a target read at run time as
+    ``Concat(Gather(Shape(x), [0]), Gather(Shape(x), [1]), [8])`` (one-element index vectors, the
+    form fold-shape-values leaves after sharing equal shape reads) instead of ``[0, 0, 8]``."""
     if key_form == "torchscript":  # K^T = Transpose(Reshape(k), [0,2,3,1])
         key_t = """
             kr = Reshape(kb, heads)
@@ -66,6 +71,12 @@ def _model(
         """
     extra_input = ", int64[N] bias_shape" if runtime_mask_shape else ""
     expand = "bias = Expand(bias0, bias_shape)" if runtime_mask_shape else "bias = Identity(bias0)"
+    merge = (
+        "xs = Shape(x)\n            xb = Gather(xs, zero1)\n            xt = Gather(xs, one1)\n"
+        "            merged_rt = Concat<axis=0>(xb, xt, eight)\n            y = Reshape(pt, merged_rt)"
+        if merge_target == "gathered"
+        else "y = Reshape(pt, merged)"
+    )
     guard = "nan = IsNaN(probs)\n            clean = Where(nan, zero, probs)" if nan_guard else ""
     attended = "clean" if nan_guard else "probs"
     text = f"""
@@ -75,6 +86,8 @@ def _model(
             int64[4] heads = {{0, 0, 2, 4}},
             int64[3] merged = {{0, 0, 8}},
             int64[1] zero1 = {{0}},
+            int64[1] one1 = {{1}},
+            int64[1] eight = {{8}},
             int64[2] mask_axes = {{1, 2}},
             int64[1] minus1 = {{-1}},
             int64[1] minus2 = {{-2}},
@@ -107,7 +120,7 @@ def _model(
             {guard}
             pv = MatMul({attended}, v4)
             pt = Transpose<perm=[0,2,1,3]>(pv)
-            y = Reshape(pt, merged)
+            {merge}
         }}
     """
     proto = onnx.parser.parse_model(text)
@@ -132,9 +145,12 @@ def _op_types(model: ir.Model) -> list[str]:
     return [node.op_type for node in model.graph]
 
 
-@pytest.mark.parametrize("key_form", ["torchscript", "dynamo"])
-def test_fuses_sdpa_into_multi_head_attention(key_form: str) -> None:
-    model = _model(key_form=key_form)
+@pytest.mark.parametrize(
+    ("key_form", "merge_target"),
+    [("torchscript", "constant"), ("dynamo", "constant"), ("torchscript", "gathered")],
+)
+def test_fuses_sdpa_into_multi_head_attention(key_form: str, merge_target: str) -> None:
+    model = _model(key_form=key_form, merge_target=merge_target)
     fused = model.clone()
     result = FuseAttentionPass()(fused)
     assert result.stats == {"attention->mha": 1}

@@ -213,26 +213,41 @@ def _piece_entries(value: ir.Value | None) -> list[Entry] | None:
     if is_op(node, "Unsqueeze") or is_op(node, "Reshape"):
         assert node is not None
         inner = node.inputs[0]
-        gather = inner.producer() if inner is not None else None
-        if is_op(gather, "Gather"):
-            assert gather is not None
-            index = const_array(gather.inputs[1])
-            shape_of = gather.inputs[0]
-            shape_node = shape_of.producer() if shape_of is not None else None
-            if index is not None and index.size == 1 and is_op(shape_node, "Shape"):
-                assert shape_node is not None and shape_node.inputs[0] is not None
-                if (
-                    shape_node.attributes.get_int("start", 0) == 0
-                    and shape_node.attributes.get("end") is None
-                ):
-                    i = int(index.reshape(-1)[0])
-                    rank = _rank(shape_node.inputs[0])
-                    if i < 0:
-                        if rank is None:
-                            return None
-                        i += rank
-                    return [("dim", shape_node.inputs[0], i)]
-    return None
+        dim = _gathered_dim(inner.producer() if inner is not None else None, scalar=True)
+        return None if dim is None else [dim]
+    # Gather(Shape(src), [i]): the same, indexed by a one-element vector
+    dim = _gathered_dim(node, scalar=False)
+    return None if dim is None else [dim]
+
+
+def _gathered_dim(gather: ir.Node | None, *, scalar: bool) -> Entry | None:
+    """``Gather(Shape(src), i)`` (``scalar``) or ``Gather(Shape(src), [i])`` as dim i of src."""
+    if not is_op(gather, "Gather"):
+        return None
+    assert gather is not None
+    index = const_array(gather.inputs[1])
+    shape_of = gather.inputs[0]
+    shape_node = shape_of.producer() if shape_of is not None else None
+    if (
+        index is None
+        or index.size != 1
+        or index.ndim != (0 if scalar else 1)
+        or not is_op(shape_node, "Shape")
+    ):
+        return None
+    assert shape_node is not None and shape_node.inputs[0] is not None
+    if (
+        shape_node.attributes.get_int("start", 0) != 0
+        or shape_node.attributes.get("end") is not None
+    ):
+        return None
+    i = int(index.reshape(-1)[0])
+    if i < 0:
+        rank = _rank(shape_node.inputs[0])
+        if rank is None:
+            return None
+        i += rank
+    return ("dim", shape_node.inputs[0], i)
 
 
 def _rank(value: ir.Value | None) -> int | None:
