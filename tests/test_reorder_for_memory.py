@@ -243,7 +243,8 @@ def test_just_in_time_never_raises_the_peak_and_stays_topological():
 
 
 @pytest.mark.parametrize(
-    ("name", "pass_mib", "free_mib"), [("resnet50", 11.2, 9.9), ("shufflenet", 3.0, 2.76)]
+    ("name", "pass_mib", "free_mib"),
+    [("resnet50", 11.2, 9.9), pytest.param("shufflenet", 3.0, 2.76, marks=pytest.mark.slow)],
 )
 def test_as_shipped_orders_plan_within_one_percent_of_their_bound(name, pass_mib, free_mib):
     # These orders were 16-21% above their bound when weights were made early (planned 13.64,
