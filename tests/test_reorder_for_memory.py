@@ -260,3 +260,41 @@ def test_as_shipped_orders_plan_within_one_percent_of_their_bound(name, pass_mib
         assert verify_plan(plan) == []
         assert plan.gap <= 0.01
         assert plan.arena_bytes < most * 2**20
+
+
+def test_long_chains_of_moved_nodes_stop_at_a_depth_and_stay_topological():
+    import dataclasses
+
+    from onnxopt.analysis.schedule import (
+        _SINK_DEPTH,
+        _Model,
+        _sink,
+        _sinkable,
+        ort_walk_constraints,
+    )
+
+    # 100 weights read by one Concat: the walk constraints chain them (each before the next, the
+    # last before b), 100 moved nodes deep.
+    count = 100
+    body = "\n".join(f"  w{i} = ConstantOfShape(s)" for i in range(count))
+    names = ", ".join(f"w{i}" for i in range(count))
+    model = parse(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[16] x) => (float[{16 * (count + 1)}] y) <int64[1] s = {{16}}> {{
+    {body}
+      a0 = Exp(x)
+      a = Exp(a0)
+      b = Exp(a)
+      y = Concat<axis=0>({names}, b)
+    }}
+    """)
+    flow = build_dataflow(model.graph, tensor_sizes(model))
+    identity = list(range(len(flow.nodes)))
+    kept = dataclasses.replace(flow, preds=ort_walk_constraints(flow, identity))
+    sunk = _sink(_Model(kept), identity, _sinkable(_Model(flow)))
+    assert is_topological(kept, sunk)
+    # The last _SINK_DEPTH weights move after a, just before b; the earlier ones stay.
+    stayed = count - _SINK_DEPTH
+    a0, a, b, y = range(count, count + 4)
+    assert sunk == [*range(stayed), a0, a, *range(stayed, count), b, y]
+    assert simulate(flow, sunk).peak <= simulate(flow, identity).peak

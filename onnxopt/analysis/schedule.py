@@ -347,13 +347,21 @@ def _sink(model: _Model, order: Sequence[int], sinkable: Sequence[bool]) -> list
     for p, v in enumerate(order):
         pos[v] = p
     rank: list[tuple[int, ...]] = [()] * model.n
+    depth = [0] * model.n  # how many moved nodes deep a moved node's rank is
     for v in reversed(order):
+        rank[v] = (pos[v], 1)
         if sinkable[v]:
-            first = min(rank[w] for w in model.succs[v])
-            rank[v] = (*first[:-1], 0, pos[v], 1)
-        else:
-            rank[v] = (pos[v], 1)
+            first = min(model.succs[v], key=rank.__getitem__)
+            # Chains of moved nodes (one node's many producers, chained by the ORT walk's
+            # constraints) lengthen the ranks; past a depth the node stays (still topological:
+            # its successors all sort after its own position).
+            if depth[first] < _SINK_DEPTH:
+                rank[v] = (*rank[first][:-1], 0, pos[v], 1)
+                depth[v] = depth[first] + 1
     return sorted(order, key=rank.__getitem__)
+
+
+_SINK_DEPTH = 64
 
 
 # Up to this many nodes, candidate orders are judged by the arena the planner actually builds
