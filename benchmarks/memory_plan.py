@@ -128,6 +128,32 @@ TRANSFORMERS = {
     "gpt2 (2 layers)": ("GPT2Config", {"n_layer": 2, "use_cache": False}, 8, 128),
     "distilbert (2 layers)": ("DistilBertConfig", {"n_layers": 2}, 8, 128),
     "vit-base (2 layers)": ("ViTConfig", {"num_hidden_layers": 2}, 8, None),
+    "llama, SmolLM-135M shape (2 layers)": (
+        "LlamaConfig",
+        {
+            "vocab_size": 49152,
+            "hidden_size": 576,
+            "intermediate_size": 1536,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "use_cache": False,
+        },
+        8,
+        128,
+    ),
+    # the encoder alone, on 80 mel bins x 3000 frames (30 s of audio)
+    "whisper-tiny encoder": (
+        "WhisperConfig",
+        {
+            "d_model": 384,
+            "encoder_layers": 4,
+            "encoder_attention_heads": 6,
+            "encoder_ffn_dim": 1536,
+        },
+        1,
+        "mel",
+    ),
 }
 
 
@@ -139,7 +165,11 @@ def export_transformer(name: str, folder: Path) -> Path:
     config = getattr(transformers, config_name)(**overrides)
     model = transformers.AutoModel.from_config(config).eval()
     torch.manual_seed(0)
-    if seq is None:
+    if seq == "mel":
+        model = model.encoder
+        args = (torch.randn(batch, config.num_mel_bins, 3000),)
+        names = ["input_features"]
+    elif seq is None:
         args = (torch.randn(batch, 3, config.image_size, config.image_size),)
         names = ["pixel_values"]
     else:
