@@ -144,6 +144,32 @@ def test_tiny_bert(tmp_path: Path, dynamo: bool) -> None:
     assert not any(op.startswith("com.microsoft") for op in portable.report.after.op_counts)
 
 
+@pytest.mark.parametrize("dynamo", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_tiny_bert_with_trained_like_weights(tmp_path: Path, dynamo: bool) -> None:
+    """Non-zero biases and non-unit LayerNorm scales (as a checkpoint has): the bias paths of the
+    attention fusion (MultiHeadAttention's bias input) and of Gelu are exercised, with padding."""
+    pytest.importorskip("transformers")
+    from onnxopt.zoo._common import perturb_constant_parameters
+
+    torch.manual_seed(0)
+    model = perturb_constant_parameters(BertWrapper().eval())
+    args = (torch.randint(0, 100, (2, 7)), torch.ones(2, 7, dtype=torch.int64))
+    dynamic = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    path = _export(
+        model, args, tmp_path / "bert.onnx", dynamo, ["input_ids", "attention_mask"], dynamic
+    )
+    result = optimize(path)
+    assert result.validated, result.report.validation
+    ops = result.report.after.op_counts
+    assert (
+        ops.get("com.microsoft::MultiHeadAttention", 0) + ops.get("com.microsoft::Attention", 0)
+        == 2
+    ), ops
+    assert "Softmax" not in ops and "Erf" not in ops
+    # every bias survives somewhere: nothing in the graph is a zero that could be dropped
+    assert ops.get("Add", 0) >= 4, ops
+
+
 class LlamaWrapper(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -414,7 +414,15 @@ def _key_transposed(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mi
 
 
 def _same_dim(entry: Entry, source: ir.Value, index: int) -> bool:
-    return isinstance(entry, tuple) and entry[1] is source and entry[2] == index
+    """The entry is dim ``index`` of ``source``: read off it, read off a dim with the same symbol
+    (exporters, and fold-shape-values' sharing, read a length off whichever tensor carries it), or
+    the same positive constant when that dim is static."""
+    if isinstance(entry, int):
+        return entry > 0 and entry == _dim(source, index)
+    return isinstance(entry, tuple) and (
+        (entry[1] is source and entry[2] == index)
+        or _same_symbol(entry[1], entry[2], source, index)
+    )
 
 
 def _is_flat_key(entries: Sequence[Entry], key4: ir.Value) -> bool:
@@ -449,7 +457,8 @@ def _main_user(value: ir.Value) -> ir.Node | None:
 
 
 def _is_noop_reshape(reshape: ir.Node, by_axis: Sequence[Sequence[ir.Value]]) -> bool:
-    """A Reshape of [B, H, S, dv] to [dim 0, -1, dim 2, dim 3] read off tensors known to share those dims."""
+    """A Reshape of [B, H, S, dv] to [dim 0, -1, dim 2, dim 3] read off tensors known to share those
+    dims (or off dims with the same symbol)."""
     entries = _target_entries(reshape.inputs[1])
     if entries is None or len(entries) != 4:
         return False
@@ -460,10 +469,13 @@ def _is_noop_reshape(reshape: ir.Node, by_axis: Sequence[Sequence[ir.Value]]) ->
             isinstance(entry, int) and entry > 0 and entry == _dim(by_axis[axis][0], axis)
         ):
             continue
+        if not isinstance(entry, tuple):
+            return False
+        # the dim read off one of those tensors, or a dim carrying the same symbol (once
+        # fold-shape-values shares equal shape reads, the read may come from another tensor)
         if not (
-            isinstance(entry, tuple)
-            and entry[2] == axis
-            and any(entry[1] is v for v in by_axis[axis])
+            (entry[2] == axis and any(entry[1] is v for v in by_axis[axis]))
+            or any(_same_symbol(entry[1], entry[2], v, axis) for v in by_axis[axis])
         ):
             return False
     return True
