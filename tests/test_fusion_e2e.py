@@ -184,3 +184,30 @@ def test_tiny_llama_rms_norm(tmp_path: Path) -> None:
     ops = result.report.after.op_counts
     assert ops.get("SimplifiedLayerNormalization") == 5  # 2 per layer and the final norm
     assert "Pow" not in ops and "ReduceMean" not in ops
+
+
+def test_tiny_convnext_bias_gelu_and_channels_last_residual(tmp_path: Path) -> None:
+    """The zoo's ConvNeXt (depths 1-1): each block's Linear + GELU becomes MatMul + BiasGelu, and
+    the first stage's residual Add runs channels-last, so its last Transpose cancels the
+    downsampling LayerNorm's (8 -> 6 Transposes; ORT's transformer optimizer does the same)."""
+    from onnxopt.zoo.vision import convnext_tiny_tiny
+
+    module, inputs, dynamic = convnext_tiny_tiny()
+    path = _export(
+        module,
+        tuple(inputs.values()),
+        tmp_path / "convnext.onnx",
+        False,
+        list(inputs),
+        dict(dynamic),
+    )
+    result = optimize(path)
+    assert result.validated, result.report.validation
+    before, after = result.report.before.op_counts, result.report.after.op_counts
+    assert (before["Transpose"], after["Transpose"]) == (8, 6)
+    assert after["com.microsoft::BiasGelu"] == 2
+    assert "Gelu" not in after and "Erf" not in after
+    portable = optimize(path, target="onnx")
+    assert portable.validated
+    assert portable.report.after.op_counts["Transpose"] == 6
+    assert not any(op.startswith("com.microsoft") for op in portable.report.after.op_counts)

@@ -569,7 +569,8 @@ class MergeConsecutiveOpsPass(Pass):
 
     name = "merge-consecutive-ops"
     summary = (
-        "merge Transpose, Reshape, (Un)Squeeze, exact Cast, Slice and Concat chains into one op"
+        "merge Transpose, Reshape, (Un)Squeeze, exact Cast, Slice and Concat chains into one op;"
+        " move a Transpose past Add/Sub/Mul/Div of two same-perm Transposes"
     )
 
     def call(self, model: ir.Model) -> PassResult:
