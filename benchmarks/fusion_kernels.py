@@ -134,6 +134,7 @@ def main() -> None:
     parser.add_argument("--levels", default="ORT_DISABLE_ALL,ORT_ENABLE_ALL")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--only", default="", help="run the fusions whose name contains this")
     args = parser.parse_args()
     print(
         "| fusion | "
@@ -142,6 +143,8 @@ def main() -> None:
     )
     print("|---|" + "---|" * len(args.levels.split(",")))
     for name, (unfused, fused) in cases().items():
+        if args.only not in name:
+            continue
         cells = []
         for level in args.levels.split(","):
             sessions = [
@@ -165,9 +168,11 @@ def main() -> None:
             per_position = [
                 statistics.median(times[1][p]) / statistics.median(times[0][p]) for p in (0, 1)
             ]
+            medians_us = [1e6 * statistics.median(times[i][0] + times[i][1]) for i in (0, 1)]
             cells.append(
                 f"{float(np.sqrt(per_position[0] * per_position[1])):.2f}"
-                f" [first {per_position[0]:.2f}, second {per_position[1]:.2f}]"
+                f" [first {per_position[0]:.2f}, second {per_position[1]:.2f};"
+                f" {medians_us[0]:.0f} -> {medians_us[1]:.0f} µs]"
             )
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 

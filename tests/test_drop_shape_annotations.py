@@ -52,7 +52,7 @@ def test_enable_puts_a_pass_where_all_passes_orders_it() -> None:
     # Before the memory reorder and the annotation drop (opt-in fusions still see shapes); the
     # Q/K/V merge right after attention fusion, as the pipeline once ran it.
     model = parse_model(TEXT.replace(', "custom" : 1', "").replace("    c = custom.Thing(x)\n", ""))
-    result = optimize(model, enable=["fuse-bias-gelu", "merge-qkv-projections"])
+    result = optimize(model, enable=["fuse-skip-layer-norm", "merge-qkv-projections"])
     ran = list(result.report.passes_run)
-    assert ran[-3:] == ["fuse-bias-gelu", "reorder-for-memory", "drop-shape-annotations"]
+    assert ran[-3:] == ["fuse-skip-layer-norm", "reorder-for-memory", "drop-shape-annotations"]
     assert ran[ran.index("fuse-attention") + 1] == "merge-qkv-projections"

@@ -141,3 +141,68 @@ def test_rank_raising_constant_is_not_a_scalar() -> None:
         **{**CONSTANTS, "half": np.full((1, 1, 1, 1), 0.5, dtype=np.float32)},
     )
     assert not FuseGeluPass()(model).modified
+
+
+BIAS_GELU = """
+    <ir_version: 9, opset_import: ["" : 20]>
+    g ({xtype}[B, S, 8] x{extra_input}) => ({xtype}[B, S, 8] y) {{
+        z = Add (x, bias)
+        y = Gelu (z)
+    }}
+"""
+
+
+@pytest.mark.parametrize(
+    ("bias", "extra_input", "xtype", "reason"),
+    [
+        (rng_array(1, 8), "", "float", "bias has shape [1, 8], not 1-D"),
+        (rng_array(1), "", "float", "bias length 1 is not the input's last dim (8)"),
+        (None, ", float[8] bias", "float", None),
+        (
+            rng_array(8).astype(np.float64),
+            "",
+            "double",
+            "BiasGelu/FastGelu run on float and float16",
+        ),
+    ],
+    ids=["2-D", "broadcast", "graph-input", "double"],
+)
+def test_bias_gelu_needs_a_constant_1d_float_bias_along_the_last_axis(
+    bias: np.ndarray | None, extra_input: str, xtype: str, reason: str | None
+) -> None:
+    text = BIAS_GELU.format(xtype=xtype, extra_input=extra_input)
+    model = parse(text, **({"bias": bias} if bias is not None else {}))
+    result = FuseBiasGeluPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    if reason is None:  # a bias that is not a constant is not a candidate at all
+        assert result.notes == []
+    else:
+        assert len(result.notes) == 1
+        assert result.notes[0].startswith("add+Gelu(onnx)->BiasGelu/FastGelu: ")
+        assert reason in result.notes[0]
+
+
+def test_bias_gelu_along_another_axis_is_refused() -> None:
+    text = BIAS_GELU.format(xtype="float", extra_input="").replace("[B, S, 8]", "[B, 8, 3]")
+    result = FuseBiasGeluPass(PassOptions(explain=True))(parse(text, bias=rng_array(8, 1)))
+    assert not result.modified
+    assert result.notes == [
+        "add+Gelu(onnx)->BiasGelu/FastGelu: Gelu: bias has shape [8, 1], not 1-D"
+    ]
+
+
+def test_bias_gelu_is_ort_only() -> None:
+    model = parse(BIAS_GELU.format(xtype="float", extra_input=""), bias=rng_array(8))
+    assert not FuseBiasGeluPass(PassOptions(target="onnx"))(model).modified
+
+
+def test_default_level_emits_bias_gelu_for_ort_only() -> None:
+    from onnxopt.api import optimize
+
+    model = parse(BIAS_GELU.format(xtype="float", extra_input=""), bias=rng_array(8))
+    result = optimize(model)
+    assert result.validated
+    assert op_types(result.model) == ["com.microsoft::BiasGelu"]
+    portable = optimize(model, target="onnx")
+    assert op_types(portable.model) == ["Add", "Gelu"]
+    assert op_types(optimize(model, disable=["fuse-bias-gelu"]).model) == ["Add", "Gelu"]

@@ -134,8 +134,9 @@ def test_tiny_bert(tmp_path: Path, dynamo: bool) -> None:
     assert result.validated, result.report.validation
     assert len(result.report.validation.trials) >= 2  # type: ignore[union-attr]
     ops = result.report.after.op_counts
-    # SkipLayerNormalization and BiasGelu are opt-in (slower kernels on ORT CPU); Gelu is fused
-    # (TorchScript at opset 17: com.microsoft Gelu) or exported natively (dynamo, opset 18+ / 20+).
+    # SkipLayerNormalization is opt-in (slower kernel on ORT CPU); Gelu is fused (TorchScript at
+    # opset 17: com.microsoft Gelu) or exported natively (dynamo, opset 18+ / 20+). No BiasGelu:
+    # transformers initializes Linear biases to zero, so the bias Add folds away first.
     assert "Erf" not in ops
     assert ops.get("com.microsoft::Gelu", 0) + ops.get("Gelu", 0) == 2 or dynamo
     assert "com.microsoft::SkipLayerNormalization" not in ops
@@ -209,3 +210,30 @@ def test_tiny_llama_rms_norm(tmp_path: Path) -> None:
     ops = result.report.after.op_counts
     assert ops.get("SimplifiedLayerNormalization") == 5  # 2 per layer and the final norm
     assert "Pow" not in ops and "ReduceMean" not in ops
+
+
+def test_tiny_convnext_bias_gelu_and_channels_last_residual(tmp_path: Path) -> None:
+    """The zoo's ConvNeXt (depths 1-1): each block's Linear + GELU becomes MatMul + BiasGelu, and
+    the first stage's residual Add runs channels-last, so its last Transpose cancels the
+    downsampling LayerNorm's (8 -> 6 Transposes; ORT's transformer optimizer does the same)."""
+    from onnxopt.zoo.vision import convnext_tiny_tiny
+
+    module, inputs, dynamic = convnext_tiny_tiny()
+    path = _export(
+        module,
+        tuple(inputs.values()),
+        tmp_path / "convnext.onnx",
+        False,
+        list(inputs),
+        dict(dynamic),
+    )
+    result = optimize(path)
+    assert result.validated, result.report.validation
+    before, after = result.report.before.op_counts, result.report.after.op_counts
+    assert (before["Transpose"], after["Transpose"]) == (8, 6)
+    assert after["com.microsoft::BiasGelu"] == 2
+    assert "Gelu" not in after and "Erf" not in after
+    portable = optimize(path, target="onnx")
+    assert portable.validated
+    assert portable.report.after.op_counts["Transpose"] == 6
+    assert not any(op.startswith("com.microsoft") for op in portable.report.after.op_counts)

@@ -486,3 +486,124 @@ def test_reshape_chain_with_a_shared_inner_reshape_is_left_alone() -> None:
         outputs="float[24] y, int64[2] s",
     )
     assert_refuses(MergeConsecutiveOpsPass, text, "has other users; merging would remove nothing")
+
+
+# Transpose past Add/Sub/Mul/Div --------------------------------------------------------------
+
+PAST = "{op}(Transpose, Transpose)->Transpose({op})"
+
+# ConvNeXt's residual stream in miniature (perm [0, 2, 1] is its own inverse): each block's
+# "conv" (Neg) reads the channels-first stream, its "MLP" (Relu) runs channels-last, and the
+# residual Add adds two Transposes. The stream moves to channels-last; the stage's last
+# Transpose then meets its inverse and both go.
+CONVNEXT_LIKE = model(
+    "{ s0 = Transpose <perm = [0, 2, 1]> (x)\n"
+    " c1 = Neg(s0)\n t1 = Transpose <perm = [0, 2, 1]> (c1)\n h1 = Relu(t1)\n"
+    " b1 = Transpose <perm = [0, 2, 1]> (h1)\n s1 = Add(s0, b1)\n"
+    " c2 = Neg(s1)\n t2 = Transpose <perm = [0, 2, 1]> (c2)\n h2 = Relu(t2)\n"
+    " b2 = Transpose <perm = [0, 2, 1]> (h2)\n s2 = Add(s1, b2)\n"
+    " y = Transpose <perm = [0, 2, 1]> (s2) }",
+)
+
+
+def test_transposes_move_down_a_residual_stream_to_their_inverse() -> None:
+    optimized = assert_rewrites(
+        MergeConsecutiveOpsPass,
+        CONVNEXT_LIKE,
+        {PAST.format(op="Add"): 2, T: 1},
+        [
+            "Transpose",
+            "Neg",
+            "Transpose",
+            "Relu",
+            "Add",
+            "Transpose",
+            "Neg",
+            "Transpose",
+            "Relu",
+            "Add",
+        ],
+    )
+    assert [n.op_type for n in optimized.graph].count("Transpose") == 4  # 6 before
+
+
+@pytest.mark.parametrize(
+    ("text", "stats", "ops"),
+    [
+        (
+            model(
+                "{ r = Relu(x)\n a = Transpose <perm = [1, 2, 0]> (x)\n"
+                " b = Transpose <perm = [1, 2, 0]> (r)\n d = Sub(a, b)\n y = Relu(d) }",
+                outputs="float[3,4,2] y",
+            ),
+            {PAST.format(op="Sub"): 1},
+            ["Relu", "Sub", "Transpose", "Relu"],
+        ),
+        (
+            model(
+                "{ r = Relu(x)\n a = Transpose(x)\n b = Transpose(r)\n d = Div(b, a)\n"
+                " y = Transpose(d) }",
+                inputs="float[2,3,4] x",
+            ),
+            {PAST.format(op="Div"): 1, T: 1},
+            ["Relu", "Div"],
+        ),
+        (
+            model(
+                "{ a = Transpose <perm = [0, 2, 1]> (x)\n d = Mul(a, a)\n y = Relu(d) }",
+                outputs="float[2,4,3] y",
+            ),
+            {PAST.format(op="Mul"): 1},
+            ["Mul", "Transpose", "Relu"],
+        ),
+    ],
+    ids=["sub-both-die", "div-default-perms-then-inverse", "mul-same-transpose-twice"],
+)
+def test_transpose_moves_past_an_elementwise_op(
+    text: str, stats: dict[str, int], ops: list[str]
+) -> None:
+    assert_rewrites(MergeConsecutiveOpsPass, text, stats, ops)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (
+            model(
+                "{ r = Relu(x)\n a = Transpose <perm = [0, 2, 1]> (x)\n"
+                " b = Transpose <perm = [1, 0, 2]> (r)\n y = Add(a, b) }",
+                inputs="float[3,3,3] x",
+                outputs="float[3,3,3] y",
+            ),
+            "input Transposes have different perms",
+        ),
+        (
+            model(
+                "{ r = Relu(x)\n a = Transpose <perm = [0, 2, 1]> (x)\n"
+                " b = Transpose <perm = [0, 2, 1]> (r)\n c = Add(a, b)\n y = Sum(c, a, b) }",
+                outputs="float[2,4,3] y",
+            ),
+            "both input Transposes have other users",
+        ),
+        (
+            model(
+                "<float[1,3,1] s = {1, 2, 3}> { a = Transpose <perm = [0, 2, 1]> (x)\n"
+                " b = Transpose <perm = [0, 2, 1]> (s)\n c = Mul(a, b)\n y = Add(c, a) }",
+                outputs="float[2,4,3] y",
+            ),
+            "may be larger than the Transposes it replaces",
+        ),
+        (
+            model(
+                "{ r = Relu(x)\n a = Transpose <perm = [0, 2, 1]> (x)\n"
+                " b = Transpose <perm = [0, 2, 1]> (r)\n c = Add(a, b)\n y = Relu(c) }",
+                outputs="float[2,4,3] y",
+                opset=6,
+            ),
+            "before opset 7",
+        ),
+    ],
+    ids=["different-perms", "shared-transposes", "broadcast-grows", "opset-6"],
+)
+def test_transpose_stays_before_an_elementwise_op(text: str, reason: str) -> None:
+    assert_refuses(MergeConsecutiveOpsPass, text, reason)

@@ -5,6 +5,14 @@ A Reshape also absorbs a Flatten, Squeeze or Unsqueeze before it (all keep the e
 The outer op is rewritten to read the inner op's input directly; the inner op goes away when
 nothing else uses it (when something does, it stays and the chain is still one op shorter).
 
+A Transpose is also moved past an element-wise Add/Sub/Mul/Div whose two inputs are both
+Transposes with the same perm: ``op(T(a), T(b)) == T(op(a, b))`` (equal ranks broadcast axis by axis,
+so permuting both operands permutes the result). The move never adds a node (at least one input
+Transpose must die with it) and never transposes more data than it removes (the output is no
+larger than a dying input); it pays where the moved Transpose meets its inverse further down, as
+ConvNeXt's residual stream does: ``Add(T(ln), T(mlp))`` per block, then ``T⁻¹`` before the next
+stage's LayerNorm (both Transposes of that pair go).
+
 Cast chains are merged only where exact: ``Cast(Cast(x, B), C) == Cast(x, C)`` holds when every
 value of x's type A is exactly representable in B (``EXACT_WIDENING``), since then the second cast
 sees the very value the first one was given. When C == A too, both casts go.
@@ -109,6 +117,89 @@ def _rewrite_transposes(match: Match, context: RewriteContext) -> Replacement:
     if perm is None or perm == tuple(range(len(perm))):
         return Replacement((), ((outer.outputs[0], source),))
     return _replace_with(match, _same_op_on(outer, source, perm=list(perm)))
+
+
+# Transpose past an element-wise binary op -----------------------------------------------------
+
+ELEMENTWISE_BINARY = ("Add", "Sub", "Mul", "Div")
+
+
+def _same_dims(a: ir.Shape | None, b: ir.Shape | None) -> bool:
+    """Provably the same shape: equal ranks, equal ints, symbolic dims with the same name."""
+    if a is None or b is None or len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, int) or isinstance(y, int):
+            if x != y:
+                return False
+        elif x.value is None or x.value != y.value:
+            return False
+    return True
+
+
+def _match_transpose_past(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if len(node.inputs) != 2 or any(value is None for value in node.inputs):
+        return Mismatch("it does not have two inputs", candidate=False)
+    transposes: list[ir.Node] = []
+    for value in node.inputs:
+        producer = value.producer() if value is not None else None
+        if producer is None or not is_op(producer, "Transpose") or producer.inputs[0] is None:
+            return Mismatch("not both inputs come from a Transpose", candidate=False)
+        transposes.append(producer)
+    first, second = transposes
+    perm = first.attributes.get_ints("perm", None)
+    other_perm = second.attributes.get_ints("perm", None)
+    if (tuple(perm) if perm is not None else None) != (
+        tuple(other_perm) if other_perm is not None else None
+    ):
+        return Mismatch("its input Transposes have different perms")
+    if len(node.attributes) or context.opset() < 7:
+        return Mismatch(f"{node.op_type} before opset 7 broadcasts along an axis attribute")
+    if perm is None:  # reverse the axes: explicit from here on, which needs the rank
+        ranks = {
+            len(dims) if (dims := dims_of(t.inputs[0])) is not None else None for t in transposes
+        }
+        rank = ranks.pop() if len(ranks) == 1 else None
+        if rank is None:
+            return Mismatch("its input Transposes reverse axes of unknown or different ranks")
+        perm = list(reversed(range(rank)))
+    dying = [
+        t
+        for i, t in enumerate(transposes)
+        if t not in transposes[:i]
+        and not t.outputs[0].is_graph_output()
+        and all(use.node is node for use in t.outputs[0].uses())
+    ]
+    if not dying:
+        return Mismatch("both input Transposes have other users: moving would add a node")
+    if not any(_same_dims(t.outputs[0].shape, node.outputs[0].shape) for t in dying):
+        return Mismatch(
+            "the result may be larger than the Transposes it replaces (broadcast or unknown shape)"
+        )
+    return Match([*dying, node], {"perm": perm})
+
+
+def _rewrite_transpose_past(match: Match, context: RewriteContext) -> Replacement:
+    node = match.root
+    sources = []
+    for value in node.inputs:
+        assert value is not None
+        producer = value.producer()
+        assert producer is not None
+        sources.append(producer.inputs[0])
+    inner = ir.Node(node.domain, node.op_type, sources, [])
+    result = node.outputs[0]
+    if result.dtype is not None:
+        inner.outputs[0].dtype = result.dtype
+    perm = match.bindings["perm"]
+    if result.shape is not None and len(result.shape) == len(perm):
+        # T(y)[i] = y[perm[i]], so y's axis perm[i] is the result's axis i.
+        dims: list[int | ir.SymbolicDim | None] = [None] * len(perm)
+        for axis, source_axis in enumerate(perm):
+            dims[source_axis] = result.shape[axis]
+        inner.outputs[0].shape = ir.Shape(dims)
+    transpose = ir.Node("", "Transpose", [inner.outputs[0]], [ir.AttrInt64s("perm", list(perm))])
+    return Replacement((inner, transpose), ((result, transpose.outputs[0]),))
 
 
 # Reshape∘Reshape (and Reshape after the other order-keeping shape ops) ---------------------------
@@ -450,6 +541,15 @@ def _rule(
 RULES: tuple[Rule, ...] = (
     _rule("Transpose∘Transpose", "Transpose", _match_transposes, _rewrite_transposes),
     *(
+        _rule(
+            f"{op}(Transpose, Transpose)->Transpose({op})",
+            op,
+            _match_transpose_past,
+            _rewrite_transpose_past,
+        )
+        for op in ELEMENTWISE_BINARY
+    ),
+    *(
         _rule(f"Reshape∘{inner}", "Reshape", _reshape_of(inner), _rewrite_reshapes)
         for inner in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
     ),
@@ -463,12 +563,14 @@ RULES: tuple[Rule, ...] = (
 
 class MergeConsecutiveOpsPass(Pass):
     """Merge Transpose∘Transpose (composed perm), Reshape∘(Reshape|Flatten|Squeeze|Unsqueeze), Squeeze∘Squeeze,
-    Unsqueeze∘Unsqueeze (merged axes), exact Cast∘Cast, Slice∘Slice and Concat∘Concat into one op.
+    Unsqueeze∘Unsqueeze (merged axes), exact Cast∘Cast, Slice∘Slice and Concat∘Concat into one op;
+    move a Transpose past Add/Sub/Mul/Div of two same-perm Transposes (toward its inverse).
     """
 
     name = "merge-consecutive-ops"
     summary = (
-        "merge Transpose, Reshape, (Un)Squeeze, exact Cast, Slice and Concat chains into one op"
+        "merge Transpose, Reshape, (Un)Squeeze, exact Cast, Slice and Concat chains into one op;"
+        " move a Transpose past Add/Sub/Mul/Div of two same-perm Transposes"
     )
 
     def call(self, model: ir.Model) -> PassResult:
