@@ -167,6 +167,34 @@ def test_shape_inference_keeps_symbolic_dims() -> None:
     assert not InferShapesPass()(result.model).modified
 
 
+def test_placeholder_dims_are_renamed_once_a_rewrite_proves_them() -> None:
+    # m = Reshape(mask, [0, -1]) hides the sequence dim from inference: it gets a made-up name,
+    # recorded on m, c and d. Once the Reshape is gone (as eliminate-noops removes it), inference
+    # without the recorded names proves the dims are [batch, seq]; ONNX alone would keep "unk__".
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int64[batch, seq] mask) => (float[batch, seq] d) <int64[2] t = {0, -1}> {
+            m = Reshape(mask, t)
+            c = Cast<to = 1>(m)
+            d = Relu(c)
+        }
+        """
+    )
+    InferShapesPass()(model)
+    c = next(n for n in model.graph if n.op_type == "Cast")
+    assert c.outputs[0].shape is not None
+    made_up = str(c.outputs[0].shape[1])
+    assert made_up.startswith("unk__")
+    reshape = model.graph.node(0)
+    c.replace_input_with(0, model.graph.inputs[0])
+    model.graph.remove(reshape, safe=True)
+    result = InferShapesPass()(model)
+    assert result.stats["placeholder dims resolved"] == 1  # c; d's dims come from the output
+    assert [str(d) for d in c.outputs[0].shape] == ["batch", "seq"]
+    assert not InferShapesPass()(model).modified
+
+
 def test_input_shape_pinning() -> None:
     model = parse_model(
         """

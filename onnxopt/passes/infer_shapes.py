@@ -7,7 +7,7 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import _c_api_utils
 
-from onnxopt.passes._refine_shapes import refine_shapes
+from onnxopt.passes._refine_shapes import GENERATED_DIM_PREFIX, refine_shapes
 from onnxopt.passes.base import Pass, PassResult
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,79 @@ def _value_infos(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
     return found
 
 
+def _is_placeholder(dim: object) -> bool:
+    """A dim named "unk__N": a name a shape inference made up for a dim it could not tell."""
+    name = getattr(dim, "value", None)
+    return isinstance(name, str) and name.startswith(GENERATED_DIM_PREFIX)
+
+
+def _forget_placeholders(graph: onnx.GraphProto) -> None:
+    """Clear the made-up dim names in ``graph``'s value_info and its subgraphs'."""
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        for info in current.value_info:
+            for dim in info.type.tensor_type.shape.dim:
+                if dim.HasField("dim_param") and dim.dim_param.startswith(GENERATED_DIM_PREFIX):
+                    dim.ClearField("dim_param")
+        for node in current.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
+
+
+def _resolved_placeholders(
+    model: ir.Model, fresh: dict[str, onnx.ValueInfoProto]
+) -> dict[str, int | str]:
+    """Made-up names that inference without them proves to be a declared symbol or a size.
+
+    ONNX inference keeps a name it finds recorded: a placeholder recorded for ``Cast(Reshape(mask))``
+    ([unk__0, unk__3]) survives the rewrite to ``Cast(mask)``, whose dims are [batch, sequence].
+    Inferred afresh, the dim reads "batch"; every dim named unk__0 is that same dim, so the name
+    can be replaced everywhere (the first proof, in graph order, wins).
+    """
+    found: dict[str, int | str] = {}
+    for graph in model.graphs():
+        for value in _graph_values(graph):
+            info = fresh.get(value.name or "")
+            if info is None or value.shape is None:
+                continue
+            shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+            if shape is None or len(shape) != len(value.shape):
+                continue
+            for before, after in zip(value.shape, shape, strict=True):
+                if not _is_placeholder(before) or str(before.value) in found:  # type: ignore[union-attr]
+                    continue
+                if isinstance(after, int):
+                    found[str(before.value)] = after  # type: ignore[union-attr]
+                elif after.value is not None and not _is_placeholder(after):
+                    found[str(before.value)] = str(after.value)  # type: ignore[union-attr]
+    return found
+
+
+def _rename_placeholders(model: ir.Model, names: dict[str, int | str]) -> int:
+    renamed = 0
+    for graph in model.graphs():
+        for value in _graph_values(graph):
+            shape = value.shape
+            if shape is None or not any(
+                _is_placeholder(d) and str(d.value) in names  # type: ignore[union-attr]
+                for d in shape
+            ):
+                continue
+            dims: list[int | ir.SymbolicDim] = []
+            for dim in shape:
+                target = names.get(str(dim.value)) if _is_placeholder(dim) else None  # type: ignore[union-attr]
+                if target is None:
+                    dims.append(dim)
+                else:
+                    dims.append(target if isinstance(target, int) else ir.SymbolicDim(target))
+            value.shape = ir.Shape(dims)
+            renamed += 1
+    return renamed
+
+
 def _graph_values(graph: ir.Graph) -> list[ir.Value]:
     values = [*graph.inputs]
     for node in graph:
@@ -105,6 +178,20 @@ class InferShapesPass(Pass):
             return PassResult(
                 model, modified=bool(stats), stats=stats, notes=[f"shape inference failed: {exc}"]
             )
+
+        # A second run without the made-up names: the ones it resolves are renamed everywhere.
+        def infer_afresh(proto: onnx.ModelProto) -> onnx.ModelProto:
+            _forget_placeholders(proto.graph)
+            return infer(proto)
+
+        try:
+            afresh = _c_api_utils.call_onnx_api(infer_afresh, model)
+        except Exception:  # the first run succeeded; this one only adds names
+            afresh = None
+        if afresh is not None:
+            resolved = _resolved_placeholders(model, _value_infos(afresh.graph))
+            if resolved:
+                stats["placeholder dims resolved"] += _rename_placeholders(model, resolved)
         # Read only the inferred types (deserializing the whole inferred model costs more than inference).
         infos = _value_infos(inferred.graph)
         for graph in model.graphs():
