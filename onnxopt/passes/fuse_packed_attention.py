@@ -422,6 +422,13 @@ def _match_attention(mha: ir.Node, context: RewriteContext, merged: bool) -> Mat
         return Mismatch("only float32 projections are fused (Attention's CPU kernel)")
     if _rank(source) not in (3, None):  # None: MatMul with a 2-D weight keeps the rank, 3
         return Mismatch("the projection's input is not [B, S, D_in] (Attention takes rank 3)")
+    # Before reading the weights: the cheap refusal first (Whisper's encoder, every layer).
+    has_mask = len(inputs) > _ATTENTION_BIAS and inputs[_ATTENTION_BIAS] is not None
+    if not has_mask:
+        length = _dim(source, 1)
+        if length is None or length > MAX_UNMASKED_SEQUENCE:
+            said = "a dynamic sequence length" if length is None else f"sequence length {length}"
+            return Mismatch(f"no mask and {said}: MultiHeadAttention is faster")
     sizes = _check_weights(qkv)
     if isinstance(sizes, Mismatch):
         return sizes
@@ -432,12 +439,6 @@ def _match_attention(mha: ir.Node, context: RewriteContext, merged: bool) -> Mat
     heads = mha.attributes.get_int("num_heads", 0)
     if heads <= 0 or any(size % heads for size in sizes):
         return Mismatch(f"the widths {list(sizes)} are not multiples of num_heads {heads}")
-    has_mask = len(inputs) > _ATTENTION_BIAS and inputs[_ATTENTION_BIAS] is not None
-    if not has_mask:
-        length = _dim(source, 1)
-        if length is None or length > MAX_UNMASKED_SEQUENCE:
-            said = "a dynamic sequence length" if length is None else f"sequence length {length}"
-            return Mismatch(f"no mask and {said}: MultiHeadAttention is faster")
     position = {id(n): i for i, n in enumerate(context.graph)}
     nodes = sorted([*qkv.nodes, *dead, *scale_nodes], key=lambda n: position.get(id(n), -1))
     scale = mha.attributes.get_float("scale", 0.0) or float(1.0 / np.sqrt(sizes[0] // heads))
