@@ -267,3 +267,11 @@ def test_folds_gpt2_gemm_projection() -> None:
 
 def test_refuses_a_transposed_gemm_weight() -> None:
     assert_refuses(FusePackedAttentionPass, _gpt2_model(trans_b=1), "scales or transposes")
+
+
+def test_refuses_cross_attention() -> None:
+    """K and V projected from another tensor (an encoder's output): Attention is self-attention."""
+    text = _model(separate=True, mask=False, seq="5")
+    text = text.replace("float[B, 5, 6] x)", "float[B, 5, 6] x, float[B, 5, 6] e)")
+    text = text.replace("v0 = MatMul(x, wv)", "v0 = MatMul(e, wv)")
+    assert_refuses(FusePackedAttentionPass, text, "projections of different tensors")
