@@ -2,7 +2,8 @@
 
     nice python benchmarks/attention_layouts_micro.py --sequence 128 --hidden 768 --heads 12
 
-Variants (all with the same additive mask [B, 1, S, S] as attention_bias, the same scale):
+Variants (all with the same additive mask [B, 1, S, S] as attention_bias, or with ``--no-mask``
+none, as ViT and Whisper's encoder have; the same scale):
 
 - ``split``:   MatMul(x, Wqkv) + Split + MultiHeadAttention(q, k, v)   (what fuse-attention +
                merge-qkv-projections emit)
@@ -31,7 +32,7 @@ from onnx import numpy_helper as nh
 MS = "com.microsoft"
 
 
-def build(variant: str, S: int, D: int, H: int, bias_zero: bool) -> bytes:
+def build(variant: str, S: int, D: int, H: int, bias_zero: bool, mask: bool = True) -> bytes:
     d = D // H
     rng = np.random.default_rng(0)
     w = [rng.standard_normal((D, D)).astype(np.float32) * 0.05 for _ in range(3)]
@@ -39,10 +40,10 @@ def build(variant: str, S: int, D: int, H: int, bias_zero: bool) -> bytes:
         (np.zeros(D) if bias_zero else rng.standard_normal(D) * 0.1).astype(np.float32)
         for _ in range(3)
     ]
-    inputs = [
-        h.make_tensor_value_info("x", TP.FLOAT, [1, S, D]),
-        h.make_tensor_value_info("mask", TP.FLOAT, [1, 1, S, S]),
-    ]
+    inputs = [h.make_tensor_value_info("x", TP.FLOAT, [1, S, D])]
+    if mask:
+        inputs.append(h.make_tensor_value_info("mask", TP.FLOAT, [1, 1, S, S]))
+    tail = ["", "", "mask"] if mask else []
     init: list[onnx.TensorProto] = []
     nodes: list[onnx.NodeProto] = []
     scale = float(d**-0.5)
@@ -68,7 +69,7 @@ def build(variant: str, S: int, D: int, H: int, bias_zero: bool) -> bytes:
         nodes.append(
             h.make_node(
                 "MultiHeadAttention",
-                ["q", "k", "v", "", "", "mask"],
+                ["q", "k", "v", *tail],
                 ["y"],
                 domain=MS,
                 num_heads=H,
@@ -90,7 +91,7 @@ def build(variant: str, S: int, D: int, H: int, bias_zero: bool) -> bytes:
             h.make_node("Reshape", ["xwb", "shape"], ["qkv"]),
             h.make_node(
                 "MultiHeadAttention",
-                ["qkv", "", "", "", "", "mask"],
+                ["qkv", "", "", *tail],
                 ["y"],
                 domain=MS,
                 num_heads=H,
@@ -102,7 +103,7 @@ def build(variant: str, S: int, D: int, H: int, bias_zero: bool) -> bytes:
         nodes.append(
             h.make_node(
                 "Attention",
-                ["x", "w", "b", "", "", "mask"],
+                ["x", "w", "b", *tail],
                 ["y"],
                 domain=MS,
                 num_heads=H,
@@ -131,13 +132,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--variants", default="split,three,attention")
     parser.add_argument("--zero-bias", action="store_true", help="projection biases of zero")
+    parser.add_argument("--no-mask", action="store_true", help="no attention_bias (ViT, Whisper)")
     args = parser.parse_args()
     S, D, H = args.sequence, args.hidden, args.heads
     variants = args.variants.split(",")
     rng = np.random.default_rng(1)
     mask = np.zeros((1, 1, S, S), np.float32)
     mask[..., S - S // 8 :] = np.finfo(np.float32).min  # some padded keys
-    feeds = {"x": rng.standard_normal((1, S, D)).astype(np.float32), "mask": mask}
+    feeds = {"x": rng.standard_normal((1, S, D)).astype(np.float32)}
+    if not args.no_mask:
+        feeds["mask"] = mask
     sessions = {}
     for v in variants:
         o = ort.SessionOptions()
@@ -145,7 +149,9 @@ def main() -> None:
         o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         o.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sessions[v] = ort.InferenceSession(
-            build(v, S, D, H, args.zero_bias), o, providers=["CPUExecutionProvider"]
+            build(v, S, D, H, args.zero_bias, mask=not args.no_mask),
+            o,
+            providers=["CPUExecutionProvider"],
         )
     outputs = {v: s.run(None, feeds)[0] for v, s in sessions.items()}
     for v in variants:
@@ -166,7 +172,7 @@ def main() -> None:
     for v in variants:
         ratio = statistics.median(a / b for a, b in zip(times[base], times[v], strict=True))
         print(
-            f"S={S} {v:10s} median {statistics.median(times[v]) * 1e3:7.3f} ms  "
+            f"S={S} D={D} H={H}{' no mask' if args.no_mask else ''} {v:10s} median {statistics.median(times[v]) * 1e3:7.3f} ms  "
             f"{base}/{v} {ratio:.3f}"
         )
 

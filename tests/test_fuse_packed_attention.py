@@ -1,10 +1,12 @@
-"""FusePackedAttentionPass: MatMul(x, Wqkv) (+ b) + Split + MultiHeadAttention -> com.microsoft.Attention."""
+"""FusePackedAttentionPass: Q/K/V projections (merged + Split, or three MatMuls) + MultiHeadAttention -> Attention."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx_ir as ir
 import pytest
 
+from onnxopt.ops import const_array
 from onnxopt.passes.fuse_packed_attention import FusePackedAttentionPass
 from onnxopt.passes.options import PassOptions
 from tests._pass_check import assert_refuses, assert_rewrites, load, op_types
@@ -24,14 +26,28 @@ def _model(
     mask: bool = True,
     query_scale: bool = False,
     leak: bool = False,
+    separate: bool = False,
+    biases: tuple[bool, bool, bool] = (True, True, True),
+    seq: str = "S",
 ) -> str:
+    """One attention layer as fuse-attention leaves it: a merged projection + Split, or (separate)
+    three projections of x with biases where ``biases`` says, then MultiHeadAttention."""
     width = sum(sizes)
-    inits = [_floats("w", (6, width), 0), _floats("b", (width,), 1)]
-    inits.append(f"int64[3] sizes = {{{', '.join(map(str, sizes))}}}")
-    inits.append("int64[2] ones = {1, 1}")
-    inits.append("float c = {0.5}")
-    body = ["p0 = MatMul(x, w)", "p = Add(p0, b)"] if bias else ["p = MatMul(x, w)"]
-    body.append("q, k, v = Split <axis: int = -1> (p, sizes)")
+    inits = ["int64[2] ones = {1, 1}", "float c = {0.5}"]
+    if separate:
+        body = []
+        for i, (name, size) in enumerate(zip("qkv", sizes, strict=True)):
+            inits.append(_floats(f"w{name}", (6, size), 2 * i))
+            if biases[i]:
+                inits.append(_floats(f"b{name}", (size,), 2 * i + 1))
+                body += [f"{name}0 = MatMul(x, w{name})", f"{name} = Add({name}0, b{name})"]
+            else:
+                body.append(f"{name} = MatMul(x, w{name})")
+    else:
+        inits += [_floats("w", (6, width), 0), _floats("b", (width,), 1)]
+        inits.append(f"int64[3] sizes = {{{', '.join(map(str, sizes))}}}")
+        body = ["p0 = MatMul(x, w)", "p = Add(p0, b)"] if bias else ["p = MatMul(x, w)"]
+        body.append("q, k, v = Split <axis: int = -1> (p, sizes)")
     query = "q"
     if query_scale:
         body.append("qs = Mul(q, c)")
@@ -39,7 +55,7 @@ def _model(
     attention_bias = ""
     if mask:
         body += [
-            "sq = Shape <start: int = 1, end: int = 2> (q)",
+            f"sq = Shape <start: int = 1, end: int = 2> ({query})",
             "sk = Shape <start: int = 1, end: int = 2> (k)",
             "full = Concat <axis: int = 0> (ones, sq, sk)",
             "bias = Expand(m, full)",
@@ -49,15 +65,15 @@ def _model(
         "y = com.microsoft.MultiHeadAttention <num_heads: int = 2, scale: float = 0.25> "
         f"({query}, k, v{attention_bias})"
     )
-    outputs = "float[B, S, 8] y"
+    outputs = f"float[B, {seq}, {sizes[2]}] y"
     if leak:
         body.append("kk = Relu(k)")
-        outputs += ", float[B, S, 8] kk"
-    mask_input = ", float[B, 1, 1, S] m" if mask else ""
+        outputs += f", float[B, {seq}, {sizes[1]}] kk"
+    mask_input = f", float[B, 1, 1, {seq}] m" if mask else ""
     newline = "\n"
     return f"""
         <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
-        g (float[B, S, 6] x{mask_input}) => ({outputs}) <
+        g (float[B, {seq}, 6] x{mask_input}) => ({outputs}) <
             {", ".join(inits)}
         > {{
             {newline.join(body)}
@@ -83,7 +99,7 @@ def test_folds_projection_split_and_mha_into_attention() -> None:
 def test_folds_a_query_scale_into_the_attention_scale() -> None:
     model = assert_rewrites(
         FusePackedAttentionPass,
-        _model(bias=False, mask=False, query_scale=True),
+        _model(bias=False, mask=False, query_scale=True, seq="5"),
         {"qkv-matmul+split+mha->attention": 1},
         ["Attention"],
         trials=2,
@@ -92,14 +108,110 @@ def test_folds_a_query_scale_into_the_attention_scale() -> None:
     assert attention.attributes.get_float("scale") == pytest.approx(0.125)
 
 
-def test_refuses_unequal_widths() -> None:
+def test_passes_a_narrower_value_as_qkv_hidden_sizes() -> None:
+    model = assert_rewrites(
+        FusePackedAttentionPass,
+        _model(sizes=(8, 8, 4)),
+        {"qkv-matmul+split+mha->attention": 1, "shape-of-qkv-slice->shape-of-input": 2},
+        ["Shape", "Concat", "Expand", "Attention"],
+        trials=2,
+    )
+    attention = next(n for n in model.graph if n.op_type == "Attention")
+    assert list(attention.attributes.get_ints("qkv_hidden_sizes")) == [8, 8, 4]
+
+
+def test_refuses_query_and_key_of_different_widths() -> None:
     assert_refuses(
-        FusePackedAttentionPass, _model(sizes=(8, 8, 4), mask=False), "widths are not equal"
+        FusePackedAttentionPass,
+        _model(sizes=(8, 4, 8), mask=False, seq="5"),
+        "Q and K widths differ",
+    )
+
+
+def _attention(model: ir.Model) -> ir.Node:
+    return next(n for n in model.graph if n.op_type == "Attention")
+
+
+def test_folds_three_projections_into_attention_with_packed_weights() -> None:
+    text = _model(separate=True)
+    model = assert_rewrites(
+        FusePackedAttentionPass,
+        text,
+        {"q,k,v-matmuls+mha->attention": 1, "shape-of-qkv-slice->shape-of-input": 2},
+        ["Shape", "Concat", "Expand", "Attention"],
+        trials=2,
+    )
+    attention = _attention(model)
+    assert attention.domain == "com.microsoft"
+    assert attention.inputs[0] is not None and attention.inputs[0].name == "x"
+    original = {v.name: v.const_value.numpy() for v in load(text).graph.initializers.values()}
+    weight, bias = (const_array(v) for v in attention.inputs[1:3])
+    expected = np.concatenate([original["wq"], original["wk"], original["wv"]], axis=1)
+    np.testing.assert_array_equal(weight, expected)
+    np.testing.assert_array_equal(bias, np.concatenate([original[n] for n in ("bq", "bk", "bv")]))
+    assert "qkv_hidden_sizes" not in attention.attributes
+
+
+def test_folds_three_projections_without_biases() -> None:
+    model = assert_rewrites(
+        FusePackedAttentionPass,
+        _model(separate=True, biases=(False, False, False)),
+        {"q,k,v-matmuls+mha->attention": 1, "shape-of-qkv-slice->shape-of-input": 2},
+        ["Shape", "Concat", "Expand", "Attention"],
+        trials=2,
+    )
+    assert _attention(model).inputs[2] is None
+
+
+def test_folds_whisper_like_projections_a_missing_key_bias_as_zeros() -> None:
+    """Whisper: k_proj has no bias and the query is scaled after its projection."""
+    model = assert_rewrites(
+        FusePackedAttentionPass,
+        _model(separate=True, biases=(True, False, True), query_scale=True),
+        {"q,k,v-matmuls+mha->attention": 1, "shape-of-qkv-slice->shape-of-input": 2},
+        ["Shape", "Concat", "Expand", "Attention"],
+        trials=2,
+    )
+    attention = _attention(model)
+    assert attention.attributes.get_float("scale") == pytest.approx(0.125)
+    bias = const_array(attention.inputs[2])
+    assert bias is not None and not bias[8:16].any() and bias[:8].all()
+
+
+def test_folds_three_projections_without_a_mask_at_a_short_static_length() -> None:
+    assert_rewrites(
+        FusePackedAttentionPass,
+        _model(separate=True, mask=False, seq="5"),
+        {"q,k,v-matmuls+mha->attention": 1},
+        ["Attention"],
+        trials=2,
+    )
+
+
+def test_refuses_no_mask_at_a_long_sequence() -> None:
+    assert_refuses(
+        FusePackedAttentionPass,
+        _model(separate=True, mask=False, seq="300"),
+        "no mask and sequence length 300: MultiHeadAttention is faster",
+    )
+
+
+def test_refuses_no_mask_at_a_dynamic_sequence() -> None:
+    assert_refuses(
+        FusePackedAttentionPass,
+        _model(separate=True, mask=False),
+        "no mask and a dynamic sequence length: MultiHeadAttention is faster",
     )
 
 
 def test_refuses_a_slice_read_elsewhere() -> None:
     assert_refuses(FusePackedAttentionPass, _model(mask=False, leak=True), "other consumers")
+
+
+def test_refuses_a_projection_read_elsewhere() -> None:
+    assert_refuses(
+        FusePackedAttentionPass, _model(separate=True, mask=False, leak=True), "other consumers"
+    )
 
 
 def test_leaves_target_onnx_alone() -> None:
@@ -120,12 +232,12 @@ def test_fuses_without_shape_annotations_as_when_enabled_at_the_end() -> None:
     assert op_types(model) == ["Shape", "Concat", "Expand", "Attention"]
 
 
-def _gpt2_model(trans_b: int = 0) -> str:
+def _gpt2_model(trans_b: int = 0, seq: str = "5") -> str:
     """GPT-2's Conv1D: the projection is Reshape(Gemm(Reshape(x, [-1, K]), W, b), [B, S, 3*D])."""
     weight = _floats("w", (24, 6) if trans_b else (6, 24), 0)
     return f"""
         <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
-        g (float[B, S, 6] x) => (float[B, S, 8] y) <
+        g (float[B, {seq}, 6] x) => (float[B, {seq}, 8] y) <
             {weight}, {_floats("b", (24,), 1)}, int64[2] flat = {{-1, 6}},
             int64[1] width = {{24}}, int64[3] sizes = {{8, 8, 8}}
         > {{
@@ -155,3 +267,11 @@ def test_folds_gpt2_gemm_projection() -> None:
 
 def test_refuses_a_transposed_gemm_weight() -> None:
     assert_refuses(FusePackedAttentionPass, _gpt2_model(trans_b=1), "scales or transposes")
+
+
+def test_refuses_cross_attention() -> None:
+    """K and V projected from another tensor (an encoder's output): Attention is self-attention."""
+    text = _model(separate=True, mask=False, seq="5")
+    text = text.replace("float[B, 5, 6] x)", "float[B, 5, 6] x, float[B, 5, 6] e)")
+    text = text.replace("v0 = MatMul(x, wv)", "v0 = MatMul(e, wv)")
+    assert_refuses(FusePackedAttentionPass, text, "projections of different tensors")

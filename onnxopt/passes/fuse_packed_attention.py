@@ -1,20 +1,28 @@
-"""Fold the merged Q/K/V projection into the attention op: one com.microsoft.Attention per layer.
+"""Fold the Q/K/V projections into the attention op: one com.microsoft.Attention per layer.
 
-After ``fuse-attention`` and ``merge-qkv-projections`` a self-attention layer reads::
+After ``fuse-attention`` a self-attention layer reads, with x a [B, S, D_in] tensor::
 
-    qkv     = MatMul(x, W) (+ b)              W a constant [D_in, 3*D], b a constant [3*D]
-    q, k, v = Split(qkv, [D, D, D], axis=-1)
-    y       = MultiHeadAttention(q, k, v, attention_bias=mask, num_heads=N, scale=s)
+    q = x @ Wq (+ bq) (* c),  k = x @ Wk (+ bk),  v = x @ Wv (+ bv)      W* constant 2-D matrices
+    y = MultiHeadAttention(q, k, v, attention_bias=mask, num_heads=N, scale=s)
 
-For ``--target ort`` this becomes ``y = Attention(x, W, b, attention_bias=mask, num_heads=N,
-scale=s)``: the same products, but ONNX Runtime prepacks W per head and writes Q, K and V straight
-into its [B, N, S, d] working layout, so the Split copy and MultiHeadAttention's own head
-transposes go away (``benchmarks/attention_layouts_micro.py``). The mask stays the exact additive
-bias; the output is bit-identical on ORT's CPU kernels.
+or, after ``merge-qkv-projections`` (and in GPT-2, whose c_attn is one Gemm), the three products
+as one ``x @ [Wq | Wk | Wv] (+ b)`` and a Split along the last axis. For ``--target ort`` this becomes
+``y = Attention(x, [Wq | Wk | Wv], [bq | bk | bv], attention_bias=mask, num_heads=N, scale=s*c)``
+(a missing bias is zeros; no biases at all, no bias input). ONNX Runtime prepacks the weight and
+writes Q, K and V straight into its [B, N, S, d] working layout, so MultiHeadAttention's own head
+transposes (and the Split copy) go away. The mask stays the exact additive bias. Attention's
+constraints (ORT's ``AttentionBase::CheckInputs``): x of rank 3, one x for Q, K and V (self
+attention), Q and K of equal width, V's width passed as ``qkv_hidden_sizes`` when it differs, every
+width a multiple of num_heads.
+
+When it pays (``benchmarks/attention_layouts_micro.py``, ORT 1.32 CPU): with a mask, Attention was
+faster at every measured length; without one, MultiHeadAttention takes a faster path at long
+sequences, so an unmasked layer is fused only when its sequence length is static and at most
+``MAX_UNMASKED_SEQUENCE`` (ViT's 197 yes, Whisper's 1500 no).
 
 The Expand that spells the mask out to [., ., S, T] reads S and T as ``Shape(q)[1:2]`` and
-``Shape(k)[1:2]``; a companion rule reads those dims off the Split's input instead (a Split along
-the last axis keeps the leading dims), so that the slices have no other consumer.
+``Shape(k)[1:2]``; a companion rule reads those dims off x instead (the projections keep the leading
+dims), so that q and k have no other consumer.
 """
 
 from __future__ import annotations
@@ -28,11 +36,15 @@ from onnxopt.ops import MS_DOMAIN, const_array, is_op, single_consumer
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fuse_attention import _dim, _peel_scale, _same_symbol, _target_entries
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite.patterns import new_constant
 
 # MultiHeadAttention inputs: query, key, value, bias, key_padding_mask, attention_bias, past_key,
 # past_value (, past_sequence_length, cache_indirection). Only Q, K, V and attention_bias map 1:1.
 _ATTENTION_BIAS = 5
 _PASSED_ATTRIBUTES = frozenset({"num_heads", "scale"})
+# Without a mask, MultiHeadAttention was faster than Attention from sequence ~512 on and Attention
+# faster up to ~200 (benchmarks/attention_layouts_micro.py --no-mask; README, "Fusions").
+MAX_UNMASKED_SEQUENCE = 256
 
 
 def _rank(value: ir.Value | None, depth: int = 0) -> int | None:
@@ -188,30 +200,67 @@ def _gemm_projection(packed: ir.Value) -> _Projection | Mismatch:
     return _Projection(source, weight, bias, (inner, gemm, outer))
 
 
-def _match_shape(shape: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    """``Shape(Split(p)[i], start, end)`` -> ``Shape(x, start, end)``: x the tensor p was projected from.
+def _keeps_leading_dims(projection: _Projection) -> bool:
+    """``x @ W (+ b)`` keeps every dim of x but the last: W a constant 2-D matrix, b at most 1-D.
 
-    The Split is along the last axis and the Shape reads only leading dims, which the projection
-    ``p = x @ W (+ b)`` keeps.
+    (GPT-2's Gemm form reshapes back to x's [B, S] by construction, see ``_gemm_projection``.)
+    """
+    if is_op(projection.nodes[-1], "Reshape"):
+        return True
+    weight = const_array(projection.weight)
+    if weight is None or weight.ndim != 2:
+        return False
+    if projection.bias is None:
+        return True
+    bias = const_array(projection.bias)
+    return bias is not None and bias.ndim <= 1
+
+
+def _scales_keep_shape(nodes: list[ir.Node]) -> bool:
+    """The peeled scale factors are scalars of rank <= 1, so they broadcast without adding dims."""
+    for node in nodes:
+        arrays = [const_array(v) for v in node.inputs]
+        if any(a is not None and a.ndim > 1 for a in arrays):
+            return False
+    return True
+
+
+def _feeds_attention(value: ir.Value) -> bool:
+    return any(is_op(u.node, "MultiHeadAttention", MS_DOMAIN) and u.idx <= 2 for u in value.uses())
+
+
+def _match_shape(shape: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``Shape(q, start, end)`` -> ``Shape(x, start, end)`` for a MultiHeadAttention query, key or
+    value q projected from x (``x @ W (+ b)``, maybe a slice of a merged projection, maybe times a
+    scalar), when the Shape reads only leading dims, which the projection keeps.
     """
     source = shape.inputs[0]
-    split = source.producer() if source is not None else None
-    if not is_op(split, "Split"):
-        return Mismatch("not the shape of a Split output", candidate=False)
-    assert split is not None and source is not None
-    if not any(is_op(u.node, "MultiHeadAttention", MS_DOMAIN) for u in source.uses()):
-        return Mismatch("the Split output does not feed MultiHeadAttention", candidate=False)
-    packed = split.inputs[0]
-    rank = _packed_rank(split)
+    if source is None or not _feeds_attention(source):
+        return Mismatch("not the shape of a MultiHeadAttention input", candidate=False)
     start = shape.attributes.get_int("start", 0)
     end = shape.attributes.get_int("end", None)
-    if packed is None or rank is None or _split_axis(split) != rank - 1:
-        return Mismatch("the Split is not along the last axis of a tensor of known rank")
-    if start < 0 or end is None or not 0 <= end < rank:
-        return Mismatch("the Shape may read the split axis")
+    base, _, scale_nodes = _peel_scale(source)
+    if not _scales_keep_shape(scale_nodes):
+        return Mismatch("the Q/K/V scale factor may broadcast to a higher rank")
+    split = base.producer()
+    if is_op(split, "Split"):
+        assert split is not None
+        packed = split.inputs[0]
+        rank = _packed_rank(split)
+        if packed is None or rank is None or _split_axis(split) != rank - 1:
+            return Mismatch("the Split is not along the last axis of a tensor of known rank")
+        limit = rank - 1
+    else:
+        # A MultiHeadAttention query is [B, S, D]; a separate key or value [B, T, D] or
+        # [B, N, T, H]: rank >= 3 either way, so dims 0 and 1 are never the projected one.
+        packed, limit = base, 2
+    if start < 0 or end is None or not 0 <= end <= limit:
+        return Mismatch("the Shape may read the projected axis")
     projection = _projection(packed)
     if isinstance(projection, Mismatch):
-        return projection
+        return Mismatch(projection.reason, candidate=False)
+    if not _keeps_leading_dims(projection):
+        return Mismatch("the projection may change the leading dims (weight or bias rank)")
     origin = projection.source
     # Q's and K's shapes now read the same dims of x: reuse an earlier read (CSE would, next run).
     existing = None
@@ -246,7 +295,95 @@ def _is_dead(node: ir.Node) -> bool:
     return all(not out.uses() and not out.is_graph_output() for out in node.outputs)
 
 
-def _match_attention(mha: ir.Node, context: RewriteContext) -> Match | Mismatch:
+@dataclass(frozen=True)
+class _Qkv:
+    """Where Q, K and V come from: one merged projection and a Split, or three projections of x."""
+
+    source: ir.Value
+    weights: tuple[ir.Value, ...]  # the merged [D_in, Dq + Dk + Dv] weight, or Wq, Wk, Wv
+    biases: tuple[ir.Value | None, ...]  # one per weight
+    sizes: tuple[int, int, int] | None  # the Split's sizes (None: equal parts, or no Split)
+    nodes: tuple[ir.Node, ...]
+
+
+def _merged_qkv(split: ir.Node, query: ir.Value, key: ir.Value, value: ir.Value) -> _Qkv | Mismatch:
+    if len(split.outputs) != 3 or list(split.outputs) != [query, key, value]:
+        return Mismatch("Q, K and V are not the three outputs of one Split")
+    packed = split.inputs[0]
+    if packed is None or _packed_rank(split) != 3 or _split_axis(split) != 2:
+        return Mismatch("the Split is not along the last axis of a [B, S, 3*D] tensor")
+    if single_consumer(packed) is not split or packed.is_graph_output():
+        return Mismatch("the packed Q/K/V tensor has other consumers")
+    projection = _projection(packed)
+    if isinstance(projection, Mismatch):
+        return projection
+    sizes = _split_sizes(split)
+    if sizes is not None and len(sizes) != 3:
+        return Mismatch(f"the Split has sizes {sizes}")
+    return _Qkv(
+        projection.source,
+        (projection.weight,),
+        (projection.bias,),
+        None if sizes is None else (sizes[0], sizes[1], sizes[2]),
+        (*projection.nodes, split),
+    )
+
+
+def _separate_qkv(query: ir.Value, key: ir.Value, value: ir.Value) -> _Qkv | Mismatch:
+    if query is key or query is value or key is value:
+        return Mismatch("Q, K and V are not three different tensors")
+    projections: list[_Projection] = []
+    for part in (query, key, value):
+        projection = _projection(part)
+        if isinstance(projection, Mismatch):
+            return Mismatch(
+                f"Q, K and V are neither one Split nor three projections ({projection.reason})"
+            )
+        projections.append(projection)
+    source = projections[0].source
+    if any(p.source is not source for p in projections[1:]):
+        return Mismatch("Q, K and V are projections of different tensors (not self-attention)")
+    return _Qkv(
+        source,
+        tuple(p.weight for p in projections),
+        tuple(p.bias for p in projections),
+        None,
+        tuple(n for p in projections for n in p.nodes),
+    )
+
+
+def _check_weights(qkv: _Qkv) -> tuple[int, int, int] | Mismatch:
+    """The Q/K/V widths, once every weight is a constant float32 [D_in, .] and every bias fits."""
+    rows = set()
+    widths = []
+    for weight_value, bias_value in zip(qkv.weights, qkv.biases, strict=True):
+        weight = const_array(weight_value)
+        if weight is None or weight.ndim != 2:
+            return Mismatch("the Q/K/V projection's weight is not a constant 2-D matrix")
+        if weight.dtype != np.float32:
+            return Mismatch("only float32 projections are fused (Attention's CPU kernel)")
+        rows.add(int(weight.shape[0]))
+        widths.append(int(weight.shape[1]))
+        if bias_value is not None:
+            bias = const_array(bias_value)
+            if bias is None or bias.shape != (weight.shape[1],) or bias.dtype != np.float32:
+                return Mismatch(
+                    "a Q/K/V bias is not a constant float32 vector of the weight's width"
+                )
+    if len(rows) != 1:
+        return Mismatch(f"the Q/K/V weights have different row counts {sorted(rows)}")
+    if len(widths) == 3:
+        return widths[0], widths[1], widths[2]
+    if qkv.sizes is not None:
+        if sum(qkv.sizes) != sum(widths):
+            return Mismatch(f"the Split sizes {list(qkv.sizes)} do not add up to {sum(widths)}")
+        return qkv.sizes
+    if widths[0] % 3:
+        return Mismatch(f"the Split makes three equal parts of {widths[0]} columns")
+    return (widths[0] // 3,) * 3
+
+
+def _match_attention(mha: ir.Node, context: RewriteContext, merged: bool) -> Match | Mismatch:
     inputs = list(mha.inputs)
     if len(inputs) < 3 or any(v is None for v in inputs[:3]):
         return Mismatch("MultiHeadAttention has no separate Q, K and V")
@@ -266,97 +403,114 @@ def _match_attention(mha: ir.Node, context: RewriteContext) -> Match | Mismatch:
         if node.outputs[0].is_graph_output() or len(node.outputs[0].uses()) != 1:
             return Mismatch("the query's scale factor has other consumers")
     split = query.producer()
-    if (
-        not is_op(split, "Split")
-        or split is None
-        or len(split.outputs) != 3
-        or list(split.outputs) != [query, key, value]
-    ):
-        return Mismatch("Q, K and V are not the three outputs of one Split")
+    if is_op(split, "Split") != merged:
+        return Mismatch("left to the other packed-attention rule", candidate=False)
+    if split is not None and merged:
+        qkv = _merged_qkv(split, query, key, value)
+    else:
+        qkv = _separate_qkv(query, key, value)
+    if isinstance(qkv, Mismatch):
+        return qkv
     dead: list[ir.Node] = []  # leftovers of fuse-attention that dead-code elimination drops later
-    for part in split.outputs:
+    for part in (query, key, value):
         others = [u.node for u in part.uses() if u.node is not mha and u.node not in scale_nodes]
         if part.is_graph_output() or not all(_is_dead(n) for n in others):
-            return Mismatch("a Q/K/V slice has other consumers than the attention")
+            return Mismatch("a Q/K/V projection has other consumers than the attention")
         dead += [n for n in others if all(n is not d for d in dead)]
-    packed = split.inputs[0]
-    if packed is None or _packed_rank(split) != 3 or _split_axis(split) != 2:
-        return Mismatch("the Split is not along the last axis of a [B, S, 3*D] tensor")
-    if single_consumer(packed) is not split or packed.is_graph_output():
-        return Mismatch("the packed Q/K/V tensor has other consumers")
-    projection = _projection(packed)
-    if isinstance(projection, Mismatch):
-        return projection
-    source, weight_value, bias = projection.source, projection.weight, projection.bias
-    weight = const_array(weight_value)
-    if source is None or weight is None or weight.ndim != 2:
-        return Mismatch("the Q/K/V projection's weight is not a constant 2-D matrix")
-    if weight.dtype != np.float32 or (
-        source.dtype is not None and source.dtype != ir.DataType.FLOAT
-    ):
+    source = qkv.source
+    if source.dtype is not None and source.dtype != ir.DataType.FLOAT:
         return Mismatch("only float32 projections are fused (Attention's CPU kernel)")
     if _rank(source) not in (3, None):  # None: MatMul with a 2-D weight keeps the rank, 3
         return Mismatch("the projection's input is not [B, S, D_in] (Attention takes rank 3)")
-    width = int(weight.shape[1])
-    if bias is not None:
-        bias_array = const_array(bias)
-        if bias_array is None or bias_array.shape != (width,) or bias_array.dtype != np.float32:
-            return Mismatch("the Q/K/V bias is not a constant [3*D] float32 vector")
-    sizes = _split_sizes(split)
-    if sizes is None:
-        sizes = [width // 3] * 3 if width % 3 == 0 else []
-    if len(sizes) != 3 or sum(sizes) != width or len(set(sizes)) != 1:
-        return Mismatch(f"Q, K and V widths are not equal ({sizes} of {width})")
+    # Before reading the weights: the cheap refusal first (Whisper's encoder, every layer).
+    has_mask = len(inputs) > _ATTENTION_BIAS and inputs[_ATTENTION_BIAS] is not None
+    if not has_mask:
+        length = _dim(source, 1)
+        if length is None or length > MAX_UNMASKED_SEQUENCE:
+            said = "a dynamic sequence length" if length is None else f"sequence length {length}"
+            return Mismatch(f"no mask and {said}: MultiHeadAttention is faster")
+    sizes = _check_weights(qkv)
+    if isinstance(sizes, Mismatch):
+        return sizes
+    if sizes[0] != sizes[1]:
+        return Mismatch(
+            f"Q and K widths differ ({sizes[0]} vs {sizes[1]}); Attention needs them equal"
+        )
     heads = mha.attributes.get_int("num_heads", 0)
-    if heads <= 0 or sizes[0] % heads:
-        return Mismatch(f"the width {sizes[0]} is not a multiple of num_heads {heads}")
+    if heads <= 0 or any(size % heads for size in sizes):
+        return Mismatch(f"the widths {list(sizes)} are not multiples of num_heads {heads}")
     position = {id(n): i for i, n in enumerate(context.graph)}
-    dead.sort(key=lambda n: position.get(id(n), -1))
+    nodes = sorted([*qkv.nodes, *dead, *scale_nodes], key=lambda n: position.get(id(n), -1))
     scale = mha.attributes.get_float("scale", 0.0) or float(1.0 / np.sqrt(sizes[0] // heads))
-    nodes = [*projection.nodes, split, *dead, *reversed(scale_nodes), mha]
     return Match(
-        nodes,
-        {
-            "source": source,
-            "weight": weight_value,
-            "bias": bias,
-            "heads": heads,
-            "scale": scale * factor,
-        },
+        [*nodes, mha],
+        {"qkv": qkv, "sizes": sizes, "heads": heads, "scale": scale * factor},
     )
 
 
 def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement:
     mha = match.root
+    qkv: _Qkv = match.bindings["qkv"]
+    sizes: tuple[int, int, int] = match.bindings["sizes"]
+    constants: list[ir.Value] = []
+    if len(qkv.weights) == 1:
+        weight, bias = qkv.weights[0], qkv.biases[0]
+    else:
+        hint = qkv.weights[0].name
+        arrays = [const_array(w) for w in qkv.weights]
+        weight = new_constant(np.concatenate([a for a in arrays if a is not None], axis=1), hint)
+        constants.append(weight)
+        bias = None
+        if any(b is not None for b in qkv.biases):
+            parts = [
+                const_array(b) if b is not None else np.zeros(size, np.float32)
+                for b, size in zip(qkv.biases, sizes, strict=True)
+            ]
+            bias = new_constant(np.concatenate([p for p in parts if p is not None]), hint)
+            constants.append(bias)
     attention_bias = mha.inputs[_ATTENTION_BIAS] if len(mha.inputs) > _ATTENTION_BIAS else None
-    inputs: list[ir.Value | None] = [match.bindings["source"], match.bindings["weight"]]
-    inputs.append(match.bindings["bias"])
+    inputs: list[ir.Value | None] = [qkv.source, weight, bias]
     if attention_bias is not None:
         inputs += [None, None, attention_bias]
-    attributes = {"num_heads": match.bindings["heads"], "scale": match.bindings["scale"]}
+    attributes: dict[str, int | float | list[int]] = {
+        "num_heads": match.bindings["heads"],
+        "scale": match.bindings["scale"],
+    }
+    if sizes[2] != sizes[0]:
+        attributes["qkv_hidden_sizes"] = list(sizes)
     tape = ir.tape.Tape()
     attention = tape.op("Attention", inputs, attributes, domain=MS_DOMAIN)
-    return Replacement(tape.nodes, [(mha.outputs[0], attention)])
+    return Replacement(tape.nodes, [(mha.outputs[0], attention)], constants=constants)
 
 
 SHAPE_RULE = Rule("shape-of-qkv-slice->shape-of-input", "Shape", _match_shape, _rewrite_shape)
 PACKED_RULE = Rule(
     "qkv-matmul+split+mha->attention",
     "MultiHeadAttention",
-    _match_attention,
+    lambda node, context: _match_attention(node, context, merged=True),
+    _rewrite_attention,
+    domain=MS_DOMAIN,
+)
+SEPARATE_RULE = Rule(
+    "q,k,v-matmuls+mha->attention",
+    "MultiHeadAttention",
+    lambda node, context: _match_attention(node, context, merged=False),
     _rewrite_attention,
     domain=MS_DOMAIN,
 )
 
 
 class FusePackedAttentionPass(Pass):
-    """Fold MatMul(x, Wqkv) (+ b) + Split + MultiHeadAttention into com.microsoft.Attention (ort)."""
+    """Fold the Q/K/V projections of x (three MatMuls, or one and a Split) and the
+    MultiHeadAttention reading them into com.microsoft.Attention (ort)."""
 
     name = "fuse-packed-attention"
-    summary = "fold the merged Q/K/V projection and MultiHeadAttention into one Attention op (ort)"
+    summary = (
+        "fold Q/K/V projections + MultiHeadAttention into one Attention op (ort; masked or short)"
+    )
 
     def call(self, model: ir.Model) -> PassResult:
         if self.options.target != "ort":
             return PassResult(model, modified=False)
-        stats, notes = apply_rules(model, [SHAPE_RULE, PACKED_RULE], self.options)
+        stats, notes = apply_rules(model, [SHAPE_RULE, PACKED_RULE, SEPARATE_RULE], self.options)
         return PassResult(model, modified=bool(stats), stats=stats, notes=notes)

@@ -61,13 +61,15 @@ FUSIONS: list[PassClass] = [
 # [K, 3N] GEMM + Split ran slower than three [K, N] GEMMs in ORT's CPU profiler, whole models
 # measured level (benchmarks/transformer_speed.py; README, "Speed against the other tools"), and
 # the merged weights are new tensors the optimizer must hold.
-# fuse-packed-attention: faster per layer (benchmarks/attention_layouts_micro.py), not yet shown
-# faster on whole models through this machine's noise (README, "Where the time goes").
 OPT_IN_FUSIONS: list[PassClass] = [
     FuseSkipLayerNormPass,
     DecomposeBatchNormPass,
-    FusePackedAttentionPass,
 ]
+# Attention and what folds into it, first among the fusions: fuse-attention needs the Transpose +
+# MatMul that fuse-matmul would absorb; fuse-packed-attention (ort) turns its MultiHeadAttention
+# and the Q/K/V projections into one Attention where benchmarks/attention_layouts_micro.py measured
+# that faster (a mask, or a short static sequence; README, "Fusions").
+ATTENTION: list[PassClass] = [FuseAttentionPass, FusePackedAttentionPass]
 
 # Every pass, in the order a custom --passes list is best run in.
 ALL_PASSES: list[PassClass] = [
@@ -83,7 +85,8 @@ ALL_PASSES: list[PassClass] = [
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
     FuseAttentionPass,
-    MergeQkvProjectionsPass,
+    MergeQkvProjectionsPass,  # between the two, so that --enable puts it there
+    FusePackedAttentionPass,
     *FUSIONS,
     *OPT_IN_FUSIONS,
     ReorderForMemoryPass,
@@ -124,8 +127,7 @@ LEVELS: dict[int, LevelSpec] = {
         LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
-        # Attention first: it needs to see the Transpose + MatMul that fuse-matmul would absorb.
-        FuseAttentionPass,
+        *ATTENTION,
         *FUSIONS,
         # Fusions may add Constant nodes (axes, shapes): lift and share them as the cleanup did.
         # Fused attention reads the sequence length off each layer's Q and K: shared once shapes
@@ -147,7 +149,7 @@ LEVELS: dict[int, LevelSpec] = {
         LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
-        FuseAttentionPass,
+        *ATTENTION,
         *FUSIONS,
         LiftConstantsPass,
         CLEANUP,
