@@ -13,8 +13,10 @@ The inputs are what the -O2 graph of the LLaMA export holds at the attention (af
             attention_bias=mask) with ``causal=0``: the mask alone decides (exactly MHA's math);
             K moved to [B, S, Nkv*d] (Transpose + Reshape), seqlens_k / total_sequence_length
             read from K's shape at run time.
-- ``gqa-causal``: the same with ``causal=1`` (the op's own causal mask on top of the bias), for
-            scale only: it differs from the export on fully masked (left-padding) rows.
+- ``gqa-causal``: the same with ``causal=1`` (the op skips keys after the query): differs from
+            the export on fully masked (left-padding) rows, where the export averages every V row.
+- ``gqa-causal-fixed``: ``gqa-causal`` plus the fix-up fuse-group-query-attention emits for a
+            provably causal mask: rows whose mask is all "masked" get the mean of V (per head).
 
 Numerics are checked against ``mha`` on random inputs with left padding and fully masked rows
 (batch 3, one sequence all padding). Timing: B=1, no padding, interleaved rounds in a random order
@@ -50,9 +52,16 @@ def build(variant: str, H: int, Nkv: int, d: int) -> bytes:
         nh.from_array(np.array([0, 0, Nkv, d], np.int64), "heads_kv"),
         nh.from_array(np.array([0, 0, -1], np.int64), "merge"),
         nh.from_array(np.array([2], np.int64), "axis2"),
+        nh.from_array(np.array([3], np.int64), "axis3"),
         nh.from_array(np.array([1, 1, rep, 1, 1], np.int64), "rep"),
         nh.from_array(np.array([0, H, -1, d], np.int64), "heads_q"),
         nh.from_array(np.array([1], np.int32), "one32"),
+        nh.from_array(np.array([0, 1, Nkv, 1, d], np.int64), "kv5"),
+        nh.from_array(np.array([1, 1, 1, rep, 1], np.int64), "rep5"),
+        nh.from_array(np.array([0, 1, H, d], np.int64), "heads1"),
+        nh.from_array(np.array([0, 0, H, d], np.int64), "heads_out"),
+        nh.from_array(np.array([0, 0, -1], np.int64), "merge_out"),
+        nh.from_array(np.array(-1e30, np.float32), "floor"),
     ]
     scale = float(d**-0.5)
     if variant == "mha":
@@ -94,9 +103,24 @@ def build(variant: str, H: int, Nkv: int, d: int) -> bytes:
                 num_heads=H,
                 kv_num_heads=Nkv,
                 scale=scale,
-                causal=1 if variant == "gqa-causal" else 0,
+                causal=1 if variant.startswith("gqa-causal") else 0,
             ),
         ]
+        if variant == "gqa-causal-fixed":
+            nodes[-1].output[0] = "g"
+            nodes += [
+                h.make_node("ReduceMax", ["mask"], ["rowmax"], axes=[3], keepdims=0),
+                h.make_node("Less", ["rowmax", "floor"], ["masked"]),  # [B, h, S]
+                h.make_node("Transpose", ["masked"], ["masked_t"], perm=[0, 2, 1]),
+                h.make_node("Unsqueeze", ["masked_t", "axis3"], ["masked4"]),  # [B, S, h, 1]
+                h.make_node("ReduceMean", ["v"], ["vmean"], axes=[1], keepdims=1),
+                h.make_node("Reshape", ["vmean", "kv5"], ["vm5"]),
+                h.make_node("Expand", ["vm5", "rep5"], ["vm5e"]),
+                h.make_node("Reshape", ["vm5e", "heads1"], ["vm4"]),  # [B, 1, H, d]
+                h.make_node("Reshape", ["g", "heads_out"], ["g4"]),
+                h.make_node("Where", ["masked4", "vm4", "g4"], ["y4"]),
+                h.make_node("Reshape", ["y4", "merge_out"], ["y"]),
+            ]
     graph = h.make_graph(
         nodes, variant, inputs, [h.make_tensor_value_info("y", TP.FLOAT, None)], init
     )
@@ -142,7 +166,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     args = parser.parse_args()
     H, Nkv, d, S = args.heads, args.kv_heads, args.head_size, args.sequence
-    variants = ["mha", "gqa", "gqa-causal"]
+    variants = ["mha", "gqa", "gqa-causal", "gqa-causal-fixed"]
     sessions = {v: session(build(v, H, Nkv, d), args.threads) for v in variants}
 
     for B, S_check, seed in ((3, 7, 0), (2, 16, 1), (1, 1, 2), (3, S, 3)):

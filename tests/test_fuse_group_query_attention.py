@@ -7,10 +7,11 @@ import onnx_ir as ir
 import pytest
 
 from onnxopt.passes.base import Pipeline
-from onnxopt.passes.fuse_group_query_attention import FuseGroupQueryAttentionPass
+from onnxopt.passes.fuse_group_query_attention import GQA_RULES, FuseGroupQueryAttentionPass
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.levels import build_steps
 from onnxopt.passes.options import PassOptions
+from onnxopt.rewrite import Mismatch, RewriteContext
 from onnxopt.validate import validate
 from tests.fusion_util import op_types, parse, rng_array
 from tests.test_fuse_attention import _text_feeds
@@ -19,14 +20,31 @@ LOWEST = float(np.finfo(np.float32).min)
 
 
 def _model(
-    *, cross: bool = False, unsqueeze_axis: int = 2, masked: float = LOWEST, head_size: int = 8
+    *,
+    cross: bool = False,
+    unsqueeze_axis: int = 2,
+    masked: float = LOWEST,
+    head_size: int = 8,
+    causal_form: str = "exported",
 ) -> ir.Model:
     """x[B,S,8] -> 4 query heads and 2 K/V heads of ``head_size``, K/V repeated as the exporters do, MHA with a
-    causal + padding mask built from keep[B,S]; ``cross``: K/V from another sequence y[B,T,8]."""
+    causal + padding mask built from keep[B,S] as the exporters do (positions unsqueezed to rank 4;
+    ``causal_form="flat"``: [S, 1] against [T], not recognised); ``cross``: K/V from y[B,T,8]."""
+    if causal_form == "exported":
+        positions = """
+            kpos = Unsqueeze(ki, ax012)
+            qpos = Unsqueeze(qi, ax013)
+            causal = LessOrEqual(kpos, qpos)
+        """
+    else:
+        positions = """
+            qcol = Unsqueeze(qi, ax1)
+            causal = LessOrEqual(ki, qcol)
+        """
     kv_input = "y" if cross else "x"
     text = f"""
         <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
-        g (float[B, S, 8] x, float[B, T, 8] y, bool[B, T] keep) => (float[B, S, {4 * head_size}] out) {{
+        g (float[B, S, 8] x, float[B, T, 8] y, bool[B, {"T" if cross else "S"}] keep) => (float[B, S, {4 * head_size}] out) {{
             q = MatMul(x, wq)
             k = MatMul({kv_input}, wk)
             v = MatMul({kv_input}, wv)
@@ -48,8 +66,7 @@ def _model(
             sks = Squeeze(sk)
             qi = Range(zero, sqs, one)
             ki = Range(zero, sks, one)
-            qcol = Unsqueeze(qi, ax1)
-            causal = LessOrEqual(ki, qcol)
+            {positions}
             pad = Unsqueeze(keep, ax12)
             allowed = And(causal, pad)
             mask = Where(allowed, zero_f, masked)
@@ -66,6 +83,8 @@ def _model(
         rep=np.array([1, 1, 2, 1, 1], np.int64),
         axis=np.array([unsqueeze_axis], np.int64),
         ax1=np.array([1], np.int64),
+        ax012=np.array([0, 1, 2], np.int64),
+        ax013=np.array([0, 1, 3], np.int64),
         ax12=np.array([1, 2], np.int64),
         zero_f=np.array(0.0, np.float32),
         masked=np.array(masked, np.float32),
@@ -92,30 +111,57 @@ def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
     return {"x": x, "y": x, "keep": keep}
 
 
-def test_repeated_kv_attention_becomes_group_query_attention() -> None:
+def test_causal_mask_runs_causal_and_fully_masked_rows_still_average() -> None:
     model = _model()
     fused = model.clone()
     result = FuseGroupQueryAttentionPass()(fused)
-    assert result.stats == {"mha->gqa": 1}
+    assert result.stats == {"mha->gqa-causal": 1}
     types = op_types(fused)
     assert "com.microsoft::GroupQueryAttention" in types
     assert "com.microsoft::MultiHeadAttention" not in types
-    assert types.count("Expand") == 1  # seqlens_k's; the two K/V repeats are gone
+    # seqlens_k's and the mean of V's (repeated to 4 heads); the two K/V repeats are gone
+    assert types.count("Expand") == 2
+    assert types.count("Where") == 2  # the mask's and the fully-masked-row fix-up
     _assert_sorted(fused)
     gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
-    assert gqa.attributes.get_int("kv_num_heads") == 2
-    assert gqa.attributes.get_int("num_heads") == 4
-    assert gqa.attributes.get_int("causal") == 0
-    assert gqa.attributes.get_float("scale") == pytest.approx(0.7)
+    assert gqa.attributes.get_int("causal") == 1
     report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
     assert report.passed, report
     assert max(o.max_abs for o in report.outputs) < 1e-5
     assert not FuseGroupQueryAttentionPass()(fused).modified
 
 
+def test_mask_not_provably_causal_runs_with_causal_0() -> None:
+    model = _model(causal_form="flat")
+    fused = model.clone()
+    result = FuseGroupQueryAttentionPass()(fused)
+    assert result.stats == {"mha->gqa": 1}
+    types = op_types(fused)
+    assert "com.microsoft::MultiHeadAttention" not in types
+    assert types.count("Expand") == 1  # seqlens_k's; the two K/V repeats are gone
+    _assert_sorted(fused)
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.attributes.get_int("causal") == 0
+    assert gqa.attributes.get_int("kv_num_heads") == 2
+    assert gqa.attributes.get_int("num_heads") == 4
+    assert gqa.attributes.get_float("scale") == pytest.approx(0.7)
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+    assert report.passed, report
+    assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+def test_why_the_mask_is_not_causal_is_explained() -> None:
+    model = _model(causal_form="flat")
+    node = next(n for n in model.graph if n.op_type == "MultiHeadAttention")
+    context = RewriteContext(model, model.graph, PassOptions())
+    outcome = GQA_RULES[0].match(node, context)
+    assert isinstance(outcome, Mismatch) and "not provably causal" in outcome.reason
+
+
 def test_infinite_mask_gives_the_same_fully_masked_rows() -> None:
     model = _model(masked=float("-inf"))
     fused = model.clone()
+    # -inf: fully masked rows are NaN in MultiHeadAttention; causal=0 keeps them so.
     assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa": 1}
     report = validate(model, fused, inputs=[_feeds(3, 6, 0), _feeds(2, 4, 1)])
     assert report.passed, report
@@ -168,11 +214,18 @@ def test_llama_tiny_exports_with_padding(exporter: str, tmp_path) -> None:  # ty
     assert "com.microsoft::RotaryEmbedding" in op_types(model)
     fused = model.clone()
     result = FuseGroupQueryAttentionPass()(fused)
-    assert result.stats == {"mha->gqa": 2}
+    assert result.stats == {"mha->gqa-causal": 2}
     types = op_types(fused)
     assert types.count("com.microsoft::GroupQueryAttention") == 2
     assert "com.microsoft::MultiHeadAttention" not in types
-    assert types.count("Expand") < op_types(model).count("Expand")
+    repeats = [  # float Expands of an Unsqueeze: repeat_kv (the mask's are int64 or bool)
+        n
+        for n in fused.graph
+        if n.op_type == "Expand"
+        and n.outputs[0].dtype == ir.DataType.FLOAT
+        and n.inputs[0].producer().op_type == "Unsqueeze"
+    ]
+    assert not repeats  # the K/V repeat_kv Expands are gone
     _assert_sorted(fused)
     report = validate(
         model, fused, inputs=[_text_feeds(3, 6, 0), _text_feeds(1, 1, 1), _text_feeds(2, 9, 2)]

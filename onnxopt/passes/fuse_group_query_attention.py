@@ -29,11 +29,13 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fuse_attention import (
+    MASK_FLOOR,
     Entry,
     _const,
     _dim,
@@ -242,10 +244,11 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
 
 
 def _out_rank(value: ir.Value) -> int | None:
-    """The rank of ``value``: from its shape, or the length of the Reshape target it comes from."""
+    """The rank of ``value``: from its shape, or the length of the Reshape target it comes from
+    (or of the Expand target: fuse-attention's mask is Expanded to rank 4)."""
     rank = _rank(value)
     reshape = value.producer()
-    if rank is None and is_op(reshape, "Reshape"):
+    if rank is None and (is_op(reshape, "Reshape") or is_op(reshape, "Expand")):
         assert reshape is not None
         entries = _target_entries(reshape.inputs[1])
         rank = None if entries is None else len(entries)
@@ -266,7 +269,130 @@ def _merges_heads(reshape: ir.Node) -> bool:
     )
 
 
-def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+@dataclass(frozen=True)
+class _CausalMask:
+    """The attention bias is ``Where(cond, allowed, masked)`` (through broadcasts) with ``cond``
+    false wherever the key comes after the query, ``masked`` a constant at or below MASK_FLOOR and
+    ``allowed`` constants above it."""
+
+    masked: float
+
+
+def _peel_broadcasts(value: ir.Value) -> ir.Value:
+    while True:
+        node = value.producer()
+        if (is_op(node, "Expand") or is_op(node, "Identity")) and node is not None:
+            if node.inputs[0] is None:
+                return value
+            value = node.inputs[0]
+            continue
+        return value
+
+
+def _scalar_dim_read(value: ir.Value | None) -> tuple[ir.Value, int] | None:
+    """``value`` = one dim of a tensor's shape as a scalar: Gather(Shape(x), i) or
+    Squeeze(Shape(x)[i:i+1]); returns (x, i)."""
+    node = value.producer() if value is not None else None
+    if is_op(node, "Squeeze") and node is not None and node.inputs[0] is not None:
+        entries = _target_entries(node.inputs[0])
+        if entries is not None and len(entries) == 1 and isinstance(entries[0], tuple):
+            return entries[0][1], entries[0][2]
+        return None
+    if is_op(node, "Gather") and node is not None:
+        index = const_array(node.inputs[1])
+        shape_node = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if index is None or index.size != 1 or index.ndim != 0 or not is_op(shape_node, "Shape"):
+            return None
+        assert shape_node is not None and shape_node.inputs[0] is not None
+        if shape_node.attributes.get_int("start", 0) != 0 or "end" in shape_node.attributes:
+            return None
+        axis = int(index)
+        if axis < 0:
+            rank = _rank(shape_node.inputs[0])
+            if rank is None:
+                return None
+            axis += rank
+        return shape_node.inputs[0], axis
+    return None
+
+
+def _positions(
+    value: ir.Value | None, axis: int, length_of: tuple[ir.Value, int]
+) -> ir.Node | None:
+    """``value`` = Unsqueeze(Range(0, n, 1)) of rank 4 with the range on ``axis``, where n is
+    provably ``length_of``'s dim (the sequence): positions 0..n-1. Returns the Range."""
+    unsqueeze = value.producer() if value is not None else None
+    if not is_op(unsqueeze, "Unsqueeze") or unsqueeze is None:
+        return None
+    axes_array = const_array(unsqueeze.inputs[1]) if len(unsqueeze.inputs) > 1 else None
+    axes = unsqueeze.attributes.get_ints("axes", None)
+    if axes_array is not None:
+        axes = [int(a) for a in axes_array.reshape(-1)]
+    if axes is None or len(axes) != 3:
+        return None
+    kept = sorted(set(range(4)) - {a % 4 for a in axes})
+    range_node = unsqueeze.inputs[0].producer() if unsqueeze.inputs[0] is not None else None
+    if kept != [axis] or not is_op(range_node, "Range") or range_node is None:
+        return None
+    start, delta = const_array(range_node.inputs[0]), const_array(range_node.inputs[2])
+    if start is None or delta is None or start.size != 1 or delta.size != 1:
+        return None
+    if float(start.reshape(-1)[0]) != 0 or float(delta.reshape(-1)[0]) != 1:
+        return None
+    read = _scalar_dim_read(range_node.inputs[1])
+    if read is None or not _same_symbol(read[0], read[1], length_of[0], length_of[1]):
+        return None
+    return range_node
+
+
+def _is_causal(cond: ir.Value, sequence: tuple[ir.Value, int], depth: int = 0) -> bool:
+    """``cond[.., i, j]`` implies ``j <= i``: an And with LessOrEqual(key_pos, query_pos)."""
+    cond = _peel_broadcasts(cond)
+    node = cond.producer()
+    if node is None or depth > 8:
+        return False
+    if is_op(node, "And"):
+        return any(v is not None and _is_causal(v, sequence, depth + 1) for v in node.inputs)
+    if is_op(node, "LessOrEqual"):
+        key_pos, query_pos = node.inputs[0], node.inputs[1]
+    elif is_op(node, "GreaterOrEqual"):
+        query_pos, key_pos = node.inputs[0], node.inputs[1]
+    else:
+        return False
+    return (
+        _positions(key_pos, 3, sequence) is not None
+        and _positions(query_pos, 2, sequence) is not None
+    )
+
+
+def _causal_mask(bias: ir.Value | None, sequence: tuple[ir.Value, int]) -> _CausalMask | Mismatch:
+    if bias is None:
+        return Mismatch("there is no mask to prove causal")
+    if _out_rank(bias) != 4:
+        return Mismatch("the mask is not of rank 4")
+    where = _peel_broadcasts(bias).producer()
+    if not is_op(where, "Where") or where is None:
+        return Mismatch("the mask is not a Where between constants")
+    cond, allowed, masked = where.inputs
+    allowed_array, masked_array = const_array(allowed), const_array(masked)
+    if cond is None or allowed_array is None or masked_array is None or masked_array.size != 1:
+        return Mismatch("the mask is not a Where between constants")
+    masked_value = float(masked_array.reshape(-1)[0])
+    if not (np.isfinite(masked_value) and masked_value <= MASK_FLOOR):
+        return Mismatch(
+            f"the mask's masked value {masked_value:g} is not finite and <= {MASK_FLOOR:g}"
+        )
+    if not (np.isfinite(allowed_array).all() and (allowed_array > MASK_FLOOR).all()):
+        return Mismatch("the mask's allowed values are not finite and above the masked value")
+    if not _is_causal(cond, sequence):
+        return Mismatch(
+            "the mask is not provably causal (And with LessOrEqual of key and query positions "
+            "0..S-1); GroupQueryAttention runs with causal=0"
+        )
+    return _CausalMask(masked_value)
+
+
+def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
     if context.options.target != "ort":
         return Mismatch("GroupQueryAttention is an ONNX Runtime op (--target ort only)", False)
     allowed = {"num_heads", "scale"}
@@ -311,9 +437,16 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         )
     # the driver drops those left without users
     nodes = [*grouped_k.nodes, *grouped_k.shape_reads, *grouped_v.nodes, *grouped_v.shape_reads]
+    bindings = {"key": grouped_k, "value": grouped_v, "heads": heads, "causal": None}
+    if causal:
+        # The sequence's dims are the origin's axis 1 (query and key proved to share it).
+        proof = _causal_mask(inputs[_ATTENTION_BIAS], (origins[0][0], origins[0][2]))
+        if isinstance(proof, Mismatch):
+            return proof
+        bindings["causal"] = proof
     position = {id(n): i for i, n in enumerate(context.graph)}
     ordered = sorted(nodes, key=lambda n: position.get(id(n), -1))
-    return Match([*ordered, node], {"key": grouped_k, "value": grouped_v, "heads": heads})
+    return Match([*ordered, node], bindings)
 
 
 def _as_three_d(tape: ir.tape.Tape, value: ir.Value) -> ir.Value:
@@ -348,16 +481,21 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     inputs += [seqlens_k, total]
     if bias is not None:
         inputs += [None, None, None, bias]
+    causal: _CausalMask | None = match.bindings["causal"]
+    heads: int = match.bindings["heads"]
     attributes: dict[str, int | float] = {
-        "num_heads": match.bindings["heads"],
+        "num_heads": heads,
         "kv_num_heads": key.kv_heads,
-        "causal": 0,
+        "causal": int(causal is not None),
     }
     if "scale" in attention.attributes:
         attributes["scale"] = attention.attributes.get_float("scale", 0.0)
     else:  # MultiHeadAttention's default, written out: GroupQueryAttention's is the same today
         attributes["scale"] = float(key.head_size**-0.5)
     result = tape.op("GroupQueryAttention", inputs, attributes, domain=MS_DOMAIN)
+    if causal is not None:
+        assert bias is not None
+        result = _average_fully_masked_rows(tape, result, bias, value3, key, heads, opset)
     moved = [(attention.outputs[0], result)]
     for grouped in (key, value):
         for read in grouped.shape_reads:  # B, T and d are the same in the source
@@ -366,7 +504,59 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     return Replacement(tape.nodes, moved)
 
 
-GQA_RULE = Rule("mha->gqa", "MultiHeadAttention", _match, _rewrite, domain=MS_DOMAIN)
+def _average_fully_masked_rows(
+    tape: ir.tape.Tape,
+    output: ir.Value,
+    bias: ir.Value,
+    value3: ir.Value,
+    kv: _Grouped,
+    heads: int,
+    opset: int,
+) -> ir.Value:
+    """Rows whose every key is masked: the export's softmax is uniform there (each score is the
+    masked constant), so it gives the mean of V over all keys; causal=1 would average only the
+    keys up to the query. Put the mean back: Where(rowmax(bias) <= floor, mean(V), output)."""
+    rep = heads // kv.kv_heads
+    d = kv.head_size
+    row_max = _reduce(tape, "ReduceMax", bias, [3], keepdims=0, opset=opset)  # [b, h, S]
+    floor = tape.op("Constant", [], {"value": ir.tensor(np.array(MASK_FLOOR, np.float32))})
+    masked = tape.op("LessOrEqual", [row_max, floor])
+    masked = tape.op("Transpose", [masked], {"perm": [0, 2, 1]})
+    if opset >= 13:
+        masked = tape.op("Unsqueeze", [masked, _const(tape, [3])])  # [b, S, h, 1]
+    else:
+        masked = tape.op("Unsqueeze", [masked], {"axes": [3]})
+    mean = _reduce(tape, "ReduceMean", value3, [1], keepdims=1, opset=opset)  # [B, 1, Nkv*d]
+    mean = tape.op("Reshape", [mean, _const(tape, [0, 1, kv.kv_heads, 1, d])])
+    mean = tape.op("Expand", [mean, _const(tape, [1, 1, 1, rep, 1])])
+    mean = tape.op("Reshape", [mean, _const(tape, [0, 1, heads, d])])  # [B, 1, H, d]
+    split = tape.op("Reshape", [output, _const(tape, [0, 0, heads, d])])
+    fixed = tape.op("Where", [masked, mean, split])
+    return tape.op("Reshape", [fixed, _const(tape, [0, 0, heads * d])])
+
+
+def _reduce(
+    tape: ir.tape.Tape, op: str, value: ir.Value, axes: list[int], keepdims: int, opset: int
+) -> ir.Value:
+    if opset >= 18:
+        return tape.op(op, [value, _const(tape, axes)], {"keepdims": keepdims})
+    return tape.op(op, [value], {"axes": axes, "keepdims": keepdims})
+
+
+def _match_causal(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    return _match(node, context, causal=True)
+
+
+def _match_any_mask(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    return _match(node, context, causal=False)
+
+
+# Tried in order: causal=1 (with the fully-masked-row fix-up) where the mask is provably causal,
+# else causal=0 (the mask alone decides, exactly as in MultiHeadAttention).
+GQA_RULES = (
+    Rule("mha->gqa-causal", "MultiHeadAttention", _match_causal, _rewrite, domain=MS_DOMAIN),
+    Rule("mha->gqa", "MultiHeadAttention", _match_any_mask, _rewrite, domain=MS_DOMAIN),
+)
 
 
 class FuseGroupQueryAttentionPass(Pass):
@@ -376,7 +566,7 @@ class FuseGroupQueryAttentionPass(Pass):
     summary = "MultiHeadAttention over repeated K/V heads -> GroupQueryAttention (--target ort)"
 
     def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, [GQA_RULE], self.options)
+        stats, notes = apply_rules(model, list(GQA_RULES), self.options)
         if stats:
             # The moved Shape reads are new nodes placed at the attention, after their consumer
             # (fuse-attention's mask Expand target): a stable sort puts them back in front of it.
