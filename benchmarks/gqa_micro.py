@@ -1,4 +1,4 @@
-"""Kernel micro-benchmark: one LLaMA layer's grouped-query attention on ORT CPU, two ways.
+"""Kernel micro-benchmark: one LLaMA layer's grouped-query attention on ORT CPU, four ways.
 
     nice python benchmarks/gqa_micro.py --sequence 128 --rounds 300
     nice python benchmarks/gqa_micro.py --sequence 512 --rounds 100

@@ -6,21 +6,34 @@ PyTorch's ``repeat_kv`` as ::
     K = Reshape(Expand(Unsqueeze(K4, [2]), [B, Nkv, rep, T, d]), [B, Nkv*rep, T, d])
 
 (the same for V), and fuse-attention fuses the rest into ``MultiHeadAttention(q, K, V, bias)``.
-GroupQueryAttention reads the Nkv heads directly, so the two Expands and their copies disappear:
+GroupQueryAttention reads the Nkv heads directly, so the Expands and their copies disappear:
 ``GroupQueryAttention(q, k3, v3, seqlens_k, total_sequence_length, attention_bias=bias)`` with
-``k3``/``v3`` = K4/V4 as [B, T, Nkv*d], ``causal=0`` (the additive mask alone decides, exactly as
-in MultiHeadAttention), ``total_sequence_length = T`` and ``seqlens_k = T - 1`` for every batch
-row, both read from K's shape at run time (no dynamic dim becomes a constant).
+``k3``/``v3`` = K4/V4 as [B, T, Nkv*d], ``total_sequence_length = T`` and ``seqlens_k = T - 1``
+for every batch row, both read from K's shape at run time (no dynamic dim becomes a constant).
 
 Without a past cache the op needs the key as long as the query, so the rewrite is made only when
 the query and the key provably come from one [B, S, D] tensor (followed back through
-projections, head splits and rotary embeddings); otherwise the MultiHeadAttention stays, and
-``--explain`` says why.
+projections, head splits and rotary embeddings); the op also needs a head size that is a
+multiple of 8. Otherwise the MultiHeadAttention stays, and ``--explain`` says why.
 
-ORT 1.32 CPU, one LLaMA layer (9 query / 3 KV heads of 64, 2 threads): 1.03-1.10x faster than
-the Expands + MultiHeadAttention at S=128, bit-identical outputs (benchmarks/gqa_micro.py).
-``causal=1`` would run about 1.9x faster, but the op then ignores keys after the query, which
-changes the rows whose keys are all masked (left padding): the export averages every V row there.
+Two forms, tried in this order:
+
+- ``mha->gqa-causal`` (``causal=1``: the kernel skips the keys after each query). Made when the
+  mask is provably causal: ``Where(cond, allowed, masked)`` through broadcasts, with ``cond`` an
+  And containing ``LessOrEqual(key positions, query positions)``, positions
+  ``Range(0, n, 1)`` with n read off a tensor whose dim is the sequence's symbol, ``masked`` a
+  finite constant <= -1e30 and ``allowed`` constants above it. Then a key after the query adds
+  exp(masked - max) = 0 to its row in the export, so skipping it changes nothing, except in a row
+  whose every key is masked (left padding): there each score is the masked constant, the export's
+  softmax is uniform and gives the mean of all V rows, while causal=1 would average only the
+  keys up to the query. Those rows get the mean of V back (Where on the mask's row max; the row
+  flags are computed once from the mask all layers share).
+- ``mha->gqa`` (``causal=0``): any other mask, used exactly as MultiHeadAttention uses it
+  (bit-identical outputs in benchmarks/gqa_micro.py, padded and fully masked rows included).
+
+ORT 1.32 CPU, one LLaMA layer (9 query / 3 KV heads of 64, B=1, 2 threads, process CPU time,
+benchmarks/gqa_micro.py), speed-up over Expands + MultiHeadAttention: causal=0 1.19x (S=128),
+1.08x (S=512); causal=1 with the fix-up 1.61x (S=128), 1.29x (S=512).
 """
 
 from __future__ import annotations
@@ -276,6 +289,9 @@ class _CausalMask:
     ``allowed`` constants above it."""
 
     masked: float
+    # The Where itself when it is of rank 4: every layer's mask is the same Where, so the fix-up's
+    # row flags read it (not the per-layer broadcast) and later layers reuse the first one's.
+    source: ir.Value | None
 
 
 def _peel_broadcasts(value: ir.Value) -> ir.Value:
@@ -389,7 +405,8 @@ def _causal_mask(bias: ir.Value | None, sequence: tuple[ir.Value, int]) -> _Caus
             "the mask is not provably causal (And with LessOrEqual of key and query positions "
             "0..S-1); GroupQueryAttention runs with causal=0"
         )
-    return _CausalMask(masked_value)
+    mask = where.outputs[0]
+    return _CausalMask(masked_value, mask if _rank(mask) == 4 else None)
 
 
 def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
@@ -495,7 +512,10 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     result = tape.op("GroupQueryAttention", inputs, attributes, domain=MS_DOMAIN)
     if causal is not None:
         assert bias is not None
-        result = _average_fully_masked_rows(tape, result, bias, value3, key, heads, opset)
+        flags = _existing_row_flags(causal.source, attention, context)
+        if flags is None:
+            flags = _row_flags(tape, causal.source or bias, opset)
+        result = _average_fully_masked_rows(tape, result, flags, value3, key, heads, opset)
     moved = [(attention.outputs[0], result)]
     for grouped in (key, value):
         for read in grouped.shape_reads:  # B, T and d are the same in the source
@@ -504,10 +524,50 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     return Replacement(tape.nodes, moved)
 
 
+_ROW_FLAG_CHAIN = ("LessOrEqual", "Transpose", "Unsqueeze")
+
+
+def _row_flags(tape: ir.tape.Tape, mask: ir.Value, opset: int) -> ir.Value:
+    """[b, S, h, 1]: whether every key of a query row is masked, from the rank-4 mask [b, h, S, T]."""
+    row_max = _reduce(tape, "ReduceMax", mask, [3], keepdims=0, opset=opset)  # [b, h, S]
+    floor = tape.op("Constant", [], {"value": ir.tensor(np.array(MASK_FLOOR, np.float32))})
+    masked = tape.op(_ROW_FLAG_CHAIN[0], [row_max, floor])
+    masked = tape.op(_ROW_FLAG_CHAIN[1], [masked], {"perm": [0, 2, 1]})
+    if opset >= 13:
+        return tape.op(_ROW_FLAG_CHAIN[2], [masked, _const(tape, [3])])
+    return tape.op(_ROW_FLAG_CHAIN[2], [masked], {"axes": [3]})
+
+
+def _existing_row_flags(
+    mask: ir.Value | None, attention: ir.Node, context: RewriteContext
+) -> ir.Value | None:
+    """The row flags an earlier layer's rewrite computed from the same mask, if any (before
+    ``attention`` in the graph: rewrites run in graph order, each inserting before its root)."""
+    if mask is None:
+        return None
+    position = {id(n): i for i, n in enumerate(context.graph)}
+    for use in mask.uses():
+        node: ir.Node | None = use.node
+        if (
+            not is_op(node, "ReduceMax")
+            or position.get(id(node), 1 << 62) > position[id(attention)]
+        ):
+            continue
+        for op_type in _ROW_FLAG_CHAIN:
+            assert node is not None
+            users = [u.node for u in node.outputs[0].uses()]
+            node = users[0] if len(users) == 1 and is_op(users[0], op_type) else None
+            if node is None:
+                break
+        if node is not None and node.outputs[0].uses():
+            return node.outputs[0]
+    return None
+
+
 def _average_fully_masked_rows(
     tape: ir.tape.Tape,
     output: ir.Value,
-    bias: ir.Value,
+    masked: ir.Value,
     value3: ir.Value,
     kv: _Grouped,
     heads: int,
@@ -518,14 +578,6 @@ def _average_fully_masked_rows(
     keys up to the query. Put the mean back: Where(rowmax(bias) <= floor, mean(V), output)."""
     rep = heads // kv.kv_heads
     d = kv.head_size
-    row_max = _reduce(tape, "ReduceMax", bias, [3], keepdims=0, opset=opset)  # [b, h, S]
-    floor = tape.op("Constant", [], {"value": ir.tensor(np.array(MASK_FLOOR, np.float32))})
-    masked = tape.op("LessOrEqual", [row_max, floor])
-    masked = tape.op("Transpose", [masked], {"perm": [0, 2, 1]})
-    if opset >= 13:
-        masked = tape.op("Unsqueeze", [masked, _const(tape, [3])])  # [b, S, h, 1]
-    else:
-        masked = tape.op("Unsqueeze", [masked], {"axes": [3]})
     mean = _reduce(tape, "ReduceMean", value3, [1], keepdims=1, opset=opset)  # [B, 1, Nkv*d]
     mean = tape.op("Reshape", [mean, _const(tape, [0, 1, kv.kv_heads, 1, d])])
     mean = tape.op("Expand", [mean, _const(tape, [1, 1, 1, rep, 1])])
