@@ -217,6 +217,7 @@ def test_llama_tiny_exports_with_padding(exporter: str, tmp_path) -> None:  # ty
     assert result.stats == {"mha->gqa-causal": 2}
     types = op_types(fused)
     assert types.count("com.microsoft::GroupQueryAttention") == 2
+    assert types.count("ReduceMax") == 1  # both layers read one set of fully-masked-row flags
     assert "com.microsoft::MultiHeadAttention" not in types
     repeats = [  # float Expands of an Unsqueeze: repeat_kv (the mask's are int64 or bool)
         n

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op
+from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, is_scalar_constant
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fuse_attention import (
     MASK_FLOOR,
@@ -461,9 +461,8 @@ def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mism
         if isinstance(proof, Mismatch):
             return proof
         bindings["causal"] = proof
-    position = {id(n): i for i, n in enumerate(context.graph)}
-    ordered = sorted(nodes, key=lambda n: position.get(id(n), -1))
-    return Match([*ordered, node], bindings)
+    # Each chain is in graph order, so the driver drops consumers before their producers.
+    return Match([*nodes, node], bindings)
 
 
 def _as_three_d(tape: ir.tape.Tape, value: ir.Value) -> ir.Value:
@@ -524,18 +523,40 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     return Replacement(tape.nodes, moved)
 
 
-_ROW_FLAG_CHAIN = ("LessOrEqual", "Transpose", "Unsqueeze")
-
-
 def _row_flags(tape: ir.tape.Tape, mask: ir.Value, opset: int) -> ir.Value:
     """[b, S, h, 1]: whether every key of a query row is masked, from the rank-4 mask [b, h, S, T]."""
     row_max = _reduce(tape, "ReduceMax", mask, [3], keepdims=0, opset=opset)  # [b, h, S]
     floor = tape.op("Constant", [], {"value": ir.tensor(np.array(MASK_FLOOR, np.float32))})
-    masked = tape.op(_ROW_FLAG_CHAIN[0], [row_max, floor])
-    masked = tape.op(_ROW_FLAG_CHAIN[1], [masked], {"perm": [0, 2, 1]})
+    masked = tape.op("LessOrEqual", [row_max, floor])
+    masked = tape.op("Transpose", [masked], {"perm": [0, 2, 1]})
     if opset >= 13:
-        return tape.op(_ROW_FLAG_CHAIN[2], [masked, _const(tape, [3])])
-    return tape.op(_ROW_FLAG_CHAIN[2], [masked], {"axes": [3]})
+        return tape.op("Unsqueeze", [masked, _const(tape, [3])])
+    return tape.op("Unsqueeze", [masked], {"axes": [3]})
+
+
+def _int_list(node: ir.Node, name: str, input_index: int) -> list[int] | None:
+    """An int-list parameter given as attribute (older opsets) or constant input."""
+    if len(node.inputs) > input_index and node.inputs[input_index] is not None:
+        array = const_array(node.inputs[input_index])
+        return None if array is None else [int(x) for x in array.reshape(-1)]
+    attr = node.attributes.get_ints(name, None)
+    return None if attr is None else list(attr)
+
+
+def _is_row_flag_step(node: ir.Node, step: int) -> bool:
+    """Whether ``node`` is step ``step`` of what :func:`_row_flags` builds (0: the ReduceMax)."""
+    if step == 0:
+        return (
+            is_op(node, "ReduceMax")
+            and node.attributes.get_int("keepdims", 1) == 0
+            and _int_list(node, "axes", 1) == [3]
+        )
+    if step == 1:
+        floor = float(np.float32(MASK_FLOOR))  # as _row_flags stores it
+        return is_op(node, "LessOrEqual") and is_scalar_constant(node.inputs[1], floor)
+    if step == 2:
+        return _perm(node) == [0, 2, 1]
+    return is_op(node, "Unsqueeze") and _int_list(node, "axes", 1) == [3]
 
 
 def _existing_row_flags(
@@ -548,18 +569,19 @@ def _existing_row_flags(
     position = {id(n): i for i, n in enumerate(context.graph)}
     for use in mask.uses():
         node: ir.Node | None = use.node
-        if (
-            not is_op(node, "ReduceMax")
-            or position.get(id(node), 1 << 62) > position[id(attention)]
-        ):
+        assert node is not None
+        if use.idx != 0 or position.get(id(node), 1 << 62) > position[id(attention)]:
             continue
-        for op_type in _ROW_FLAG_CHAIN:
-            assert node is not None
-            users = [u.node for u in node.outputs[0].uses()]
-            node = users[0] if len(users) == 1 and is_op(users[0], op_type) else None
-            if node is None:
+        for step in range(4):
+            if node is None or not _is_row_flag_step(node, step):
+                node = None
                 break
-        if node is not None and node.outputs[0].uses():
+            if step < 3:
+                users = [u.node for u in node.outputs[0].uses()]
+                node = (
+                    users[0] if len(users) == 1 and users[0].inputs[0] is node.outputs[0] else None
+                )
+        if node is not None:
             return node.outputs[0]
     return None
 
