@@ -7,11 +7,10 @@ import onnx_ir as ir
 import pytest
 
 from onnxopt.passes.base import Pipeline
-from onnxopt.passes.fuse_group_query_attention import GQA_RULES, FuseGroupQueryAttentionPass
+from onnxopt.passes.fuse_group_query_attention import FuseGroupQueryAttentionPass
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.levels import build_steps
 from onnxopt.passes.options import PassOptions
-from onnxopt.rewrite import Mismatch, RewriteContext
 from onnxopt.validate import validate
 from tests.fusion_util import op_types, parse, rng_array
 from tests.test_fuse_attention import _text_feeds
@@ -151,11 +150,12 @@ def test_mask_not_provably_causal_runs_with_causal_0() -> None:
 
 
 def test_why_the_mask_is_not_causal_is_explained() -> None:
-    model = _model(causal_form="flat")
-    node = next(n for n in model.graph if n.op_type == "MultiHeadAttention")
-    context = RewriteContext(model, model.graph, PassOptions())
-    outcome = GQA_RULES[0].match(node, context)
-    assert isinstance(outcome, Mismatch) and "not provably causal" in outcome.reason
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(_model(causal_form="flat"))
+    assert result.stats == {"mha->gqa": 1}
+    assert any(
+        note.startswith("mha->gqa-causal: MultiHeadAttention") and "not provably causal" in note
+        for note in result.notes
+    ), result.notes
 
 
 def test_infinite_mask_gives_the_same_fully_masked_rows() -> None:

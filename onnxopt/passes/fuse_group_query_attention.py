@@ -59,7 +59,16 @@ from onnxopt.passes.fuse_attention import (
     _seq_len,
     _target_entries,
 )
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite import (
+    Match,
+    Mismatch,
+    Replacement,
+    RewriteContext,
+    Rule,
+    apply_rules,
+    iter_graphs,
+)
+from onnxopt.rewrite.driver import describe
 
 logger = logging.getLogger(__name__)
 
@@ -640,7 +649,11 @@ class FuseGroupQueryAttentionPass(Pass):
     summary = "MultiHeadAttention over repeated K/V heads -> GroupQueryAttention (--target ort)"
 
     def call(self, model: ir.Model) -> PassResult:
+        # The driver only reports rules that left a candidate unfused; why a block got causal=0
+        # (the mask not provably causal) is said here, before the rewrite.
+        why_not_causal = self._why_not_causal(model) if self.options.explain else []
         stats, notes = apply_rules(model, list(GQA_RULES), self.options)
+        notes = [*why_not_causal, *notes]
         if stats:
             # The moved Shape reads are new nodes placed at the attention, after their consumer
             # (fuse-attention's mask Expand target): a stable sort puts them back in front of it.
@@ -648,3 +661,17 @@ class FuseGroupQueryAttentionPass(Pass):
             for function in model.functions.values():
                 function.sort()
         return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
+
+    def _why_not_causal(self, model: ir.Model) -> list[str]:
+        notes = []
+        for graph in iter_graphs(model):
+            context = RewriteContext(model, graph, self.options)
+            for node in graph:
+                if not is_op(node, "MultiHeadAttention", MS_DOMAIN):
+                    continue
+                causal = _match_causal(node, context)
+                if isinstance(causal, Mismatch) and isinstance(
+                    _match_any_mask(node, context), Match
+                ):
+                    notes.append(f"{GQA_RULES[0].name}: {describe(node)}: {causal.reason}")
+        return notes
