@@ -1,0 +1,677 @@
+"""Turn MultiHeadAttention over repeated K/V into com.microsoft.GroupQueryAttention (--target ort).
+
+LLaMA-style models share each K/V head among ``rep = H / Nkv`` query heads; the exporters spell
+PyTorch's ``repeat_kv`` as ::
+
+    K = Reshape(Expand(Unsqueeze(K4, [2]), [B, Nkv, rep, T, d]), [B, Nkv*rep, T, d])
+
+(the same for V), and fuse-attention fuses the rest into ``MultiHeadAttention(q, K, V, bias)``.
+GroupQueryAttention reads the Nkv heads directly, so the Expands and their copies disappear:
+``GroupQueryAttention(q, k3, v3, seqlens_k, total_sequence_length, attention_bias=bias)`` with
+``k3``/``v3`` = K4/V4 as [B, T, Nkv*d], ``total_sequence_length = T`` and ``seqlens_k = T - 1``
+for every batch row, both read from K's shape at run time (no dynamic dim becomes a constant).
+
+Without a past cache the op needs the key as long as the query, so the rewrite is made only when
+the query and the key provably come from one [B, S, D] tensor (followed back through
+projections, head splits and rotary embeddings); the op also needs a head size that is a
+multiple of 8. Otherwise the MultiHeadAttention stays, and ``--explain`` says why.
+
+Two forms, tried in this order:
+
+- ``mha->gqa-causal`` (``causal=1``: the kernel skips the keys after each query). Made when the
+  mask is provably causal: ``Where(cond, allowed, masked)`` through broadcasts, with ``cond`` an
+  And containing ``LessOrEqual(key positions, query positions)``, positions
+  ``Range(0, n, 1)`` with n read off a tensor whose dim is the sequence's symbol, ``masked`` a
+  finite constant <= -1e30 and ``allowed`` constants above it. Then a key after the query adds
+  exp(masked - max) = 0 to its row in the export, so skipping it changes nothing, except in a row
+  whose every key is masked (left padding): there each score is the masked constant, the export's
+  softmax is uniform and gives the mean of all V rows, while causal=1 would average only the
+  keys up to the query. Those rows get the mean of V back (Where on the mask's row max; the row
+  flags are computed once from the mask all layers share).
+- ``mha->gqa`` (``causal=0``): any other mask, used exactly as MultiHeadAttention uses it
+  (bit-identical outputs in benchmarks/gqa_micro.py, padded and fully masked rows included).
+
+ORT 1.32 CPU, one LLaMA layer (9 query / 3 KV heads of 64, B=1, 2 threads, process CPU time,
+benchmarks/gqa_micro.py), speed-up over Expands + MultiHeadAttention: causal=0 1.19x (S=128),
+1.08x (S=512); causal=1 with the fix-up 1.61x (S=128), 1.29x (S=512).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, is_scalar_constant
+from onnxopt.passes.base import Pass, PassResult
+from onnxopt.passes.fuse_attention import (
+    MASK_FLOOR,
+    Entry,
+    _const,
+    _dim,
+    _perm,
+    _rank,
+    _reshape_to_heads,
+    _same_symbol,
+    _seq_len,
+    _target_entries,
+)
+from onnxopt.rewrite import (
+    Match,
+    Mismatch,
+    Replacement,
+    RewriteContext,
+    Rule,
+    apply_rules,
+    iter_graphs,
+)
+from onnxopt.rewrite.driver import describe
+
+logger = logging.getLogger(__name__)
+
+# MultiHeadAttention inputs: query, key, value, bias, key_padding_mask, attention_bias, past_key, ...
+_ATTENTION_BIAS = 5
+
+
+@dataclass(frozen=True)
+class _Grouped:
+    """A [B, H, T, d] operand that repeats each head of ``source`` ([B, Nkv, T, d]) ``rep`` times."""
+
+    source: ir.Value
+    kv_heads: int
+    head_size: int
+    nodes: tuple[ir.Node, ...]  # Unsqueeze, Expand, Reshape
+    # Shape reads of the repeated tensor that skip its head dim (fuse-attention's mask Expand reads
+    # T there): they read ``source`` instead, so that the repeat itself can go.
+    shape_reads: tuple[ir.Node, ...] = ()
+
+
+def _shape_reads(repeated: ir.Value, attention: ir.Node) -> tuple[ir.Node, ...] | Mismatch:
+    reads = []
+    for use in repeated.uses():
+        node = use.node
+        if node is attention:
+            continue
+        start = node.attributes.get_int("start", 0) if is_op(node, "Shape") else None
+        end = node.attributes.get_int("end", 4) if is_op(node, "Shape") else None
+        if start is None or end is None:
+            return Mismatch(f"the repeated K/V is also read by {node.op_type}")
+        start, end = start % 4 if start < 0 else start, end % 4 if end < 0 else min(end, 4)
+        if start <= 1 < end:
+            return Mismatch("the repeated K/V's head count is read by a Shape")
+        reads.append(node)
+    return tuple(reads)
+
+
+def _peel_torch_expand_shape(value: ir.Value) -> ir.Value:
+    """TorchScript writes ``expand``'s target as ``Where(Equal(s, -1), ones, s)`` ("-1: keep the dim").
+
+    With ``s`` read as entries, -1 then means 1 under Expand's broadcasting, which keeps the dim
+    as well; so ``s`` can be read in its place (a -1 entry is treated as 1 by the caller).
+    """
+    where = value.producer()
+    if not is_op(where, "Where"):
+        return value
+    assert where is not None
+    cond, ones, shape = where.inputs[0], where.inputs[1], where.inputs[2]
+    equal = cond.producer() if cond is not None else None
+    ones_array = const_array(ones)
+    if (
+        not is_op(equal, "Equal")
+        or shape is None
+        or ones_array is None
+        or not (ones_array == 1).all()
+    ):
+        return value
+    assert equal is not None
+    minus_one = const_array(equal.inputs[1])
+    if equal.inputs[0] is not shape or minus_one is None or not (minus_one == -1).all():
+        return value
+    return shape
+
+
+def _keeps_dim(
+    entry: Entry, out: ir.Value, out_axis: int, source: ir.Value, axis: int, copy_ok: bool
+) -> bool:
+    """Entry ``out_axis`` of a target gives ``source``'s dim ``axis`` (a read of it, or equal symbols)."""
+    if isinstance(entry, tuple):
+        _, read, index = entry
+        return (read is source and index == axis) or _same_symbol(read, index, source, axis)
+    if entry == 0 and copy_ok:
+        return True
+    return _same_symbol(out, out_axis, source, axis)
+
+
+def _repeated_kv(value: ir.Value | None, heads: int) -> _Grouped | Mismatch:
+    """Recognise ``Reshape(Expand(Unsqueeze(x, [2]), [B, Nkv, rep, T, d]), [B, H, T, d])``."""
+    reshape = value.producer() if value is not None else None
+    if not is_op(reshape, "Reshape"):
+        return Mismatch("K/V are not a repeat_kv expansion (no Reshape to [B, H, T, d])")
+    assert reshape is not None and reshape.inputs[0] is not None
+    expand = reshape.inputs[0].producer()
+    if not is_op(expand, "Expand"):
+        return Mismatch("K/V are not a repeat_kv expansion (no Expand before the Reshape)")
+    assert expand is not None and expand.inputs[0] is not None
+    unsqueeze = expand.inputs[0].producer()
+    if not is_op(unsqueeze, "Unsqueeze"):
+        return Mismatch("K/V are not a repeat_kv expansion (no Unsqueeze before the Expand)")
+    assert unsqueeze is not None
+    source = unsqueeze.inputs[0]
+    axes_array = const_array(unsqueeze.inputs[1]) if len(unsqueeze.inputs) > 1 else None
+    axes = unsqueeze.attributes.get_ints("axes", None)  # opset < 13: axes as an attribute
+    if axes_array is not None:
+        axes = [int(a) for a in axes_array.reshape(-1)]
+    if source is None or axes is None or list(axes) not in ([2], [-3]):
+        return Mismatch("the K/V repeat does not insert its axis at position 2")
+    kv_heads, head_size = _dim(source, 1), _dim(source, 3)
+    if _rank(source) != 4 or kv_heads is None or head_size is None:
+        return Mismatch("the repeated K/V is not [B, Nkv, T, d] with static Nkv and d")
+    if head_size % 8:
+        return Mismatch(
+            f"head size {head_size}: ONNX Runtime's GroupQueryAttention needs a multiple of 8"
+        )
+    if heads % kv_heads:
+        return Mismatch(f"{heads} query heads are not a multiple of {kv_heads} K/V heads")
+    rep = heads // kv_heads
+    unsqueezed = expand.inputs[0]
+    expanded = expand.outputs[0]
+    target = _target_entries(_peel_torch_expand_shape(expand.inputs[1]))  # type: ignore[arg-type]
+    shape = expanded.shape
+    # Expand broadcasts [B, Nkv, 1, T, d] against the target: output [B, Nkv, rep, T, d] exactly.
+    if target is not None and len(target) == 5:
+        fixed = [(1, kv_heads), (2, rep), (4, head_size)]
+        if any(target[i] not in (1, -1, n) if i != 2 else target[i] != n for i, n in fixed):
+            return Mismatch(f"the K/V Expand is not to [B, {kv_heads}, {rep}, T, {head_size}]")
+        for axis, source_axis in ((0, 0), (3, 2)):
+            entry = target[axis]
+            if entry not in (1, -1) and not (
+                _keeps_dim(entry, expanded, axis, source, source_axis, False)
+                or _keeps_dim(entry, expanded, axis, unsqueezed, axis, False)
+            ):
+                return Mismatch("the K/V Expand may broadcast the batch or sequence dim")
+    elif not (
+        shape is not None
+        and len(shape) == 5
+        and [shape[1], shape[2], shape[4]] == [kv_heads, rep, head_size]
+        and _same_symbol(expanded, 0, source, 0)
+        and _same_symbol(expanded, 3, source, 2)
+    ):
+        return Mismatch("the K/V Expand's target is not provably [B, Nkv, rep, T, d]")
+    # The Reshape merges (Nkv, rep) into H: dims 1 and 3 are H and d, and 0 / 2 keep B / T.
+    entries = _target_entries(reshape.inputs[1])
+    out = reshape.outputs[0]
+    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
+    if entries is None or len(entries) != 4:
+        return Mismatch("the K/V Reshape's target is not readable as 4 entries")
+    if entries[1] not in (heads, -1) or entries[3] not in (head_size, -1):
+        return Mismatch(f"the K/V Reshape is not to [B, {heads}, T, {head_size}]")
+    kept = [
+        _keeps_dim(entries[0], out, 0, source, 0, not allowzero)
+        or _keeps_dim(entries[0], out, 0, expanded, 0, not allowzero),
+        _keeps_dim(entries[2], out, 2, source, 2, False)
+        or _keeps_dim(entries[2], out, 2, expanded, 3, False),
+    ]
+    pinned_heads = [entries[i] in (heads, head_size) for i in (1, 3)]
+    # Element count fixes the one entry that is not pinned (at most one -1).
+    if sum(1 for e in entries if e == -1) > 1 or sum(kept) + sum(pinned_heads) < 3:
+        return Mismatch("the K/V Reshape may not keep the batch and sequence dims")
+    return _Grouped(source, kv_heads, head_size, (unsqueeze, expand, reshape))
+
+
+def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
+    """Follow ``value`` back through ops that keep its batch and sequence dims (at ``batch``,
+    ``seq``): rotary embeddings, Transposes, head split/merge Reshapes, projections by a 2-D weight
+    and 1-D biases. Two tensors with one origin and the same axes have equal B and S."""
+    for _ in range(64):
+        node = value.producer()
+        if node is None:
+            break
+        source = node.inputs[0] if node.inputs else None
+        if source is None:
+            break
+        if node.op_type == "RotaryEmbedding" and node.domain in (MS_DOMAIN, *ONNX_DOMAINS):
+            value = source  # output shape = input shape
+            continue
+        if node.domain not in ONNX_DOMAINS:
+            break
+        perm = _perm(node)
+        if perm is not None:
+            batch, seq = perm[batch], perm[seq]
+            value = source
+            continue
+        if node.op_type == "Reshape" and (batch, seq) == (0, 1):
+            if _reshape_to_heads(value) is not None or _merges_heads(node):
+                value = source
+                continue
+            break
+        if node.op_type in ("MatMul", "Add") and len(node.inputs) == 2:
+            other = node.inputs[1]
+            rank = _rank(value)
+            limit = 2 if node.op_type == "MatMul" else 1
+            if (
+                other is not None
+                and const_array(other) is not None
+                and _rank(other) is not None
+                and (_rank(other) or 0) <= limit
+                and rank is not None
+                and max(batch, seq) < rank - 1
+            ):
+                value = source
+                continue
+        break
+    return value, batch, seq
+
+
+def _out_rank(value: ir.Value) -> int | None:
+    """The rank of ``value``: from its shape, or the length of the Reshape target it comes from
+    (or of the Expand target: fuse-attention's mask is Expanded to rank 4)."""
+    rank = _rank(value)
+    reshape = value.producer()
+    if rank is None and (is_op(reshape, "Reshape") or is_op(reshape, "Expand")):
+        assert reshape is not None
+        entries = _target_entries(reshape.inputs[1])
+        rank = None if entries is None else len(entries)
+    return rank
+
+
+def _merges_heads(reshape: ir.Node) -> bool:
+    """``Reshape(x[B, S, H, d], [0, 0, -1])`` (or B, S read off x): keeps x's dims 0 and 1."""
+    source = reshape.inputs[0]
+    entries = _target_entries(reshape.inputs[1])
+    if source is None or entries is None or len(entries) != 3 or _rank(source) != 4:
+        return False
+    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
+    return all(
+        (entries[i] == 0 and not allowzero)
+        or (isinstance(entries[i], tuple) and entries[i][1] is source and entries[i][2] == i)  # type: ignore[index]
+        for i in (0, 1)
+    )
+
+
+@dataclass(frozen=True)
+class _CausalMask:
+    """The attention bias is ``Where(cond, allowed, masked)`` (through broadcasts) with ``cond``
+    false wherever the key comes after the query, ``masked`` a constant at or below MASK_FLOOR and
+    ``allowed`` constants above it."""
+
+    masked: float
+    # The Where itself when it is of rank 4: every layer's mask is the same Where, so the fix-up's
+    # row flags read it (not the per-layer broadcast) and later layers reuse the first one's.
+    source: ir.Value | None
+
+
+def _peel_broadcasts(value: ir.Value) -> ir.Value:
+    while True:
+        node = value.producer()
+        if (is_op(node, "Expand") or is_op(node, "Identity")) and node is not None:
+            if node.inputs[0] is None:
+                return value
+            value = node.inputs[0]
+            continue
+        return value
+
+
+def _scalar_dim_read(value: ir.Value | None) -> tuple[ir.Value, int] | None:
+    """``value`` = one dim of a tensor's shape as a scalar: Gather(Shape(x), i) or
+    Squeeze(Shape(x)[i:i+1]); returns (x, i)."""
+    node = value.producer() if value is not None else None
+    if is_op(node, "Squeeze") and node is not None and node.inputs[0] is not None:
+        entries = _target_entries(node.inputs[0])
+        if entries is not None and len(entries) == 1 and isinstance(entries[0], tuple):
+            return entries[0][1], entries[0][2]
+        return None
+    if is_op(node, "Gather") and node is not None:
+        index = const_array(node.inputs[1])
+        shape_node = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if index is None or index.size != 1 or index.ndim != 0 or not is_op(shape_node, "Shape"):
+            return None
+        assert shape_node is not None and shape_node.inputs[0] is not None
+        if shape_node.attributes.get_int("start", 0) != 0 or "end" in shape_node.attributes:
+            return None
+        axis = int(index)
+        if axis < 0:
+            rank = _rank(shape_node.inputs[0])
+            if rank is None:
+                return None
+            axis += rank
+        return shape_node.inputs[0], axis
+    return None
+
+
+def _positions(
+    value: ir.Value | None, axis: int, length_of: tuple[ir.Value, int]
+) -> ir.Node | None:
+    """``value`` = Unsqueeze(Range(0, n, 1)) of rank 4 with the range on ``axis``, where n is
+    provably ``length_of``'s dim (the sequence): positions 0..n-1. Returns the Range."""
+    unsqueeze = value.producer() if value is not None else None
+    if not is_op(unsqueeze, "Unsqueeze") or unsqueeze is None:
+        return None
+    axes_array = const_array(unsqueeze.inputs[1]) if len(unsqueeze.inputs) > 1 else None
+    axes = unsqueeze.attributes.get_ints("axes", None)
+    if axes_array is not None:
+        axes = [int(a) for a in axes_array.reshape(-1)]
+    if axes is None or len(axes) != 3:
+        return None
+    kept = sorted(set(range(4)) - {a % 4 for a in axes})
+    range_node = unsqueeze.inputs[0].producer() if unsqueeze.inputs[0] is not None else None
+    if kept != [axis] or not is_op(range_node, "Range") or range_node is None:
+        return None
+    start, delta = const_array(range_node.inputs[0]), const_array(range_node.inputs[2])
+    if start is None or delta is None or start.size != 1 or delta.size != 1:
+        return None
+    if float(start.reshape(-1)[0]) != 0 or float(delta.reshape(-1)[0]) != 1:
+        return None
+    read = _scalar_dim_read(range_node.inputs[1])
+    if read is None or not _same_symbol(read[0], read[1], length_of[0], length_of[1]):
+        return None
+    return range_node
+
+
+def _is_causal(cond: ir.Value, sequence: tuple[ir.Value, int], depth: int = 0) -> bool:
+    """``cond[.., i, j]`` implies ``j <= i``: an And with LessOrEqual(key_pos, query_pos)."""
+    cond = _peel_broadcasts(cond)
+    node = cond.producer()
+    if node is None or depth > 8:
+        return False
+    if is_op(node, "And"):
+        return any(v is not None and _is_causal(v, sequence, depth + 1) for v in node.inputs)
+    if is_op(node, "LessOrEqual"):
+        key_pos, query_pos = node.inputs[0], node.inputs[1]
+    elif is_op(node, "GreaterOrEqual"):
+        query_pos, key_pos = node.inputs[0], node.inputs[1]
+    else:
+        return False
+    return (
+        _positions(key_pos, 3, sequence) is not None
+        and _positions(query_pos, 2, sequence) is not None
+    )
+
+
+def _causal_mask(bias: ir.Value | None, sequence: tuple[ir.Value, int]) -> _CausalMask | Mismatch:
+    if bias is None:
+        return Mismatch("there is no mask to prove causal")
+    if _out_rank(bias) != 4:
+        return Mismatch("the mask is not of rank 4")
+    where = _peel_broadcasts(bias).producer()
+    if not is_op(where, "Where") or where is None:
+        return Mismatch("the mask is not a Where between constants")
+    cond, allowed, masked = where.inputs
+    allowed_array, masked_array = const_array(allowed), const_array(masked)
+    if cond is None or allowed_array is None or masked_array is None or masked_array.size != 1:
+        return Mismatch("the mask is not a Where between constants")
+    masked_value = float(masked_array.reshape(-1)[0])
+    if not (np.isfinite(masked_value) and masked_value <= MASK_FLOOR):
+        return Mismatch(
+            f"the mask's masked value {masked_value:g} is not finite and <= {MASK_FLOOR:g}"
+        )
+    if not (np.isfinite(allowed_array).all() and (allowed_array > MASK_FLOOR).all()):
+        return Mismatch("the mask's allowed values are not finite and above the masked value")
+    if not _is_causal(cond, sequence):
+        return Mismatch(
+            "the mask is not provably causal (And with LessOrEqual of key and query positions "
+            "0..S-1); GroupQueryAttention runs with causal=0"
+        )
+    mask = where.outputs[0]
+    return _CausalMask(masked_value, mask if _rank(mask) == 4 else None)
+
+
+def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
+    if context.options.target != "ort":
+        return Mismatch("GroupQueryAttention is an ONNX Runtime op (--target ort only)", False)
+    allowed = {"num_heads", "scale"}
+    if set(node.attributes) - allowed:
+        extra = ", ".join(sorted(set(node.attributes) - allowed))
+        return Mismatch(f"MultiHeadAttention has attributes GroupQueryAttention lacks ({extra})")
+    inputs = list(node.inputs) + [None] * (8 - len(node.inputs))
+    if any(v is not None for i, v in enumerate(inputs) if i not in (0, 1, 2, _ATTENTION_BIAS)):
+        return Mismatch("MultiHeadAttention has a bias, key padding mask or past state")
+    query, key, value = inputs[0], inputs[1], inputs[2]
+    heads = node.attributes.get_int("num_heads", 0)
+    if query is None or key is None or value is None or heads <= 0:
+        return Mismatch("MultiHeadAttention without query, key or value")
+    if query.dtype is not None and query.dtype != ir.DataType.FLOAT:
+        return Mismatch(f"attention in {query.dtype.name}: only float32 is rewritten")
+    grouped_k = _repeated_kv(key, heads)
+    if isinstance(grouped_k, Mismatch):
+        return grouped_k
+    grouped_v = _repeated_kv(value, heads)
+    if isinstance(grouped_v, Mismatch):
+        return grouped_v
+    reads_k, reads_v = _shape_reads(key, node), _shape_reads(value, node)
+    if isinstance(reads_k, Mismatch):
+        return reads_k
+    if isinstance(reads_v, Mismatch):
+        return reads_v
+    grouped_k = dataclasses.replace(grouped_k, shape_reads=reads_k)
+    grouped_v = dataclasses.replace(grouped_v, shape_reads=reads_v)
+    if (grouped_k.kv_heads, grouped_k.head_size) != (grouped_v.kv_heads, grouped_v.head_size):
+        return Mismatch("K and V have different head counts or sizes")
+    if _out_rank(query) != 3:
+        return Mismatch("the query is not [B, S, H*d]")
+    origins = [
+        _origin(query, 0, 1),
+        _origin(grouped_k.source, 0, 2),
+        _origin(grouped_v.source, 0, 2),
+    ]
+    if any(o[0] is not origins[0][0] or o[1:] != origins[0][1:] for o in origins[1:]):
+        return Mismatch(
+            "cannot prove the query, key and value come from one sequence (GroupQueryAttention "
+            "without a past cache needs the key as long as the query)"
+        )
+    # the driver drops those left without users
+    nodes = [*grouped_k.nodes, *grouped_k.shape_reads, *grouped_v.nodes, *grouped_v.shape_reads]
+    bindings = {"key": grouped_k, "value": grouped_v, "heads": heads, "causal": None}
+    if causal:
+        # The sequence's dims are the origin's axis 1 (query and key proved to share it).
+        proof = _causal_mask(inputs[_ATTENTION_BIAS], (origins[0][0], origins[0][2]))
+        if isinstance(proof, Mismatch):
+            return proof
+        bindings["causal"] = proof
+    # Each chain is in graph order, so the driver drops consumers before their producers.
+    return Match([*nodes, node], bindings)
+
+
+def _as_three_d(tape: ir.tape.Tape, value: ir.Value) -> ir.Value:
+    """[B, N, T, d] as [B, T, N*d]: the tensor it was split from when there is one."""
+    transpose = value.producer()
+    if _perm(transpose) == [0, 2, 1, 3]:
+        assert transpose is not None
+        split = _reshape_to_heads(transpose.inputs[0])
+        if split is not None:
+            return split[0]
+    moved = tape.op("Transpose", [value], {"perm": [0, 2, 1, 3]})
+    return tape.op("Reshape", [moved, _const(tape, [0, 0, -1])])
+
+
+def _rewrite(match: Match, context: RewriteContext) -> Replacement:
+    attention = match.root
+    key: _Grouped = match.bindings["key"]
+    value: _Grouped = match.bindings["value"]
+    tape = ir.tape.Tape()
+    opset = context.opset()
+    key3 = _as_three_d(tape, key.source)
+    value3 = _as_three_d(tape, value.source)
+    total64 = _seq_len(tape, key3, 1, opset)
+    total1 = tape.op("Cast", [total64], {"to": int(ir.DataType.INT32)})
+    one = tape.op("Constant", [], {"value": ir.tensor([1], dtype=ir.DataType.INT32)})
+    last = tape.op("Sub", [total1, one])
+    batch = _seq_len(tape, key3, 0, opset)
+    seqlens_k = tape.op("Expand", [last, batch])
+    total = tape.op("Reshape", [total1, _const(tape, [])])
+    bias = attention.inputs[_ATTENTION_BIAS] if len(attention.inputs) > _ATTENTION_BIAS else None
+    inputs: list[ir.Value | None] = [attention.inputs[0], key3, value3, None, None]
+    inputs += [seqlens_k, total]
+    if bias is not None:
+        inputs += [None, None, None, bias]
+    causal: _CausalMask | None = match.bindings["causal"]
+    heads: int = match.bindings["heads"]
+    attributes: dict[str, int | float] = {
+        "num_heads": heads,
+        "kv_num_heads": key.kv_heads,
+        "causal": int(causal is not None),
+    }
+    if "scale" in attention.attributes:
+        attributes["scale"] = attention.attributes.get_float("scale", 0.0)
+    else:  # MultiHeadAttention's default, written out: GroupQueryAttention's is the same today
+        attributes["scale"] = float(key.head_size**-0.5)
+    result = tape.op("GroupQueryAttention", inputs, attributes, domain=MS_DOMAIN)
+    if causal is not None:
+        assert bias is not None
+        flags = _existing_row_flags(causal.source, attention, context)
+        if flags is None:
+            flags = _row_flags(tape, causal.source or bias, opset)
+        result = _average_fully_masked_rows(tape, result, flags, value3, key, heads, opset)
+    moved = [(attention.outputs[0], result)]
+    for grouped in (key, value):
+        for read in grouped.shape_reads:  # B, T and d are the same in the source
+            attrs = {k: a.value for k, a in read.attributes.items()}
+            moved.append((read.outputs[0], tape.op("Shape", [grouped.source], attrs)))
+    return Replacement(tape.nodes, moved)
+
+
+def _row_flags(tape: ir.tape.Tape, mask: ir.Value, opset: int) -> ir.Value:
+    """[b, S, h, 1]: whether every key of a query row is masked, from the rank-4 mask [b, h, S, T]."""
+    row_max = _reduce(tape, "ReduceMax", mask, [3], keepdims=0, opset=opset)  # [b, h, S]
+    floor = tape.op("Constant", [], {"value": ir.tensor(np.array(MASK_FLOOR, np.float32))})
+    masked = tape.op("LessOrEqual", [row_max, floor])
+    masked = tape.op("Transpose", [masked], {"perm": [0, 2, 1]})
+    if opset >= 13:
+        return tape.op("Unsqueeze", [masked, _const(tape, [3])])
+    return tape.op("Unsqueeze", [masked], {"axes": [3]})
+
+
+def _int_list(node: ir.Node, name: str, input_index: int) -> list[int] | None:
+    """An int-list parameter given as attribute (older opsets) or constant input."""
+    if len(node.inputs) > input_index and node.inputs[input_index] is not None:
+        array = const_array(node.inputs[input_index])
+        return None if array is None else [int(x) for x in array.reshape(-1)]
+    attr = node.attributes.get_ints(name, None)
+    return None if attr is None else list(attr)
+
+
+def _is_row_flag_step(node: ir.Node, step: int) -> bool:
+    """Whether ``node`` is step ``step`` of what :func:`_row_flags` builds (0: the ReduceMax)."""
+    if step == 0:
+        return (
+            is_op(node, "ReduceMax")
+            and node.attributes.get_int("keepdims", 1) == 0
+            and _int_list(node, "axes", 1) == [3]
+        )
+    if step == 1:
+        floor = float(np.float32(MASK_FLOOR))  # as _row_flags stores it
+        return is_op(node, "LessOrEqual") and is_scalar_constant(node.inputs[1], floor)
+    if step == 2:
+        return _perm(node) == [0, 2, 1]
+    return is_op(node, "Unsqueeze") and _int_list(node, "axes", 1) == [3]
+
+
+def _existing_row_flags(
+    mask: ir.Value | None, attention: ir.Node, context: RewriteContext
+) -> ir.Value | None:
+    """The row flags an earlier layer's rewrite computed from the same mask, if any (before
+    ``attention`` in the graph: rewrites run in graph order, each inserting before its root)."""
+    if mask is None:
+        return None
+    position = {id(n): i for i, n in enumerate(context.graph)}
+    for use in mask.uses():
+        node: ir.Node | None = use.node
+        assert node is not None
+        if use.idx != 0 or position.get(id(node), 1 << 62) > position[id(attention)]:
+            continue
+        for step in range(4):
+            if node is None or not _is_row_flag_step(node, step):
+                node = None
+                break
+            if step < 3:
+                users = [u.node for u in node.outputs[0].uses()]
+                node = (
+                    users[0] if len(users) == 1 and users[0].inputs[0] is node.outputs[0] else None
+                )
+        if node is not None:
+            return node.outputs[0]
+    return None
+
+
+def _average_fully_masked_rows(
+    tape: ir.tape.Tape,
+    output: ir.Value,
+    masked: ir.Value,
+    value3: ir.Value,
+    kv: _Grouped,
+    heads: int,
+    opset: int,
+) -> ir.Value:
+    """Rows whose every key is masked: the export's softmax is uniform there (each score is the
+    masked constant), so it gives the mean of V over all keys; causal=1 would average only the
+    keys up to the query. Put the mean back: Where(rowmax(bias) <= floor, mean(V), output)."""
+    rep = heads // kv.kv_heads
+    d = kv.head_size
+    mean = _reduce(tape, "ReduceMean", value3, [1], keepdims=1, opset=opset)  # [B, 1, Nkv*d]
+    mean = tape.op("Reshape", [mean, _const(tape, [0, 1, kv.kv_heads, 1, d])])
+    mean = tape.op("Expand", [mean, _const(tape, [1, 1, 1, rep, 1])])
+    mean = tape.op("Reshape", [mean, _const(tape, [0, 1, heads, d])])  # [B, 1, H, d]
+    split = tape.op("Reshape", [output, _const(tape, [0, 0, heads, d])])
+    fixed = tape.op("Where", [masked, mean, split])
+    return tape.op("Reshape", [fixed, _const(tape, [0, 0, heads * d])])
+
+
+def _reduce(
+    tape: ir.tape.Tape, op: str, value: ir.Value, axes: list[int], keepdims: int, opset: int
+) -> ir.Value:
+    if opset >= 18:
+        return tape.op(op, [value, _const(tape, axes)], {"keepdims": keepdims})
+    return tape.op(op, [value], {"axes": axes, "keepdims": keepdims})
+
+
+def _match_causal(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    return _match(node, context, causal=True)
+
+
+def _match_any_mask(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    return _match(node, context, causal=False)
+
+
+# Tried in order: causal=1 (with the fully-masked-row fix-up) where the mask is provably causal,
+# else causal=0 (the mask alone decides, exactly as in MultiHeadAttention).
+GQA_RULES = (
+    Rule("mha->gqa-causal", "MultiHeadAttention", _match_causal, _rewrite, domain=MS_DOMAIN),
+    Rule("mha->gqa", "MultiHeadAttention", _match_any_mask, _rewrite, domain=MS_DOMAIN),
+)
+
+
+class FuseGroupQueryAttentionPass(Pass):
+    """MultiHeadAttention over repeat_kv-expanded K/V -> GroupQueryAttention (ort), no Expands."""
+
+    name = "fuse-group-query-attention"
+    summary = "MultiHeadAttention over repeated K/V heads -> GroupQueryAttention (--target ort)"
+
+    def call(self, model: ir.Model) -> PassResult:
+        # The driver only reports rules that left a candidate unfused; why a block got causal=0
+        # (the mask not provably causal) is said here, before the rewrite.
+        why_not_causal = self._why_not_causal(model) if self.options.explain else []
+        stats, notes = apply_rules(model, list(GQA_RULES), self.options)
+        notes = [*why_not_causal, *notes]
+        if stats:
+            # The moved Shape reads are new nodes placed at the attention, after their consumer
+            # (fuse-attention's mask Expand target): a stable sort puts them back in front of it.
+            model.graph.sort()
+            for function in model.functions.values():
+                function.sort()
+        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
+
+    def _why_not_causal(self, model: ir.Model) -> list[str]:
+        notes = []
+        for graph in iter_graphs(model):
+            context = RewriteContext(model, graph, self.options)
+            for node in graph:
+                if not is_op(node, "MultiHeadAttention", MS_DOMAIN):
+                    continue
+                causal = _match_causal(node, context)
+                if isinstance(causal, Mismatch) and isinstance(
+                    _match_any_mask(node, context), Match
+                ):
+                    notes.append(f"{GQA_RULES[0].name}: {describe(node)}: {causal.reason}")
+        return notes

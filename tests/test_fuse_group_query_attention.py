@@ -1,0 +1,235 @@
+"""FuseGroupQueryAttentionPass: MultiHeadAttention over repeat_kv K/V -> GroupQueryAttention."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from onnxopt.passes.base import Pipeline
+from onnxopt.passes.fuse_group_query_attention import FuseGroupQueryAttentionPass
+from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.levels import build_steps
+from onnxopt.passes.options import PassOptions
+from onnxopt.validate import validate
+from tests.fusion_util import op_types, parse, rng_array
+from tests.test_fuse_attention import _text_feeds
+
+LOWEST = float(np.finfo(np.float32).min)
+
+
+def _model(
+    *,
+    cross: bool = False,
+    unsqueeze_axis: int = 2,
+    masked: float = LOWEST,
+    head_size: int = 8,
+    causal_form: str = "exported",
+) -> ir.Model:
+    """x[B,S,8] -> 4 query heads and 2 K/V heads of ``head_size``, K/V repeated as the exporters do, MHA with a
+    causal + padding mask built from keep[B,S] as the exporters do (positions unsqueezed to rank 4;
+    ``causal_form="flat"``: [S, 1] against [T], not recognised); ``cross``: K/V from y[B,T,8]."""
+    if causal_form == "exported":
+        positions = """
+            kpos = Unsqueeze(ki, ax012)
+            qpos = Unsqueeze(qi, ax013)
+            causal = LessOrEqual(kpos, qpos)
+        """
+    else:
+        positions = """
+            qcol = Unsqueeze(qi, ax1)
+            causal = LessOrEqual(ki, qcol)
+        """
+    kv_input = "y" if cross else "x"
+    text = f"""
+        <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+        g (float[B, S, 8] x, float[B, T, 8] y, bool[B, {"T" if cross else "S"}] keep) => (float[B, S, {4 * head_size}] out) {{
+            q = MatMul(x, wq)
+            k = MatMul({kv_input}, wk)
+            v = MatMul({kv_input}, wv)
+            kr = Reshape(k, split)
+            k4 = Transpose<perm=[0, 2, 1, 3]>(kr)
+            vr = Reshape(v, split)
+            v4 = Transpose<perm=[0, 2, 1, 3]>(vr)
+            ku = Unsqueeze(k4, axis)
+            ke = Expand(ku, rep)
+            kh = Reshape(ke, merge)
+            vu = Unsqueeze(v4, axis)
+            ve = Expand(vu, rep)
+            vh = Reshape(ve, merge)
+            sq = Shape<start=1, end=2>(x)
+            sk = Shape<start=1, end=2>(keep)
+            zero = Constant<value = int64 {{0}}>()
+            one = Constant<value = int64 {{1}}>()
+            sqs = Squeeze(sq)
+            sks = Squeeze(sk)
+            qi = Range(zero, sqs, one)
+            ki = Range(zero, sks, one)
+            {positions}
+            pad = Unsqueeze(keep, ax12)
+            allowed = And(causal, pad)
+            mask = Where(allowed, zero_f, masked)
+            out = com.microsoft.MultiHeadAttention<num_heads=4, scale=0.7>(q, kh, vh, , , mask)
+        }}
+    """
+    return parse(
+        text,
+        wq=rng_array(8, 4 * head_size, seed=1),
+        wk=rng_array(8, 2 * head_size, seed=2),
+        wv=rng_array(8, 2 * head_size, seed=3),
+        split=np.array([0, 0, 2, head_size], np.int64),
+        merge=np.array([0, 4, -1, head_size], np.int64),
+        rep=np.array([1, 1, 2, 1, 1], np.int64),
+        axis=np.array([unsqueeze_axis], np.int64),
+        ax1=np.array([1], np.int64),
+        ax012=np.array([0, 1, 2], np.int64),
+        ax013=np.array([0, 1, 3], np.int64),
+        ax12=np.array([1, 2], np.int64),
+        zero_f=np.array(0.0, np.float32),
+        masked=np.array(masked, np.float32),
+    )
+
+
+def _assert_sorted(model: ir.Model) -> None:
+    seen = {id(v) for v in model.graph.inputs} | {id(v) for v in model.graph.initializers.values()}
+    for node in model.graph:
+        for value in node.inputs:
+            assert value is None or id(value) in seen, (
+                f"{node.name} reads {value.name} before it is made"
+            )
+        seen.update(id(out) for out in node.outputs)
+
+
+def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    keep = np.ones((batch, seq), bool)
+    keep[-1, : seq // 2] = False  # left padding: its first rows are fully masked
+    if batch > 2:
+        keep[0, :] = False  # all padding
+    x = rng.standard_normal((batch, seq, 8)).astype(np.float32)
+    return {"x": x, "y": x, "keep": keep}
+
+
+def test_causal_mask_runs_causal_and_fully_masked_rows_still_average() -> None:
+    model = _model()
+    fused = model.clone()
+    result = FuseGroupQueryAttentionPass()(fused)
+    assert result.stats == {"mha->gqa-causal": 1}
+    types = op_types(fused)
+    assert "com.microsoft::GroupQueryAttention" in types
+    assert "com.microsoft::MultiHeadAttention" not in types
+    # seqlens_k's and the mean of V's (repeated to 4 heads); the two K/V repeats are gone
+    assert types.count("Expand") == 2
+    assert types.count("Where") == 2  # the mask's and the fully-masked-row fix-up
+    _assert_sorted(fused)
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.attributes.get_int("causal") == 1
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+    assert report.passed, report
+    assert max(o.max_abs for o in report.outputs) < 1e-5
+    assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+def test_mask_not_provably_causal_runs_with_causal_0() -> None:
+    model = _model(causal_form="flat")
+    fused = model.clone()
+    result = FuseGroupQueryAttentionPass()(fused)
+    assert result.stats == {"mha->gqa": 1}
+    types = op_types(fused)
+    assert "com.microsoft::MultiHeadAttention" not in types
+    assert types.count("Expand") == 1  # seqlens_k's; the two K/V repeats are gone
+    _assert_sorted(fused)
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.attributes.get_int("causal") == 0
+    assert gqa.attributes.get_int("kv_num_heads") == 2
+    assert gqa.attributes.get_int("num_heads") == 4
+    assert gqa.attributes.get_float("scale") == pytest.approx(0.7)
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+    assert report.passed, report
+    assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+def test_why_the_mask_is_not_causal_is_explained() -> None:
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(_model(causal_form="flat"))
+    assert result.stats == {"mha->gqa": 1}
+    assert any(
+        note.startswith("mha->gqa-causal: MultiHeadAttention") and "not provably causal" in note
+        for note in result.notes
+    ), result.notes
+
+
+def test_infinite_mask_gives_the_same_fully_masked_rows() -> None:
+    model = _model(masked=float("-inf"))
+    fused = model.clone()
+    # -inf: fully masked rows are NaN in MultiHeadAttention; causal=0 keeps them so.
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa": 1}
+    report = validate(model, fused, inputs=[_feeds(3, 6, 0), _feeds(2, 4, 1)])
+    assert report.passed, report
+
+
+def test_key_from_another_sequence_is_not_rewritten() -> None:
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(_model(cross=True))
+    assert not result.modified
+    assert any("come from one sequence" in note for note in result.notes), result.notes
+
+
+def test_expansion_on_another_axis_is_not_a_repeat() -> None:
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(_model(unsqueeze_axis=1))
+    assert not result.modified
+    assert any("does not insert its axis at position 2" in n for n in result.notes), result.notes
+
+
+def test_head_size_not_a_multiple_of_8_is_not_rewritten() -> None:
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(_model(head_size=4))
+    assert not result.modified
+    assert any("needs a multiple of 8" in n for n in result.notes), result.notes
+
+
+def test_onnx_target_keeps_multi_head_attention() -> None:
+    result = FuseGroupQueryAttentionPass(PassOptions(target="onnx"))(_model())
+    assert not result.modified
+
+
+def _export_llama_tiny(exporter: str, tmp_path) -> ir.Model:  # type: ignore[no-untyped-def]
+    """The zoo's llama-tiny: 2 layers, 4 query / 2 K/V heads of 16, dynamic batch and sequence."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from onnxopt.export import export
+
+    result = export("llama-tiny", tmp_path / "llama.onnx", exporter=exporter)  # type: ignore[arg-type]
+    model = ir.load(result.output)
+    InferShapesPass()(model)
+    return model
+
+
+@pytest.mark.parametrize(
+    "exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.slow)]
+)
+def test_llama_tiny_exports_with_padding(exporter: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model = _export_llama_tiny(exporter, tmp_path)
+    # What -O2 runs before this pass: cleanup, fuse-attention, rotary and the other fusions.
+    steps = build_steps(2)
+    here = next(i for i, s in enumerate(steps) if isinstance(s, FuseGroupQueryAttentionPass))
+    Pipeline(steps[:here])(model)
+    assert "com.microsoft::RotaryEmbedding" in op_types(model)
+    fused = model.clone()
+    result = FuseGroupQueryAttentionPass()(fused)
+    assert result.stats == {"mha->gqa-causal": 2}
+    types = op_types(fused)
+    assert types.count("com.microsoft::GroupQueryAttention") == 2
+    assert types.count("ReduceMax") == 1  # both layers read one set of fully-masked-row flags
+    assert "com.microsoft::MultiHeadAttention" not in types
+    repeats = [  # float Expands of an Unsqueeze: repeat_kv (the mask's are int64 or bool)
+        n
+        for n in fused.graph
+        if n.op_type == "Expand"
+        and n.outputs[0].dtype == ir.DataType.FLOAT
+        and n.inputs[0].producer().op_type == "Unsqueeze"
+    ]
+    assert not repeats  # the K/V repeat_kv Expands are gone
+    _assert_sorted(fused)
+    report = validate(
+        model, fused, inputs=[_text_feeds(3, 6, 0), _text_feeds(1, 1, 1), _text_feeds(2, 9, 2)]
+    )
+    assert report.passed, report
+    assert not FuseGroupQueryAttentionPass()(fused).modified
