@@ -55,4 +55,11 @@ def test_enable_puts_a_pass_where_all_passes_orders_it() -> None:
     result = optimize(model, enable=["fuse-skip-layer-norm", "merge-qkv-projections"])
     ran = list(result.report.passes_run)
     assert ran[-3:] == ["fuse-skip-layer-norm", "reorder-for-memory", "drop-shape-annotations"]
-    assert ran[ran.index("fuse-attention") + 1] == "merge-qkv-projections"
+    # (after the dead-code sweep that follows attention fusion, before packed attention)
+    at = ran.index("merge-qkv-projections")
+    assert ran[at - 2 : at + 2] == [
+        "fuse-attention",
+        "eliminate-dead-code",
+        "merge-qkv-projections",
+        "fuse-packed-attention",
+    ]

@@ -74,7 +74,10 @@ OPT_IN_FUSIONS: list[PassClass] = [
 # MatMul that fuse-matmul would absorb; fuse-packed-attention (ort) turns its MultiHeadAttention
 # and the Q/K/V projections into one Attention where benchmarks/attention_layouts_micro.py measured
 # that faster (a mask, or a short static sequence; README, "Fusions").
-ATTENTION: list[PassClass] = [FuseAttentionPass, FusePackedAttentionPass]
+# Dead code in between: a layer's fused-away K/V reshapes can stay alive through another layer's
+# shared shape reads until that layer fuses too, and would count as other consumers of its
+# projections.
+ATTENTION: list[PassClass] = [FuseAttentionPass, EliminateDeadCodePass, FusePackedAttentionPass]
 
 # Every pass, in the order a custom --passes list is best run in.
 ALL_PASSES: list[PassClass] = [
