@@ -178,6 +178,32 @@ def test_fully_masked_rows_stay_zero_and_padding_is_exact() -> None:
     assert report.outputs[0].max_abs < 1e-5
 
 
+def test_an_all_pass_mask_is_dropped() -> None:
+    """ViT's dynamo export adds Where(Expand(all-true), 0, lowest): zero everywhere. The fused op
+    gets no mask (no bias add, and MultiHeadAttention's mask-free kernel)."""
+    model = _model(masked_value="lowest")
+    for node in model.graph:
+        if node.op_type == "Where" and node.outputs[0].name == "bias0":
+            keep = ir.Value(name="keep_all")
+            true_const = ir.Value(
+                name="all_true",
+                const_value=ir.tensor(np.ones((1, 1, 1, 1), dtype=np.bool_), name="all_true"),
+            )
+            model.graph.register_initializer(true_const)
+            expand_shape = node.inputs[0]  # mb: [B, 1, 1, S] bool; reuse its shape
+            shape = ir.node("Shape", [expand_shape], outputs=[ir.Value(name="mb_shape")])
+            expand = ir.node("Expand", [true_const, shape.outputs[0]], outputs=[keep])
+            model.graph.insert_before(node, [shape, expand])
+            node.replace_input_with(0, keep)
+    fused = model.clone()
+    result = FuseAttentionPass()(fused)
+    assert result.stats == {"attention->mha": 1}
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    assert len(mha.inputs) == 3  # q, k, v: no attention_bias
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(2, 7, 1)])
+    assert report.passed, report
+
+
 def test_mask_of_unknown_rank_is_not_fused() -> None:
     model = _model(runtime_mask_shape=True)
     result = FuseAttentionPass(PassOptions(explain=True))(model)

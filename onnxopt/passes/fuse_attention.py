@@ -721,6 +721,8 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         problem = _check_bias(bias, heads)
         if problem is not None:
             return problem
+        if _all_equal_to(bias, 0.0):
+            bias = None  # an all-pass mask (ViT's dynamo export): adding 0 changes no score
     block = _Block(
         query=query_heads,
         key=key_heads,
@@ -773,6 +775,27 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
 def _is_zero(value: ir.Value | None) -> bool:
     array = const_array(value)
     return array is not None and array.size == 1 and float(array.reshape(-1)[0]) == 0.0
+
+
+def _all_equal_to(value: ir.Value | None, wanted: float | bool, depth: int = 0) -> bool:
+    """Every element of ``value`` provably equals ``wanted``: a constant, or an Expand or Identity
+    of one, or a Where whose condition is provably all true (or all false) picking one."""
+    if value is None or depth > 6:
+        return False
+    array = const_array(value)
+    if array is not None:
+        return array.size > 0 and bool(np.all(array == wanted))
+    node = value.producer()
+    if node is None or len(node.inputs) == 0:
+        return False
+    if is_op(node, "Expand") or is_op(node, "Identity"):
+        return _all_equal_to(node.inputs[0], wanted, depth + 1)
+    if is_op(node, "Where") and len(node.inputs) == 3:
+        if _all_equal_to(node.inputs[0], True, depth + 1):
+            return _all_equal_to(node.inputs[1], wanted, depth + 1)
+        if _all_equal_to(node.inputs[0], False, depth + 1):
+            return _all_equal_to(node.inputs[2], wanted, depth + 1)
+    return False
 
 
 def _check_bias(bias: ir.Value, heads: int) -> Mismatch | None:
