@@ -107,6 +107,7 @@ def main() -> None:
     args = parser.parse_args()
     ATTENTION["implementation"] = args.attention
     out = args.out or Path(tempfile.mkdtemp(prefix="trained_like_"))
+    out.mkdir(parents=True, exist_ok=True)
     print("| model | exporter | nodes | optimized | validated | vs eager | fused |")
     print("|---|---|---:|---:|---|---|---|")
     for name in args.models:
