@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterator
 
 import onnx
 import onnx_ir as ir
@@ -44,22 +45,28 @@ def pin_input_shapes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> int
     return changed
 
 
-def _value_infos(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
-    """Inferred types by value name, over the graph and its subgraphs; names seen twice are dropped."""
-    found: dict[str, onnx.ValueInfoProto] = {}
-    ambiguous: set[str] = set()
+def _graph_protos(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph nested in its nodes' attributes."""
     stack = [graph]
     while stack:
         current = stack.pop()
-        for info in (*current.value_info, *current.output):
-            if info.name in found and found[info.name].type != info.type:
-                ambiguous.add(info.name)
-            found[info.name] = info
+        yield current
         for node in current.node:
             for attr in node.attribute:
                 if attr.HasField("g"):
                     stack.append(attr.g)
                 stack.extend(attr.graphs)
+
+
+def _value_infos(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
+    """Inferred types by value name, over the graph and its subgraphs; names seen twice are dropped."""
+    found: dict[str, onnx.ValueInfoProto] = {}
+    ambiguous: set[str] = set()
+    for current in _graph_protos(graph):
+        for info in (*current.value_info, *current.output):
+            if info.name in found and found[info.name].type != info.type:
+                ambiguous.add(info.name)
+            found[info.name] = info
     for name in ambiguous:
         del found[name]
     return found
@@ -73,18 +80,11 @@ def _is_placeholder(dim: object) -> bool:
 
 def _forget_placeholders(graph: onnx.GraphProto) -> None:
     """Clear the made-up dim names in ``graph``'s value_info and its subgraphs'."""
-    stack = [graph]
-    while stack:
-        current = stack.pop()
+    for current in _graph_protos(graph):
         for info in current.value_info:
             for dim in info.type.tensor_type.shape.dim:
                 if dim.HasField("dim_param") and dim.dim_param.startswith(GENERATED_DIM_PREFIX):
                     dim.ClearField("dim_param")
-        for node in current.node:
-            for attr in node.attribute:
-                if attr.HasField("g"):
-                    stack.append(attr.g)
-                stack.extend(attr.graphs)
 
 
 def _resolved_placeholders(
@@ -167,8 +167,23 @@ class InferShapesPass(Pass):
                 proto, check_type=False, strict_mode=False, data_prop=True
             )
 
+        def infer_both(
+            proto: onnx.ModelProto,
+        ) -> tuple[onnx.ModelProto, onnx.ModelProto | None]:
+            """Inference as recorded, then a second run without the made-up names (one
+            serialization of the model for both: it costs more than either inference)."""
+            inferred = infer(proto)
+            bare = onnx.ModelProto()
+            bare.CopyFrom(proto)
+            _forget_placeholders(bare.graph)
+            try:
+                afresh: onnx.ModelProto | None = infer(bare)
+            except Exception:  # the first run succeeded; this one only adds names
+                afresh = None
+            return inferred, afresh
+
         try:
-            inferred = _c_api_utils.call_onnx_api(infer, model)
+            inferred, afresh = _c_api_utils.call_onnx_api(infer_both, model)
         except (
             Exception
         ) as exc:  # inference is best-effort: a model it cannot handle stays as it is
@@ -178,16 +193,7 @@ class InferShapesPass(Pass):
             return PassResult(
                 model, modified=bool(stats), stats=stats, notes=[f"shape inference failed: {exc}"]
             )
-
-        # A second run without the made-up names: the ones it resolves are renamed everywhere.
-        def infer_afresh(proto: onnx.ModelProto) -> onnx.ModelProto:
-            _forget_placeholders(proto.graph)
-            return infer(proto)
-
-        try:
-            afresh = _c_api_utils.call_onnx_api(infer_afresh, model)
-        except Exception:  # the first run succeeded; this one only adds names
-            afresh = None
+        # The made-up names the second run resolves are renamed everywhere.
         if afresh is not None:
             resolved = _resolved_placeholders(model, _value_infos(afresh.graph))
             if resolved:
