@@ -469,13 +469,10 @@ def _is_noop_reshape(reshape: ir.Node, by_axis: Sequence[Sequence[ir.Value]]) ->
             isinstance(entry, int) and entry > 0 and entry == _dim(by_axis[axis][0], axis)
         ):
             continue
-        if not isinstance(entry, tuple):
-            return False
         # the dim read off one of those tensors, or a dim carrying the same symbol (once
         # fold-shape-values shares equal shape reads, the read may come from another tensor)
-        if not (
-            (entry[2] == axis and any(entry[1] is v for v in by_axis[axis]))
-            or any(_same_symbol(entry[1], entry[2], v, axis) for v in by_axis[axis])
+        if not isinstance(entry, tuple) or not any(
+            _same_dim(entry, v, axis) for v in by_axis[axis]
         ):
             return False
     return True
