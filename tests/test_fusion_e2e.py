@@ -120,16 +120,26 @@ class BertWrapper(torch.nn.Module):
         return out.last_hidden_state
 
 
-@pytest.mark.parametrize("dynamo", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_tiny_bert(tmp_path: Path, dynamo: bool) -> None:
+def _export_tiny_bert(tmp_path: Path, dynamo: bool, *, trained_like: bool = False) -> Path:
+    """BertWrapper exported with dynamic batch and sequence; ``trained_like``: every parameter
+    whose elements are all equal (zero biases, unit LayerNorm scales) perturbed first."""
     pytest.importorskip("transformers")
+    from onnxopt.zoo._common import perturb_constant_parameters
+
     torch.manual_seed(0)
     model = BertWrapper().eval()
+    if trained_like:
+        perturb_constant_parameters(model)
     args = (torch.randint(0, 100, (2, 7)), torch.ones(2, 7, dtype=torch.int64))
     dynamic = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
-    path = _export(
+    return _export(
         model, args, tmp_path / "bert.onnx", dynamo, ["input_ids", "attention_mask"], dynamic
     )
+
+
+@pytest.mark.parametrize("dynamo", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_tiny_bert(tmp_path: Path, dynamo: bool) -> None:
+    path = _export_tiny_bert(tmp_path, dynamo)
     result = optimize(path)
     assert result.validated, result.report.validation
     assert len(result.report.validation.trials) >= 2  # type: ignore[union-attr]
@@ -153,16 +163,7 @@ def test_tiny_bert(tmp_path: Path, dynamo: bool) -> None:
 def test_tiny_bert_with_trained_like_weights(tmp_path: Path, dynamo: bool) -> None:
     """Non-zero biases and non-unit LayerNorm scales (as a checkpoint has): the bias paths of the
     attention fusion (MultiHeadAttention's bias input) and of Gelu are exercised, with padding."""
-    pytest.importorskip("transformers")
-    from onnxopt.zoo._common import perturb_constant_parameters
-
-    torch.manual_seed(0)
-    model = perturb_constant_parameters(BertWrapper().eval())
-    args = (torch.randint(0, 100, (2, 7)), torch.ones(2, 7, dtype=torch.int64))
-    dynamic = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
-    path = _export(
-        model, args, tmp_path / "bert.onnx", dynamo, ["input_ids", "attention_mask"], dynamic
-    )
+    path = _export_tiny_bert(tmp_path, dynamo, trained_like=True)
     result = optimize(path)
     assert result.validated, result.report.validation
     ops = result.report.after.op_counts
