@@ -39,14 +39,29 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, single_consumer
+from onnxopt.passes._attention_shapes import (
+    MASK_FLOOR,
+    Entry,
+    int64_const,
+    keeps_leading_dims,
+    last_dim,
+    peel_scale,
+    producer_of,
+    reshape_to_heads,
+    same_dim,
+    same_symbol,
+    seq_len,
+    static_dim,
+    target_entries,
+    transpose_perm,
+    value_rank,
+)
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 
 logger = logging.getLogger(__name__)
 
 ONNX_ATTENTION_OPSET = 23
-# Below any real score and far from float32's lowest, which ORT's Attention-23 reads as "masked out".
-MASK_FLOOR = -1e30
 # Ops whose output holds only values of their data input (input 0), rearranged or converted.
 _VALUE_PRESERVING = frozenset(
     {
@@ -63,233 +78,9 @@ _VALUE_PRESERVING = frozenset(
 )
 
 
-def _producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
-    if value is None:
-        return None
-    node = value.producer()
-    return node if is_op(node, op_type) else None
-
-
-def _scalar(value: ir.Value | None) -> float | None:
-    array = const_array(value)
-    if array is None or array.size != 1 or not np.issubdtype(array.dtype, np.floating):
-        return None
-    result = float(array.reshape(-1)[0])
-    return result if np.isfinite(result) and result != 0.0 else None
-
-
-def _peel_scale(value: ir.Value) -> tuple[ir.Value, float, list[ir.Node]]:
-    """Strip scalar-constant Mul/Div nodes off ``value``: value = base * factor."""
-    factor = 1.0
-    nodes: list[ir.Node] = []
-    while True:
-        node = value.producer()
-        if is_op(node, "Mul"):
-            assert node is not None
-            left, right = node.inputs[0], node.inputs[1]
-            if (s := _scalar(right)) is not None and left is not None:
-                factor *= s
-                nodes.append(node)
-                value = left
-                continue
-            if (s := _scalar(left)) is not None and right is not None:
-                factor *= s
-                nodes.append(node)
-                value = right
-                continue
-        if is_op(node, "Div"):
-            assert node is not None
-            s = _scalar(node.inputs[1])
-            if s is not None and node.inputs[0] is not None:
-                factor /= s
-                nodes.append(node)
-                value = node.inputs[0]
-                continue
-        return value, factor, nodes
-
-
-def _perm(node: ir.Node | None) -> list[int] | None:
-    if not is_op(node, "Transpose"):
-        return None
-    assert node is not None
-    perm = node.attributes.get_ints("perm", None)
-    return list(perm) if perm is not None else None
-
-
 # --- reading Reshape targets -------------------------------------------------------------------
 # A target is read as a list of entries: an int constant, or ("dim", source, index) for a dim read
 # off some tensor's Shape at run time. Only what the exporters emit is understood.
-
-Entry = int | tuple[str, ir.Value, int]
-
-
-def _shape_slice(value: ir.Value) -> tuple[ir.Value, int, int | None] | None:
-    """``value`` = Shape(src)[start:end] as (src, start, end), or None."""
-    node = value.producer()
-    if is_op(node, "Shape"):
-        assert node is not None and node.inputs[0] is not None
-        start = node.attributes.get_int("start", 0)
-        end = node.attributes.get_int("end", None)
-        return node.inputs[0], start, end
-    if is_op(node, "Slice"):
-        assert node is not None
-        source = node.inputs[0]
-        if source is None or not is_op(source.producer(), "Shape"):
-            return None
-        shape_node = source.producer()
-        assert shape_node is not None
-        if (
-            shape_node.attributes.get_int("start", 0) != 0
-            or shape_node.attributes.get("end") is not None
-        ):
-            return None
-        starts = const_array(node.inputs[1])
-        ends = const_array(node.inputs[2])
-        axes = (
-            const_array(node.inputs[3])
-            if len(node.inputs) > 3 and node.inputs[3] is not None
-            else None
-        )
-        steps = (
-            const_array(node.inputs[4])
-            if len(node.inputs) > 4 and node.inputs[4] is not None
-            else None
-        )
-        if starts is None or ends is None or starts.size != 1 or ends.size != 1:
-            return None
-        if (axes is not None and int(axes.reshape(-1)[0]) != 0) or (
-            steps is not None and int(steps.reshape(-1)[0]) != 1
-        ):
-            return None
-        start = int(starts.reshape(-1)[0])
-        end = int(ends.reshape(-1)[0])
-        src = shape_node.inputs[0]
-        assert src is not None
-        return src, max(start, -(2**31)), None if end >= 2**31 else end
-    return None
-
-
-def _target_entries(
-    value: ir.Value | None, rank_of: dict[int, int] | None = None
-) -> list[Entry] | None:
-    """The entries of a Reshape target (a constant, or a Concat of constants and shape reads)."""
-    if value is None:
-        return None
-    array = const_array(value)
-    if array is not None:
-        return [int(x) for x in array.reshape(-1)]
-    node = value.producer()
-    if is_op(node, "Concat"):
-        assert node is not None
-        entries: list[Entry] = []
-        for piece in node.inputs:
-            part = _piece_entries(piece)
-            if part is None:
-                return None
-            entries.extend(part)
-        return entries
-    return _piece_entries(value)
-
-
-def _piece_entries(value: ir.Value | None) -> list[Entry] | None:
-    if value is None:
-        return None
-    array = const_array(value)
-    if array is not None:
-        return [int(x) for x in array.reshape(-1)]
-    sliced = _shape_slice(value)
-    if sliced is not None:
-        source, start, end = sliced
-        rank = _rank(source)
-        if rank is None:
-            if start >= 0 and end is not None and end > start:
-                return [("dim", source, i) for i in range(start, end)]
-            return None
-        lo = max(start + rank, 0) if start < 0 else start
-        hi = rank if end is None else (end + rank if end < 0 else min(end, rank))
-        return [("dim", source, i) for i in range(lo, hi)]
-    node = value.producer()
-    # Unsqueeze(Gather(Shape(src), i)) / Reshape(Gather(...)): one dim as a 1-element tensor
-    if is_op(node, "Unsqueeze") or is_op(node, "Reshape"):
-        assert node is not None
-        inner = node.inputs[0]
-        dim = _gathered_dim(inner.producer() if inner is not None else None, scalar=True)
-        return None if dim is None else [dim]
-    # Gather(Shape(src), [i]): the same, indexed by a one-element vector
-    dim = _gathered_dim(node, scalar=False)
-    return None if dim is None else [dim]
-
-
-def _gathered_dim(gather: ir.Node | None, *, scalar: bool) -> Entry | None:
-    """``Gather(Shape(src), i)`` (``scalar``) or ``Gather(Shape(src), [i])`` as dim i of src."""
-    if not is_op(gather, "Gather"):
-        return None
-    assert gather is not None
-    index = const_array(gather.inputs[1])
-    shape_of = gather.inputs[0]
-    shape_node = shape_of.producer() if shape_of is not None else None
-    if (
-        index is None
-        or index.size != 1
-        or index.ndim != (0 if scalar else 1)
-        or not is_op(shape_node, "Shape")
-    ):
-        return None
-    assert shape_node is not None and shape_node.inputs[0] is not None
-    if (
-        shape_node.attributes.get_int("start", 0) != 0
-        or shape_node.attributes.get("end") is not None
-    ):
-        return None
-    i = int(index.reshape(-1)[0])
-    if i < 0:
-        rank = _rank(shape_node.inputs[0])
-        if rank is None:
-            return None
-        i += rank
-    return ("dim", shape_node.inputs[0], i)
-
-
-def _rank(value: ir.Value | None) -> int | None:
-    if value is None:
-        return None
-    if value.shape is not None:
-        return len(value.shape)
-    perm = _perm(value.producer())  # a Transpose's rank is its perm's length, even without shapes
-    return len(perm) if perm is not None else None
-
-
-def _last_dim(value: ir.Value | None) -> int | None:
-    if value is None or value.shape is None or len(value.shape) == 0:
-        return None
-    dim = value.shape[-1]
-    return dim if isinstance(dim, int) else None
-
-
-def _is_dim(entry: Entry, index: int) -> bool:
-    return isinstance(entry, tuple) and entry[2] == index
-
-
-def _keeps_leading_dims(entries: Sequence[Entry], allowzero: bool, source: ir.Value | None) -> bool:
-    """Entries 0 and 1 of a reshape keep the input's [B, S].
-
-    Each is a copy marker (0), the dim read at run time, or a constant equal to the input's static
-    dim; one of them may be -1 when the other is pinned (the trailing entries are checked by callers).
-    """
-    if sum(1 for e in entries if e == -1) > 1:
-        return False
-
-    def pinned(entry: Entry, axis: int) -> bool:
-        if entry == 0:
-            return not allowzero
-        if isinstance(entry, int):
-            return entry > 0 and entry == _dim(source, axis)
-        return _is_dim(entry, axis)
-
-    first, second = entries[0], entries[1]
-    if first == -1:
-        return pinned(second, 1)
-    return pinned(first, 0) and (second == -1 or pinned(second, 1))
 
 
 @dataclass(frozen=True)
@@ -305,58 +96,17 @@ class _Heads:
 
 def _split_heads(value4: ir.Value) -> _Heads:
     """Recognise ``Transpose(Reshape(x, [B, S, H, d]), [0, 2, 1, 3])``; else an opaque [B, H, S, d] tensor."""
-    opaque = _Heads(value4, None, _dim(value4, 1), _dim(value4, 3), ())
+    opaque = _Heads(value4, None, static_dim(value4, 1), static_dim(value4, 3), ())
     transpose = value4.producer()
-    if _perm(transpose) != [0, 2, 1, 3]:
+    if transpose_perm(transpose) != [0, 2, 1, 3]:
         return opaque
     assert transpose is not None
     reshaped = transpose.inputs[0]
-    split = _reshape_to_heads(reshaped)
+    split = reshape_to_heads(reshaped)
     if split is None:
         return opaque
     three_d, heads, head_size, reshape = split
     return _Heads(value4, three_d, heads, head_size, (reshape, transpose))
-
-
-def _dim(value: ir.Value | None, index: int) -> int | None:
-    if value is None or value.shape is None or len(value.shape) <= index:
-        return None
-    dim = value.shape[index]
-    return dim if isinstance(dim, int) else None
-
-
-def _reshape_to_heads(value: ir.Value | None) -> tuple[ir.Value, int, int, ir.Node] | None:
-    """``value = Reshape(x, [B, S, H, d])`` with x of rank 3: (x, H, d, reshape)."""
-    reshape = _producer(value, "Reshape")
-    if reshape is None:
-        return None
-    source = reshape.inputs[0]
-    if source is None or _rank(source) not in (None, 3):
-        return None
-    entries = _target_entries(reshape.inputs[1])
-    if entries is None or len(entries) != 4:
-        return None
-    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
-    heads, head_size = entries[2], entries[3]
-    if (
-        not isinstance(head_size, int)
-        or head_size <= 0
-        or not _keeps_leading_dims(entries, allowzero, source)
-    ):
-        return None
-    if entries[1] == -1 and not (isinstance(heads, int) and heads > 0):
-        return None
-    if heads == -1:
-        width = _last_dim(source)
-        if width is None or width % head_size:
-            return None
-        heads = width // head_size
-    if not isinstance(heads, int) or heads <= 0:
-        return None
-    width = _last_dim(source)
-    if width is not None and width != heads * head_size:
-        return None
-    return source, heads, head_size, reshape
 
 
 def _key_transposed(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mismatch:
@@ -367,43 +117,45 @@ def _key_transposed(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mi
     3. ``Reshape(Transpose(Reshape(K4, [-1, T, d]), [0, 2, 1]), [B, H, d, T])``  (dynamo), the dims read
        from ``Shape(K4)`` at run time.
     """
-    base, factor, nodes = _peel_scale(value)
+    base, factor, nodes = peel_scale(value)
     producer = base.producer()
-    perm = _perm(producer)
+    perm = transpose_perm(producer)
     if perm == [0, 2, 3, 1]:
         assert producer is not None
-        split = _reshape_to_heads(producer.inputs[0])
+        split = reshape_to_heads(producer.inputs[0])
         if split is None:
             return Mismatch("the key's head split is not Reshape([B, T, H, d]) of a rank-3 tensor")
         three_d, heads, head_size, reshape = split
         return _Heads(None, three_d, heads, head_size, (reshape,)), factor, [producer, *nodes]
     if perm == [0, 1, 3, 2]:
         assert producer is not None and producer.inputs[0] is not None
-        key4, more, inner = _peel_scale(producer.inputs[0])
+        key4, more, inner = peel_scale(producer.inputs[0])
         key_heads = _split_heads(key4)
         return key_heads, factor * more, [*key_heads.nodes, *inner, producer, *nodes]
-    reshape_back = _producer(base, "Reshape")
+    reshape_back = producer_of(base, "Reshape")
     if reshape_back is not None:
         transpose = (
             reshape_back.inputs[0].producer() if reshape_back.inputs[0] is not None else None
         )
-        reshape_flat = _producer(transpose.inputs[0], "Reshape") if transpose is not None else None
+        reshape_flat = (
+            producer_of(transpose.inputs[0], "Reshape") if transpose is not None else None
+        )
         if (
-            _perm(transpose) == [0, 2, 1]
+            transpose_perm(transpose) == [0, 2, 1]
             and reshape_flat is not None
             and reshape_flat.inputs[0] is not None
         ):
             assert transpose is not None
             key4 = reshape_flat.inputs[0]
-            flat = _target_entries(reshape_flat.inputs[1])
-            back = _target_entries(reshape_back.inputs[1])
+            flat = target_entries(reshape_flat.inputs[1])
+            back = target_entries(reshape_back.inputs[1])
             if flat is None or back is None:
                 return Mismatch("the key transpose reshapes to shapes that cannot be read")
             if not _is_flat_key(flat, key4) or not _is_unflat_key(back, key4):
                 return Mismatch(
                     "the key transpose's reshapes are not [-1, T, d] and [B, H, d, T] of the key"
                 )
-            key_base, more, inner = _peel_scale(key4)
+            key_base, more, inner = peel_scale(key4)
             key_heads = _split_heads(key_base)
             return (
                 key_heads,
@@ -413,34 +165,22 @@ def _key_transposed(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mi
     return Mismatch("the second MatMul operand is not a transposed key")
 
 
-def _same_dim(entry: Entry, source: ir.Value, index: int) -> bool:
-    """The entry is dim ``index`` of ``source``: read off it, read off a dim with the same symbol
-    (exporters, and fold-shape-values' sharing, read a length off whichever tensor carries it), or
-    the same positive constant when that dim is static."""
-    if isinstance(entry, int):
-        return entry > 0 and entry == _dim(source, index)
-    return isinstance(entry, tuple) and (
-        (entry[1] is source and entry[2] == index)
-        or _same_symbol(entry[1], entry[2], source, index)
-    )
-
-
 def _is_flat_key(entries: Sequence[Entry], key4: ir.Value) -> bool:
     return (
         len(entries) == 3
         and entries[0] == -1
-        and _same_dim(entries[1], key4, 2)
-        and _same_dim(entries[2], key4, 3)
+        and same_dim(entries[1], key4, 2)
+        and same_dim(entries[2], key4, 3)
     )
 
 
 def _is_unflat_key(entries: Sequence[Entry], key4: ir.Value) -> bool:
     return (
         len(entries) == 4
-        and _same_dim(entries[0], key4, 0)
-        and _same_dim(entries[1], key4, 1)
-        and _same_dim(entries[2], key4, 3)
-        and _same_dim(entries[3], key4, 2)
+        and same_dim(entries[0], key4, 0)
+        and same_dim(entries[1], key4, 1)
+        and same_dim(entries[2], key4, 3)
+        and same_dim(entries[3], key4, 2)
     )
 
 
@@ -459,21 +199,19 @@ def _main_user(value: ir.Value) -> ir.Node | None:
 def _is_noop_reshape(reshape: ir.Node, by_axis: Sequence[Sequence[ir.Value]]) -> bool:
     """A Reshape of [B, H, S, dv] to [dim 0, -1, dim 2, dim 3] read off tensors known to share those
     dims (or off dims with the same symbol)."""
-    entries = _target_entries(reshape.inputs[1])
+    entries = target_entries(reshape.inputs[1])
     if entries is None or len(entries) != 4:
         return False
     if sum(1 for e in entries if e == -1) > 1:
         return False
     for axis, entry in enumerate(entries):
         if entry == -1 or (
-            isinstance(entry, int) and entry > 0 and entry == _dim(by_axis[axis][0], axis)
+            isinstance(entry, int) and entry > 0 and entry == static_dim(by_axis[axis][0], axis)
         ):
             continue
         # the dim read off one of those tensors, or a dim carrying the same symbol (once
         # fold-shape-values shares equal shape reads, the read may come from another tensor)
-        if not isinstance(entry, tuple) or not any(
-            _same_dim(entry, v, axis) for v in by_axis[axis]
-        ):
+        if not isinstance(entry, tuple) or not any(same_dim(entry, v, axis) for v in by_axis[axis]):
             return False
     return True
 
@@ -495,7 +233,7 @@ def _merged_heads(
     ):
         nodes.append(transpose)  # TorchScript's SDPA reshapes P@V to its own shape first
         transpose = _main_user(transpose.outputs[0])
-    if _perm(transpose) != [0, 2, 1, 3]:
+    if transpose_perm(transpose) != [0, 2, 1, 3]:
         return None
     assert transpose is not None
     nodes.append(transpose)
@@ -506,12 +244,12 @@ def _merged_heads(
         or reshape.inputs[0] is not transpose.outputs[0]
     ):
         return None
-    entries = _target_entries(reshape.inputs[1])
+    entries = target_entries(reshape.inputs[1])
     if entries is None:
         return None
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
     constant = const_array(reshape.inputs[1])
-    if len(entries) != 3 or not _keeps_leading_dims(entries, allowzero, transpose.outputs[0]):
+    if len(entries) != 3 or not keeps_leading_dims(entries, allowzero, transpose.outputs[0]):
         if constant is not None and 0 not in entries and entries.count(-1) <= 1:
             return reshape.outputs[0], [*nodes, reshape], reshape.inputs[1]
         return None
@@ -596,32 +334,32 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
     scores = softmax.inputs[0]
     if scores is None:
         return Mismatch("Softmax has no input")
-    rank = _rank(scores)
+    rank = value_rank(scores)
     if axis != -1 and not (rank is not None and axis == rank - 1):
         return Mismatch(f"Softmax is over axis {axis}, not the last one")
     nodes: list[ir.Node] = []
     # Walk up: [Add bias] <- [scalar scale] <- MatMul(Q, K^T)
     bias: ir.Value | None = None
-    add = _producer(scores, "Add")
+    add = producer_of(scores, "Add")
     base = scores
     if add is not None:
         for i in (0, 1):
             candidate = add.inputs[i]
             other = add.inputs[1 - i]
-            if candidate is not None and is_op(_peel_scale(candidate)[0].producer(), "MatMul"):
+            if candidate is not None and is_op(peel_scale(candidate)[0].producer(), "MatMul"):
                 base, bias = candidate, other
                 break
         else:
             return Mismatch("the Softmax input is an Add without a Q@K^T MatMul operand")
         nodes.append(add)
     assert base is not None
-    scores_mm, post_scale, scale_nodes = _peel_scale(base)
-    matmul = _producer(scores_mm, "MatMul")
+    scores_mm, post_scale, scale_nodes = peel_scale(base)
+    matmul = producer_of(scores_mm, "MatMul")
     if matmul is None:
         return Mismatch("the Softmax input is not (scaled) Q@K^T")
     if matmul.inputs[0] is None or matmul.inputs[1] is None:
         return Mismatch("Q@K^T has a missing input")
-    query_base, query_scale, query_nodes = _peel_scale(matmul.inputs[0])
+    query_base, query_scale, query_nodes = peel_scale(matmul.inputs[0])
     key = _key_transposed(matmul.inputs[1])
     if isinstance(key, Mismatch):
         return key
@@ -668,10 +406,10 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
     value_heads = _split_heads(pv.inputs[1])
 
     heads = query_heads.heads or key_heads.heads or value_heads.heads
-    value_size = value_heads.head_size or _dim(pv.outputs[0], 3)
-    width = _last_dim(output)
+    value_size = value_heads.head_size or static_dim(pv.outputs[0], 3)
+    width = last_dim(output)
     if width is None:
-        out_entries = _target_entries(out_nodes[-1].inputs[1])
+        out_entries = target_entries(out_nodes[-1].inputs[1])
         width = (
             out_entries[-1]
             if out_entries and isinstance(out_entries[-1], int) and out_entries[-1] > 0
@@ -683,12 +421,12 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
             if (
                 (is_op(use.node, "MatMul") or is_op(use.node, "Gemm"))
                 and use.idx == 0
-                and _rank(weight) == 2
+                and value_rank(weight) == 2
             ):
                 width = (
-                    _dim(weight, 0)
+                    static_dim(weight, 0)
                     if not use.node.attributes.get_int("transB", 0)
-                    else _dim(weight, 1)
+                    else static_dim(weight, 1)
                 )
     if heads is None and value_size and width and width % value_size == 0:
         heads = width // value_size  # [B, S, H*dv] merged from heads of size dv
@@ -796,13 +534,13 @@ def _all_equal_to(value: ir.Value | None, wanted: float | bool, depth: int = 0) 
 
 
 def _check_bias(bias: ir.Value, heads: int) -> Mismatch | None:
-    rank = _rank(bias)
+    rank = value_rank(bias)
     if rank is None:
         return Mismatch("the mask's rank is unknown, so it may not broadcast to [B, H, S, T]")
     if rank > 4:
         return Mismatch(f"the mask has rank {rank}; it is not broadcastable to [B, H, S, T]")
     if rank == 4:
-        head_dim = _dim(bias, 1)
+        head_dim = static_dim(bias, 1)
         if head_dim is not None and head_dim not in (1, heads):
             return Mismatch(
                 f"the mask's dim 1 is {head_dim}; it is not broadcastable to [B, {heads}, S, T]"
@@ -811,35 +549,6 @@ def _check_bias(bias: ir.Value, heads: int) -> Mismatch | None:
 
 
 # --- rewrite -----------------------------------------------------------------------------------
-
-
-def _const(tape: ir.tape.Tape, values: Sequence[int]) -> ir.Value:
-    return tape.op("Constant", [], {"value": ir.tensor(np.array(values, dtype=np.int64))})
-
-
-def _seq_len(tape: ir.tape.Tape, value: ir.Value, axis: int, opset: int) -> ir.Value:
-    if opset >= 15:
-        return tape.op("Shape", [value], {"start": axis, "end": axis + 1})
-    shape = tape.op("Shape", [value])
-    return tape.op(
-        "Slice", [shape, _const(tape, [axis]), _const(tape, [axis + 1]), _const(tape, [0])]
-    )
-
-
-def _same_symbol(a: ir.Value | None, i: int, b: ir.Value | None, j: int) -> bool:
-    if (
-        a is None
-        or b is None
-        or a.shape is None
-        or b.shape is None
-        or len(a.shape) <= i
-        or len(b.shape) <= j
-    ):
-        return False
-    x, y = a.shape[i], b.shape[j]
-    if isinstance(x, int) or isinstance(y, int):
-        return isinstance(x, int) and x == y and x > 1
-    return x.value is not None and x.value == y.value
 
 
 def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | Mismatch:
@@ -861,7 +570,7 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
     else:
         assert block.query.four_d is not None
         moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
-        query = tape.op("Reshape", [moved, _const(tape, [0, 0, -1])])
+        query = tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
     assert key is not None and value is not None
     bias = _full_bias(tape, block.bias, query, 1, key, kv_axis, opset)
     inputs: list[ir.Value | None] = [query, key, value]
@@ -897,21 +606,19 @@ def _full_bias(
     """
     if bias is None:
         return None
-    rank = _rank(bias)
+    rank = value_rank(bias)
     assert rank is not None
-    full = (
-        rank == 4 and _same_symbol(bias, 2, query, q_axis) and _same_symbol(bias, 3, key, kv_axis)
-    )
+    full = rank == 4 and same_symbol(bias, 2, query, q_axis) and same_symbol(bias, 3, key, kv_axis)
     if rank < 4:
-        bias = tape.op("Unsqueeze", [bias, _const(tape, list(range(4 - rank)))])
+        bias = tape.op("Unsqueeze", [bias, int64_const(tape, list(range(4 - rank)))])
     if full:
         return bias
     target = tape.op(
         "Concat",
         [
-            _const(tape, [1, 1]),
-            _seq_len(tape, query, q_axis, opset),
-            _seq_len(tape, key, kv_axis, opset),
+            int64_const(tape, [1, 1]),
+            seq_len(tape, query, q_axis, opset),
+            seq_len(tape, key, kv_axis, opset),
         ],
         {"axis": 0},
     )
@@ -1001,7 +708,9 @@ def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
             sides.append(side.four_d)
         else:
             assert side.three_d is not None and side.head_size is not None
-            split = tape.op("Reshape", [side.three_d, _const(tape, [0, 0, -1, side.head_size])])
+            split = tape.op(
+                "Reshape", [side.three_d, int64_const(tape, [0, 0, -1, side.head_size])]
+            )
             sides.append(tape.op("Transpose", [split], {"perm": [0, 2, 1, 3]}))
     inputs: list[ir.Value | None] = list(sides)
     bias = _full_bias(tape, block.bias, sides[0], 2, sides[1], 2, opset)
@@ -1017,7 +726,7 @@ def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
     if block.nan_guard:
         result = _nan_guard(tape, attention, block.output)
     moved = tape.op("Transpose", [result], {"perm": [0, 2, 1, 3]})
-    merged = tape.op("Reshape", [moved, block.output_target or _const(tape, [0, 0, -1])])
+    merged = tape.op("Reshape", [moved, block.output_target or int64_const(tape, [0, 0, -1])])
     return Replacement(tape.nodes, [(block.output, merged)])
 
 

@@ -46,19 +46,19 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, is_scalar_constant
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.passes.fuse_attention import (
+from onnxopt.passes._attention_shapes import (
     MASK_FLOOR,
     Entry,
-    _const,
-    _dim,
-    _perm,
-    _rank,
-    _reshape_to_heads,
-    _same_symbol,
-    _seq_len,
-    _target_entries,
+    int64_const,
+    reshape_to_heads,
+    same_symbol,
+    seq_len,
+    static_dim,
+    target_entries,
+    transpose_perm,
+    value_rank,
 )
+from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import (
     Match,
     Mismatch,
@@ -139,10 +139,10 @@ def _keeps_dim(
     """Entry ``out_axis`` of a target gives ``source``'s dim ``axis`` (a read of it, or equal symbols)."""
     if isinstance(entry, tuple):
         _, read, index = entry
-        return (read is source and index == axis) or _same_symbol(read, index, source, axis)
+        return (read is source and index == axis) or same_symbol(read, index, source, axis)
     if entry == 0 and copy_ok:
         return True
-    return _same_symbol(out, out_axis, source, axis)
+    return same_symbol(out, out_axis, source, axis)
 
 
 def _repeated_kv(value: ir.Value | None, heads: int) -> _Grouped | Mismatch:
@@ -166,8 +166,8 @@ def _repeated_kv(value: ir.Value | None, heads: int) -> _Grouped | Mismatch:
         axes = [int(a) for a in axes_array.reshape(-1)]
     if source is None or axes is None or list(axes) not in ([2], [-3]):
         return Mismatch("the K/V repeat does not insert its axis at position 2")
-    kv_heads, head_size = _dim(source, 1), _dim(source, 3)
-    if _rank(source) != 4 or kv_heads is None or head_size is None:
+    kv_heads, head_size = static_dim(source, 1), static_dim(source, 3)
+    if value_rank(source) != 4 or kv_heads is None or head_size is None:
         return Mismatch("the repeated K/V is not [B, Nkv, T, d] with static Nkv and d")
     if head_size % 8:
         return Mismatch(
@@ -178,7 +178,7 @@ def _repeated_kv(value: ir.Value | None, heads: int) -> _Grouped | Mismatch:
     rep = heads // kv_heads
     unsqueezed = expand.inputs[0]
     expanded = expand.outputs[0]
-    target = _target_entries(_peel_torch_expand_shape(expand.inputs[1]))  # type: ignore[arg-type]
+    target = target_entries(_peel_torch_expand_shape(expand.inputs[1]))  # type: ignore[arg-type]
     shape = expanded.shape
     # Expand broadcasts [B, Nkv, 1, T, d] against the target: output [B, Nkv, rep, T, d] exactly.
     if target is not None and len(target) == 5:
@@ -196,12 +196,12 @@ def _repeated_kv(value: ir.Value | None, heads: int) -> _Grouped | Mismatch:
         shape is not None
         and len(shape) == 5
         and [shape[1], shape[2], shape[4]] == [kv_heads, rep, head_size]
-        and _same_symbol(expanded, 0, source, 0)
-        and _same_symbol(expanded, 3, source, 2)
+        and same_symbol(expanded, 0, source, 0)
+        and same_symbol(expanded, 3, source, 2)
     ):
         return Mismatch("the K/V Expand's target is not provably [B, Nkv, rep, T, d]")
     # The Reshape merges (Nkv, rep) into H: dims 1 and 3 are H and d, and 0 / 2 keep B / T.
-    entries = _target_entries(reshape.inputs[1])
+    entries = target_entries(reshape.inputs[1])
     out = reshape.outputs[0]
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
     if entries is None or len(entries) != 4:
@@ -237,25 +237,25 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
             continue
         if node.domain not in ONNX_DOMAINS:
             break
-        perm = _perm(node)
+        perm = transpose_perm(node)
         if perm is not None:
             batch, seq = perm[batch], perm[seq]
             value = source
             continue
         if node.op_type == "Reshape" and (batch, seq) == (0, 1):
-            if _reshape_to_heads(value) is not None or _merges_heads(node):
+            if reshape_to_heads(value) is not None or _merges_heads(node):
                 value = source
                 continue
             break
         if node.op_type in ("MatMul", "Add") and len(node.inputs) == 2:
             other = node.inputs[1]
-            rank = _rank(value)
+            rank = value_rank(value)
             limit = 2 if node.op_type == "MatMul" else 1
             if (
                 other is not None
                 and const_array(other) is not None
-                and _rank(other) is not None
-                and (_rank(other) or 0) <= limit
+                and value_rank(other) is not None
+                and (value_rank(other) or 0) <= limit
                 and rank is not None
                 and max(batch, seq) < rank - 1
             ):
@@ -268,11 +268,11 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
 def _out_rank(value: ir.Value) -> int | None:
     """The rank of ``value``: from its shape, or the length of the Reshape target it comes from
     (or of the Expand target: fuse-attention's mask is Expanded to rank 4)."""
-    rank = _rank(value)
+    rank = value_rank(value)
     reshape = value.producer()
     if rank is None and (is_op(reshape, "Reshape") or is_op(reshape, "Expand")):
         assert reshape is not None
-        entries = _target_entries(reshape.inputs[1])
+        entries = target_entries(reshape.inputs[1])
         rank = None if entries is None else len(entries)
     return rank
 
@@ -280,8 +280,8 @@ def _out_rank(value: ir.Value) -> int | None:
 def _merges_heads(reshape: ir.Node) -> bool:
     """``Reshape(x[B, S, H, d], [0, 0, -1])`` (or B, S read off x): keeps x's dims 0 and 1."""
     source = reshape.inputs[0]
-    entries = _target_entries(reshape.inputs[1])
-    if source is None or entries is None or len(entries) != 3 or _rank(source) != 4:
+    entries = target_entries(reshape.inputs[1])
+    if source is None or entries is None or len(entries) != 3 or value_rank(source) != 4:
         return False
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
     return all(
@@ -319,7 +319,7 @@ def _scalar_dim_read(value: ir.Value | None) -> tuple[ir.Value, int] | None:
     Squeeze(Shape(x)[i:i+1]); returns (x, i)."""
     node = value.producer() if value is not None else None
     if is_op(node, "Squeeze") and node is not None and node.inputs[0] is not None:
-        entries = _target_entries(node.inputs[0])
+        entries = target_entries(node.inputs[0])
         if entries is not None and len(entries) == 1 and isinstance(entries[0], tuple):
             return entries[0][1], entries[0][2]
         return None
@@ -333,7 +333,7 @@ def _scalar_dim_read(value: ir.Value | None) -> tuple[ir.Value, int] | None:
             return None
         axis = int(index)
         if axis < 0:
-            rank = _rank(shape_node.inputs[0])
+            rank = value_rank(shape_node.inputs[0])
             if rank is None:
                 return None
             axis += rank
@@ -365,7 +365,7 @@ def _positions(
     if float(start.reshape(-1)[0]) != 0 or float(delta.reshape(-1)[0]) != 1:
         return None
     read = _scalar_dim_read(range_node.inputs[1])
-    if read is None or not _same_symbol(read[0], read[1], length_of[0], length_of[1]):
+    if read is None or not same_symbol(read[0], read[1], length_of[0], length_of[1]):
         return None
     return range_node
 
@@ -415,7 +415,7 @@ def _causal_mask(bias: ir.Value | None, sequence: tuple[ir.Value, int]) -> _Caus
             "0..S-1); GroupQueryAttention runs with causal=0"
         )
     mask = where.outputs[0]
-    return _CausalMask(masked_value, mask if _rank(mask) == 4 else None)
+    return _CausalMask(masked_value, mask if value_rank(mask) == 4 else None)
 
 
 def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
@@ -477,13 +477,13 @@ def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mism
 def _as_three_d(tape: ir.tape.Tape, value: ir.Value) -> ir.Value:
     """[B, N, T, d] as [B, T, N*d]: the tensor it was split from when there is one."""
     transpose = value.producer()
-    if _perm(transpose) == [0, 2, 1, 3]:
+    if transpose_perm(transpose) == [0, 2, 1, 3]:
         assert transpose is not None
-        split = _reshape_to_heads(transpose.inputs[0])
+        split = reshape_to_heads(transpose.inputs[0])
         if split is not None:
             return split[0]
     moved = tape.op("Transpose", [value], {"perm": [0, 2, 1, 3]})
-    return tape.op("Reshape", [moved, _const(tape, [0, 0, -1])])
+    return tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
 
 
 def _rewrite(match: Match, context: RewriteContext) -> Replacement:
@@ -494,13 +494,13 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     opset = context.opset()
     key3 = _as_three_d(tape, key.source)
     value3 = _as_three_d(tape, value.source)
-    total64 = _seq_len(tape, key3, 1, opset)
+    total64 = seq_len(tape, key3, 1, opset)
     total1 = tape.op("Cast", [total64], {"to": int(ir.DataType.INT32)})
     one = tape.op("Constant", [], {"value": ir.tensor([1], dtype=ir.DataType.INT32)})
     last = tape.op("Sub", [total1, one])
-    batch = _seq_len(tape, key3, 0, opset)
+    batch = seq_len(tape, key3, 0, opset)
     seqlens_k = tape.op("Expand", [last, batch])
-    total = tape.op("Reshape", [total1, _const(tape, [])])
+    total = tape.op("Reshape", [total1, int64_const(tape, [])])
     bias = attention.inputs[_ATTENTION_BIAS] if len(attention.inputs) > _ATTENTION_BIAS else None
     inputs: list[ir.Value | None] = [attention.inputs[0], key3, value3, None, None]
     inputs += [seqlens_k, total]
@@ -539,7 +539,7 @@ def _row_flags(tape: ir.tape.Tape, mask: ir.Value, opset: int) -> ir.Value:
     masked = tape.op("LessOrEqual", [row_max, floor])
     masked = tape.op("Transpose", [masked], {"perm": [0, 2, 1]})
     if opset >= 13:
-        return tape.op("Unsqueeze", [masked, _const(tape, [3])])
+        return tape.op("Unsqueeze", [masked, int64_const(tape, [3])])
     return tape.op("Unsqueeze", [masked], {"axes": [3]})
 
 
@@ -564,7 +564,7 @@ def _is_row_flag_step(node: ir.Node, step: int) -> bool:
         floor = float(np.float32(MASK_FLOOR))  # as _row_flags stores it
         return is_op(node, "LessOrEqual") and is_scalar_constant(node.inputs[1], floor)
     if step == 2:
-        return _perm(node) == [0, 2, 1]
+        return transpose_perm(node) == [0, 2, 1]
     return is_op(node, "Unsqueeze") and _int_list(node, "axes", 1) == [3]
 
 
@@ -610,19 +610,19 @@ def _average_fully_masked_rows(
     rep = heads // kv.kv_heads
     d = kv.head_size
     mean = _reduce(tape, "ReduceMean", value3, [1], keepdims=1, opset=opset)  # [B, 1, Nkv*d]
-    mean = tape.op("Reshape", [mean, _const(tape, [0, 1, kv.kv_heads, 1, d])])
-    mean = tape.op("Expand", [mean, _const(tape, [1, 1, 1, rep, 1])])
-    mean = tape.op("Reshape", [mean, _const(tape, [0, 1, heads, d])])  # [B, 1, H, d]
-    split = tape.op("Reshape", [output, _const(tape, [0, 0, heads, d])])
+    mean = tape.op("Reshape", [mean, int64_const(tape, [0, 1, kv.kv_heads, 1, d])])
+    mean = tape.op("Expand", [mean, int64_const(tape, [1, 1, 1, rep, 1])])
+    mean = tape.op("Reshape", [mean, int64_const(tape, [0, 1, heads, d])])  # [B, 1, H, d]
+    split = tape.op("Reshape", [output, int64_const(tape, [0, 0, heads, d])])
     fixed = tape.op("Where", [masked, mean, split])
-    return tape.op("Reshape", [fixed, _const(tape, [0, 0, heads * d])])
+    return tape.op("Reshape", [fixed, int64_const(tape, [0, 0, heads * d])])
 
 
 def _reduce(
     tape: ir.tape.Tape, op: str, value: ir.Value, axes: list[int], keepdims: int, opset: int
 ) -> ir.Value:
     if opset >= 18:
-        return tape.op(op, [value, _const(tape, axes)], {"keepdims": keepdims})
+        return tape.op(op, [value, int64_const(tape, axes)], {"keepdims": keepdims})
     return tape.op(op, [value], {"axes": axes, "keepdims": keepdims})
 
 

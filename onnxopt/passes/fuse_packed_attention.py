@@ -33,8 +33,8 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op, single_consumer
+from onnxopt.passes._attention_shapes import peel_scale, same_symbol, static_dim, target_entries
 from onnxopt.passes.base import Pass, PassResult
-from onnxopt.passes.fuse_attention import _dim, _peel_scale, _same_symbol, _target_entries
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import new_constant
 
@@ -50,7 +50,7 @@ _PASSED_ATTRIBUTES = frozenset({"num_heads", "scale"})
 MAX_UNMASKED_SEQUENCE = 256
 
 
-def _rank(value: ir.Value | None, depth: int = 0) -> int | None:
+def value_rank(value: ir.Value | None, depth: int = 0) -> int | None:
     """The value's rank; for fresh MatMul/Add outputs (no shape inferred yet) read off the inputs."""
     if value is None:
         return None
@@ -59,7 +59,7 @@ def _rank(value: ir.Value | None, depth: int = 0) -> int | None:
     node = value.producer()
     if depth < 4 and (is_op(node, "MatMul") or is_op(node, "Add")):
         assert node is not None
-        ranks = [_rank(v, depth + 1) for v in node.inputs]
+        ranks = [value_rank(v, depth + 1) for v in node.inputs]
         if any(r is None for r in ranks):
             return None
         known = [r for r in ranks if r is not None]
@@ -69,7 +69,7 @@ def _rank(value: ir.Value | None, depth: int = 0) -> int | None:
             return max(known)
     if is_op(node, "Reshape"):
         assert node is not None
-        entries = _target_entries(node.inputs[1])
+        entries = target_entries(node.inputs[1])
         return None if entries is None else len(entries)
     return None
 
@@ -77,7 +77,7 @@ def _rank(value: ir.Value | None, depth: int = 0) -> int | None:
 def _packed_rank(split: ir.Node) -> int | None:
     """The split tensor's rank; without shapes, 3 when its first slice is a MultiHeadAttention query
     next to a separate key (the op then requires [B, S, D])."""
-    rank = _rank(split.inputs[0])
+    rank = value_rank(split.inputs[0])
     if rank is not None:
         return rank
     for use in split.outputs[0].uses():
@@ -92,7 +92,7 @@ def _packed_rank(split: ir.Node) -> int | None:
             and len(user.inputs) > 1
             and user.inputs[1] is not None
             and user.inputs[0] is not None
-            and _peel_scale(user.inputs[0])[0] is split.outputs[0]
+            and peel_scale(user.inputs[0])[0] is split.outputs[0]
         ):
             return 3
     return None
@@ -181,29 +181,29 @@ def _gemm_projection(packed: ir.Value) -> _Projection | Mismatch:
         return Mismatch("the Q/K/V Gemm does not read a flattened [B*S, K] input")
     source = inner.inputs[0]
     flat_target = const_array(inner.inputs[1])
-    rows = _dim(weight, 0)
+    rows = static_dim(weight, 0)
     if (
         source is None
-        or _rank(source) not in (3, None)  # None: the Reshape back to [B, S, N] reads its dims
-        or _dim(source, 2) not in (None, rows)
+        or value_rank(source) not in (3, None)  # None: the Reshape back to [B, S, N] reads its dims
+        or static_dim(source, 2) not in (None, rows)
         or flat_target is None
         or [int(t) for t in flat_target.reshape(-1)] != [-1, rows]  # no 0: allowzero moot
     ):
         return Mismatch("the Q/K/V Gemm's input is not Reshape(x, [-1, K]) of a rank-3 x")
-    entries = _target_entries(outer.inputs[1])
+    entries = target_entries(outer.inputs[1])
     if entries is None or len(entries) != 3 or 0 in entries:
         return Mismatch("the Q/K/V Gemm's output is not reshaped back to [B, S, N]")
     for axis in (0, 1):
         entry = entries[axis]
         if isinstance(entry, tuple):
             _, origin, index = entry
-            if index == axis and (origin is source or _same_symbol(origin, axis, source, axis)):
+            if index == axis and (origin is source or same_symbol(origin, axis, source, axis)):
                 continue
         return Mismatch("the Q/K/V Gemm's output is not reshaped back to x's [B, S]")
     return _Projection(source, weight, bias, (inner, gemm, outer))
 
 
-def _keeps_leading_dims(projection: _Projection) -> bool:
+def keeps_leading_dims(projection: _Projection) -> bool:
     """``x @ W (+ b)`` keeps every dim of x but the last: W a constant 2-D matrix, b at most 1-D.
 
     (GPT-2's Gemm form reshapes back to x's [B, S] by construction, see ``_gemm_projection``.)
@@ -242,7 +242,7 @@ def _match_shape(shape: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("not the shape of a MultiHeadAttention input", candidate=False)
     start = shape.attributes.get_int("start", 0)
     end = shape.attributes.get_int("end", None)
-    base, _, scale_nodes = _peel_scale(source)
+    base, _, scale_nodes = peel_scale(source)
     if not _scales_keep_shape(scale_nodes):
         return Mismatch("the Q/K/V scale factor may broadcast to a higher rank")
     split = base.producer()
@@ -262,7 +262,7 @@ def _match_shape(shape: ir.Node, context: RewriteContext) -> Match | Mismatch:
     projection = _projection(packed)
     if isinstance(projection, Mismatch):
         return Mismatch(projection.reason, candidate=False)
-    if not _keeps_leading_dims(projection):
+    if not keeps_leading_dims(projection):
         return Mismatch("the projection may change the leading dims (weight or bias rank)")
     origin = projection.source
     # Q's and K's shapes now read the same dims of x: reuse an earlier read (CSE would, next run).
@@ -401,7 +401,7 @@ def _match_attention(mha: ir.Node, context: RewriteContext, merged: bool) -> Mat
     scaled_query, key, value = inputs[:3]
     assert scaled_query is not None and key is not None and value is not None
     # Whisper scales the projected query: MHA(q * c, k, v, scale=s) = MHA(q, k, v, scale=s * c)
-    query, factor, scale_nodes = _peel_scale(scaled_query)
+    query, factor, scale_nodes = peel_scale(scaled_query)
     for node in scale_nodes:
         if node.outputs[0].is_graph_output() or len(node.outputs[0].uses()) != 1:
             return Mismatch("the query's scale factor has other consumers")
@@ -423,12 +423,12 @@ def _match_attention(mha: ir.Node, context: RewriteContext, merged: bool) -> Mat
     source = qkv.source
     if source.dtype is not None and source.dtype != ir.DataType.FLOAT:
         return Mismatch("only float32 projections are fused (Attention's CPU kernel)")
-    if _rank(source) not in (3, None):  # None: MatMul with a 2-D weight keeps the rank, 3
+    if value_rank(source) not in (3, None):  # None: MatMul with a 2-D weight keeps the rank, 3
         return Mismatch("the projection's input is not [B, S, D_in] (Attention takes rank 3)")
     # Before reading the weights: the cheap refusal first (Whisper's encoder, every layer).
     has_mask = len(inputs) > _ATTENTION_BIAS and inputs[_ATTENTION_BIAS] is not None
     if not has_mask:
-        length = _dim(source, 1)
+        length = static_dim(source, 1)
         if length is None or length > MAX_UNMASKED_SEQUENCE:
             said = "a dynamic sequence length" if length is None else f"sequence length {length}"
             return Mismatch(f"no mask and {said}: MultiHeadAttention is faster")

@@ -1,0 +1,328 @@
+"""Reading the shape plumbing around attention blocks, shared by the attention fusions.
+
+Exporters build Reshape targets from constants and run-time shape reads (``Shape``, ``Slice`` of
+it, ``Gather`` of one dim, ``Concat`` of the pieces); the fusions need to know which dim of which
+tensor each entry is, and whether two dims are provably equal (the same read, the same symbol, or
+the same static size). The helpers here are pure: they read the graph and never change it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import const_array, is_op
+
+# Below any real score and far from float32's lowest, which ORT's Attention-23 reads as "masked out".
+MASK_FLOOR = -1e30
+
+
+def producer_of(value: ir.Value | None, op_type: str) -> ir.Node | None:
+    if value is None:
+        return None
+    node = value.producer()
+    return node if is_op(node, op_type) else None
+
+
+def scalar_factor(value: ir.Value | None) -> float | None:
+    array = const_array(value)
+    if array is None or array.size != 1 or not np.issubdtype(array.dtype, np.floating):
+        return None
+    result = float(array.reshape(-1)[0])
+    return result if np.isfinite(result) and result != 0.0 else None
+
+
+def peel_scale(value: ir.Value) -> tuple[ir.Value, float, list[ir.Node]]:
+    """Strip scalar-constant Mul/Div nodes off ``value``: value = base * factor."""
+    factor = 1.0
+    nodes: list[ir.Node] = []
+    while True:
+        node = value.producer()
+        if is_op(node, "Mul"):
+            assert node is not None
+            left, right = node.inputs[0], node.inputs[1]
+            if (s := scalar_factor(right)) is not None and left is not None:
+                factor *= s
+                nodes.append(node)
+                value = left
+                continue
+            if (s := scalar_factor(left)) is not None and right is not None:
+                factor *= s
+                nodes.append(node)
+                value = right
+                continue
+        if is_op(node, "Div"):
+            assert node is not None
+            s = scalar_factor(node.inputs[1])
+            if s is not None and node.inputs[0] is not None:
+                factor /= s
+                nodes.append(node)
+                value = node.inputs[0]
+                continue
+        return value, factor, nodes
+
+
+def transpose_perm(node: ir.Node | None) -> list[int] | None:
+    if not is_op(node, "Transpose"):
+        return None
+    assert node is not None
+    perm = node.attributes.get_ints("perm", None)
+    return list(perm) if perm is not None else None
+
+
+Entry = int | tuple[str, ir.Value, int]
+
+
+def shape_slice(value: ir.Value) -> tuple[ir.Value, int, int | None] | None:
+    """``value`` = Shape(src)[start:end] as (src, start, end), or None."""
+    node = value.producer()
+    if is_op(node, "Shape"):
+        assert node is not None and node.inputs[0] is not None
+        start = node.attributes.get_int("start", 0)
+        end = node.attributes.get_int("end", None)
+        return node.inputs[0], start, end
+    if is_op(node, "Slice"):
+        assert node is not None
+        source = node.inputs[0]
+        if source is None or not is_op(source.producer(), "Shape"):
+            return None
+        shape_node = source.producer()
+        assert shape_node is not None
+        if (
+            shape_node.attributes.get_int("start", 0) != 0
+            or shape_node.attributes.get("end") is not None
+        ):
+            return None
+        starts = const_array(node.inputs[1])
+        ends = const_array(node.inputs[2])
+        axes = (
+            const_array(node.inputs[3])
+            if len(node.inputs) > 3 and node.inputs[3] is not None
+            else None
+        )
+        steps = (
+            const_array(node.inputs[4])
+            if len(node.inputs) > 4 and node.inputs[4] is not None
+            else None
+        )
+        if starts is None or ends is None or starts.size != 1 or ends.size != 1:
+            return None
+        if (axes is not None and int(axes.reshape(-1)[0]) != 0) or (
+            steps is not None and int(steps.reshape(-1)[0]) != 1
+        ):
+            return None
+        start = int(starts.reshape(-1)[0])
+        end = int(ends.reshape(-1)[0])
+        src = shape_node.inputs[0]
+        assert src is not None
+        return src, max(start, -(2**31)), None if end >= 2**31 else end
+    return None
+
+
+def target_entries(
+    value: ir.Value | None, rank_of: dict[int, int] | None = None
+) -> list[Entry] | None:
+    """The entries of a Reshape target (a constant, or a Concat of constants and shape reads)."""
+    if value is None:
+        return None
+    array = const_array(value)
+    if array is not None:
+        return [int(x) for x in array.reshape(-1)]
+    node = value.producer()
+    if is_op(node, "Concat"):
+        assert node is not None
+        entries: list[Entry] = []
+        for piece in node.inputs:
+            part = piece_entries(piece)
+            if part is None:
+                return None
+            entries.extend(part)
+        return entries
+    return piece_entries(value)
+
+
+def piece_entries(value: ir.Value | None) -> list[Entry] | None:
+    if value is None:
+        return None
+    array = const_array(value)
+    if array is not None:
+        return [int(x) for x in array.reshape(-1)]
+    sliced = shape_slice(value)
+    if sliced is not None:
+        source, start, end = sliced
+        rank = value_rank(source)
+        if rank is None:
+            if start >= 0 and end is not None and end > start:
+                return [("dim", source, i) for i in range(start, end)]
+            return None
+        lo = max(start + rank, 0) if start < 0 else start
+        hi = rank if end is None else (end + rank if end < 0 else min(end, rank))
+        return [("dim", source, i) for i in range(lo, hi)]
+    node = value.producer()
+    # Unsqueeze(Gather(Shape(src), i)) / Reshape(Gather(...)): one dim as a 1-element tensor
+    if is_op(node, "Unsqueeze") or is_op(node, "Reshape"):
+        assert node is not None
+        inner = node.inputs[0]
+        dim = gathered_dim(inner.producer() if inner is not None else None, scalar=True)
+        return None if dim is None else [dim]
+    # Gather(Shape(src), [i]): the same, indexed by a one-element vector
+    dim = gathered_dim(node, scalar=False)
+    return None if dim is None else [dim]
+
+
+def gathered_dim(gather: ir.Node | None, *, scalar: bool) -> Entry | None:
+    """``Gather(Shape(src), i)`` (``scalar``) or ``Gather(Shape(src), [i])`` as dim i of src."""
+    if not is_op(gather, "Gather"):
+        return None
+    assert gather is not None
+    index = const_array(gather.inputs[1])
+    shape_of = gather.inputs[0]
+    shape_node = shape_of.producer() if shape_of is not None else None
+    if (
+        index is None
+        or index.size != 1
+        or index.ndim != (0 if scalar else 1)
+        or not is_op(shape_node, "Shape")
+    ):
+        return None
+    assert shape_node is not None and shape_node.inputs[0] is not None
+    if (
+        shape_node.attributes.get_int("start", 0) != 0
+        or shape_node.attributes.get("end") is not None
+    ):
+        return None
+    i = int(index.reshape(-1)[0])
+    if i < 0:
+        rank = value_rank(shape_node.inputs[0])
+        if rank is None:
+            return None
+        i += rank
+    return ("dim", shape_node.inputs[0], i)
+
+
+def value_rank(value: ir.Value | None) -> int | None:
+    if value is None:
+        return None
+    if value.shape is not None:
+        return len(value.shape)
+    perm = transpose_perm(
+        value.producer()
+    )  # a Transpose's rank is its perm's length, even without shapes
+    return len(perm) if perm is not None else None
+
+
+def last_dim(value: ir.Value | None) -> int | None:
+    if value is None or value.shape is None or len(value.shape) == 0:
+        return None
+    dim = value.shape[-1]
+    return dim if isinstance(dim, int) else None
+
+
+def is_dim(entry: Entry, index: int) -> bool:
+    return isinstance(entry, tuple) and entry[2] == index
+
+
+def keeps_leading_dims(entries: Sequence[Entry], allowzero: bool, source: ir.Value | None) -> bool:
+    """Entries 0 and 1 of a reshape keep the input's [B, S].
+
+    Each is a copy marker (0), the dim read at run time, or a constant equal to the input's static
+    dim; one of them may be -1 when the other is pinned (the trailing entries are checked by callers).
+    """
+    if sum(1 for e in entries if e == -1) > 1:
+        return False
+
+    def pinned(entry: Entry, axis: int) -> bool:
+        if entry == 0:
+            return not allowzero
+        if isinstance(entry, int):
+            return entry > 0 and entry == static_dim(source, axis)
+        return is_dim(entry, axis)
+
+    first, second = entries[0], entries[1]
+    if first == -1:
+        return pinned(second, 1)
+    return pinned(first, 0) and (second == -1 or pinned(second, 1))
+
+
+def static_dim(value: ir.Value | None, index: int) -> int | None:
+    if value is None or value.shape is None or len(value.shape) <= index:
+        return None
+    dim = value.shape[index]
+    return dim if isinstance(dim, int) else None
+
+
+def reshape_to_heads(value: ir.Value | None) -> tuple[ir.Value, int, int, ir.Node] | None:
+    """``value = Reshape(x, [B, S, H, d])`` with x of rank 3: (x, H, d, reshape)."""
+    reshape = producer_of(value, "Reshape")
+    if reshape is None:
+        return None
+    source = reshape.inputs[0]
+    if source is None or value_rank(source) not in (None, 3):
+        return None
+    entries = target_entries(reshape.inputs[1])
+    if entries is None or len(entries) != 4:
+        return None
+    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
+    heads, head_size = entries[2], entries[3]
+    if (
+        not isinstance(head_size, int)
+        or head_size <= 0
+        or not keeps_leading_dims(entries, allowzero, source)
+    ):
+        return None
+    if entries[1] == -1 and not (isinstance(heads, int) and heads > 0):
+        return None
+    if heads == -1:
+        width = last_dim(source)
+        if width is None or width % head_size:
+            return None
+        heads = width // head_size
+    if not isinstance(heads, int) or heads <= 0:
+        return None
+    width = last_dim(source)
+    if width is not None and width != heads * head_size:
+        return None
+    return source, heads, head_size, reshape
+
+
+def same_dim(entry: Entry, source: ir.Value, index: int) -> bool:
+    """The entry is dim ``index`` of ``source``: read off it, read off a dim with the same symbol
+    (exporters, and fold-shape-values' sharing, read a length off whichever tensor carries it), or
+    the same positive constant when that dim is static."""
+    if isinstance(entry, int):
+        return entry > 0 and entry == static_dim(source, index)
+    return isinstance(entry, tuple) and (
+        (entry[1] is source and entry[2] == index) or same_symbol(entry[1], entry[2], source, index)
+    )
+
+
+def int64_const(tape: ir.tape.Tape, values: Sequence[int]) -> ir.Value:
+    return tape.op("Constant", [], {"value": ir.tensor(np.array(values, dtype=np.int64))})
+
+
+def seq_len(tape: ir.tape.Tape, value: ir.Value, axis: int, opset: int) -> ir.Value:
+    if opset >= 15:
+        return tape.op("Shape", [value], {"start": axis, "end": axis + 1})
+    shape = tape.op("Shape", [value])
+    return tape.op(
+        "Slice",
+        [shape, int64_const(tape, [axis]), int64_const(tape, [axis + 1]), int64_const(tape, [0])],
+    )
+
+
+def same_symbol(a: ir.Value | None, i: int, b: ir.Value | None, j: int) -> bool:
+    if (
+        a is None
+        or b is None
+        or a.shape is None
+        or b.shape is None
+        or len(a.shape) <= i
+        or len(b.shape) <= j
+    ):
+        return False
+    x, y = a.shape[i], b.shape[j]
+    if isinstance(x, int) or isinstance(y, int):
+        return isinstance(x, int) and x == y and x > 1
+    return x.value is not None and x.value == y.value
