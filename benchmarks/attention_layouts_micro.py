@@ -98,6 +98,48 @@ def build(variant: str, S: int, D: int, H: int, bias_zero: bool, mask: bool = Tr
                 scale=scale,
             ),
         ]
+    elif variant in ("gqa", "gqa-packed"):
+        # GroupQueryAttention with kv_num_heads == num_heads and causal=0: MHA's math (the mask
+        # alone decides); seqlens_k / total_sequence_length read from the input's shape.
+        init += [nh.from_array(np.array([1], np.int32), "one32")]
+        nodes += [
+            h.make_node("Shape", ["x"], ["batch"], start=0, end=1),
+            h.make_node("Shape", ["x"], ["total64"], start=1, end=2),
+            h.make_node("Cast", ["total64"], ["total1"], to=TP.INT32),
+            h.make_node("Sub", ["total1", "one32"], ["last"]),
+            h.make_node("Expand", ["last", "batch"], ["seqlens_k"]),
+            h.make_node("Squeeze", ["total1"], ["total"]),
+        ]
+        if variant == "gqa":
+            for name, wi, bi in zip("qkv", w, b, strict=True):
+                init += [nh.from_array(wi, f"w{name}"), nh.from_array(bi, f"b{name}")]
+                nodes += [
+                    h.make_node("MatMul", ["x", f"w{name}"], [f"{name}m"]),
+                    h.make_node("Add", [f"{name}m", f"b{name}"], [name]),
+                ]
+            qkv = ["q", "k", "v"]
+        else:
+            init += [
+                nh.from_array(np.concatenate(w, 1), "w"),
+                nh.from_array(np.concatenate(b), "b"),
+            ]
+            nodes += [
+                h.make_node("MatMul", ["x", "w"], ["xw"]),
+                h.make_node("Add", ["xw", "b"], ["xwb"]),
+            ]
+            qkv = ["xwb", "", ""]
+        nodes.append(
+            h.make_node(
+                "GroupQueryAttention",
+                [*qkv, "", "", "seqlens_k", "total", "", "", "", "mask" if mask else ""],
+                ["y"],
+                domain=MS,
+                num_heads=H,
+                kv_num_heads=H,
+                scale=scale,
+                causal=0,
+            )
+        )
     elif variant == "attention":
         init += [nh.from_array(np.concatenate(w, 1), "w"), nh.from_array(np.concatenate(b), "b")]
         nodes.append(
