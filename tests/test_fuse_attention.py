@@ -44,12 +44,15 @@ def _model(
     masked_value: str = "ninf",
     nan_guard: bool = True,
     merge_target: str = "constant",
+    scaled_projections: str = "",
 ) -> ir.Model:
     """x[B,S,8] and a [B,S] padding mask -> one SDPA block (2 heads of 4), as the exporters write it.
 
     ``merge_target="gathered"`` merges the heads back with a target read at run time as
     ``Concat(Gather(Shape(x), [0]), Gather(Shape(x), [1]), [8])`` (one-element index vectors, the
-    form fold-shape-values leaves after sharing equal shape reads) instead of ``[0, 0, 8]``."""
+    form fold-shape-values leaves after sharing equal shape reads) instead of ``[0, 0, 8]``.
+    ``scaled_projections`` names the [B, S, 8] projections ("q", "k") multiplied by a scalar before
+    the head split, as fairseq-style models write ``q_proj(x) * scaling``."""
     if key_form == "torchscript":  # K^T = Transpose(Reshape(k), [0,2,3,1])
         key_t = """
             kr = Reshape(kb, heads)
@@ -93,14 +96,16 @@ def _model(
             int64[1] minus2 = {{-2}},
             int64[1] big = {{9223372036854775807}},
             float sq = {{0.70710678}},
+            float eighth = {{0.125}},
+            float three = {{3.0}},
             float zero = {{0.0}},
             float ninf = {{-inf}},
             float lowest = {{-3.4028234663852886e38}}
         > {{
             q0 = MatMul(x, wq)
-            qb = Add(q0, bq)
+            {"qb0 = Add(q0, bq)" + chr(10) + "qb = Mul(qb0, eighth)" if "q" in scaled_projections else "qb = Add(q0, bq)"}
             k0 = MatMul(x, wk)
-            kb = Add(k0, bk)
+            {"kb0 = Add(k0, bk)" + chr(10) + "kb = Div(kb0, three)" if "k" in scaled_projections else "kb = Add(k0, bk)"}
             v0 = MatMul(x, wv)
             vb = Add(v0, bv)
             qr = Reshape(qb, heads)
@@ -164,6 +169,19 @@ def test_fuses_sdpa_into_multi_head_attention(key_form: str, merge_target: str) 
     assert mha.attributes.get_float("scale") == pytest.approx(0.5, rel=1e-6)
     assert fused.opset_imports["com.microsoft"] == 1
     report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(4, 7, 2)])
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_scalar_factors_on_the_projections_move_into_the_scale() -> None:
+    model = _model(scaled_projections="qk")
+    fused = model.clone()
+    assert FuseAttentionPass()(fused).stats == {"attention->mha": 1}
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    # the op reads the bare projections (the Mul/Div are left for dead-code elimination)
+    assert [v.producer().op_type for v in mha.inputs[:2]] == ["Add", "Add"]  # type: ignore[union-attr]
+    assert mha.attributes.get_float("scale") == pytest.approx(0.5 * 0.125 / 3.0, rel=1e-6)
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(2, 9, 1)])
     assert report.passed, report
     assert not FuseAttentionPass()(fused).modified
 

@@ -558,15 +558,23 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         return _rewrite_onnx(block, context.opset())
     tape = ir.tape.Tape()
     opset = context.opset()
-    use_3d = block.key.three_d is not None and block.value.three_d is not None
-    if use_3d:
-        key, value, kv_axis = block.key.three_d, block.value.three_d, 1
+    scale = block.scale
+    key: ir.Value | None
+    value: ir.Value | None
+    if block.key.three_d is not None and block.value.three_d is not None:
+        # A scalar factor on the [B, S, H*d] projection (fairseq-style ``q_proj(x) * scaling``)
+        # moves into the op's scale: one elementwise pass less, and the projection is bare for
+        # fuse-packed-attention. The scores are the same product of the same factors.
+        key, factor = _unscaled(block.key.three_d)
+        scale *= factor
+        value, kv_axis = block.value.three_d, 1
     else:
         key, value, kv_axis = block.key.four_d, block.value.four_d, 2
         if key is None or value is None:
             return Mismatch("K and V are in different layouts")
     if block.query.three_d is not None:
-        query = block.query.three_d
+        query, factor = _unscaled(block.query.three_d)
+        scale *= factor
     else:
         assert block.query.four_d is not None
         moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
@@ -579,7 +587,7 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
     attention = tape.op(
         "MultiHeadAttention",
         inputs,
-        {"num_heads": heads, "scale": float(block.scale)},
+        {"num_heads": heads, "scale": float(scale)},
         domain=MS_DOMAIN,
     )
     result = attention
@@ -588,6 +596,12 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
     if block.output_target is not None:
         result = tape.op("Reshape", [result, block.output_target])
     return Replacement(tape.nodes, [(block.output, result)])
+
+
+def _unscaled(projection: ir.Value) -> tuple[ir.Value, float]:
+    """``projection`` = base * factor for scalar-constant factors, when base is still [B, S, H*d]."""
+    base, factor, _ = peel_scale(projection)
+    return (base, factor) if value_rank(base) == 3 else (projection, 1.0)
 
 
 def _full_bias(
