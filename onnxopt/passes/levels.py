@@ -32,6 +32,7 @@ from onnxopt.passes.merge_qkv_projections import MergeQkvProjectionsPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.passes.remove_initializer_inputs import RemoveInitializerInputsPass
 from onnxopt.passes.reorder_for_memory import ReorderForMemoryPass
+from onnxopt.passes.simplify_index_grids import SimplifyIndexGridsPass
 from onnxopt.passes.sort_topologically import SortTopologicallyPass
 
 PassClass = type[Pass]
@@ -89,6 +90,7 @@ ALL_PASSES: list[PassClass] = [
     FoldConstantsPass,
     EliminateNoopsPass,
     MergeConsecutiveOpsPass,
+    SimplifyIndexGridsPass,
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
@@ -109,6 +111,7 @@ CLEANUP: tuple[PassClass, ...] = (
     FoldConstantsPass,
     EliminateNoopsPass,
     MergeConsecutiveOpsPass,
+    SimplifyIndexGridsPass,
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
