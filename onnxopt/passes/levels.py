@@ -26,6 +26,7 @@ from onnxopt.passes.fuse_pad import FusePadPass
 from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.fuse_rotary_embedding import FuseRotaryEmbeddingPass
 from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.keep_layer_norm_unfused import KeepLayerNormUnfusedPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.merge_qkv_projections import MergeQkvProjectionsPass
@@ -99,6 +100,7 @@ ALL_PASSES: list[PassClass] = [
     FusePackedAttentionPass,
     *FUSIONS,
     *OPT_IN_FUSIONS,
+    KeepLayerNormUnfusedPass,
     ReorderForMemoryPass,
     DropShapeAnnotationsPass,
 ]
@@ -149,6 +151,7 @@ LEVELS: dict[int, LevelSpec] = {
         FoldShapeValuesPass,
         EliminateCommonSubexpressionsPass,
         EliminateDeadCodePass,
+        KeepLayerNormUnfusedPass,
         ReorderForMemoryPass,
         DropShapeAnnotationsPass,
     ],
@@ -165,6 +168,7 @@ LEVELS: dict[int, LevelSpec] = {
         LiftConstantsPass,
         CLEANUP,
         EliminateDeadCodePass,
+        KeepLayerNormUnfusedPass,
         ReorderForMemoryPass,
         DropShapeAnnotationsPass,
     ],
