@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from onnxopt import io
 from onnxopt.analysis.memory_plan import MemoryPlan, memory_report
+from onnxopt.errors import UsageError
 from onnxopt.passes.base import Pipeline, VerifyEach
 from onnxopt.passes.levels import DEFAULT_LEVEL, build_steps
 from onnxopt.passes.options import DEFAULT_FOLD_LIMIT_BYTES, PassOptions, Target
@@ -98,6 +99,7 @@ def optimize(
     With ``memory=True`` the report gains activation-memory figures (symbolic dims bound by
     ``dims``) and ``result.memory_plan`` holds the optimized model's arena plan.
     """
+    explicit_reference = reference is not None
     if reference is None and find_reference and not isinstance(model, ir.Model):
         own = reference_path_for(model)
         reference = own if own.is_file() else None
@@ -136,6 +138,22 @@ def optimize(
     eager_inputs = (
         {k: v for k, v in eager.inputs.items() if k in input_names} if eager is not None else {}
     )
+    extra_warnings: list[str] = []
+    unfit = [
+        f"{name} {'x'.join(map(str, array.shape))}"
+        for name, array in eager_inputs.items()
+        if name in (input_shapes or {}) and tuple(array.shape) != tuple(input_shapes[name])  # type: ignore[index]
+    ]
+    if eager is not None and unfit:
+        unfit_inputs = (
+            f"the reference inputs ({', '.join(unfit)}) do not fit the pinned --input-shape"
+        )
+        if explicit_reference:
+            raise UsageError(f"--reference {eager_source}: {unfit_inputs}")
+        extra_warnings.append(
+            f"{eager_source}: {unfit_inputs}; the model is not compared with eager PyTorch"
+        )
+        eager, eager_inputs = None, {}
     with _located(loaded):
         specs = input_specs(working) if check and inputs is None and not input_shapes else None
 
@@ -207,7 +225,7 @@ def optimize(
         after=ModelSummary.of(working),  # file size is known once written
         records=result.records,
         validation=validation,
-        warnings=result.warnings,
+        warnings=(*result.warnings, *extra_warnings),
         optimize_seconds=optimize_seconds,
         validate_seconds=validate_seconds,
         memory=memory_section,

@@ -7,6 +7,7 @@ tiny model x exporter pair runs under ``-m slow``.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -215,3 +216,27 @@ def test_cli_export_list_names_every_model() -> None:
     names = [row["name"] for row in json.loads(out)]
     assert names == list(ZOO)
     assert "llama-tiny" in names and "whisper-encoder" in names
+
+
+def test_a_reference_that_does_not_fit_pinned_shapes_is_skipped_or_refused(tmp_path: Path) -> None:
+    model = tmp_path / "m.onnx"
+    shutil.copyfile(ROOT / "models" / "default.onnx", model)
+    reference = Reference(
+        {"image": np.zeros((2, 3, 32, 32), np.float32)},
+        {"logits": np.zeros((2, 10), np.float32)},
+        {"exporter": "dynamo"},
+    )
+    save_reference(tmp_path / "m.ref.npz", reference)
+    pinned = ("--input-shape", "image:1x3x32x32")
+    # found next to the model: the eager comparison is skipped with a warning, the model is written
+    code, out, err = _cli("optimize", str(model), "-o", str(tmp_path / "a.onnx"), *pinned)
+    assert code == 0, err
+    assert "do not fit the pinned --input-shape" in " ".join((out + err).split())
+    assert (tmp_path / "a.onnx").is_file()
+    # given explicitly: a usage error, one line, nothing written
+    code, _, err = _cli(
+        "optimize", str(model), "-o", str(tmp_path / "b.onnx"), *pinned,
+        "--reference", str(tmp_path / "m.ref.npz"),
+    )  # fmt: skip
+    assert code == 2 and "image 2x3x32x32" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "b.onnx").exists()
