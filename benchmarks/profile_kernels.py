@@ -6,7 +6,8 @@ Each model runs under ORT's profiler (``SessionOptions.enable_profiling``) at th
 (default ENABLE_ALL), batch 1 x sequence 128 (``--sequence``), ``--warmup`` runs discarded. Kernel
 time is the sum of the profiler's ``*_kernel_time`` events per op type, divided by the number of
 timed runs. "GEMM" is the dense projection/FFN work: MatMul, Gemm, FusedMatMul, FusedGemm whose
-second operand is a 2-D weight. Attention's Q@K^T and P@V products are not GEMMs here: inside a
+second operand is a 2-D weight, and the Q/K/V projection inside a packed com.microsoft.Attention
+(its FLOPs, 2 * B * S * D * 3 * D_out for equal Q/K/V widths, at the run's own GEMM FLOP rate). Attention's Q@K^T and P@V products are not GEMMs here: inside a
 fused attention kernel they count with it, and unfused they are listed as "MatMul (activations)". The *limit* is the speed-up the model would get if every non-GEMM kernel vanished:
 total / GEMM. With ``--json`` the table is also written as JSON. With ``--pairs`` the models are
 ORIGINAL OPTIMIZED pairs, compared GEMM-normalized (see ``render_pairs``): on a shared machine the
@@ -28,7 +29,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's onnxopt
 
-GEMM_OPS = ("MatMul", "Gemm", "FusedMatMul", "FusedGemm")
+# com.microsoft.Attention runs the Q/K/V projection inside its kernel: that share of its time is
+# estimated at the rate (FLOP per microsecond) of the same run's other dense GEMMs and counted as GEMM.
+PACKED_QKV = "Attention (QKV projection)"
+GEMM_OPS = ("MatMul", "Gemm", "FusedMatMul", "FusedGemm", PACKED_QKV)
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,17 @@ def _dense(input_shapes: list[dict[str, list[int]]]) -> bool:
     return not (len(ranks) == 2 and min(ranks) >= 3)
 
 
+def _gemm_flops(inputs: list[dict[str, list[int]]], outputs: list[dict[str, list[int]]]) -> float:
+    """2 * (output elements) * K for a product whose first operand is [..., K]: 0 when unknown."""
+    if not inputs or not outputs:
+        return 0.0
+    first = next(iter(inputs[0].values()), [])
+    out = next(iter(outputs[0].values()), [])
+    if not first or not out:
+        return 0.0
+    return 2.0 * float(np.prod(out)) * first[-1]
+
+
 def profile(
     path: Path, *, level: str, threads: int, runs: int, warmup: int, batch: int, sequence: int
 ) -> Profile:
@@ -96,6 +111,8 @@ def profile(
     windows = [(e["ts"], e["ts"] + e["dur"]) for e in model_runs]
     by_op: Counter[str] = Counter()
     kernels = 0
+    gemm_flops = gemm_time = 0.0
+    packed: list[tuple[float, float]] = []  # (kernel time, Q/K/V projection FLOPs) per Attention
     for event in events:
         if event.get("cat") != "Node" or not str(event.get("name", "")).endswith("_kernel_time"):
             continue
@@ -103,10 +120,24 @@ def profile(
         if not any(lo <= ts <= hi for lo, hi in windows):
             continue
         op = event["args"]["op_name"]
-        if op in GEMM_OPS and not _dense(event["args"].get("input_type_shape", [])):
+        shapes = event["args"].get("input_type_shape", [])
+        outputs = event["args"].get("output_type_shape", [])
+        if op in GEMM_OPS and not _dense(shapes):
             op = f"{op} (activations)"  # attention's Q@K^T and P@V when not fused: not a GEMM here
+        elif op in GEMM_OPS and (flops := _gemm_flops(shapes, outputs)):
+            gemm_flops += flops
+            gemm_time += event["dur"]
+        if op == "Attention" and (flops := _gemm_flops(shapes[:1], outputs)):
+            packed.append((event["dur"], 3 * flops))
+            kernels += 1
+            continue
         by_op[op] += event["dur"]
         kernels += 1
+    rate = gemm_flops / gemm_time if gemm_time else 0.0
+    for duration, flops in packed:
+        projection = min(duration, flops / rate) if rate else 0.0
+        by_op[PACKED_QKV] += projection
+        by_op["Attention"] += duration - projection
     count = max(len(windows), 1)
     return Profile(
         path.name, count, {op: t / count for op, t in by_op.most_common()}, kernels // count
