@@ -1,0 +1,85 @@
+"""Valid but unusual models: they optimize correctly (validated on ONNX Runtime) or are refused.
+
+Found by ``scripts/hostile_probe.py``; the hostile ones are in ``test_bad_input.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as onh
+import onnx.parser
+
+from onnxopt import api
+from onnxopt.io import load_model, model_from_proto
+from onnxopt.validate import validate
+
+ADD_W = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] y) {
+    y = Add(x, w)
+}
+"""
+
+
+def _sparse(name: str) -> onnx.SparseTensorProto:
+    values = onh.from_array(np.array([5.0, 7.0], np.float32), name)
+    indices = onh.from_array(np.array([1, 3], np.int64), f"{name}_indices")
+    return oh.make_sparse_tensor(values, indices, [4])
+
+
+def _optimized_and_checked(proto: onnx.ModelProto) -> onnx.ModelProto:
+    model = model_from_proto(proto)
+    result = api.optimize(model)
+    assert result.validated
+    optimized = result.model
+    report = validate(model, optimized)
+    assert report.passed, report
+    from onnxopt.io import to_proto
+
+    return to_proto(optimized)
+
+
+def test_sparse_initializer_is_stored_dense() -> None:
+    """onnx-ir drops sparse initializers; the loader makes them dense so the model stays whole."""
+    proto = onnx.parser.parse_model(ADD_W)
+    proto.graph.sparse_initializer.append(_sparse("w"))
+    model = model_from_proto(proto)
+    weight = model.graph.initializers["w"].const_value
+    assert weight is not None
+    np.testing.assert_array_equal(weight.numpy(), [0.0, 5.0, 0.0, 7.0])
+    optimized = _optimized_and_checked(proto)
+    assert not optimized.graph.sparse_initializer
+
+
+def test_sparse_initializer_with_coordinate_indices(tmp_path: Path) -> None:
+    values = onh.from_array(np.array([1.0, 2.0], np.float32), "w")
+    indices = onh.from_array(np.array([[0, 1], [1, 0]], np.int64), "w_indices")
+    proto = onnx.parser.parse_model(ADD_W.replace("[4]", "[2, 2]"))
+    proto.graph.sparse_initializer.append(oh.make_sparse_tensor(values, indices, [2, 2]))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(proto.SerializeToString())
+    weight = load_model(path).model.graph.initializers["w"].const_value
+    assert weight is not None
+    np.testing.assert_array_equal(weight.numpy(), [[0.0, 1.0], [2.0, 0.0]])
+
+
+def test_constant_with_sparse_value() -> None:
+    proto = onnx.parser.parse_model(ADD_W)
+    proto.graph.node.insert(0, oh.make_node("Constant", [], ["w"], sparse_value=_sparse("v")))
+    optimized = _optimized_and_checked(proto)
+    assert [n.op_type for n in optimized.graph.node] == ["Add"]
+
+
+def test_string_inputs_are_generated_for_validation() -> None:
+    graph = oh.make_graph(
+        [oh.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.STRING, [2, 3])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.STRING, [2, 3])],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    _optimized_and_checked(proto)
