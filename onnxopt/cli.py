@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import click
 
 from onnxopt import __version__
-from onnxopt.errors import CheckFailed, OnnxoptError, UsageError, describe
+from onnxopt.errors import CheckFailed, ModelSaveError, OnnxoptError, UsageError, describe
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -409,6 +409,13 @@ def _optimize_command(
         raise UsageError(
             f"{output}: refusing to overwrite the input model (add --overwrite to allow it)"
         )
+    _check_output_paths(
+        models,
+        output,
+        out_dir,
+        {"--memory-plan": memory_plan, "--junit": junit_path, "--markdown": markdown_path},
+        overwrite,
+    )
     if reference_file is not None and len(models) > 1:
         raise UsageError(
             "--reference takes one model (each model's own MODEL.ref.npz is used when present)"
@@ -462,6 +469,8 @@ def _optimize_command(
     failures = [o for o in outcomes if o.status == "failed"]
     errors = [o for o in outcomes if o.status == "error"]
     if len(outcomes) == 1:
+        if errors:  # a one-model batch (--out-dir): its error is the command's error
+            raise OnnxoptError(str(errors[0].error))
         if failures:
             for line in failures[0].failures[1:]:
                 click.echo(f"onnxopt: {line}", err=True)
@@ -495,6 +504,39 @@ def _optimize_command(
         raise CheckFailed(f"{len(failures)} of {len(outcomes)} model(s) failed checks")
 
 
+def _check_output_paths(
+    models: tuple[Path, ...],
+    output: Path | None,
+    out_dir: Path | None,
+    reports: dict[str, Path | None],
+    overwrite: bool,
+) -> None:
+    """Refuse, before any work, a file to write that is a folder, lies in a missing folder or is an input."""
+    from onnxopt.io import same_file
+
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out-dir {out_dir}: exists and is not a folder")
+    targets = [("-o", output, overwrite), *((k, v, False) for k, v in reports.items())]
+    for option, path, may_be_input in targets:
+        if path is None or str(path) == "-":
+            continue
+        if path.is_dir():
+            raise UsageError(f"{option} {path}: is a folder; give a file name")
+        folder = path.parent if str(path.parent) else Path(".")
+        if not folder.is_dir():
+            raise UsageError(f"{option} {path}: folder '{folder}' does not exist")
+        if not may_be_input and any(same_file(path, model) for model in models):
+            hint = " (add --overwrite to allow it)" if option == "-o" else ""
+            raise UsageError(f"{option} {path}: refusing to overwrite the input model{hint}")
+
+
+def _write_file(option: str, path: Path, data: bytes) -> None:
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise ModelSaveError(f"{option} {path}: cannot write ({exc.strerror})") from None
+
+
 def _optimize_single(
     model: Path,
     output: Path | None,
@@ -525,7 +567,11 @@ def _optimize_single(
     report, checks, written = outcome.report, outcome.checks, outcome.output
     assert report is not None
     if memory_plan is not None and result.memory_plan is not None:
-        memory_plan.write_text(json.dumps(result.memory_plan.to_json(), indent=1))
+        _write_file(
+            "--memory-plan",
+            memory_plan,
+            json.dumps(result.memory_plan.to_json(), indent=1).encode(),
+        )
     if as_json:
         data = report.to_json()
         data["checks"] = [dataclasses.asdict(c) for c in checks]
@@ -646,13 +692,13 @@ def _write_ci_reports(
     from onnxopt.ci_report import junit_xml, markdown_summary
 
     if junit_path is not None:
-        junit_path.write_bytes(junit_xml(outcomes))
+        _write_file("--junit", junit_path, junit_xml(outcomes))
     if markdown_path is not None:
         text = markdown_summary(outcomes)
         if str(markdown_path) == "-":
             click.echo(text)
         else:
-            markdown_path.write_text(text, encoding="utf-8")
+            _write_file("--markdown", markdown_path, text.encode("utf-8"))
 
 
 def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> None:
