@@ -185,6 +185,12 @@ def make_inputs(
         elif np.issubdtype(dtype, np.floating) or dtype.kind == "V":
             array = rng.standard_normal(size=shape).astype(np.float32)
             array = array.astype(dtype) if dtype.kind != "V" else array
+        elif dtype == np.object_:  # ONNX strings
+            letters = np.array(list("abcdefgh"), dtype=object)
+            array = np.array(
+                ["".join(rng.choice(letters, size=3)) for _ in range(int(np.prod(shape)))],
+                dtype=object,
+            ).reshape(shape)
         else:
             raise CannotValidate(
                 f"input '{spec.name}' has dtype {dtype}, which validation cannot generate"
@@ -420,11 +426,13 @@ def validate(
         dynamic = any(not isinstance(d, int) for s in specs for d in s.dims)
         wanted = len(extra_inputs) + (trials if dynamic else 1)
         seen: set[tuple[tuple[int, ...], ...]] = set()
+        too_big = False
         for plan in _trial_plans(specs):
             if len(used) >= wanted:
                 break
             generated = make_inputs(specs, plan, rng)
             if generated is None:
+                too_big = True
                 continue
             key = tuple(f.shape for f in generated.values())
             if key in seen:
@@ -433,6 +441,11 @@ def validate(
             run_one(generated)
             if errors:
                 break
+        if not used and not errors and too_big and not last_failure:
+            raise CannotValidate(
+                f"the inputs are too large to generate (over {MAX_TRIAL_ELEMENTS} elements in all); "
+                "pass --input-shape, --inputs FILE.npz or --no-validate"
+            )
         if not used and not errors:
             raise CannotValidate(
                 f"the original model does not run on ONNX Runtime with generated inputs ({last_failure}); "
