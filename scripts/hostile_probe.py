@@ -1978,6 +1978,233 @@ def _(d: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------
+# JSON output with values JSON cannot spell
+
+
+NAN_MODEL = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] y, float[4] z) {
+    zero = Constant<value = float[4] {0.0, 0.0, 0.0, 0.0}>()
+    q = Div(zero, zero)
+    y = Add(x, q)
+    big = Constant<value = float[4] {3.0e38, 3.0e38, 3.0e38, 3.0e38}>()
+    z = Mul(big, x)
+}
+"""
+
+
+@case("outputs NaN and Inf, --json", "ok")
+def _(d: Path) -> list[str]:
+    return opt(d, parse(NAN_MODEL), "--json")
+
+
+@case("outputs NaN and Inf, check --json with thresholds", "ok")
+def _(d: Path) -> list[str]:
+    model = save(parse(NAN_MODEL), d / "m.onnx")
+    return ["check", str(model), "--json", "--max-abs-error", "1e-3", "--max-rel-error", "1e-3"]
+
+
+@case("outputs NaN and Inf, batch --json", "ok")
+def _(d: Path) -> list[str]:
+    model = save(parse(NAN_MODEL), d / "m.onnx")
+    other = save(relu(), d / "r.onnx")
+    return ["optimize", str(model), str(other), "--out-dir", str(d / "o"), "--json"]
+
+
+@case("outputs NaN and Inf, bench --json", "ok")
+def _(d: Path) -> list[str]:
+    model = save(parse(NAN_MODEL), d / "m.onnx")
+    return ["bench", str(model), "--budget", "1", "--no-memory", "--json"]
+
+
+@case("odd names, bench --json", "ok")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Relu", ['x\n"\u2028'], ["y\t\\"])],
+        [vi('x\n"\u2028', T.FLOAT, [4])],
+        [vi("y\t\\", T.FLOAT, [4])],
+    )
+    model = save(m, d / "m.onnx")
+    return ["bench", str(model), "--budget", "1", "--no-memory", "--json"]
+
+
+@case("odd names, check --json --junit --markdown", "ok")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Relu", ['x<&>"'], ["]]>y\x1b[31m"])],
+        [vi('x<&>"', T.FLOAT, [4])],
+        [vi("]]>y\x1b[31m", T.FLOAT, [4])],
+    )
+    model = save(m, d / "m<&>.onnx")
+    return [
+        "check",
+        str(model),
+        "--json",
+        "--junit",
+        str(d / "j.xml"),
+        "--markdown",
+        str(d / "r.md"),
+    ]
+
+
+@case("Scan over an input (fixed)", "ok")
+def _(d: Path) -> list[str]:
+    body = oh.make_graph(
+        [oh.make_node("Add", ["acc", "x"], ["acc2"]), oh.make_node("Identity", ["acc2"], ["y"])],
+        "body",
+        [vi("acc", T.FLOAT, [4]), vi("x", T.FLOAT, [4])],
+        [vi("acc2", T.FLOAT, [4]), vi("y", T.FLOAT, [4])],
+    )
+    m = graph_model(
+        [oh.make_node("Scan", ["init", "xs"], ["final", "ys"], body=body, num_scan_inputs=1)],
+        [vi("init", T.FLOAT, [4]), vi("xs", T.FLOAT, [3, 4])],
+        [vi("final", T.FLOAT, [4]), vi("ys", T.FLOAT, [3, 4])],
+    )
+    return opt(d, m)
+
+
+@case("float16 model end to end (fixed)", "ok")
+def _(d: Path) -> list[str]:
+    f16 = lambda name, v: onh.from_array(np.array(v, np.float16), name)  # noqa: E731
+    nodes = [
+        oh.make_node("ReduceMean", ["x"], ["mean"], axes=[-1]),
+        oh.make_node("Sub", ["x", "mean"], ["c"]),
+        oh.make_node("Pow", ["c", "two"], ["sq"]),
+        oh.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+        oh.make_node("Add", ["var", "eps"], ["ve"]),
+        oh.make_node("Sqrt", ["ve"], ["sd"]),
+        oh.make_node("Div", ["c", "sd"], ["n"]),
+        oh.make_node("Div", ["n", "r2"], ["xd"]),
+        oh.make_node("Erf", ["xd"], ["e"]),
+        oh.make_node("Add", ["e", "one"], ["e1"]),
+        oh.make_node("Mul", ["n", "e1"], ["xe"]),
+        oh.make_node("Mul", ["xe", "half"], ["y"]),
+    ]
+    inits = [
+        f16("two", 2.0),
+        f16("eps", 1e-3),
+        f16("r2", 1.4142),
+        f16("one", 1.0),
+        f16("half", 0.5),
+    ]
+    m = graph_model(nodes, [vi("x", T.FLOAT16, ["N", 8])], [vi("y", T.FLOAT16, ["N", 8])], inits)
+    return opt(d, m)
+
+
+@case("initializer huge dims, no data (fixed)", "error")
+def _(d: Path) -> list[str]:
+    w = onh.from_array(np.zeros(0, np.float32), "w")
+    del w.dims[:]
+    w.dims.extend([100000, 100000])
+    m = graph_model(
+        [oh.make_node("Add", ["x", "w"], ["y"])],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+        [w],
+    )
+    return opt(d, m)
+
+
+@case("same name for an If output and a node inside its branch", "either")
+def _(d: Path) -> list[str]:
+    then = oh.make_graph([oh.make_node("Relu", ["x"], ["y"])], "t", [], [vi("y", T.FLOAT, [4])])
+    els = oh.make_graph([oh.make_node("Neg", ["x"], ["o"])], "e", [], [vi("o", T.FLOAT, [4])])
+    m = graph_model(
+        [oh.make_node("If", ["c"], ["y"], then_branch=then, else_branch=els)],
+        [vi("x", T.FLOAT, [4]), vi("c", T.BOOL, [])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    return opt(d, m)
+
+
+@case("Loop with 0 iterations and constant trip count", "ok")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) {
+            n = Constant<value = int64 {0}>()
+            t = Constant<value = bool {1}>()
+            y = Loop(n, t, x) <
+                body = b (int64 i, bool cin, float[4] acc) => (bool cout, float[4] acc2) {
+                    cout = Identity(cin)
+                    acc2 = Add(acc, acc)
+                }
+            >
+        }
+        """
+    )
+    return opt(d, m)
+
+
+@case("Dropout training_mode constant true", "ok")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) {
+            r = Constant<value = float {0.0}>()
+            t = Constant<value = bool {1}>()
+            y = Dropout(x, r, t)
+        }
+        """
+    )
+    return opt(d, m)
+
+
+@case("graph input name equal to an initializer in a subgraph", "either")
+def _(d: Path) -> list[str]:
+    w = onh.from_array(np.ones(4, np.float32), "x")
+    then = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["o"])], "t", [], [vi("o", T.FLOAT, [4])], [w]
+    )
+    els = oh.make_graph([oh.make_node("Neg", ["x"], ["o2"])], "e", [], [vi("o2", T.FLOAT, [4])])
+    m = graph_model(
+        [oh.make_node("If", ["c"], ["y"], then_branch=then, else_branch=els)],
+        [vi("x", T.FLOAT, [4]), vi("c", T.BOOL, [])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    return opt(d, m)
+
+
+@case("Cast to string and back (constant)", "ok")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] x) => (float[2] y) {
+            c = Constant<value = float[2] {1.5, 2.5}>()
+            s = Cast<to = 8>(c)
+            f = Cast<to = 1>(s)
+            y = Add(x, f)
+        }
+        """
+    )
+    return opt(d, m)
+
+
+@case("opset 13 Split with split input, constant", "ok")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 13]>
+        g (float[3] x) => (float[1] a, float[2] b) {
+            c = Constant<value = float[3] {1.0, 2.0, 3.0}>()
+            sp = Constant<value = int64[2] {1, 2}>()
+            p, q = Split<axis = 0>(c, sp)
+            a = Add(p, x)
+            b = Identity(q)
+        }
+        """
+    )
+    return opt(d, m)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def _strict_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not valid JSON")
 
 
 def run_case(c: Case, timeout: int) -> dict[str, object]:
@@ -2029,7 +2256,7 @@ def run_case(c: Case, timeout: int) -> dict[str, object]:
         json_ok = None
         if "--json" in args and code == 0:
             try:
-                json.loads(stdout)
+                json.loads(stdout, parse_constant=_strict_json)  # NaN/Infinity are not JSON
                 json_ok = True
             except ValueError:
                 json_ok = False

@@ -83,3 +83,32 @@ def test_string_inputs_are_generated_for_validation() -> None:
     )
     proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
     _optimized_and_checked(proto)
+
+
+def test_ci_reports_stay_well_formed_with_odd_names(tmp_path: Path) -> None:
+    """Value and file names may hold control characters, '<&>', '|' and backticks."""
+    import xml.etree.ElementTree as ET
+
+    from click.testing import CliRunner
+
+    from onnxopt.cli import main
+
+    name_in, name_out = 'x<&>"\x01', "]]>y\x1b[31m|`"
+    graph = oh.make_graph(
+        [oh.make_node("Relu", [name_in], [name_out])],
+        "g",
+        [oh.make_tensor_value_info(name_in, onnx.TensorProto.FLOAT, [4])],
+        [oh.make_tensor_value_info(name_out, onnx.TensorProto.FLOAT, [4])],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    model = tmp_path / "m\x1b|`.onnx"
+    model.write_bytes(proto.SerializeToString())
+    junit, markdown = tmp_path / "j.xml", tmp_path / "r.md"
+    args = ["check", str(model), "--max-abs-error", "1e-3", "--junit", str(junit)]
+    result = CliRunner().invoke(main, [*args, "--markdown", str(markdown)])
+    assert result.exit_code == 0, result.output
+    suite = ET.parse(junit).getroot()
+    assert suite.get("tests") == "2"
+    assert "\\x1b" in suite[0].get("classname", "")
+    rows = [line for line in markdown.read_text().splitlines() if line.startswith("| `")]
+    assert len(rows) == 1 and rows[0].count(" | ") == 5, rows
