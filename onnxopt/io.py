@@ -143,6 +143,65 @@ def _opsets(proto: onnx.ModelProto) -> dict[str, int]:
     return {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
 
 
+# ONNX's shape inference and ONNX Runtime both stop at a function call depth of 100.
+MAX_FUNCTION_DEPTH = 100
+
+
+def _check_functions(where: str, proto: onnx.ModelProto) -> None:
+    """Local functions may not call themselves (directly or not) or nest over MAX_FUNCTION_DEPTH.
+
+    Walking such a call chain recurses without bound in onnx-ir; refuse it up front.
+    """
+    functions = {(f.domain, f.name, f.overload): f for f in proto.functions}
+    if not functions:
+        return
+
+    def callees(func: onnx.FunctionProto) -> list[tuple[str, str, str]]:
+        found: list[tuple[str, str, str]] = []
+        stack = [list(func.node)]
+        while stack:
+            for node in stack.pop():
+                key = (node.domain, node.op_type, node.overload)
+                if key in functions and key not in found:
+                    found.append(key)
+                for attr in node.attribute:
+                    if attr.HasField("g"):
+                        stack.append(list(attr.g.node))
+                    stack.extend(list(g.node) for g in attr.graphs)
+        return found
+
+    calls = {key: callees(func) for key, func in functions.items()}
+    depth: dict[tuple[str, str, str], int] = {}
+    for root in functions:
+        if root in depth:
+            continue
+        # Iterative DFS: (function, index of the next callee to visit); the path is the stack.
+        path: list[tuple[tuple[str, str, str], int]] = [(root, 0)]
+        on_path = {root}
+        while path:
+            key, index = path[-1]
+            if index < len(calls[key]):
+                path[-1] = (key, index + 1)
+                callee = calls[key][index]
+                if callee in on_path:
+                    raise ModelLoadError(
+                        f"{where}: local function '{callee[0]}.{callee[1]}' calls itself "
+                        f"(through {' -> '.join(k[1] for k, _ in path)}); that never ends"
+                    )
+                if callee not in depth:
+                    path.append((callee, 0))
+                    on_path.add(callee)
+                continue
+            depth[key] = 1 + max((depth[c] for c in calls[key]), default=0)
+            if depth[key] > MAX_FUNCTION_DEPTH:
+                raise ModelLoadError(
+                    f"{where}: local function '{key[0]}.{key[1]}' starts a chain of calls {depth[key]} deep; "
+                    f"ONNX and ONNX Runtime allow {MAX_FUNCTION_DEPTH}"
+                )
+            path.pop()
+            on_path.discard(key)
+
+
 def _first_default_domain_node(graph: onnx.GraphProto) -> onnx.NodeProto | None:
     """The first node of the default domain in ``graph`` or its subgraphs (iterative: no recursion)."""
     stack = [graph]
@@ -522,6 +581,11 @@ def _check_attribute_types(
     domain = "" if node.domain == "ai.onnx" else node.domain
     if domain not in ("", "ai.onnx.ml") or domain not in opsets:
         return
+    if node.op_type == "Constant" and domain == "" and len(node.attribute) != 1:
+        raise ModelLoadError(
+            f"{where}: {node_label}: a Constant needs exactly one value attribute; it has "
+            f"{len(node.attribute)}"
+        )
     declared = _attribute_types(node.op_type, domain, opsets[domain])
     names = onnx.AttributeProto.AttributeType.Name
     for attr in node.attribute:
@@ -816,6 +880,7 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     )
     external_files = _check_external_data(where, proto, model_path.parent, model_path, own_mapped)
     _densify_sparse(where, proto)
+    _check_functions(where, proto)
     _check_graph_structure(where, proto.graph, (), "", _opsets(proto))
     model = _deserialize(where, proto)
     del proto
@@ -831,6 +896,7 @@ def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model
     _check_versions(where, proto)
     _check_external_data(where, proto, None)
     _densify_sparse(where, proto)
+    _check_functions(where, proto)
     _check_graph_structure(where, proto.graph, (), "", _opsets(proto))
     return _deserialize(where, proto)
 

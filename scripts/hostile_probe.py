@@ -2201,6 +2201,136 @@ def _(d: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------
+# Required attributes missing, odd Constant nodes
+
+
+def _missing_attribute(op: str, inputs: int, d: Path, *extra: str) -> list[str]:
+    names = ["c", "c2"][:inputs]
+    m = graph_model(
+        [oh.make_node(op, names, ["t"]), oh.make_node("Add", ["x", "t"], ["y"])],
+        [vi("x", T.FLOAT, [2, 2])],
+        [vi("y", T.FLOAT, [2, 2])],
+        [
+            onh.from_array(np.ones((2, 2), np.float32), "c"),
+            onh.from_array(np.ones((2, 2), np.float32), "c2"),
+        ],
+    )
+    return opt(d, m, *extra)
+
+
+for _op, _n in [
+    ("Concat", 2),
+    ("Cast", 1),
+    ("Transpose", 1),
+    ("Softmax", 1),
+    ("Flatten", 1),
+    ("Gather", 2),
+    ("Split", 1),
+    ("Squeeze", 1),
+    ("Unsqueeze", 1),
+    ("ReduceSum", 1),
+    ("Einsum", 2),
+    ("Conv", 2),
+]:
+    case(f"{_op} with constant inputs, required attribute missing, --no-validate", "either")(
+        lambda d, op=_op, n=_n: _missing_attribute(op, n, d, "--no-validate")
+    )
+
+
+@case("Cast without 'to' on an input, --no-validate", "either")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Cast", ["x"], ["y"])], [vi("x", T.FLOAT, [2])], [vi("y", T.FLOAT, [2])]
+    )
+    return opt(d, m, "--no-validate")
+
+
+@case("Constant with no attribute", "error")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Constant", [], ["c"]), oh.make_node("Add", ["x", "c"], ["y"])],
+        [vi("x", T.FLOAT, [2])],
+        [vi("y", T.FLOAT, [2])],
+    )
+    return opt(d, m, "--no-validate")
+
+
+@case("Constant with two value attributes", "error")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [
+            oh.make_node("Constant", [], ["c"], value_float=1.0, value_int=2),
+            oh.make_node("Add", ["x", "c"], ["y"]),
+        ],
+        [vi("x", T.FLOAT, [2])],
+        [vi("y", T.FLOAT, [2])],
+    )
+    return opt(d, m, "--no-validate")
+
+
+@case("Constant value_strings feeding Identity output", "ok")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [
+            oh.make_node("Constant", [], ["c"], value_strings=["a", "b"]),
+            oh.make_node("Identity", ["c"], ["s"]),
+            oh.make_node("Relu", ["x"], ["y"]),
+        ],
+        [vi("x", T.FLOAT, [2])],
+        [vi("y", T.FLOAT, [2]), vi("s", T.STRING, [2])],
+    )
+    return opt(d, m)
+
+
+@case("Conv with kernel from a graph input (no static weight)", "ok")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 2, 5, 5] x, float[3, 2, 3, 3] w) => (float[1, 3, 3, 3] y) {
+            c = Conv(x, w)
+            s = Constant<value = float[3] {1.0, 1.0, 1.0}>()
+            b = Constant<value = float[3] {0.0, 0.0, 0.0}>()
+            m = Constant<value = float[3] {0.0, 0.0, 0.0}>()
+            v = Constant<value = float[3] {1.0, 1.0, 1.0}>()
+            y = BatchNormalization(c, s, b, m, v)
+        }
+        """
+    )
+    return opt(d, m)
+
+
+@case("chain of 3000 nested local functions, --no-validate", "ok")
+def _(d: Path) -> list[str]:
+    depth = 3000
+    funcs = []
+    for i in range(depth):
+        body = (
+            [oh.make_node("Neg", ["a"], ["b"])]
+            if i == depth - 1
+            else [oh.make_node(f"f{i + 1}", ["a"], ["b"], domain="local")]
+        )
+        funcs.append(
+            oh.make_function(
+                "local",
+                f"f{i}",
+                ["a"],
+                ["b"],
+                body,
+                [oh.make_opsetid("", 17), oh.make_opsetid("local", 1)],
+            )
+        )
+    m = graph_model(
+        [oh.make_node("f0", ["x"], ["y"], domain="local")],
+        [vi("x", T.FLOAT, [2])],
+        [vi("y", T.FLOAT, [2])],
+    )
+    m.opset_import.append(oh.make_opsetid("local", 1))
+    m.functions.extend(funcs)
+    return opt(d, m, "--no-validate")
+
+
+# ------------------------------------------------------------------------------------------------
 
 
 def _strict_json(constant: str) -> None:

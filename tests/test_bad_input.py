@@ -895,3 +895,56 @@ def test_bench_on_a_model_ort_cannot_load(tmp_path: Path) -> None:
     model = save(proto, tmp_path / "m.onnx")
     outcome = cli("bench", model, "--budget", "1", "--no-memory")
     assert_clean_error(outcome, "m.onnx", "cannot load the original model")
+
+
+@pytest.mark.parametrize("values", [{}, {"value_float": 1.0, "value_int": 2}])
+def test_constant_without_exactly_one_value(tmp_path: Path, values: dict[str, object]) -> None:
+    proto = relu_model()
+    proto.graph.node[0].op_type = "Add"
+    proto.graph.node[0].input.append("c")
+    proto.graph.node.insert(0, oh.make_node("Constant", [], ["c"], **values))
+    optimize_bad(
+        tmp_path,
+        save(proto, tmp_path / "m.onnx"),
+        "Constant",
+        f"exactly one value attribute; it has {len(values)}",
+        extra=("--no-validate",),
+    )
+
+
+def _function_chain(depth: int, *, recursive: bool = False) -> onnx.ModelProto:
+    """``local.f0`` calls ``f1`` ... calls ``f{depth-1}``, which negates (or calls ``f0`` again)."""
+    opsets = [oh.make_opsetid("", 17), oh.make_opsetid("local", 1)]
+    functions = []
+    for i in range(depth):
+        last = i == depth - 1
+        callee = "f0" if last and recursive else f"f{i + 1}"
+        body = (
+            oh.make_node("Neg", ["a"], ["b"])
+            if last and not recursive
+            else oh.make_node(callee, ["a"], ["b"], domain="local")
+        )
+        functions.append(oh.make_function("local", f"f{i}", ["a"], ["b"], [body], opsets))
+    proto = relu_model()
+    proto.graph.node[0].CopyFrom(oh.make_node("f0", ["x"], ["y"], domain="local"))
+    proto.opset_import.append(oh.make_opsetid("local", 1))
+    proto.functions.extend(functions)
+    return proto
+
+
+def test_recursive_local_function(tmp_path: Path) -> None:
+    """Written unchanged before (with --no-validate): a model no runtime can ever run."""
+    model = save(_function_chain(3, recursive=True), tmp_path / "m.onnx")
+    optimize_bad(tmp_path, model, "m.onnx", "'local.f0' calls itself", extra=("--no-validate",))
+
+
+def test_local_functions_nested_too_deep(tmp_path: Path) -> None:
+    """onnx-ir recursed without bound over 3000 nested calls; ONNX and ORT stop at 100."""
+    model = save(_function_chain(3000), tmp_path / "m.onnx")
+    optimize_bad(tmp_path, model, "m.onnx", "101 deep", "allow 100", extra=("--no-validate",))
+
+
+def test_local_functions_nested_as_deep_as_allowed(tmp_path: Path) -> None:
+    model = save(_function_chain(20), tmp_path / "m.onnx")
+    outcome = cli("optimize", model, "-o", tmp_path / "out.onnx")
+    assert outcome.exit_code == 0, outcome
