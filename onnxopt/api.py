@@ -128,6 +128,10 @@ def optimize(
         loaded = io.load_model(model)
         working = loaded.model
         original = Path(model)
+        if loaded.file_bytes > io.PROTOBUF_LIMIT and check:
+            # ORT cannot parse a single file past protobuf's 2 GiB; a second (mapped) load of it
+            # is handed over as a graph plus weight buffers instead.
+            original = io.load_model(model).model
         source_name = str(model)
         file_bytes = loaded.file_bytes
     before = ModelSummary.of(working, file_bytes)

@@ -12,6 +12,7 @@ import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as onh
 import onnx.parser
+import onnx_ir
 
 from onnxopt import api
 from onnxopt.io import load_model, model_from_proto
@@ -112,3 +113,26 @@ def test_ci_reports_stay_well_formed_with_odd_names(tmp_path: Path) -> None:
     assert "\\x1b" in suite[0].get("classname", "")
     rows = [line for line in markdown.read_text().splitlines() if line.startswith("| `")]
     assert len(rows) == 1 and rows[0].count(" | ") == 5, rows
+
+
+def test_shape_inference_skips_data_propagation_for_long_vectors() -> None:
+    """ONNX's data propagation holds each element of a 1-D tensor as a dim: a [50M] float Add
+    took 8 GB and a minute. Past 65536 elements the pass infers without it, and says so."""
+    from onnxopt.passes.infer_shapes import InferShapesPass
+
+    n = 5_000_000
+    graph = oh.make_graph(
+        [oh.make_node("Add", ["x", "w"], ["s"]), oh.make_node("Relu", ["s"], ["y"])],
+        "g",
+        [
+            oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [n]),
+            oh.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [n]),
+        ],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
+    model = model_from_proto(
+        oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    )
+    result = InferShapesPass()(model)
+    assert any("without data propagation" in note for note in result.notes)
+    assert model.graph.outputs[0].shape == onnx_ir.Shape([n])
