@@ -508,6 +508,9 @@ def load_inputs(path: str | Path) -> list[dict[str, np.ndarray]]:
     target = Path(path)
     if not target.is_file():
         raise UsageError(f"--inputs {target}: no such file")
+    from onnxopt.reference import check_npz_size
+
+    check_npz_size(target, "--inputs")
     try:
         with np.load(target, allow_pickle=False) as data:
             return [{k: data[k] for k in data.files}]

@@ -948,3 +948,44 @@ def test_local_functions_nested_as_deep_as_allowed(tmp_path: Path) -> None:
     model = save(_function_chain(20), tmp_path / "m.onnx")
     outcome = cli("optimize", model, "-o", tmp_path / "out.onnx")
     assert outcome.exit_code == 0, outcome
+
+
+@pytest.fixture(scope="module")
+def npz_bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An .npz claiming 300M float32 zeros (1.2 GB), deflated to ~1 MB on disk.
+
+    Only the header is written for real; the zeros stream in pieces, never held in memory.
+    """
+    path = tmp_path_factory.mktemp("bomb") / "bomb.npz"
+    header = {"descr": "<f4", "fortran_order": False, "shape": (300_000_000,)}
+    with (
+        zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive,
+        archive.open("output/y.npy", "w", force_zip64=True) as member,
+    ):
+        np.lib.format.write_array_header_2_0(member, header)
+        piece = bytes(64 * 1024 * 1024)
+        remaining = 300_000_000 * 4
+        while remaining:
+            chunk = piece[: min(len(piece), remaining)]
+            member.write(chunk)
+            remaining -= len(chunk)
+    assert path.stat().st_size < 8_000_000
+    return path
+
+
+def test_reference_npz_bomb_beside_the_model(tmp_path: Path, npz_bomb: Path) -> None:
+    """MODEL.ref.npz is picked up automatically: its arrays are sized from their headers first."""
+    model = save(relu_model(), tmp_path / "m.onnx")
+    os.link(npz_bomb, tmp_path / "m.ref.npz")
+    optimize_bad(tmp_path, model, "m.ref.npz", "over the 1073741824-byte limit")
+
+
+def test_inputs_npz_bomb(tmp_path: Path, npz_bomb: Path) -> None:
+    model = save(relu_model(), tmp_path / "m.onnx")
+    optimize_bad(
+        tmp_path,
+        model,
+        "--inputs",
+        "over the 1073741824-byte limit",
+        extra=("--inputs", str(npz_bomb)),
+    )
