@@ -143,6 +143,28 @@ def _opsets(proto: onnx.ModelProto) -> dict[str, int]:
     return {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
 
 
+# Far beyond any real model (LLM exports have ~10^5 nodes); each node costs ~0.5 KB in onnx-ir and
+# passes walk them repeatedly, so a 10 MB file of empty nodes would take minutes and gigabytes.
+MAX_NODES = 2_000_000
+
+
+def _check_node_count(where: str, proto: onnx.ModelProto) -> None:
+    total = 0
+    stack = [proto.graph, *(f for f in proto.functions)]
+    while stack:
+        current = stack.pop()
+        total += len(current.node)
+        if total > MAX_NODES:
+            raise ModelLoadError(
+                f"{where}: the model has over {MAX_NODES} nodes; onnxopt does not load models this large"
+            )
+        for node in current.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
+
+
 # ONNX's shape inference and ONNX Runtime both stop at a function call depth of 100.
 MAX_FUNCTION_DEPTH = 100
 
@@ -518,6 +540,8 @@ def _check_graph_structure(
         )
         for what, text in (("name", node.name), ("op type", node.op_type), ("domain", node.domain)):
             _check_text(where, f"{label}the {what} of node #{index}", text)
+        if not node.op_type:
+            raise ModelLoadError(f"{where}: {label}node #{index} has no op type")
         for out in node.output:
             define(out, node_label)
             if out:
@@ -873,6 +897,7 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     where = str(model_path)
     _check_model_strings(where, proto)
     _check_versions(where, proto)
+    _check_node_count(where, proto)
     own_mapped = (
         frozenset(f"initializer '{proto.graph.initializer[index].name}'" for index, _, _ in lazy[1])
         if lazy is not None
@@ -894,6 +919,7 @@ def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model
     """Check and convert an in-memory proto (external data is refused: it has no folder)."""
     _check_model_strings(where, proto)
     _check_versions(where, proto)
+    _check_node_count(where, proto)
     _check_external_data(where, proto, None)
     _densify_sparse(where, proto)
     _check_functions(where, proto)

@@ -989,3 +989,24 @@ def test_inputs_npz_bomb(tmp_path: Path, npz_bomb: Path) -> None:
         "over the 1073741824-byte limit",
         extra=("--inputs", str(npz_bomb)),
     )
+
+
+def test_node_without_op_type(tmp_path: Path) -> None:
+    proto = relu_model()
+    proto.graph.node.append(oh.make_node("", ["x"], ["z"]))
+    optimize_bad(
+        tmp_path,
+        save(proto, tmp_path / "m.onnx"),
+        "node #1 has no op type",
+        extra=("--no-validate",),
+    )
+
+
+def test_millions_of_empty_nodes(tmp_path: Path) -> None:
+    """A 4 MB file of 2.1M empty NodeProtos: onnx-ir alone would need ~1 GB and a minute."""
+    graph = relu_model().graph.SerializeToString() + b"\x0a\x00" * 2_100_000  # node {}
+    head = relu_model()
+    head.ClearField("graph")
+    path = tmp_path / "m.onnx"
+    path.write_bytes(head.SerializeToString() + _length_delimited(7, graph))
+    optimize_bad(tmp_path, path, "m.onnx", "over 2000000 nodes")
