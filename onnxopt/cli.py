@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -504,6 +505,22 @@ def _optimize_command(
         raise CheckFailed(f"{len(failures)} of {len(outcomes)} model(s) failed checks")
 
 
+def _finite(data: Any) -> Any:
+    """``data`` with every non-finite float (a shape mismatch's error is inf) as None."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: _finite(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(value) for value in data]
+    return data
+
+
+def _json_text(data: Any, indent: int = 2) -> str:
+    """Strict JSON: NaN and Infinity are not JSON (``json.dumps`` writes them), so they become null."""
+    return json.dumps(_finite(data), indent=indent, allow_nan=False)
+
+
 def _check_output_paths(
     models: tuple[Path, ...],
     output: Path | None,
@@ -570,12 +587,12 @@ def _optimize_single(
         _write_file(
             "--memory-plan",
             memory_plan,
-            json.dumps(result.memory_plan.to_json(), indent=1).encode(),
+            _json_text(result.memory_plan.to_json(), indent=1).encode(),
         )
     if as_json:
         data = report.to_json()
         data["checks"] = [dataclasses.asdict(c) for c in checks]
-        click.echo(json.dumps(data, indent=2))
+        click.echo(_json_text(data, indent=2))
     else:
         render(report, _wide_console(), explain=explain)
         for check in checks:
@@ -628,7 +645,7 @@ def _optimize_batch(
         )
     if as_json:
         click.echo(
-            json.dumps(
+            _json_text(
                 {"schema_version": 1, "models": [_outcome_json(o) for o in outcomes]}, indent=2
             )
         )
@@ -775,7 +792,7 @@ def passes(as_json: bool, verbose: int, traceback: bool) -> None:
         for cls in ALL_PASSES
     ]
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(_json_text(rows, indent=2))
         return
     from rich.table import Table
 
@@ -801,7 +818,7 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
     loaded = io.load_model(model)
     summary = ModelSummary.of(loaded.model, loaded.file_bytes)
     if as_json:
-        click.echo(json.dumps(dataclasses.asdict(summary), indent=2))
+        click.echo(_json_text(dataclasses.asdict(summary), indent=2))
         return
     from rich.markup import escape
     from rich.table import Table
@@ -881,7 +898,7 @@ def export_command(
     if list_models:
         rows = [{"name": e.name, "factory": e.factory, "summary": e.summary} for e in ZOO.values()]
         if as_json:
-            click.echo(json.dumps(rows, indent=2))
+            click.echo(_json_text(rows, indent=2))
         else:
             for row in rows:
                 click.echo(f"{row['name']:24s} {row['summary']}")
@@ -903,7 +920,7 @@ def export_command(
             progress=lambda step: status.update(f"{step} …"),
         )
     if as_json:
-        click.echo(json.dumps(dataclasses.asdict(result), indent=2))
+        click.echo(_json_text(dataclasses.asdict(result), indent=2))
     else:
         click.echo(
             f"wrote {result.output} and {result.reference} ({exporter}, opset {result.opset}, {result.export_seconds:.1f} s)"
@@ -1069,7 +1086,7 @@ def bench(
     if plot_path is not None:
         click.echo(f"wrote {plot(report, plot_path)}", err=True)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+        click.echo(_json_text(report.to_json(), indent=2))
     else:
         render(report, _wide_console())
 

@@ -136,3 +136,25 @@ def test_shape_inference_skips_data_propagation_for_long_vectors() -> None:
     result = InferShapesPass()(model)
     assert any("without data propagation" in note for note in result.notes)
     assert model.graph.outputs[0].shape == onnx_ir.Shape([n])
+
+
+def _strict(constant: str) -> None:
+    raise AssertionError(f"{constant} is not JSON")
+
+
+def test_json_report_is_strict_json_when_an_error_is_infinite(tmp_path: Path) -> None:
+    """A shape mismatch reports an infinite error; ``json.dumps`` would write ``Infinity``."""
+    import json
+
+    from click.testing import CliRunner
+
+    from onnxopt.cli import main
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(onnx.parser.parse_model(ADD_W.replace("w)", "x)")).SerializeToString())
+    arrays = {"input/x": np.ones(4, np.float32), "output/y": np.ones((3, 3), np.float32)}
+    np.savez(tmp_path / "m.ref.npz", **arrays)  # type: ignore[arg-type]
+    result = CliRunner().invoke(main, ["optimize", str(model), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout, parse_constant=_strict)
+    assert data["reference"]["export"][0]["max_abs"] is None
