@@ -265,6 +265,13 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "--no-validate", is_flag=True, help="Skip numerical validation on ONNX Runtime."
         ),
         click.option(
+            "--run-timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            default=600.0,
+            show_default=True,
+            help="Stop one ONNX Runtime run of validation after this many seconds.",
+        ),
+        click.option(
             "--external-data/--no-external-data",
             default=None,
             help="Store weights in OUTPUT.data (default: when the input did, or past 2 GB).",
@@ -379,6 +386,7 @@ def _optimize_command(
     reference_file: Path | None,
     no_reference: bool,
     no_validate: bool,
+    run_timeout: float,
     external_data: bool | None,
     overwrite: bool,
     explain: bool,
@@ -446,6 +454,7 @@ def _optimize_command(
         "verify_each": verify_each,
         "dims": parse_dims(dims),
         "memory": memory or memory_plan is not None,
+        "run_timeout": run_timeout,
     }
     if memory_plan is not None and (len(models) > 1 or out_dir is not None):
         raise UsageError("--memory-plan takes one model")

@@ -347,6 +347,38 @@ def _first_line(exc: BaseException) -> str:
     return text[-1] if text else type(exc).__name__
 
 
+# One ORT run during validation may take this long (a Loop of 10**12 iterations never ends).
+DEFAULT_RUN_TIMEOUT = 600.0
+
+
+class RunTimedOut(Exception):
+    """An ORT run was stopped at the time limit."""
+
+
+def _run_bounded(
+    session: Any, names: Sequence[str], feeds: Mapping[str, Any], seconds: float
+) -> list[Any]:
+    """``session.run``, stopped (through ORT's terminate flag) after ``seconds``."""
+    import threading
+
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = 4  # the stop is reported by the exception, not by ORT's log
+    timer = threading.Timer(seconds, lambda: setattr(options, "terminate", True))
+    timer.daemon = True
+    timer.start()
+    try:
+        outputs: list[Any] = session.run(list(names), dict(feeds), options)
+        return outputs
+    except Exception as exc:
+        if options.terminate:
+            raise RunTimedOut(f"stopped after {seconds:g} s") from exc
+        raise
+    finally:
+        timer.cancel()
+
+
 def validate(
     original: ir.Model | Path,
     optimized: ir.Model,
@@ -356,8 +388,12 @@ def validate(
     extra_inputs: Sequence[Mapping[str, np.ndarray]] = (),
     seed: int = 0,
     trials: int = 2,
+    run_timeout: float = DEFAULT_RUN_TIMEOUT,
 ) -> ValidationReport:
     """Compare outputs of ``original`` and ``optimized`` on ORT (graph optimizations disabled).
+
+    Each ORT run is stopped after ``run_timeout`` seconds: the original's is a
+    :class:`CannotValidate`, the optimized model's a validation error.
 
     ``original`` is a model or the path of the untouched file (cheapest: ORT reads it directly).
     ``specs`` describe the inputs to generate (from :func:`input_specs` of the original); by default
@@ -393,12 +429,19 @@ def validate(
     def run_one(feeds: dict[str, np.ndarray]) -> bool:
         nonlocal last_failure
         try:
-            expected = reference.run(output_names, feeds)
+            expected = _run_bounded(reference, output_names, feeds, run_timeout)
+        except RunTimedOut as exc:
+            shapes = ", ".join(f"{k}{list(getattr(v, 'shape', []))}" for k, v in feeds.items())
+            raise CannotValidate(
+                f"the original model ran longer than --run-timeout ({run_timeout:g} s) on ONNX "
+                f"Runtime with inputs {shapes}; pass --inputs FILE.npz, a longer --run-timeout "
+                "or --no-validate"
+            ) from exc
         except Exception as exc:
             last_failure = _ort_reason(exc)
             return False
         try:
-            actual = candidate.run(output_names, feeds)
+            actual = _run_bounded(candidate, output_names, feeds, run_timeout)
         except Exception as exc:
             errors.append(f"optimized model fails where the original runs: {_first_line(exc)}")
             return True

@@ -1010,3 +1010,28 @@ def test_millions_of_empty_nodes(tmp_path: Path) -> None:
     path = tmp_path / "m.onnx"
     path.write_bytes(head.SerializeToString() + _length_delimited(7, graph))
     optimize_bad(tmp_path, path, "m.onnx", "over 2000000 nodes")
+
+
+ENDLESS_LOOP = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] y) {
+    n = Constant<value = int64 {1000000000000}>()
+    t = Constant<value = bool {1}>()
+    y = Loop(n, t, x) <
+        body = b (int64 i, bool cin, float[4] a) => (bool cout, float[4] a2) {
+            cout = Identity(cin)
+            one = Constant<value = float {1.0}>()
+            a2 = Add(a, one)
+        }
+    >
+}
+"""
+
+
+def test_validation_run_is_stopped_at_the_time_limit(tmp_path: Path) -> None:
+    """10**12 Loop iterations on ORT: validation used to wait for ever."""
+    model = save(parse(ENDLESS_LOOP), tmp_path / "m.onnx")
+    out = tmp_path / "out.onnx"
+    outcome = cli_subprocess("optimize", model, "-o", out, "--run-timeout", "1", timeout=120)
+    assert_clean_error(outcome, "m.onnx", "ran longer than --run-timeout (1 s)", output=out)
+    assert outcome.seconds < 60
