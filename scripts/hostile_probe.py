@@ -18,6 +18,7 @@ import signal
 import tempfile
 import time
 import traceback
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,18 +208,6 @@ def _(d: Path) -> list[str]:
 def _(d: Path) -> list[str]:
     w = onh.from_array(np.arange(4, dtype=np.float32), "w")
     w.dims[0] = -4
-    m = graph_model(
-        [oh.make_node("Add", ["x", "w"], ["y"])],
-        [vi("x", T.FLOAT, [4])],
-        [vi("y", T.FLOAT, [4])],
-        [w],
-    )
-    return opt(d, m)
-
-
-@case("initializer huge dims, no data", "error")
-def _(d: Path) -> list[str]:
-    w = oh.make_tensor("w", T.FLOAT, [100000, 100000], [])
     m = graph_model(
         [oh.make_node("Add", ["x", "w"], ["y"])],
         [vi("x", T.FLOAT, [4])],
@@ -821,24 +810,6 @@ def _(d: Path) -> list[str]:
     return opt(d, m)
 
 
-@case("Scan over an input", "ok")
-def _(d: Path) -> list[str]:
-    m = parse(
-        """
-        <ir_version: 8, opset_import: ["" : 17]>
-        g (float[4] init, float[3, 4] xs) => (float[4] final, float[3, 4] ys) {
-            final, ys = Scan<num_scan_inputs = 1>(init, xs) <
-                body = b (float[4] acc, float[4] x) => (float[4] acc2, float[4] y) {
-                    acc2 = Add(acc, x)
-                    y = Identity(acc2)
-                }
-            >
-        }
-        """
-    )
-    return opt(d, m)
-
-
 @case("If with constant cond and branch output shape differs", "ok")
 def _(d: Path) -> list[str]:
     m = parse(
@@ -971,35 +942,6 @@ def _(d: Path) -> list[str]:
         [onh.from_array(np.arange(4, dtype=np.float32), "c")],
         opset=21,
         ir_version=10,
-    )
-    return opt(d, m)
-
-
-@case("float16 model end to end (LayerNorm decomposition, Gelu)", "ok")
-def _(d: Path) -> list[str]:
-    m = parse(
-        """
-        <ir_version: 8, opset_import: ["" : 17]>
-        g (float16[N, 8] x) => (float16[N, 8] y) {
-            mean = ReduceMean<axes = [-1]>(x)
-            c = Sub(x, mean)
-            two = Constant<value = float16 {2.0}>()
-            sq = Pow(c, two)
-            var = ReduceMean<axes = [-1]>(sq)
-            eps = Constant<value = float16 {0.001}>()
-            ve = Add(var, eps)
-            sd = Sqrt(ve)
-            n = Div(c, sd)
-            h = Constant<value = float16 {0.5}>()
-            r2 = Constant<value = float16 {1.4140625}>()
-            one = Constant<value = float16 {1.0}>()
-            xd = Div(n, r2)
-            e = Erf(xd)
-            e1 = Add(e, one)
-            xe = Mul(n, e1)
-            y = Mul(xe, h)
-        }
-        """
     )
     return opt(d, m)
 
@@ -2327,6 +2269,245 @@ def _(d: Path) -> list[str]:
     )
     m.opset_import.append(oh.make_opsetid("local", 1))
     m.functions.extend(funcs)
+    return opt(d, m, "--no-validate")
+
+
+# ------------------------------------------------------------------------------------------------
+# More folding bombs
+
+
+def _bomb(d: Path, body: str) -> list[str]:
+    m = parse(BOMB_HEAD + "g (float[1] x) => (float[1] y) {\n" + body + "\n}")
+    return opt(d, m, "--no-validate")
+
+
+@case("broadcast outer product 100000x1 * 1x100000, --no-validate", "ok")
+def _(d: Path) -> list[str]:
+    return _bomb(
+        d,
+        """
+        s1 = Constant<value = int64[2] {100000, 1}>()
+        s2 = Constant<value = int64[2] {1, 100000}>()
+        a = ConstantOfShape<value = float[1] {1.0}>(s1)
+        b = ConstantOfShape<value = float[1] {2.0}>(s2)
+        big = Mul(a, b)
+        t = ReduceSum<keepdims = 0>(big)
+        y = Add(x, t)""",
+    )
+
+
+@case("Where broadcast to 40 GB, --no-validate", "ok")
+def _(d: Path) -> list[str]:
+    return _bomb(
+        d,
+        """
+        s1 = Constant<value = int64[2] {100000, 1}>()
+        s2 = Constant<value = int64[2] {1, 100000}>()
+        c = ConstantOfShape<value = bool[1] {1}>(s1)
+        b = ConstantOfShape<value = float[1] {2.0}>(s2)
+        z = Constant<value = float {0.0}>()
+        big = Where(c, b, z)
+        t = ReduceSum<keepdims = 0>(big)
+        y = Add(x, t)""",
+    )
+
+
+@case("Einsum outer product 40 GB, --no-validate", "ok")
+def _(d: Path) -> list[str]:
+    return _bomb(
+        d,
+        """
+        s1 = Constant<value = int64[1] {100000}>()
+        a = ConstantOfShape<value = float[1] {1.0}>(s1)
+        big = Einsum<equation = "i,j->ij">(a, a)
+        t = ReduceSum<keepdims = 0>(big)
+        y = Add(x, t)""",
+    )
+
+
+@case("NonZero of 16 MB of ones (64 MB result), --no-validate", "ok")
+def _(d: Path) -> list[str]:
+    return _bomb(
+        d,
+        """
+        s = Constant<value = int64[2] {2000, 2000}>()
+        a = ConstantOfShape<value = float[1] {1.0}>(s)
+        nz = NonZero(a)
+        f = Cast<to = 1>(nz)
+        t = ReduceSum<keepdims = 0>(f)
+        y = Add(x, t)""",
+    )
+
+
+@case("Concat of a 16 MB constant with itself 64 times, --no-validate", "ok")
+def _(d: Path) -> list[str]:
+    return _bomb(
+        d,
+        """
+        s = Constant<value = int64[2] {2000, 2000}>()
+        a = ConstantOfShape<value = float[1] {1.0}>(s)
+        big = Concat<axis = 0>("""
+        + ", ".join(["a"] * 64)
+        + """)
+        t = ReduceSum<keepdims = 0>(big)
+        y = Add(x, t)""",
+    )
+
+
+@case("ConstantOfShape of Shape of a huge Expand, --no-validate", "ok")
+def _(d: Path) -> list[str]:
+    return _bomb(
+        d,
+        """
+        one = Constant<value = float[1] {1.0}>()
+        shape = Constant<value = int64[2] {100000, 100000}>()
+        big = Expand(one, shape)
+        sh = Shape(big)
+        big2 = ConstantOfShape<value = float[1] {1.0}>(sh)
+        t = ReduceSum<keepdims = 0>(big2)
+        y = Add(x, t)""",
+    )
+
+
+@case("Range int64 overflow (-2**63 .. 2**63-1), --no-validate", "ok")
+def _(d: Path) -> list[str]:
+    m = parse(
+        BOMB_HEAD
+        + """
+        g (int64[1] x) => (int64[1] y) {
+            s = Constant<value = int64 {-9223372036854775808}>()
+            l = Constant<value = int64 {9223372036854775807}>()
+            dl = Constant<value = int64 {4611686018427387904}>()
+            r = Range(s, l, dl)
+            t = ReduceSum<keepdims = 0>(r)
+            y = Add(x, t)
+        }"""
+    )
+    return opt(d, m, "--no-validate")
+
+
+@case("TopK with k = 10**12 on constant, --no-validate", "ok")
+def _(d: Path) -> list[str]:
+    return _bomb(
+        d,
+        """
+        a = Constant<value = float[3] {1.0, 2.0, 3.0}>()
+        k = Constant<value = int64[1] {1000000000000}>()
+        v, i = TopK(a, k)
+        t = ReduceSum<keepdims = 0>(v)
+        y = Add(x, t)""",
+    )
+
+
+@case("Slice with step 0 / huge bounds on constant, --no-validate", "either")
+def _(d: Path) -> list[str]:
+    return _bomb(
+        d,
+        """
+        a = Constant<value = float[3] {1.0, 2.0, 3.0}>()
+        st = Constant<value = int64[1] {-9223372036854775808}>()
+        en = Constant<value = int64[1] {9223372036854775807}>()
+        ax = Constant<value = int64[1] {0}>()
+        sp = Constant<value = int64[1] {0}>()
+        v = Slice(a, st, en, ax, sp)
+        t = ReduceSum<keepdims = 0>(v)
+        y = Add(x, t)""",
+    )
+
+
+@case("Reshape constant with -1 and 0-size, --no-validate", "either")
+def _(d: Path) -> list[str]:
+    return _bomb(
+        d,
+        """
+        a = Constant<value = float[0] {}>()
+        s = Constant<value = int64[2] {-1, 0}>()
+        v = Reshape(a, s)
+        t = ReduceSum<keepdims = 0>(v)
+        y = Add(x, t)""",
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Time and memory bombs in what the commands read
+
+
+@case("validation of a Loop of 10**12 iterations, --run-timeout 2", "error")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) {
+            n = Constant<value = int64 {1000000000000}>()
+            t = Constant<value = bool {1}>()
+            y = Loop(n, t, x) <
+                body = b (int64 i, bool cin, float[4] a) => (bool cout, float[4] a2) {
+                    cout = Identity(cin)
+                    one = Constant<value = float {1.0}>()
+                    a2 = Add(a, one)
+                }
+            >
+        }
+        """
+    )
+    return opt(d, m, "--run-timeout", "2")
+
+
+def _npz_bomb(path: Path, member: str) -> Path:
+    header = {"descr": "<f4", "fortran_order": False, "shape": (300_000_000,)}
+    with (
+        zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive,
+        archive.open(member, "w", force_zip64=True) as f,
+    ):
+        np.lib.format.write_array_header_2_0(f, header)
+        piece = bytes(64 * 1024 * 1024)
+        remaining = 300_000_000 * 4
+        while remaining:
+            chunk = piece[: min(len(piece), remaining)]
+            f.write(chunk)
+            remaining -= len(chunk)
+    return path
+
+
+@case("MODEL.ref.npz zip bomb (5 MB claiming 1.2 GB)", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    _npz_bomb(d / "m.ref.npz", "output/y.npy")
+    return ["optimize", str(model), "-o", str(d / "out.onnx")]
+
+
+@case("--inputs zip bomb (5 MB claiming 1.2 GB)", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    bomb = _npz_bomb(d / "in.npz", "x.npy")
+    return ["optimize", str(model), "-o", str(d / "out.onnx"), "--inputs", str(bomb)]
+
+
+@case("2.1M empty nodes in a 4 MB file", "error")
+def _(d: Path) -> list[str]:
+    head = relu()
+    graph = head.graph.SerializeToString() + b"\x0a\x00" * 2_100_000
+    head.ClearField("graph")
+    size = len(graph)
+    varint = bytearray()
+    while True:
+        byte, size = size & 0x7F, size >> 7
+        varint.append(byte | (0x80 if size else 0))
+        if not size:
+            break
+    path = d / "m.onnx"
+    path.write_bytes(head.SerializeToString() + b"\x3a" + bytes(varint) + graph)
+    return ["optimize", str(path), "-o", str(d / "out.onnx")]
+
+
+@case("1-D input of 50M floats, --no-validate (shape inference data propagation)", "ok")
+def _(d: Path) -> list[str]:
+    n = 50_000_000
+    m = graph_model(
+        [oh.make_node("Add", ["x", "w"], ["s"]), oh.make_node("Relu", ["s"], ["y"])],
+        [vi("x", T.FLOAT, [n]), vi("w", T.FLOAT, [n])],
+        [vi("y", T.FLOAT, [n])],
+    )
     return opt(d, m, "--no-validate")
 
 
