@@ -1030,6 +1030,13 @@ def export_command(
 @click.option(
     "--no-memory", is_flag=True, help="Skip the peak-memory measurement (child processes)."
 )
+@click.option(
+    "--run-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Stop a variant whose first ONNX Runtime run takes longer than this many seconds.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option(
     "--plot",
@@ -1057,6 +1064,7 @@ def bench(
     sessions: int,
     clock: str,
     no_memory: bool,
+    run_timeout: float,
     seed: int,
     plot_path: Path | None,
     as_json: bool,
@@ -1089,6 +1097,7 @@ def bench(
         clock=clock,
         memory=not no_memory,
         seed=seed,
+        run_timeout=run_timeout,
     )
     with _stderr_console().status("benchmarking", spinner="dots") as status:
         report = run_bench(model, options, progress=lambda step: status.update(f"{step} …"))

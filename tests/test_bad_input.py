@@ -1035,3 +1035,13 @@ def test_validation_run_is_stopped_at_the_time_limit(tmp_path: Path) -> None:
     outcome = cli_subprocess("optimize", model, "-o", out, "--run-timeout", "1", timeout=120)
     assert_clean_error(outcome, "m.onnx", "ran longer than --run-timeout (1 s)", output=out)
     assert outcome.seconds < 60
+
+
+def test_bench_stops_a_run_at_the_time_limit(tmp_path: Path) -> None:
+    """bench's first run of each variant used to wait for ever on the endless Loop."""
+    model = save(parse(ENDLESS_LOOP), tmp_path / "m.onnx")
+    outcome = cli_subprocess(
+        "bench", model, "--no-memory", "--budget", "1", "--run-timeout", "1", timeout=120
+    )
+    assert_clean_error(outcome, "m.onnx", "took over --run-timeout (1 s)")
+    assert outcome.seconds < 60

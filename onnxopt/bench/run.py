@@ -11,6 +11,7 @@ import itertools
 import logging
 import platform
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ class BenchOptions:
     warmup_runs: int = 5
     memory: bool = True
     seed: int = 0
+    run_timeout: float = 600.0  # the first run of each variant is stopped after this many seconds
 
 
 @dataclass
@@ -294,13 +296,25 @@ def _load_group(provider: str, setup: _Setup) -> list[_Loaded]:
                 setup.unloadable[name] = why[:200]
                 loaded = [v for v in loaded if v.name != name]
                 continue
+            stop = threading.Timer(
+                options.run_timeout, lambda r=runner: setattr(r.run_options, "terminate", True)
+            )
+            stop.daemon = True
+            stop.start()
             try:
                 first, outputs = _timed_first_run(runner.outputs)
             except Exception as error:  # ORT's own exception types
+                if runner.run_options.terminate:
+                    raise ModelLoadError(
+                        f"{path}: one run of the {name} model took over --run-timeout "
+                        f"({options.run_timeout:g} s) on ONNX Runtime ({provider})"
+                    ) from error
                 raise ModelLoadError(
                     f"{path}: the {name} model fails on ONNX Runtime ({provider}) with the "
                     f"generated inputs ({_first_line(error)}); pass --inputs FILE.npz"
                 ) from error
+            finally:
+                stop.cancel()
             loaded.append(
                 _Loaded(
                     name,
