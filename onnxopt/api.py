@@ -22,6 +22,7 @@ from onnxopt.passes.options import DEFAULT_FOLD_LIMIT_BYTES, PassOptions, Target
 from onnxopt.reference import Reference, load_reference, reference_path_for
 from onnxopt.report import ModelSummary, OptimizeReport
 from onnxopt.validate import (
+    DEFAULT_RUN_TIMEOUT,
     CannotValidate,
     ReferenceReport,
     ValidationReport,
@@ -81,6 +82,7 @@ def optimize(
     progress: Callable[[str], None] | None = None,
     dims: Mapping[str, int] | None = None,
     memory: bool = False,
+    run_timeout: float = DEFAULT_RUN_TIMEOUT,
 ) -> OptimizeResult:
     """Optimize a model (a path or an ``ir.Model``, which is left untouched) and validate the result.
 
@@ -98,6 +100,9 @@ def optimize(
 
     With ``memory=True`` the report gains activation-memory figures (symbolic dims bound by
     ``dims``) and ``result.memory_plan`` holds the optimized model's arena plan.
+
+    Each ONNX Runtime run of validation stops after ``run_timeout`` seconds (a hostile Loop would
+    run for ever); the original running too long is a ``CannotValidate`` error.
     """
     explicit_reference = reference is not None
     if reference is None and find_reference and not isinstance(model, ir.Model):
@@ -130,6 +135,10 @@ def optimize(
         loaded = io.load_model(model)
         working = loaded.model
         original = Path(model)
+        if loaded.file_bytes > io.PROTOBUF_LIMIT and check:
+            # ORT cannot parse a single file past protobuf's 2 GiB; a second (mapped) load of it
+            # is handed over as a graph plus weight buffers instead.
+            original = io.load_model(model).model
         source_name = str(model)
         file_bytes = loaded.file_bytes
     before = ModelSummary.of(working, file_bytes)
@@ -191,6 +200,7 @@ def optimize(
                     specs=specs,
                     inputs=inputs,
                     extra_inputs=[eager_inputs] if eager else [],
+                    run_timeout=run_timeout,
                 )
             validate_seconds = time.perf_counter() - start
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,29 @@ def outcome_failures(
         lines.append(f"validation failed: {names}")
     lines.extend(c.message for c in checks if not c.passed)
     return tuple(lines)
+
+
+# Characters XML 1.0 cannot hold even escaped (control characters, surrogates, U+FFFE/FFFF).
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    return (
+        f"\\x{ord(match.group()):02x}"
+        if ord(match.group()) < 256
+        else f"\\u{ord(match.group()):04x}"
+    )
+
+
+def _xml_safe(text: str) -> str:
+    """``text`` with what XML cannot carry written as a ``\\xNN`` escape (model and value names are arbitrary)."""
+    return _NOT_XML.sub(_escape_char, text)
+
+
+def _markdown_cell(text: str) -> str:
+    """``text`` for a table cell's code span: one line, no column break, no closing backtick."""
+    return _CONTROL.sub(_escape_char, text).replace("|", "\\|").replace("`", "'")
 
 
 def junit_xml(outcomes: Sequence[ModelOutcome]) -> bytes:
@@ -91,6 +115,11 @@ def junit_xml(outcomes: Sequence[ModelOutcome]) -> bytes:
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))
     suite.set("time", f"{total_time:.3f}")
+    for element in suite.iter():
+        if element.text:
+            element.text = _xml_safe(element.text)
+        for key, value in element.attrib.items():
+            element.set(key, _xml_safe(value))
     ET.indent(suite)
     return ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n"
 
@@ -111,7 +140,7 @@ def markdown_summary(outcomes: Sequence[ModelOutcome]) -> str:
     ]
     for o in outcomes:
         if o.report is None:
-            lines.append(f"| `{o.model}` | - | - | - | - | error |")
+            lines.append(f"| `{_markdown_cell(o.model)}` | - | - | - | - | error |")
             continue
         r = o.report
         change = (
@@ -123,12 +152,15 @@ def markdown_summary(outcomes: Sequence[ModelOutcome]) -> str:
             validation = "ok" if r.validation.passed else "**mismatch**"
             worst = f"{max((x.max_abs for x in r.validation.outputs), default=0.0):.2g}"
         lines.append(
-            f"| `{o.model}` | {r.before.nodes} → {r.after.nodes} | {change} | {validation} | {worst} | {o.status} |"
+            f"| `{_markdown_cell(o.model)}` | {r.before.nodes} → {r.after.nodes} | {change} | {validation} | {worst} | {o.status} |"
         )
     problems = [
         (o.model, line) for o in outcomes for line in ((o.error,) if o.error else o.failures)
     ]
     if problems:
         lines.append("")
-        lines.extend(f"- `{model}`: {line}" for model, line in problems)
+        lines.extend(
+            f"- `{_markdown_cell(model)}`: {_CONTROL.sub(_escape_char, line)}"
+            for model, line in problems
+        )
     return "\n".join(lines) + "\n"

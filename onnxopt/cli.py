@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any, NoReturn
 import click
 
 from onnxopt import __version__
-from onnxopt.errors import CheckFailed, OnnxoptError, UsageError, describe
+from onnxopt.errors import CheckFailed, ModelSaveError, OnnxoptError, UsageError, describe
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -264,6 +265,13 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "--no-validate", is_flag=True, help="Skip numerical validation on ONNX Runtime."
         ),
         click.option(
+            "--run-timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            default=600.0,
+            show_default=True,
+            help="Stop one ONNX Runtime run of validation after this many seconds.",
+        ),
+        click.option(
             "--external-data/--no-external-data",
             default=None,
             help="Store weights in OUTPUT.data (default: when the input did, or past 2 GB).",
@@ -378,6 +386,7 @@ def _optimize_command(
     reference_file: Path | None,
     no_reference: bool,
     no_validate: bool,
+    run_timeout: float,
     external_data: bool | None,
     overwrite: bool,
     explain: bool,
@@ -409,6 +418,13 @@ def _optimize_command(
         raise UsageError(
             f"{output}: refusing to overwrite the input model (add --overwrite to allow it)"
         )
+    _check_output_paths(
+        models,
+        output,
+        out_dir,
+        {"--memory-plan": memory_plan, "--junit": junit_path, "--markdown": markdown_path},
+        overwrite,
+    )
     if reference_file is not None and len(models) > 1:
         raise UsageError(
             "--reference takes one model (each model's own MODEL.ref.npz is used when present)"
@@ -438,6 +454,7 @@ def _optimize_command(
         "verify_each": verify_each,
         "dims": parse_dims(dims),
         "memory": memory or memory_plan is not None,
+        "run_timeout": run_timeout,
     }
     if memory_plan is not None and (len(models) > 1 or out_dir is not None):
         raise UsageError("--memory-plan takes one model")
@@ -462,6 +479,8 @@ def _optimize_command(
     failures = [o for o in outcomes if o.status == "failed"]
     errors = [o for o in outcomes if o.status == "error"]
     if len(outcomes) == 1:
+        if errors:  # a one-model batch (--out-dir): its error is the command's error
+            raise OnnxoptError(str(errors[0].error))
         if failures:
             for line in failures[0].failures[1:]:
                 click.echo(f"onnxopt: {line}", err=True)
@@ -495,6 +514,55 @@ def _optimize_command(
         raise CheckFailed(f"{len(failures)} of {len(outcomes)} model(s) failed checks")
 
 
+def _finite(data: Any) -> Any:
+    """``data`` with every non-finite float (a shape mismatch's error is inf) as None."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: _finite(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(value) for value in data]
+    return data
+
+
+def _json_text(data: Any, indent: int = 2) -> str:
+    """Strict JSON: NaN and Infinity are not JSON (``json.dumps`` writes them), so they become null."""
+    return json.dumps(_finite(data), indent=indent, allow_nan=False)
+
+
+def _check_output_paths(
+    models: tuple[Path, ...],
+    output: Path | None,
+    out_dir: Path | None,
+    reports: dict[str, Path | None],
+    overwrite: bool,
+) -> None:
+    """Refuse, before any work, a file to write that is a folder, lies in a missing folder or is an input."""
+    from onnxopt.io import same_file
+
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out-dir {out_dir}: exists and is not a folder")
+    targets = [("-o", output, overwrite), *((k, v, False) for k, v in reports.items())]
+    for option, path, may_be_input in targets:
+        if path is None or str(path) == "-":
+            continue
+        if path.is_dir():
+            raise UsageError(f"{option} {path}: is a folder; give a file name")
+        folder = path.parent if str(path.parent) else Path(".")
+        if not folder.is_dir():
+            raise UsageError(f"{option} {path}: folder '{folder}' does not exist")
+        if not may_be_input and any(same_file(path, model) for model in models):
+            hint = " (add --overwrite to allow it)" if option == "-o" else ""
+            raise UsageError(f"{option} {path}: refusing to overwrite the input model{hint}")
+
+
+def _write_file(option: str, path: Path, data: bytes) -> None:
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise ModelSaveError(f"{option} {path}: cannot write ({exc.strerror})") from None
+
+
 def _optimize_single(
     model: Path,
     output: Path | None,
@@ -525,11 +593,15 @@ def _optimize_single(
     report, checks, written = outcome.report, outcome.checks, outcome.output
     assert report is not None
     if memory_plan is not None and result.memory_plan is not None:
-        memory_plan.write_text(json.dumps(result.memory_plan.to_json(), indent=1))
+        _write_file(
+            "--memory-plan",
+            memory_plan,
+            _json_text(result.memory_plan.to_json(), indent=1).encode(),
+        )
     if as_json:
         data = report.to_json()
         data["checks"] = [dataclasses.asdict(c) for c in checks]
-        click.echo(json.dumps(data, indent=2))
+        click.echo(_json_text(data, indent=2))
     else:
         render(report, _wide_console(), explain=explain)
         for check in checks:
@@ -582,7 +654,7 @@ def _optimize_batch(
         )
     if as_json:
         click.echo(
-            json.dumps(
+            _json_text(
                 {"schema_version": 1, "models": [_outcome_json(o) for o in outcomes]}, indent=2
             )
         )
@@ -646,13 +718,13 @@ def _write_ci_reports(
     from onnxopt.ci_report import junit_xml, markdown_summary
 
     if junit_path is not None:
-        junit_path.write_bytes(junit_xml(outcomes))
+        _write_file("--junit", junit_path, junit_xml(outcomes))
     if markdown_path is not None:
         text = markdown_summary(outcomes)
         if str(markdown_path) == "-":
             click.echo(text)
         else:
-            markdown_path.write_text(text, encoding="utf-8")
+            _write_file("--markdown", markdown_path, text.encode("utf-8"))
 
 
 def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> None:
@@ -729,7 +801,7 @@ def passes(as_json: bool, verbose: int, traceback: bool) -> None:
         for cls in ALL_PASSES
     ]
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(_json_text(rows, indent=2))
         return
     from rich.table import Table
 
@@ -755,7 +827,7 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
     loaded = io.load_model(model)
     summary = ModelSummary.of(loaded.model, loaded.file_bytes)
     if as_json:
-        click.echo(json.dumps(dataclasses.asdict(summary), indent=2))
+        click.echo(_json_text(dataclasses.asdict(summary), indent=2))
         return
     from rich.markup import escape
     from rich.table import Table
@@ -835,7 +907,7 @@ def export_command(
     if list_models:
         rows = [{"name": e.name, "factory": e.factory, "summary": e.summary} for e in ZOO.values()]
         if as_json:
-            click.echo(json.dumps(rows, indent=2))
+            click.echo(_json_text(rows, indent=2))
         else:
             for row in rows:
                 click.echo(f"{row['name']:24s} {row['summary']}")
@@ -857,7 +929,7 @@ def export_command(
             progress=lambda step: status.update(f"{step} …"),
         )
     if as_json:
-        click.echo(json.dumps(dataclasses.asdict(result), indent=2))
+        click.echo(_json_text(dataclasses.asdict(result), indent=2))
     else:
         click.echo(
             f"wrote {result.output} and {result.reference} ({exporter}, opset {result.opset}, {result.export_seconds:.1f} s)"
@@ -958,6 +1030,13 @@ def export_command(
 @click.option(
     "--no-memory", is_flag=True, help="Skip the peak-memory measurement (child processes)."
 )
+@click.option(
+    "--run-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Stop a variant whose first ONNX Runtime run takes longer than this many seconds.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option(
     "--plot",
@@ -985,6 +1064,7 @@ def bench(
     sessions: int,
     clock: str,
     no_memory: bool,
+    run_timeout: float,
     seed: int,
     plot_path: Path | None,
     as_json: bool,
@@ -1017,13 +1097,14 @@ def bench(
         clock=clock,
         memory=not no_memory,
         seed=seed,
+        run_timeout=run_timeout,
     )
     with _stderr_console().status("benchmarking", spinner="dots") as status:
         report = run_bench(model, options, progress=lambda step: status.update(f"{step} …"))
     if plot_path is not None:
         click.echo(f"wrote {plot(report, plot_path)}", err=True)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+        click.echo(_json_text(report.to_json(), indent=2))
     else:
         render(report, _wide_console())
 

@@ -9,12 +9,13 @@ External tensors are memory-mapped by onnx-ir, never copied into the process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import mmap
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -138,6 +139,91 @@ def _check_versions(where: str, proto: onnx.ModelProto) -> None:
         )
 
 
+def _opsets(proto: onnx.ModelProto) -> dict[str, int]:
+    return {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
+
+
+# Far beyond any real model (LLM exports have ~10^5 nodes); each node costs ~0.5 KB in onnx-ir and
+# passes walk them repeatedly, so a 10 MB file of empty nodes would take minutes and gigabytes.
+MAX_NODES = 2_000_000
+
+
+def _check_node_count(where: str, proto: onnx.ModelProto) -> None:
+    total = 0
+    stack = [proto.graph, *(f for f in proto.functions)]
+    while stack:
+        current = stack.pop()
+        total += len(current.node)
+        if total > MAX_NODES:
+            raise ModelLoadError(
+                f"{where}: the model has over {MAX_NODES} nodes; onnxopt does not load models this large"
+            )
+        for node in current.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
+
+
+# ONNX's shape inference and ONNX Runtime both stop at a function call depth of 100.
+MAX_FUNCTION_DEPTH = 100
+
+
+def _check_functions(where: str, proto: onnx.ModelProto) -> None:
+    """Local functions may not call themselves (directly or not) or nest over MAX_FUNCTION_DEPTH.
+
+    Walking such a call chain recurses without bound in onnx-ir; refuse it up front.
+    """
+    functions = {(f.domain, f.name, f.overload): f for f in proto.functions}
+    if not functions:
+        return
+
+    def callees(func: onnx.FunctionProto) -> list[tuple[str, str, str]]:
+        found: list[tuple[str, str, str]] = []
+        stack = [list(func.node)]
+        while stack:
+            for node in stack.pop():
+                key = (node.domain, node.op_type, node.overload)
+                if key in functions and key not in found:
+                    found.append(key)
+                for attr in node.attribute:
+                    if attr.HasField("g"):
+                        stack.append(list(attr.g.node))
+                    stack.extend(list(g.node) for g in attr.graphs)
+        return found
+
+    calls = {key: callees(func) for key, func in functions.items()}
+    depth: dict[tuple[str, str, str], int] = {}
+    for root in functions:
+        if root in depth:
+            continue
+        # Iterative DFS: (function, index of the next callee to visit); the path is the stack.
+        path: list[tuple[tuple[str, str, str], int]] = [(root, 0)]
+        on_path = {root}
+        while path:
+            key, index = path[-1]
+            if index < len(calls[key]):
+                path[-1] = (key, index + 1)
+                callee = calls[key][index]
+                if callee in on_path:
+                    raise ModelLoadError(
+                        f"{where}: local function '{callee[0]}.{callee[1]}' calls itself "
+                        f"(through {' -> '.join(k[1] for k, _ in path)}); that never ends"
+                    )
+                if callee not in depth:
+                    path.append((callee, 0))
+                    on_path.add(callee)
+                continue
+            depth[key] = 1 + max((depth[c] for c in calls[key]), default=0)
+            if depth[key] > MAX_FUNCTION_DEPTH:
+                raise ModelLoadError(
+                    f"{where}: local function '{key[0]}.{key[1]}' starts a chain of calls {depth[key]} deep; "
+                    f"ONNX and ONNX Runtime allow {MAX_FUNCTION_DEPTH}"
+                )
+            path.pop()
+            on_path.discard(key)
+
+
 def _first_default_domain_node(graph: onnx.GraphProto) -> onnx.NodeProto | None:
     """The first node of the default domain in ``graph`` or its subgraphs (iterative: no recursion)."""
     stack = [graph]
@@ -186,12 +272,22 @@ def _all_tensors(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto
 
 
 def _check_external_data(
-    where: str, proto: onnx.ModelProto, base_dir: Path | None
+    where: str,
+    proto: onnx.ModelProto,
+    base_dir: Path | None,
+    model_file: Path | None = None,
+    own_mapped: frozenset[str] = frozenset(),
 ) -> tuple[Path, ...]:
-    """Refuse external data that could read outside the model's folder; return the files used."""
+    """Refuse external data that could read outside the model's folder; return the files used.
+
+    Every tensor's data is also checked against its dtype and dims (``_check_tensor_data``).
+    ``model_file``: external data may not point into the model file itself, except the tensors
+    labelled in ``own_mapped`` (the loader's own ``MappedTensor``s).
+    """
     files: dict[Path, int] = {}
     root = base_dir.resolve() if base_dir is not None else None
     for label, tensor in _all_tensors(proto):
+        expected = _check_tensor_data(where, label, tensor)
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {entry.key: entry.value for entry in tensor.external_data}
@@ -217,12 +313,21 @@ def _check_external_data(
             raise UnsafeModelError(
                 f"{where}: {label} external data location '{location}' leads outside the model's folder"
             )
+        if model_file is not None and label not in own_mapped and same_file(candidate, model_file):
+            raise UnsafeModelError(
+                f"{where}: {label} external data location '{location}' is the model file itself"
+            )
         if resolved not in files:
             try:
-                st = resolved.stat()
-            except FileNotFoundError:
+                # The path as written: readers open it unresolved, so 'missing/../w.bin' must fail here.
+                st = candidate.stat()
+            except (FileNotFoundError, NotADirectoryError):
                 raise ModelLoadError(
                     f"{where}: {label} external data file '{location}' does not exist"
+                ) from None
+            except OSError as exc:
+                raise ModelLoadError(
+                    f"{where}: {label} external data file '{location}' cannot be read ({exc.strerror})"
                 ) from None
             if not stat.S_ISREG(st.st_mode):
                 raise UnsafeModelError(
@@ -239,7 +344,12 @@ def _check_external_data(
             ) from None
         if offset < 0 or (length is not None and length < 0):
             raise ModelLoadError(f"{where}: {label} has a negative external data offset/length")
-        end = offset + (length if length is not None else 0)
+        if length is not None and expected is not None and length != expected:
+            stored = "raw_data" if label in own_mapped else "external data"
+            raise ModelLoadError(
+                f"{where}: {label} has {length} bytes of {stored}; {_describe_type(tensor)} need {expected}"
+            )
+        end = offset + (length if length is not None else expected or 0)
         if offset > size or end > size:
             raise ModelLoadError(
                 f"{where}: {label} reads bytes {offset}..{end} of '{location}', which has only {size} bytes"
@@ -247,10 +357,147 @@ def _check_external_data(
     return tuple(files)
 
 
+# A sparse tensor is made dense at load (onnx-ir has no sparse tensors); up to this many bytes.
+SPARSE_DENSE_LIMIT = 64 * 1024 * 1024
+
+
+def _densify_sparse(where: str, proto: onnx.ModelProto) -> None:
+    """Replace sparse initializers and Constant ``sparse_value``s by the dense tensors they denote.
+
+    onnx-ir drops sparse initializers, which would leave their users reading an undefined value.
+    A tensor whose dense form is over ``SPARSE_DENSE_LIMIT``, or whose indices are out of range,
+    is refused instead.
+    """
+    stack: list[tuple[onnx.GraphProto, str]] = [(proto.graph, "")]
+    while stack:
+        graph, label = stack.pop()
+        if len(graph.sparse_initializer):
+            for sparse in graph.sparse_initializer:
+                what = f"{label}sparse initializer '{sparse.values.name}'"
+                graph.initializer.append(_dense_from_sparse(where, what, sparse))
+            del graph.sparse_initializer[:]
+            logger.info("%s: %ssparse initializers stored dense", where, label)
+        for index, node in enumerate(graph.node):
+            node_label = f"{label}node '{node.name or '#' + str(index)}' ({node.op_type})"
+            for attr in node.attribute:
+                if attr.HasField("sparse_tensor") and node.op_type == "Constant":
+                    dense = _dense_from_sparse(where, node_label, attr.sparse_tensor)
+                    attr.name, attr.type = "value", onnx.AttributeProto.TENSOR
+                    attr.ClearField("sparse_tensor")
+                    attr.t.CopyFrom(dense)
+                if attr.HasField("g"):
+                    stack.append((attr.g, f"{node_label}/{attr.name}: "))
+                for sub in attr.graphs:
+                    stack.append((sub, f"{node_label}/{attr.name}: "))
+
+
+def _dense_from_sparse(where: str, label: str, sparse: onnx.SparseTensorProto) -> onnx.TensorProto:
+    from onnx import numpy_helper
+
+    values, indices, dims = sparse.values, sparse.indices, [int(d) for d in sparse.dims]
+    if onnx.TensorProto.EXTERNAL in (values.data_location, indices.data_location):
+        raise ModelLoadError(f"{where}: {label} keeps its data externally; that is not supported")
+    if values.data_type == onnx.TensorProto.STRING:
+        raise ModelLoadError(f"{where}: {label} is a sparse STRING tensor; that is not supported")
+    if any(d < 0 for d in dims):
+        raise ModelLoadError(f"{where}: {label} has a negative dimension in {dims}")
+    count = int(np.prod(dims, dtype=object)) if dims else 1
+    dense_bytes = count * ir.DataType(values.data_type).itemsize
+    if dense_bytes > SPARSE_DENSE_LIMIT:
+        raise ModelLoadError(
+            f"{where}: {label} would take {dense_bytes} bytes dense; sparse tensors are stored "
+            f"dense and only up to {SPARSE_DENSE_LIMIT} bytes"
+        )
+    flat_values = numpy_helper.to_array(values).reshape(-1)
+    index_array = numpy_helper.to_array(indices).astype(np.int64)
+    nnz = flat_values.size
+    if index_array.shape == (nnz,):
+        linear = index_array
+        in_range = bool(np.all((linear >= 0) & (linear < count)))
+    elif index_array.shape == (nnz, len(dims)):
+        in_range = bool(np.all((index_array >= 0) & (index_array < np.array(dims, np.int64))))
+        linear = (
+            np.ravel_multi_index(index_array.T, dims) if in_range and nnz else index_array[:, 0]
+        )
+    else:
+        raise ModelLoadError(
+            f"{where}: {label} has indices of shape {list(index_array.shape)} for {nnz} values "
+            f"of a {len(dims)}-d tensor"
+        )
+    if not in_range:
+        raise ModelLoadError(f"{where}: {label} has an index outside its dims {dims}")
+    dense = np.zeros(count, dtype=flat_values.dtype)
+    dense[linear] = flat_values
+    return numpy_helper.from_array(dense.reshape(dims), values.name)
+
+
+def _describe_type(tensor: onnx.TensorProto) -> str:
+    dtype = onnx.TensorProto.DataType.Name(tensor.data_type)
+    return f"its type {dtype} and dims {list(tensor.dims)}"
+
+
+def _check_tensor_data(where: str, label: str, tensor: onnx.TensorProto) -> int | None:
+    """The tensor's dtype is known, its dims are not negative and its data fits them exactly.
+
+    Returns the byte size its ``raw_data`` (or external data) must have, None for strings. A
+    mismatch would otherwise surface later as a numpy error deep in a pass.
+    """
+    try:
+        dtype = ir.DataType(tensor.data_type)
+        field = onnx.helper.tensor_dtype_to_field(tensor.data_type)
+    except (ValueError, KeyError):
+        dtype = ir.DataType.UNDEFINED
+    if dtype == ir.DataType.UNDEFINED:
+        raise ModelLoadError(
+            f"{where}: {label} has no valid data type ({tensor.data_type}); it cannot be read"
+        )
+    count = 1
+    for axis, dim in enumerate(tensor.dims):
+        if dim < 0:
+            raise ModelLoadError(
+                f"{where}: {label} has a negative dimension ({dim}) at axis {axis}"
+            )
+        count *= dim
+    if dtype == ir.DataType.STRING:
+        expected_bytes = None
+        typed = count
+    else:
+        bits = dtype.bitwidth
+        expected_bytes = (count * bits + 7) // 8
+        # Sub-byte types pack into bytes (one int32_data entry per byte); complex is (re, im) pairs.
+        typed = (
+            expected_bytes if bits < 8 else count * (2 if dtype.name.startswith("COMPLEX") else 1)
+        )
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return expected_bytes
+    if tensor.HasField("raw_data"):
+        if expected_bytes is None:
+            raise ModelLoadError(f"{where}: {label} is a STRING tensor with raw_data")
+        if len(tensor.raw_data) != expected_bytes:
+            raise ModelLoadError(
+                f"{where}: {label} has {len(tensor.raw_data)} bytes of raw_data; "
+                f"{_describe_type(tensor)} need {expected_bytes}"
+            )
+        return expected_bytes
+    present = len(getattr(tensor, field))
+    if present != typed:
+        raise ModelLoadError(
+            f"{where}: {label} holds {present} values in {field}; {_describe_type(tensor)} need {typed}"
+        )
+    return expected_bytes
+
+
 def _check_graph_structure(
-    where: str, graph: onnx.GraphProto, outer: tuple[frozenset[str], ...], label: str
+    where: str,
+    graph: onnx.GraphProto,
+    outer: tuple[frozenset[str], ...],
+    label: str,
+    opsets: Mapping[str, int] | None = None,
 ) -> None:
-    """Names are unique (SSA) and UTF-8, every input is defined, dims are not negative, no cycle."""
+    """Names are unique (SSA) and UTF-8, every input is defined, dims are not negative, no cycle.
+
+    With ``opsets`` (domain -> version), attributes of standard ops must have the schema's type.
+    """
     defined: dict[str, str] = {}
 
     def define(name: str, what: str) -> None:
@@ -293,6 +540,8 @@ def _check_graph_structure(
         )
         for what, text in (("name", node.name), ("op type", node.op_type), ("domain", node.domain)):
             _check_text(where, f"{label}the {what} of node #{index}", text)
+        if not node.op_type:
+            raise ModelLoadError(f"{where}: {label}node #{index} has no op type")
         for out in node.output:
             define(out, node_label)
             if out:
@@ -315,18 +564,65 @@ def _check_graph_structure(
                 raise ModelLoadError(
                     f"{where}: {label}{node_label} uses '{name}', which no node, input or initializer defines"
                 )
+        if opsets is not None:
+            _check_attribute_types(where, f"{label}{node_label}", node, opsets)
         for attr in node.attribute:
             subgraphs = list(attr.graphs)
             if attr.HasField("g"):
                 subgraphs.append(attr.g)
             for sub in subgraphs:
-                _check_graph_structure(where, sub, scopes, f"{label}{node_label}/{attr.name}: ")
+                _check_graph_structure(
+                    where, sub, scopes, f"{label}{node_label}/{attr.name}: ", opsets
+                )
+    if not outer and not graph.output:
+        raise ModelLoadError(f"{where}: the graph has no outputs; there is nothing to compute")
     for out in graph.output:
         if not is_known(out.name):
             raise ModelLoadError(
                 f"{where}: {label}graph output '{out.name}' is not produced by anything"
             )
     _check_acyclic(where, graph, producer_index, label)
+
+
+@functools.lru_cache(maxsize=1024)
+def _attribute_types(op_type: str, domain: str, version: int) -> dict[str, int]:
+    """The attribute types the op's schema declares (empty for ops onnx does not know)."""
+    try:
+        schema = onnx.defs.get_schema(op_type, version, domain)
+    except onnx.defs.SchemaError:
+        return {}
+    # AttrType's values are AttributeProto's; onnx's stubs do not say it converts to int.
+    return {
+        name: int(attr.type)  # type: ignore[call-overload]
+        for name, attr in schema.attributes.items()
+    }
+
+
+def _check_attribute_types(
+    where: str, node_label: str, node: onnx.NodeProto, opsets: Mapping[str, int]
+) -> None:
+    """An attribute of a standard op with another type than its schema's would crash a pass."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    if domain not in ("", "ai.onnx.ml") or domain not in opsets:
+        return
+    if node.op_type == "Constant" and domain == "" and len(node.attribute) != 1:
+        raise ModelLoadError(
+            f"{where}: {node_label}: a Constant needs exactly one value attribute; it has "
+            f"{len(node.attribute)}"
+        )
+    declared = _attribute_types(node.op_type, domain, opsets[domain])
+    names = onnx.AttributeProto.AttributeType.Name
+    for attr in node.attribute:
+        if attr.ref_attr_name:
+            continue
+        if attr.type == onnx.AttributeProto.UNDEFINED:
+            raise ModelLoadError(f"{where}: {node_label}: attribute '{attr.name}' has no type")
+        wanted = declared.get(attr.name)
+        if wanted is not None and wanted != attr.type:
+            raise ModelLoadError(
+                f"{where}: {node_label}: attribute '{attr.name}' is {names(attr.type)}; "
+                f"{node.op_type} takes {names(wanted)}"
+            )
 
 
 def _check_text(where: str, what: str, text: str | bytes) -> None:
@@ -601,8 +897,16 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     where = str(model_path)
     _check_model_strings(where, proto)
     _check_versions(where, proto)
-    external_files = _check_external_data(where, proto, model_path.parent)
-    _check_graph_structure(where, proto.graph, (), "")
+    _check_node_count(where, proto)
+    own_mapped = (
+        frozenset(f"initializer '{proto.graph.initializer[index].name}'" for index, _, _ in lazy[1])
+        if lazy is not None
+        else frozenset()
+    )
+    external_files = _check_external_data(where, proto, model_path.parent, model_path, own_mapped)
+    _densify_sparse(where, proto)
+    _check_functions(where, proto)
+    _check_graph_structure(where, proto.graph, (), "", _opsets(proto))
     model = _deserialize(where, proto)
     del proto
     ir.external_data.set_base_dir(model.graph, str(model_path.parent.resolve()))
@@ -615,8 +919,11 @@ def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model
     """Check and convert an in-memory proto (external data is refused: it has no folder)."""
     _check_model_strings(where, proto)
     _check_versions(where, proto)
+    _check_node_count(where, proto)
     _check_external_data(where, proto, None)
-    _check_graph_structure(where, proto.graph, (), "")
+    _densify_sparse(where, proto)
+    _check_functions(where, proto)
+    _check_graph_structure(where, proto.graph, (), "", _opsets(proto))
     return _deserialize(where, proto)
 
 
@@ -626,7 +933,11 @@ def _deserialize(where: str, proto: onnx.ModelProto) -> ir.Model:
     except RecursionError:
         raise ModelLoadError(f"{where}: the model nests subgraphs too deeply") from None
     except Exception as exc:  # onnx-ir rejects malformed protos with assorted exception types
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # onnx-ir wraps the cause in one "Error calling ..." per level; the innermost says what.
+        cause: BaseException = exc
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        first_line = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         raise ModelLoadError(f"{where}: cannot read the graph: {first_line}") from exc
 
 
@@ -812,7 +1123,8 @@ def _copy_in_kernel(tensor: ir.ExternalTensor, f: BinaryIO) -> bool:
     return True
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (any spelling, symlink or hard link)."""
     try:
         return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
     except OSError:
@@ -834,7 +1146,7 @@ def save_model(
     """
     target = Path(path)
     for keep in protected:
-        if _same_file(target, keep):
+        if same_file(target, keep):
             raise UsageError(
                 f"{target}: refusing to overwrite the input model's file '{keep}' (--overwrite allows it)"
             )
@@ -851,7 +1163,7 @@ def save_model(
     data_name = target.name + ".data"
     if use_external:
         for keep in protected:
-            if _same_file(folder / data_name, keep):
+            if same_file(folder / data_name, keep):
                 raise UsageError(
                     f"{target}: its external data file '{data_name}' would overwrite an input file"
                 )
@@ -892,7 +1204,7 @@ def _pin_mapped_sources(model: ir.Model, target: Path) -> None:
         return
     for value in model.graph.initializers.values():
         tensor = value.const_value
-        if isinstance(tensor, MappedTensor) and _same_file(Path(tensor.path), target):
+        if isinstance(tensor, MappedTensor) and same_file(Path(tensor.path), target):
             tensor.numpy()
 
 

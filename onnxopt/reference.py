@@ -51,6 +51,36 @@ def save_reference(path: str | os.PathLike[str], reference: Reference) -> Path:
     return target
 
 
+# A compressed .npz of zeros is a zip bomb: a few MB on disk, any size in memory. Arrays are
+# sized from their headers before anything is read.
+MAX_NPZ_BYTES = 1024**3
+
+
+def check_npz_size(path: Path, option: str, limit: int = MAX_NPZ_BYTES) -> None:
+    """Refuse an .npz whose arrays would take more than ``limit`` bytes once loaded."""
+    import zipfile
+
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.infolist():
+                if not member.filename.endswith(".npy"):
+                    continue
+                with archive.open(member) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                    else:
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+                total += int(np.prod(shape, dtype=object)) * dtype.itemsize
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+        raise UsageError(f"{option} {path}: not a readable .npz file ({exc})") from None
+    if total > limit:
+        raise UsageError(
+            f"{option} {path}: its arrays take {total} bytes once loaded, over the {limit}-byte limit"
+        )
+
+
 def load_reference(path: str | os.PathLike[str]) -> Reference:
     """Read a reference file; a missing or malformed file is a :class:`UsageError`."""
     source = Path(path)
@@ -59,6 +89,7 @@ def load_reference(path: str | os.PathLike[str]) -> Reference:
     inputs: dict[str, np.ndarray] = {}
     outputs: dict[str, np.ndarray] = {}
     metadata: dict[str, str] = {}
+    check_npz_size(source, "--reference")
     try:
         with np.load(source, allow_pickle=False) as data:
             for key in data.files:

@@ -185,6 +185,12 @@ def make_inputs(
         elif np.issubdtype(dtype, np.floating) or dtype.kind == "V":
             array = rng.standard_normal(size=shape).astype(np.float32)
             array = array.astype(dtype) if dtype.kind != "V" else array
+        elif dtype == np.object_:  # ONNX strings
+            letters = np.array(list("abcdefgh"), dtype=object)
+            array = np.array(
+                ["".join(rng.choice(letters, size=3)) for _ in range(int(np.prod(shape)))],
+                dtype=object,
+            ).reshape(shape)
         else:
             raise CannotValidate(
                 f"input '{spec.name}' has dtype {dtype}, which validation cannot generate"
@@ -341,6 +347,38 @@ def _first_line(exc: BaseException) -> str:
     return text[-1] if text else type(exc).__name__
 
 
+# One ORT run during validation may take this long (a Loop of 10**12 iterations never ends).
+DEFAULT_RUN_TIMEOUT = 600.0
+
+
+class RunTimedOut(Exception):
+    """An ORT run was stopped at the time limit."""
+
+
+def _run_bounded(
+    session: Any, names: Sequence[str], feeds: Mapping[str, Any], seconds: float
+) -> list[Any]:
+    """``session.run``, stopped (through ORT's terminate flag) after ``seconds``."""
+    import threading
+
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = 4  # the stop is reported by the exception, not by ORT's log
+    timer = threading.Timer(seconds, lambda: setattr(options, "terminate", True))
+    timer.daemon = True
+    timer.start()
+    try:
+        outputs: list[Any] = session.run(list(names), dict(feeds), options)
+        return outputs
+    except Exception as exc:
+        if options.terminate:
+            raise RunTimedOut(f"stopped after {seconds:g} s") from exc
+        raise
+    finally:
+        timer.cancel()
+
+
 def validate(
     original: ir.Model | Path,
     optimized: ir.Model,
@@ -350,8 +388,12 @@ def validate(
     extra_inputs: Sequence[Mapping[str, np.ndarray]] = (),
     seed: int = 0,
     trials: int = 2,
+    run_timeout: float = DEFAULT_RUN_TIMEOUT,
 ) -> ValidationReport:
     """Compare outputs of ``original`` and ``optimized`` on ORT (graph optimizations disabled).
+
+    Each ORT run is stopped after ``run_timeout`` seconds: the original's is a
+    :class:`CannotValidate`, the optimized model's a validation error.
 
     ``original`` is a model or the path of the untouched file (cheapest: ORT reads it directly).
     ``specs`` describe the inputs to generate (from :func:`input_specs` of the original); by default
@@ -387,12 +429,19 @@ def validate(
     def run_one(feeds: dict[str, np.ndarray]) -> bool:
         nonlocal last_failure
         try:
-            expected = reference.run(output_names, feeds)
+            expected = _run_bounded(reference, output_names, feeds, run_timeout)
+        except RunTimedOut as exc:
+            shapes = ", ".join(f"{k}{list(getattr(v, 'shape', []))}" for k, v in feeds.items())
+            raise CannotValidate(
+                f"the original model ran longer than --run-timeout ({run_timeout:g} s) on ONNX "
+                f"Runtime with inputs {shapes}; pass --inputs FILE.npz, a longer --run-timeout "
+                "or --no-validate"
+            ) from exc
         except Exception as exc:
             last_failure = _ort_reason(exc)
             return False
         try:
-            actual = candidate.run(output_names, feeds)
+            actual = _run_bounded(candidate, output_names, feeds, run_timeout)
         except Exception as exc:
             errors.append(f"optimized model fails where the original runs: {_first_line(exc)}")
             return True
@@ -420,11 +469,13 @@ def validate(
         dynamic = any(not isinstance(d, int) for s in specs for d in s.dims)
         wanted = len(extra_inputs) + (trials if dynamic else 1)
         seen: set[tuple[tuple[int, ...], ...]] = set()
+        too_big = False
         for plan in _trial_plans(specs):
             if len(used) >= wanted:
                 break
             generated = make_inputs(specs, plan, rng)
             if generated is None:
+                too_big = True
                 continue
             key = tuple(f.shape for f in generated.values())
             if key in seen:
@@ -433,6 +484,11 @@ def validate(
             run_one(generated)
             if errors:
                 break
+        if not used and not errors and too_big and not last_failure:
+            raise CannotValidate(
+                f"the inputs are too large to generate (over {MAX_TRIAL_ELEMENTS} elements in all); "
+                "pass --input-shape, --inputs FILE.npz or --no-validate"
+            )
         if not used and not errors:
             raise CannotValidate(
                 f"the original model does not run on ONNX Runtime with generated inputs ({last_failure}); "
@@ -495,6 +551,9 @@ def load_inputs(path: str | Path) -> list[dict[str, np.ndarray]]:
     target = Path(path)
     if not target.is_file():
         raise UsageError(f"--inputs {target}: no such file")
+    from onnxopt.reference import check_npz_size
+
+    check_npz_size(target, "--inputs")
     try:
         with np.load(target, allow_pickle=False) as data:
             return [{k: data[k] for k in data.files}]

@@ -680,3 +680,368 @@ def test_output_into_missing_folder(tmp_path: Path) -> None:
     out = tmp_path / "missing" / "out.onnx"
     assert_clean_error(cli("optimize", model, "-o", out), "missing", "does not exist")
     assert not out.parent.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor data that disagrees with its dtype and dims (found by scripts/hostile_probe.py)
+
+
+def _with_weight(weight: onnx.TensorProto, size: int = 4) -> onnx.ModelProto:
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[{size}] x) => (float[{size}] y) {{
+            y = Add(x, w)
+        }}
+        """
+    )
+    proto.graph.initializer.append(weight)
+    return proto
+
+
+def _weight(size: int = 4) -> onnx.TensorProto:
+    return onnx.numpy_helper.from_array(np.arange(size, dtype=np.float32), "w")
+
+
+def _float_data_longer_than_dims() -> onnx.TensorProto:
+    weight = oh.make_tensor("w", onnx.TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
+    weight.float_data.append(4.0)
+    return weight
+
+
+def _raw_data(data: bytes) -> onnx.TensorProto:
+    weight = _weight()
+    weight.raw_data = data
+    return weight
+
+
+def _data_type(value: int) -> onnx.TensorProto:
+    weight = _weight()
+    weight.data_type = value
+    return weight
+
+
+def _dims(*dims: int) -> onnx.TensorProto:
+    weight = _weight()
+    del weight.dims[:]
+    weight.dims.extend(dims)
+    return weight
+
+
+@pytest.mark.parametrize(
+    ("weight", "fragments"),
+    [
+        (_float_data_longer_than_dims(), ("holds 4 values in float_data", "need 3")),
+        (_raw_data(b"\0" * 10), ("10 bytes of raw_data", "need 16")),
+        (_raw_data(b"\0" * 24), ("24 bytes of raw_data", "need 16")),
+        (_data_type(0), ("no valid data type (0)",)),
+        (_data_type(999), ("no valid data type (999)",)),
+        (_dims(-4), ("negative dimension (-4)",)),
+        (_dims(100_000, 100_000), ("40000000000",)),  # 40 GB of dims, 16 bytes of data
+    ],
+    ids=[
+        "float-data",
+        "raw-short",
+        "raw-long",
+        "dtype-0",
+        "dtype-999",
+        "negative-dim",
+        "huge-dims",
+    ],
+)
+def test_initializer_data_must_fit_its_dims(
+    tmp_path: Path, weight: onnx.TensorProto, fragments: tuple[str, ...]
+) -> None:
+    model = save(_with_weight(weight), tmp_path / "m.onnx")
+    optimize_bad(tmp_path, model, "m.onnx", "initializer 'w'", *fragments)
+
+
+def test_large_inline_initializer_too_short(tmp_path: Path) -> None:
+    """Large weights are mapped from the file, not parsed: their length is checked all the same."""
+    weight = _weight(4096)
+    weight.raw_data = weight.raw_data[:8000]
+    model = save(_with_weight(weight, 4096), tmp_path / "m.onnx")
+    optimize_bad(tmp_path, model, "initializer 'w'", "8000 bytes of raw_data", "need 16384")
+
+
+def test_external_data_length_disagrees_with_dims(tmp_path: Path) -> None:
+    model = external_model(tmp_path / "m", "weights.bin", length=8)
+    (tmp_path / "m" / "weights.bin").write_bytes(b"\0" * 64)
+    optimize_bad(tmp_path, model, "initializer 'w'", "8 bytes of external data", "need 16")
+
+
+def test_external_data_without_length_past_end_of_file(tmp_path: Path) -> None:
+    model = external_model(tmp_path / "m", "weights.bin")
+    proto = onnx.load(str(model), load_external_data=False)
+    entries = proto.graph.initializer[0].external_data
+    del entries[[e.key for e in entries].index("length")]
+    save(proto, model)
+    (tmp_path / "m" / "weights.bin").write_bytes(b"\0" * 8)
+    optimize_bad(tmp_path, model, "initializer 'w'", "bytes 0..16", "only 8 bytes")
+
+
+def test_external_data_through_a_missing_folder(tmp_path: Path) -> None:
+    """'missing/../w.bin' resolves inside the folder, but opening it as written fails."""
+    model = external_model(tmp_path / "m", "missing/../weights.bin")
+    (tmp_path / "m" / "weights.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    optimize_bad(tmp_path, model, "'missing/../weights.bin'", "does not exist")
+
+
+def test_external_data_pointing_at_the_model_file(tmp_path: Path) -> None:
+    model = external_model(tmp_path / "m", "model.onnx")
+    optimize_bad(tmp_path, model, "initializer 'w'", "'model.onnx' is the model file itself")
+
+
+def test_attribute_with_the_wrong_type(tmp_path: Path) -> None:
+    proto = relu_model()
+    proto.graph.node[0].op_type = "Transpose"
+    proto.graph.node[0].attribute.append(oh.make_attribute("perm", [1.0, 0.0]))
+    optimize_bad(
+        tmp_path, save(proto, tmp_path / "m.onnx"), "Transpose", "'perm' is FLOATS", "takes INTS"
+    )
+
+
+def test_graph_without_outputs(tmp_path: Path) -> None:
+    proto = relu_model()
+    del proto.graph.output[:]
+    optimize_bad(tmp_path, save(proto, tmp_path / "m.onnx"), "m.onnx", "no outputs")
+
+
+def test_unsupported_type_names_the_reason(tmp_path: Path) -> None:
+    map_type = oh.make_map_type_proto(onnx.TensorProto.INT64, oh.make_tensor_type_proto(1, []))
+    graph = oh.make_graph(
+        [oh.make_node("Identity", ["m"], ["y"])],
+        "g",
+        [oh.make_value_info("m", map_type)],
+        [oh.make_value_info("y", map_type)],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    optimize_bad(tmp_path, save(proto, tmp_path / "m.onnx"), "m.onnx", "Map types")
+
+
+def test_sparse_initializer_index_out_of_range(tmp_path: Path) -> None:
+    values = onnx.numpy_helper.from_array(np.array([5.0], np.float32), "w")
+    indices = onnx.numpy_helper.from_array(np.array([9], np.int64), "w_indices")
+    proto = relu_model()
+    proto.graph.node[0].op_type = "Add"
+    proto.graph.node[0].input.append("w")
+    proto.graph.sparse_initializer.append(oh.make_sparse_tensor(values, indices, [4]))
+    optimize_bad(
+        tmp_path, save(proto, tmp_path / "m.onnx"), "sparse initializer 'w'", "outside its dims"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Files the command writes besides the model
+
+
+@pytest.mark.parametrize("option", ["--memory-plan", "--junit", "--markdown"])
+def test_report_file_never_overwrites_the_input(tmp_path: Path, option: str) -> None:
+    model = save(relu_model(), tmp_path / "m.onnx")
+    before = _digest(model)
+    out = tmp_path / "out.onnx"
+    outcome = cli("optimize", model, "-o", out, option, tmp_path / "." / "m.onnx")
+    assert_clean_error(outcome, option, "refusing to overwrite the input model", output=out)
+    assert _digest(model) == before
+
+
+@pytest.mark.parametrize("option", ["--memory-plan", "--junit", "--markdown"])
+def test_report_file_in_a_missing_folder(tmp_path: Path, option: str) -> None:
+    model = save(relu_model(), tmp_path / "m.onnx")
+    out = tmp_path / "out.onnx"
+    outcome = cli("optimize", model, "-o", out, option, tmp_path / "missing" / "r.txt")
+    assert_clean_error(outcome, option, "missing' does not exist", output=out)
+
+
+def test_output_is_a_folder(tmp_path: Path) -> None:
+    model = save(relu_model(), tmp_path / "m.onnx")
+    (tmp_path / "out.onnx").mkdir()
+    line = assert_clean_error(cli("optimize", model, "-o", tmp_path / "out.onnx"), "is a folder")
+    assert ".tmp" not in line  # refused before any work, not when the rename failed
+
+
+def test_out_dir_is_a_file(tmp_path: Path) -> None:
+    model = save(relu_model(), tmp_path / "m.onnx")
+    (tmp_path / "f").write_text("x")
+    assert_clean_error(cli("optimize", model, "--out-dir", tmp_path / "f"), "not a folder")
+
+
+def test_out_dir_of_the_input_is_an_error_not_success(tmp_path: Path) -> None:
+    """--out-dir with one model goes through the batch path; its error must still exit 2."""
+    model = save(relu_model(), tmp_path / "m.onnx")
+    before = _digest(model)
+    outcome = cli("optimize", model, "--out-dir", tmp_path)
+    assert outcome.exit_code == 2, outcome
+    assert "refusing to overwrite" in outcome.stderr
+    assert _digest(model) == before
+
+
+def test_inputs_too_large_to_generate(tmp_path: Path) -> None:
+    proto = relu_model()
+    for value in (proto.graph.input[0], proto.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_value = 10**12
+    optimize_bad(tmp_path, save(proto, tmp_path / "m.onnx"), "m.onnx", "too large to generate")
+
+
+def test_bench_on_a_model_ort_cannot_load(tmp_path: Path) -> None:
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x, int64[4] i) => (float[4] y) {
+            y = Add(x, i)
+        }
+        """
+    )
+    model = save(proto, tmp_path / "m.onnx")
+    outcome = cli("bench", model, "--budget", "1", "--no-memory")
+    assert_clean_error(outcome, "m.onnx", "cannot load the original model")
+
+
+@pytest.mark.parametrize("values", [{}, {"value_float": 1.0, "value_int": 2}])
+def test_constant_without_exactly_one_value(tmp_path: Path, values: dict[str, object]) -> None:
+    proto = relu_model()
+    proto.graph.node[0].op_type = "Add"
+    proto.graph.node[0].input.append("c")
+    proto.graph.node.insert(0, oh.make_node("Constant", [], ["c"], **values))
+    optimize_bad(
+        tmp_path,
+        save(proto, tmp_path / "m.onnx"),
+        "Constant",
+        f"exactly one value attribute; it has {len(values)}",
+        extra=("--no-validate",),
+    )
+
+
+def _function_chain(depth: int, *, recursive: bool = False) -> onnx.ModelProto:
+    """``local.f0`` calls ``f1`` ... calls ``f{depth-1}``, which negates (or calls ``f0`` again)."""
+    opsets = [oh.make_opsetid("", 17), oh.make_opsetid("local", 1)]
+    functions = []
+    for i in range(depth):
+        last = i == depth - 1
+        callee = "f0" if last and recursive else f"f{i + 1}"
+        body = (
+            oh.make_node("Neg", ["a"], ["b"])
+            if last and not recursive
+            else oh.make_node(callee, ["a"], ["b"], domain="local")
+        )
+        functions.append(oh.make_function("local", f"f{i}", ["a"], ["b"], [body], opsets))
+    proto = relu_model()
+    proto.graph.node[0].CopyFrom(oh.make_node("f0", ["x"], ["y"], domain="local"))
+    proto.opset_import.append(oh.make_opsetid("local", 1))
+    proto.functions.extend(functions)
+    return proto
+
+
+def test_recursive_local_function(tmp_path: Path) -> None:
+    """Written unchanged before (with --no-validate): a model no runtime can ever run."""
+    model = save(_function_chain(3, recursive=True), tmp_path / "m.onnx")
+    optimize_bad(tmp_path, model, "m.onnx", "'local.f0' calls itself", extra=("--no-validate",))
+
+
+def test_local_functions_nested_too_deep(tmp_path: Path) -> None:
+    """onnx-ir recursed without bound over 3000 nested calls; ONNX and ORT stop at 100."""
+    model = save(_function_chain(3000), tmp_path / "m.onnx")
+    optimize_bad(tmp_path, model, "m.onnx", "101 deep", "allow 100", extra=("--no-validate",))
+
+
+def test_local_functions_nested_as_deep_as_allowed(tmp_path: Path) -> None:
+    model = save(_function_chain(20), tmp_path / "m.onnx")
+    outcome = cli("optimize", model, "-o", tmp_path / "out.onnx")
+    assert outcome.exit_code == 0, outcome
+
+
+@pytest.fixture(scope="module")
+def npz_bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An .npz claiming 300M float32 zeros (1.2 GB), deflated to ~1 MB on disk.
+
+    Only the header is written for real; the zeros stream in pieces, never held in memory.
+    """
+    path = tmp_path_factory.mktemp("bomb") / "bomb.npz"
+    header = {"descr": "<f4", "fortran_order": False, "shape": (300_000_000,)}
+    with (
+        zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive,
+        archive.open("output/y.npy", "w", force_zip64=True) as member,
+    ):
+        np.lib.format.write_array_header_2_0(member, header)
+        piece = bytes(64 * 1024 * 1024)
+        remaining = 300_000_000 * 4
+        while remaining:
+            chunk = piece[: min(len(piece), remaining)]
+            member.write(chunk)
+            remaining -= len(chunk)
+    assert path.stat().st_size < 8_000_000
+    return path
+
+
+def test_reference_npz_bomb_beside_the_model(tmp_path: Path, npz_bomb: Path) -> None:
+    """MODEL.ref.npz is picked up automatically: its arrays are sized from their headers first."""
+    model = save(relu_model(), tmp_path / "m.onnx")
+    os.link(npz_bomb, tmp_path / "m.ref.npz")
+    optimize_bad(tmp_path, model, "m.ref.npz", "over the 1073741824-byte limit")
+
+
+def test_inputs_npz_bomb(tmp_path: Path, npz_bomb: Path) -> None:
+    model = save(relu_model(), tmp_path / "m.onnx")
+    optimize_bad(
+        tmp_path,
+        model,
+        "--inputs",
+        "over the 1073741824-byte limit",
+        extra=("--inputs", str(npz_bomb)),
+    )
+
+
+def test_node_without_op_type(tmp_path: Path) -> None:
+    proto = relu_model()
+    proto.graph.node.append(oh.make_node("", ["x"], ["z"]))
+    optimize_bad(
+        tmp_path,
+        save(proto, tmp_path / "m.onnx"),
+        "node #1 has no op type",
+        extra=("--no-validate",),
+    )
+
+
+def test_millions_of_empty_nodes(tmp_path: Path) -> None:
+    """A 4 MB file of 2.1M empty NodeProtos: onnx-ir alone would need ~1 GB and a minute."""
+    graph = relu_model().graph.SerializeToString() + b"\x0a\x00" * 2_100_000  # node {}
+    head = relu_model()
+    head.ClearField("graph")
+    path = tmp_path / "m.onnx"
+    path.write_bytes(head.SerializeToString() + _length_delimited(7, graph))
+    optimize_bad(tmp_path, path, "m.onnx", "over 2000000 nodes")
+
+
+ENDLESS_LOOP = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] y) {
+    n = Constant<value = int64 {1000000000000}>()
+    t = Constant<value = bool {1}>()
+    y = Loop(n, t, x) <
+        body = b (int64 i, bool cin, float[4] a) => (bool cout, float[4] a2) {
+            cout = Identity(cin)
+            one = Constant<value = float {1.0}>()
+            a2 = Add(a, one)
+        }
+    >
+}
+"""
+
+
+def test_validation_run_is_stopped_at_the_time_limit(tmp_path: Path) -> None:
+    """10**12 Loop iterations on ORT: validation used to wait for ever."""
+    model = save(parse(ENDLESS_LOOP), tmp_path / "m.onnx")
+    out = tmp_path / "out.onnx"
+    outcome = cli_subprocess("optimize", model, "-o", out, "--run-timeout", "1", timeout=120)
+    assert_clean_error(outcome, "m.onnx", "ran longer than --run-timeout (1 s)", output=out)
+    assert outcome.seconds < 60
+
+
+def test_bench_stops_a_run_at_the_time_limit(tmp_path: Path) -> None:
+    """bench's first run of each variant used to wait for ever on the endless Loop."""
+    model = save(parse(ENDLESS_LOOP), tmp_path / "m.onnx")
+    outcome = cli_subprocess(
+        "bench", model, "--no-memory", "--budget", "1", "--run-timeout", "1", timeout=120
+    )
+    assert_clean_error(outcome, "m.onnx", "took over --run-timeout (1 s)")
+    assert outcome.seconds < 60

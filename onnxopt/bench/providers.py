@@ -73,6 +73,8 @@ def create_runner(
     import onnxruntime as ort
 
     options = session_options(level, threads)
+    run_options = ort.RunOptions()
+    run_options.log_severity_level = 4  # a stopped run is reported by its exception
     start = time.perf_counter()
     if provider == "cuda":
         session = ort.InferenceSession(
@@ -87,13 +89,19 @@ def create_runner(
     if provider != "cuda":
 
         def run_cpu() -> object:
-            return session.run(output_names, used)
+            return session.run(output_names, used, run_options)
 
         def outputs_cpu() -> list[np.ndarray]:
-            return [np.asarray(x) for x in session.run(output_names, used)]
+            return [np.asarray(x) for x in session.run(output_names, used, run_options)]
 
         return Runner(
-            "onnxruntime", provider, create_seconds, run_cpu, outputs_cpu, keepalive=session
+            "onnxruntime",
+            provider,
+            create_seconds,
+            run_cpu,
+            outputs_cpu,
+            keepalive=session,
+            run_options=run_options,
         )
 
     binding = session.io_binding()
@@ -107,7 +115,7 @@ def create_runner(
     def run_cuda() -> object:
         for name in output_names:
             binding.bind_output(name, "cuda", 0)
-        session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding, run_options)
         binding.synchronize_outputs()
         return None
 
@@ -122,4 +130,5 @@ def create_runner(
         run_cuda,
         outputs_cuda,
         keepalive=(session, device_inputs),
+        run_options=run_options,
     )

@@ -11,6 +11,7 @@ import itertools
 import logging
 import platform
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from onnxopt.bench.report import (
     VariantResult,
 )
 from onnxopt.bench.stats import LatencyStats, paired_speedup
-from onnxopt.errors import UsageError
+from onnxopt.errors import ModelLoadError, UsageError
 from onnxopt.passes.levels import DEFAULT_LEVEL
 from onnxopt.report import ModelSummary
 from onnxopt.validate import InputSpec, compare_arrays, input_specs, make_inputs
@@ -66,6 +67,7 @@ class BenchOptions:
     warmup_runs: int = 5
     memory: bool = True
     seed: int = 0
+    run_timeout: float = 600.0  # the first run of each variant is stopped after this many seconds
 
 
 @dataclass
@@ -236,6 +238,11 @@ def _agreement(
     return Agreement(reference, compared, worst_abs, worst_rel, mismatches, note)
 
 
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def _timed_first_run(run: Callable[[], list[np.ndarray]]) -> tuple[float, list[np.ndarray]]:
     start = time.perf_counter()
     outputs = run()
@@ -280,13 +287,34 @@ def _load_group(provider: str, setup: _Setup) -> list[_Loaded]:
             progress(f"{provider}: loading {name} ({level})")
             try:
                 runner = providers.create_runner(path, provider, level, threads, feeds)
-            except Exception as error:  # ORT's own exception types; only for --compare files
+            except Exception as error:  # ORT's own exception types
+                why = _first_line(error)
                 if name not in options.compare:
-                    raise
-                setup.unloadable[name] = str(error).strip().splitlines()[0][:200]
+                    raise ModelLoadError(
+                        f"{path}: ONNX Runtime ({provider}) cannot load the {name} model ({why})"
+                    ) from error
+                setup.unloadable[name] = why[:200]
                 loaded = [v for v in loaded if v.name != name]
                 continue
-            first, outputs = _timed_first_run(runner.outputs)
+            stop = threading.Timer(
+                options.run_timeout, lambda r=runner: setattr(r.run_options, "terminate", True)
+            )
+            stop.daemon = True
+            stop.start()
+            try:
+                first, outputs = _timed_first_run(runner.outputs)
+            except Exception as error:  # ORT's own exception types
+                if runner.run_options.terminate:
+                    raise ModelLoadError(
+                        f"{path}: one run of the {name} model took over --run-timeout "
+                        f"({options.run_timeout:g} s) on ONNX Runtime ({provider})"
+                    ) from error
+                raise ModelLoadError(
+                    f"{path}: the {name} model fails on ONNX Runtime ({provider}) with the "
+                    f"generated inputs ({_first_line(error)}); pass --inputs FILE.npz"
+                ) from error
+            finally:
+                stop.cancel()
             loaded.append(
                 _Loaded(
                     name,

@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,9 @@ class Runner:
     run: Callable[[], object]
     outputs: Callable[[], list[np.ndarray]]
     keepalive: object = None  # e.g. device buffers bound to a session
+    run_options: Any = (
+        None  # ORT's RunOptions of every run: setting .terminate stops the one running
+    )
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,29 @@ def _value_infos(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
     return found
 
 
+# ONNX's data propagation keeps every element of a 1-D tensor as a dim (~200 bytes each) whatever
+# its dtype: a [50_000_000] float input took 8 GB and a minute. Shape tensors are far smaller.
+MAX_DATA_PROP_ELEMENTS = 65536
+_NO_DATA_PROP = (
+    f"shape inference ran without data propagation: a 1-D tensor has over {MAX_DATA_PROP_ELEMENTS} "
+    "elements, and ONNX's propagation would hold each as a dim"
+)
+
+
+def _longest_vector(proto: onnx.ModelProto) -> int:
+    """The largest static size of a 1-D tensor value in ``proto`` (inferred without data propagation)."""
+    longest = 0
+    for graph in _graph_protos(proto.graph):
+        for info in (*graph.input, *graph.value_info, *graph.output):
+            dims = info.type.tensor_type.shape.dim
+            if len(dims) == 1 and dims[0].HasField("dim_value"):
+                longest = max(longest, dims[0].dim_value)
+        for tensor in graph.initializer:
+            if len(tensor.dims) == 1:
+                longest = max(longest, tensor.dims[0])
+    return longest
+
+
 def _is_placeholder(dim: object) -> bool:
     """A dim named "unk__N": a name a shape inference made up for a dim it could not tell."""
     name = getattr(dim, "value", None)
@@ -162,9 +185,11 @@ class InferShapesPass(Pass):
             if pinned:
                 stats["inputs pinned"] = pinned
 
+        data_prop = True
+
         def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
             return onnx.shape_inference.infer_shapes(
-                proto, check_type=False, strict_mode=False, data_prop=True
+                proto, check_type=False, strict_mode=False, data_prop=data_prop
             )
 
         def infer_both(
@@ -172,6 +197,16 @@ class InferShapesPass(Pass):
         ) -> tuple[onnx.ModelProto, onnx.ModelProto | None]:
             """Inference as recorded, then a second run without the made-up names (one
             serialization of the model for both: it costs more than either inference)."""
+            nonlocal data_prop
+            longest = _longest_vector(
+                onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False)
+            )
+            if longest > MAX_DATA_PROP_ELEMENTS:
+                data_prop = False
+                logger.info(
+                    "a 1-D tensor of %d elements: shape inference runs without data propagation",
+                    longest,
+                )
             inferred = infer(proto)
             bare = onnx.ModelProto()
             bare.CopyFrom(proto)
@@ -216,4 +251,5 @@ class InferShapesPass(Pass):
         refined = refine_shapes(model)  # dims ONNX loses though an op provably copies them
         if refined:
             stats["shapes refined"] += refined
-        return PassResult(model, modified=bool(stats), stats=stats)
+        notes = [] if data_prop else [_NO_DATA_PROP]
+        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)

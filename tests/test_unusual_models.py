@@ -1,0 +1,160 @@
+"""Valid but unusual models: they optimize correctly (validated on ONNX Runtime) or are refused.
+
+Found by ``scripts/hostile_probe.py``; the hostile ones are in ``test_bad_input.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as onh
+import onnx.parser
+import onnx_ir
+
+from onnxopt import api
+from onnxopt.io import load_model, model_from_proto
+from onnxopt.validate import validate
+
+ADD_W = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] y) {
+    y = Add(x, w)
+}
+"""
+
+
+def _sparse(name: str) -> onnx.SparseTensorProto:
+    values = onh.from_array(np.array([5.0, 7.0], np.float32), name)
+    indices = onh.from_array(np.array([1, 3], np.int64), f"{name}_indices")
+    return oh.make_sparse_tensor(values, indices, [4])
+
+
+def _optimized_and_checked(proto: onnx.ModelProto) -> onnx.ModelProto:
+    model = model_from_proto(proto)
+    result = api.optimize(model)
+    assert result.validated
+    optimized = result.model
+    report = validate(model, optimized)
+    assert report.passed, report
+    from onnxopt.io import to_proto
+
+    return to_proto(optimized)
+
+
+def test_sparse_initializer_is_stored_dense() -> None:
+    """onnx-ir drops sparse initializers; the loader makes them dense so the model stays whole."""
+    proto = onnx.parser.parse_model(ADD_W)
+    proto.graph.sparse_initializer.append(_sparse("w"))
+    model = model_from_proto(proto)
+    weight = model.graph.initializers["w"].const_value
+    assert weight is not None
+    np.testing.assert_array_equal(weight.numpy(), [0.0, 5.0, 0.0, 7.0])
+    optimized = _optimized_and_checked(proto)
+    assert not optimized.graph.sparse_initializer
+
+
+def test_sparse_initializer_with_coordinate_indices(tmp_path: Path) -> None:
+    values = onh.from_array(np.array([1.0, 2.0], np.float32), "w")
+    indices = onh.from_array(np.array([[0, 1], [1, 0]], np.int64), "w_indices")
+    proto = onnx.parser.parse_model(ADD_W.replace("[4]", "[2, 2]"))
+    proto.graph.sparse_initializer.append(oh.make_sparse_tensor(values, indices, [2, 2]))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(proto.SerializeToString())
+    weight = load_model(path).model.graph.initializers["w"].const_value
+    assert weight is not None
+    np.testing.assert_array_equal(weight.numpy(), [[0.0, 1.0], [2.0, 0.0]])
+
+
+def test_constant_with_sparse_value() -> None:
+    proto = onnx.parser.parse_model(ADD_W)
+    proto.graph.node.insert(0, oh.make_node("Constant", [], ["w"], sparse_value=_sparse("v")))
+    optimized = _optimized_and_checked(proto)
+    assert [n.op_type for n in optimized.graph.node] == ["Add"]
+
+
+def test_string_inputs_are_generated_for_validation() -> None:
+    graph = oh.make_graph(
+        [oh.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.STRING, [2, 3])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.STRING, [2, 3])],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    _optimized_and_checked(proto)
+
+
+def test_ci_reports_stay_well_formed_with_odd_names(tmp_path: Path) -> None:
+    """Value and file names may hold control characters, '<&>', '|' and backticks."""
+    import xml.etree.ElementTree as ET
+
+    from click.testing import CliRunner
+
+    from onnxopt.cli import main
+
+    name_in, name_out = 'x<&>"\x01', "]]>y\x1b[31m|`"
+    graph = oh.make_graph(
+        [oh.make_node("Relu", [name_in], [name_out])],
+        "g",
+        [oh.make_tensor_value_info(name_in, onnx.TensorProto.FLOAT, [4])],
+        [oh.make_tensor_value_info(name_out, onnx.TensorProto.FLOAT, [4])],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    model = tmp_path / "m\x1b|`.onnx"
+    model.write_bytes(proto.SerializeToString())
+    junit, markdown = tmp_path / "j.xml", tmp_path / "r.md"
+    args = ["check", str(model), "--max-abs-error", "1e-3", "--junit", str(junit)]
+    result = CliRunner().invoke(main, [*args, "--markdown", str(markdown)])
+    assert result.exit_code == 0, result.output
+    suite = ET.parse(junit).getroot()
+    assert suite.get("tests") == "2"
+    assert "\\x1b" in suite[0].get("classname", "")
+    rows = [line for line in markdown.read_text().splitlines() if line.startswith("| `")]
+    assert len(rows) == 1 and rows[0].count(" | ") == 5, rows
+
+
+def test_shape_inference_skips_data_propagation_for_long_vectors() -> None:
+    """ONNX's data propagation holds each element of a 1-D tensor as a dim: a [50M] float Add
+    took 8 GB and a minute. Past 65536 elements the pass infers without it, and says so."""
+    from onnxopt.passes.infer_shapes import InferShapesPass
+
+    n = 5_000_000
+    graph = oh.make_graph(
+        [oh.make_node("Add", ["x", "w"], ["s"]), oh.make_node("Relu", ["s"], ["y"])],
+        "g",
+        [
+            oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [n]),
+            oh.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [n]),
+        ],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
+    model = model_from_proto(
+        oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    )
+    result = InferShapesPass()(model)
+    assert any("without data propagation" in note for note in result.notes)
+    assert model.graph.outputs[0].shape == onnx_ir.Shape([n])
+
+
+def _strict(constant: str) -> None:
+    raise AssertionError(f"{constant} is not JSON")
+
+
+def test_json_report_is_strict_json_when_an_error_is_infinite(tmp_path: Path) -> None:
+    """A shape mismatch reports an infinite error; ``json.dumps`` would write ``Infinity``."""
+    import json
+
+    from click.testing import CliRunner
+
+    from onnxopt.cli import main
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(onnx.parser.parse_model(ADD_W.replace("w)", "x)")).SerializeToString())
+    arrays = {"input/x": np.ones(4, np.float32), "output/y": np.ones((3, 3), np.float32)}
+    np.savez(tmp_path / "m.ref.npz", **arrays)  # type: ignore[arg-type]
+    result = CliRunner().invoke(main, ["optimize", str(model), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout, parse_constant=_strict)
+    assert data["reference"]["export"][0]["max_abs"] is None
