@@ -1,0 +1,725 @@
+"""Architecture sweep: onnxopt on tiny transformers / vision families that are not in the zoo.
+
+Each family is built from a transformers config object (2 layers, small hidden size, seeded random
+weights, nothing downloaded), its constant parameters perturbed like a checkpoint's
+(``perturb_constant_parameters``), exported with both PyTorch exporters (dynamic batch and
+sequence axes where the model has them), then optimized at -O2 with validation (ORT, optimizations
+off, several sizes of the dynamic dims) and the eager PyTorch comparison. The optimized file is
+optimized again: a fixed point leaves the bytes unchanged. One markdown row per export:
+
+    PYTHONPATH=. python benchmarks/arch_sweep.py [--families roberta,t5 ...] [--exporters dynamo]
+        [--attention eager|sdpa] [--out DIR] [--explain]
+
+A family whose export fails is recorded as ``export failed: <first line>`` (the exporter's limit,
+not onnxopt's). A factory can be exported on its own: ``onnxopt export
+benchmarks.arch_sweep:roberta -o roberta.onnx``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's onnxopt
+
+# Fused ops counted in the table, with a short label.
+FUSED = {
+    "Attention": "attn",
+    "MultiHeadAttention": "mha",
+    "GroupQueryAttention": "gqa",
+    "RotaryEmbedding": "rotary",
+    "LayerNormalization": "ln",
+    "SkipLayerNormalization": "skipln",
+    "SimplifiedLayerNormalization": "rms",
+    "Gelu": "gelu",
+    "BiasGelu": "biasgelu",
+    "FastGelu": "fastgelu",
+    "FusedConv": "fusedconv",
+    "FusedMatMul": "fusedmm",
+}
+
+ATTENTION = {"implementation": "eager"}  # set by --attention before the factories run
+TOKENS = {0: "batch", 1: "sequence"}
+BATCH = {0: "batch"}
+SMALL = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
+Factory = tuple[Any, dict[str, Any], dict[str, dict[int, str]]]
+
+
+def _finish(module: Any, inputs: dict[str, Any], dynamic: dict[str, dict[int, str]]) -> Factory:
+    from onnxopt.zoo._common import perturb_constant_parameters
+
+    return perturb_constant_parameters(module).eval(), inputs, dynamic
+
+
+def _attn(**config: Any) -> dict[str, Any]:
+    return {"attn_implementation": ATTENTION["implementation"], **config}
+
+
+def _text(model_cls: Any, cfg: Any, outputs: tuple[str, ...] = ("last_hidden_state",)) -> Factory:
+    from onnxopt.zoo.transformers_models import _Outputs, _tokens
+
+    inputs = _tokens(min(int(cfg.vocab_size), 1000))
+    return _finish(
+        _Outputs(model_cls(cfg), tuple(inputs), outputs), inputs, dict.fromkeys(inputs, TOKENS)
+    )
+
+
+def _pixels(
+    model_cls: Any,
+    cfg: Any,
+    size: int,
+    outputs: tuple[str, ...] = ("last_hidden_state",),
+    channels: int = 3,
+) -> Factory:
+    import torch
+
+    from onnxopt.zoo.transformers_models import _Outputs
+
+    inputs = {"pixel_values": torch.randn(2, channels, size, size)}
+    return _finish(
+        _Outputs(model_cls(cfg), ("pixel_values",), outputs), inputs, {"pixel_values": BATCH}
+    )
+
+
+def _seq2seq(model_cls: Any, cfg: Any) -> Factory:
+    """Full encoder-decoder forward, no cache: decoder_input_ids has its own sequence axis."""
+    import torch
+
+    from onnxopt.zoo.transformers_models import _Outputs, _tokens
+
+    inputs = _tokens(min(int(cfg.vocab_size), 1000))
+    inputs["decoder_input_ids"] = torch.randint(0, min(int(cfg.vocab_size), 1000), (2, 8))
+    dynamic = dict.fromkeys(("input_ids", "attention_mask"), TOKENS)
+    dynamic["decoder_input_ids"] = {0: "batch", 1: "decoder_sequence"}
+    wrapped = _Outputs(
+        model_cls(cfg), tuple(inputs), ("last_hidden_state", "encoder_last_hidden_state")
+    )
+    return _finish(wrapped, inputs, dynamic)
+
+
+def _seeded(factory: Callable[[], Factory]) -> Callable[[], Factory]:
+    def build() -> Factory:
+        import torch
+
+        torch.manual_seed(0)
+        return factory()
+
+    build.__name__ = factory.__name__
+    build.__doc__ = factory.__doc__
+    return build
+
+
+# ---------------------------------------------------------------------------- encoders (text)
+
+
+@_seeded
+def roberta() -> Factory:
+    from transformers import RobertaConfig, RobertaModel
+
+    return _text(
+        RobertaModel, RobertaConfig(**_attn(**SMALL, intermediate_size=128, vocab_size=1000))
+    )
+
+
+@_seeded
+def xlm_roberta() -> Factory:
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    cfg = XLMRobertaConfig(**_attn(**SMALL, intermediate_size=128, vocab_size=1000))
+    return _text(XLMRobertaModel, cfg)
+
+
+@_seeded
+def albert() -> Factory:
+    from transformers import AlbertConfig, AlbertModel
+
+    cfg = AlbertConfig(**_attn(**SMALL, intermediate_size=128, embedding_size=32, vocab_size=1000))
+    return _text(AlbertModel, cfg, ("last_hidden_state", "pooler_output"))
+
+
+@_seeded
+def electra() -> Factory:
+    from transformers import ElectraConfig, ElectraModel
+
+    cfg = ElectraConfig(**_attn(**SMALL, intermediate_size=128, embedding_size=32, vocab_size=1000))
+    return _text(ElectraModel, cfg)
+
+
+@_seeded
+def deberta_v2() -> Factory:
+    from transformers import DebertaV2Config, DebertaV2Model
+
+    cfg = DebertaV2Config(**_attn(**SMALL, intermediate_size=128, vocab_size=1000))
+    return _text(DebertaV2Model, cfg)
+
+
+@_seeded
+def mpnet() -> Factory:
+    from transformers import MPNetConfig, MPNetModel
+
+    cfg = MPNetConfig(**_attn(**SMALL, intermediate_size=128, vocab_size=1000))
+    return _text(MPNetModel, cfg)
+
+
+@_seeded
+def mobilebert() -> Factory:
+    from transformers import MobileBertConfig, MobileBertModel
+
+    cfg = MobileBertConfig(
+        **_attn(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            intermediate_size=64,
+            embedding_size=32,
+            intra_bottleneck_size=32,
+            true_hidden_size=32,
+            vocab_size=1000,
+        )
+    )
+    return _text(MobileBertModel, cfg)
+
+
+@_seeded
+def clip_text() -> Factory:
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    cfg = CLIPTextConfig(
+        **_attn(**SMALL, intermediate_size=128, vocab_size=1000, max_position_embeddings=64)
+    )
+    return _text(CLIPTextModel, cfg, ("last_hidden_state", "pooler_output"))
+
+
+# ---------------------------------------------------------------------------- seq2seq
+
+
+def _bart_config() -> Any:
+    from transformers import BartConfig
+
+    return BartConfig(
+        **_attn(
+            vocab_size=1000,
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            max_position_embeddings=128,
+            use_cache=False,
+        )
+    )
+
+
+@_seeded
+def bart_encoder() -> Factory:
+    from transformers.models.bart.modeling_bart import BartEncoder
+
+    return _text(BartEncoder, _bart_config())
+
+
+@_seeded
+def bart() -> Factory:
+    from transformers import BartModel
+
+    return _seq2seq(BartModel, _bart_config())
+
+
+def _t5_config() -> Any:
+    from transformers import T5Config
+
+    return T5Config(
+        **_attn(
+            vocab_size=1000,
+            d_model=64,
+            d_kv=16,
+            d_ff=128,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=4,
+            use_cache=False,
+        )
+    )
+
+
+@_seeded
+def t5_encoder() -> Factory:
+    from transformers import T5EncoderModel
+
+    return _text(T5EncoderModel, _t5_config())
+
+
+@_seeded
+def t5() -> Factory:
+    from transformers import T5Model
+
+    return _seq2seq(T5Model, _t5_config())
+
+
+# ---------------------------------------------------------------------------- decoders
+
+
+def _decoder(model_cls: Any, cfg: Any) -> Factory:
+    return _text(model_cls, cfg)
+
+
+@_seeded
+def gpt_neo() -> Factory:
+    from transformers import GPTNeoConfig, GPTNeoModel
+
+    cfg = GPTNeoConfig(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            attention_types=[[["global", "local"], 1]],
+            window_size=8,
+            max_position_embeddings=128,
+            use_cache=False,
+        )
+    )
+    return _decoder(GPTNeoModel, cfg)
+
+
+@_seeded
+def opt() -> Factory:
+    from transformers import OPTConfig, OPTModel
+
+    cfg = OPTConfig(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            ffn_dim=128,
+            word_embed_proj_dim=64,
+            max_position_embeddings=128,
+            use_cache=False,
+        )
+    )
+    return _decoder(OPTModel, cfg)
+
+
+def _llama_like(**extra: Any) -> dict[str, Any]:
+    return _attn(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        use_cache=False,
+        **extra,
+    )
+
+
+@_seeded
+def mistral() -> Factory:
+    from transformers import MistralConfig, MistralModel
+
+    return _decoder(MistralModel, MistralConfig(**_llama_like(sliding_window=None)))
+
+
+@_seeded
+def qwen2() -> Factory:
+    from transformers import Qwen2Config, Qwen2Model
+
+    return _decoder(Qwen2Model, Qwen2Config(**_llama_like()))
+
+
+@_seeded
+def gemma() -> Factory:
+    from transformers import GemmaConfig, GemmaModel
+
+    return _decoder(GemmaModel, GemmaConfig(**_llama_like(head_dim=16)))
+
+
+@_seeded
+def phi() -> Factory:
+    from transformers import PhiConfig, PhiModel
+
+    return _decoder(PhiModel, PhiConfig(**_llama_like()))
+
+
+@_seeded
+def falcon() -> Factory:
+    from transformers import FalconConfig, FalconModel
+
+    cfg = FalconConfig(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            use_cache=False,
+        )
+    )
+    return _decoder(FalconModel, cfg)
+
+
+@_seeded
+def bloom() -> Factory:
+    from transformers import BloomConfig, BloomModel
+
+    cfg = BloomConfig(
+        **_attn(vocab_size=1000, hidden_size=64, n_layer=2, n_head=4, use_cache=False)
+    )
+    return _decoder(BloomModel, cfg)
+
+
+# ---------------------------------------------------------------------------- vision
+
+
+@_seeded
+def clip_vision() -> Factory:
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    cfg = CLIPVisionConfig(**_attn(**SMALL, intermediate_size=128, image_size=32, patch_size=8))
+    return _pixels(CLIPVisionModel, cfg, 32, ("last_hidden_state", "pooler_output"))
+
+
+@_seeded
+def deit() -> Factory:
+    from transformers import DeiTConfig, DeiTModel
+
+    cfg = DeiTConfig(**_attn(**SMALL, intermediate_size=128, image_size=32, patch_size=8))
+    return _pixels(DeiTModel, cfg, 32)
+
+
+@_seeded
+def beit() -> Factory:
+    from transformers import BeitConfig, BeitModel
+
+    cfg = BeitConfig(
+        **_attn(
+            **SMALL,
+            intermediate_size=128,
+            image_size=32,
+            patch_size=8,
+            use_relative_position_bias=True,
+        )
+    )
+    return _pixels(BeitModel, cfg, 32)
+
+
+@_seeded
+def swin() -> Factory:
+    from transformers import SwinConfig, SwinModel
+
+    cfg = SwinConfig(
+        **_attn(
+            image_size=32,
+            patch_size=2,
+            embed_dim=16,
+            depths=[1, 1],
+            num_heads=[2, 4],
+            window_size=4,
+        )
+    )
+    return _pixels(SwinModel, cfg, 32)
+
+
+@_seeded
+def segformer() -> Factory:
+    from transformers import SegformerConfig, SegformerModel
+
+    cfg = SegformerConfig(
+        **_attn(
+            num_encoder_blocks=2,
+            depths=[1, 1],
+            sr_ratios=[2, 1],
+            hidden_sizes=[16, 32],
+            num_attention_heads=[1, 2],
+            patch_sizes=[7, 3],
+            strides=[4, 2],
+            mlp_ratios=[2, 2],
+        )
+    )
+    return _pixels(SegformerModel, cfg, 32)
+
+
+@_seeded
+def mobilevit() -> Factory:
+    from transformers import MobileViTConfig, MobileViTModel
+
+    cfg = MobileViTConfig(
+        image_size=32,
+        hidden_sizes=[16, 24, 32],
+        neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
+        num_attention_heads=2,
+    )
+    return _pixels(MobileViTModel, cfg, 32)
+
+
+@_seeded
+def convnext_v2() -> Factory:
+    from transformers import ConvNextV2Config, ConvNextV2Model
+
+    cfg = ConvNextV2Config(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, image_size=32)
+    return _pixels(ConvNextV2Model, cfg, 32)
+
+
+@_seeded
+def hf_resnet() -> Factory:
+    from transformers import ResNetConfig, ResNetModel
+
+    cfg = ResNetConfig(
+        embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="bottleneck"
+    )
+    return _pixels(ResNetModel, cfg, 32)
+
+
+@_seeded
+def efficientnet() -> Factory:
+    from transformers import EfficientNetConfig, EfficientNetModel
+
+    cfg = EfficientNetConfig(
+        image_size=32,
+        width_coefficient=0.25,
+        depth_coefficient=0.25,
+        hidden_dim=320,  # the top conv: round_filters(1280) at width 0.25
+    )
+    return _pixels(EfficientNetModel, cfg, 32)
+
+
+@_seeded
+def regnet() -> Factory:
+    from transformers import RegNetConfig, RegNetModel
+
+    cfg = RegNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], groups_width=8)
+    return _pixels(RegNetModel, cfg, 32)
+
+
+# ---------------------------------------------------------------------------- audio
+
+
+def _audio(model_cls: Any, cfg: Any) -> Factory:
+    import torch
+
+    from onnxopt.zoo.transformers_models import _Outputs
+
+    inputs = {"input_values": torch.randn(2, 1600)}
+    wrapped = _Outputs(model_cls(cfg), ("input_values",), ("last_hidden_state",))
+    return _finish(wrapped, inputs, {"input_values": {0: "batch", 1: "samples"}})
+
+
+def _wav2vec2_like(cfg_cls: Any) -> Any:
+    return cfg_cls(
+        **_attn(
+            **SMALL,
+            intermediate_size=128,
+            conv_dim=(32, 32),
+            conv_stride=(5, 2),
+            conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+            do_stable_layer_norm=False,
+        )
+    )
+
+
+@_seeded
+def wav2vec2() -> Factory:
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    return _audio(Wav2Vec2Model, _wav2vec2_like(Wav2Vec2Config))
+
+
+@_seeded
+def hubert() -> Factory:
+    from transformers import HubertConfig, HubertModel
+
+    return _audio(HubertModel, _wav2vec2_like(HubertConfig))
+
+
+FAMILIES: dict[str, Callable[[], Factory]] = {
+    f.__name__.replace("_", "-"): f
+    for f in (
+        roberta,
+        xlm_roberta,
+        albert,
+        electra,
+        deberta_v2,
+        mpnet,
+        mobilebert,
+        clip_text,
+        bart_encoder,
+        bart,
+        t5_encoder,
+        t5,
+        gpt_neo,
+        opt,
+        mistral,
+        qwen2,
+        gemma,
+        phi,
+        falcon,
+        bloom,
+        clip_vision,
+        deit,
+        beit,
+        swin,
+        segformer,
+        mobilevit,
+        convnext_v2,
+        hf_resnet,
+        efficientnet,
+        regnet,
+        wav2vec2,
+        hubert,
+    )
+}
+
+
+@dataclass
+class Row:
+    family: str
+    exporter: str
+    status: str = ""
+    nodes_before: int | None = None
+    nodes_after: int | None = None
+    fused: str = ""
+    validated: str = ""
+    eager_diff: str = ""
+    fixed_point: str = ""
+    seconds: float = 0.0
+    notes: list[str] | None = None
+
+    def markdown(self) -> str:
+        nodes = f"{self.nodes_before} → {self.nodes_after}" if self.nodes_before is not None else ""
+        return (
+            f"| {self.family} | {self.exporter} | {self.status} | {nodes} | {self.fused} "
+            f"| {self.validated} | {self.eager_diff} | {self.fixed_point} | {self.seconds:.0f} |"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
+
+
+def sweep_one(family: str, exporter: str, out: Path, explain: bool) -> Row:
+    from onnxopt import api, io
+    from onnxopt.export import export
+
+    row = Row(family, exporter)
+    start = time.perf_counter()
+    path = out / f"{family}.{exporter}.{ATTENTION['implementation']}.onnx"
+    try:
+        export(f"benchmarks.arch_sweep:{family.replace('-', '_')}", path, exporter=exporter)  # type: ignore[arg-type]
+    except Exception as exc:
+        row.status = f"export failed: {_first_line(exc.__cause__ or exc)}"
+        row.seconds = time.perf_counter() - start
+        return row
+    try:
+        result = api.optimize(path, find_reference=True, explain=explain)
+    except Exception as exc:
+        row.status = f"optimize crashed: {_first_line(exc)}"
+        row.notes = [traceback.format_exc()]
+        row.seconds = time.perf_counter() - start
+        return row
+    report = result.report
+    row.status = "ok"
+    row.nodes_before, row.nodes_after = report.before.nodes, report.after.nodes
+    counts = Counter(node.op_type for node in result.model.graph)
+    row.fused = " ".join(f"{label} {counts[op]}" for op, label in FUSED.items() if counts[op])
+    validation = report.validation
+    if validation is None:
+        row.validated = "not run"
+    elif validation.passed:
+        row.validated = "yes"
+    else:
+        failing = validation.failing_outputs()
+        row.validated = "FAILED " + "; ".join(validation.errors or ()) + " ".join(failing)
+    ref = report.reference
+    if ref is None:
+        row.eager_diff = "-"
+    elif ref.errors:
+        row.eager_diff = "ERROR " + "; ".join(ref.errors)[:120]
+    else:
+        worst = max((c.max_abs for c in ref.optimized), default=0.0)
+        export_worst = max((c.max_abs for c in ref.export), default=0.0)
+        mark = "" if ref.optimized_passed else " FAIL"
+        if ref.optimized_passed and not ref.export_passed:
+            mark = " (export also off)"
+        row.eager_diff = f"{worst:.1e}{mark}" + (
+            f" (export {export_worst:.1e})" if not ref.optimized_passed else ""
+        )
+    first = out / f"{path.stem}.opt.onnx"
+    first_bytes = io.save_model(result.model, first).read_bytes()
+    try:
+        again = api.optimize(first, check=False)
+        again_bytes = io.save_model(again.model, out / f"{path.stem}.opt2.onnx").read_bytes()
+        changed = [
+            r.name
+            for r in again.report.records
+            if r.modified and r.name not in ("infer-shapes", "drop-shape-annotations")
+        ]
+        if again_bytes == first_bytes and not changed:
+            row.fixed_point = "yes"
+        else:
+            row.fixed_point = (
+                f"NO ({again.report.after.nodes} nodes; changed: "
+                f"{', '.join(dict.fromkeys(changed)) or 'bytes'})"
+            )
+    except Exception as exc:
+        row.fixed_point = f"re-optimize crashed: {_first_line(exc)}"
+    if explain:
+        row.notes = report.explain_notes(fusions=True)
+    row.seconds = time.perf_counter() - start
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--families",
+        default="",
+        help="comma-separated subset (default: all): " + ", ".join(FAMILIES),
+    )
+    parser.add_argument("--exporters", default="dynamo,torchscript")
+    parser.add_argument("--attention", default="eager", choices=("eager", "sdpa"))
+    parser.add_argument("--out", type=Path, default=None, help="keep the exports here")
+    parser.add_argument("--explain", action="store_true", help="print fusion --explain notes")
+    args = parser.parse_args()
+    ATTENTION["implementation"] = args.attention
+    families = [f.strip() for f in args.families.split(",") if f.strip()] or list(FAMILIES)
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        parser.error(f"unknown families: {', '.join(unknown)}")
+    out = args.out or Path(tempfile.mkdtemp(prefix="arch_sweep_"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"attention: {args.attention}; exports in {out}\n")
+    print(
+        "| family | exporter | status | nodes | fused (after) | validated | vs eager max abs "
+        "| fixed point | s |"
+    )
+    print("|---|---|---|---:|---|---|---|---|---:|")
+    rows = []
+    for family in families:
+        for exporter in args.exporters.split(","):
+            row = sweep_one(family, exporter, out, args.explain)
+            rows.append(row)
+            print(row.markdown(), flush=True)
+    for row in rows:
+        if row.notes:
+            print(f"\n### {row.family} / {row.exporter}", file=sys.stderr)
+            for note in row.notes:
+                print(note, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
