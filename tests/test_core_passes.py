@@ -195,6 +195,25 @@ def test_placeholder_dims_are_renamed_once_a_rewrite_proves_them() -> None:
     assert not InferShapesPass()(model).modified
 
 
+def test_shape_inference_names_a_recorded_unknown_dim() -> None:
+    # Exporters record unknown dims (r: [batch, 4, ?]); inference proves it is "length". Before,
+    # only more sizes counted, and a second optimize run (shapes dropped, inferred from scratch)
+    # found the Reshape(r, Shape(x)) no-op the first run missed (wav2vec2's GroupNorm).
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 4, length] x) => (float[batch, 4, length] y) <float[batch, 4, ?] r> {
+            r = Relu(x)
+            y = Abs(r)
+        }
+        """
+    )
+    result = InferShapesPass()(model)
+    assert result.stats == {"shapes inferred": 1}
+    assert [str(d) for d in model.graph.node(0).outputs[0].shape] == ["batch", "4", "length"]
+    assert not InferShapesPass()(model).modified
+
+
 def test_input_shape_pinning() -> None:
     model = parse_model(
         """

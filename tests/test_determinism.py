@@ -39,6 +39,31 @@ def test_fold_may_grow_output_is_deterministic_and_a_fixed_point(tmp_path: Path)
     _assert_deterministic(LIGHT / "light_squeezenet.onnx", tmp_path, fold_may_grow=True)
 
 
+def test_recorded_unknown_dims_do_not_hide_a_noop_until_the_second_run(tmp_path: Path) -> None:
+    # wav2vec2's GroupNorm as exported: the reshapes' outputs are recorded as [batch, 4, ?].
+    model = io.model_from_proto(
+        onnx.parser.parse_model(
+            """
+            <ir_version: 8, opset_import: ["" : 17]>
+            g (float[batch, 4, length] x) => (float[batch, 4, length] y)
+                <int64[3] t = {0, 4, -1}, float[batch, 4, ?] r, float[batch, 4, ?] n> {
+                r = Reshape(x, t)
+                n = Relu(r)
+                s = Shape(x)
+                y = Reshape(n, s)
+            }
+            """
+        )
+    )
+    first = api.optimize(model)
+    assert first.validated
+    assert [node.op_type for node in first.model.graph] == ["Relu"]
+    io.save_model(first.model, tmp_path / "first.onnx")
+    again = api.optimize(tmp_path / "first.onnx", check=False)
+    changed = [r.name for r in again.report.records if r.modified]
+    assert set(changed) <= {"infer-shapes", "drop-shape-annotations"}
+
+
 def _export_tiny_bert(path: Path, dynamo: bool) -> None:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

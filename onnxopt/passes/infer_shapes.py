@@ -20,6 +20,30 @@ def _known_dims(shape: ir.Shape | None) -> int:
     return sum(isinstance(d, int) for d in shape)
 
 
+def _precision(dim: int | ir.SymbolicDim) -> int:
+    """2 for a size, 1 for a named dim, 0 for an unknown one."""
+    if isinstance(dim, int):
+        return 2
+    return 1 if dim.value is not None else 0
+
+
+def _more_precise(old: ir.Shape | None, new: ir.Shape) -> ir.Shape | None:
+    """``old`` with each dim ``new`` knows better (a size, or a name for an unknown dim); None if
+    ``new`` adds nothing.
+
+    Both describe the same value, so they can be merged dim by dim. A recorded shape whose dim is
+    unknown (an exporter's annotation, or one inferred before a rewrite exposed more) learns the
+    name inference now finds; else a later run, inferring from scratch, would see what this one
+    did not, and the optimized file would not be a fixed point.
+    """
+    if old is None or len(old) != len(new):
+        return new if _known_dims(new) > _known_dims(old) else None
+    better = [_precision(b) > _precision(a) for a, b in zip(old, new, strict=True)]
+    if not any(better):
+        return None
+    return ir.Shape([b if up else a for a, b, up in zip(old, new, better, strict=True)])
+
+
 def pin_input_shapes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> int:
     """Replace the named graph inputs' dims with the user's; return how many inputs changed."""
     changed = 0
@@ -172,7 +196,8 @@ class InferShapesPass(Pass):
     """Run ONNX shape inference (with data propagation) and record every value's type and shape.
 
     Symbolic dims stay symbolic; dims are pinned only for inputs named with ``--input-shape``.
-    A value only gains information: a shape already known is never replaced by a less precise one.
+    A value only gains information: a shape already known is never replaced by a less precise one,
+    and a more precise one is merged in dim by dim (a size, or a name for an unknown dim).
     """
 
     name = "infer-shapes"
@@ -245,8 +270,9 @@ class InferShapesPass(Pass):
                 if value.type is None and dtype_type is not None:
                     value.type = dtype_type
                     stats["types inferred"] += 1
-                if shape is not None and _known_dims(shape) > _known_dims(value.shape):
-                    value.shape = shape
+                merged = _more_precise(value.shape, shape) if shape is not None else None
+                if merged is not None:
+                    value.shape = merged
                     stats["shapes inferred"] += 1
         refined = refine_shapes(model)  # dims ONNX loses though an op provably copies them
         if refined:
