@@ -214,6 +214,26 @@ def test_shape_inference_names_a_recorded_unknown_dim() -> None:
     assert not InferShapesPass()(model).modified
 
 
+def test_placeholders_inferred_alike_become_one_name() -> None:
+    # As recorded after a rewrite: n = Relu(r) kept the made-up name of an input it no longer has
+    # (wav2vec2's TorchScript GroupNorm). Inferred afresh, r and n share one made-up dim.
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 8, length] x) => (float[batch, 4, unk__0] y)
+            <int64[3] t = {0, 4, -1}, float[batch, 4, unk__0] r, float[batch, 4, unk__1] n> {
+            r = Reshape(x, t)
+            n = Relu(r)
+            y = Abs(n)
+        }
+        """
+    )
+    result = InferShapesPass()(model)
+    assert result.stats["placeholder dims resolved"] == 1
+    assert [str(d) for d in model.graph.node(1).outputs[0].shape] == ["batch", "4", "unk__0"]
+    assert not InferShapesPass()(model).modified
+
+
 def test_input_shape_pinning() -> None:
     model = parse_model(
         """

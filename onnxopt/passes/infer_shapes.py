@@ -137,14 +137,26 @@ def _forget_placeholders(graph: onnx.GraphProto) -> None:
 def _resolved_placeholders(
     model: ir.Model, fresh: dict[str, onnx.ValueInfoProto]
 ) -> dict[str, int | str]:
-    """Made-up names that inference without them proves to be a declared symbol or a size.
+    """Made-up names that inference without them proves to be a declared symbol, a size, or the
+    same dim as another made-up name.
 
     ONNX inference keeps a name it finds recorded: a placeholder recorded for ``Cast(Reshape(mask))``
     ([unk__0, unk__3]) survives the rewrite to ``Cast(mask)``, whose dims are [batch, sequence].
     Inferred afresh, the dim reads "batch"; every dim named unk__0 is that same dim, so the name
-    can be replaced everywhere (the first proof, in graph order, wins).
+    can be replaced everywhere (the first proof, in graph order, wins). Two recorded placeholders
+    that the fresh run names alike (``InstanceNormalization(x)`` recorded as [b, c, unk__1] after
+    its input's Reshape went, x as [b, c, unk__0]) are one dim: both take the name seen first.
     """
     found: dict[str, int | str] = {}
+    order: dict[str, int] = {}  # recorded placeholders in graph order
+    parent: dict[str, str] = {}  # union-find over recorded placeholders; the root is seen first
+    first_as: dict[str, str] = {}  # fresh placeholder -> the recorded one first inferred as it
+
+    def root(name: str) -> str:
+        while parent.get(name, name) != name:
+            name = parent[name]
+        return name
+
     for graph in model.graphs():
         for value in _graph_values(graph):
             info = fresh.get(value.name or "")
@@ -154,13 +166,30 @@ def _resolved_placeholders(
             if shape is None or len(shape) != len(value.shape):
                 continue
             for before, after in zip(value.shape, shape, strict=True):
-                if not _is_placeholder(before) or str(before.value) in found:  # type: ignore[union-attr]
+                if not _is_placeholder(before):
                     continue
+                old = str(before.value)  # type: ignore[union-attr]
+                order.setdefault(old, len(order))
                 if isinstance(after, int):
-                    found[str(before.value)] = after  # type: ignore[union-attr]
+                    found.setdefault(old, after)
                 elif after.value is not None and not _is_placeholder(after):
-                    found[str(before.value)] = str(after.value)  # type: ignore[union-attr]
-    return found
+                    found.setdefault(old, str(after.value))
+                elif after.value is not None:
+                    a, b = root(first_as.setdefault(str(after.value), old)), root(old)
+                    if a != b:
+                        a, b = sorted((a, b), key=order.__getitem__)
+                        parent[b] = a
+    # A class of equal placeholders takes the first proof any member has, else its first name.
+    proofs: dict[str, int | str] = {}
+    for name in order:  # graph order
+        if name in found:
+            proofs.setdefault(root(name), found[name])
+    resolved: dict[str, int | str] = {}
+    for name in order:
+        target = proofs.get(root(name), root(name))
+        if target != name:
+            resolved[name] = target
+    return resolved
 
 
 def _rename_placeholders(model: ir.Model, names: dict[str, int | str]) -> int:
