@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -58,6 +59,60 @@ def test_recorded_unknown_dims_do_not_hide_a_noop_until_the_second_run(tmp_path:
     first = api.optimize(model)
     assert first.validated
     assert [node.op_type for node in first.model.graph] == ["Relu"]
+    io.save_model(first.model, tmp_path / "first.onnx")
+    again = api.optimize(tmp_path / "first.onnx", check=False)
+    changed = [r.name for r in again.report.records if r.modified]
+    assert set(changed) <= {"infer-shapes", "drop-shape-annotations"}
+
+
+def _static_bias_attention() -> str:
+    """One attention block whose scores get a constant [1, 2, 5, 5] bias (BEiT's relative position
+    bias) while the sequence dim of x is symbolic: the fusion cannot prove the bias is [., ., S, T]."""
+    rng = np.random.default_rng(0)
+
+    def mat(name: str, shape: tuple[int, ...]) -> str:
+        values = ", ".join(f"{v:.4f}" for v in rng.standard_normal(int(np.prod(shape))) * 0.5)
+        return f"float[{', '.join(map(str, shape))}] {name} = {{{values}}}"
+
+    weights = ",\n".join(
+        [mat("wq", (8, 8)), mat("wk", (8, 8)), mat("wv", (8, 8)), mat("rel", (1, 2, 5, 5))]
+    )
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S, 8] x) => (float[B, S, 8] y) <
+            {weights}, int64[4] heads = {{0, 0, 2, 4}}, int64[3] merged = {{0, 0, 8}},
+            float sq = {{0.5}}
+        > {{
+            q = MatMul(x, wq)
+            k = MatMul(x, wk)
+            v = MatMul(x, wv)
+            qr = Reshape(q, heads)
+            q4 = Transpose<perm=[0,2,1,3]>(qr)
+            kr = Reshape(k, heads)
+            kt = Transpose<perm=[0,2,3,1]>(kr)
+            vr = Reshape(v, heads)
+            v4 = Transpose<perm=[0,2,1,3]>(vr)
+            qk = MatMul(q4, kt)
+            scores = Mul(qk, sq)
+            biased = Add(scores, rel)
+            probs = Softmax<axis=-1>(biased)
+            pv = MatMul(probs, v4)
+            pt = Transpose<perm=[0,2,1,3]>(pv)
+            y = Reshape(pt, merged)
+        }}
+    """
+
+
+def test_a_fused_mask_expand_that_inference_proves_a_noop_goes_in_the_same_run(
+    tmp_path: Path,
+) -> None:
+    # fuse-attention spells the bias out as Expand(rel, [1, 1, S, S]); inference afterwards proves
+    # its output is rel's [1, 2, 5, 5]. Before, only a second optimize run removed it (BEiT).
+    model = io.model_from_proto(onnx.parser.parse_model(_static_bias_attention()))
+    x = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
+    first = api.optimize(model, inputs=[{"x": x}])  # S must be 5: the bias fixes it
+    assert first.validated
+    assert [node.op_type for node in first.model.graph] == ["Attention"]
     io.save_model(first.model, tmp_path / "first.onnx")
     again = api.optimize(tmp_path / "first.onnx", check=False)
     changed = [r.name for r in again.report.records if r.modified]

@@ -149,6 +149,10 @@ LEVELS: dict[int, LevelSpec] = {
         DeduplicateInitializersPass,
         InferShapesPass,
         FoldShapeValuesPass,
+        # A fusion's Expand or Reshape built on dims it could not prove (a mask spelled out to
+        # [B, H, S, T] with S read at run time) can be a no-op once shapes are inferred again:
+        # else a second optimize run removes it and the output is not a fixed point (BEiT).
+        EliminateNoopsPass,
         EliminateCommonSubexpressionsPass,
         EliminateDeadCodePass,
         KeepLayerNormUnfusedPass,
