@@ -696,6 +696,9 @@ def main() -> None:
     parser.add_argument("--explain", action="store_true", help="print fusion --explain notes")
     args = parser.parse_args()
     ATTENTION["implementation"] = args.attention
+    # export() imports the factories by name: let it find this module (and the setting above),
+    # not a second copy of the file imported afresh with the default attention.
+    sys.modules.setdefault("benchmarks.arch_sweep", sys.modules[__name__])
     families = [f.strip() for f in args.families.split(",") if f.strip()] or list(FAMILIES)
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:

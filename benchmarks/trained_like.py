@@ -106,6 +106,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     ATTENTION["implementation"] = args.attention
+    # export() imports the factories by name: let it find this module (and the setting above),
+    # not a second copy of the file imported afresh with the default attention.
+    sys.modules.setdefault("benchmarks.trained_like", sys.modules[__name__])
     out = args.out or Path(tempfile.mkdtemp(prefix="trained_like_"))
     out.mkdir(parents=True, exist_ok=True)
     print("| model | exporter | nodes | optimized | validated | vs eager | fused |")
