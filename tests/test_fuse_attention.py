@@ -45,6 +45,7 @@ def _model(
     nan_guard: bool = True,
     merge_target: str = "constant",
     scaled_projections: str = "",
+    position_bias: bool = False,
 ) -> ir.Model:
     """x[B,S,8] and a [B,S] padding mask -> one SDPA block (2 heads of 4), as the exporters write it.
 
@@ -52,7 +53,8 @@ def _model(
     ``Concat(Gather(Shape(x), [0]), Gather(Shape(x), [1]), [8])`` (one-element index vectors, the
     form fold-shape-values leaves after sharing equal shape reads) instead of ``[0, 0, 8]``.
     ``scaled_projections`` names the [B, S, 8] projections ("q", "k") multiplied by a scalar before
-    the head split, as fairseq-style models write ``q_proj(x) * scaling``."""
+    the head split, as fairseq-style models write ``q_proj(x) * scaling``. ``position_bias`` adds
+    an input ``pos`` [1, 2, S, S] to the scores before the mask, as T5 and MPNet do."""
     if key_form == "torchscript":  # K^T = Transpose(Reshape(k), [0,2,3,1])
         key_t = """
             kr = Reshape(kb, heads)
@@ -73,6 +75,7 @@ def _model(
             kt = Reshape(kflat_t, back_shape)
         """
     extra_input = ", int64[N] bias_shape" if runtime_mask_shape else ""
+    extra_input += ", float[1, 2, S, S] pos" if position_bias else ""
     expand = "bias = Expand(bias0, bias_shape)" if runtime_mask_shape else "bias = Identity(bias0)"
     merge = (
         "xs = Shape(x)\n            xb = Gather(xs, zero1)\n            xt = Gather(xs, one1)\n"
@@ -120,7 +123,8 @@ def _model(
             mb = Unsqueeze(mbool, mask_axes)
             bias0 = Where(mb, zero, {masked_value})
             {expand}
-            masked = Add(scores, bias)
+            {"scored = Add(scores, pos)" if position_bias else ""}
+            masked = Add({"scored" if position_bias else "scores"}, bias)
             probs = Softmax<axis={softmax_axis}>(masked)
             {guard}
             pv = MatMul({attended}, v4)
@@ -171,6 +175,36 @@ def test_fuses_sdpa_into_multi_head_attention(key_form: str, merge_target: str) 
     report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(4, 7, 2)])
     assert report.passed, report
     assert not FuseAttentionPass()(fused).modified
+
+
+def test_a_position_bias_and_a_mask_are_summed_into_one_attention_bias() -> None:
+    model = _model(position_bias=True)
+    fused = model.clone()
+    assert FuseAttentionPass()(fused).stats == {"attention->mha": 1}
+    types = _op_types(fused)
+    assert "Softmax" not in types and types.count("MultiHeadAttention") == 1
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    bias_sum = mha.inputs[5].producer()  # type: ignore[union-attr]
+    assert bias_sum is not None and bias_sum.op_type == "Add"
+    assert mha.inputs[5].shape is not None  # type: ignore[union-attr]
+    assert [str(d) for d in mha.inputs[5].shape] == ["B", "2", "S", "S"]  # type: ignore[union-attr]
+    rng = np.random.default_rng(5)
+    feeds = [
+        {**_feeds(b, s, seed), "pos": rng.standard_normal((1, 2, s, s)).astype(np.float32)}
+        for b, s, seed in ((3, 5, 0), (1, 1, 1), (2, 7, 2))
+    ]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_several_bias_terms_are_not_fused_for_target_onnx() -> None:
+    model = _model(position_bias=True)
+    model.opset_imports[""] = 23
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(target="onnx", explain=True))(fused)
+    assert not result.modified
+    assert any("several additive terms" in note for note in result.notes), result.notes
 
 
 def test_scalar_factors_on_the_projections_move_into_the_scale() -> None:

@@ -327,6 +327,67 @@ class _Block:
     nan_guard: bool
     output: ir.Value
     output_target: ir.Value | None
+    # Further additive terms of the scores (the first is ``bias``), summed into one mask.
+    more_bias: tuple[ir.Value, ...] = ()
+
+
+# T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
+MAX_BIAS_TERMS = 3
+
+
+def _scores_side(add: ir.Node) -> int | None:
+    """Which operand of an Add on the way up from the Softmax leads to Q@K^T: a (scaled) MatMul,
+    else another Add (a further bias term)."""
+    for leads in (
+        lambda v: is_op(peel_scale(v)[0].producer(), "MatMul"),
+        lambda v: is_op(v.producer(), "Add"),
+    ):
+        for i in (0, 1):
+            candidate = add.inputs[i]
+            if candidate is not None and leads(candidate):
+                return i
+    return None
+
+
+def _broadcast_shape(values: Sequence[ir.Value]) -> ir.Shape | None:
+    """The shape numpy broadcasting gives ``values`` (all of known rank); a dim is kept where the
+    operands agree or the others are 1, else left unknown."""
+    shapes = [v.shape for v in values]
+    if any(shape is None for shape in shapes):
+        return None
+    rank = max(len(shape) for shape in shapes if shape is not None)
+    dims: list[int | ir.SymbolicDim | None] = []
+    for axis in range(rank):
+        seen = []
+        for shape in shapes:
+            assert shape is not None
+            offset = axis - (rank - len(shape))
+            if offset >= 0:
+                seen.append(shape[offset])
+        wide = [d for d in seen if not (isinstance(d, int) and d == 1)]
+        if not wide:
+            dims.append(1)
+        elif all(d == wide[0] for d in wide) and (
+            isinstance(wide[0], int) or wide[0].value is not None
+        ):
+            dims.append(wide[0])
+        else:
+            dims.append(None)
+    return ir.Shape(dims)
+
+
+def _summed_bias(tape: ir.tape.Tape, block: _Block) -> ir.Value | None:
+    """``block.bias`` plus its further terms, one Add each; the sum's shape is recorded (the
+    mask's dims decide whether it must be spelled out)."""
+    if block.bias is None or not block.more_bias:
+        return block.bias
+    bias = block.bias
+    for term in block.more_bias:
+        bias = tape.op("Add", [bias, term])
+    if block.bias.dtype is not None:
+        bias.dtype = block.bias.dtype
+    bias.shape = _broadcast_shape((block.bias, *block.more_bias))
+    return bias
 
 
 def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -338,20 +399,21 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
     if axis != -1 and not (rank is not None and axis == rank - 1):
         return Mismatch(f"Softmax is over axis {axis}, not the last one")
     nodes: list[ir.Node] = []
-    # Walk up: [Add bias] <- [scalar scale] <- MatMul(Q, K^T)
-    bias: ir.Value | None = None
-    add = producer_of(scores, "Add")
-    base = scores
-    if add is not None:
-        for i in (0, 1):
-            candidate = add.inputs[i]
-            other = add.inputs[1 - i]
-            if candidate is not None and is_op(peel_scale(candidate)[0].producer(), "MatMul"):
-                base, bias = candidate, other
-                break
-        else:
+    # Walk up: [Add bias]* <- [scalar scale] <- MatMul(Q, K^T). T5 and MPNet add a position bias,
+    # then the mask: each Add's other operand is one term of the additive bias.
+    terms: list[ir.Value] = []
+    base: ir.Value | None = scores
+    while (add := producer_of(base, "Add")) is not None:
+        scores_at = _scores_side(add)
+        if scores_at is None:
             return Mismatch("the Softmax input is an Add without a Q@K^T MatMul operand")
+        if len(terms) == MAX_BIAS_TERMS:
+            return Mismatch(f"the scores get more than {MAX_BIAS_TERMS} additive terms")
+        term = add.inputs[1 - scores_at]
+        assert term is not None
+        terms.append(term)
         nodes.append(add)
+        base = add.inputs[scores_at]
     assert base is not None
     scores_mm, post_scale, scale_nodes = peel_scale(base)
     matmul = producer_of(scores_mm, "MatMul")
@@ -452,12 +514,13 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         return Mismatch(
             f"attention in {scores.dtype.name}: only float32 blocks are fused (the fused kernels' CPU coverage)"
         )
-    if bias is not None:
-        problem = _check_bias(bias, heads)
+    for term in terms:
+        problem = _check_bias(term, heads)
         if problem is not None:
             return problem
-        if _all_equal_to(bias, 0.0):
-            bias = None  # an all-pass mask (ViT's dynamo export): adding 0 changes no score
+    # An all-pass mask (ViT's dynamo export): adding 0 changes no score.
+    terms = [term for term in terms if not _all_equal_to(term, 0.0)]
+    bias = terms[0] if terms else None
     block = _Block(
         query=query_heads,
         key=key_heads,
@@ -466,6 +529,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         bias=bias,
         nan_guard=nan_guard,
         output=output,
+        more_bias=tuple(terms[1:]),
         output_target=output_target,
     )
     target = context.options.target
@@ -580,7 +644,7 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
         query = tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
     assert key is not None and value is not None
-    bias = _full_bias(tape, block.bias, query, 1, key, kv_axis, opset)
+    bias = _full_bias(tape, _summed_bias(tape, block), query, 1, key, kv_axis, opset)
     inputs: list[ir.Value | None] = [query, key, value]
     if bias is not None:
         inputs += [None, None, bias]
@@ -698,6 +762,11 @@ def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
     # Fully masked rows: the export averages V (finite mask) or gives NaN, zeroed by SDPA's guard
     # (-inf); ORT's Attention-23 gives zeros for both -inf and float32's lowest. Fuse only where
     # the two agree: a finite mask raised to MASK_FLOOR, or a -inf mask behind the NaN guard.
+    if block.more_bias:
+        return Mismatch(
+            "--target onnx: the scores get several additive terms, and only a single provable "
+            "mask keeps ONNX Runtime's Attention-23 from zeroing fully masked rows"
+        )
     values = _mask_values(block.bias) if block.bias is not None else None
     if block.bias is not None:
         if values is None:
