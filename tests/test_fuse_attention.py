@@ -47,6 +47,7 @@ def _model(
     scaled_projections: str = "",
     position_bias: bool = False,
 ) -> ir.Model:
+    seq = "5" if key_form == "dynamo-static" else "S"
     """x[B,S,8] and a [B,S] padding mask -> one SDPA block (2 heads of 4), as the exporters write it.
 
     ``merge_target="gathered"`` merges the heads back with a target read at run time as
@@ -59,6 +60,14 @@ def _model(
         key_t = """
             kr = Reshape(kb, heads)
             kt = Transpose<perm=[0,2,3,1]>(kr)
+        """
+    elif key_form == "dynamo-static":  # as dynamo, once T is static: fold-shape-values' constants
+        key_t = """
+            kr = Reshape(kb, heads)
+            k4 = Transpose<perm=[0,2,1,3]>(kr)
+            kflat = Reshape(k4, flat_static)
+            kflat_t = Transpose<perm=[0,2,1]>(kflat)
+            kt = Reshape(kflat_t, back_static)
         """
     else:  # dynamo: K4 -> Reshape[-1,T,d] -> Transpose[0,2,1] -> Reshape[B,H,d,T] read off Shape(K4)
         key_t = """
@@ -87,7 +96,9 @@ def _model(
     attended = "clean" if nan_guard else "probs"
     text = f"""
         <ir_version: 8, opset_import: ["" : 17]>
-        agraph (float[B, S, 8] x, int64[B, S] mask{extra_input}) => (float[B, S, 8] y) <
+        agraph (float[B, {seq}, 8] x, int64[B, {seq}] mask{extra_input}) => (float[B, {seq}, 8] y) <
+            int64[3] flat_static = {{-1, 5, 4}},
+            int64[4] back_static = {{-1, 2, 4, 5}},
             {_weights()},
             int64[4] heads = {{0, 0, 2, 4}},
             int64[3] merged = {{0, 0, 8}},
@@ -156,7 +167,12 @@ def _op_types(model: ir.Model) -> list[str]:
 
 @pytest.mark.parametrize(
     ("key_form", "merge_target"),
-    [("torchscript", "constant"), ("dynamo", "constant"), ("torchscript", "gathered")],
+    [
+        ("torchscript", "constant"),
+        ("dynamo", "constant"),
+        ("dynamo-static", "constant"),
+        ("torchscript", "gathered"),
+    ],
 )
 def test_fuses_sdpa_into_multi_head_attention(key_form: str, merge_target: str) -> None:
     model = _model(key_form=key_form, merge_target=merge_target)
@@ -172,7 +188,8 @@ def test_fuses_sdpa_into_multi_head_attention(key_form: str, merge_target: str) 
     assert mha.attributes.get_int("num_heads") == H
     assert mha.attributes.get_float("scale") == pytest.approx(0.5, rel=1e-6)
     assert fused.opset_imports["com.microsoft"] == 1
-    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(4, 7, 2)])
+    sizes = ((3, 5), (1, 1), (4, 7)) if key_form != "dynamo-static" else ((3, 5), (1, 5), (4, 5))
+    report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(sizes)])
     assert report.passed, report
     assert not FuseAttentionPass()(fused).modified
 

@@ -175,12 +175,13 @@ def _is_flat_key(entries: Sequence[Entry], key4: ir.Value) -> bool:
 
 
 def _is_unflat_key(entries: Sequence[Entry], key4: ir.Value) -> bool:
-    return (
-        len(entries) == 4
-        and same_dim(entries[0], key4, 0)
-        and same_dim(entries[1], key4, 1)
-        and same_dim(entries[2], key4, 3)
-        and same_dim(entries[3], key4, 2)
+    """[B, H, d, T] of the key; one entry may be -1 (fold-shape-values writes [-1, 4, 16, 18] once
+    H, d and T are static): the reshaped tensor holds the key's elements, so it is that dim."""
+    if len(entries) != 4 or sum(1 for entry in entries if entry == -1) > 1:
+        return False
+    return all(
+        entry == -1 or same_dim(entry, key4, axis)
+        for entry, axis in zip(entries, (0, 1, 3, 2), strict=True)
     )
 
 
