@@ -161,6 +161,9 @@ def piece_entries(value: ir.Value | None) -> list[Entry] | None:
         hi = rank if end is None else (end + rank if end < 0 else min(end, rank))
         return [("dim", source, i) for i in range(lo, hi)]
     node = value.producer()
+    if is_op(node, "Slice"):
+        assert node is not None
+        return _sliced_entries(node)
     # Unsqueeze(Gather(Shape(src), i)) / Reshape(Gather(...)): one dim as a 1-element tensor
     if is_op(node, "Unsqueeze") or is_op(node, "Reshape"):
         assert node is not None
@@ -170,6 +173,26 @@ def piece_entries(value: ir.Value | None) -> list[Entry] | None:
     # Gather(Shape(src), [i]): the same, indexed by a one-element vector
     dim = gathered_dim(node, scalar=False)
     return None if dim is None else [dim]
+
+
+def _sliced_entries(node: ir.Node) -> list[Entry] | None:
+    """``Slice(v, [start], [end])`` (axis 0, step 1) of a vector whose entries are readable: the
+    dynamo exporter slices [B, H] off the [B, H, S, d] target it built for repeat_kv."""
+    data, starts, ends, *rest = [*node.inputs, None, None][:5]
+    start, end = const_array(starts), const_array(ends)
+    if start is None or end is None or start.size != 1 or end.size != 1:
+        return None
+    axes = const_array(rest[0]) if rest[0] is not None else np.array([0])
+    steps = const_array(rest[1]) if rest[1] is not None else np.array([1])
+    if axes is None or axes.size != 1 or int(axes.reshape(-1)[0]) not in (0, -1):
+        return None
+    if steps is None or steps.size != 1 or int(steps.reshape(-1)[0]) != 1:
+        return None
+    entries = target_entries(data)
+    if entries is None:
+        return None
+    # Python's slice clamps out-of-range bounds as ONNX Slice does with step 1.
+    return entries[int(start.reshape(-1)[0]) : int(end.reshape(-1)[0])]
 
 
 def gathered_dim(gather: ir.Node | None, *, scalar: bool) -> Entry | None:

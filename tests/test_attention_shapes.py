@@ -1,0 +1,42 @@
+"""Reading Reshape targets the exporters build around attention (passes/_attention_shapes)."""
+
+from __future__ import annotations
+
+import onnx.parser
+import onnx_ir as ir
+
+from onnxopt.passes._attention_shapes import target_entries
+
+# The dynamo exporter's repeat_kv: a [B, H, S, d] target, then its first two entries sliced off
+# for the key transpose's reshape back to [B, H, d, T].
+SLICED = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, S, 8] x) => (int64[2] bh, int64[2] every_other, int64[2] dynamic_end) <
+    int64[1] four = {4}, int64[1] sixteen = {16}, int64[1] lowest = {-9223372036854775808},
+    int64[1] minus2 = {-2}, int64[1] zero = {0}, int64[1] two = {2}, int64[1] axis0 = {0}
+> {
+    b = Shape<start = 0, end = 1>(x)
+    s = Shape<start = 1, end = 2>(x)
+    target = Concat<axis = 0>(b, four, s, sixteen)
+    bh = Slice(target, lowest, minus2)
+    every_other = Slice(target, zero, minus2, axis0, two)
+    n = Shape<start = 2, end = 3>(x)
+    dynamic_end = Slice(target, zero, n)
+}
+"""
+
+
+def _outputs() -> tuple[ir.Value, dict[str, ir.Value]]:
+    model = ir.serde.deserialize_model(onnx.parser.parse_model(SLICED))
+    return model.graph.inputs[0], {str(value.name): value for value in model.graph.outputs}
+
+
+def test_a_slice_of_a_readable_target_reads_its_entries() -> None:
+    x, outputs = _outputs()
+    assert target_entries(outputs["bh"]) == [("dim", x, 0), 4]
+
+
+def test_a_slice_with_a_step_or_run_time_bounds_is_not_read() -> None:
+    _, outputs = _outputs()
+    assert target_entries(outputs["every_other"]) is None
+    assert target_entries(outputs["dynamic_end"]) is None
