@@ -83,13 +83,19 @@ def _model(
             back_shape = Concat<axis=0>(k_bh, k_d, k_t)
             kt = Reshape(kflat_t, back_shape)
         """
+    computed = merge_target == "computed"  # both targets built from a length given elsewhere
     extra_input = ", int64[N] bias_shape" if runtime_mask_shape else ""
+    extra_input += ", int64[1] length" if computed else ""
+    split = "heads_c" if computed else "heads"
+    key_t = key_t.replace("Reshape(kb, heads)", f"Reshape(kb, {split})")
     extra_input += ", float[1, 2, S, S] pos" if position_bias else ""
     expand = "bias = Expand(bias0, bias_shape)" if runtime_mask_shape else "bias = Identity(bias0)"
     merge = (
         "xs = Shape(x)\n            xb = Gather(xs, zero1)\n            xt = Gather(xs, one1)\n"
         "            merged_rt = Concat<axis=0>(xb, xt, eight)\n            y = Reshape(pt, merged_rt)"
         if merge_target == "gathered"
+        else "y = Reshape(pt, merged_computed)"
+        if computed
         else "y = Reshape(pt, merged)"
     )
     guard = "nan = IsNaN(probs)\n            clean = Where(nan, zero, probs)" if nan_guard else ""
@@ -97,6 +103,9 @@ def _model(
     text = f"""
         <ir_version: 8, opset_import: ["" : 17]>
         agraph (float[B, {seq}, 8] x, int64[B, {seq}] mask{extra_input}) => (float[B, {seq}, 8] y) <
+            {"float[B, S, 2, 4] qr, float[B, S, 2, 4] kr, float[B, S, 2, 4] vr," if computed else ""}
+            int64[1] two1 = {{2}},
+            int64[1] four1 = {{4}},
             int64[3] flat_static = {{-1, 5, 4}},
             int64[4] back_static = {{-1, 2, 4, 5}},
             {_weights()},
@@ -116,16 +125,19 @@ def _model(
             float ninf = {{-inf}},
             float lowest = {{-3.4028234663852886e38}}
         > {{
+            {"batch = Shape<start=0, end=1>(x)" if computed else ""}
+            {"heads_c = Concat<axis=0>(batch, length, two1, four1)" if computed else ""}
+            {"merged_computed = Concat<axis=0>(batch, length, eight)" if computed else ""}
             q0 = MatMul(x, wq)
             {"qb0 = Add(q0, bq)" + chr(10) + "qb = Mul(qb0, eighth)" if "q" in scaled_projections else "qb = Add(q0, bq)"}
             k0 = MatMul(x, wk)
             {"kb0 = Add(k0, bk)" + chr(10) + "kb = Div(kb0, three)" if "k" in scaled_projections else "kb = Add(k0, bk)"}
             v0 = MatMul(x, wv)
             vb = Add(v0, bv)
-            qr = Reshape(qb, heads)
+            qr = Reshape(qb, {split})
             q4 = Transpose<perm=[0,2,1,3]>(qr)
             {key_t}
-            vr = Reshape(vb, heads)
+            vr = Reshape(vb, {split})
             v4 = Transpose<perm=[0,2,1,3]>(vr)
             qs = Mul(q4, sq)
             kts = Mul(kt, sq)
@@ -222,6 +234,22 @@ def test_several_bias_terms_are_not_fused_for_target_onnx() -> None:
     result = FuseAttentionPass(PassOptions(target="onnx", explain=True))(fused)
     assert not result.modified
     assert any("several additive terms" in note for note in result.notes), result.notes
+
+
+def test_targets_computed_elsewhere_are_proved_by_the_shapes() -> None:
+    # wav2vec2's dynamo export builds the head split and merge targets from a sequence length it
+    # computes from the audio length; the recorded shapes say they are [B, S, H, d] and [B, S, D].
+    model = _model(merge_target="computed")
+    fused = model.clone()
+    assert FuseAttentionPass()(fused).stats == {"attention->mha": 1}
+    assert "Softmax" not in _op_types(fused)
+    feeds = [
+        {**_feeds(b, s, seed), "length": np.array([s], dtype=np.int64)}
+        for b, s, seed in ((3, 5, 0), (1, 1, 1), (2, 7, 2))
+    ]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
 
 
 def test_scalar_factors_on_the_projections_move_into_the_scale() -> None:

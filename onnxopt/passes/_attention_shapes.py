@@ -285,6 +285,8 @@ def reshape_to_heads(value: ir.Value | None) -> tuple[ir.Value, int, int, ir.Nod
     if source is None or value_rank(source) not in (None, 3):
         return None
     entries = target_entries(reshape.inputs[1])
+    if entries is None and value is not None:
+        return _split_by_shapes(source, value, reshape)
     if entries is None or len(entries) != 4:
         return None
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
@@ -306,6 +308,23 @@ def reshape_to_heads(value: ir.Value | None) -> tuple[ir.Value, int, int, ir.Nod
         return None
     width = last_dim(source)
     if width is not None and width != heads * head_size:
+        return None
+    return source, heads, head_size, reshape
+
+
+def _split_by_shapes(
+    source: ir.Value, value: ir.Value, reshape: ir.Node
+) -> tuple[ir.Value, int, int, ir.Node] | None:
+    """A head split whose target cannot be read (wav2vec2's dynamo export computes the sequence
+    length from the audio length), proved by the shapes instead: the output is [B, S, H, d] with
+    B and S the input's own dims (same symbol or size) and H*d its last dim."""
+    heads, head_size = static_dim(value, 2), static_dim(value, 3)
+    if value_rank(value) != 4 or not heads or not head_size or heads <= 0 or head_size <= 0:
+        return None
+    if not (same_symbol(value, 0, source, 0) and same_symbol(value, 1, source, 1)):
+        return None
+    width = last_dim(source)
+    if width is None or width != heads * head_size:
         return None
     return source, heads, head_size, reshape
 

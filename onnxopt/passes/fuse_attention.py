@@ -247,6 +247,18 @@ def _merged_heads(
         return None
     entries = target_entries(reshape.inputs[1])
     if entries is None:
+        # A target computed from elsewhere (wav2vec2: the sequence length from the audio length):
+        # the shapes prove the merge, [B, S, H, d] -> [B, S, H*d].
+        merged, heads = reshape.outputs[0], transpose.outputs[0]
+        width = [static_dim(heads, 2), static_dim(heads, 3), static_dim(merged, 2)]
+        if (
+            value_rank(merged) == 3
+            and None not in width
+            and width[0] * width[1] == width[2]  # type: ignore[operator]
+            and same_symbol(merged, 0, heads, 0)
+            and same_symbol(merged, 1, heads, 1)
+        ):
+            return merged, [*nodes, reshape], None
         return None
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
     constant = const_array(reshape.inputs[1])
