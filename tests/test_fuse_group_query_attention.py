@@ -25,10 +25,12 @@ def _model(
     masked: float = LOWEST,
     head_size: int = 8,
     causal_form: str = "exported",
+    bias_first: bool = False,
 ) -> ir.Model:
     """x[B,S,8] -> 4 query heads and 2 K/V heads of ``head_size``, K/V repeated as the exporters do, MHA with a
     causal + padding mask built from keep[B,S] as the exporters do (positions unsqueezed to rank 4;
-    ``causal_form="flat"``: [S, 1] against [T], not recognised); ``cross``: K/V from y[B,T,8]."""
+    ``causal_form="flat"``: [S, 1] against [T], not recognised); ``cross``: K/V from y[B,T,8];
+    ``bias_first``: projections with a bias written as TorchScript writes Linear, Add(b, x @ W)."""
     if causal_form == "exported":
         positions = """
             kpos = Unsqueeze(ki, ax012)
@@ -44,9 +46,12 @@ def _model(
     text = f"""
         <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
         g (float[B, S, 8] x, float[B, T, 8] y, bool[B, {"T" if cross else "S"}] keep) => (float[B, S, {4 * head_size}] out) {{
-            q = MatMul(x, wq)
-            k = MatMul({kv_input}, wk)
-            v = MatMul({kv_input}, wv)
+            {"q0" if bias_first else "q"} = MatMul(x, wq)
+            {"k0" if bias_first else "k"} = MatMul({kv_input}, wk)
+            {"v0" if bias_first else "v"} = MatMul({kv_input}, wv)
+            {"q = Add(bq, q0)" if bias_first else ""}
+            {"k = Add(bk, k0)" if bias_first else ""}
+            {"v = Add(bv, v0)" if bias_first else ""}
             kr = Reshape(k, split)
             k4 = Transpose<perm=[0, 2, 1, 3]>(kr)
             vr = Reshape(v, split)
@@ -77,6 +82,9 @@ def _model(
         wq=rng_array(8, 4 * head_size, seed=1),
         wk=rng_array(8, 2 * head_size, seed=2),
         wv=rng_array(8, 2 * head_size, seed=3),
+        bq=rng_array(4 * head_size, seed=4),
+        bk=rng_array(2 * head_size, seed=5),
+        bv=rng_array(2 * head_size, seed=6),
         split=np.array([0, 0, 2, head_size], np.int64),
         merge=np.array([0, 4, -1, head_size], np.int64),
         rep=np.array([1, 1, 2, 1, 1], np.int64),
@@ -127,6 +135,17 @@ def test_causal_mask_runs_causal_and_fully_masked_rows_still_average() -> None:
     report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
     assert report.passed, report
     assert max(o.max_abs for o in report.outputs) < 1e-5
+    assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+def test_projection_biases_added_first_still_prove_one_sequence() -> None:
+    # Qwen2's TorchScript export: Add(bias, x @ W) on Q, K and V. The walk back to the one input x
+    # took the bias as the tensor and stopped there, so three different origins: no rewrite.
+    model = _model(bias_first=True)
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+    assert report.passed, report
     assert not FuseGroupQueryAttentionPass()(fused).modified
 
 

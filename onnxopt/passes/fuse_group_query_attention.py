@@ -249,6 +249,8 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
             break
         if node.op_type in ("MatMul", "Add") and len(node.inputs) == 2:
             other = node.inputs[1]
+            if node.op_type == "Add" and const_array(source) is not None and other is not None:
+                source, other = other, source  # TorchScript's Linear writes Add(bias, x @ W)
             rank = value_rank(value)
             limit = 2 if node.op_type == "MatMul" else 1
             if (
