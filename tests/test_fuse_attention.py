@@ -83,7 +83,10 @@ def _model(
             back_shape = Concat<axis=0>(k_bh, k_d, k_t)
             kt = Reshape(kflat_t, back_shape)
         """
-    computed = merge_target == "computed"  # both targets built from a length given elsewhere
+    # Both targets built from a length given elsewhere; "computed-view" also reshapes P@V to its
+    # own [B, H, S, d] with such a target first, as the dynamo exporter writes SDPA.
+    computed = merge_target in ("computed", "computed-view")
+    view = merge_target == "computed-view"
     extra_input = ", int64[N] bias_shape" if runtime_mask_shape else ""
     extra_input += ", int64[1] length" if computed else ""
     split = "heads_c" if computed else "heads"
@@ -104,6 +107,7 @@ def _model(
         <ir_version: 8, opset_import: ["" : 17]>
         agraph (float[B, {seq}, 8] x, int64[B, {seq}] mask{extra_input}) => (float[B, {seq}, 8] y) <
             {"float[B, S, 2, 4] qr, float[B, S, 2, 4] kr, float[B, S, 2, 4] vr," if computed else ""}
+            {"float[B, 2, S, 4] pvv," if view else ""}
             int64[1] two1 = {{2}},
             int64[1] four1 = {{4}},
             int64[3] flat_static = {{-1, 5, 4}},
@@ -151,7 +155,9 @@ def _model(
             probs = Softmax<axis={softmax_axis}>(masked)
             {guard}
             pv = MatMul({attended}, v4)
-            pt = Transpose<perm=[0,2,1,3]>(pv)
+            {"pv_target = Concat<axis=0>(batch, two1, length, four1)" if view else ""}
+            {"pvv = Reshape(pv, pv_target)" if view else ""}
+            pt = Transpose<perm=[0,2,1,3]>({"pvv" if view else "pv"})
             {merge}
         }}
     """
@@ -236,10 +242,11 @@ def test_several_bias_terms_are_not_fused_for_target_onnx() -> None:
     assert any("several additive terms" in note for note in result.notes), result.notes
 
 
-def test_targets_computed_elsewhere_are_proved_by_the_shapes() -> None:
+@pytest.mark.parametrize("merge_target", ["computed", "computed-view"])
+def test_targets_computed_elsewhere_are_proved_by_the_shapes(merge_target: str) -> None:
     # wav2vec2's dynamo export builds the head split and merge targets from a sequence length it
     # computes from the audio length; the recorded shapes say they are [B, S, H, d] and [B, S, D].
-    model = _model(merge_target="computed")
+    model = _model(merge_target=merge_target)
     fused = model.clone()
     assert FuseAttentionPass()(fused).stats == {"attention->mha": 1}
     assert "Softmax" not in _op_types(fused)

@@ -201,6 +201,13 @@ def _is_noop_reshape(reshape: ir.Node, by_axis: Sequence[Sequence[ir.Value]]) ->
     """A Reshape of [B, H, S, dv] to [dim 0, -1, dim 2, dim 3] read off tensors known to share those
     dims (or off dims with the same symbol)."""
     entries = target_entries(reshape.inputs[1])
+    source = reshape.inputs[0]
+    if entries is None and source is not None:
+        # A target computed elsewhere (wav2vec2's SDPA export): the shapes prove the same dims.
+        output = reshape.outputs[0]
+        return value_rank(source) == 4 and all(
+            same_symbol(output, axis, source, axis) for axis in range(4)
+        )
     if entries is None or len(entries) != 4:
         return False
     if sum(1 for e in entries if e == -1) > 1:
