@@ -1,0 +1,47 @@
+"""Families outside the zoo whose attention fuses since the architecture sweep (slow: real exports).
+
+benchmarks/arch_sweep.py builds each from a transformers config (2 layers, seeded, no downloads),
+exports it, optimizes it with validation and the eager comparison, and optimizes the result again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import arch_sweep  # imports torch only when a factory runs
+
+CASES = [
+    # (family, exporter, attention, a fused op the row must show)
+    ("t5-encoder", "dynamo", "eager", "attn 2"),  # position bias + mask: two bias terms
+    ("mpnet", "torchscript", "eager", "attn 2"),
+    ("wav2vec2", "dynamo", "eager", "attn 2"),  # targets built from a computed length
+    ("wav2vec2", "dynamo", "sdpa", "attn 2"),
+    ("deit", "dynamo", "sdpa", "attn 2"),  # the key reshaped back to [-1, H, d, T]
+    ("mistral", "dynamo", "sdpa", "gqa 2"),  # a Slice of the repeat_kv target
+    ("qwen2", "torchscript", "eager", "gqa 2"),  # Add(bias, x @ W)
+    ("beit", "torchscript", "eager", "attn 2"),  # a fused mask Expand proved a no-op
+    ("hubert", "torchscript", "eager", "mha 2"),  # placeholders inferred alike
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "exporter", "attention", "fused"), CASES)
+def test_family_fuses_validates_and_is_a_fixed_point(
+    family: str,
+    exporter: str,
+    attention: str,
+    fused: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    monkeypatch.setitem(arch_sweep.ATTENTION, "implementation", attention)
+    row = arch_sweep.sweep_one(family, exporter, tmp_path, explain=False)
+    assert row.status == "ok", row
+    assert fused in row.fused, row
+    assert row.validated == "yes", row
+    assert "FAIL" not in row.eager_diff and "ERROR" not in row.eager_diff, row
+    assert row.fixed_point == "yes", row
