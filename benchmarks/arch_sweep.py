@@ -8,7 +8,7 @@ off, several sizes of the dynamic dims) and the eager PyTorch comparison. The op
 optimized again: a fixed point leaves the bytes unchanged. One markdown row per export:
 
     PYTHONPATH=. python benchmarks/arch_sweep.py [--families roberta,t5 ...] [--exporters dynamo]
-        [--attention eager|sdpa] [--out DIR] [--explain]
+        [--attention eager|sdpa] [--target ort|onnx] [--out DIR] [--explain]
 
 A family whose export fails is recorded as ``export failed: <first line>`` (the exporter's limit,
 not onnxopt's). A factory can be exported on its own: ``onnxopt export
@@ -609,7 +609,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
 
 
-def sweep_one(family: str, exporter: str, out: Path, explain: bool) -> Row:
+def sweep_one(family: str, exporter: str, out: Path, explain: bool, target: str = "ort") -> Row:
     from onnxopt import api, io
     from onnxopt.export import export
 
@@ -623,7 +623,7 @@ def sweep_one(family: str, exporter: str, out: Path, explain: bool) -> Row:
         row.seconds = time.perf_counter() - start
         return row
     try:
-        result = api.optimize(path, find_reference=True, explain=explain)
+        result = api.optimize(path, find_reference=True, explain=explain, target=target)  # type: ignore[arg-type]
     except Exception as exc:
         row.status = f"optimize crashed: {_first_line(exc)}"
         row.notes = [traceback.format_exc()]
@@ -659,7 +659,7 @@ def sweep_one(family: str, exporter: str, out: Path, explain: bool) -> Row:
     first = out / f"{path.stem}.opt.onnx"
     first_bytes = io.save_model(result.model, first).read_bytes()
     try:
-        again = api.optimize(first, check=False)
+        again = api.optimize(first, check=False, target=target)  # type: ignore[arg-type]
         again_bytes = io.save_model(again.model, out / f"{path.stem}.opt2.onnx").read_bytes()
         changed = [
             r.name
@@ -694,6 +694,9 @@ def main() -> None:
     parser.add_argument("--attention", default="eager", choices=("eager", "sdpa"))
     parser.add_argument("--out", type=Path, default=None, help="keep the exports here")
     parser.add_argument("--explain", action="store_true", help="print fusion --explain notes")
+    parser.add_argument(
+        "--target", default="ort", choices=("ort", "onnx"), help="optimize --target"
+    )
     args = parser.parse_args()
     ATTENTION["implementation"] = args.attention
     # export() imports the factories by name: let it find this module (and the setting above),
@@ -705,7 +708,7 @@ def main() -> None:
         parser.error(f"unknown families: {', '.join(unknown)}")
     out = args.out or Path(tempfile.mkdtemp(prefix="arch_sweep_"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"attention: {args.attention}; exports in {out}\n")
+    print(f"attention: {args.attention}; target: {args.target}; exports in {out}\n")
     print(
         "| family | exporter | status | nodes | fused (after) | validated | vs eager max abs "
         "| fixed point | s |"
@@ -714,7 +717,7 @@ def main() -> None:
     rows = []
     for family in families:
         for exporter in args.exporters.split(","):
-            row = sweep_one(family, exporter, out, args.explain)
+            row = sweep_one(family, exporter, out, args.explain, args.target)
             rows.append(row)
             print(row.markdown(), flush=True)
     for row in rows:
