@@ -46,6 +46,7 @@ def _model(
     merge_target: str = "constant",
     scaled_projections: str = "",
     position_bias: bool = False,
+    escaping_reads: str = "",
 ) -> ir.Model:
     seq = "5" if key_form == "dynamo-static" else "S"
     """x[B,S,8] and a [B,S] padding mask -> one SDPA block (2 heads of 4), as the exporters write it.
@@ -55,7 +56,10 @@ def _model(
     form fold-shape-values leaves after sharing equal shape reads) instead of ``[0, 0, 8]``.
     ``scaled_projections`` names the [B, S, 8] projections ("q", "k") multiplied by a scalar before
     the head split, as fairseq-style models write ``q_proj(x) * scaling``. ``position_bias`` adds
-    an input ``pos`` [1, 2, S, S] to the scores before the mask, as T5 and MPNet do."""
+    an input ``pos`` [1, 2, S, S] to the scores before the mask, as T5 and MPNet do.
+    ``escaping_reads="pv"`` reads B, H and S off ``Shape(pv)`` for a Reshape after the block (as
+    GPT-2's TorchScript SDPA export reads the batch size for its output projection); "scores"
+    reads the key length T off the scores instead."""
     if key_form == "torchscript":  # K^T = Transpose(Reshape(k), [0,2,3,1])
         key_t = """
             kr = Reshape(kb, heads)
@@ -117,6 +121,7 @@ def _model(
             int64[3] merged = {{0, 0, 8}},
             int64[1] zero1 = {{0}},
             int64[1] one1 = {{1}},
+            int64 two = {{2}},
             int64[1] eight = {{8}},
             int64[2] mask_axes = {{1, 2}},
             int64[1] minus1 = {{-1}},
@@ -157,8 +162,10 @@ def _model(
             pv = MatMul({attended}, v4)
             {"pv_target = Concat<axis=0>(batch, two1, length, four1)" if view else ""}
             {"pvv = Reshape(pv, pv_target)" if view else ""}
+            {_ESCAPING_READS.get(escaping_reads, "")}
             pt = Transpose<perm=[0,2,1,3]>({"pvv" if view else "pv"})
-            {merge}
+            {merge.replace("y = ", "ym = ") if escaping_reads else merge}
+            {"y = Reshape(ym, out_target)" if escaping_reads else ""}
         }}
     """
     proto = onnx.parser.parse_model(text)
@@ -166,6 +173,26 @@ def _model(
     model = ir.serde.deserialize_model(proto)
     InferShapesPass()(model)
     return model
+
+
+_ESCAPING_READS = {
+    # B read with a 1-D index, S with a scalar one, H (a constant once fused) times d
+    "pv": """
+            pvs = Shape(pv)
+            pv_b = Gather(pvs, zero1)
+            pv_s0 = Gather(pvs, two)
+            pv_s = Unsqueeze(pv_s0, zero1)
+            pv_h = Gather(pvs, one1)
+            pv_w = Mul(pv_h, four1)
+            out_target = Concat<axis=0>(pv_b, pv_s, pv_w)
+    """,
+    # T, the scores' last dim: not a dim of the fused op's query
+    "scores": """
+            sc_shape = Shape(scores)
+            sc_t = Gather(sc_shape, minus1)
+            out_target = Concat<axis=0>(minus1, sc_t, eight)
+    """,
+}
 
 
 def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
@@ -466,3 +493,84 @@ def test_mask_through_a_cast_is_provable_only_when_its_values_stay_finite(
     assert (values is not None) == provable
     if provable:
         assert values is not None and not values.neg_inf
+
+
+def test_dim_reads_of_the_block_that_outlive_it_are_read_off_the_query() -> None:
+    """GPT-2's TorchScript SDPA export reads the batch size off P@V for its output projection's
+    Reshape: the read outlives the block, so it is taken from the fused op's query instead (the
+    head count becomes a constant), and the new reads come before their users."""
+    model = _model(escaping_reads="pv")
+    fused = model.clone()
+    result = FuseAttentionPass()(fused)
+    assert result.stats == {"attention->mha": 1}
+    types = _op_types(fused)
+    assert "Softmax" not in types and types.count("MultiHeadAttention") == 1
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    query = mha.inputs[0]
+    assert "Gather" not in types  # no read of P@V is left
+    reads = {
+        (n.inputs[0].name, n.attributes.get_int("start"), n.attributes.get_int("end"))
+        for n in fused.graph
+        if n.op_type == "Shape" and n.inputs[0] is query
+    }
+    assert {("qb", 0, 1), ("qb", 1, 2)} <= reads  # B and S (the mask's Expand reads S too)
+    seen: set[int] = set()
+    for node in fused.graph:  # still in topological order
+        assert all(
+            v is None or v.producer() is None or id(v.producer()) in seen for v in node.inputs
+        ), node
+        seen.add(id(node))
+    sizes = ((3, 5), (1, 1), (4, 7))
+    report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(sizes)])
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_a_read_of_a_dim_the_query_lacks_keeps_the_block() -> None:
+    model = _model(escaping_reads="scores")
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert any("has other consumers" in note for note in result.notes), result.notes
+
+
+def test_dim_reads_that_outlive_the_block_for_target_onnx() -> None:
+    model = _model(escaping_reads="pv")
+    model.opset_imports[""] = 23
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(target="onnx"))(fused)
+    assert result.stats == {"attention->onnx-attention": 1}
+    assert "Gather" not in _op_types(fused) and "Softmax" not in _op_types(fused)
+    sizes = ((3, 5), (1, 1), (4, 7))
+    report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(sizes)])
+    assert report.passed, report
+    assert not FuseAttentionPass(PassOptions(target="onnx"))(fused).modified
+
+
+@pytest.mark.slow
+def test_gpt2_torchscript_sdpa_export_fuses_and_is_a_fixed_point(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The zoo's gpt2-tiny with transformers' SDPA attention, TorchScript exporter: the batch size
+    read off P@V also shapes the output projection (benchmarks/trained_like.py --attention sdpa)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import sys
+
+    from benchmarks import trained_like
+    from onnxopt import api, io
+    from onnxopt.export import export
+
+    monkeypatch.setitem(trained_like.ATTENTION, "implementation", "sdpa")
+    monkeypatch.setitem(sys.modules, "benchmarks.trained_like", trained_like)
+    path = tmp_path / "gpt2.onnx"
+    export("benchmarks.trained_like:gpt2_tiny", path, exporter="torchscript")
+    result = api.optimize(path, find_reference=True)
+    assert result.validated
+    assert result.report.reference is not None and result.report.reference.optimized_passed
+    types = [node.op_type for node in result.model.graph]
+    assert types.count("Attention") == 2 and "Softmax" not in types, types
+    first = io.save_model(result.model, tmp_path / "gpt2.opt.onnx")
+    again = api.optimize(first, check=False)
+    assert (
+        io.save_model(again.model, tmp_path / "gpt2.opt2.onnx").read_bytes() == first.read_bytes()
+    )

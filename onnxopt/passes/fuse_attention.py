@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx_ir as ir
@@ -42,6 +42,7 @@ from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, single_cons
 from onnxopt.passes._attention_shapes import (
     MASK_FLOOR,
     Entry,
+    gathered_dim,
     int64_const,
     keeps_leading_dims,
     last_dim,
@@ -295,17 +296,24 @@ _SHAPE_OPS = (
 
 
 def _dies_with(
-    dying: set[ir.Node], heavy: Sequence[ir.Node], anywhere: Sequence[ir.Node]
-) -> list[ir.Node] | None:
+    dying: set[ir.Node],
+    heavy: Sequence[ir.Node],
+    anywhere: Sequence[ir.Node],
+    repointable: Callable[[ir.Node], bool] = lambda node: False,
+) -> tuple[list[ir.Node], list[ir.Node]] | None:
     """Shape-reading nodes that only feed ``dying``, so they go when the block goes.
 
     TorchScript reads the dims of intermediate attention tensors (``Shape(P@V)``) to build the final
     Reshape's target. Those readers die with the block; the ``heavy`` nodes must die entirely (else
     the fusion would compute attention twice), the others (Q/K/V transposes) may stay alive.
-    Returns the readers in graph order, or None when a heavy node's result escapes.
+    A dim read that outlives the block (GPT-2's batch size, read off P@V, also shapes the output
+    projection) is ``repointable`` when the fused op's inputs provably have that dim: the rewrite
+    reads it from them instead.
+    Returns (readers, re-pointed dim reads), or None when a heavy node's result escapes.
     """
     memo: dict[int, bool] = {}
     readers: list[ir.Node] = []
+    repointed: list[ir.Node] = []
 
     def dies(node: ir.Node, depth: int = 0) -> bool:
         if node in dying:
@@ -318,6 +326,10 @@ def _dies_with(
             return False
         for out in node.outputs:
             if out.is_graph_output() or not all(dies(u.node, depth + 1) for u in out.uses()):
+                if repointable(node):
+                    memo[key] = True
+                    repointed.append(node)
+                    return True
                 return False
         memo[key] = True
         readers.append(node)
@@ -334,7 +346,60 @@ def _dies_with(
             return None
     for node in anywhere:
         consumers_die(node)
-    return readers[::-1]  # found consumer-first; removal wants producers before consumers
+    # found consumer-first; removal wants producers before consumers
+    return readers[::-1], repointed[::-1]
+
+
+def _dim_meanings(
+    heavy: Sequence[ir.Node], out_nodes: Sequence[ir.Node]
+) -> dict[ir.Value, dict[int, str]]:
+    """What the dims of the block's intermediate tensors are: the scores, probabilities and P@V
+    are [B, H, S, *] (dims 0 and 2 are the query's, 1 the head count); P@V with its heads moved
+    next to the sequence is [B, S, H, dv]."""
+    meanings: dict[ir.Value, dict[int, str]] = {}
+    for node in heavy:
+        for out in node.outputs:
+            if value_rank(out) == 4 and transpose_perm(node) is None:
+                meanings[out] = {0: "batch", 1: "heads", 2: "seq"}
+    for node in out_nodes[:-1]:
+        if transpose_perm(node) == [0, 2, 1, 3] and value_rank(node.outputs[0]) == 4:
+            meanings[node.outputs[0]] = {0: "batch", 1: "seq", 2: "heads"}
+    return meanings
+
+
+def _dim_read(node: ir.Node) -> tuple[ir.Value, int] | None:
+    """``Gather(Shape(x), i)`` or ``Gather(Shape(x), [i])`` as (x, i), i non-negative."""
+    entry = gathered_dim(node, scalar=True) or gathered_dim(node, scalar=False)
+    if not isinstance(entry, tuple) or node.attributes.get_int("axis", 0) not in (0, -1):
+        return None
+    _, source, index = entry
+    return (source, index) if isinstance(source, ir.Value) and isinstance(index, int) else None
+
+
+def _repointed_reads(
+    tape: ir.tape.Tape,
+    reads: Sequence[tuple[ir.Node, str]],
+    query: ir.Value,
+    axes: dict[str, int],
+    heads: int,
+    opset: int,
+) -> list[tuple[ir.Value, ir.Value]]:
+    """Each dim read of a fused-away tensor, read off the fused op's query instead (its batch and
+    sequence dims are the block's), or the head count as a constant. The read is one dim wide
+    (``Shape(q, start, end)``), so that fuse-packed-attention can move it off the projection."""
+    pairs: list[tuple[ir.Value, ir.Value]] = []
+    for gather, meaning in reads:
+        index = const_array(gather.inputs[1])
+        assert index is not None
+        if meaning == "heads":
+            constant = np.array(heads, dtype=np.int64).reshape(index.shape)
+            new = tape.op("Constant", [], {"value": ir.tensor(constant)})
+        else:
+            new = seq_len(tape, query, axes[meaning], opset)
+            if index.ndim == 0:
+                new = tape.op("Squeeze", [new])
+        pairs.append((gather.outputs[0], new))
+    return pairs
 
 
 @dataclass(frozen=True)
@@ -347,6 +412,9 @@ class _Block:
     nan_guard: bool
     output: ir.Value
     output_target: ir.Value | None
+    # Dim reads of fused-away tensors that outlive the block, with the dim each reads
+    # ("batch", "seq" or "heads"): the rewrite reads them off the fused op's query.
+    dim_reads: tuple[tuple[ir.Node, str], ...] = ()
     # Further additive terms of the scores (the first is ``bias``), summed into one mask.
     more_bias: tuple[ir.Value, ...] = ()
 
@@ -578,17 +646,31 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         *out_nodes,
     ]
     heavy = [matmul, *scale_nodes, *nodes, softmax, *guard_nodes, pv, *out_nodes[:-1]]
-    readers = _dies_with(set(ordered), heavy, ordered)
-    if readers is None:
+    meanings = _dim_meanings(heavy, out_nodes)
+
+    def meaning(node: ir.Node) -> str | None:
+        read = _dim_read(node)
+        return None if read is None else meanings.get(read[0], {}).get(read[1])
+
+    found = _dies_with(set(ordered), heavy, ordered, lambda node: meaning(node) is not None)
+    if found is None:
         return Mismatch(
             "an intermediate attention tensor (scores, probabilities or P@V) has other consumers"
         )
+    readers, repointed = found
+    if repointed:
+        dim_reads = tuple((node, meaning(node) or "") for node in repointed)
+        block = replace(block, dim_reads=dim_reads)
     # Graph order, so that the driver can drop consumers before their producers (root last).
     position = {id(node): i for i, node in enumerate(context.graph)}
     ordered = sorted(
-        {id(n): n for n in [*ordered, *readers]}.values(), key=lambda n: position.get(id(n), -1)
+        {id(n): n for n in [*ordered, *readers, *repointed]}.values(),
+        key=lambda n: position.get(id(n), -1),
     )
-    return Match(ordered, {"block": block, "heads": heads})
+    # The re-pointed dim reads' users may come before the root: the new nodes go before the
+    # first read (after P@V, so after everything the fused op reads).
+    anchor = min(repointed, key=lambda n: position.get(id(n), -1)) if repointed else None
+    return Match(ordered, {"block": block, "heads": heads}, anchor=anchor)
 
 
 def _is_zero(value: ir.Value | None) -> bool:
@@ -639,7 +721,7 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
     block: _Block = match.bindings["block"]
     heads: int = match.bindings["heads"]
     if context.options.target == "onnx":
-        return _rewrite_onnx(block, context.opset())
+        return _rewrite_onnx(block, context.opset(), heads)
     tape = ir.tape.Tape()
     opset = context.opset()
     scale = block.scale
@@ -679,7 +761,8 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         result = _nan_guard(tape, attention, block.output)
     if block.output_target is not None:
         result = tape.op("Reshape", [result, block.output_target])
-    return Replacement(tape.nodes, [(block.output, result)])
+    reads = _repointed_reads(tape, block.dim_reads, query, {"batch": 0, "seq": 1}, heads, opset)
+    return Replacement(tape.nodes, [(block.output, result), *reads])
 
 
 def _unscaled(projection: ir.Value) -> tuple[ir.Value, float]:
@@ -778,7 +861,7 @@ def _mask_values(value: ir.Value | None, depth: int = 0) -> _MaskValues | None:
 _WIDE_FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
 
 
-def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
+def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismatch:
     # Fully masked rows: the export averages V (finite mask) or gives NaN, zeroed by SDPA's guard
     # (-inf); ORT's Attention-23 gives zeros for both -inf and float32's lowest. Fuse only where
     # the two agree: a finite mask raised to MASK_FLOOR, or a -inf mask behind the NaN guard.
@@ -830,7 +913,8 @@ def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
         result = _nan_guard(tape, attention, block.output)
     moved = tape.op("Transpose", [result], {"perm": [0, 2, 1, 3]})
     merged = tape.op("Reshape", [moved, block.output_target or int64_const(tape, [0, 0, -1])])
-    return Replacement(tape.nodes, [(block.output, merged)])
+    reads = _repointed_reads(tape, block.dim_reads, sides[0], {"batch": 0, "seq": 2}, heads, opset)
+    return Replacement(tape.nodes, [(block.output, merged), *reads])
 
 
 ATTENTION_RULE = Rule("attention->mha", "Softmax", _match_attention, _rewrite_attention)
