@@ -574,3 +574,121 @@ def test_gpt2_torchscript_sdpa_export_fuses_and_is_a_fixed_point(
     assert (
         io.save_model(again.model, tmp_path / "gpt2.opt2.onnx").read_bytes() == first.read_bytes()
     )
+
+
+def _multi_query_model(head_size: int = 4, key_form: str = "torchscript") -> ir.Model:
+    """x[B,S,D] -> 2 query heads and ONE key/value head, which Q@K^T and P@V broadcast against
+    the query heads (Falcon's multi-query attention: K/V never repeated), padding mask, SDPA guard."""
+    d, width = head_size, 2 * head_size
+    rng = np.random.default_rng(7)
+
+    def mat(name: str, shape: tuple[int, ...]) -> str:
+        values = ", ".join(f"{v:.4f}" for v in rng.standard_normal(int(np.prod(shape))) * 0.5)
+        return f"float[{', '.join(map(str, shape))}] {name} = {{{values}}}"
+
+    key_t = (
+        "kt = Transpose<perm=[0,2,3,1]>(kr)"
+        if key_form == "torchscript"
+        else "k4 = Transpose<perm=[0,2,1,3]>(kr)\n            kt = Transpose<perm=[0,1,3,2]>(k4)"
+    )
+    text = f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        agraph (float[B, S, {width}] x, int64[B, S] mask) => (float[B, S, {width}] y) <
+            {mat("wq", (width, width))}, {mat("wk", (width, d))}, {mat("wv", (width, d))},
+            {mat("bv", (d,))},
+            int64[4] qheads = {{0, 0, 2, {d}}},
+            int64[4] kvhead = {{0, 0, 1, {d}}},
+            int64[3] merged = {{0, 0, {width}}},
+            int64[2] mask_axes = {{1, 2}},
+            float scale = {{{d**-0.5}}},
+            float zero = {{0.0}},
+            float ninf = {{-inf}}
+        > {{
+            q = MatMul(x, wq)
+            qr = Reshape(q, qheads)
+            q4 = Transpose<perm=[0,2,1,3]>(qr)
+            k = MatMul(x, wk)
+            kr = Reshape(k, kvhead)
+            {key_t}
+            v0 = MatMul(x, wv)
+            v = Add(v0, bv)
+            vr = Reshape(v, kvhead)
+            v4 = Transpose<perm=[0,2,1,3]>(vr)
+            qk = MatMul(q4, kt)
+            scores = Mul(qk, scale)
+            mbool = Cast<to=9>(mask)
+            mb = Unsqueeze(mbool, mask_axes)
+            bias = Where(mb, zero, ninf)
+            masked = Add(scores, bias)
+            probs = Softmax<axis=-1>(masked)
+            nan = IsNaN(probs)
+            clean = Where(nan, zero, probs)
+            pv = MatMul(clean, v4)
+            pt = Transpose<perm=[0,2,1,3]>(pv)
+            y = Reshape(pt, merged)
+        }}
+    """
+    proto = onnx.parser.parse_model(text)
+    onnx.checker.check_model(proto)
+    model = ir.serde.deserialize_model(proto)
+    InferShapesPass()(model)
+    return model
+
+
+def _head_repeats(model: ir.Model) -> list[ir.Node]:
+    return [
+        n
+        for n in model.graph
+        if n.op_type == "Expand" and n.inputs[0].producer().op_type == "Unsqueeze"  # type: ignore[union-attr]
+    ]
+
+
+def _mq_feeds(batch: int, seq: int, seed: int, width: int) -> dict[str, np.ndarray]:
+    feeds = _feeds(batch, seq, seed)
+    rng = np.random.default_rng(seed + 100)
+    return {**feeds, "x": rng.standard_normal((batch, seq, width)).astype(np.float32)}
+
+
+@pytest.mark.parametrize(("key_form", "target"), [("torchscript", "ort"), ("transposed", "ort"),
+                                                  ("torchscript", "onnx")])  # fmt: skip
+def test_multi_query_attention_repeats_the_single_key_value_head(
+    key_form: str, target: str
+) -> None:
+    model = _multi_query_model(key_form=key_form)
+    if target == "onnx":
+        model.opset_imports[""] = 23
+    fused = model.clone()
+    options = PassOptions(target=target)  # type: ignore[arg-type]
+    result = FuseAttentionPass(options)(fused)
+    assert result.stats == (
+        {"attention->mha": 1} if target == "ort" else {"attention->onnx-attention": 1}
+    )
+    types = _op_types(fused)
+    assert "Softmax" not in types, types
+    assert len(_head_repeats(fused)) == 2  # K and V, each repeated for the 2 query heads
+    op = next(n for n in fused.graph if n.op_type in ("MultiHeadAttention", "Attention"))
+    if target == "ort":
+        assert op.attributes.get_int("num_heads") == 2
+    sizes = ((3, 5), (1, 1), (4, 7))
+    feeds = [_mq_feeds(b, s, i, 8) for i, (b, s) in enumerate(sizes)]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+    assert not FuseAttentionPass(options)(fused).modified
+
+
+def test_multi_query_attention_becomes_group_query_attention_with_one_kv_head() -> None:
+    from onnxopt.passes.fuse_group_query_attention import FuseGroupQueryAttentionPass
+
+    model = _multi_query_model(head_size=8)
+    fused = model.clone()
+    assert FuseAttentionPass()(fused).stats == {"attention->mha": 1}
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa": 1}
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.attributes.get_int("num_heads") == 2
+    assert gqa.attributes.get_int("kv_num_heads") == 1
+    assert gqa.inputs[1].producer().op_type == "MatMul"  # type: ignore[union-attr]  # the [B, T, d] key
+    assert not _head_repeats(fused)
+    sizes = ((3, 5), (1, 1), (4, 7), (2, 9))
+    feeds = [_mq_feeds(b, s, i, 16) for i, (b, s) in enumerate(sizes)]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report

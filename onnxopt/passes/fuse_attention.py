@@ -415,6 +415,8 @@ class _Block:
     # Dim reads of fused-away tensors that outlive the block, with the dim each reads
     # ("batch", "seq" or "heads"): the rewrite reads them off the fused op's query.
     dim_reads: tuple[tuple[ir.Node, str], ...] = ()
+    # > 1: K and V have one head, broadcast against this many query heads (multi-query attention).
+    kv_repeat: int = 1
     # Further additive terms of the scores (the first is ``bias``), summed into one mask.
     more_bias: tuple[ir.Value, ...] = ()
 
@@ -582,8 +584,15 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         heads = width // value_size  # [B, S, H*dv] merged from heads of size dv
     if heads is None:
         return Mismatch("cannot tell the number of heads (shapes unknown)")
+    # Multi-query attention (Falcon): one K/V head that Q@K^T and P@V broadcast against the H
+    # query heads. The rewrite repeats it H times, as repeat_kv does for grouped K/V.
+    kv_repeat = (
+        heads
+        if heads > 1 and query_heads.heads == heads and key_heads.heads == value_heads.heads == 1
+        else 1
+    )
     for side in (query_heads, key_heads, value_heads):
-        if side.heads is not None and side.heads != heads:
+        if side.heads is not None and side.heads != heads and kv_repeat == 1:
             return Mismatch(
                 f"Q, K and V have different head counts ({side.heads} vs {heads}); grouped K/V not repeated"
             )
@@ -619,6 +628,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         output=output,
         more_bias=tuple(terms[1:]),
         output_target=output_target,
+        kv_repeat=kv_repeat,
     )
     target = context.options.target
     if target == "onnx" and context.opset() < ONNX_ATTENTION_OPSET:
@@ -626,8 +636,10 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
             f"--target onnx: ONNX Attention needs opset {ONNX_ATTENTION_OPSET}, the model has {context.opset()}"
         )
     if target == "ort":
-        if (key_heads.three_d is None) != (value_heads.three_d is None) and (
-            key_heads.four_d is None or value_heads.four_d is None
+        if (
+            kv_repeat == 1
+            and (key_heads.three_d is None) != (value_heads.three_d is None)
+            and (key_heads.four_d is None or value_heads.four_d is None)
         ):
             return Mismatch("K and V are in different layouts")
     elif key_heads.four_d is None and key_heads.three_d is None:
@@ -727,7 +739,16 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
     scale = block.scale
     key: ir.Value | None
     value: ir.Value | None
-    if block.key.three_d is not None and block.value.three_d is not None:
+    if block.kv_repeat > 1:
+        assert block.key.head_size is not None
+        key, value = (
+            _repeat_heads(
+                tape, _heads_first(tape, side), block.kv_repeat, block.key.head_size, opset
+            )
+            for side in (block.key, block.value)
+        )
+        kv_axis = 2
+    elif block.key.three_d is not None and block.value.three_d is not None:
         # A scalar factor on the [B, S, H*d] projection (fairseq-style ``q_proj(x) * scaling``)
         # moves into the op's scale: one elementwise pass less, and the projection is bare for
         # fuse-packed-attention. The scores are the same product of the same factors.
@@ -763,6 +784,47 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         result = tape.op("Reshape", [result, block.output_target])
     reads = _repointed_reads(tape, block.dim_reads, query, {"batch": 0, "seq": 1}, heads, opset)
     return Replacement(tape.nodes, [(block.output, result), *reads])
+
+
+def _heads_first(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
+    """The operand as [B, N, T, d]: the tensor itself, or its [B, T, N*d] source split (its
+    shape recorded: fuse-group-query-attention reads N and d off it)."""
+    if side.four_d is not None:
+        return side.four_d
+    assert side.three_d is not None and side.head_size is not None
+    split = tape.op("Reshape", [side.three_d, int64_const(tape, [0, 0, -1, side.head_size])])
+    moved = tape.op("Transpose", [split], {"perm": [0, 2, 1, 3]})
+    shape = side.three_d.shape
+    if shape is not None and len(shape) == 3 and side.heads is not None:
+        _annotate(moved, side.three_d, [shape[0], side.heads, shape[1], side.head_size])
+    return moved
+
+
+def _annotate(value: ir.Value, like: ir.Value, dims: Sequence[int | ir.SymbolicDim]) -> None:
+    if like.dtype is not None:
+        value.dtype = like.dtype
+    value.shape = ir.Shape(list(dims))
+
+
+def _repeat_heads(
+    tape: ir.tape.Tape, single: ir.Value, repeat: int, head_size: int, opset: int
+) -> ir.Value:
+    """[B, 1, T, d] -> [B, H, T, d], spelled as repeat_kv (Unsqueeze, Expand, Reshape), which
+    fuse-group-query-attention turns into GroupQueryAttention's kv_num_heads=1 where it can
+    prove the key as long as the query."""
+    if opset >= 13:
+        unsqueezed = tape.op("Unsqueeze", [single, int64_const(tape, [2])])
+    else:
+        unsqueezed = tape.op("Unsqueeze", [single], {"axes": [2]})
+    expanded = tape.op("Expand", [unsqueezed, int64_const(tape, [1, 1, repeat, 1, 1])])
+    repeated = tape.op("Reshape", [expanded, int64_const(tape, [0, repeat, -1, head_size])])
+    shape = single.shape
+    if shape is not None and len(shape) == 4:
+        batch, length = shape[0], shape[2]
+        _annotate(unsqueezed, single, [batch, 1, 1, length, head_size])
+        _annotate(expanded, single, [batch, 1, repeat, length, head_size])
+        _annotate(repeated, single, [batch, repeat, length, head_size])
+    return repeated
 
 
 def _unscaled(projection: ir.Value) -> tuple[ir.Value, float]:
@@ -890,14 +952,11 @@ def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismat
     tape = ir.tape.Tape()
     sides = []
     for side in (block.query, block.key, block.value):
-        if side.four_d is not None:
-            sides.append(side.four_d)
-        else:
-            assert side.three_d is not None and side.head_size is not None
-            split = tape.op(
-                "Reshape", [side.three_d, int64_const(tape, [0, 0, -1, side.head_size])]
-            )
-            sides.append(tape.op("Transpose", [split], {"perm": [0, 2, 1, 3]}))
+        four_d = _heads_first(tape, side)
+        if block.kv_repeat > 1 and side is not block.query:
+            assert side.head_size is not None
+            four_d = _repeat_heads(tape, four_d, block.kv_repeat, side.head_size, opset)
+        sides.append(four_d)
     inputs: list[ir.Value | None] = list(sides)
     bias = _full_bias(tape, block.bias, sides[0], 2, sides[1], 2, opset)
     if bias is not None and values is not None and not values.neg_inf:
