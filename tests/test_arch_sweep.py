@@ -23,6 +23,8 @@ CASES = [
     ("qwen2", "torchscript", "eager", "gqa 2"),  # Add(bias, x @ W)
     ("beit", "torchscript", "eager", "attn 2"),  # a fused mask Expand proved a no-op
     ("hubert", "torchscript", "eager", "mha 2"),  # placeholders inferred alike
+    ("falcon", "dynamo", "eager", "mha 2"),  # one K/V head broadcast (multi-query)
+    ("falcon", "torchscript", "eager", "mha 2"),  # P@V's view reads S off the mask
 ]
 
 

@@ -91,7 +91,12 @@ def _model(
     # own [B, H, S, d] with such a target first, as the dynamo exporter writes SDPA.
     computed = merge_target in ("computed", "computed-view")
     view = merge_target == "computed-view"
-    extra_input = ", int64[N] bias_shape" if runtime_mask_shape else ""
+    # P@V viewed as [B, H, S, d] with dims read off another input ``other`` [N, L] (Falcon's
+    # TorchScript export reads S off the mask): "other-seq" reads S there (fixed by the element
+    # count once B, H and d are proved), "other-batch-seq" B and S (nothing fixes them).
+    other = merge_target in ("other-seq", "other-batch-seq")
+    extra_input = ", float[N, L] other" if other else ""
+    extra_input += ", int64[N] bias_shape" if runtime_mask_shape else ""
     extra_input += ", int64[1] length" if computed else ""
     split = "heads_c" if computed else "heads"
     key_t = key_t.replace("Reshape(kb, heads)", f"Reshape(kb, {split})")
@@ -134,7 +139,7 @@ def _model(
             float ninf = {{-inf}},
             float lowest = {{-3.4028234663852886e38}}
         > {{
-            {"batch = Shape<start=0, end=1>(x)" if computed else ""}
+            {"batch = Shape<start=0, end=1>(x)" if computed or other else ""}
             {"heads_c = Concat<axis=0>(batch, length, two1, four1)" if computed else ""}
             {"merged_computed = Concat<axis=0>(batch, length, eight)" if computed else ""}
             q0 = MatMul(x, wq)
@@ -162,8 +167,9 @@ def _model(
             pv = MatMul({attended}, v4)
             {"pv_target = Concat<axis=0>(batch, two1, length, four1)" if view else ""}
             {"pvv = Reshape(pv, pv_target)" if view else ""}
+            {_OTHER_VIEW.get(merge_target, "")}
             {_ESCAPING_READS.get(escaping_reads, "")}
-            pt = Transpose<perm=[0,2,1,3]>({"pvv" if view else "pv"})
+            pt = Transpose<perm=[0,2,1,3]>({"pvv" if view or other else "pv"})
             {merge.replace("y = ", "ym = ") if escaping_reads else merge}
             {"y = Reshape(ym, out_target)" if escaping_reads else ""}
         }}
@@ -174,6 +180,21 @@ def _model(
     InferShapesPass()(model)
     return model
 
+
+_OTHER_VIEW = {
+    "other-seq": """
+            other_l = Shape<start=1, end=2>(other)
+            pv_target = Concat<axis=0>(batch, two1, other_l, four1)
+            pvv = Reshape(pv, pv_target)
+    """,
+    "other-batch-seq": """
+            other_nl = Shape(other)
+            other_n = Slice(other_nl, zero1, one1)
+            other_l = Slice(other_nl, one1, two1)
+            pv_target = Concat<axis=0>(other_n, two1, other_l, four1)
+            pvv = Reshape(pv, pv_target)
+    """,
+}
 
 _ESCAPING_READS = {
     # B read with a 1-D index, S with a scalar one, H (a constant once fused) times d
@@ -692,3 +713,25 @@ def test_multi_query_attention_becomes_group_query_attention_with_one_kv_head() 
     feeds = [_mq_feeds(b, s, i, 16) for i, (b, s) in enumerate(sizes)]
     report = validate(model, fused, inputs=feeds)
     assert report.passed, report
+
+
+def test_one_dim_of_the_view_of_p_at_v_is_fixed_by_the_element_count() -> None:
+    model = _model(merge_target="other-seq")
+    fused = model.clone()
+    assert FuseAttentionPass()(fused).stats == {"attention->mha": 1}
+    assert "Softmax" not in _op_types(fused)
+    rng = np.random.default_rng(3)
+    feeds = [
+        {**_feeds(b, s, i), "other": rng.standard_normal((b, s)).astype(np.float32)}
+        for i, (b, s) in enumerate(((3, 5), (1, 1), (4, 7)))
+    ]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_two_unproven_dims_of_the_view_of_p_at_v_keep_the_block() -> None:
+    model = _model(merge_target="other-batch-seq")
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert any("not merged back" in note for note in result.notes), result.notes

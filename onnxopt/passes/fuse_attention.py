@@ -211,8 +211,9 @@ def _is_noop_reshape(reshape: ir.Node, by_axis: Sequence[Sequence[ir.Value]]) ->
         )
     if entries is None or len(entries) != 4:
         return False
-    if sum(1 for e in entries if e == -1) > 1:
-        return False
+    # One entry may be unproven, as one may be -1: the element count fixes it (Falcon's
+    # TorchScript export reads S off the mask, where the shapes lost the query's S).
+    unproven = sum(1 for e in entries if e == -1)
     for axis, entry in enumerate(entries):
         if entry == -1 or (
             isinstance(entry, int) and entry > 0 and entry == static_dim(by_axis[axis][0], axis)
@@ -221,8 +222,10 @@ def _is_noop_reshape(reshape: ir.Node, by_axis: Sequence[Sequence[ir.Value]]) ->
         # the dim read off one of those tensors, or a dim carrying the same symbol (once
         # fold-shape-values shares equal shape reads, the read may come from another tensor)
         if not isinstance(entry, tuple) or not any(same_dim(entry, v, axis) for v in by_axis[axis]):
-            return False
-    return True
+            if isinstance(entry, int) and entry <= 0:
+                return False  # 0 copies a dim; a count of its own cannot be fixed by the others
+            unproven += 1
+    return unproven <= 1
 
 
 def _merged_heads(
