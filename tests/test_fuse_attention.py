@@ -597,6 +597,33 @@ def test_gpt2_torchscript_sdpa_export_fuses_and_is_a_fixed_point(
     )
 
 
+_SEPARATE_QKV = """
+            q = MatMul(x, wq)
+            qr = Reshape(q, qheads)
+            q4 = Transpose<perm=[0,2,1,3]>(qr)
+            k = MatMul(x, wk)
+            kr = Reshape(k, kvhead)
+            KEY_T
+            v0 = MatMul(x, wv)
+            v = Add(v0, bv)
+            vr = Reshape(v, kvhead)
+            v4 = Transpose<perm=[0,2,1,3]>(vr)
+"""
+# Falcon: one projection to [B, S, H+2, d]; Q sliced, K and V gathered out along the head axis.
+_PACKED_QKV = """
+            qkv = Concat<axis=1>(wq, wk, wv)
+            packed = MatMul(x, qkv)
+            heads4 = Reshape(packed, all_heads)
+            qr = Slice(heads4, zero1, two1, two1)
+            q4 = Transpose<perm=[0,2,1,3]>(qr)
+            kr = Gather<axis=2>(heads4, two1)
+            k4 = Transpose<perm=[0,2,1,3]>(kr)
+            kt = Transpose<perm=[0,1,3,2]>(k4)
+            vr = Gather<axis=2>(heads4, three1)
+            v4 = Transpose<perm=[0,2,1,3]>(vr)
+"""
+
+
 def _multi_query_model(head_size: int = 4, key_form: str = "torchscript") -> ir.Model:
     """x[B,S,D] -> 2 query heads and ONE key/value head, which Q@K^T and P@V broadcast against
     the query heads (Falcon's multi-query attention: K/V never repeated), padding mask, SDPA guard."""
@@ -619,22 +646,17 @@ def _multi_query_model(head_size: int = 4, key_form: str = "torchscript") -> ir.
             {mat("bv", (d,))},
             int64[4] qheads = {{0, 0, 2, {d}}},
             int64[4] kvhead = {{0, 0, 1, {d}}},
+            int64[4] all_heads = {{0, 0, 4, {d}}},
+            int64[1] zero1 = {{0}},
+            int64[1] two1 = {{2}},
+            int64[1] three1 = {{3}},
             int64[3] merged = {{0, 0, {width}}},
             int64[2] mask_axes = {{1, 2}},
             float scale = {{{d**-0.5}}},
             float zero = {{0.0}},
             float ninf = {{-inf}}
         > {{
-            q = MatMul(x, wq)
-            qr = Reshape(q, qheads)
-            q4 = Transpose<perm=[0,2,1,3]>(qr)
-            k = MatMul(x, wk)
-            kr = Reshape(k, kvhead)
-            {key_t}
-            v0 = MatMul(x, wv)
-            v = Add(v0, bv)
-            vr = Reshape(v, kvhead)
-            v4 = Transpose<perm=[0,2,1,3]>(vr)
+            {_PACKED_QKV if key_form == "packed" else _SEPARATE_QKV.replace("KEY_T", key_t)}
             qk = MatMul(q4, kt)
             scores = Mul(qk, scale)
             mbool = Cast<to=9>(mask)
@@ -671,7 +693,7 @@ def _mq_feeds(batch: int, seq: int, seed: int, width: int) -> dict[str, np.ndarr
 
 
 @pytest.mark.parametrize(("key_form", "target"), [("torchscript", "ort"), ("transposed", "ort"),
-                                                  ("torchscript", "onnx")])  # fmt: skip
+                                                  ("packed", "ort"), ("torchscript", "onnx")])  # fmt: skip
 def test_multi_query_attention_repeats_the_single_key_value_head(
     key_form: str, target: str
 ) -> None:
@@ -697,17 +719,21 @@ def test_multi_query_attention_repeats_the_single_key_value_head(
     assert not FuseAttentionPass(options)(fused).modified
 
 
-def test_multi_query_attention_becomes_group_query_attention_with_one_kv_head() -> None:
+@pytest.mark.parametrize("key_form", ["torchscript", "packed"])
+def test_multi_query_attention_becomes_group_query_attention_with_one_kv_head(
+    key_form: str,
+) -> None:
     from onnxopt.passes.fuse_group_query_attention import FuseGroupQueryAttentionPass
 
-    model = _multi_query_model(head_size=8)
+    model = _multi_query_model(head_size=8, key_form=key_form)
     fused = model.clone()
     assert FuseAttentionPass()(fused).stats == {"attention->mha": 1}
     assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa": 1}
     gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
     assert gqa.attributes.get_int("num_heads") == 2
     assert gqa.attributes.get_int("kv_num_heads") == 1
-    assert gqa.inputs[1].producer().op_type == "MatMul"  # type: ignore[union-attr]  # the [B, T, d] key
+    # the [B, T, d] key: the projection, or the head gathered out of the packed one
+    assert gqa.inputs[1].producer().op_type == ("Reshape" if key_form == "packed" else "MatMul")  # type: ignore[union-attr]
     assert not _head_repeats(fused)
     sizes = ((3, 5), (1, 1), (4, 7), (2, 9))
     feeds = [_mq_feeds(b, s, i, 16) for i, (b, s) in enumerate(sizes)]

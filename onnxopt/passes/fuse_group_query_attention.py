@@ -242,6 +242,9 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
             batch, seq = perm[batch], perm[seq]
             value = source
             continue
+        if _selects_elsewhere(node, batch, seq):
+            value = source  # Falcon: Q, K and V sliced / gathered out of one [B, S, H+2, d]
+            continue
         if node.op_type == "Reshape" and (batch, seq) == (0, 1):
             if reshape_to_heads(value) is not None or _merges_heads(node):
                 value = source
@@ -265,6 +268,22 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
                 continue
         break
     return value, batch, seq
+
+
+def _selects_elsewhere(node: ir.Node, batch: int, seq: int) -> bool:
+    """A Slice or Gather (constant indices, rank kept) along axes other than ``batch`` and
+    ``seq``: the output keeps those dims, at the same positions."""
+    rank = value_rank(node.inputs[0])
+    if rank is None:
+        return False
+    if node.op_type == "Gather":
+        index = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+        axis = node.attributes.get_int("axis", 0) % rank
+        return index is not None and index.ndim == 1 and axis not in (batch, seq)
+    if node.op_type == "Slice" and len(node.inputs) >= 4:
+        axes = const_array(node.inputs[3])
+        return axes is not None and not {int(a) % rank for a in axes.reshape(-1)} & {batch, seq}
+    return False
 
 
 def _out_rank(value: ir.Value) -> int | None:
@@ -484,6 +503,8 @@ def _as_three_d(tape: ir.tape.Tape, value: ir.Value) -> ir.Value:
         split = reshape_to_heads(transpose.inputs[0])
         if split is not None:
             return split[0]
+        if transpose.inputs[0] is not None:  # the [B, T, N, d] it was transposed from
+            return tape.op("Reshape", [transpose.inputs[0], int64_const(tape, [0, 0, -1])])
     moved = tape.op("Transpose", [value], {"perm": [0, 2, 1, 3]})
     return tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
 
