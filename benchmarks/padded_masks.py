@@ -7,7 +7,7 @@ result). For each model given, this optimizes it (-O2, --target ort unless --tar
 otherwise), then compares original and optimized on token ids with such masks, at several batch
 sizes and sequence lengths, and prints one markdown row per model:
 
-    PYTHONPATH=. python benchmarks/padded_masks.py MODEL.onnx [...] [--target onnx]
+    PYTHONPATH=. python benchmarks/padded_masks.py MODEL.onnx [...] [--target onnx --opset 23]
 
 The models take ``input_ids`` and ``attention_mask`` [batch, sequence] (the sweep's text exports:
 ``benchmarks/arch_sweep.py --out DIR`` leaves them in DIR).
@@ -50,11 +50,14 @@ def main() -> None:
     )
     parser.add_argument("models", nargs="+", type=Path)
     parser.add_argument("--target", default="ort", choices=("ort", "onnx"))
+    parser.add_argument(
+        "--opset", type=int, default=None, help="raise the opset first (23: ONNX Attention)"
+    )
     args = parser.parse_args()
     print("| model | fused | sizes (batch x seq) | max abs | passed |")
     print("|---|---|---|---:|---|")
     for path in args.models:
-        result = api.optimize(path, check=False, target=args.target)
+        result = api.optimize(path, check=False, target=args.target, opset=args.opset)
         counts = Counter(node.op_type for node in result.model.graph)
         fused = ", ".join(f"{op} {counts[op]}" for op in FUSED if counts[op]) or "-"
         feeds = [padded_feeds(b, s, seed) for seed, (b, s) in enumerate(SIZES)]
