@@ -623,6 +623,21 @@ _PACKED_QKV = """
             v4 = Transpose<perm=[0,2,1,3]>(vr)
 """
 
+# The same as the dynamo exporter writes it: heads moved first, K and V picked by GatherND.
+_PACKED_ND_QKV = """
+            qkv = Concat<axis=1>(wq, wk, wv)
+            packed = MatMul(x, qkv)
+            heads4 = Reshape(packed, all_heads)
+            qr = Slice(heads4, zero1, two1, two1)
+            q4 = Transpose<perm=[0,2,1,3]>(qr)
+            heads_first = Transpose<perm=[2,0,1,3]>(heads4)
+            kr = GatherND(heads_first, k_index)
+            k4 = Transpose<perm=[1,0,2,3]>(kr)
+            kt = Transpose<perm=[0,1,3,2]>(k4)
+            vr = GatherND(heads_first, v_index)
+            v4 = Transpose<perm=[1,0,2,3]>(vr)
+"""
+
 
 def _multi_query_model(head_size: int = 4, key_form: str = "torchscript") -> ir.Model:
     """x[B,S,D] -> 2 query heads and ONE key/value head, which Q@K^T and P@V broadcast against
@@ -650,13 +665,15 @@ def _multi_query_model(head_size: int = 4, key_form: str = "torchscript") -> ir.
             int64[1] zero1 = {{0}},
             int64[1] two1 = {{2}},
             int64[1] three1 = {{3}},
+            int64[1, 1] k_index = {{2}},
+            int64[1, 1] v_index = {{3}},
             int64[3] merged = {{0, 0, {width}}},
             int64[2] mask_axes = {{1, 2}},
             float scale = {{{d**-0.5}}},
             float zero = {{0.0}},
             float ninf = {{-inf}}
         > {{
-            {_PACKED_QKV if key_form == "packed" else _SEPARATE_QKV.replace("KEY_T", key_t)}
+            {_PACKED_QKV if key_form == "packed" else _PACKED_ND_QKV if key_form == "packed-nd" else _SEPARATE_QKV.replace("KEY_T", key_t)}
             qk = MatMul(q4, kt)
             scores = Mul(qk, scale)
             mbool = Cast<to=9>(mask)
@@ -719,7 +736,7 @@ def test_multi_query_attention_repeats_the_single_key_value_head(
     assert not FuseAttentionPass(options)(fused).modified
 
 
-@pytest.mark.parametrize("key_form", ["torchscript", "packed"])
+@pytest.mark.parametrize("key_form", ["torchscript", "packed", "packed-nd"])
 def test_multi_query_attention_becomes_group_query_attention_with_one_kv_head(
     key_form: str,
 ) -> None:
@@ -733,7 +750,9 @@ def test_multi_query_attention_becomes_group_query_attention_with_one_kv_head(
     assert gqa.attributes.get_int("num_heads") == 2
     assert gqa.attributes.get_int("kv_num_heads") == 1
     # the [B, T, d] key: the projection, or the head gathered out of the packed one
-    assert gqa.inputs[1].producer().op_type == ("Reshape" if key_form == "packed" else "MatMul")  # type: ignore[union-attr]
+    assert gqa.inputs[1].producer().op_type == (
+        "MatMul" if key_form == "torchscript" else "Reshape"
+    )  # type: ignore[union-attr]
     assert not _head_repeats(fused)
     sizes = ((3, 5), (1, 1), (4, 7), (2, 9))
     feeds = [_mq_feeds(b, s, i, 16) for i, (b, s) in enumerate(sizes)]
