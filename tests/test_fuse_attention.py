@@ -610,26 +610,27 @@ _SEPARATE_QKV = """
             v4 = Transpose<perm=[0,2,1,3]>(vr)
 """
 # Falcon: one projection to [B, S, H+2, d]; Q sliced, K and V gathered out along the head axis.
-_PACKED_QKV = """
+_PACKED_Q = """
             qkv = Concat<axis=1>(wq, wk, wv)
             packed = MatMul(x, qkv)
             heads4 = Reshape(packed, all_heads)
             qr = Slice(heads4, zero1, two1, two1)
             q4 = Transpose<perm=[0,2,1,3]>(qr)
+"""
+_PACKED_QKV = (
+    _PACKED_Q
+    + """
             kr = Gather<axis=2>(heads4, two1)
             k4 = Transpose<perm=[0,2,1,3]>(kr)
             kt = Transpose<perm=[0,1,3,2]>(k4)
             vr = Gather<axis=2>(heads4, three1)
             v4 = Transpose<perm=[0,2,1,3]>(vr)
 """
-
+)
 # The same as the dynamo exporter writes it: heads moved first, K and V picked by GatherND.
-_PACKED_ND_QKV = """
-            qkv = Concat<axis=1>(wq, wk, wv)
-            packed = MatMul(x, qkv)
-            heads4 = Reshape(packed, all_heads)
-            qr = Slice(heads4, zero1, two1, two1)
-            q4 = Transpose<perm=[0,2,1,3]>(qr)
+_PACKED_ND_QKV = (
+    _PACKED_Q
+    + """
             heads_first = Transpose<perm=[2,0,1,3]>(heads4)
             kr = GatherND(heads_first, k_index)
             k4 = Transpose<perm=[1,0,2,3]>(kr)
@@ -637,6 +638,7 @@ _PACKED_ND_QKV = """
             vr = GatherND(heads_first, v_index)
             v4 = Transpose<perm=[1,0,2,3]>(vr)
 """
+)
 
 
 def _multi_query_model(head_size: int = 4, key_form: str = "torchscript") -> ir.Model:
