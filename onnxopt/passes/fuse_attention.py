@@ -18,6 +18,12 @@ dims 2 and 3 of ``attention_bias`` spelled out, so a mask that may broadcast the
 SDPA's NaN guard is kept exactly: a fully masked row makes ORT's softmax NaN, which the guard, moved
 after the op, turns into the zeros the original produces.
 
+Multi-query attention (Falcon: K/V with one head, which the two MatMuls broadcast against the H
+query heads) is fused with K/V repeated H times in repeat_kv's spelling; fuse-group-query-attention
+turns that into GroupQueryAttention(kv_num_heads=1) where it can. A dim of an intermediate tensor
+read by a node that outlives the block (GPT-2's TorchScript SDPA export reads B off P@V for its
+output projection) is read off the fused op's query instead: B and S are the query's, H a constant.
+
 For ``--target onnx`` the block becomes ONNX ``Attention`` (opset 23) on the [B, H, S, d] tensors,
 when the model's opset allows it; the mask is passed as ``attn_mask`` (the op broadcasts it).
 ONNX Runtime's Attention-23 kernel returns zeros for a row whose every mask value is
