@@ -207,6 +207,12 @@ _ESCAPING_READS = {
             pv_w = Mul(pv_h, four1)
             out_target = Concat<axis=0>(pv_b, pv_s, pv_w)
     """,
+    # B off the scores
+    "scores-batch": """
+            sc_shape = Shape(scores)
+            sc_b = Gather(sc_shape, zero1)
+            out_target = Concat<axis=0>(sc_b, minus1, eight)
+    """,
     # T, the scores' last dim: not a dim of the fused op's query
     "scores": """
             sc_shape = Shape(scores)
@@ -516,6 +522,15 @@ def test_mask_through_a_cast_is_provable_only_when_its_values_stay_finite(
         assert values is not None and not values.neg_inf
 
 
+def _assert_topological(model: ir.Model) -> None:
+    seen: set[int] = set()
+    for node in model.graph:
+        assert all(
+            v is None or v.producer() is None or id(v.producer()) in seen for v in node.inputs
+        ), node
+        seen.add(id(node))
+
+
 def test_dim_reads_of_the_block_that_outlive_it_are_read_off_the_query() -> None:
     """GPT-2's TorchScript SDPA export reads the batch size off P@V for its output projection's
     Reshape: the read outlives the block, so it is taken from the fused op's query instead (the
@@ -535,12 +550,7 @@ def test_dim_reads_of_the_block_that_outlive_it_are_read_off_the_query() -> None
         if n.op_type == "Shape" and n.inputs[0] is query
     }
     assert {("qb", 0, 1), ("qb", 1, 2)} <= reads  # B and S (the mask's Expand reads S too)
-    seen: set[int] = set()
-    for node in fused.graph:  # still in topological order
-        assert all(
-            v is None or v.producer() is None or id(v.producer()) in seen for v in node.inputs
-        ), node
-        seen.add(id(node))
+    _assert_topological(fused)
     sizes = ((3, 5), (1, 1), (4, 7))
     report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(sizes)])
     assert report.passed, report
@@ -782,3 +792,29 @@ def test_two_unproven_dims_of_the_view_of_p_at_v_keep_the_block() -> None:
     result = FuseAttentionPass(PassOptions(explain=True))(model)
     assert not result.modified
     assert any("not merged back" in note for note in result.notes), result.notes
+
+
+@pytest.mark.parametrize("value_late", [False, True])
+def test_a_dim_read_of_the_scores_moves_the_fused_op_up_to_it(value_late: bool) -> None:
+    """The fused op goes where the first re-pointed read was, or later: the mask (and V) may be
+    computed after that read."""
+    model = _model(escaping_reads="scores-batch")
+    graph = model.graph
+    by_output = {node.outputs[0].name: node for node in graph}
+
+    def move(names: tuple[str, ...], before: str) -> None:
+        nodes = [by_output[name] for name in names]
+        for node in nodes:
+            graph.remove(node)
+        graph.insert_before(by_output[before], nodes)
+
+    move(("sc_shape", "sc_b"), "mbool")  # the read right after the scores, before the Softmax
+    if value_late:  # V computed after that read, right before P@V
+        move(("v0", "vb", "vr", "v4"), "pv")
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(explain=True))(fused)
+    assert result.stats == {"attention->mha": 1}
+    _assert_topological(fused)
+    feeds = [_feeds(b, s, i) for i, (b, s) in enumerate(((3, 5), (1, 1)))]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report

@@ -689,7 +689,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         key=lambda n: position.get(id(n), -1),
     )
     # The re-pointed dim reads' users may come before the root: the new nodes go before the
-    # first read (after P@V, so after everything the fused op reads).
+    # first read. What the fused op reads (V, the mask) may come later still: the pass sorts.
     anchor = min(repointed, key=lambda n: position.get(id(n), -1)) if repointed else None
     return Match(ordered, {"block": block, "heads": heads}, anchor=anchor)
 
@@ -997,6 +997,12 @@ class FuseAttentionPass(Pass):
     def call(self, model: ir.Model) -> PassResult:
         stats, notes = apply_rules(model, [ATTENTION_RULE], self.options)
         if stats:
+            # A block whose dim reads were re-pointed got its new nodes at the first read, which
+            # may come before V or the mask: a stable sort (the identity on a sorted graph)
+            # restores the order.
+            model.graph.sort()
+            for function in model.functions.values():
+                function.sort()
             if self.options.target == "ort":
                 model.opset_imports.setdefault(MS_DOMAIN, 1)
             else:
