@@ -23,6 +23,9 @@ CASES = [
     ("qwen2", "torchscript", "eager", "gqa 2"),  # Add(bias, x @ W)
     ("beit", "torchscript", "eager", "attn 2"),  # a fused mask Expand proved a no-op
     ("hubert", "torchscript", "eager", "mha 2"),  # placeholders inferred alike
+    ("falcon", "dynamo", "eager", "gqa 2"),  # one K/V head broadcast (multi-query), GatherND
+    ("falcon", "dynamo", "sdpa", "gqa 2"),  # a K^T target reads the 1 head off another layer
+    ("falcon", "torchscript", "eager", "gqa 2"),  # P@V's view reads S off the mask; GQA, 1 K/V head
 ]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx.parser
 import onnx_ir as ir
 
-from onnxopt.passes._attention_shapes import target_entries
+from onnxopt.passes._attention_shapes import same_dim, target_entries
 
 # The dynamo exporter's repeat_kv: a [B, H, S, d] target, then its first two entries sliced off
 # for the key transpose's reshape back to [B, H, d, T].
@@ -40,3 +40,14 @@ def test_a_slice_with_a_step_or_run_time_bounds_is_not_read() -> None:
     _, outputs = _outputs()
     assert target_entries(outputs["every_other"]) is None
     assert target_entries(outputs["dynamic_end"]) is None
+
+
+def test_a_read_of_a_static_dim_is_that_size() -> None:
+    # Falcon's dynamo SDPA export reads a key's single head off another layer's key.
+    one_head = ir.Value(name="k_other", shape=ir.Shape(["B", 1, "S", 16]))
+    key = ir.Value(name="k", shape=ir.Shape(["B", 1, "T", 16]))
+    assert same_dim(("dim", one_head, 1), key, 1)
+    assert same_dim(("dim", one_head, 3), key, 3)
+    assert same_dim(("dim", one_head, 0), key, 0)  # the same symbol
+    assert not same_dim(("dim", one_head, 2), key, 2)  # S and T
+    assert not same_dim(("dim", one_head, 1), key, 3)  # 1 is not 16

@@ -46,6 +46,7 @@ def _model(
     merge_target: str = "constant",
     scaled_projections: str = "",
     position_bias: bool = False,
+    escaping_reads: str = "",
 ) -> ir.Model:
     seq = "5" if key_form == "dynamo-static" else "S"
     """x[B,S,8] and a [B,S] padding mask -> one SDPA block (2 heads of 4), as the exporters write it.
@@ -55,7 +56,10 @@ def _model(
     form fold-shape-values leaves after sharing equal shape reads) instead of ``[0, 0, 8]``.
     ``scaled_projections`` names the [B, S, 8] projections ("q", "k") multiplied by a scalar before
     the head split, as fairseq-style models write ``q_proj(x) * scaling``. ``position_bias`` adds
-    an input ``pos`` [1, 2, S, S] to the scores before the mask, as T5 and MPNet do."""
+    an input ``pos`` [1, 2, S, S] to the scores before the mask, as T5 and MPNet do.
+    ``escaping_reads="pv"`` reads B, H and S off ``Shape(pv)`` for a Reshape after the block (as
+    GPT-2's TorchScript SDPA export reads the batch size for its output projection); "scores"
+    reads the key length T off the scores instead."""
     if key_form == "torchscript":  # K^T = Transpose(Reshape(k), [0,2,3,1])
         key_t = """
             kr = Reshape(kb, heads)
@@ -87,7 +91,12 @@ def _model(
     # own [B, H, S, d] with such a target first, as the dynamo exporter writes SDPA.
     computed = merge_target in ("computed", "computed-view")
     view = merge_target == "computed-view"
-    extra_input = ", int64[N] bias_shape" if runtime_mask_shape else ""
+    # P@V viewed as [B, H, S, d] with dims read off another input ``other`` [N, L] (Falcon's
+    # TorchScript export reads S off the mask): "other-seq" reads S there (fixed by the element
+    # count once B, H and d are proved), "other-batch-seq" B and S (nothing fixes them).
+    other = merge_target in ("other-seq", "other-batch-seq")
+    extra_input = ", float[N, L] other" if other else ""
+    extra_input += ", int64[N] bias_shape" if runtime_mask_shape else ""
     extra_input += ", int64[1] length" if computed else ""
     split = "heads_c" if computed else "heads"
     key_t = key_t.replace("Reshape(kb, heads)", f"Reshape(kb, {split})")
@@ -117,6 +126,7 @@ def _model(
             int64[3] merged = {{0, 0, 8}},
             int64[1] zero1 = {{0}},
             int64[1] one1 = {{1}},
+            int64 two = {{2}},
             int64[1] eight = {{8}},
             int64[2] mask_axes = {{1, 2}},
             int64[1] minus1 = {{-1}},
@@ -129,7 +139,7 @@ def _model(
             float ninf = {{-inf}},
             float lowest = {{-3.4028234663852886e38}}
         > {{
-            {"batch = Shape<start=0, end=1>(x)" if computed else ""}
+            {"batch = Shape<start=0, end=1>(x)" if computed or other else ""}
             {"heads_c = Concat<axis=0>(batch, length, two1, four1)" if computed else ""}
             {"merged_computed = Concat<axis=0>(batch, length, eight)" if computed else ""}
             q0 = MatMul(x, wq)
@@ -157,8 +167,11 @@ def _model(
             pv = MatMul({attended}, v4)
             {"pv_target = Concat<axis=0>(batch, two1, length, four1)" if view else ""}
             {"pvv = Reshape(pv, pv_target)" if view else ""}
-            pt = Transpose<perm=[0,2,1,3]>({"pvv" if view else "pv"})
-            {merge}
+            {_OTHER_VIEW.get(merge_target, "")}
+            {_ESCAPING_READS.get(escaping_reads, "")}
+            pt = Transpose<perm=[0,2,1,3]>({"pvv" if view or other else "pv"})
+            {merge.replace("y = ", "ym = ") if escaping_reads else merge}
+            {"y = Reshape(ym, out_target)" if escaping_reads else ""}
         }}
     """
     proto = onnx.parser.parse_model(text)
@@ -166,6 +179,47 @@ def _model(
     model = ir.serde.deserialize_model(proto)
     InferShapesPass()(model)
     return model
+
+
+_OTHER_VIEW = {
+    "other-seq": """
+            other_l = Shape<start=1, end=2>(other)
+            pv_target = Concat<axis=0>(batch, two1, other_l, four1)
+            pvv = Reshape(pv, pv_target)
+    """,
+    "other-batch-seq": """
+            other_nl = Shape(other)
+            other_n = Slice(other_nl, zero1, one1)
+            other_l = Slice(other_nl, one1, two1)
+            pv_target = Concat<axis=0>(other_n, two1, other_l, four1)
+            pvv = Reshape(pv, pv_target)
+    """,
+}
+
+_ESCAPING_READS = {
+    # B read with a 1-D index, S with a scalar one, H (a constant once fused) times d
+    "pv": """
+            pvs = Shape(pv)
+            pv_b = Gather(pvs, zero1)
+            pv_s0 = Gather(pvs, two)
+            pv_s = Unsqueeze(pv_s0, zero1)
+            pv_h = Gather(pvs, one1)
+            pv_w = Mul(pv_h, four1)
+            out_target = Concat<axis=0>(pv_b, pv_s, pv_w)
+    """,
+    # B off the scores
+    "scores-batch": """
+            sc_shape = Shape(scores)
+            sc_b = Gather(sc_shape, zero1)
+            out_target = Concat<axis=0>(sc_b, minus1, eight)
+    """,
+    # T, the scores' last dim: not a dim of the fused op's query
+    "scores": """
+            sc_shape = Shape(scores)
+            sc_t = Gather(sc_shape, minus1)
+            out_target = Concat<axis=0>(minus1, sc_t, eight)
+    """,
+}
 
 
 def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
@@ -466,3 +520,301 @@ def test_mask_through_a_cast_is_provable_only_when_its_values_stay_finite(
     assert (values is not None) == provable
     if provable:
         assert values is not None and not values.neg_inf
+
+
+def _assert_topological(model: ir.Model) -> None:
+    seen: set[int] = set()
+    for node in model.graph:
+        assert all(
+            v is None or v.producer() is None or id(v.producer()) in seen for v in node.inputs
+        ), node
+        seen.add(id(node))
+
+
+def test_dim_reads_of_the_block_that_outlive_it_are_read_off_the_query() -> None:
+    """GPT-2's TorchScript SDPA export reads the batch size off P@V for its output projection's
+    Reshape: the read outlives the block, so it is taken from the fused op's query instead (the
+    head count becomes a constant), and the new reads come before their users."""
+    model = _model(escaping_reads="pv")
+    fused = model.clone()
+    result = FuseAttentionPass()(fused)
+    assert result.stats == {"attention->mha": 1}
+    types = _op_types(fused)
+    assert "Softmax" not in types and types.count("MultiHeadAttention") == 1
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    query = mha.inputs[0]
+    assert "Gather" not in types  # no read of P@V is left
+    reads = {
+        (n.inputs[0].name, n.attributes.get_int("start"), n.attributes.get_int("end"))
+        for n in fused.graph
+        if n.op_type == "Shape" and n.inputs[0] is query
+    }
+    assert {("qb", 0, 1), ("qb", 1, 2)} <= reads  # B and S (the mask's Expand reads S too)
+    _assert_topological(fused)
+    sizes = ((3, 5), (1, 1), (4, 7))
+    report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(sizes)])
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_a_read_of_a_dim_the_query_lacks_keeps_the_block() -> None:
+    model = _model(escaping_reads="scores")
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert any("has other consumers" in note for note in result.notes), result.notes
+
+
+def test_dim_reads_that_outlive_the_block_for_target_onnx() -> None:
+    model = _model(escaping_reads="pv")
+    model.opset_imports[""] = 23
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(target="onnx"))(fused)
+    assert result.stats == {"attention->onnx-attention": 1}
+    assert "Gather" not in _op_types(fused) and "Softmax" not in _op_types(fused)
+    sizes = ((3, 5), (1, 1), (4, 7))
+    report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(sizes)])
+    assert report.passed, report
+    assert not FuseAttentionPass(PassOptions(target="onnx"))(fused).modified
+
+
+@pytest.mark.slow
+def test_gpt2_torchscript_sdpa_export_fuses_and_is_a_fixed_point(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The zoo's gpt2-tiny with transformers' SDPA attention, TorchScript exporter: the batch size
+    read off P@V also shapes the output projection (benchmarks/trained_like.py --attention sdpa)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import sys
+
+    from benchmarks import trained_like
+    from onnxopt import api, io
+    from onnxopt.export import export
+
+    monkeypatch.setitem(trained_like.ATTENTION, "implementation", "sdpa")
+    monkeypatch.setitem(sys.modules, "benchmarks.trained_like", trained_like)
+    path = tmp_path / "gpt2.onnx"
+    export("benchmarks.trained_like:gpt2_tiny", path, exporter="torchscript")
+    result = api.optimize(path, find_reference=True)
+    assert result.validated
+    assert result.report.reference is not None and result.report.reference.optimized_passed
+    types = [node.op_type for node in result.model.graph]
+    assert types.count("Attention") == 2 and "Softmax" not in types, types
+    first = io.save_model(result.model, tmp_path / "gpt2.opt.onnx")
+    again = api.optimize(first, check=False)
+    assert (
+        io.save_model(again.model, tmp_path / "gpt2.opt2.onnx").read_bytes() == first.read_bytes()
+    )
+
+
+_SEPARATE_QKV = """
+            q = MatMul(x, wq)
+            qr = Reshape(q, qheads)
+            q4 = Transpose<perm=[0,2,1,3]>(qr)
+            k = MatMul(x, wk)
+            kr = Reshape(k, kvhead)
+            KEY_T
+            v0 = MatMul(x, wv)
+            v = Add(v0, bv)
+            vr = Reshape(v, kvhead)
+            v4 = Transpose<perm=[0,2,1,3]>(vr)
+"""
+# Falcon: one projection to [B, S, H+2, d]; Q sliced, K and V gathered out along the head axis.
+_PACKED_Q = """
+            qkv = Concat<axis=1>(wq, wk, wv)
+            packed = MatMul(x, qkv)
+            heads4 = Reshape(packed, all_heads)
+            qr = Slice(heads4, zero1, two1, two1)
+            q4 = Transpose<perm=[0,2,1,3]>(qr)
+"""
+_PACKED_QKV = (
+    _PACKED_Q
+    + """
+            kr = Gather<axis=2>(heads4, two1)
+            k4 = Transpose<perm=[0,2,1,3]>(kr)
+            kt = Transpose<perm=[0,1,3,2]>(k4)
+            vr = Gather<axis=2>(heads4, three1)
+            v4 = Transpose<perm=[0,2,1,3]>(vr)
+"""
+)
+# The same as the dynamo exporter writes it: heads moved first, K and V picked by GatherND.
+_PACKED_ND_QKV = (
+    _PACKED_Q
+    + """
+            heads_first = Transpose<perm=[2,0,1,3]>(heads4)
+            kr = GatherND(heads_first, k_index)
+            k4 = Transpose<perm=[1,0,2,3]>(kr)
+            kt = Transpose<perm=[0,1,3,2]>(k4)
+            vr = GatherND(heads_first, v_index)
+            v4 = Transpose<perm=[1,0,2,3]>(vr)
+"""
+)
+
+
+def _multi_query_model(head_size: int = 4, key_form: str = "torchscript") -> ir.Model:
+    """x[B,S,D] -> 2 query heads and ONE key/value head, which Q@K^T and P@V broadcast against
+    the query heads (Falcon's multi-query attention: K/V never repeated), padding mask, SDPA guard."""
+    d, width = head_size, 2 * head_size
+    rng = np.random.default_rng(7)
+
+    def mat(name: str, shape: tuple[int, ...]) -> str:
+        values = ", ".join(f"{v:.4f}" for v in rng.standard_normal(int(np.prod(shape))) * 0.5)
+        return f"float[{', '.join(map(str, shape))}] {name} = {{{values}}}"
+
+    key_t = (
+        "kt = Transpose<perm=[0,2,3,1]>(kr)"
+        if key_form == "torchscript"
+        else "k4 = Transpose<perm=[0,2,1,3]>(kr)\n            kt = Transpose<perm=[0,1,3,2]>(k4)"
+    )
+    text = f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        agraph (float[B, S, {width}] x, int64[B, S] mask) => (float[B, S, {width}] y) <
+            {mat("wq", (width, width))}, {mat("wk", (width, d))}, {mat("wv", (width, d))},
+            {mat("bv", (d,))},
+            int64[4] qheads = {{0, 0, 2, {d}}},
+            int64[4] kvhead = {{0, 0, 1, {d}}},
+            int64[4] all_heads = {{0, 0, 4, {d}}},
+            int64[1] zero1 = {{0}},
+            int64[1] two1 = {{2}},
+            int64[1] three1 = {{3}},
+            int64[1, 1] k_index = {{2}},
+            int64[1, 1] v_index = {{3}},
+            int64[3] merged = {{0, 0, {width}}},
+            int64[2] mask_axes = {{1, 2}},
+            float scale = {{{d**-0.5}}},
+            float zero = {{0.0}},
+            float ninf = {{-inf}}
+        > {{
+            {_PACKED_QKV if key_form == "packed" else _PACKED_ND_QKV if key_form == "packed-nd" else _SEPARATE_QKV.replace("KEY_T", key_t)}
+            qk = MatMul(q4, kt)
+            scores = Mul(qk, scale)
+            mbool = Cast<to=9>(mask)
+            mb = Unsqueeze(mbool, mask_axes)
+            bias = Where(mb, zero, ninf)
+            masked = Add(scores, bias)
+            probs = Softmax<axis=-1>(masked)
+            nan = IsNaN(probs)
+            clean = Where(nan, zero, probs)
+            pv = MatMul(clean, v4)
+            pt = Transpose<perm=[0,2,1,3]>(pv)
+            y = Reshape(pt, merged)
+        }}
+    """
+    proto = onnx.parser.parse_model(text)
+    onnx.checker.check_model(proto)
+    model = ir.serde.deserialize_model(proto)
+    InferShapesPass()(model)
+    return model
+
+
+def _head_repeats(model: ir.Model) -> list[ir.Node]:
+    return [
+        n
+        for n in model.graph
+        if n.op_type == "Expand" and n.inputs[0].producer().op_type == "Unsqueeze"  # type: ignore[union-attr]
+    ]
+
+
+def _mq_feeds(batch: int, seq: int, seed: int, width: int) -> dict[str, np.ndarray]:
+    feeds = _feeds(batch, seq, seed)
+    rng = np.random.default_rng(seed + 100)
+    return {**feeds, "x": rng.standard_normal((batch, seq, width)).astype(np.float32)}
+
+
+@pytest.mark.parametrize(("key_form", "target"), [("torchscript", "ort"), ("transposed", "ort"),
+                                                  ("packed", "ort"), ("torchscript", "onnx")])  # fmt: skip
+def test_multi_query_attention_repeats_the_single_key_value_head(
+    key_form: str, target: str
+) -> None:
+    model = _multi_query_model(key_form=key_form)
+    if target == "onnx":
+        model.opset_imports[""] = 23
+    fused = model.clone()
+    options = PassOptions(target=target)  # type: ignore[arg-type]
+    result = FuseAttentionPass(options)(fused)
+    assert result.stats == (
+        {"attention->mha": 1} if target == "ort" else {"attention->onnx-attention": 1}
+    )
+    types = _op_types(fused)
+    assert "Softmax" not in types, types
+    assert len(_head_repeats(fused)) == 2  # K and V, each repeated for the 2 query heads
+    op = next(n for n in fused.graph if n.op_type in ("MultiHeadAttention", "Attention"))
+    if target == "ort":
+        assert op.attributes.get_int("num_heads") == 2
+    sizes = ((3, 5), (1, 1), (4, 7))
+    feeds = [_mq_feeds(b, s, i, 8) for i, (b, s) in enumerate(sizes)]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+    assert not FuseAttentionPass(options)(fused).modified
+
+
+@pytest.mark.parametrize("key_form", ["torchscript", "packed", "packed-nd"])
+def test_multi_query_attention_becomes_group_query_attention_with_one_kv_head(
+    key_form: str,
+) -> None:
+    from onnxopt.passes.fuse_group_query_attention import FuseGroupQueryAttentionPass
+
+    model = _multi_query_model(head_size=8, key_form=key_form)
+    fused = model.clone()
+    assert FuseAttentionPass()(fused).stats == {"attention->mha": 1}
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa": 1}
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.attributes.get_int("num_heads") == 2
+    assert gqa.attributes.get_int("kv_num_heads") == 1
+    # the [B, T, d] key: the projection, or the head gathered out of the packed one
+    assert gqa.inputs[1].producer().op_type == (
+        "MatMul" if key_form == "torchscript" else "Reshape"
+    )  # type: ignore[union-attr]
+    assert not _head_repeats(fused)
+    sizes = ((3, 5), (1, 1), (4, 7), (2, 9))
+    feeds = [_mq_feeds(b, s, i, 16) for i, (b, s) in enumerate(sizes)]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+
+
+def test_one_dim_of_the_view_of_p_at_v_is_fixed_by_the_element_count() -> None:
+    model = _model(merge_target="other-seq")
+    fused = model.clone()
+    assert FuseAttentionPass()(fused).stats == {"attention->mha": 1}
+    assert "Softmax" not in _op_types(fused)
+    rng = np.random.default_rng(3)
+    feeds = [
+        {**_feeds(b, s, i), "other": rng.standard_normal((b, s)).astype(np.float32)}
+        for i, (b, s) in enumerate(((3, 5), (1, 1), (4, 7)))
+    ]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_two_unproven_dims_of_the_view_of_p_at_v_keep_the_block() -> None:
+    model = _model(merge_target="other-batch-seq")
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert any("not merged back" in note for note in result.notes), result.notes
+
+
+@pytest.mark.parametrize("value_late", [False, True])
+def test_a_dim_read_of_the_scores_moves_the_fused_op_up_to_it(value_late: bool) -> None:
+    """The fused op goes where the first re-pointed read was, or later: the mask (and V) may be
+    computed after that read."""
+    model = _model(escaping_reads="scores-batch")
+    graph = model.graph
+    by_output = {node.outputs[0].name: node for node in graph}
+
+    def move(names: tuple[str, ...], before: str) -> None:
+        nodes = [by_output[name] for name in names]
+        for node in nodes:
+            graph.remove(node)
+        graph.insert_before(by_output[before], nodes)
+
+    move(("sc_shape", "sc_b"), "mbool")  # the read right after the scores, before the Softmax
+    if value_late:  # V computed after that read, right before P@V
+        move(("v0", "vb", "vr", "v4"), "pv")
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(explain=True))(fused)
+    assert result.stats == {"attention->mha": 1}
+    _assert_topological(fused)
+    feeds = [_feeds(b, s, i) for i, (b, s) in enumerate(((3, 5), (1, 1)))]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report

@@ -335,8 +335,14 @@ def same_dim(entry: Entry, source: ir.Value, index: int) -> bool:
     the same positive constant when that dim is static."""
     if isinstance(entry, int):
         return entry > 0 and entry == static_dim(source, index)
-    return isinstance(entry, tuple) and (
-        (entry[1] is source and entry[2] == index) or same_symbol(entry[1], entry[2], source, index)
+    if not isinstance(entry, tuple):
+        return False
+    # A read of a static dim is that size (Falcon's single K/V head: a 1 read off another layer's K)
+    read_size = static_dim(entry[1], entry[2])
+    return (
+        (entry[1] is source and entry[2] == index)
+        or same_symbol(entry[1], entry[2], source, index)
+        or (read_size is not None and read_size == static_dim(source, index))
     )
 
 

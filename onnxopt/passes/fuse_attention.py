@@ -18,6 +18,12 @@ dims 2 and 3 of ``attention_bias`` spelled out, so a mask that may broadcast the
 SDPA's NaN guard is kept exactly: a fully masked row makes ORT's softmax NaN, which the guard, moved
 after the op, turns into the zeros the original produces.
 
+Multi-query attention (Falcon: K/V with one head, which the two MatMuls broadcast against the H
+query heads) is fused with K/V repeated H times in repeat_kv's spelling; fuse-group-query-attention
+turns that into GroupQueryAttention(kv_num_heads=1) where it can. A dim of an intermediate tensor
+read by a node that outlives the block (GPT-2's TorchScript SDPA export reads B off P@V for its
+output projection) is read off the fused op's query instead: B and S are the query's, H a constant.
+
 For ``--target onnx`` the block becomes ONNX ``Attention`` (opset 23) on the [B, H, S, d] tensors,
 when the model's opset allows it; the mask is passed as ``attn_mask`` (the op broadcasts it).
 ONNX Runtime's Attention-23 kernel returns zeros for a row whose every mask value is
@@ -32,8 +38,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx_ir as ir
@@ -42,6 +48,7 @@ from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, single_cons
 from onnxopt.passes._attention_shapes import (
     MASK_FLOOR,
     Entry,
+    gathered_dim,
     int64_const,
     keeps_leading_dims,
     last_dim,
@@ -210,8 +217,9 @@ def _is_noop_reshape(reshape: ir.Node, by_axis: Sequence[Sequence[ir.Value]]) ->
         )
     if entries is None or len(entries) != 4:
         return False
-    if sum(1 for e in entries if e == -1) > 1:
-        return False
+    # One entry may be unproven, as one may be -1: the element count fixes it (Falcon's
+    # TorchScript export reads S off the mask, where the shapes lost the query's S).
+    unproven = sum(1 for e in entries if e == -1)
     for axis, entry in enumerate(entries):
         if entry == -1 or (
             isinstance(entry, int) and entry > 0 and entry == static_dim(by_axis[axis][0], axis)
@@ -220,8 +228,10 @@ def _is_noop_reshape(reshape: ir.Node, by_axis: Sequence[Sequence[ir.Value]]) ->
         # the dim read off one of those tensors, or a dim carrying the same symbol (once
         # fold-shape-values shares equal shape reads, the read may come from another tensor)
         if not isinstance(entry, tuple) or not any(same_dim(entry, v, axis) for v in by_axis[axis]):
-            return False
-    return True
+            if isinstance(entry, int) and entry <= 0:
+                return False  # 0 copies a dim; a count of its own cannot be fixed by the others
+            unproven += 1
+    return unproven <= 1
 
 
 def _merged_heads(
@@ -295,17 +305,24 @@ _SHAPE_OPS = (
 
 
 def _dies_with(
-    dying: set[ir.Node], heavy: Sequence[ir.Node], anywhere: Sequence[ir.Node]
-) -> list[ir.Node] | None:
+    dying: set[ir.Node],
+    heavy: Sequence[ir.Node],
+    anywhere: Sequence[ir.Node],
+    repointable: Callable[[ir.Node], bool] = lambda node: False,
+) -> tuple[list[ir.Node], list[ir.Node]] | None:
     """Shape-reading nodes that only feed ``dying``, so they go when the block goes.
 
     TorchScript reads the dims of intermediate attention tensors (``Shape(P@V)``) to build the final
     Reshape's target. Those readers die with the block; the ``heavy`` nodes must die entirely (else
     the fusion would compute attention twice), the others (Q/K/V transposes) may stay alive.
-    Returns the readers in graph order, or None when a heavy node's result escapes.
+    A dim read that outlives the block (GPT-2's batch size, read off P@V, also shapes the output
+    projection) is ``repointable`` when the fused op's inputs provably have that dim: the rewrite
+    reads it from them instead.
+    Returns (readers, re-pointed dim reads), or None when a heavy node's result escapes.
     """
     memo: dict[int, bool] = {}
     readers: list[ir.Node] = []
+    repointed: list[ir.Node] = []
 
     def dies(node: ir.Node, depth: int = 0) -> bool:
         if node in dying:
@@ -318,6 +335,10 @@ def _dies_with(
             return False
         for out in node.outputs:
             if out.is_graph_output() or not all(dies(u.node, depth + 1) for u in out.uses()):
+                if repointable(node):
+                    memo[key] = True
+                    repointed.append(node)
+                    return True
                 return False
         memo[key] = True
         readers.append(node)
@@ -334,7 +355,60 @@ def _dies_with(
             return None
     for node in anywhere:
         consumers_die(node)
-    return readers[::-1]  # found consumer-first; removal wants producers before consumers
+    # found consumer-first; removal wants producers before consumers
+    return readers[::-1], repointed[::-1]
+
+
+def _dim_meanings(
+    heavy: Sequence[ir.Node], out_nodes: Sequence[ir.Node]
+) -> dict[ir.Value, dict[int, str]]:
+    """What the dims of the block's intermediate tensors are: the scores, probabilities and P@V
+    are [B, H, S, *] (dims 0 and 2 are the query's, 1 the head count); P@V with its heads moved
+    next to the sequence is [B, S, H, dv]."""
+    meanings: dict[ir.Value, dict[int, str]] = {}
+    for node in heavy:
+        for out in node.outputs:
+            if value_rank(out) == 4 and transpose_perm(node) is None:
+                meanings[out] = {0: "batch", 1: "heads", 2: "seq"}
+    for node in out_nodes[:-1]:
+        if transpose_perm(node) == [0, 2, 1, 3] and value_rank(node.outputs[0]) == 4:
+            meanings[node.outputs[0]] = {0: "batch", 1: "seq", 2: "heads"}
+    return meanings
+
+
+def _dim_read(node: ir.Node) -> tuple[ir.Value, int] | None:
+    """``Gather(Shape(x), i)`` or ``Gather(Shape(x), [i])`` as (x, i), i non-negative."""
+    entry = gathered_dim(node, scalar=True) or gathered_dim(node, scalar=False)
+    if not isinstance(entry, tuple) or node.attributes.get_int("axis", 0) not in (0, -1):
+        return None
+    _, source, index = entry
+    return (source, index) if isinstance(source, ir.Value) and isinstance(index, int) else None
+
+
+def _repointed_reads(
+    tape: ir.tape.Tape,
+    reads: Sequence[tuple[ir.Node, str]],
+    query: ir.Value,
+    axes: dict[str, int],
+    heads: int,
+    opset: int,
+) -> list[tuple[ir.Value, ir.Value]]:
+    """Each dim read of a fused-away tensor, read off the fused op's query instead (its batch and
+    sequence dims are the block's), or the head count as a constant. The read is one dim wide
+    (``Shape(q, start, end)``), so that fuse-packed-attention can move it off the projection."""
+    pairs: list[tuple[ir.Value, ir.Value]] = []
+    for gather, meaning in reads:
+        index = const_array(gather.inputs[1])
+        assert index is not None
+        if meaning == "heads":
+            constant = np.array(heads, dtype=np.int64).reshape(index.shape)
+            new = tape.op("Constant", [], {"value": ir.tensor(constant)})
+        else:
+            new = seq_len(tape, query, axes[meaning], opset)
+            if index.ndim == 0:
+                new = tape.op("Squeeze", [new])
+        pairs.append((gather.outputs[0], new))
+    return pairs
 
 
 @dataclass(frozen=True)
@@ -347,6 +421,11 @@ class _Block:
     nan_guard: bool
     output: ir.Value
     output_target: ir.Value | None
+    # Dim reads of fused-away tensors that outlive the block, with the dim each reads
+    # ("batch", "seq" or "heads"): the rewrite reads them off the fused op's query.
+    dim_reads: tuple[tuple[ir.Node, str], ...] = ()
+    # > 1: K and V have one head, broadcast against this many query heads (multi-query attention).
+    kv_repeat: int = 1
     # Further additive terms of the scores (the first is ``bias``), summed into one mask.
     more_bias: tuple[ir.Value, ...] = ()
 
@@ -514,8 +593,15 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         heads = width // value_size  # [B, S, H*dv] merged from heads of size dv
     if heads is None:
         return Mismatch("cannot tell the number of heads (shapes unknown)")
+    # Multi-query attention (Falcon): one K/V head that Q@K^T and P@V broadcast against the H
+    # query heads. The rewrite repeats it H times, as repeat_kv does for grouped K/V.
+    kv_repeat = (
+        heads
+        if heads > 1 and query_heads.heads == heads and key_heads.heads == value_heads.heads == 1
+        else 1
+    )
     for side in (query_heads, key_heads, value_heads):
-        if side.heads is not None and side.heads != heads:
+        if side.heads is not None and side.heads != heads and kv_repeat == 1:
             return Mismatch(
                 f"Q, K and V have different head counts ({side.heads} vs {heads}); grouped K/V not repeated"
             )
@@ -551,6 +637,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         output=output,
         more_bias=tuple(terms[1:]),
         output_target=output_target,
+        kv_repeat=kv_repeat,
     )
     target = context.options.target
     if target == "onnx" and context.opset() < ONNX_ATTENTION_OPSET:
@@ -558,8 +645,10 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
             f"--target onnx: ONNX Attention needs opset {ONNX_ATTENTION_OPSET}, the model has {context.opset()}"
         )
     if target == "ort":
-        if (key_heads.three_d is None) != (value_heads.three_d is None) and (
-            key_heads.four_d is None or value_heads.four_d is None
+        if (
+            kv_repeat == 1
+            and (key_heads.three_d is None) != (value_heads.three_d is None)
+            and (key_heads.four_d is None or value_heads.four_d is None)
         ):
             return Mismatch("K and V are in different layouts")
     elif key_heads.four_d is None and key_heads.three_d is None:
@@ -578,17 +667,31 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         *out_nodes,
     ]
     heavy = [matmul, *scale_nodes, *nodes, softmax, *guard_nodes, pv, *out_nodes[:-1]]
-    readers = _dies_with(set(ordered), heavy, ordered)
-    if readers is None:
+    meanings = _dim_meanings(heavy, out_nodes)
+
+    def meaning(node: ir.Node) -> str | None:
+        read = _dim_read(node)
+        return None if read is None else meanings.get(read[0], {}).get(read[1])
+
+    found = _dies_with(set(ordered), heavy, ordered, lambda node: meaning(node) is not None)
+    if found is None:
         return Mismatch(
             "an intermediate attention tensor (scores, probabilities or P@V) has other consumers"
         )
+    readers, repointed = found
+    if repointed:
+        dim_reads = tuple((node, meaning(node) or "") for node in repointed)
+        block = replace(block, dim_reads=dim_reads)
     # Graph order, so that the driver can drop consumers before their producers (root last).
     position = {id(node): i for i, node in enumerate(context.graph)}
     ordered = sorted(
-        {id(n): n for n in [*ordered, *readers]}.values(), key=lambda n: position.get(id(n), -1)
+        {id(n): n for n in [*ordered, *readers, *repointed]}.values(),
+        key=lambda n: position.get(id(n), -1),
     )
-    return Match(ordered, {"block": block, "heads": heads})
+    # The re-pointed dim reads' users may come before the root: the new nodes go before the
+    # first read. What the fused op reads (V, the mask) may come later still: the pass sorts.
+    anchor = min(repointed, key=lambda n: position.get(id(n), -1)) if repointed else None
+    return Match(ordered, {"block": block, "heads": heads}, anchor=anchor)
 
 
 def _is_zero(value: ir.Value | None) -> bool:
@@ -639,13 +742,22 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
     block: _Block = match.bindings["block"]
     heads: int = match.bindings["heads"]
     if context.options.target == "onnx":
-        return _rewrite_onnx(block, context.opset())
+        return _rewrite_onnx(block, context.opset(), heads)
     tape = ir.tape.Tape()
     opset = context.opset()
     scale = block.scale
     key: ir.Value | None
     value: ir.Value | None
-    if block.key.three_d is not None and block.value.three_d is not None:
+    if block.kv_repeat > 1:
+        assert block.key.head_size is not None
+        key, value = (
+            _repeat_heads(
+                tape, _heads_first(tape, side), block.kv_repeat, block.key.head_size, opset
+            )
+            for side in (block.key, block.value)
+        )
+        kv_axis = 2
+    elif block.key.three_d is not None and block.value.three_d is not None:
         # A scalar factor on the [B, S, H*d] projection (fairseq-style ``q_proj(x) * scaling``)
         # moves into the op's scale: one elementwise pass less, and the projection is bare for
         # fuse-packed-attention. The scores are the same product of the same factors.
@@ -679,7 +791,49 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         result = _nan_guard(tape, attention, block.output)
     if block.output_target is not None:
         result = tape.op("Reshape", [result, block.output_target])
-    return Replacement(tape.nodes, [(block.output, result)])
+    reads = _repointed_reads(tape, block.dim_reads, query, {"batch": 0, "seq": 1}, heads, opset)
+    return Replacement(tape.nodes, [(block.output, result), *reads])
+
+
+def _heads_first(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
+    """The operand as [B, N, T, d]: the tensor itself, or its [B, T, N*d] source split (its
+    shape recorded: fuse-group-query-attention reads N and d off it)."""
+    if side.four_d is not None:
+        return side.four_d
+    assert side.three_d is not None and side.head_size is not None
+    split = tape.op("Reshape", [side.three_d, int64_const(tape, [0, 0, -1, side.head_size])])
+    moved = tape.op("Transpose", [split], {"perm": [0, 2, 1, 3]})
+    shape = side.three_d.shape
+    if shape is not None and len(shape) == 3 and side.heads is not None:
+        _annotate(moved, side.three_d, [shape[0], side.heads, shape[1], side.head_size])
+    return moved
+
+
+def _annotate(value: ir.Value, like: ir.Value, dims: Sequence[int | ir.SymbolicDim]) -> None:
+    if like.dtype is not None:
+        value.dtype = like.dtype
+    value.shape = ir.Shape(list(dims))
+
+
+def _repeat_heads(
+    tape: ir.tape.Tape, single: ir.Value, repeat: int, head_size: int, opset: int
+) -> ir.Value:
+    """[B, 1, T, d] -> [B, H, T, d], spelled as repeat_kv (Unsqueeze, Expand, Reshape), which
+    fuse-group-query-attention turns into GroupQueryAttention's kv_num_heads=1 where it can
+    prove the key as long as the query."""
+    if opset >= 13:
+        unsqueezed = tape.op("Unsqueeze", [single, int64_const(tape, [2])])
+    else:
+        unsqueezed = tape.op("Unsqueeze", [single], {"axes": [2]})
+    expanded = tape.op("Expand", [unsqueezed, int64_const(tape, [1, 1, repeat, 1, 1])])
+    repeated = tape.op("Reshape", [expanded, int64_const(tape, [0, repeat, -1, head_size])])
+    shape = single.shape
+    if shape is not None and len(shape) == 4:
+        batch, length = shape[0], shape[2]
+        _annotate(unsqueezed, single, [batch, 1, 1, length, head_size])
+        _annotate(expanded, single, [batch, 1, repeat, length, head_size])
+        _annotate(repeated, single, [batch, repeat, length, head_size])
+    return repeated
 
 
 def _unscaled(projection: ir.Value) -> tuple[ir.Value, float]:
@@ -778,7 +932,7 @@ def _mask_values(value: ir.Value | None, depth: int = 0) -> _MaskValues | None:
 _WIDE_FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
 
 
-def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
+def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismatch:
     # Fully masked rows: the export averages V (finite mask) or gives NaN, zeroed by SDPA's guard
     # (-inf); ORT's Attention-23 gives zeros for both -inf and float32's lowest. Fuse only where
     # the two agree: a finite mask raised to MASK_FLOOR, or a -inf mask behind the NaN guard.
@@ -807,14 +961,11 @@ def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
     tape = ir.tape.Tape()
     sides = []
     for side in (block.query, block.key, block.value):
-        if side.four_d is not None:
-            sides.append(side.four_d)
-        else:
-            assert side.three_d is not None and side.head_size is not None
-            split = tape.op(
-                "Reshape", [side.three_d, int64_const(tape, [0, 0, -1, side.head_size])]
-            )
-            sides.append(tape.op("Transpose", [split], {"perm": [0, 2, 1, 3]}))
+        four_d = _heads_first(tape, side)
+        if block.kv_repeat > 1 and side is not block.query:
+            assert side.head_size is not None
+            four_d = _repeat_heads(tape, four_d, block.kv_repeat, side.head_size, opset)
+        sides.append(four_d)
     inputs: list[ir.Value | None] = list(sides)
     bias = _full_bias(tape, block.bias, sides[0], 2, sides[1], 2, opset)
     if bias is not None and values is not None and not values.neg_inf:
@@ -830,7 +981,8 @@ def _rewrite_onnx(block: _Block, opset: int) -> Replacement | Mismatch:
         result = _nan_guard(tape, attention, block.output)
     moved = tape.op("Transpose", [result], {"perm": [0, 2, 1, 3]})
     merged = tape.op("Reshape", [moved, block.output_target or int64_const(tape, [0, 0, -1])])
-    return Replacement(tape.nodes, [(block.output, merged)])
+    reads = _repointed_reads(tape, block.dim_reads, sides[0], {"batch": 0, "seq": 2}, heads, opset)
+    return Replacement(tape.nodes, [(block.output, merged), *reads])
 
 
 ATTENTION_RULE = Rule("attention->mha", "Softmax", _match_attention, _rewrite_attention)
@@ -845,6 +997,12 @@ class FuseAttentionPass(Pass):
     def call(self, model: ir.Model) -> PassResult:
         stats, notes = apply_rules(model, [ATTENTION_RULE], self.options)
         if stats:
+            # A block whose dim reads were re-pointed got its new nodes at the first read, which
+            # may come before V or the mask: a stable sort (the identity on a sorted graph)
+            # restores the order.
+            model.graph.sort()
+            for function in model.functions.values():
+                function.sort()
             if self.options.target == "ort":
                 model.opset_imports.setdefault(MS_DOMAIN, 1)
             else:

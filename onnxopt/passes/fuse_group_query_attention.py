@@ -242,6 +242,9 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
             batch, seq = perm[batch], perm[seq]
             value = source
             continue
+        if _selects_elsewhere(node, batch, seq):
+            value = source  # Falcon: Q, K and V sliced / gathered out of one [B, S, H+2, d]
+            continue
         if node.op_type == "Reshape" and (batch, seq) == (0, 1):
             if reshape_to_heads(value) is not None or _merges_heads(node):
                 value = source
@@ -265,6 +268,32 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
                 continue
         break
     return value, batch, seq
+
+
+def _selects_elsewhere(node: ir.Node, batch: int, seq: int) -> bool:
+    """A Slice, Gather or GatherND (constant indices, rank kept) along axes other than ``batch``
+    and ``seq``: the output keeps those dims, at the same positions."""
+    rank = value_rank(node.inputs[0])
+    if rank is None:
+        return False
+    if node.op_type == "Gather":
+        index = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+        axis = node.attributes.get_int("axis", 0) % rank
+        return index is not None and index.ndim == 1 and axis not in (batch, seq)
+    if node.op_type == "GatherND" and len(node.inputs) > 1:
+        # indices [n, 1]: n slices along axis 0 (dynamo's Falcon, heads moved first)
+        index = const_array(node.inputs[1])
+        return (
+            index is not None
+            and index.ndim == 2
+            and index.shape[1] == 1
+            and node.attributes.get_int("batch_dims", 0) == 0
+            and 0 not in (batch, seq)
+        )
+    if node.op_type == "Slice" and len(node.inputs) >= 4:
+        axes = const_array(node.inputs[3])
+        return axes is not None and not {int(a) % rank for a in axes.reshape(-1)} & {batch, seq}
+    return False
 
 
 def _out_rank(value: ir.Value) -> int | None:
@@ -479,12 +508,24 @@ def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mism
 def _as_three_d(tape: ir.tape.Tape, value: ir.Value) -> ir.Value:
     """[B, N, T, d] as [B, T, N*d]: the tensor it was split from when there is one."""
     transpose = value.producer()
-    if transpose_perm(transpose) == [0, 2, 1, 3]:
+    perm = transpose_perm(transpose)
+    if perm == [0, 2, 1, 3]:
         assert transpose is not None
         split = reshape_to_heads(transpose.inputs[0])
         if split is not None:
             return split[0]
-    moved = tape.op("Transpose", [value], {"perm": [0, 2, 1, 3]})
+    moved = value
+    if perm is not None and len(perm) == 4 and transpose is not None:
+        # Transpose(Transpose(x, p), [0,2,1,3]) is one Transpose of x (none if it cancels): a
+        # later run's merge-consecutive-ops would fold the pair, so the output is a fixed point.
+        composed = [perm[i] for i in (0, 2, 1, 3)]
+        source = transpose.inputs[0]
+        assert source is not None
+        moved = source
+        if composed != [0, 1, 2, 3]:
+            moved = tape.op("Transpose", [source], {"perm": composed})
+    else:
+        moved = tape.op("Transpose", [value], {"perm": [0, 2, 1, 3]})
     return tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
 
 

@@ -1,0 +1,71 @@
+"""Validate optimized text models on padded attention masks (ORT, graph optimizations off).
+
+``onnxopt optimize`` validates on generated inputs; an attention fusion's riskiest rows are the
+padded ones: right padding, left padding, and a sequence whose every position is padding (a fully
+masked row, where SDPA's guard, GroupQueryAttention's causal fix-up or the mask floor decide the
+result). For each model given, this optimizes it (-O2, --target ort unless --target says
+otherwise), then compares original and optimized on token ids with such masks, at several batch
+sizes and sequence lengths, and prints one markdown row per model:
+
+    PYTHONPATH=. python benchmarks/padded_masks.py MODEL.onnx [...] [--target onnx --opset 23]
+
+The models take ``input_ids`` and ``attention_mask`` [batch, sequence] (the sweep's text exports:
+``benchmarks/arch_sweep.py --out DIR`` leaves them in DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's onnxopt
+
+SIZES = ((1, 1), (2, 5), (3, 16), (4, 9))
+FUSED = ("MultiHeadAttention", "GroupQueryAttention", "Attention")
+
+
+def padded_feeds(batch: int, seq: int, seed: int, vocab: int = 1000) -> dict[str, np.ndarray]:
+    """Row 0 full, row 1 right-padded, row 2 left-padded, row 3 all padding."""
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, seq), dtype=np.int64)
+    if batch > 1:
+        mask[1, (seq + 1) // 2 :] = 0
+    if batch > 2:
+        mask[2, : seq // 2] = 0
+    if batch > 3:
+        mask[3, :] = 0
+    return {"input_ids": rng.integers(0, vocab, (batch, seq)), "attention_mask": mask}
+
+
+def main() -> None:
+    from onnxopt import api
+    from onnxopt.validate import validate
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("models", nargs="+", type=Path)
+    parser.add_argument("--target", default="ort", choices=("ort", "onnx"))
+    parser.add_argument(
+        "--opset", type=int, default=None, help="raise the opset first (23: ONNX Attention)"
+    )
+    args = parser.parse_args()
+    print("| model | fused | sizes (batch x seq) | max abs | passed |")
+    print("|---|---|---|---:|---|")
+    for path in args.models:
+        result = api.optimize(path, check=False, target=args.target, opset=args.opset)
+        counts = Counter(node.op_type for node in result.model.graph)
+        fused = ", ".join(f"{op} {counts[op]}" for op in FUSED if counts[op]) or "-"
+        feeds = [padded_feeds(b, s, seed) for seed, (b, s) in enumerate(SIZES)]
+        report = validate(path, result.model, inputs=feeds)
+        worst = max((o.max_abs for o in report.outputs), default=0.0)
+        sizes = ", ".join(f"{b}x{s}" for b, s in SIZES)
+        print(f"| {path.name} | {fused} | {sizes} | {worst:.1e} | {report.passed} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
