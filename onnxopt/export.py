@@ -9,7 +9,6 @@ TorchScript one (``dynamo=False``, ``dynamic_axes``), and writes ``output`` plus
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import logging
 import os
@@ -27,6 +26,7 @@ import numpy as np
 from onnxopt import __version__
 from onnxopt.errors import OnnxoptError, UsageError
 from onnxopt.reference import Reference, reference_path_for, save_reference
+from onnxopt.user_modules import import_user_module
 from onnxopt.zoo import ZOO
 
 logger = logging.getLogger(__name__)
@@ -83,10 +83,12 @@ def _import_factory(spec: str) -> Callable[[], Any]:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise UsageError(
-            f"unknown model '{spec}': give a zoo name (`onnxopt export --list`) or package.module:factory"
+            f"unknown model '{spec}': give a zoo name (`onnxopt export --list`), package.module:factory or file.py:factory"
         )
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
+    except FileNotFoundError as exc:
+        raise UsageError(f"model '{spec}': {exc}") from None
     except ModuleNotFoundError as exc:
         if exc.name in ("torch", "transformers") or (exc.name or "").startswith(
             ("torch.", "transformers.")

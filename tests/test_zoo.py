@@ -164,6 +164,23 @@ def test_cli_exports_a_user_factory_and_optimize_picks_up_its_reference(
     assert code == 0 and json.loads(out)["reference"] is None
 
 
+@pytest.mark.parametrize("spec", ["user_factories_cwd:doubler", "user_factories_cwd.py:doubler"])
+def test_a_factory_next_to_where_the_command_runs_is_found(
+    spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A user runs `onnxopt export mine:factory` in their own folder: no install, no PYTHONPATH
+    # (the console script, unlike `python -m`, does not put the current folder on sys.path).
+    pytest.importorskip("torch")
+    (tmp_path / "user_factories_cwd.py").write_text(textwrap.dedent(USER_FACTORIES))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "user_factories_cwd", raising=False)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    code, _, err = _cli("export", spec, "-o", "d.onnx", "--exporter", "torchscript")
+    assert code == 0, err
+    assert (tmp_path / "d.onnx").is_file()
+    assert str(tmp_path) not in sys.path  # the folder was on the path for the import only
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -17,13 +17,13 @@ import importlib.util
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from onnxopt.bench.timing import Runner
 from onnxopt.errors import UsageError
+from onnxopt.user_modules import import_user_module
 
 INSTALL_HINT = "install the torch extra: pip install 'onnxopt[torch]' (torch==2.13.0)"
 
@@ -61,20 +61,12 @@ def import_torch() -> Any:
 
 def _load_attribute(spec: str) -> Any:
     module_name, _, attribute = spec.partition(":")
-    if module_name.endswith(".py"):
-        path = Path(module_name)
-        if not path.is_file():
-            raise UsageError(f"--torch {spec}: no such file {path}")
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        if module_spec is None or module_spec.loader is None:
-            raise UsageError(f"--torch {spec}: cannot import {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise UsageError(f"--torch {spec}: cannot import {module_name} ({exc})") from None
+    try:
+        module = import_user_module(module_name)
+    except FileNotFoundError as exc:
+        raise UsageError(f"--torch {spec}: {exc}") from None
+    except ImportError as exc:
+        raise UsageError(f"--torch {spec}: cannot import {module_name} ({exc})") from None
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):
