@@ -11,7 +11,7 @@ optimized again: a fixed point leaves the bytes unchanged. One markdown row per 
         [--attention eager|sdpa] [--target ort|onnx] [--out DIR] [--explain]
 
 A family whose export fails is recorded as ``export failed: <first line>`` (the exporter's limit,
-not onnxopt's). A factory can be exported on its own: ``onnxopt export
+not onnxopt's). A factory can be exported on its own, from the repo root: ``onnxopt export
 benchmarks.arch_sweep:roberta -o roberta.onnx``.
 """
 
@@ -352,20 +352,31 @@ def phi() -> Factory:
     return _decoder(PhiModel, PhiConfig(**_llama_like()))
 
 
-@_seeded
-def falcon() -> Factory:
+def _falcon(vocab: int, hidden: int, layers: int, heads: int) -> Factory:
     from transformers import FalconConfig, FalconModel
 
     cfg = FalconConfig(
         **_attn(
-            vocab_size=1000,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
             use_cache=False,
         )
     )
     return _decoder(FalconModel, cfg)
+
+
+@_seeded
+def falcon() -> Factory:
+    return _falcon(vocab=1000, hidden=64, layers=2, heads=4)
+
+
+@_seeded
+def falcon_medium() -> Factory:
+    """Falcon at a size worth timing (4 layers, hidden 512, 8 query heads, one K/V head); not in
+    the sweep's families. ``onnxopt export benchmarks.arch_sweep:falcon_medium -o fm.onnx``."""
+    return _falcon(vocab=32000, hidden=512, layers=4, heads=8)
 
 
 @_seeded
