@@ -70,6 +70,17 @@ def int_param(node: ir.Node, attr: str, index: int) -> tuple[int, ...] | Mismatc
     return ints
 
 
+def axes_param(node: ir.Node, rank: int | None) -> tuple[int, ...] | Mismatch | None:
+    """A node's ``axes`` (attribute or input), made non-negative with ``rank``; None when absent."""
+    axes = int_param(node, "axes", 1)
+    if axes is None or isinstance(axes, Mismatch):
+        return axes
+    normalized = normalize_axes(axes, rank)
+    if normalized is None:
+        return Mismatch(f"{node.op_type} axes {list(axes)} are negative and the rank is unknown")
+    return normalized
+
+
 def cast_target(node: ir.Node) -> ir.DataType | None:
     """A Cast's target type: an int attribute, or a type name in Cast-1."""
     attr = node.attributes.get("to")

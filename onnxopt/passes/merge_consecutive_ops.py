@@ -22,23 +22,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
 from onnxopt.passes._shape_facts import (
     INT64_MAX,
     SliceParams,
+    axes_param,
     cast_target,
     const_ints,
     dims_of,
-    int_param,
     normalize_axes,
     producer_op,
     slice_params,
 )
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite.patterns import int64_constant
 
 T = ir.DataType
 _FLOATS = (T.FLOAT16, T.BFLOAT16, T.FLOAT, T.DOUBLE)
@@ -61,13 +61,6 @@ EXACT_WIDENING: dict[ir.DataType, frozenset[ir.DataType]] = {
 # Final types a merged Cast may produce: plain numbers and bool (not strings, whose text depends on
 # the source type, nor float8/4-bit types, whose conversions ORT implements per source type).
 _MERGEABLE_TARGETS = frozenset((T.BOOL, *_INTS, *_FLOATS))
-
-
-def _constant(values: Sequence[int]) -> ir.Value:
-    tensor = ir.tensor(np.asarray(values, dtype=np.int64))
-    return ir.Value(
-        name=None, type=ir.TensorType(T.INT64), shape=ir.Shape([len(values)]), const_value=tensor
-    )
 
 
 def _replace_with(match: Match, node: ir.Node, constants: Sequence[ir.Value] = ()) -> Replacement:
@@ -260,7 +253,7 @@ def _rewrite_reshapes(match: Match, context: RewriteContext) -> Replacement:
         return _replace_with(match, _same_op_on(outer, source, outer.inputs[1:]))
     if match.bindings["attribute_form"]:
         return _replace_with(match, _same_op_on(outer, source, shape=list(target)))
-    shape = _constant(target)
+    shape = int64_constant(target)
     return _replace_with(match, _same_op_on(outer, source, [shape]), [shape])
 
 
@@ -294,16 +287,6 @@ def merge_squeeze_axes(first: Sequence[int], second: Sequence[int]) -> tuple[int
     return tuple(sorted({*first, *(_nth_free(first, axis) for axis in second)}))
 
 
-def _axes_or_mismatch(node: ir.Node, rank: int | None) -> tuple[int, ...] | Mismatch | None:
-    axes = int_param(node, "axes", 1)
-    if axes is None or isinstance(axes, Mismatch):
-        return axes
-    normalized = normalize_axes(axes, rank)
-    if normalized is None:
-        return Mismatch(f"{node.op_type} axes {list(axes)} are negative and the rank is unknown")
-    return normalized
-
-
 def _rank(value: ir.Value | None) -> int | None:
     dims = dims_of(value)
     return len(dims) if dims is not None else None
@@ -313,8 +296,8 @@ def _match_unsqueezes(node: ir.Node, context: RewriteContext) -> Match | Mismatc
     inner = producer_op(node, "Unsqueeze")
     if isinstance(inner, Mismatch):
         return inner
-    first = _axes_or_mismatch(inner, _rank(inner.outputs[0]))
-    second = _axes_or_mismatch(node, _rank(node.outputs[0]))
+    first = axes_param(inner, _rank(inner.outputs[0]))
+    second = axes_param(node, _rank(node.outputs[0]))
     for axes in (first, second):
         if isinstance(axes, Mismatch):
             return axes
@@ -328,8 +311,8 @@ def _match_squeezes(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     inner = producer_op(node, "Squeeze")
     if isinstance(inner, Mismatch):
         return inner
-    first = _axes_or_mismatch(inner, _rank(inner.inputs[0]))
-    second = _axes_or_mismatch(node, _rank(node.inputs[0]))
+    first = axes_param(inner, _rank(inner.inputs[0]))
+    second = axes_param(node, _rank(node.inputs[0]))
     for axes in (first, second):
         if isinstance(axes, Mismatch):
             return axes
@@ -351,7 +334,7 @@ def _rewrite_axes_merge(match: Match, context: RewriteContext) -> Replacement:
         return _replace_with(match, _same_op_on(outer, source))
     if "axes" in outer.attributes or context.opset() < 13:
         return _replace_with(match, _same_op_on(outer, source, axes=list(axes)))
-    constant = _constant(axes)
+    constant = int64_constant(axes)
     return _replace_with(match, _same_op_on(outer, source, [constant]), [constant])
 
 
@@ -472,9 +455,9 @@ def _rewrite_slices(match: Match, context: RewriteContext) -> Replacement:
         if any(s != 1 for s in steps):
             raise AssertionError("Slice-1 has no steps")
         return _replace_with(match, _same_op_on(outer, source, starts=starts, ends=ends, axes=axes))
-    constants = [_constant(starts), _constant(ends), _constant(axes)]
+    constants = [int64_constant(starts), int64_constant(ends), int64_constant(axes)]
     if any(s != 1 for s in steps):
-        constants.append(_constant(steps))
+        constants.append(int64_constant(steps))
     return _replace_with(match, _same_op_on(outer, source, constants), constants)
 
 

@@ -27,82 +27,45 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import const_array, is_op
-from onnxopt.passes._attention_shapes import gathered_dim, same_symbol, shape_slice
-from onnxopt.passes._shape_facts import int_param, normalize_axes
+from onnxopt.passes._attention_shapes import (
+    Entry,
+    gathered_dim,
+    piece_entries,
+    same_dim,
+    value_rank,
+)
+from onnxopt.passes._shape_facts import axes_param, const_ints
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite.patterns import int64_constant
 
 # Element-wise ops whose output shape is the broadcast of their inputs' shapes.
 _BROADCASTING = frozenset({"Max", "Min", "Add", "Sub", "Mul", "And", "Or", "Equal", "Less"})
 
 
-def _rank(value: ir.Value | None) -> int | None:
-    return None if value is None or value.shape is None else len(value.shape)
-
-
 def _scalar_int(value: ir.Value | None) -> int | None:
-    array = const_array(value)
-    if array is None or array.size != 1 or not np.issubdtype(array.dtype, np.integer):
-        return None
-    return int(array.reshape(-1)[0])
+    ints = const_ints(value)
+    return ints[0] if ints is not None and len(ints) == 1 else None
 
 
-def _dim_read(value: ir.Value | None) -> int | tuple[ir.Value, int] | None:
-    """A scalar that is a constant, or dim i of some tensor read at run time: (tensor, i)."""
+def _dim_read(value: ir.Value | None) -> Entry | None:
+    """A scalar that is a constant, or a dim of some tensor read at run time (``Squeeze`` of a
+    one-element shape read, ``Gather(Shape(x), i)``), through Casts."""
     constant = _scalar_int(value)
     if constant is not None or value is None:
         return constant
     node = value.producer()
-    if node is not None and node.op_type in ("Squeeze", "Reshape", "Cast") and node.domain == "":
-        return _dim_read(node.inputs[0]) if node.op_type == "Cast" else _one_dim(node.inputs[0])
-    return _one_dim(value)
-
-
-def _one_dim(value: ir.Value | None) -> int | tuple[ir.Value, int] | None:
-    """A one-element read of a shape: ``Shape(x)[i:i+1]``, ``Gather(Shape(x), i or [i])``."""
-    if value is None:
-        return None
-    constant = _scalar_int(value)
-    if constant is not None:
-        return constant
-    sliced = shape_slice(value) if value.producer() is not None else None
-    if sliced is not None:
-        source, start, end = sliced
-        rank = _rank(source)
-        if start < 0 and rank is not None:
-            start += rank
-        one = end == start + 1 or (end is None and rank == start + 1)
-        return (source, start) if start >= 0 and one else None
-    for scalar in (True, False):
-        entry = gathered_dim(value.producer(), scalar=scalar)
-        if isinstance(entry, tuple):
-            return entry[1], entry[2]
-    return None
-
-
-def _is_dim_of(read: int | tuple[ir.Value, int] | None, data: ir.Value, index: int) -> bool:
-    if read is None or data.shape is None:
-        return False
-    if isinstance(read, int):
-        return read > 0 and data.shape[index] == read
-    source, i = read
-    return (source is data and i == index) or same_symbol(source, i, data, index)
-
-
-def _axes(node: ir.Node, rank: int | None) -> tuple[int, ...] | Mismatch:
-    axes = int_param(node, "axes", 1)
-    if axes is None:
-        return Mismatch(f"{node.op_type} has no axes")
-    if isinstance(axes, Mismatch):
-        return axes
-    normalized = normalize_axes(axes, rank)
-    if normalized is None:
-        return Mismatch(f"{node.op_type} axes {list(axes)} are negative and the rank is unknown")
-    return normalized
+    if is_op(node, "Cast"):
+        assert node is not None
+        return _dim_read(node.inputs[0])
+    if is_op(node, "Squeeze") or is_op(node, "Reshape"):
+        assert node is not None
+        entries = piece_entries(node.inputs[0])
+        return entries[0] if entries is not None and len(entries) == 1 else None
+    return gathered_dim(node, scalar=True)
 
 
 def _index_axis(grid_index: ir.Value, rank: int, data: ir.Value, j: int) -> int | Mismatch:
@@ -113,7 +76,9 @@ def _index_axis(grid_index: ir.Value, rank: int, data: ir.Value, j: int) -> int 
     if not is_op(unsqueeze, "Unsqueeze") or not is_op(range_node, "Range"):
         return Mismatch(f"index {j} is not an Unsqueeze of a Range")
     assert unsqueeze is not None and range_node is not None
-    inserted = _axes(unsqueeze, _rank(unsqueeze.outputs[0]))
+    inserted = axes_param(unsqueeze, value_rank(unsqueeze.outputs[0]))
+    if inserted is None:
+        return Mismatch("Unsqueeze has no axes")
     if isinstance(inserted, Mismatch):
         return inserted
     own_rank = len(inserted) + 1
@@ -122,7 +87,8 @@ def _index_axis(grid_index: ir.Value, rank: int, data: ir.Value, j: int) -> int 
     start, limit, delta = range_node.inputs[0], range_node.inputs[1], range_node.inputs[2]
     if _scalar_int(start) != 0 or _scalar_int(delta) != 1:
         return Mismatch(f"index {j}'s Range does not count 0, 1, 2, ...")
-    if not _is_dim_of(_dim_read(limit), data, j):
+    read = _dim_read(limit)
+    if read is None or not same_dim(read, data, j):
         return Mismatch(f"index {j}'s Range length is not provably dim {j} of the data")
     (axis,) = (a for a in range(own_rank) if a not in inserted)
     return axis + rank - own_rank  # Expand aligns the index to the grid's trailing axes
@@ -166,7 +132,7 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("the indices are not a Concat of index tensors")
     if len(concat.inputs) != k:
         return Mismatch(f"the indices have {len(concat.inputs)} parts for data of rank {k}")
-    rank = _rank(node.outputs[0])
+    rank = value_rank(node.outputs[0])
     if rank is None:
         return Mismatch("the output's rank is unknown")
     if concat.attributes.get_int("axis", 0) not in (-1, rank):
@@ -178,7 +144,9 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         unsqueeze = part.producer() if part is not None else None
         if not is_op(unsqueeze, "Unsqueeze") or unsqueeze is None:
             return Mismatch(f"index part {j} is not an Unsqueeze")
-        last = _axes(unsqueeze, rank + 1)
+        last = axes_param(unsqueeze, rank + 1)
+        if last is None:
+            return Mismatch("Unsqueeze has no axes")
         if isinstance(last, Mismatch):
             return last
         if last != (rank,):
@@ -228,11 +196,7 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
         node = ir.node("Unsqueeze", [data], {"axes": axes})
         constants: tuple[ir.Value, ...] = ()
     else:
-        constant = ir.Value(
-            shape=ir.Shape([len(axes)]),
-            type=ir.TensorType(ir.DataType.INT64),
-            const_value=ir.tensor(np.array(axes, dtype=np.int64)),
-        )
+        constant = int64_constant(axes)
         node = ir.node("Unsqueeze", [data, constant])
         constants = (constant,)
     return Replacement([node], [(gather.outputs[0], node.outputs[0])], constants)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx_ir as ir
 
@@ -54,6 +56,17 @@ def new_constant(array: np.ndarray, hint: str | None) -> ir.Value:
     tensor = ir.tensor(array, name=name)
     return ir.Value(
         name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor
+    )
+
+
+def int64_constant(values: Sequence[int]) -> ir.Value:
+    """An unnamed int64 vector (axes, shapes, slice bounds) for ``Replacement.constants``."""
+    tensor = ir.tensor(np.asarray(values, dtype=np.int64))
+    return ir.Value(
+        name=None,
+        type=ir.TensorType(ir.DataType.INT64),
+        shape=ir.Shape([len(values)]),
+        const_value=tensor,
     )
 
 
