@@ -151,7 +151,7 @@ def optimize(
     unfit = [
         f"{name} {'x'.join(map(str, array.shape))}"
         for name, array in eager_inputs.items()
-        if name in (input_shapes or {}) and tuple(array.shape) != tuple(input_shapes[name])  # type: ignore[index]
+        if name in options.input_shapes and tuple(array.shape) != tuple(options.input_shapes[name])
     ]
     if eager is not None and unfit:
         unfit_inputs = (

@@ -29,8 +29,6 @@ _FUSED_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BF
 
 
 def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    if context.options.target != "ort":
-        return Mismatch("target onnx: ONNX Runtime's fusions are not the concern")
     if context.opset() < 8:
         return Mismatch("Sum broadcasts from opset 8 on")
     result = node.outputs[0]
