@@ -30,6 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's onnxopt
 
+from onnxopt.zoo._common import seeded
+
 # Fused ops counted in the table, with a short label.
 FUSED = {
     "Attention": "attn",
@@ -105,22 +107,10 @@ def _seq2seq(model_cls: Any, cfg: Any) -> Factory:
     return _finish(wrapped, inputs, dynamic)
 
 
-def _seeded(factory: Callable[[], Factory]) -> Callable[[], Factory]:
-    def build() -> Factory:
-        import torch
-
-        torch.manual_seed(0)
-        return factory()
-
-    build.__name__ = factory.__name__
-    build.__doc__ = factory.__doc__
-    return build
-
-
 # ---------------------------------------------------------------------------- encoders (text)
 
 
-@_seeded
+@seeded
 def roberta() -> Factory:
     from transformers import RobertaConfig, RobertaModel
 
@@ -129,7 +119,7 @@ def roberta() -> Factory:
     )
 
 
-@_seeded
+@seeded
 def xlm_roberta() -> Factory:
     from transformers import XLMRobertaConfig, XLMRobertaModel
 
@@ -137,7 +127,7 @@ def xlm_roberta() -> Factory:
     return _text(XLMRobertaModel, cfg)
 
 
-@_seeded
+@seeded
 def albert() -> Factory:
     from transformers import AlbertConfig, AlbertModel
 
@@ -145,7 +135,7 @@ def albert() -> Factory:
     return _text(AlbertModel, cfg, ("last_hidden_state", "pooler_output"))
 
 
-@_seeded
+@seeded
 def electra() -> Factory:
     from transformers import ElectraConfig, ElectraModel
 
@@ -153,7 +143,7 @@ def electra() -> Factory:
     return _text(ElectraModel, cfg)
 
 
-@_seeded
+@seeded
 def deberta_v2() -> Factory:
     from transformers import DebertaV2Config, DebertaV2Model
 
@@ -161,7 +151,7 @@ def deberta_v2() -> Factory:
     return _text(DebertaV2Model, cfg)
 
 
-@_seeded
+@seeded
 def mpnet() -> Factory:
     from transformers import MPNetConfig, MPNetModel
 
@@ -169,7 +159,7 @@ def mpnet() -> Factory:
     return _text(MPNetModel, cfg)
 
 
-@_seeded
+@seeded
 def mobilebert() -> Factory:
     from transformers import MobileBertConfig, MobileBertModel
 
@@ -188,7 +178,7 @@ def mobilebert() -> Factory:
     return _text(MobileBertModel, cfg)
 
 
-@_seeded
+@seeded
 def clip_text() -> Factory:
     from transformers import CLIPTextConfig, CLIPTextModel
 
@@ -220,14 +210,14 @@ def _bart_config() -> Any:
     )
 
 
-@_seeded
+@seeded
 def bart_encoder() -> Factory:
     from transformers.models.bart.modeling_bart import BartEncoder
 
     return _text(BartEncoder, _bart_config())
 
 
-@_seeded
+@seeded
 def bart() -> Factory:
     from transformers import BartModel
 
@@ -251,14 +241,14 @@ def _t5_config() -> Any:
     )
 
 
-@_seeded
+@seeded
 def t5_encoder() -> Factory:
     from transformers import T5EncoderModel
 
     return _text(T5EncoderModel, _t5_config())
 
 
-@_seeded
+@seeded
 def t5() -> Factory:
     from transformers import T5Model
 
@@ -272,7 +262,7 @@ def _decoder(model_cls: Any, cfg: Any) -> Factory:
     return _text(model_cls, cfg)
 
 
-@_seeded
+@seeded
 def gpt_neo() -> Factory:
     from transformers import GPTNeoConfig, GPTNeoModel
 
@@ -291,7 +281,7 @@ def gpt_neo() -> Factory:
     return _decoder(GPTNeoModel, cfg)
 
 
-@_seeded
+@seeded
 def opt() -> Factory:
     from transformers import OPTConfig, OPTModel
 
@@ -324,28 +314,28 @@ def _llama_like(**extra: Any) -> dict[str, Any]:
     )
 
 
-@_seeded
+@seeded
 def mistral() -> Factory:
     from transformers import MistralConfig, MistralModel
 
     return _decoder(MistralModel, MistralConfig(**_llama_like(sliding_window=None)))
 
 
-@_seeded
+@seeded
 def qwen2() -> Factory:
     from transformers import Qwen2Config, Qwen2Model
 
     return _decoder(Qwen2Model, Qwen2Config(**_llama_like()))
 
 
-@_seeded
+@seeded
 def gemma() -> Factory:
     from transformers import GemmaConfig, GemmaModel
 
     return _decoder(GemmaModel, GemmaConfig(**_llama_like(head_dim=16)))
 
 
-@_seeded
+@seeded
 def phi() -> Factory:
     from transformers import PhiConfig, PhiModel
 
@@ -367,19 +357,19 @@ def _falcon(vocab: int, hidden: int, layers: int, heads: int) -> Factory:
     return _decoder(FalconModel, cfg)
 
 
-@_seeded
+@seeded
 def falcon() -> Factory:
     return _falcon(vocab=1000, hidden=64, layers=2, heads=4)
 
 
-@_seeded
+@seeded
 def falcon_medium() -> Factory:
     """Falcon at a size worth timing (4 layers, hidden 512, 8 query heads, one K/V head); not in
     the sweep's families. ``onnxopt export benchmarks.arch_sweep:falcon_medium -o fm.onnx``."""
     return _falcon(vocab=32000, hidden=512, layers=4, heads=8)
 
 
-@_seeded
+@seeded
 def bloom() -> Factory:
     from transformers import BloomConfig, BloomModel
 
@@ -392,7 +382,7 @@ def bloom() -> Factory:
 # ---------------------------------------------------------------------------- vision
 
 
-@_seeded
+@seeded
 def clip_vision() -> Factory:
     from transformers import CLIPVisionConfig, CLIPVisionModel
 
@@ -400,7 +390,7 @@ def clip_vision() -> Factory:
     return _pixels(CLIPVisionModel, cfg, 32, ("last_hidden_state", "pooler_output"))
 
 
-@_seeded
+@seeded
 def deit() -> Factory:
     from transformers import DeiTConfig, DeiTModel
 
@@ -408,7 +398,7 @@ def deit() -> Factory:
     return _pixels(DeiTModel, cfg, 32)
 
 
-@_seeded
+@seeded
 def beit() -> Factory:
     from transformers import BeitConfig, BeitModel
 
@@ -424,7 +414,7 @@ def beit() -> Factory:
     return _pixels(BeitModel, cfg, 32)
 
 
-@_seeded
+@seeded
 def swin() -> Factory:
     from transformers import SwinConfig, SwinModel
 
@@ -441,7 +431,7 @@ def swin() -> Factory:
     return _pixels(SwinModel, cfg, 32)
 
 
-@_seeded
+@seeded
 def segformer() -> Factory:
     from transformers import SegformerConfig, SegformerModel
 
@@ -460,7 +450,7 @@ def segformer() -> Factory:
     return _pixels(SegformerModel, cfg, 32)
 
 
-@_seeded
+@seeded
 def mobilevit() -> Factory:
     from transformers import MobileViTConfig, MobileViTModel
 
@@ -473,7 +463,7 @@ def mobilevit() -> Factory:
     return _pixels(MobileViTModel, cfg, 32)
 
 
-@_seeded
+@seeded
 def convnext_v2() -> Factory:
     from transformers import ConvNextV2Config, ConvNextV2Model
 
@@ -481,7 +471,7 @@ def convnext_v2() -> Factory:
     return _pixels(ConvNextV2Model, cfg, 32)
 
 
-@_seeded
+@seeded
 def hf_resnet() -> Factory:
     from transformers import ResNetConfig, ResNetModel
 
@@ -491,7 +481,7 @@ def hf_resnet() -> Factory:
     return _pixels(ResNetModel, cfg, 32)
 
 
-@_seeded
+@seeded
 def efficientnet() -> Factory:
     from transformers import EfficientNetConfig, EfficientNetModel
 
@@ -504,7 +494,7 @@ def efficientnet() -> Factory:
     return _pixels(EfficientNetModel, cfg, 32)
 
 
-@_seeded
+@seeded
 def regnet() -> Factory:
     from transformers import RegNetConfig, RegNetModel
 
@@ -540,14 +530,14 @@ def _wav2vec2_like(cfg_cls: Any) -> Any:
     )
 
 
-@_seeded
+@seeded
 def wav2vec2() -> Factory:
     from transformers import Wav2Vec2Config, Wav2Vec2Model
 
     return _audio(Wav2Vec2Model, _wav2vec2_like(Wav2Vec2Config))
 
 
-@_seeded
+@seeded
 def hubert() -> Factory:
     from transformers import HubertConfig, HubertModel
 
