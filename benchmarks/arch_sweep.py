@@ -339,7 +339,33 @@ def gemma() -> Factory:
 def phi() -> Factory:
     from transformers import PhiConfig, PhiModel
 
-    return _decoder(PhiModel, PhiConfig(**_llama_like()))
+    return _decoder(PhiModel, PhiConfig(**_llama_like()))  # rotates half of each head
+
+
+@seeded
+def stablelm() -> Factory:
+    from transformers import StableLmConfig, StableLmModel
+
+    # partial_rotary_factor 0.25 (the default): 4 of each head's 16 dims rotate
+    return _decoder(StableLmModel, StableLmConfig(**_llama_like()))
+
+
+@seeded
+def gpt_neox() -> Factory:
+    from transformers import GPTNeoXConfig, GPTNeoXModel
+
+    cfg = GPTNeoXConfig(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=256,
+            use_cache=False,
+        )
+    )  # rotary_pct 0.25 (the default); Q, K, V chunks of one packed projection
+    return _decoder(GPTNeoXModel, cfg)
 
 
 def _falcon(vocab: int, hidden: int, layers: int, heads: int) -> Factory:
@@ -565,6 +591,8 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         qwen2,
         gemma,
         phi,
+        stablelm,
+        gpt_neox,
         falcon,
         bloom,
         clip_vision,

@@ -104,6 +104,22 @@ def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
 SIZES = [_feeds(2, 7, 0), _feeds(1, 1, 1), _feeds(3, 33, 2)]
 
 
+# The two fused rotaries and the caches they share, computed from the model's own positions.
+FUSED_ORT = [
+    "Shape",
+    "Squeeze",
+    "Range",
+    "Unsqueeze",
+    "Cast",
+    "Mul",
+    "Reshape",
+    "Cos",
+    "Sin",
+    "com.microsoft::RotaryEmbedding",
+    "com.microsoft::RotaryEmbedding",
+]
+
+
 def _fuse(model: ir.Model, options: PassOptions | None = None) -> ir.Model:
     fused = model.clone()
     result = FuseRotaryEmbeddingPass(options)(fused)
@@ -117,19 +133,7 @@ def _fuse(model: ir.Model, options: PassOptions | None = None) -> ir.Model:
 
 def test_rotary_ort_shares_one_cache() -> None:
     fused = _fuse(_model())
-    assert [t for t in op_types(fused) if t != "Constant"] == [
-        "Shape",
-        "Squeeze",
-        "Range",
-        "Unsqueeze",
-        "Cast",
-        "Mul",
-        "Reshape",
-        "Cos",
-        "Sin",
-        "com.microsoft::RotaryEmbedding",
-        "com.microsoft::RotaryEmbedding",
-    ]
+    assert [t for t in op_types(fused) if t != "Constant"] == FUSED_ORT
     assert fused.opset_imports["com.microsoft"] == 1
     # The caches are [S, H/2], computed from the model's own positions: nothing pins S.
     rotary = [n for n in fused.graph if n.op_type == "RotaryEmbedding"]
@@ -281,3 +285,148 @@ def test_rotary_float16_with_cast_tables() -> None:
     half = [{k: v.astype(np.float16) for k, v in f.items()} for f in SIZES]
     report = validate(model, fused, inputs=half)
     assert report.passed, report
+
+
+# Partial rotary (Phi, GPT-NeoX, StableLM): only x[..., :r] of each 16-dim head rotates, the rest
+# is concatenated back unchanged. f [1, S, r/2]: the caches are [S, r/2].
+PARTIAL = """
+    {x}_r = Slice ({x}, zero1, r1, last, step)
+    {x}_p = Slice ({x}, r1, big, last, step)
+    {x}_c = Mul ({x}_r, c)
+    {x}_lo = Slice ({halves_of}, zero1, h1, last, step)
+    {x}_hi = Slice ({halves_of}, h1, {hi_end}, last, step)
+    {x}_neg = Neg ({x}_hi)
+    {x}_rot = Concat <axis = -1> ({x}_neg, {x}_lo)
+    {x}_s = Mul ({x}_rot, s)
+    {x}_a = Add ({x}_c, {x}_s)
+{kept}
+    {x}r = Concat <axis = -1> ({x}_a, {x}_kept)
+"""
+SPLIT = "{x}_r, {x}_p = Split <axis = -1> ({x}, sizes)"
+
+
+def _partial_model(
+    form: str = "merged",
+    opset: int = 20,
+    width: int = 8,
+    kept: str = "",
+    angles: int | None = None,
+    query_heads: str = "4",
+) -> ir.Model:
+    """``nested``: rotate_half slices x[..., :r] as exported; ``merged``: it slices x itself, as
+    after merge-consecutive-ops; ``split``: x[..., :r] and x[..., r:] are one Split's outputs."""
+    body = ""
+    for x in ("q", "k"):
+        text = PARTIAL.format(
+            x="{x}",
+            halves_of="{x}" if form == "merged" else "{x}_r",
+            hi_end="r1" if form == "merged" else "big",
+            kept=f"    {{x}}_kept = {kept}" if kept else "",
+        )
+        if not kept:
+            text = text.replace("{x}_kept", "{x}_p")
+        if form == "split":
+            text = text.replace(
+                "{x}_r = Slice ({x}, zero1, r1, last, step)\n    {x}_p = Slice ({x}, r1, big, last, step)",
+                SPLIT,
+            )
+        body += text.format(x=x)
+    text = ROPE.format(
+        opset=opset,
+        positions="pos",
+        position_axes="axes02",
+        extra_input="",
+        extra_output="",
+        rotary_q=body,
+        rotary_k="",
+    ).replace("float[B, 4, S, 16] q,", f"float[B, {query_heads}, S, 16] q,")
+    ints = {
+        "zero1": [0],
+        "r1": [width],
+        "h1": [width // 2],
+        "big": [2**63 - 1],
+        "last": [-1],
+        "step": [1],
+        "sizes": [width, 16 - width],
+    }
+    arrays = {k: np.array(v, dtype=np.int64) for k, v in ints.items()}
+    columns = width // 2 if angles is None else angles
+    inv_freq = (1.0 / 10000 ** (np.arange(columns) * 2 / width)).astype(np.float32)
+    return parse(text, inv_freq=inv_freq, two=np.array(2.0, dtype=np.float32), **arrays)
+
+
+def _fuse_partial(model: ir.Model, options: PassOptions | None = None) -> ir.Model:
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass(options)(fused)
+    assert result.stats == {"rotary->RotaryEmbedding": 2, "partial-rotary->RotaryEmbedding": 2}
+    report = validate(model, fused, inputs=SIZES)
+    assert report.passed, report
+    assert len(report.trials) == len(SIZES)
+    assert not FuseRotaryEmbeddingPass(options)(fused).modified
+    return fused
+
+
+@pytest.mark.parametrize("form", ["nested", "merged", "split"])
+def test_partial_rotary_ort(form: str) -> None:
+    """ORT's contrib kernel rotates the first rotary_embedding_dim dims and copies the rest."""
+    fused = _fuse_partial(_partial_model(form))
+    assert [t for t in op_types(fused) if t != "Constant"] == FUSED_ORT
+    rotary = [n for n in fused.graph if n.op_type == "RotaryEmbedding"]
+    assert [n.inputs[0].name for n in rotary] == ["q", "k"]
+    assert [n.attributes.get_int("rotary_embedding_dim") for n in rotary] == [8, 8]
+    assert [n.attributes.get_int("num_heads") for n in rotary] == [4, 2]
+
+
+def test_partial_rotary_onnx_opset_23() -> None:
+    fused = _fuse_partial(_partial_model(opset=23), PassOptions(target="onnx"))
+    types = [t for t in op_types(fused) if t != "Constant"]
+    assert types.count("RotaryEmbedding") == 2 and "Slice" not in types and "Neg" not in types
+    rotary = [n for n in fused.graph if n.op_type == "RotaryEmbedding"]
+    assert [n.inputs[0].name for n in rotary] == ["q", "k"]
+    assert [n.attributes.get_int("rotary_embedding_dim") for n in rotary] == [8, 8]
+    assert all(n.domain in ("", "ai.onnx") for n in fused.graph)
+
+
+def test_partial_rotary_odd_width_refused() -> None:
+    """(No model that runs rotates an odd width as rotate_half: the check comes first.)"""
+    _refuses(
+        _partial_model("nested", width=7),
+        "rotary->RotaryEmbedding: Add: rotary width 7 (the rotated dims) is not a static even number",
+    )
+
+
+def test_partial_rotary_pass_through_altered_refused() -> None:
+    """x[..., r:] * 2 concatenated back: the rotary of x[..., :r] fuses on its own, no more."""
+    model = _partial_model(kept="Mul ({x}_p, two)")
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass(PassOptions(explain=True))(fused)
+    assert result.stats == {"rotary->RotaryEmbedding": 2}
+    assert (
+        result.notes
+        == [
+            "partial-rotary->RotaryEmbedding: Concat: the part concatenated after the rotary is not "
+            "the rest of the head it was sliced from (x[..., r:] unchanged)"
+        ]
+        * 2
+    )
+    assert validate(model, fused, inputs=SIZES).passed
+
+
+def test_partial_rotary_cache_width_refused() -> None:
+    """Angles for 8 rotated dims ([S, 8] after Concat(f, f): 16 wide) against x[..., :8]."""
+    _refuses(
+        _partial_model(angles=8),
+        "rotary->RotaryEmbedding: Add: rotary angles have 8 columns, not rotary width / 2 = 4",
+    )
+
+
+def test_partial_rotary_dynamic_head_count_refused() -> None:
+    """The contrib op needs num_heads with rotary_embedding_dim: a symbolic head count can't give it."""
+    model = _partial_model(query_heads="H")
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass(PassOptions(explain=True))(fused)
+    assert result.stats == {"rotary->RotaryEmbedding": 2, "partial-rotary->RotaryEmbedding": 1}
+    assert result.notes == [
+        "partial-rotary->RotaryEmbedding: Concat: the head count is not static "
+        "(com.microsoft.RotaryEmbedding needs num_heads with rotary_embedding_dim)"
+    ]

@@ -14,6 +14,21 @@ with ``interleaved=0``; a one-element position_ids is ONNX Runtime's "offset" fo
 cache row ``s``, which is the row the original graph multiplied it by.
 Target ``onnx``: RotaryEmbedding (opset 23) without position_ids, caches expanded to [B, S, H/2] as
 the standard op requires; older opsets are left alone (``--opset 23`` upgrades first).
+
+Partial rotary (Phi's ``partial_rotary_factor``, GPT-NeoX's ``rotary_pct``, StableLM): only the
+first ``r`` of the ``D`` dims of each head rotate,
+
+    y = Concat(rope(x[..., :r]), x[..., r:])
+
+with ``f`` [1, S, r/2]. The rotary of ``x[..., :r]`` fuses as above with H = r (its rotate_half may
+slice ``x`` itself once merge-consecutive-ops has folded the two Slices); a second rule,
+``partial-rotary->RotaryEmbedding``, then folds the Concat with the untouched ``x[..., r:]`` into
+one RotaryEmbedding of ``x`` with ``rotary_embedding_dim = r`` (both ops define it that way: the
+dims past r pass through). The caches stay [S, r/2] (contrib op) / [B, S, r/2] (opset 23), which is
+what both specs require for partial rotation. The contrib op needs ``num_heads`` with
+``rotary_embedding_dim`` (its kernel refuses the attribute alone), so the head count must be static.
+Checked on ONNX Runtime 1.32 CPU: both ops rotate the first r dims and copy the rest bit for bit
+(tests/test_fuse_rotary_embedding.py).
 """
 
 from __future__ import annotations
@@ -47,6 +62,54 @@ class _Table:
     constant: np.ndarray | None = None  # [S, H/2] half-width cache
     # Concat, Cos/Sin, Casts, Unsqueeze: shared by every layer, removed with the last user.
     nodes: tuple[ir.Node, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Window:
+    """``value = source[..., start:end]``: a unit-step Slice or a Split output along the last axis."""
+
+    source: ir.Value
+    start: int
+    end: int
+
+
+def _last_axis_window(value: ir.Value | None) -> _Window | None:
+    """Where ``value`` sits in the last axis of the tensor it was sliced or split from (static width)."""
+    node = None if value is None else value.producer()
+    if node is None or not node.inputs or node.inputs[0] is None:
+        return None
+    source = node.inputs[0]
+    if source.shape is None or not isinstance(source.shape[-1], int):
+        return None
+    rank, width = len(source.shape), source.shape[-1]
+    if is_op(node, "Slice"):
+        params = slice_params(node)
+        if isinstance(params, Mismatch) or len(params.starts) != 1 or params.steps[0] != 1:
+            return None
+        if params.axes[0] % rank != rank - 1:
+            return None
+        start, end = (
+            min(max(i + width if i < 0 else i, 0), width)
+            for i in (params.starts[0], params.ends[0])
+        )
+        return _Window(source, start, end) if start < end else None
+    if is_op(node, "Split"):
+        if node.attributes.get_int("axis", 0) % rank != rank - 1:
+            return None
+        sizes = int_param(node, "split", 1)
+        if isinstance(sizes, Mismatch):
+            return None
+        if sizes is None:
+            parts = len(node.outputs)
+            if width % parts:
+                return None
+            sizes = (width // parts,) * parts
+        if sum(sizes) != width or len(sizes) != len(node.outputs):
+            return None
+        index = next(i for i, out in enumerate(node.outputs) if out is value)
+        start = sum(sizes[:index])
+        return _Window(source, start, start + sizes[index])
+    return None
 
 
 def _dim_name(dim: object) -> object:
@@ -113,9 +176,13 @@ def _rows_of(freqs: ir.Value) -> object:
 
 def _positions_of(x: ir.Value) -> object:
     """x's sequence dim (axis 2), looking through the head split ``Transpose(Reshape(v, [0, 0, N, H]))``
-    when shape inference lost it (it does at opset 21+): then it is v's dim 1."""
+    when shape inference lost it (it does at opset 21+): then it is v's dim 1. A slice of the head
+    dim (partial rotary) has the positions of the tensor it was sliced from."""
     assert x.shape is not None
     dim = x.shape[2]
+    window = _last_axis_window(x)
+    if window is not None and not isinstance(dim, int):
+        return _positions_of(window.source)
     transpose = producer_op(x, "Transpose")
     if isinstance(dim, int) or transpose is None:
         return dim
@@ -177,13 +244,16 @@ def _table(value: ir.Value | None, head: int) -> _Table | Mismatch:
         return Mismatch("rotary angles differ per batch row (position_ids input); not fused")
     if freqs.shape[2] != head // 2:
         return Mismatch(
-            f"rotary angles have {freqs.shape[2]} columns, not head size / 2 = {head // 2}"
+            f"rotary angles have {freqs.shape[2]} columns, not rotary width / 2 = {head // 2}"
         )
     return _Table(freqs, node.op_type, tuple(casts), nodes=(concat, node, *chain))
 
 
 def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node] | Mismatch:
-    """[Slice, Slice, Neg, Concat] when ``value = Concat(-x[..., H/2:], x[..., :H/2])``."""
+    """[Slice, Slice, Neg, Concat] when ``value = Concat(-x[..., H/2:], x[..., :H/2])``.
+
+    When ``x = v[..., a:a+H]`` the halves may be sliced out of ``v`` directly (``v[..., a+H/2:a+H]``,
+    ``v[..., a:a+H/2]``: merge-consecutive-ops folds Slice-of-Slice so)."""
     concat = producer_op(value, "Concat")
     if concat is None or len(concat.inputs) != 2:
         return Mismatch("no rotate_half (Concat of two halves) in the sin product", candidate=False)
@@ -195,19 +265,22 @@ def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node
     if neg is None or high is None or low is None:
         return Mismatch("rotate_half is not Concat(Neg(Slice(x)), Slice(x)) (interleaved RoPE?)")
     half = head // 2
+    x_window = _last_axis_window(x)
     for node, want in ((low, (0, half)), (high, (half, head))):
+        offset, limit = 0, head
         if node.inputs[0] is not x:
-            return Mismatch("rotate_half slices a different tensor than the cos product")
+            if x_window is None or node.inputs[0] is not x_window.source:
+                return Mismatch("rotate_half slices a different tensor than the cos product")
+            offset, limit = x_window.start, x_window.end
         params = slice_params(node)
         if isinstance(params, Mismatch):
             return params
         if len(params.starts) != 1 or params.axes[0] not in (-1, 3) or params.steps[0] != 1:
             return Mismatch("rotate_half Slice is not a unit-step slice of the last axis")
-        end = params.ends[0] if params.ends[0] < head else head
-        if (params.starts[0], end) != want:
+        start, end = params.starts[0], params.ends[0]
+        if start < 0 or (start - offset, min(end, limit) - offset) != want:
             return Mismatch(
-                f"rotate_half slices [{params.starts[0]}:{params.ends[0]}], expected the halves of {head}"
-                " (partial rotary dims are not fused)"
+                f"rotate_half slices [{start - offset}:{end - offset}], expected the halves of {head}"
             )
     return [low, high, neg, concat]
 
@@ -223,9 +296,15 @@ def _products(add: ir.Node) -> tuple[ir.Node, ir.Node, ir.Value, ir.Value] | Mis
             if concat is None or rotated is None or len(concat.inputs) != 2:
                 continue
             low = producer_op(concat.inputs[1], "Slice")
-            x = None if low is None else low.inputs[0]
-            if x is not None and any(x is operand for operand in cos_mul.inputs[:2]):
-                return cos_mul, sin_mul, x, rotated
+            sliced = None if low is None else low.inputs[0]
+            for x in cos_mul.inputs[:2]:
+                window = _last_axis_window(x)
+                if (
+                    x is not None
+                    and sliced is not None
+                    and (x is sliced or (window is not None and window.source is sliced))
+                ):
+                    return cos_mul, sin_mul, x, rotated
     return Mismatch("no product with a rotate_half Concat", candidate=False)
 
 
@@ -239,7 +318,7 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("rotary input is not rank 4 [batch, heads, sequence, head_size]")
     head = shape[3]
     if not isinstance(head, int) or head % 2:
-        return Mismatch(f"head size {head} is not a static even number")
+        return Mismatch(f"rotary width {head} (the rotated dims) is not a static even number")
     rotation = _rotate_half(rotated, x, head)
     if isinstance(rotation, Mismatch):
         return rotation
@@ -349,7 +428,10 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
         cos = _cache(b["cos"], b["head"], False, nodes, constants)
         sin = _cache(b["sin"], b["head"], False, nodes, constants)
         # RotaryEmbedding-23 without position_ids wants [B, S, H/2] caches: broadcast over batch.
-        batch = ir.node("Shape", [x], {"start": 0, "end": 1})
+        # B read off what a partial rotary's x was sliced from: the rotary of that then reads no
+        # dim of the slice, which partial-rotary->RotaryEmbedding drops.
+        window = _last_axis_window(x)
+        batch = ir.node("Shape", [x if window is None else window.source], {"start": 0, "end": 1})
         ones = new_constant(np.array([1, 1], dtype=np.int64), "rotary_cache_tail")
         constants.append(ones)
         target = ir.node("Concat", [batch.outputs[0], ones], {"axis": 0})
@@ -363,11 +445,92 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     return Replacement(nodes, [(match.root.outputs[0], new.outputs[0])], constants=constants)
 
 
-RULES = (Rule("rotary->RotaryEmbedding", "Add", _match, _rewrite),)
+def _match_partial(concat: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``Concat(RotaryEmbedding(v[..., a:a+r]), v[..., a+r:b])`` on the last axis: a rotary of the
+    first r dims of ``x = v[..., a:b]``, the rest passed through."""
+    rotary = concat.inputs[0].producer() if len(concat.inputs) == 2 and concat.inputs[0] else None
+    if rotary is None or not (
+        is_op(rotary, "RotaryEmbedding", MS_DOMAIN) or is_op(rotary, "RotaryEmbedding")
+    ):
+        return Mismatch("not a Concat after a RotaryEmbedding", candidate=False)
+    rotated = rotary.inputs[0]
+    if rotated is None or rotated.shape is None or len(rotated.shape) != 4:
+        return Mismatch("the rotary input is not rank 4 [batch, heads, sequence, rotary dims]")
+    if concat.attributes.get_int("axis", 0) not in (-1, 3):
+        return Mismatch("the Concat after the rotary is not on the last axis", candidate=False)
+    if rotary.attributes.get_int("rotary_embedding_dim", 0):
+        return Mismatch("the RotaryEmbedding already rotates part of its input")
+    rotated_part = _last_axis_window(rotated)
+    if rotated_part is None:
+        return Mismatch("the rotary input is not a Slice or Split of the head dim")
+    kept = _last_axis_window(concat.inputs[1])
+    if kept is None or kept.source is not rotated_part.source or kept.start != rotated_part.end:
+        return Mismatch(
+            "the part concatenated after the rotary is not the rest of the head it was sliced "
+            "from (x[..., r:] unchanged)"
+        )
+    heads = rotated.shape[1]
+    if rotary.domain == MS_DOMAIN and not isinstance(heads, int):
+        return Mismatch(
+            "the head count is not static (com.microsoft.RotaryEmbedding needs num_heads with "
+            "rotary_embedding_dim)"
+        )
+    output = rotary.outputs[0]
+    if output.is_graph_output() or any(use.node is not concat for use in output.uses()):
+        return Mismatch("the rotated part is also used outside the Concat")
+    # Producers first: the driver drops the matched nodes left without users, last to first.
+    slices = [v.producer() for v in (rotated, concat.inputs[1]) if v is not None]
+    nodes = [n for n in dict.fromkeys(slices) if n is not None]
+    return Match(
+        [*nodes, rotary, concat],
+        {
+            "rotary": rotary,
+            "source": rotated_part.source,
+            "start": rotated_part.start,
+            "end": kept.end,
+            "width": rotated_part.end - rotated_part.start,
+            "heads": heads,
+        },
+    )
+
+
+def _rewrite_partial(match: Match, context: RewriteContext) -> Replacement:
+    b = match.bindings
+    rotary: ir.Node = b["rotary"]
+    source: ir.Value = b["source"]
+    nodes: list[ir.Node] = []
+    constants: list[ir.Value] = []
+    x = source
+    assert source.shape is not None
+    if (b["start"], b["end"]) != (0, source.shape[-1]):
+        # x is one part of a packed projection (GPT-NeoX's Q/K/V): slice just it out.
+        params = [np.array([v], dtype=np.int64) for v in (b["start"], b["end"], -1)]
+        bounds = [new_constant(a, "rotary_head_slice") for a in params]
+        constants.extend(bounds)
+        cut = ir.node("Slice", [source, *bounds])
+        nodes.append(cut)
+        x = cut.outputs[0]
+    attributes: dict[str, int | float] = {
+        name: attr.value for name, attr in rotary.attributes.items()
+    }
+    attributes["rotary_embedding_dim"] = b["width"]
+    if rotary.domain == MS_DOMAIN:
+        attributes["num_heads"] = b["heads"]
+    new = ir.node("RotaryEmbedding", [x, *rotary.inputs[1:]], attributes, domain=rotary.domain)
+    nodes.append(new)
+    return Replacement(nodes, [(match.root.outputs[0], new.outputs[0])], constants=constants)
+
+
+RULES = (
+    Rule("rotary->RotaryEmbedding", "Add", _match, _rewrite),
+    # After it in each round: the rotary of x[..., :r] is fused before the Concat that follows it.
+    Rule("partial-rotary->RotaryEmbedding", "Concat", _match_partial, _rewrite_partial),
+)
 
 
 class FuseRotaryEmbeddingPass(Pass):
-    """x*cos + rotate_half(x)*sin -> com.microsoft.RotaryEmbedding (ort) / RotaryEmbedding (onnx, opset 23+)."""
+    """x*cos + rotate_half(x)*sin -> com.microsoft.RotaryEmbedding (ort) / RotaryEmbedding (onnx, opset 23+);
+    Concat(rotary(x[..., :r]), x[..., r:]) -> one RotaryEmbedding with rotary_embedding_dim = r."""
 
     name = "fuse-rotary-embedding"
     summary = (
