@@ -26,6 +26,10 @@ CASES = [
     ("falcon", "dynamo", "eager", "gqa 2"),  # one K/V head broadcast (multi-query), GatherND
     ("falcon", "dynamo", "sdpa", "gqa 2"),  # a K^T target reads the 1 head off another layer
     ("falcon", "torchscript", "eager", "gqa 2"),  # P@V's view reads S off the mask; GQA, 1 K/V head
+    ("phi", "dynamo", "eager", "gqa 2 rotary 4"),  # partial rotary (half of each head)
+    ("phi", "torchscript", "sdpa", "gqa 2 rotary 4"),
+    ("stablelm", "torchscript", "eager", "gqa 2 rotary 4"),  # a quarter of each head rotates
+    ("gpt-neox", "dynamo", "eager", "mha 2 rotary 4"),  # rotary of chunks of one packed Q/K/V
 ]
 
 
