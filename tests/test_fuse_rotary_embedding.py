@@ -6,6 +6,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
+from onnxopt.ops import const_array
 from onnxopt.passes.fuse_rotary_embedding import FuseRotaryEmbeddingPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.validate import validate
@@ -430,3 +431,47 @@ def test_partial_rotary_dynamic_head_count_refused() -> None:
         "partial-rotary->RotaryEmbedding: Concat: the head count is not static "
         "(com.microsoft.RotaryEmbedding needs num_heads with rotary_embedding_dim)"
     ]
+
+
+def test_partial_rotary_of_a_packed_projection() -> None:
+    """GPT-NeoX after merge-consecutive-ops: K is dims 16:32 of a packed [B, 2, S, 48] Q/K/V and
+    every slice reads the packed tensor: the fused op gets K sliced out once."""
+    rotary = (
+        PARTIAL.replace("{x}_kept", "{x}_p")
+        .replace("{kept}\n", "")
+        .format(x="k", halves_of="qkv", hi_end="e_rot")
+        .replace("k_r = Slice (k, zero1, r1,", "k_r = Slice (qkv, s_k, e_rot,")
+        .replace("k_p = Slice (k, r1, big,", "k_p = Slice (qkv, e_rot, e_k,")
+        .replace("Slice (qkv, zero1, h1,", "Slice (qkv, s_k, mid,")
+        .replace("Slice (qkv, h1, e_rot,", "Slice (qkv, mid, e_rot,")
+    )
+    text = ROPE.format(
+        opset=20,
+        positions="pos",
+        position_axes="axes02",
+        extra_input="",
+        extra_output="",
+        rotary_q="    qr = Identity (q)",
+        rotary_k=rotary,
+    ).replace("float[B, 2, S, 16] k)", "float[B, 2, S, 48] qkv)")
+    bounds = {"s_k": 16, "mid": 20, "e_rot": 24, "e_k": 32, "last": -1, "step": 1}
+    arrays = {k: np.array([v], dtype=np.int64) for k, v in bounds.items()}
+    inv_freq = (1.0 / 10000 ** (np.arange(4) * 2 / 8)).astype(np.float32)
+    model = parse(text, inv_freq=inv_freq, **arrays)
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass()(fused)
+    assert result.stats == {"rotary->RotaryEmbedding": 1, "partial-rotary->RotaryEmbedding": 1}
+    node = next(n for n in fused.graph if n.op_type == "RotaryEmbedding")
+    cut = node.inputs[0].producer()
+    assert cut is not None and cut.op_type == "Slice" and cut.inputs[0].name == "qkv"
+    assert [int(const_array(v)[0]) for v in cut.inputs[1:]] == [16, 32, -1]
+    rng = np.random.default_rng(3)
+    feeds = [
+        {"q": rng.standard_normal((b, 4, s, 16)), "qkv": rng.standard_normal((b, 2, s, 48))}
+        for b, s in ((2, 7), (1, 1))
+    ]
+    report = validate(
+        model, fused, inputs=[{k: v.astype(np.float32) for k, v in f.items()} for f in feeds]
+    )
+    assert report.passed, report
+    assert not FuseRotaryEmbeddingPass()(fused).modified
