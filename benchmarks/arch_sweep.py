@@ -343,6 +343,29 @@ def phi() -> Factory:
 
 
 @seeded
+def phi_medium() -> Factory:
+    """Phi-2's attention shape at a size worth timing (4 layers, hidden 640, 8 heads of 80, as many
+    K/V heads, 32 of each head's dims rotate); not in the sweep's families.
+    ``onnxopt export benchmarks.arch_sweep:phi_medium -o pm.onnx``."""
+    from transformers import PhiConfig, PhiModel
+
+    cfg = PhiConfig(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=640,
+            intermediate_size=2560,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            partial_rotary_factor=0.4,
+            max_position_embeddings=2048,
+            use_cache=False,
+        )
+    )
+    return _decoder(PhiModel, cfg)
+
+
+@seeded
 def stablelm() -> Factory:
     from transformers import StableLmConfig, StableLmModel
 

@@ -5,9 +5,14 @@ machine); x is [1, N, S, 64] as in the zoo's LLaMA (N = 9 query / 3 key heads). 
 cos/sin tables are computed once and shared by every layer, so they are inputs here: what is timed is
 the per-layer work (7 ops vs 1).
 
-nice python benchmarks/rotary_micro.py
+``--rotary-dim R`` (R < 64): partial rotary as Phi / GPT-NeoX / StableLM export it, only x[..., :R]
+rotates: the chain gains the two Slices of x and the Concat that puts x[..., R:] back (10 ops),
+the fused op gets ``rotary_embedding_dim=R, num_heads=N`` and [S, R/2] caches.
+
+nice python benchmarks/rotary_micro.py [--rotary-dim 32]
 """
 
+import argparse
 import statistics
 import time
 
@@ -24,30 +29,44 @@ def vi(name, shape):
     return h.make_tensor_value_info(name, TP.FLOAT, shape)
 
 
-def chain(n, s):
-    """y = x * cos + Concat(-x2, x1) * sin, with cos/sin [1, 1, S, H] given."""
-    ints = {"half": [H // 2], "zero": [0], "big": [2**63 - 1], "axis": [3], "one": [1]}
+def chain(n, s, r=H):
+    """y = x * cos + Concat(-x2, x1) * sin, with cos/sin [1, 1, S, r] given (r < H: on x[..., :r],
+    then Concat with x[..., r:])."""
+    ints = {"half": [r // 2], "zero": [0], "big": [2**63 - 1], "axis": [3], "one": [1], "r": [r]}
     init = [nh.from_array(np.array(v, np.int64), k) for k, v in ints.items()]
+    x = "x" if r == H else "xr"
     nodes = [
-        h.make_node("Mul", ["x", "c"], ["xc"]),
-        h.make_node("Slice", ["x", "zero", "half", "axis", "one"], ["x1"]),
-        h.make_node("Slice", ["x", "half", "big", "axis", "one"], ["x2"]),
+        h.make_node("Mul", [x, "c"], ["xc"]),
+        h.make_node("Slice", [x, "zero", "half", "axis", "one"], ["x1"]),
+        h.make_node("Slice", [x, "half", "big", "axis", "one"], ["x2"]),
         h.make_node("Neg", ["x2"], ["nx2"]),
         h.make_node("Concat", ["nx2", "x1"], ["rot"], axis=-1),
         h.make_node("Mul", ["rot", "s"], ["rs"]),
-        h.make_node("Add", ["xc", "rs"], ["y"]),
+        h.make_node("Add", ["xc", "rs"], ["y" if r == H else "yr"]),
     ]
-    inputs = [vi("x", [1, n, s, H]), vi("c", [1, 1, s, H]), vi("s", [1, 1, s, H])]
+    if r < H:
+        nodes[:0] = [
+            h.make_node("Slice", ["x", "zero", "r", "axis", "one"], ["xr"]),
+            h.make_node("Slice", ["x", "r", "big", "axis", "one"], ["xp"]),
+        ]
+        nodes.append(h.make_node("Concat", ["yr", "xp"], ["y"], axis=-1))
+    inputs = [vi("x", [1, n, s, H]), vi("c", [1, 1, s, r]), vi("s", [1, 1, s, r])]
     graph = h.make_graph(nodes, "chain", inputs, [vi("y", None)], init)
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 20)])
 
 
-def fused(n, s):
+def fused(n, s, r=H):
     init = [nh.from_array(np.array([0], np.int64), "pos")]
+    partial = {"rotary_embedding_dim": r, "num_heads": n} if r < H else {}
     node = h.make_node(
-        "RotaryEmbedding", ["x", "pos", "c", "s"], ["y"], domain="com.microsoft", interleaved=0
+        "RotaryEmbedding",
+        ["x", "pos", "c", "s"],
+        ["y"],
+        domain="com.microsoft",
+        interleaved=0,
+        **partial,
     )
-    inputs = [vi("x", [1, n, s, H]), vi("c", [s, H // 2]), vi("s", [s, H // 2])]
+    inputs = [vi("x", [1, n, s, H]), vi("c", [s, r // 2]), vi("s", [s, r // 2])]
     graph = h.make_graph([node], "fused", inputs, [vi("y", None)], init)
     return h.make_model(
         graph, opset_imports=[h.make_opsetid("", 20), h.make_opsetid("com.microsoft", 1)]
@@ -64,10 +83,14 @@ def session(model):
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rotary-dim", type=int, default=H, help=f"rotated dims (even, <= {H})")
+    r = parser.parse_args().rotary_dim
     rng = np.random.default_rng(0)
+    print(f"head {H}, rotary dim {r}")
     print("N    S   chain us  fused us  speed-up")
     for n, s in ((9, 128), (3, 128), (9, 512), (9, 1)):
-        angles = (np.arange(s)[:, None] * rng.random(H // 2)).astype(np.float32)
+        angles = (np.arange(s)[:, None] * rng.random(r // 2)).astype(np.float32)
         cos, sin = np.cos(angles), np.sin(angles)
         x = rng.standard_normal((1, n, s, H)).astype(np.float32)
         table = {
@@ -75,7 +98,7 @@ def main() -> None:
             "s": np.concatenate([sin, sin], -1)[None, None],
         }
         feeds = {"chain": {"x": x, **table}, "fused": {"x": x, "c": cos, "s": sin}}
-        sessions = {"chain": session(chain(n, s)), "fused": session(fused(n, s))}
+        sessions = {"chain": session(chain(n, s, r)), "fused": session(fused(n, s, r))}
         outs = [sess.run(None, feeds[k])[0] for k, sess in sessions.items()]
         assert np.allclose(outs[0], outs[1], atol=1e-5)
         times = {k: [] for k in sessions}

@@ -534,7 +534,8 @@ class FuseRotaryEmbeddingPass(Pass):
 
     name = "fuse-rotary-embedding"
     summary = (
-        "fuse rotary position embeddings (ort: com.microsoft RotaryEmbedding; onnx: opset 23+)"
+        "fuse rotary position embeddings, full or partial (ort: com.microsoft RotaryEmbedding; "
+        "onnx: opset 23+)"
     )
 
     def call(self, model: ir.Model) -> PassResult:
