@@ -276,6 +276,24 @@ def static_dim(value: ir.Value | None, index: int) -> int | None:
     return dim if isinstance(dim, int) else None
 
 
+def merges_heads(reshape: ir.Node) -> bool:
+    """``Reshape(x[B, S, H, d], [0, 0, -1])`` (or B, S read off x, or x's static B, S): keeps x's
+    dims 0 and 1."""
+    source = reshape.inputs[0]
+    entries = target_entries(reshape.inputs[1])
+    if source is None or entries is None or len(entries) != 3 or value_rank(source) != 4:
+        return False
+    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
+    for i in (0, 1):
+        entry = entries[i]
+        if isinstance(entry, tuple):
+            if entry[1] is not source or entry[2] != i:
+                return False
+        elif not ((entry == 0 and not allowzero) or (entry > 0 and entry == static_dim(source, i))):
+            return False
+    return True
+
+
 def reshape_to_heads(value: ir.Value | None) -> tuple[ir.Value, int, int, ir.Node] | None:
     """``value = Reshape(x, [B, S, H, d])`` with x of rank 3: (x, H, d, reshape)."""
     reshape = producer_of(value, "Reshape")

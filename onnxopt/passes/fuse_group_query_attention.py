@@ -50,6 +50,7 @@ from onnxopt.passes._attention_shapes import (
     MASK_FLOOR,
     Entry,
     int64_const,
+    merges_heads,
     reshape_to_heads,
     same_symbol,
     seq_len,
@@ -246,7 +247,7 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
             value = source  # Falcon: Q, K and V sliced / gathered out of one [B, S, H+2, d]
             continue
         if node.op_type == "Reshape" and (batch, seq) == (0, 1):
-            if reshape_to_heads(value) is not None or _merges_heads(node):
+            if reshape_to_heads(value) is not None or merges_heads(node):
                 value = source
                 continue
             break
@@ -306,20 +307,6 @@ def _out_rank(value: ir.Value) -> int | None:
         entries = target_entries(reshape.inputs[1])
         rank = None if entries is None else len(entries)
     return rank
-
-
-def _merges_heads(reshape: ir.Node) -> bool:
-    """``Reshape(x[B, S, H, d], [0, 0, -1])`` (or B, S read off x): keeps x's dims 0 and 1."""
-    source = reshape.inputs[0]
-    entries = target_entries(reshape.inputs[1])
-    if source is None or entries is None or len(entries) != 3 or value_rank(source) != 4:
-        return False
-    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
-    return all(
-        (entries[i] == 0 and not allowzero)
-        or (isinstance(entries[i], tuple) and entries[i][1] is source and entries[i][2] == i)  # type: ignore[index]
-        for i in (0, 1)
-    )
 
 
 @dataclass(frozen=True)
