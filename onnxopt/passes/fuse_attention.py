@@ -46,6 +46,7 @@ import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, single_consumer
 from onnxopt.passes._attention_shapes import (
+    ATTENTION_DTYPES,
     MASK_FLOOR,
     Entry,
     gathered_dim,
@@ -616,9 +617,10 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         return Mismatch(
             f"K and V head sizes are not provably equal ({key_heads.head_size} vs {value_heads.head_size})"
         )
-    if scores.dtype is not None and scores.dtype != ir.DataType.FLOAT:
+    if scores.dtype is not None and scores.dtype not in ATTENTION_DTYPES:
         return Mismatch(
-            f"attention in {scores.dtype.name}: only float32 blocks are fused (the fused kernels' CPU coverage)"
+            f"attention in {scores.dtype.name}: only float32 and float16 blocks are fused "
+            "(the fused kernels' CPU coverage)"
         )
     for term in terms:
         problem = _check_bias(term, heads)

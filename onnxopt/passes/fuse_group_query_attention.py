@@ -47,6 +47,7 @@ import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, is_scalar_constant
 from onnxopt.passes._attention_shapes import (
+    ATTENTION_DTYPES,
     MASK_FLOOR,
     Entry,
     int64_const,
@@ -463,8 +464,8 @@ def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mism
     heads = node.attributes.get_int("num_heads", 0)
     if query is None or key is None or value is None or heads <= 0:
         return Mismatch("MultiHeadAttention without query, key or value")
-    if query.dtype is not None and query.dtype != ir.DataType.FLOAT:
-        return Mismatch(f"attention in {query.dtype.name}: only float32 is rewritten")
+    if query.dtype is not None and query.dtype not in ATTENTION_DTYPES:
+        return Mismatch(f"attention in {query.dtype.name}: only float32 and float16 are rewritten")
     grouped_k = _repeated_kv(key, heads)
     if isinstance(grouped_k, Mismatch):
         return grouped_k
