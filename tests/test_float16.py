@@ -147,8 +147,24 @@ g (float16[B, S, 4] x) => (float16[B, S, 4] y) <float eps = {0.000001}, float tw
 """
 
 
-def test_llama_rms_norm_island_fuses_in_float32_and_keeps_the_float16_scale() -> None:
-    model = parse(_RMS_NORM_ISLAND, w=np.array([0.5, 1.5, -1.0, 2.0], np.float16))
+@pytest.mark.parametrize(
+    ("target", "op"), [("ort", "SimplifiedLayerNormalization"), ("onnx", "RMSNormalization")]
+)
+def test_llama_rms_norm_float32_island_becomes_one_float16_op(target: str, op: str) -> None:
+    text = _RMS_NORM_ISLAND.replace('"" : 18', '"" : 23')
+    model = parse(text, w=np.array([0.5, 1.5, -1.0, 2.0], np.float16))
+    fused = _checked(FuseRmsNormPass, model, PassOptions(target=target))  # type: ignore[arg-type]
+    assert op_types(fused) == [op]
+    norm = _node(fused, op)
+    assert [v.dtype for v in norm.inputs if v is not None] == [F16, F16]
+    assert norm.attributes.get_int("stash_type", 1) == 1  # computes in float32 inside
+
+
+def test_a_widened_input_read_outside_the_norm_keeps_its_island() -> None:
+    text = _RMS_NORM_ISLAND.replace(
+        "=> (float16[B, S, 4] y)", "=> (float16[B, S, 4] y, float[B, S, 4] x32)"
+    )
+    model = parse(text, w=np.array([0.5, 1.5, -1.0, 2.0], np.float16))
     fused = _checked(FuseRmsNormPass, model)
     assert op_types(fused) == ["Cast", "SimplifiedLayerNormalization", "Cast", "Mul"]
 

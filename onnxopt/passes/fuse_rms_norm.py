@@ -1,7 +1,10 @@
 """Fuse LLaMA-style RMS normalization: ``y = x * rsqrt(mean(x^2, -1) + eps) * w``.
 
 rsqrt is spelled Reciprocal(Sqrt(.)), Div(1, Sqrt(.)) or Pow(., -0.5); x^2 as Pow(x, 2) or Mul(x, x).
-An identity Cast (to x's own type) between the normalization and the weight is absorbed.
+An identity Cast (to x's own type) between the normalization and the weight is absorbed. So is a
+float32 island around a float16 input, as ``LlamaRMSNorm`` in half precision exports it:
+``Cast(Cast(x, float) * rsqrt(...), float16) * w`` becomes one float16 op (both ops compute in
+float32 inside, ``stash_type=1``, and round once instead of twice).
 Target ``ort``: SimplifiedLayerNormalization (registered by ONNX Runtime in the default domain).
 Target ``onnx``: RMSNormalization, which exists from opset 23 only; older models are left alone.
 """
@@ -28,6 +31,7 @@ from onnxopt.rewrite.patterns import (
 )
 
 RMS_NORM_OPSET = 23
+F16 = ir.DataType.FLOAT16.value
 
 
 def _rsqrt_of(value: ir.Value | None) -> tuple[list[ir.Node], ir.Value] | None:
@@ -48,6 +52,17 @@ def _rsqrt_of(value: ir.Value | None) -> tuple[list[ir.Node], ir.Value] | None:
     if node is None or sqrt is None or sqrt.inputs[0] is None:
         return None
     return [sqrt, node], sqrt.inputs[0]
+
+
+def _widened(h: ir.Value, core: list[ir.Node]) -> ir.Node | None:
+    """The Cast that widened ``h`` from float16 to float32 for the norm alone, if one did."""
+    cast = producer_op(h, "Cast")
+    source = None if cast is None else cast.inputs[0]
+    if cast is None or source is None or source.dtype != ir.DataType.FLOAT16:
+        return None
+    if h.dtype != ir.DataType.FLOAT or h.is_graph_output():
+        return None
+    return cast if all(use.node in core for use in h.uses()) else None
 
 
 def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -93,14 +108,18 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     nodes = list(core)
     tail = node.outputs[0]
     follower = single_consumer(tail)
-    if (
-        is_op(follower, "Cast")
-        and follower is not None
-        and follower.attributes.get_int("to", 0) == h.dtype.value
-    ):
-        nodes.append(follower)
-        tail = follower.outputs[0]
-        follower = single_consumer(tail)
+    widening = _widened(h, core)
+    dtype = h.dtype.numpy()
+    if is_op(follower, "Cast") and follower is not None:
+        to = follower.attributes.get_int("to", 0)
+        if to == h.dtype.value:
+            nodes.append(follower)
+        elif widening is not None and widening.inputs[0] is not None and to == F16:
+            nodes = [widening, *nodes, follower]
+            h, dtype = widening.inputs[0], np.dtype(np.float16)
+        if nodes[-1] is follower:
+            tail = follower.outputs[0]
+            follower = single_consumer(tail)
     weight = None
     if is_op(follower, "Mul") and follower is not None:
         weight = per_channel_vector(other_input(follower, tail), h)
@@ -116,7 +135,7 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch(
             f"RMSNormalization needs opset {RMS_NORM_OPSET}, the model imports {context.opset()}"
         )
-    return Match(nodes, {"x": h, "eps": eps, "weight": weight.astype(h.dtype.numpy())})
+    return Match(nodes, {"x": h, "eps": eps, "weight": weight.astype(dtype)})
 
 
 def _rewrite(match: Match, context: RewriteContext) -> Replacement:
