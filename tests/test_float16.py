@@ -118,16 +118,26 @@ g (float16[B, S, 4] x) => (float16[B, S, 4] y) <float eps = {0.00001}, float two
 """
 
 
-def test_layer_norm_inside_a_float32_island_fuses_without_a_type_error() -> None:
-    model = parse(
-        _LAYER_NORM_ISLAND,
+def _layer_norm_island(outputs: str = "") -> ir.Model:
+    return parse(
+        _LAYER_NORM_ISLAND.replace("float16[B, S, 4] y)", f"float16[B, S, 4] y{outputs})"),
         gamma=np.array([0.5, 1.5, -1.0, 2.0], np.float16),
         beta=np.array([0.1, 0.2, 0.3, -0.4], np.float16),
     )
-    fused = _checked(FuseLayerNormPass, model)
+
+
+def test_layer_norm_float32_island_becomes_one_float16_layer_norm() -> None:
+    fused = _checked(FuseLayerNormPass, _layer_norm_island())
+    assert op_types(fused) == ["LayerNormalization"]
+    norm = _node(fused, "LayerNormalization")
+    assert [v.dtype for v in norm.inputs if v is not None] == [F16, F16, F16]
+    assert norm.attributes.get_int("stash_type", 1) == 1
+
+
+def test_layer_norm_island_whose_widened_input_is_read_elsewhere_fuses_in_float32() -> None:
+    fused = _checked(FuseLayerNormPass, _layer_norm_island(", float[B, S, 4] x32"))
     assert op_types(fused) == ["Cast", "LayerNormalization", "Cast", "Mul", "Add"]
     norm = _node(fused, "LayerNormalization")
-    assert norm.outputs[0].dtype == ir.DataType.FLOAT
     assert all(v is not None and v.dtype == ir.DataType.FLOAT for v in norm.inputs)
 
 

@@ -21,6 +21,7 @@ from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fuse_layer_norm import (
     last_axis_problem,
     per_channel_vector,
+    widening_cast,
 )
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import (
@@ -31,7 +32,6 @@ from onnxopt.rewrite.patterns import (
 )
 
 RMS_NORM_OPSET = 23
-F16 = ir.DataType.FLOAT16.value
 
 
 def _rsqrt_of(value: ir.Value | None) -> tuple[list[ir.Node], ir.Value] | None:
@@ -52,17 +52,6 @@ def _rsqrt_of(value: ir.Value | None) -> tuple[list[ir.Node], ir.Value] | None:
     if node is None or sqrt is None or sqrt.inputs[0] is None:
         return None
     return [sqrt, node], sqrt.inputs[0]
-
-
-def _widened(h: ir.Value, core: list[ir.Node]) -> ir.Node | None:
-    """The Cast that widened ``h`` from float16 to float32 for the norm alone, if one did."""
-    cast = producer_op(h, "Cast")
-    source = None if cast is None else cast.inputs[0]
-    if cast is None or source is None or source.dtype != ir.DataType.FLOAT16:
-        return None
-    if h.dtype != ir.DataType.FLOAT or h.is_graph_output():
-        return None
-    return cast if all(use.node in core for use in h.uses()) else None
 
 
 def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -108,13 +97,17 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     nodes = list(core)
     tail = node.outputs[0]
     follower = single_consumer(tail)
-    widening = _widened(h, core)
+    widening = widening_cast(h, core)
     dtype = h.dtype.numpy()
     if is_op(follower, "Cast") and follower is not None:
         to = follower.attributes.get_int("to", 0)
         if to == h.dtype.value:
             nodes.append(follower)
-        elif widening is not None and widening.inputs[0] is not None and to == F16:
+        elif (
+            widening is not None
+            and widening.inputs[0] is not None
+            and to == ir.DataType.FLOAT16.value
+        ):
             nodes = [widening, *nodes, follower]
             h, dtype = widening.inputs[0], np.dtype(np.float16)
         if nodes[-1] is follower:
