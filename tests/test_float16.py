@@ -281,3 +281,49 @@ def test_compare_arrays_takes_the_wider_of_dtype_and_precision(
     expected = np.array([1.0, 2.0], np.float32)
     actual = expected + np.float32(4e-3)
     assert compare_arrays("y", expected, actual, precision).passed is passed
+
+
+def _fused_counts(model: ir.Model) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in model.graph:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_half_precision_llama_tiny_fuses_and_validates(exporter: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from onnxopt.api import optimize
+    from onnxopt.export import export
+
+    path = tmp_path / "llama.onnx"
+    export("benchmarks.fp16_sweep:llama_tiny", path, exporter=exporter)  # type: ignore[arg-type]
+    result = optimize(path, level=3, find_reference=True)
+    assert result.validated, result.report.validation
+    reference = result.report.reference
+    assert reference is not None and reference.optimized_passed
+    counts = _fused_counts(result.model)
+    assert counts.get("GroupQueryAttention") == 2
+    assert counts.get("SimplifiedLayerNormalization") == 5  # the float32 islands included
+    assert counts.get("RotaryEmbedding") == 4
+    assert "Softmax" not in counts and "ReduceMean" not in counts
+
+
+@pytest.mark.slow
+def test_converted_bert_tiny_with_float32_io_fuses_and_validates(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from onnxopt.api import optimize
+    from onnxopt.export import export
+    from scripts.convert_fp16 import convert
+
+    single, converted = tmp_path / "bert.onnx", tmp_path / "bert.fp16.onnx"
+    export("benchmarks.trained_like:bert_tiny", single, exporter="torchscript")
+    convert(single, converted, keep_io_types=True)
+    result = optimize(converted, level=3)
+    assert result.validated, result.report.validation
+    validation = result.report.validation
+    assert validation is not None
+    assert {(o.dtype, o.atol, o.rtol) for o in validation.outputs} == {
+        ("float32", *TOLERANCES["float16"])
+    }
+    counts = _fused_counts(result.model)
+    assert counts.get("Attention") == 2 and counts.get("LayerNormalization") == 5
