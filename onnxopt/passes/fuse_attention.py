@@ -32,6 +32,11 @@ as the finite number it is. So a mask is fused only when its values are provable
 between constants, through views and float casts): a finite mask passes through
 ``Max(mask, -1e30)`` (exp() of either is 0, so partly masked rows do not change); a -inf mask only
 behind SDPA's NaN guard, which zeroes those rows in the export too.
+
+float32 and float16 blocks are fused (ORT 1.32 runs MultiHeadAttention and Attention-23 in both on
+CPU; CUDA, where half-precision models run, has float16 kernels). A float16 mask cannot hold the
+-1e30 floor, and Attention-23 zeroes rows masked with float16's lowest, so ``--target onnx``
+refuses finite float16 masks (``--explain`` says so).
 """
 
 from __future__ import annotations
