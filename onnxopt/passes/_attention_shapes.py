@@ -17,6 +17,10 @@ from onnxopt.ops import const_array, is_op
 
 # Below any real score and far from float32's lowest, which ORT's Attention-23 reads as "masked out".
 MASK_FLOOR = -1e30
+# Element types fuse-attention and fuse-packed-attention rewrite: ONNX Runtime (1.32) runs
+# MultiHeadAttention, Attention and Attention-23 in both on CPU, and CUDA (where half-precision
+# models are deployed) has float16 kernels for each, attention_bias included.
+ATTENTION_DTYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
 
 
 def producer_of(value: ir.Value | None, op_type: str) -> ir.Node | None:

@@ -34,6 +34,10 @@ Two forms, tried in this order:
 ORT 1.32 CPU, one LLaMA layer (9 query / 3 KV heads of 64, B=1, 2 threads, process CPU time,
 benchmarks/gqa_micro.py), speed-up over Expands + MultiHeadAttention: causal=0 1.19x (S=128),
 1.08x (S=512); causal=1 with the fix-up 1.61x (S=128), 1.29x (S=512).
+
+float32 only: ORT's CPU kernel also runs float16, but its CUDA kernel (float16 and bfloat16, where
+half-precision models are deployed) is always causal and rejects ``attention_bias``, so a float16
+rewrite would fail or change results there; float16 attention stays MultiHeadAttention.
 """
 
 from __future__ import annotations
@@ -436,6 +440,21 @@ def _causal_mask(bias: ir.Value | None, sequence: tuple[ir.Value, int]) -> _Caus
     return _CausalMask(masked_value, mask if value_rank(mask) == 4 else None)
 
 
+def _element_type(*values: ir.Value) -> ir.DataType | None:
+    """The element type of the attention's inputs, read through the ops fused before this pass
+    (RotaryEmbedding's output has no type until shapes are inferred again)."""
+    for value in values:
+        current: ir.Value | None = value
+        for _ in range(8):
+            if current is None:
+                break
+            if current.dtype is not None:
+                return current.dtype
+            producer = current.producer()
+            current = producer.inputs[0] if producer is not None and producer.inputs else None
+    return None
+
+
 def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
     if context.options.target != "ort":
         return Mismatch("GroupQueryAttention is an ONNX Runtime op (--target ort only)", False)
@@ -450,8 +469,15 @@ def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mism
     heads = node.attributes.get_int("num_heads", 0)
     if query is None or key is None or value is None or heads <= 0:
         return Mismatch("MultiHeadAttention without query, key or value")
-    if query.dtype is not None and query.dtype != ir.DataType.FLOAT:
-        return Mismatch(f"attention in {query.dtype.name}: only float32 is rewritten")
+    dtype = _element_type(query, key, value)
+    if dtype is not None and dtype != ir.DataType.FLOAT:
+        # ORT CPU runs it in float16 too, but the CUDA kernel (float16/bfloat16 only) is always
+        # causal and refuses attention_bias: the rewrite would break where such models run.
+        return Mismatch(
+            f"attention in {dtype.name}: only float32 is rewritten (GroupQueryAttention's "
+            "CUDA kernel, where half-precision models run, is always causal and takes no "
+            "attention_bias)"
+        )
     grouped_k = _repeated_kv(key, heads)
     if isinstance(grouped_k, Mismatch):
         return grouped_k
