@@ -28,6 +28,7 @@ from onnxopt.validate import (
     ValidationReport,
     compare_to_eager,
     input_specs,
+    output_precisions,
     shared_sessions,
     validate,
 )
@@ -165,6 +166,9 @@ def optimize(
         eager, eager_inputs = None, {}
     with _located(loaded):
         specs = input_specs(working) if check and inputs is None and not input_shapes else None
+    # Read off the original before the passes run: an output computed in float16 behind float32
+    # I/O is compared with float16's tolerance.
+    precisions = output_precisions(working) if check else None
 
     start = time.perf_counter()
     conversion = None
@@ -201,6 +205,7 @@ def optimize(
                     inputs=inputs,
                     extra_inputs=[eager_inputs] if eager else [],
                     run_timeout=run_timeout,
+                    precisions=precisions,
                 )
             validate_seconds = time.perf_counter() - start
 

@@ -18,7 +18,7 @@ from onnxopt import io
 from onnxopt.passes.base import Pipeline
 from onnxopt.passes.levels import pass_by_name
 from onnxopt.passes.options import PassOptions
-from onnxopt.validate import ValidationReport, input_specs, validate
+from onnxopt.validate import ValidationReport, input_specs, output_precisions, validate
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +59,11 @@ def bisect_passes(
             progress(f"bisect: first {k} of {len(sequence)} passes")
         model = io.load_model(path).model
         specs = input_specs(model) if inputs is None else None
+        precisions = output_precisions(model)
         if opset is not None:
             model = io.convert_opset(model, opset)
         Pipeline([pass_by_name(name)(options) for name in sequence[:k]])(model)
-        report = validate(path, model, specs=specs, inputs=inputs)
+        report = validate(path, model, specs=specs, inputs=inputs, precisions=precisions)
         reports[k] = report
         return report.passed
 

@@ -26,7 +26,11 @@ from onnxopt.ops import is_op
 
 logger = logging.getLogger(__name__)
 
-# |a - b| <= atol + rtol * |b| per element; chosen from the rounding of reassociated fp sums.
+# |a - b| <= atol + rtol * |b| per element, by the precision an output is computed in: chosen from
+# the rounding of reassociated fp sums. float16 (eps 2**-10 ~ 1e-3) gets about ten of its ulps:
+# ORT CPU runs float16 ops that lack a float16 kernel in float32 behind inserted Casts, merging
+# neighbouring islands, so a fused or refolded graph rounds at other places than the original.
+# bfloat16 (eps 2**-7 ~ 8e-3) gets about six.
 TOLERANCES: dict[str, tuple[float, float]] = {
     "float32": (1e-4, 1e-3),
     "float64": (1e-7, 1e-6),
@@ -250,9 +254,75 @@ def _new_session(model: ir.Model | Path, threads: int) -> Any:
     return session
 
 
-def compare_arrays(name: str, expected: np.ndarray, actual: np.ndarray) -> OutputComparison:
+def _looser(a: str | None, b: str | None) -> str | None:
+    """Of two float type names, the one with the wider tolerance (None: neither is a float type)."""
+    known = [t for t in (a, b) if t in TOLERANCES]
+    return max(known, key=lambda t: sum(TOLERANCES[t])) if known else None
+
+
+def output_precisions(model: ir.Model) -> dict[str, str]:
+    """Per graph output, the least precise float type it is computed through (its own included).
+
+    A model converted to float16 with float32 inputs and outputs (``keep_io_types``) computes its
+    outputs in float16: they are compared with float16's tolerance, not float32's. Outputs of a
+    model with no float type narrower than their own keep their own (nothing is loosened).
+    """
+    computed: dict[int, str | None] = {}  # per value: the loosest float type in its history
+
+    def own(value: ir.Value) -> str | None:
+        if value.dtype is None or not value.dtype.is_floating_point():
+            return None
+        with contextlib.suppress(TypeError, ValueError):
+            return np.dtype(value.dtype.numpy()).name  # "float16", as TOLERANCES names it
+        return None
+
+    def through_subgraphs(node: ir.Node) -> str | None:  # If/Loop/Scan bodies, by their types
+        found = None
+        for attribute in node.attributes.values():
+            if attribute.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+                graphs = attribute.value if isinstance(attribute.value, list) else [attribute.value]
+                for graph in graphs:
+                    for inner in ir.traversal.RecursiveGraphIterator(graph):
+                        for out in inner.outputs:
+                            found = _looser(found, own(out))
+        return found
+
+    # Depth-first from each output (the node list need not be sorted: converters append Casts).
+    for output in model.graph.outputs:
+        stack: list[tuple[ir.Value, bool]] = [(output, False)]
+        while stack:
+            value, inputs_done = stack.pop()
+            if id(value) in computed:
+                continue
+            node = value.producer()
+            if node is None or node.graph is not model.graph:
+                computed[id(value)] = own(value)
+                continue
+            if not inputs_done:
+                stack.append((value, True))
+                stack.extend((v, False) for v in node.inputs if v is not None)
+                continue
+            found = through_subgraphs(node)
+            for v in node.inputs:
+                if v is not None:
+                    found = _looser(found, computed.get(id(v)))
+            for out in node.outputs:
+                computed[id(out)] = _looser(found, own(out))
+    result = {}
+    for value in model.graph.outputs:
+        found = computed.get(id(value))
+        if found is not None:
+            result[str(value.name)] = found
+    return result
+
+
+def compare_arrays(
+    name: str, expected: np.ndarray, actual: np.ndarray, precision: str | None = None
+) -> OutputComparison:
+    """Compare one output; the tolerance is that of its dtype or of ``precision`` (the float type
+    it was computed in, see :func:`output_precisions`), whichever is wider."""
     dtype = str(expected.dtype)
-    atol, rtol = TOLERANCES.get(dtype, DEFAULT_TOLERANCE)
+    atol, rtol = TOLERANCES.get(_looser(dtype, precision) or dtype, DEFAULT_TOLERANCE)
     if expected.shape != actual.shape:
         return OutputComparison(
             name,
@@ -389,8 +459,13 @@ def validate(
     seed: int = 0,
     trials: int = 2,
     run_timeout: float = DEFAULT_RUN_TIMEOUT,
+    precisions: Mapping[str, str] | None = None,
 ) -> ValidationReport:
     """Compare outputs of ``original`` and ``optimized`` on ORT (graph optimizations disabled).
+
+    Each output is compared with the tolerance of the float type it is computed in
+    (``precisions``: output name -> float type, by default :func:`output_precisions` of
+    ``original`` when it is a model; else each output's own dtype).
 
     Each ORT run is stopped after ``run_timeout`` seconds: the original's is a
     :class:`CannotValidate`, the optimized model's a validation error.
@@ -419,6 +494,9 @@ def validate(
     if missing:
         return ValidationReport((), (), (f"optimized model lost outputs: {', '.join(missing)}",))
 
+    if precisions is None and isinstance(original, ir.Model):
+        precisions = output_precisions(original)
+    computed_in = dict(precisions or {})
     feed_sets = [dict(f) for f in inputs] if inputs is not None else []
     worst = _Worst()
     errors: list[str] = []
@@ -447,7 +525,7 @@ def validate(
             return True
         for name, e, a in zip(output_names, expected, actual):
             for item_name, e_item, a_item in _flatten_output(name, e, a):
-                worst.add(compare_arrays(item_name, e_item, a_item))
+                worst.add(compare_arrays(item_name, e_item, a_item, computed_in.get(name)))
         # Sequence and optional inputs (lists, None) have no single shape to report.
         used.append({k: tuple(v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray)})
         return True

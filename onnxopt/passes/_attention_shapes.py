@@ -17,6 +17,10 @@ from onnxopt.ops import const_array, is_op
 
 # Below any real score and far from float32's lowest, which ORT's Attention-23 reads as "masked out".
 MASK_FLOOR = -1e30
+# Element types fuse-attention and fuse-packed-attention rewrite: ONNX Runtime (1.32) runs
+# MultiHeadAttention, Attention and Attention-23 in both on CPU, and CUDA (where half-precision
+# models are deployed) has float16 kernels for each, attention_bias included.
+ATTENTION_DTYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
 
 
 def producer_of(value: ir.Value | None, op_type: str) -> ir.Node | None:
@@ -274,6 +278,24 @@ def static_dim(value: ir.Value | None, index: int) -> int | None:
         return None
     dim = value.shape[index]
     return dim if isinstance(dim, int) else None
+
+
+def merges_heads(reshape: ir.Node) -> bool:
+    """``Reshape(x[B, S, H, d], [0, 0, -1])`` (or B, S read off x, or x's static B, S): keeps x's
+    dims 0 and 1."""
+    source = reshape.inputs[0]
+    entries = target_entries(reshape.inputs[1])
+    if source is None or entries is None or len(entries) != 3 or value_rank(source) != 4:
+        return False
+    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
+    for i in (0, 1):
+        entry = entries[i]
+        if isinstance(entry, tuple):
+            if entry[1] is not source or entry[2] != i:
+                return False
+        elif not ((entry == 0 and not allowzero) or (entry > 0 and entry == static_dim(source, i))):
+            return False
+    return True
 
 
 def reshape_to_heads(value: ir.Value | None) -> tuple[ir.Value, int, int, ir.Node] | None:

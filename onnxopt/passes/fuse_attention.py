@@ -32,6 +32,11 @@ as the finite number it is. So a mask is fused only when its values are provable
 between constants, through views and float casts): a finite mask passes through
 ``Max(mask, -1e30)`` (exp() of either is 0, so partly masked rows do not change); a -inf mask only
 behind SDPA's NaN guard, which zeroes those rows in the export too.
+
+float32 and float16 blocks are fused (ORT 1.32 runs MultiHeadAttention and Attention-23 in both on
+CPU; CUDA, where half-precision models run, has float16 kernels). A float16 mask cannot hold the
+-1e30 floor, and Attention-23 zeroes rows masked with float16's lowest, so ``--target onnx``
+refuses finite float16 masks (``--explain`` says so).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, single_consumer
 from onnxopt.passes._attention_shapes import (
+    ATTENTION_DTYPES,
     MASK_FLOOR,
     Entry,
     gathered_dim,
@@ -616,9 +622,10 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         return Mismatch(
             f"K and V head sizes are not provably equal ({key_heads.head_size} vs {value_heads.head_size})"
         )
-    if scores.dtype is not None and scores.dtype != ir.DataType.FLOAT:
+    if scores.dtype is not None and scores.dtype not in ATTENTION_DTYPES:
         return Mismatch(
-            f"attention in {scores.dtype.name}: only float32 blocks are fused (the fused kernels' CPU coverage)"
+            f"attention in {scores.dtype.name}: only float32 and float16 blocks are fused "
+            "(the fused kernels' CPU coverage)"
         )
     for term in terms:
         problem = _check_bias(term, heads)

@@ -59,7 +59,10 @@ def _match(activation: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if users(value) != 1:
         return Mismatch(f"Conv output has {users(value)} consumers")
     if value.dtype != ir.DataType.FLOAT:
-        return Mismatch("FusedConv on ORT CPU runs float32 only")
+        return Mismatch(
+            "FusedConv has float32 kernels only (ORT's CUDA one too); this Conv is "
+            f"{value.dtype.name if value.dtype is not None else 'of unknown type'}"
+        )
     params = _activation_params(activation)
     if isinstance(params, Mismatch):
         return params

@@ -3,7 +3,9 @@
 BatchNormalization in inference mode is ``y = x * s + t`` with ``s = gamma / sqrt(var + eps)`` and
 ``t = beta - mean * s``. After a Conv this folds into the weights: ``W' = W * s`` (per output channel)
 and ``b' = b * s + t``. A constant per-channel ``Add`` (``b' = b + c``) or ``Mul`` (``W' = W * c``,
-``b' = b * c``) folds the same way. Arithmetic runs in float64 and is cast back to the weight dtype.
+``b' = b * c``) folds the same way. Arithmetic runs in float64 and is rounded once to the weight
+dtype (a float16 model's folded weights are not computed in float16); a result that overflows
+that dtype (float16's 65504) is refused.
 """
 
 from __future__ import annotations
@@ -169,8 +171,13 @@ def _fold(
         if isinstance(old_bias, Mismatch):
             return old_bias
         new_bias = old_bias * s + t
-    new_weight = _scale_layer(node, weight, s).astype(weight.dtype)
-    return Match([node, root], {"weight": new_weight, "bias": new_bias.astype(weight.dtype)})
+    wide = (_scale_layer(node, weight, s), new_bias)
+    with np.errstate(over="ignore"):  # an overflow is refused just below
+        narrow = tuple(array.astype(weight.dtype) for array in wide)
+    for before, after in zip(wide, narrow, strict=True):
+        if np.isfinite(before).all() and not np.isfinite(after).all():
+            return Mismatch(f"the folded weights overflow {weight.dtype} (the layer's weight type)")
+    return Match([node, root], {"weight": narrow[0], "bias": narrow[1]})
 
 
 def _rewrite(match: Match, context: RewriteContext) -> Replacement:

@@ -34,6 +34,10 @@ Two forms, tried in this order:
 ORT 1.32 CPU, one LLaMA layer (9 query / 3 KV heads of 64, B=1, 2 threads, process CPU time,
 benchmarks/gqa_micro.py), speed-up over Expands + MultiHeadAttention: causal=0 1.19x (S=128),
 1.08x (S=512); causal=1 with the fix-up 1.61x (S=128), 1.29x (S=512).
+
+float32 only: ORT's CPU kernel also runs float16, but its CUDA kernel (float16 and bfloat16, where
+half-precision models are deployed) is always causal and rejects ``attention_bias``, so a float16
+rewrite would fail or change results there; float16 attention stays MultiHeadAttention.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from onnxopt.passes._attention_shapes import (
     MASK_FLOOR,
     Entry,
     int64_const,
+    merges_heads,
     reshape_to_heads,
     same_symbol,
     seq_len,
@@ -246,7 +251,7 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
             value = source  # Falcon: Q, K and V sliced / gathered out of one [B, S, H+2, d]
             continue
         if node.op_type == "Reshape" and (batch, seq) == (0, 1):
-            if reshape_to_heads(value) is not None or _merges_heads(node):
+            if reshape_to_heads(value) is not None or merges_heads(node):
                 value = source
                 continue
             break
@@ -306,20 +311,6 @@ def _out_rank(value: ir.Value) -> int | None:
         entries = target_entries(reshape.inputs[1])
         rank = None if entries is None else len(entries)
     return rank
-
-
-def _merges_heads(reshape: ir.Node) -> bool:
-    """``Reshape(x[B, S, H, d], [0, 0, -1])`` (or B, S read off x): keeps x's dims 0 and 1."""
-    source = reshape.inputs[0]
-    entries = target_entries(reshape.inputs[1])
-    if source is None or entries is None or len(entries) != 3 or value_rank(source) != 4:
-        return False
-    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
-    return all(
-        (entries[i] == 0 and not allowzero)
-        or (isinstance(entries[i], tuple) and entries[i][1] is source and entries[i][2] == i)  # type: ignore[index]
-        for i in (0, 1)
-    )
 
 
 @dataclass(frozen=True)
@@ -449,6 +440,21 @@ def _causal_mask(bias: ir.Value | None, sequence: tuple[ir.Value, int]) -> _Caus
     return _CausalMask(masked_value, mask if value_rank(mask) == 4 else None)
 
 
+def _element_type(*values: ir.Value) -> ir.DataType | None:
+    """The element type of the attention's inputs, read through the ops fused before this pass
+    (RotaryEmbedding's output has no type until shapes are inferred again)."""
+    for value in values:
+        current: ir.Value | None = value
+        for _ in range(8):
+            if current is None:
+                break
+            if current.dtype is not None:
+                return current.dtype
+            producer = current.producer()
+            current = producer.inputs[0] if producer is not None and producer.inputs else None
+    return None
+
+
 def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
     if context.options.target != "ort":
         return Mismatch("GroupQueryAttention is an ONNX Runtime op (--target ort only)", False)
@@ -463,8 +469,15 @@ def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mism
     heads = node.attributes.get_int("num_heads", 0)
     if query is None or key is None or value is None or heads <= 0:
         return Mismatch("MultiHeadAttention without query, key or value")
-    if query.dtype is not None and query.dtype != ir.DataType.FLOAT:
-        return Mismatch(f"attention in {query.dtype.name}: only float32 is rewritten")
+    dtype = _element_type(query, key, value)
+    if dtype is not None and dtype != ir.DataType.FLOAT:
+        # ORT CPU runs it in float16 too, but the CUDA kernel (float16/bfloat16 only) is always
+        # causal and refuses attention_bias: the rewrite would break where such models run.
+        return Mismatch(
+            f"attention in {dtype.name}: only float32 is rewritten (GroupQueryAttention's "
+            "CUDA kernel, where half-precision models run, is always causal and takes no "
+            "attention_bias)"
+        )
     grouped_k = _repeated_kv(key, heads)
     if isinstance(grouped_k, Mismatch):
         return grouped_k

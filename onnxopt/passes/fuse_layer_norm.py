@@ -4,7 +4,8 @@ Exporters spell ``y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta`` (over 
 ReduceMean, Sub, Pow (or Mul by itself), ReduceMean, Add, Sqrt, Div (or Mul by Reciprocal), Mul, Add.
 For target ``ort``, ``LayerNormalization(a + b [+ bias])`` becomes com.microsoft
 SkipLayerNormalization; when the sum is also used elsewhere it is taken from the fused node's
-fourth output.
+fourth output. A float32 island around a float16 input, ``Cast(norm(Cast(x, float)), float16)``,
+becomes one float16 LayerNormalization (``stash_type=1``: it computes in float32 inside).
 """
 
 from __future__ import annotations
@@ -71,6 +72,18 @@ def per_channel_vector(value: ir.Value | None, data: ir.Value | None) -> np.ndar
     elif vector.shape[0] == 1 and not isinstance(last, int):
         return None  # a broadcast scalar over an unknown hidden size
     return vector
+
+
+def widening_cast(value: ir.Value, core: list[ir.Node]) -> ir.Node | None:
+    """The Cast that widened ``value`` from float16 to float32 for ``core`` alone, if one did: the
+    float32 island exporters put around a norm of a half-precision tensor."""
+    cast = producer_op(value, "Cast")
+    source = None if cast is None else cast.inputs[0]
+    if cast is None or source is None or source.dtype != ir.DataType.FLOAT16:
+        return None
+    if value.dtype != ir.DataType.FLOAT or value.is_graph_output():
+        return None
+    return cast if all(use.node in core for use in value.uses()) else None
 
 
 def _exclusive(value: ir.Value, allowed: list[ir.Node]) -> bool:
@@ -144,6 +157,19 @@ def _match_layer_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatc
     gamma = beta = None
     tail = node.outputs[0]
     mul = single_consumer(tail)
+    dtype = x.dtype.numpy()
+    widening = widening_cast(x, core)
+    if (
+        widening is not None
+        and widening.inputs[0] is not None
+        and is_op(mul, "Cast")
+        and mul is not None
+        and mul.attributes.get_int("to", 0) == ir.DataType.FLOAT16.value
+    ):
+        # Cast(norm(Cast(x, float)), float16): one float16 op that computes in float32 inside.
+        nodes = [widening, *nodes, mul]
+        x, tail, dtype = widening.inputs[0], mul.outputs[0], np.dtype(np.float16)
+        mul = single_consumer(tail)
     if is_op(mul, "Mul") and mul is not None:
         gamma = per_channel_vector(other_input(mul, tail), x)
         if gamma is not None:
@@ -165,7 +191,6 @@ def _match_layer_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatc
         return Mismatch(
             f"LayerNormalization needs opset {LAYER_NORM_OPSET}, the model imports {context.opset()}"
         )
-    dtype = x.dtype.numpy()
     if gamma is None:
         gamma = np.ones(hidden, dtype=dtype)
     return Match(

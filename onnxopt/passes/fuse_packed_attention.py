@@ -33,7 +33,13 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op, single_consumer
-from onnxopt.passes._attention_shapes import peel_scale, same_symbol, static_dim, target_entries
+from onnxopt.passes._attention_shapes import (
+    ATTENTION_DTYPES,
+    peel_scale,
+    same_symbol,
+    static_dim,
+    target_entries,
+)
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import new_constant
@@ -356,22 +362,24 @@ def _separate_qkv(query: ir.Value, key: ir.Value, value: ir.Value) -> _Qkv | Mis
 
 
 def _check_weights(qkv: _Qkv) -> tuple[int, int, int] | Mismatch:
-    """The Q/K/V widths, once every weight is a constant float32 [D_in, .] and every bias fits."""
+    """The Q/K/V widths, once every weight is a constant [D_in, .] of the input's float type and
+    every bias fits."""
     rows = set()
     widths = []
+    wanted = qkv.source.dtype.numpy() if qkv.source.dtype is not None else np.dtype(np.float32)
     for weight_value, bias_value in zip(qkv.weights, qkv.biases, strict=True):
         weight = const_array(weight_value)
         if weight is None or weight.ndim != 2:
             return Mismatch("the Q/K/V projection's weight is not a constant 2-D matrix")
-        if weight.dtype != np.float32:
-            return Mismatch("only float32 projections are fused (Attention's CPU kernel)")
+        if weight.dtype != wanted:
+            return Mismatch(f"a Q/K/V weight is {weight.dtype}, the projected input {wanted}")
         rows.add(int(weight.shape[0]))
         widths.append(int(weight.shape[1]))
         if bias_value is not None:
             bias = const_array(bias_value)
-            if bias is None or bias.shape != (weight.shape[1],) or bias.dtype != np.float32:
+            if bias is None or bias.shape != (weight.shape[1],) or bias.dtype != wanted:
                 return Mismatch(
-                    "a Q/K/V bias is not a constant float32 vector of the weight's width"
+                    f"a Q/K/V bias is not a constant {wanted} vector of the weight's width"
                 )
     if len(rows) != 1:
         return Mismatch(f"the Q/K/V weights have different row counts {sorted(rows)}")
@@ -421,8 +429,11 @@ def _match_attention(mha: ir.Node, context: RewriteContext, merged: bool) -> Mat
             return Mismatch("a Q/K/V projection has other consumers than the attention")
         dead += [n for n in others if all(n is not d for d in dead)]
     source = qkv.source
-    if source.dtype is not None and source.dtype != ir.DataType.FLOAT:
-        return Mismatch("only float32 projections are fused (Attention's CPU kernel)")
+    if source.dtype is not None and source.dtype not in ATTENTION_DTYPES:
+        return Mismatch(
+            f"projections in {source.dtype.name}: only float32 and float16 are fused "
+            "(Attention's CPU coverage)"
+        )
     if value_rank(source) not in (3, None):  # None: MatMul with a 2-D weight keeps the rank, 3
         return Mismatch("the projection's input is not [B, S, D_in] (Attention takes rank 3)")
     # Before reading the weights: the cheap refusal first (Whisper's encoder, every layer).
@@ -460,13 +471,13 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement:
         weight, bias = qkv.weights[0], qkv.biases[0]
     else:
         hint = qkv.weights[0].name
-        arrays = [const_array(w) for w in qkv.weights]
-        weight = new_constant(np.concatenate([a for a in arrays if a is not None], axis=1), hint)
+        arrays = [a for a in (const_array(w) for w in qkv.weights) if a is not None]
+        weight = new_constant(np.concatenate(arrays, axis=1), hint)
         constants.append(weight)
         bias = None
         if any(b is not None for b in qkv.biases):
             parts = [
-                const_array(b) if b is not None else np.zeros(size, np.float32)
+                const_array(b) if b is not None else np.zeros(size, arrays[0].dtype)
                 for b, size in zip(qkv.biases, sizes, strict=True)
             ]
             bias = new_constant(np.concatenate([p for p in parts if p is not None]), hint)

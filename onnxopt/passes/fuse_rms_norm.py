@@ -1,7 +1,10 @@
 """Fuse LLaMA-style RMS normalization: ``y = x * rsqrt(mean(x^2, -1) + eps) * w``.
 
 rsqrt is spelled Reciprocal(Sqrt(.)), Div(1, Sqrt(.)) or Pow(., -0.5); x^2 as Pow(x, 2) or Mul(x, x).
-An identity Cast (to x's own type) between the normalization and the weight is absorbed.
+An identity Cast (to x's own type) between the normalization and the weight is absorbed. So is a
+float32 island around a float16 input, as ``LlamaRMSNorm`` in half precision exports it:
+``Cast(Cast(x, float) * rsqrt(...), float16) * w`` becomes one float16 op (both ops compute in
+float32 inside, ``stash_type=1``, and round once instead of twice).
 Target ``ort``: SimplifiedLayerNormalization (registered by ONNX Runtime in the default domain).
 Target ``onnx``: RMSNormalization, which exists from opset 23 only; older models are left alone.
 """
@@ -18,6 +21,7 @@ from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fuse_layer_norm import (
     last_axis_problem,
     per_channel_vector,
+    widening_cast,
 )
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import (
@@ -93,14 +97,22 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     nodes = list(core)
     tail = node.outputs[0]
     follower = single_consumer(tail)
-    if (
-        is_op(follower, "Cast")
-        and follower is not None
-        and follower.attributes.get_int("to", 0) == h.dtype.value
-    ):
-        nodes.append(follower)
-        tail = follower.outputs[0]
-        follower = single_consumer(tail)
+    widening = widening_cast(h, core)
+    dtype = h.dtype.numpy()
+    if is_op(follower, "Cast") and follower is not None:
+        to = follower.attributes.get_int("to", 0)
+        if to == h.dtype.value:
+            nodes.append(follower)
+        elif (
+            widening is not None
+            and widening.inputs[0] is not None
+            and to == ir.DataType.FLOAT16.value
+        ):
+            nodes = [widening, *nodes, follower]
+            h, dtype = widening.inputs[0], np.dtype(np.float16)
+        if nodes[-1] is follower:
+            tail = follower.outputs[0]
+            follower = single_consumer(tail)
     weight = None
     if is_op(follower, "Mul") and follower is not None:
         weight = per_channel_vector(other_input(follower, tail), h)
@@ -116,7 +128,7 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch(
             f"RMSNormalization needs opset {RMS_NORM_OPSET}, the model imports {context.opset()}"
         )
-    return Match(nodes, {"x": h, "eps": eps, "weight": weight.astype(h.dtype.numpy())})
+    return Match(nodes, {"x": h, "eps": eps, "weight": weight.astype(dtype)})
 
 
 def _rewrite(match: Match, context: RewriteContext) -> Replacement:

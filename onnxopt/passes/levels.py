@@ -25,6 +25,7 @@ from onnxopt.passes.fuse_packed_attention import FusePackedAttentionPass
 from onnxopt.passes.fuse_pad import FusePadPass
 from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.fuse_rotary_embedding import FuseRotaryEmbeddingPass
+from onnxopt.passes.fuse_rotary_transposes import FuseRotaryTransposesPass
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.keep_layer_norm_unfused import KeepLayerNormUnfusedPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
@@ -55,6 +56,8 @@ FUSIONS: list[PassClass] = [
     # Measured faster (benchmarks/gqa_micro.py: 1.6x per layer at S=128; LLaMA -O2 kernel time
     # with vs without it, benchmarks/profile_kernels.py --pairs: 1.04-1.06x).
     FuseGroupQueryAttentionPass,
+    # After both attention fusions, which read the rotated Q/K back as [B, S, N*d].
+    FuseRotaryTransposesPass,
     FuseGeluPass,
     FuseMatMulPass,  # attention patterns need to see their Transpose + MatMul unfused
     # After fuse-matmul, which turns a 2-D MatMul + bias into one Gemm (the Add is gone either way).

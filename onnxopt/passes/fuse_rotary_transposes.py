@@ -1,0 +1,153 @@
+"""Rotate Q and K in their [B, S, N*d] layout instead of round-tripping through [B, N, S, d].
+
+transformers applies rotary embeddings after splitting the heads and moving them ahead of the
+sequence, so fuse-rotary-embedding's RotaryEmbedding reads ``Transpose(Reshape(x, [B, S, N, d]),
+[0, 2, 1, 3])``. The fused attention ops read [B, S, N*d], so fuse-attention and
+fuse-group-query-attention move the rotated tensor back with ``Reshape(Transpose(r, [0, 2, 1, 3]),
+[B, S, N*d])``. Both RotaryEmbedding ops (com.microsoft, and ONNX's from opset 23) also take the
+3-D [B, S, N*d] input given ``num_heads``, and rotate each head's d values exactly as in the 4-D
+form (the same position ids and caches), so the chain is one op on ``x``:
+
+    Reshape(Transpose(RotaryEmbedding(Transpose(Reshape(x, [B, S, N, d])))), [B, S, N*d])
+        -> RotaryEmbedding(x, num_heads=N)
+
+Two Transposes (each a copy of Q or K) and two Reshapes go per rotated tensor per layer. The
+rotary's own output must feed only that way back (else the 4-D rotation would still run).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import MS_DOMAIN, is_op
+from onnxopt.passes._attention_shapes import (
+    merges_heads,
+    producer_of,
+    reshape_to_heads,
+    transpose_perm,
+)
+from onnxopt.passes.base import Pass, PassResult
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite.patterns import new_constant, only_user
+
+_SWAP = [0, 2, 1, 3]
+
+
+def _readers(
+    rotated: ir.Value, context: RewriteContext
+) -> tuple[ir.Node | None, list[tuple[ir.Node, range]] | Mismatch]:
+    """The one non-Shape user of the rotated [B, N, S, d] tensor, and its Shape reads (the
+    attention fusions read B and S there), as (Shape node, dims read)."""
+    back = None
+    reads: list[tuple[ir.Node, range]] = []
+    if rotated.is_graph_output():
+        return None, Mismatch("the rotated heads are a graph output")
+    for use in rotated.uses():
+        node = use.node
+        if not is_op(node, "Shape"):
+            if back is not None:
+                return None, Mismatch("the rotated heads have more than one reader")
+            back = node
+            continue
+        if context.opset() < 15:
+            return None, Mismatch("the rotated heads' shape is read, and Shape has no start/end")
+        start = node.attributes.get_int("start", 0)
+        end = node.attributes.get_int("end", 4)
+        start = max(start + 4, 0) if start < 0 else min(start, 4)
+        end = max(end + 4, 0) if end < 0 else min(end, 4)
+        reads.append((node, range(start, end)))
+    return back, reads
+
+
+def _only_use(value: ir.Value) -> ir.Node | None:
+    uses = list(value.uses())
+    if value.is_graph_output() or len(uses) != 1:
+        return None
+    return uses[0].node
+
+
+def _match(rotary: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    heads_first = producer_of(rotary.inputs[0], "Transpose")
+    if transpose_perm(heads_first) != _SWAP:
+        return Mismatch(
+            "the input is not a head split moved ahead of the sequence", candidate=False
+        )
+    assert heads_first is not None
+    split = reshape_to_heads(heads_first.inputs[0])
+    if split is None:
+        return Mismatch("the rotated heads are not a Reshape of a 3-D [B, S, N*d] tensor")
+    source, heads, head_size, reshape = split
+    if rotary.attributes.get_int("is_packed_batching", 0):
+        return Mismatch("packed batching reads its input as tokens, not [B, S, N*d]")
+    declared = rotary.attributes.get_int("num_heads", 0)
+    if declared not in (0, heads):
+        return Mismatch(f"num_heads is {declared}, the head split makes {heads}")
+    back, reads = _readers(rotary.outputs[0], context)
+    if isinstance(reads, Mismatch):
+        return reads
+    if back is None or transpose_perm(back) != _SWAP:
+        return Mismatch("the rotated heads are read other than through one Transpose back")
+    merge = _only_use(back.outputs[0])
+    if merge is None or merge.op_type != "Reshape" or merge.domain or not merges_heads(merge):
+        return Mismatch("the Transpose back is not merged into [B, S, N*d] by a Reshape")
+    # Producers first: the driver drops matched nodes last to first once nothing reads them.
+    nodes = [heads_first, rotary, *(read for read, _ in reads), back, merge]
+    if only_user(reshape.outputs[0]) and only_user(heads_first.outputs[0]):
+        nodes.insert(0, reshape)
+    bindings = {"source": source, "heads": heads, "head_size": head_size, "rotary": rotary}
+    # The new nodes go where the rotary was: the Shape reads' users may come before the merge.
+    return Match(nodes, {**bindings, "reads": reads}, anchor=rotary)
+
+
+def _rewrite(match: Match, context: RewriteContext) -> Replacement:
+    rotary: ir.Node = match.bindings["rotary"]
+    attributes = {name: attr.value for name, attr in rotary.attributes.items()}
+    attributes["num_heads"] = match.bindings["heads"]
+    inputs = [match.bindings["source"], *rotary.inputs[1:]]
+    flat = ir.node("RotaryEmbedding", inputs, attributes, domain=rotary.domain, name=rotary.name)
+    # The same shape as its input: recorded, since shape inference does not know the contrib op,
+    # and the attention fusions' sequence-length reads of it are shared across layers through it.
+    flat.outputs[0].type = match.bindings["source"].type
+    flat.outputs[0].shape = match.bindings["source"].shape
+    nodes = [flat]
+    moved = [(match.root.outputs[0], flat.outputs[0])]
+    constants = []
+    source: ir.Value = match.bindings["source"]
+    fixed = {1: match.bindings["heads"], 3: match.bindings["head_size"]}
+    for read, dims in match.bindings["reads"]:  # [B, N, S, d]: B, S read off [B, S, N*d]
+        pieces = []
+        for dim in dims:
+            if dim in fixed:
+                constant = new_constant(np.array([fixed[dim]], dtype=np.int64), "rotary_dim")
+                constants.append(constant)
+                pieces.append(constant)
+            else:
+                at = 0 if dim == 0 else 1
+                nodes.append(ir.node("Shape", [source], {"start": at, "end": at + 1}))
+                pieces.append(nodes[-1].outputs[0])
+        if not pieces:  # an empty read
+            constants.append(new_constant(np.zeros(0, dtype=np.int64), "rotary_dims"))
+            pieces.append(constants[-1])
+        elif len(pieces) > 1:
+            nodes.append(ir.node("Concat", pieces, {"axis": 0}))
+            pieces = [nodes[-1].outputs[0]]
+        moved.append((read.outputs[0], pieces[0]))
+    return Replacement(nodes, moved, constants)
+
+
+RULES = (
+    Rule("RotaryEmbedding on [B, S, N*d]", "RotaryEmbedding", _match, _rewrite, MS_DOMAIN),
+    Rule("RotaryEmbedding on [B, S, N*d]", "RotaryEmbedding", _match, _rewrite),
+)
+
+
+class FuseRotaryTransposesPass(Pass):
+    """RotaryEmbedding between a head split's Transposes reads and writes [B, S, N*d] instead."""
+
+    name = "fuse-rotary-transposes"
+    summary = "rotate Q/K as [B, S, N*d] (num_heads set), dropping the Transposes around the rotary"
+
+    def call(self, model: ir.Model) -> PassResult:
+        stats, notes = apply_rules(model, RULES, self.options)
+        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)

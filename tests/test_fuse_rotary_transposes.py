@@ -1,0 +1,116 @@
+"""FuseRotaryTransposesPass: a RotaryEmbedding between a head split's Transposes runs on [B, S, N*d]."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from onnxopt.passes.fuse_rotary_transposes import FuseRotaryTransposesPass
+from onnxopt.passes.options import PassOptions
+from onnxopt.validate import validate
+from tests.fusion_util import op_types, parse
+
+RULE = "RotaryEmbedding on [B, S, N*d]"
+MS = "com.microsoft::"
+
+
+def _model(
+    back: str = "0, 2, 1, 3",
+    reads: str = "sq = Shape <start = 2, end = 3> (r)\n full = Shape (r)",
+    outputs: str = ", int64[1] sq, int64[4] full",
+    rotary: str = "com.microsoft.RotaryEmbedding <interleaved = 0> (t, pos, cos, sin)",
+    opset: int = 20,
+    extra_output: str = "",
+    pre: str = "",
+) -> ir.Model:
+    """x [B, S, 32] split into 4 heads of 8, rotated, moved back and merged, as the attention
+    fusions leave it; ``sq`` and ``full`` read the rotated heads' shape (the fusions' S reads)."""
+    text = f"""
+        <ir_version: 10, opset_import: ["" : {opset}, "com.microsoft" : 1]>
+        g (float[B, S, 32] x) => (float[B, S, 32] y{outputs}{extra_output}) {{
+            {pre}
+            heads = Constant <value = int64[4] {{0, 0, 4, 8}}> ()
+            h = Reshape (x, heads)
+            t = Transpose <perm = [0, 2, 1, 3]> (h)
+            r = {rotary}
+            b = Transpose <perm = [{back}]> (r)
+            merged = Constant <value = int64[3] {{0, 0, -1}}> ()
+            y = Reshape (b, merged)
+            {reads}
+        }}
+    """
+    rng = np.random.default_rng(0)
+    cos, sin = (rng.standard_normal((64, 4)).astype(np.float32) for _ in range(2))
+    return parse(text, pos=np.zeros(1, dtype=np.int64), cos=cos, sin=sin)
+
+
+def _run(model: ir.Model, **options: object) -> tuple[ir.Model, dict[str, int], list[str]]:
+    result = FuseRotaryTransposesPass(PassOptions(explain=True, **options))(model.clone())  # type: ignore[arg-type]
+    return result.model, dict(result.stats), result.notes
+
+
+def test_rotary_runs_on_the_merged_tensor_and_shape_reads_follow() -> None:
+    original = _model()
+    fused, stats, _ = _run(original)
+    assert stats == {RULE: 1}
+    # (the reshape targets stay for dead-code elimination; B, S of a full read come off x)
+    ops = ["Constant", f"{MS}RotaryEmbedding", "Shape", "Shape", "Shape", "Concat", "Constant"]
+    assert op_types(fused) == ops
+    rotary = list(fused.graph)[1]
+    assert rotary.attributes.get_int("num_heads") == 4
+    assert rotary.inputs[0] is fused.graph.inputs[0]
+    report = validate(original, fused)
+    assert report.passed, report
+    assert len(report.trials) >= 2  # several sizes of B and S
+    _, stats, _ = _run(fused)
+    assert stats == {}
+
+
+def test_standard_rotary_embedding_at_opset_23() -> None:
+    positions = """
+            zero = Constant <value = int64 {0}> ()
+            one = Constant <value = int64 {1}> ()
+            nb = Shape <start = 0, end = 1> (x)
+            s = Shape <start = 1, end = 2> (x)
+            n = Squeeze (s)
+            row = Range (zero, n, one)
+            axis0 = Constant <value = int64[1] {0}> ()
+            row2 = Unsqueeze (row, axis0)
+            bs = Concat <axis = 0> (nb, s)
+            ids = Expand (row2, bs)
+    """
+    original = _model(
+        rotary="RotaryEmbedding (t, cos, sin, ids)", reads="", outputs="", opset=23, pre=positions
+    )
+    fused, stats, _ = _run(original, target="onnx")
+    assert stats == {RULE: 1}
+    assert op_types(fused).count("RotaryEmbedding") == 1
+    assert "Transpose" not in op_types(fused)
+    report = validate(original, fused)
+    assert report.passed, report
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"back": "0, 2, 3, 1"}, "read other than through one Transpose back"),
+        ({"extra_output": ", float[B, 4, S, 8] r"}, "graph output"),
+        ({"reads": "n = Neg (r)", "outputs": ", float[B, 4, S, 8] n"}, "more than one reader"),
+        (
+            {"rotary": "com.microsoft.RotaryEmbedding <num_heads = 2> (t, pos, cos, sin)"},
+            "num_heads is 2, the head split makes 4",
+        ),
+        (
+            {"rotary": "com.microsoft.RotaryEmbedding <is_packed_batching = 1> (t, pos, cos, sin)"},
+            "packed batching",
+        ),
+    ],
+)
+def test_refusals_say_why(kwargs: dict[str, str], reason: str) -> None:
+    model = _model(**kwargs)
+    before = op_types(model)
+    after, stats, notes = _run(model)
+    assert stats == {}
+    assert op_types(after) == before
+    assert any(reason in note for note in notes), notes
