@@ -181,7 +181,7 @@ def _positions_of(x: ir.Value) -> object:
     assert x.shape is not None
     dim = x.shape[2]
     window = _last_axis_window(x)
-    if window is not None and not isinstance(dim, int):
+    if window is not None and _is_unknown(dim):
         return _positions_of(window.source)
     transpose = producer_op(x, "Transpose")
     if isinstance(dim, int) or transpose is None:
