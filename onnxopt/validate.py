@@ -266,6 +266,10 @@ def output_precisions(model: ir.Model) -> dict[str, str]:
     A model converted to float16 with float32 inputs and outputs (``keep_io_types``) computes its
     outputs in float16: they are compared with float16's tolerance, not float32's. Outputs of a
     model with no float type narrower than their own keep their own (nothing is loosened).
+
+    Only computed values count: weights stored as float16 and cast up to float32 (or float16
+    inputs cast up) are exact in float32 and do not loosen a float32 computation. A Cast counts
+    its target type only when it rounds a computed value.
     """
     computed: dict[int, str | None] = {}  # per value: the loosest float type in its history
 
@@ -296,7 +300,9 @@ def output_precisions(model: ir.Model) -> dict[str, str]:
                 continue
             node = value.producer()
             if node is None or node.graph is not model.graph:
-                computed[id(value)] = own(value)
+                # graph inputs and initializers are data, not computed (subgraph captures: own type)
+                data = node is None and (value.is_graph_input() or value.is_initializer())
+                computed[id(value)] = None if data else own(value)
                 continue
             if not inputs_done:
                 stack.append((value, True))
@@ -306,8 +312,9 @@ def output_precisions(model: ir.Model) -> dict[str, str]:
             for v in node.inputs:
                 if v is not None:
                     found = _looser(found, computed.get(id(v)))
+            data_only = found is None and (is_op(node, "Constant") or is_op(node, "Cast"))
             for out in node.outputs:
-                computed[id(out)] = _looser(found, own(out))
+                computed[id(out)] = None if data_only else _looser(found, own(out))
     result = {}
     for value in model.graph.outputs:
         found = computed.get(id(value))

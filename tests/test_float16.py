@@ -271,6 +271,24 @@ def test_outputs_computed_in_float16_behind_float32_io_get_float16_tolerance() -
     assert (report.outputs[0].atol, report.outputs[0].rtol) == TOLERANCES["float16"]
 
 
+def test_weights_stored_in_float16_do_not_loosen_a_float32_computation() -> None:
+    # float16 weights and a float16 input, cast up: every computed value is float32
+    model = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 4] x, float16[B, 4] h) => (float[B, 4] y, float16[B, 4] z) {
+            w32 = Cast <to = 1> (w)
+            h32 = Cast <to = 1> (h)
+            s = MatMul (x, w32)
+            y = Add (s, h32)
+            z = Cast <to = 10> (y)
+        }
+        """,
+        w=np.eye(4, dtype=np.float16),
+    )
+    assert output_precisions(model) == {"y": "float32", "z": "float16"}
+
+
 @pytest.mark.parametrize(
     ("precision", "passed"), [(None, False), ("float32", False), ("float16", True)]
 )

@@ -23,6 +23,7 @@ def _model(
     opset: int = 20,
     extra_output: str = "",
     pre: str = "",
+    half_width: int = 4,
 ) -> ir.Model:
     """x [B, S, 32] split into 4 heads of 8, rotated, moved back and merged, as the attention
     fusions leave it; ``sq`` and ``full`` read the rotated heads' shape (the fusions' S reads)."""
@@ -41,7 +42,7 @@ def _model(
         }}
     """
     rng = np.random.default_rng(0)
-    cos, sin = (rng.standard_normal((64, 4)).astype(np.float32) for _ in range(2))
+    cos, sin = (rng.standard_normal((64, half_width)).astype(np.float32) for _ in range(2))
     return parse(text, pos=np.zeros(1, dtype=np.int64), cos=cos, sin=sin)
 
 
@@ -50,8 +51,15 @@ def _run(model: ir.Model, **options: object) -> tuple[ir.Model, dict[str, int], 
     return result.model, dict(result.stats), result.notes
 
 
-def test_rotary_runs_on_the_merged_tensor_and_shape_reads_follow() -> None:
-    original = _model()
+PARTIAL = (
+    "com.microsoft.RotaryEmbedding <num_heads = 4, rotary_embedding_dim = 4> (t, pos, cos, sin)"
+)
+
+
+@pytest.mark.parametrize(
+    "original", [_model(), _model(rotary=PARTIAL, half_width=2)], ids=["full", "partial"]
+)
+def test_rotary_runs_on_the_merged_tensor_and_shape_reads_follow(original: ir.Model) -> None:
     fused, stats, _ = _run(original)
     assert stats == {RULE: 1}
     # (the reshape targets stay for dead-code elimination; B, S of a full read come off x)
