@@ -441,8 +441,17 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
         new = ir.node(
             "RotaryEmbedding", [x, cos_b.outputs[0], sin_b.outputs[0]], {"interleaved": 0}
         )
+    _same_shape_as(new.outputs[0], x)
     nodes.append(new)
     return Replacement(nodes, [(match.root.outputs[0], new.outputs[0])], constants=constants)
+
+
+def _same_shape_as(output: ir.Value, x: ir.Value) -> None:
+    """The rotary's output has its input's shape: recorded from the input, whose dims are known at
+    least as well as those the replaced Add carried (else a later run infers better names and the
+    output is not a fixed point)."""
+    output.type = x.type
+    output.shape = None if x.shape is None else ir.Shape(x.shape)
 
 
 def _match_partial(concat: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -510,6 +519,8 @@ def _rewrite_partial(match: Match, context: RewriteContext) -> Replacement:
         cut = ir.node("Slice", [source, *bounds])
         nodes.append(cut)
         x = cut.outputs[0]
+        x.type = source.type
+        x.shape = ir.Shape([*source.shape[:-1], b["end"] - b["start"]])
     attributes: dict[str, int | float] = {
         name: attr.value for name, attr in rotary.attributes.items()
     }
@@ -517,6 +528,7 @@ def _rewrite_partial(match: Match, context: RewriteContext) -> Replacement:
     if rotary.domain == MS_DOMAIN:
         attributes["num_heads"] = b["heads"]
     new = ir.node("RotaryEmbedding", [x, *rotary.inputs[1:]], attributes, domain=rotary.domain)
+    _same_shape_as(new.outputs[0], x)
     nodes.append(new)
     return Replacement(nodes, [(match.root.outputs[0], new.outputs[0])], constants=constants)
 
