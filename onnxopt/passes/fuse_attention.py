@@ -428,24 +428,100 @@ class _Block:
     kv_repeat: int = 1
     # Further additive terms of the scores (the first is ``bias``), summed into one mask.
     more_bias: tuple[ir.Value, ...] = ()
+    # masked_fill Wheres on the scores, each one more additive term once written as a bias.
+    fills: tuple[_MaskedFill, ...] = ()
 
 
 # T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
 MAX_BIAS_TERMS = 3
 
 
+def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
+    """Whether ``value`` is (scaled) Q@K^T, or an Add or masked_fill Where one of whose operands is."""
+    if value is None or depth > MAX_BIAS_TERMS:
+        return False
+    node = value.producer()
+    if is_op(node, "Add") and node is not None:
+        return any(_leads_to_scores(v, depth + 1) for v in node.inputs)
+    if is_op(node, "Where") and node is not None and len(node.inputs) == 3:
+        return any(_leads_to_scores(v, depth + 1) for v in node.inputs[1:])
+    return is_op(peel_scale(value)[0].producer(), "MatMul")
+
+
 def _scores_side(add: ir.Node) -> int | None:
     """Which operand of an Add on the way up from the Softmax leads to Q@K^T: a (scaled) MatMul,
-    else another Add (a further bias term)."""
+    else another Add or a masked_fill Where (further bias terms) over it."""
     for leads in (
         lambda v: is_op(peel_scale(v)[0].producer(), "MatMul"),
-        lambda v: is_op(v.producer(), "Add"),
+        _leads_to_scores,
     ):
         for i in (0, 1):
             candidate = add.inputs[i]
             if candidate is not None and leads(candidate):
                 return i
     return None
+
+
+@dataclass(frozen=True)
+class _MaskedFill:
+    """``Where(condition, scores, fill)`` (``scores_first``) or ``Where(condition, fill, scores)``.
+
+    It is the additive bias ``Where(condition, 0, fill)`` (or ``Where(condition, fill, 0)``)
+    exactly, for fill <= MASK_FLOOR (-1e30): a kept score s is s + 0 = s; a masked one is fill in
+    the export and s + fill in the fused op, and s + fill == fill in float32 for every |s| below
+    half an ulp of fill (3.8e22 at -1e30, 1.0e31 at float32's lowest, any finite s at -inf),
+    many orders above any score a softmax is given. The terms the scores get besides (GPT-Neo's
+    padding mask, added after) are summed with it: fill + m is the export's masked value too. So
+    partly masked rows give the masked keys exp(fill - max) = 0 weight either way, and a fully
+    masked row holds the same constant everywhere in both: uniform weights (the mean of V), or
+    NaN for -inf (or fill + m overflowing to -inf), which MultiHeadAttention gives as well.
+    A fill of -1e4 is not exact (s + -1e4 keeps s's differences): no fusion."""
+
+    condition: ir.Value
+    fill: ir.Value
+    scores_first: bool
+
+
+@dataclass(frozen=True)
+class _BiasStep:
+    node: ir.Node  # the Add or Where
+    term: ir.Value | _MaskedFill
+    scores: ir.Value  # its operand leading to Q@K^T
+
+
+def _bias_step(value: ir.Value | None) -> _BiasStep | Mismatch | None:
+    """One step up from the Softmax towards Q@K^T: an Add of a bias term, or a masked_fill Where."""
+    node = value.producer() if value is not None else None
+    if is_op(node, "Add"):
+        assert node is not None
+        scores_at = _scores_side(node)
+        if scores_at is None:
+            return Mismatch("the Softmax input is an Add without a Q@K^T MatMul operand")
+        term, scores = node.inputs[1 - scores_at], node.inputs[scores_at]
+        assert term is not None and scores is not None
+        return _BiasStep(node, term, scores)
+    if not is_op(node, "Where"):
+        return None
+    assert node is not None
+    condition, then, other = node.inputs if len(node.inputs) == 3 else (None, None, None)
+    if condition is None or then is None or other is None:
+        return Mismatch("the Softmax input is a Where with a missing input")
+    leads = [_leads_to_scores(then), _leads_to_scores(other)]
+    if leads.count(True) != 1:
+        return Mismatch(
+            "the Softmax input is a Where that does not pick between the scores and a fill"
+        )
+    scores, fill = (then, other) if leads[0] else (other, then)
+    array = const_array(fill)
+    if array is None or array.size != 1 or not np.issubdtype(array.dtype, np.floating):
+        return Mismatch("the masked_fill Where's other branch is not a float scalar constant")
+    value_filled = float(array.reshape(-1)[0])
+    if not value_filled <= MASK_FLOOR:  # NaN too
+        return Mismatch(
+            f"masked_fill with {value_filled:g} is not an exact additive mask: only fills <= "
+            f"{MASK_FLOOR:g} absorb the score (s + fill == fill), {value_filled:g} keeps it"
+        )
+    return _BiasStep(node, _MaskedFill(condition, fill, scores_first=leads[0]), scores)
 
 
 def _broadcast_shape(values: Sequence[ir.Value]) -> ir.Shape | None:
@@ -476,17 +552,50 @@ def _broadcast_shape(values: Sequence[ir.Value]) -> ir.Shape | None:
 
 
 def _summed_bias(tape: ir.tape.Tape, block: _Block) -> ir.Value | None:
-    """``block.bias`` plus its further terms, one Add each; the sum's shape is recorded (the
-    mask's dims decide whether it must be spelled out)."""
-    if block.bias is None or not block.more_bias:
-        return block.bias
-    bias = block.bias
-    for term in block.more_bias:
+    """``block.bias`` plus its further terms and masked_fill biases, one Add each; the sum's shape
+    is recorded (the mask's dims decide whether it must be spelled out)."""
+    terms = [
+        *([block.bias] if block.bias is not None else []),
+        *block.more_bias,
+        *(_fill_bias(tape, fill) for fill in block.fills),
+    ]
+    if len(terms) < 2:
+        return terms[0] if terms else None
+    bias = terms[0]
+    for term in terms[1:]:
         bias = tape.op("Add", [bias, term])
-    if block.bias.dtype is not None:
-        bias.dtype = block.bias.dtype
-    bias.shape = _broadcast_shape((block.bias, *block.more_bias))
+    if terms[0].dtype is not None:
+        bias.dtype = terms[0].dtype
+    bias.shape = _broadcast_shape(terms)
     return bias
+
+
+def _fill_bias(tape: ir.tape.Tape, fill: _MaskedFill) -> ir.Value:
+    """The masked_fill as its additive bias: ``Where(condition, 0, fill)`` (branches as found)."""
+    assert fill.fill.dtype is not None
+    zero = tape.op("Constant", [], {"value": ir.tensor(np.zeros((), fill.fill.dtype.numpy()))})
+    branches = [zero, fill.fill] if fill.scores_first else [fill.fill, zero]
+    bias = tape.op("Where", [fill.condition, *branches])
+    bias.dtype = fill.fill.dtype
+    bias.shape = _broadcast_shape((fill.condition, fill.fill))
+    return bias
+
+
+def _computed_from(value: ir.Value, nodes: set[int], budget: int = 2000) -> bool:
+    """Whether ``value`` is computed from the outputs of ``nodes`` (ids): a walk up its producers,
+    at most ``budget`` nodes (beyond it the answer is no: a result read elsewhere keeps the block
+    from fusing anyway)."""
+    seen: set[int] = set()
+    stack = [value.producer()]
+    while stack and len(seen) < budget:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        if id(node) in nodes:
+            return True
+        seen.add(id(node))
+        stack.extend(v.producer() for v in node.inputs if v is not None)
+    return False
 
 
 def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -500,19 +609,21 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
     nodes: list[ir.Node] = []
     # Walk up: [Add bias]* <- [scalar scale] <- MatMul(Q, K^T). T5 and MPNet add a position bias,
     # then the mask: each Add's other operand is one term of the additive bias.
+    # GPT-Neo and anything written ``masked_fill`` put a Where(mask, scores, fill) among them.
     terms: list[ir.Value] = []
+    fills: list[_MaskedFill] = []
     base: ir.Value | None = scores
-    while (add := producer_of(base, "Add")) is not None:
-        scores_at = _scores_side(add)
-        if scores_at is None:
-            return Mismatch("the Softmax input is an Add without a Q@K^T MatMul operand")
-        if len(terms) == MAX_BIAS_TERMS:
+    while (step := _bias_step(base)) is not None:
+        if isinstance(step, Mismatch):
+            return step
+        if len(terms) + len(fills) == MAX_BIAS_TERMS:
             return Mismatch(f"the scores get more than {MAX_BIAS_TERMS} additive terms")
-        term = add.inputs[1 - scores_at]
-        assert term is not None
-        terms.append(term)
-        nodes.append(add)
-        base = add.inputs[scores_at]
+        if isinstance(step.term, _MaskedFill):
+            fills.append(step.term)
+        else:
+            terms.append(step.term)
+        nodes.append(step.node)
+        base = step.scores
     assert base is not None
     scores_mm, post_scale, scale_nodes = peel_scale(base)
     matmul = producer_of(scores_mm, "MatMul")
@@ -620,10 +731,17 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         return Mismatch(
             f"attention in {scores.dtype.name}: only float32 blocks are fused (the fused kernels' CPU coverage)"
         )
-    for term in terms:
+    for term in [*terms, *(fill.condition for fill in fills)]:
         problem = _check_bias(term, heads)
         if problem is not None:
             return problem
+    chain = {id(node) for node in [matmul, *scale_nodes, *nodes]}
+    for fill in fills:
+        if _computed_from(fill.condition, chain):
+            return Mismatch(
+                "the masked_fill condition is computed from the scores themselves, so it is "
+                "not a mask"
+            )
     # An all-pass mask (ViT's dynamo export): adding 0 changes no score.
     terms = [term for term in terms if not _all_equal_to(term, 0.0)]
     bias = terms[0] if terms else None
@@ -636,6 +754,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         nan_guard=nan_guard,
         output=output,
         more_bias=tuple(terms[1:]),
+        fills=tuple(fills),
         output_target=output_target,
         kv_repeat=kv_repeat,
     )
@@ -936,21 +1055,24 @@ def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismat
     # Fully masked rows: the export averages V (finite mask) or gives NaN, zeroed by SDPA's guard
     # (-inf); ORT's Attention-23 gives zeros for both -inf and float32's lowest. Fuse only where
     # the two agree: a finite mask raised to MASK_FLOOR, or a -inf mask behind the NaN guard.
-    if block.more_bias:
+    if block.more_bias or len(block.fills) + (block.bias is not None) > 1:
         return Mismatch(
             "--target onnx: the scores get several additive terms, and only a single provable "
             "mask keeps ONNX Runtime's Attention-23 from zeroing fully masked rows"
         )
-    values = _mask_values(block.bias) if block.bias is not None else None
-    if block.bias is not None:
+    mask = block.bias if not block.fills else block.fills[0].fill
+    values = _mask_values(mask) if mask is not None else None
+    if values is not None and block.fills:  # the fill's bias holds 0 besides the fill
+        values = replace(values, lowest_finite=min(values.lowest_finite, 0.0))
+    if mask is not None:
         if values is None:
             return Mismatch(
                 "mask values are not provably finite or -inf, and ONNX Runtime's Attention-23 "
                 "zeroes fully masked rows"
             )
-        if not values.neg_inf and block.bias.dtype not in _WIDE_FLOATS:
+        if not values.neg_inf and mask.dtype not in _WIDE_FLOATS:
             return Mismatch(
-                f"mask is {block.bias.dtype}: it cannot hold the {MASK_FLOOR:g} floor that keeps "
+                f"mask is {mask.dtype}: it cannot hold the {MASK_FLOOR:g} floor that keeps "
                 "ONNX Runtime's Attention-23 from zeroing fully masked rows"
             )
         if values.neg_inf and not (block.nan_guard and values.lowest_finite > MASK_FLOOR):
@@ -967,10 +1089,10 @@ def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismat
             four_d = _repeat_heads(tape, four_d, block.kv_repeat, side.head_size, opset)
         sides.append(four_d)
     inputs: list[ir.Value | None] = list(sides)
-    bias = _full_bias(tape, block.bias, sides[0], 2, sides[1], 2, opset)
+    bias = _full_bias(tape, _summed_bias(tape, block), sides[0], 2, sides[1], 2, opset)
     if bias is not None and values is not None and not values.neg_inf:
-        assert block.bias is not None and block.bias.dtype is not None
-        floor_value = np.array(MASK_FLOOR, dtype=block.bias.dtype.numpy())
+        assert mask is not None and mask.dtype is not None
+        floor_value = np.array(MASK_FLOOR, dtype=mask.dtype.numpy())
         floor = tape.op("Constant", [], {"value": ir.tensor(floor_value)})
         bias = tape.op("Max", [bias, floor])
     if bias is not None:
