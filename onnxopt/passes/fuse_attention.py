@@ -430,6 +430,8 @@ class _Block:
     more_bias: tuple[ir.Value, ...] = ()
     # masked_fill Wheres on the scores, each one more additive term once written as a bias.
     fills: tuple[_MaskedFill, ...] = ()
+    # Terms added to the scores while they were [B*H, S, T] (BLOOM's ALiBi), rank <= 3.
+    flat_terms: tuple[ir.Value, ...] = ()
 
 
 # T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
@@ -445,7 +447,87 @@ def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
         return any(_leads_to_scores(v, depth + 1) for v in node.inputs)
     if is_op(node, "Where") and node is not None and len(node.inputs) == 3:
         return any(_leads_to_scores(v, depth + 1) for v in node.inputs[1:])
+    if _unflattening(value) is not None:
+        assert node is not None
+        return _leads_to_scores(node.inputs[0], depth + 1)
     return is_op(peel_scale(value)[0].producer(), "MatMul")
+
+
+# --- heads flattened into the batch ---------------------------------------------------------------
+# BLOOM computes attention with bmm on [B*H, S, d] tensors: Q3 = Reshape(Q4, [B*H, S, d]),
+# K^T = Transpose(Reshape(K4, [B*H, T, d]), [0, 2, 1]), scores viewed back as [B, H, S, T] before
+# the mask, P viewed as [B*H, S, T] for P@V3, and P@V viewed as [B, H, S, d] before the merge.
+# Row-major views: [B*H, ...] index b*H + h is [B, H, ...] index (b, h) both ways, so the block
+# is the [B, H, ...] one. The views are proved by the shapes: all dims but one are known dims
+# of the 4-D tensors (the element count fixes the last one).
+
+
+def _unflattening(value: ir.Value | None) -> ir.Node | None:
+    """The Reshape making ``value`` [B, H, S, T] out of rank-3 scores, if it is one."""
+    reshape = producer_of(value, "Reshape")
+    if reshape is None or value_rank(value) != 4 or value_rank(reshape.inputs[0]) != 3:
+        return None
+    return reshape
+
+
+def _flattened_from(value3: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
+    """``value3`` = Reshape(x4, [B*H, S, d]) of a [B, H, S, d] x4: (x4, the Reshape), when dims
+    1 and 2 are provably x4's dims 2 and 3 (so dim 0 is B*H)."""
+    reshape = producer_of(value3, "Reshape")
+    if reshape is None or value3 is None:
+        return None
+    source = reshape.inputs[0]
+    if source is None or value_rank(source) != 4 or value_rank(value3) != 3:
+        return None
+    if same_symbol(value3, 1, source, 2) and same_symbol(value3, 2, source, 3):
+        return source, reshape
+    return None
+
+
+def _view_proved(view: ir.Value, dims: Sequence[tuple[ir.Value, int] | None]) -> bool:
+    """``view`` (a Reshape's output) has ``dims`` (dims of other tensors), all but at most one."""
+    if value_rank(view) != len(dims):
+        return False
+    unproven = sum(
+        1 for axis, dim in enumerate(dims) if dim is None or not same_symbol(view, axis, *dim)
+    )
+    return unproven <= 1
+
+
+def _flat_key(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mismatch:
+    """K^T as ``Transpose(Reshape(K4, [B*H, T, d]), [0, 2, 1])`` (scalar factors on either side)."""
+    base, factor, nodes = peel_scale(value)
+    transpose = base.producer()
+    if transpose_perm(transpose) != [0, 2, 1]:
+        return Mismatch("the flattened key is not transposed by [0, 2, 1]")
+    assert transpose is not None and transpose.inputs[0] is not None
+    key3, more, inner = peel_scale(transpose.inputs[0])
+    flat = _flattened_from(key3)
+    if flat is None:
+        return Mismatch("the flattened key is not provably [B, H, T, d] viewed as [B*H, T, d]")
+    key4, reshape = flat
+    heads = _split_heads(key4)
+    return heads, factor * more, [*heads.nodes, reshape, *inner, transpose, *nodes]
+
+
+def _flat_bias(tape: ir.tape.Tape, term: ir.Value, heads: int) -> ir.Value:
+    """A term of the [B*H, S, T] scores as a term of the [B, H, S, T] ones: [B*H, a, b] viewed as
+    [B, H, a, b]; a term without that leading dim (rank < 3, or a leading 1) broadcasts the same
+    over [B, H]."""
+    rank = value_rank(term)
+    assert rank is not None and term.shape is not None
+    dims = list(term.shape)
+    if rank == 3 and static_dim(term, 0) != 1:
+        tail = tape.op("Shape", [term], {"start": 1})
+        target = tape.op("Concat", [int64_const(tape, [-1, heads]), tail], {"axis": 0})
+        result = tape.op("Reshape", [term, target])
+        result.shape = ir.Shape([None, heads, *dims[1:]])
+    else:
+        result = tape.op("Unsqueeze", [term, int64_const(tape, list(range(4 - rank)))])
+        result.shape = ir.Shape([*([1] * (4 - rank)), *dims])
+    if term.dtype is not None:
+        result.dtype = term.dtype
+    return result
 
 
 def _scores_side(add: ir.Node) -> int | None:
@@ -551,13 +633,14 @@ def _broadcast_shape(values: Sequence[ir.Value]) -> ir.Shape | None:
     return ir.Shape(dims)
 
 
-def _summed_bias(tape: ir.tape.Tape, block: _Block) -> ir.Value | None:
+def _summed_bias(tape: ir.tape.Tape, block: _Block, heads: int) -> ir.Value | None:
     """``block.bias`` plus its further terms and masked_fill biases, one Add each; the sum's shape
     is recorded (the mask's dims decide whether it must be spelled out)."""
     terms = [
         *([block.bias] if block.bias is not None else []),
         *block.more_bias,
         *(_fill_bias(tape, fill) for fill in block.fills),
+        *(_flat_bias(tape, term, heads) for term in block.flat_terms),
     ]
     if len(terms) < 2:
         return terms[0] if terms else None
@@ -625,6 +708,24 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         nodes.append(step.node)
         base = step.scores
     assert base is not None
+    # BLOOM: the scores come as [B*H, S, T] (bmm), with a term of their own (ALiBi) added there.
+    flat_terms: list[ir.Value] = []
+    unflatten = _unflattening(base)
+    if unflatten is not None:
+        nodes.append(unflatten)
+        scores4 = base
+        base = unflatten.inputs[0]
+        while (step := _bias_step(base)) is not None:
+            if isinstance(step, Mismatch):
+                return step
+            if isinstance(step.term, _MaskedFill):
+                return Mismatch("a masked_fill of the [B*H, S, T] scores is not fused")
+            if len(terms) + len(fills) + len(flat_terms) == MAX_BIAS_TERMS:
+                return Mismatch(f"the scores get more than {MAX_BIAS_TERMS} additive terms")
+            flat_terms.append(step.term)
+            nodes.append(step.node)
+            base = step.scores
+        assert base is not None
     scores_mm, post_scale, scale_nodes = peel_scale(base)
     matmul = producer_of(scores_mm, "MatMul")
     if matmul is None:
@@ -632,7 +733,26 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
     if matmul.inputs[0] is None or matmul.inputs[1] is None:
         return Mismatch("Q@K^T has a missing input")
     query_base, query_scale, query_nodes = peel_scale(matmul.inputs[0])
-    key = _key_transposed(matmul.inputs[1])
+    query4 = matmul.inputs[0]
+    if unflatten is not None:
+        flat_query = _flattened_from(query_base)
+        if flat_query is None:
+            return Mismatch(
+                "the flattened query is not provably [B, H, S, d] viewed as [B*H, S, d]"
+            )
+        query4, query_reshape = flat_query
+        query_base, more, inner = peel_scale(query4)
+        query_scale *= more
+        query_nodes = [*inner, query_reshape, *query_nodes]
+        if not _view_proved(scores4, [(query_base, 0), (query_base, 1), (query_base, 2), None]):
+            return Mismatch("the [B*H, S, T] scores are not provably viewed as [B, H, S, T]")
+        for term in flat_terms:
+            rank = value_rank(term)
+            if rank is None or rank > 3:
+                return Mismatch("a term of the [B*H, S, T] scores is not of rank 3 or less")
+            if rank == 3 and static_dim(term, 0) != 1 and not same_symbol(term, 0, base, 0):
+                return Mismatch("a term of the [B*H, S, T] scores may not be [B*H, ., .]")
+    key = (_flat_key if unflatten is not None else _key_transposed)(matmul.inputs[1])
     if isinstance(key, Mismatch):
         return key
     key_heads, key_scale, key_nodes = key
@@ -657,28 +777,57 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         nan_guard = True
         guard_nodes = [isnan, where]
         probs = where.outputs[0]
+    pv_nodes: list[ir.Node] = []
+    if unflatten is not None:
+        probs4 = probs
+        flatten = _main_user(probs4)
+        if not is_op(flatten, "Reshape") or flatten is None:
+            return Mismatch("the [B, H, S, T] probabilities are not viewed as [B*H, S, T]")
+        probs = flatten.outputs[0]
+        if not _view_proved(probs, [None, (probs4, 2), (probs4, 3)]):
+            return Mismatch("the probabilities' view is not provably [B*H, S, T]")
+        pv_nodes.append(flatten)
     pv = _main_user(probs)
     if not is_op(pv, "MatMul") or pv is None or pv.inputs[0] is not probs or pv.inputs[1] is None:
         return Mismatch("the attention probabilities are not multiplied by V")
+    pv_nodes.append(pv)
     value4 = pv.inputs[1]
-    query4 = matmul.inputs[0]
-    block_values = [pv.outputs[0], query4, query_base, value4]
+    pv_out = pv.outputs[0]
+    if unflatten is not None:
+        flat_value = _flattened_from(value4)
+        if flat_value is None:
+            return Mismatch(
+                "the flattened value is not provably [B, H, T, d] viewed as [B*H, T, d]"
+            )
+        value4, value_reshape = flat_value
+        unflatten_pv = _main_user(pv_out)
+        if not is_op(unflatten_pv, "Reshape") or unflatten_pv is None:
+            return Mismatch("P@V as [B*H, S, d] is not viewed back as [B, H, S, d]")
+        pv_out = unflatten_pv.outputs[0]
+        pv_dims = [(query_base, 0), (query_base, 1), (query_base, 2), (value4, 3)]
+        if not _view_proved(pv_out, pv_dims):
+            return Mismatch("the view of P@V is not provably [B, H, S, d]")
+        pv_nodes.append(unflatten_pv)
+    block_values = [pv_out, query4, query_base, value4]
     by_axis = (
         block_values,
         block_values,
-        [pv.outputs[0], query4, query_base],
-        [pv.outputs[0], value4],
+        [pv_out, query4, query_base],
+        [pv_out, value4],
     )
-    merged = _merged_heads(pv.outputs[0], by_axis)
+    merged = _merged_heads(pv_out, by_axis)
     if merged is None:
         return Mismatch(
             "the attention output is not merged back to [B, S, H*d] by Transpose+Reshape"
         )
     output, out_nodes, output_target = merged
-    value_heads = _split_heads(pv.inputs[1])
+    value_heads = _split_heads(value4)
+    value_nodes = list(value_heads.nodes)
+    if unflatten is not None:
+        value_nodes.append(value_reshape)
 
     heads = query_heads.heads or key_heads.heads or value_heads.heads
-    value_size = value_heads.head_size or static_dim(pv.outputs[0], 3)
+    value_size = value_heads.head_size or static_dim(pv_out, 3)
     width = last_dim(output)
     if width is None:
         out_entries = target_entries(out_nodes[-1].inputs[1])
@@ -755,6 +904,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         output=output,
         more_bias=tuple(terms[1:]),
         fills=tuple(fills),
+        flat_terms=tuple(flat_terms),
         output_target=output_target,
         kv_repeat=kv_repeat,
     )
@@ -773,7 +923,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
     elif key_heads.four_d is None and key_heads.three_d is None:
         return Mismatch("the key is not available as [B, H, T, d]")
     ordered = [
-        *reversed(value_heads.nodes),
+        *reversed(value_nodes),
         *reversed(key_nodes),
         *reversed(query_heads.nodes),
         *reversed(query_nodes),
@@ -782,10 +932,10 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         *nodes,
         softmax,
         *guard_nodes,
-        pv,
+        *pv_nodes,
         *out_nodes,
     ]
-    heavy = [matmul, *scale_nodes, *nodes, softmax, *guard_nodes, pv, *out_nodes[:-1]]
+    heavy = [matmul, *scale_nodes, *nodes, softmax, *guard_nodes, *pv_nodes, *out_nodes[:-1]]
     meanings = _dim_meanings(heavy, out_nodes)
 
     def meaning(node: ir.Node) -> str | None:
@@ -895,7 +1045,7 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
         query = tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
     assert key is not None and value is not None
-    bias = _full_bias(tape, _summed_bias(tape, block), query, 1, key, kv_axis, opset)
+    bias = _full_bias(tape, _summed_bias(tape, block, heads), query, 1, key, kv_axis, opset)
     inputs: list[ir.Value | None] = [query, key, value]
     if bias is not None:
         inputs += [None, None, bias]
@@ -1055,12 +1205,14 @@ def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismat
     # Fully masked rows: the export averages V (finite mask) or gives NaN, zeroed by SDPA's guard
     # (-inf); ORT's Attention-23 gives zeros for both -inf and float32's lowest. Fuse only where
     # the two agree: a finite mask raised to MASK_FLOOR, or a -inf mask behind the NaN guard.
-    if block.more_bias or len(block.fills) + (block.bias is not None) > 1:
+    if block.more_bias or len(block.fills) + len(block.flat_terms) + (block.bias is not None) > 1:
         return Mismatch(
             "--target onnx: the scores get several additive terms, and only a single provable "
             "mask keeps ONNX Runtime's Attention-23 from zeroing fully masked rows"
         )
-    mask = block.bias if not block.fills else block.fills[0].fill
+    mask = block.fills[0].fill if block.fills else block.bias
+    if block.flat_terms:
+        return Mismatch("--target onnx: a term added to the [B*H, S, T] scores is not fused")
     values = _mask_values(mask) if mask is not None else None
     if values is not None and block.fills:  # the fill's bias holds 0 besides the fill
         values = replace(values, lowest_finite=min(values.lowest_finite, 0.0))
@@ -1089,7 +1241,7 @@ def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismat
             four_d = _repeat_heads(tape, four_d, block.kv_repeat, side.head_size, opset)
         sides.append(four_d)
     inputs: list[ir.Value | None] = list(sides)
-    bias = _full_bias(tape, _summed_bias(tape, block), sides[0], 2, sides[1], 2, opset)
+    bias = _full_bias(tape, _summed_bias(tape, block, heads), sides[0], 2, sides[1], 2, opset)
     if bias is not None and values is not None and not values.neg_inf:
         assert mask is not None and mask.dtype is not None
         floor_value = np.array(MASK_FLOOR, dtype=mask.dtype.numpy())
