@@ -98,8 +98,9 @@ def _model(*, alibi_rows: str = "BH", query_view: str = "S") -> ir.Model:
     return model
 
 
-def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
-    """ALiBi-like slopes times key positions; row 1 fully padded, row 2 right-padded."""
+def _feeds(batch: int, seq: int, seed: int, shared: bool = False) -> dict[str, np.ndarray]:
+    """ALiBi-like slopes times key positions (``shared``: one row for all), row 1 fully padded,
+    row 2 right-padded."""
     rng = np.random.default_rng(seed)
     slopes = np.array([0.25, 0.0625], dtype=np.float32)
     alibi = np.tile(slopes[:, None, None] * np.arange(seq, dtype=np.float32), (batch, 1, 1))
@@ -109,11 +110,13 @@ def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
     if batch > 2:
         mask[2, (seq + 1) // 2 :] = 0
     x = rng.standard_normal((batch, seq, D)).astype(np.float32)
-    return {"x": x, "alibi": alibi.reshape(batch * H, 1, seq), "mask": mask}
+    alibi = alibi.reshape(batch * H, 1, seq)[:1] if shared else alibi.reshape(batch * H, 1, seq)
+    return {"x": x, "alibi": alibi, "mask": mask}
 
 
-def test_flattened_heads_and_alibi_fuse_into_multi_head_attention() -> None:
-    model = _model()
+@pytest.mark.parametrize("alibi_rows", ["BH", "1"])
+def test_flattened_heads_and_alibi_fuse_into_multi_head_attention(alibi_rows: str) -> None:
+    model = _model(alibi_rows=alibi_rows)
     fused = model.clone()
     result = FuseAttentionPass(PassOptions(explain=True))(fused)
     assert result.stats == {"attention->mha": 1}, result.notes
@@ -123,7 +126,9 @@ def test_flattened_heads_and_alibi_fuse_into_multi_head_attention() -> None:
     mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
     assert mha.attributes.get_float("scale") == pytest.approx(0.5)
     sizes = ((3, 5), (1, 1), (4, 7))
-    report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(sizes)])
+    shared = alibi_rows == "1"
+    feeds = [_feeds(b, s, i, shared) for i, (b, s) in enumerate(sizes)]
+    report = validate(model, fused, inputs=feeds)
     assert report.passed, report
     assert not FuseAttentionPass()(fused).modified
 

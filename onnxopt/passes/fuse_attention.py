@@ -510,7 +510,7 @@ def _flat_key(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mismatch
     return heads, factor * more, [*heads.nodes, reshape, *inner, transpose, *nodes]
 
 
-def _flat_bias(tape: ir.tape.Tape, term: ir.Value, heads: int) -> ir.Value:
+def _flat_bias(tape: ir.tape.Tape, term: ir.Value, heads: int, opset: int) -> ir.Value:
     """A term of the [B*H, S, T] scores as a term of the [B, H, S, T] ones: [B*H, a, b] viewed as
     [B, H, a, b]; a term without that leading dim (rank < 3, or a leading 1) broadcasts the same
     over [B, H]."""
@@ -518,8 +518,8 @@ def _flat_bias(tape: ir.tape.Tape, term: ir.Value, heads: int) -> ir.Value:
     assert rank is not None and term.shape is not None
     dims = list(term.shape)
     if rank == 3 and static_dim(term, 0) != 1:
-        tail = tape.op("Shape", [term], {"start": 1})
-        target = tape.op("Concat", [int64_const(tape, [-1, heads]), tail], {"axis": 0})
+        tail = [seq_len(tape, term, axis, opset) for axis in (1, 2)]
+        target = tape.op("Concat", [int64_const(tape, [-1, heads]), *tail], {"axis": 0})
         result = tape.op("Reshape", [term, target])
         result.shape = ir.Shape([None, heads, *dims[1:]])
     else:
@@ -633,14 +633,14 @@ def _broadcast_shape(values: Sequence[ir.Value]) -> ir.Shape | None:
     return ir.Shape(dims)
 
 
-def _summed_bias(tape: ir.tape.Tape, block: _Block, heads: int) -> ir.Value | None:
+def _summed_bias(tape: ir.tape.Tape, block: _Block, heads: int, opset: int) -> ir.Value | None:
     """``block.bias`` plus its further terms and masked_fill biases, one Add each; the sum's shape
     is recorded (the mask's dims decide whether it must be spelled out)."""
     terms = [
         *([block.bias] if block.bias is not None else []),
         *block.more_bias,
         *(_fill_bias(tape, fill) for fill in block.fills),
-        *(_flat_bias(tape, term, heads) for term in block.flat_terms),
+        *(_flat_bias(tape, term, heads, opset) for term in block.flat_terms),
     ]
     if len(terms) < 2:
         return terms[0] if terms else None
@@ -1045,7 +1045,7 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
         query = tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
     assert key is not None and value is not None
-    bias = _full_bias(tape, _summed_bias(tape, block, heads), query, 1, key, kv_axis, opset)
+    bias = _full_bias(tape, _summed_bias(tape, block, heads, opset), query, 1, key, kv_axis, opset)
     inputs: list[ir.Value | None] = [query, key, value]
     if bias is not None:
         inputs += [None, None, bias]
@@ -1241,7 +1241,9 @@ def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismat
             four_d = _repeat_heads(tape, four_d, block.kv_repeat, side.head_size, opset)
         sides.append(four_d)
     inputs: list[ir.Value | None] = list(sides)
-    bias = _full_bias(tape, _summed_bias(tape, block, heads), sides[0], 2, sides[1], 2, opset)
+    bias = _full_bias(
+        tape, _summed_bias(tape, block, heads, opset), sides[0], 2, sides[1], 2, opset
+    )
     if bias is not None and values is not None and not values.neg_inf:
         assert mask is not None and mask.dtype is not None
         floor_value = np.array(MASK_FLOOR, dtype=mask.dtype.numpy())
