@@ -1042,7 +1042,14 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         scale *= factor
     else:
         assert block.query.four_d is not None
-        moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
+        # [B, S, H, d] back from [B, H, S, d]: the tensor the query was moved from, if it was
+        # (BLOOM's head split is a Gather out of a [B, S, H, 3, d] view, not a Reshape)
+        before = block.query.four_d.producer()
+        if transpose_perm(before) == [0, 2, 1, 3]:
+            assert before is not None and before.inputs[0] is not None
+            moved = before.inputs[0]
+        else:
+            moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
         query = tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
     assert key is not None and value is not None
     bias = _full_bias(tape, _summed_bias(tape, block, heads, opset), query, 1, key, kv_axis, opset)
