@@ -29,6 +29,7 @@ CASES = [
     ("gpt-neo", "dynamo", "eager", "attn 2"),  # causal masked_fill Where(keep, scores, lowest)
     ("gpt-neo", "torchscript", "eager", "attn 2"),  # S read as Gather(Shape(q_proj), 1)
     ("bloom", "dynamo", "eager", "mha 2"),  # heads flattened into the batch (bmm), ALiBi
+    ("deberta-v2", "dynamo", "eager", "mha 2"),  # bmm form, Where(~mask, lowest, scores)
 ]
 
 
