@@ -53,6 +53,7 @@ from onnxopt.passes._attention_shapes import (
     keeps_leading_dims,
     last_dim,
     peel_scale,
+    piece_entries,
     producer_of,
     reshape_to_heads,
     same_dim,
@@ -458,8 +459,10 @@ def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
 # K^T = Transpose(Reshape(K4, [B*H, T, d]), [0, 2, 1]), scores viewed back as [B, H, S, T] before
 # the mask, P viewed as [B*H, S, T] for P@V3, and P@V viewed as [B, H, S, d] before the merge.
 # Row-major views: [B*H, ...] index b*H + h is [B, H, ...] index (b, h) both ways, so the block
-# is the [B, H, ...] one. The views are proved by the shapes: all dims but one are known dims
-# of the 4-D tensors (the element count fixes the last one).
+# is the [B, H, ...] one. The views are proved dim by dim, by the recorded shapes or by the
+# Reshape target's entries; all dims but one must be proved (the element count fixes the last
+# one, B*H where the shapes do not record it). TorchScript's exports record too few shapes
+# (BLOOM's [B*H, ...] dims are unknown), so only the dynamo ones are proved today.
 
 
 def _unflattening(value: ir.Value | None) -> ir.Node | None:
@@ -470,28 +473,66 @@ def _unflattening(value: ir.Value | None) -> ir.Node | None:
     return reshape
 
 
+def _view_entries(view: ir.Value) -> list[Entry | None] | None:
+    """The entries of the Reshape target ``view`` was made with; None for an entry that cannot be
+    read (when the piece's length is known)."""
+    reshape = producer_of(view, "Reshape")
+    target = reshape.inputs[1] if reshape is not None and len(reshape.inputs) > 1 else None
+    whole = target_entries(target)
+    if whole is not None or target is None:
+        return list(whole) if whole is not None else None
+    concat = producer_of(target, "Concat")
+    if concat is None:
+        return None
+    entries: list[Entry | None] = []
+    for piece in concat.inputs:
+        part = piece_entries(piece)
+        length = static_dim(piece, 0) if value_rank(piece) == 1 else None
+        if part is not None:
+            entries.extend(part)
+        elif length is not None:
+            entries.extend([None] * length)
+        else:
+            return None
+    return entries
+
+
+def _dim_is(view: ir.Value, axis: int, entry: Entry | None, source: ir.Value, index: int) -> bool:
+    """Dim ``axis`` of ``view`` is dim ``index`` of ``source``: the same symbol or size, or the
+    target entry reads it."""
+    if same_symbol(view, axis, source, index):
+        return True
+    return entry is not None and same_dim(entry, source, index)
+
+
+def _view_proved(view: ir.Value, dims: Sequence[Sequence[tuple[ir.Value, int]]]) -> bool:
+    """``view`` (a Reshape's output) has, at each axis, one of the dims listed for it, at all axes
+    but at most one."""
+    if value_rank(view) != len(dims):
+        return False
+    entries = _view_entries(view)
+    if entries is not None and len(entries) != len(dims):
+        entries = None
+    unproven = 0
+    for axis, choices in enumerate(dims):
+        entry = entries[axis] if entries is not None else None
+        if not any(_dim_is(view, axis, entry, source, index) for source, index in choices):
+            unproven += 1
+    return unproven <= 1
+
+
 def _flattened_from(value3: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
-    """``value3`` = Reshape(x4, [B*H, S, d]) of a [B, H, S, d] x4: (x4, the Reshape), when dims
-    1 and 2 are provably x4's dims 2 and 3 (so dim 0 is B*H)."""
+    """``value3`` = Reshape(x4, [B*H, S, d]) of a [B, H, S, d] x4: (x4, the Reshape), when the
+    view is proved."""
     reshape = producer_of(value3, "Reshape")
     if reshape is None or value3 is None:
         return None
     source = reshape.inputs[0]
-    if source is None or value_rank(source) != 4 or value_rank(value3) != 3:
+    if source is None or value_rank(source) != 4:
         return None
-    if same_symbol(value3, 1, source, 2) and same_symbol(value3, 2, source, 3):
+    if _view_proved(value3, [[], [(source, 2)], [(source, 3)]]):
         return source, reshape
     return None
-
-
-def _view_proved(view: ir.Value, dims: Sequence[tuple[ir.Value, int] | None]) -> bool:
-    """``view`` (a Reshape's output) has ``dims`` (dims of other tensors), all but at most one."""
-    if value_rank(view) != len(dims):
-        return False
-    unproven = sum(
-        1 for axis, dim in enumerate(dims) if dim is None or not same_symbol(view, axis, *dim)
-    )
-    return unproven <= 1
 
 
 def _flat_key(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mismatch:
@@ -744,7 +785,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         query_base, more, inner = peel_scale(query4)
         query_scale *= more
         query_nodes = [*inner, query_reshape, *query_nodes]
-        if not _view_proved(scores4, [(query_base, 0), (query_base, 1), (query_base, 2), None]):
+        if not _view_proved(scores4, [[(query_base, 0)], [(query_base, 1)], [(query_base, 2)], []]):
             return Mismatch("the [B*H, S, T] scores are not provably viewed as [B, H, S, T]")
         for term in flat_terms:
             rank = value_rank(term)
@@ -784,7 +825,10 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         if not is_op(flatten, "Reshape") or flatten is None:
             return Mismatch("the [B, H, S, T] probabilities are not viewed as [B*H, S, T]")
         probs = flatten.outputs[0]
-        if not _view_proved(probs, [None, (probs4, 2), (probs4, 3)]):
+        flat_dims = [[], [(probs4, 2), (query_base, 2)], [(probs4, 3)]]
+        if key_heads.four_d is not None:
+            flat_dims[2].append((key_heads.four_d, 2))
+        if not _view_proved(probs, flat_dims):
             return Mismatch("the probabilities' view is not provably [B*H, S, T]")
         pv_nodes.append(flatten)
     pv = _main_user(probs)
@@ -804,7 +848,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         if not is_op(unflatten_pv, "Reshape") or unflatten_pv is None:
             return Mismatch("P@V as [B*H, S, d] is not viewed back as [B, H, S, d]")
         pv_out = unflatten_pv.outputs[0]
-        pv_dims = [(query_base, 0), (query_base, 1), (query_base, 2), (value4, 3)]
+        pv_dims = [[(query_base, 0)], [(query_base, 1)], [(query_base, 2)], [(value4, 3)]]
         if not _view_proved(pv_out, pv_dims):
             return Mismatch("the view of P@V is not provably [B, H, S, d]")
         pv_nodes.append(unflatten_pv)
