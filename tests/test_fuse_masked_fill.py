@@ -172,10 +172,11 @@ def test_target_onnx_refuses_a_masked_fill_plus_padding() -> None:
     assert any("several additive terms" in note for note in result.notes), result.notes
 
 
-def test_packed_attention_keeps_fully_masked_rows() -> None:
+@pytest.mark.parametrize("fill", [LOWEST, "-inf"])
+def test_packed_attention_keeps_fully_masked_rows(fill: str) -> None:
     # -O2 packs the three projections of x into com.microsoft.Attention: its kernel gives the
-    # export's uniform rows where the fill masks a whole row, and the padding's -inf sums.
-    model = _model()
+    # export's uniform rows where the fill masks a whole row, and NaN where it is all -inf.
+    model = _model(fill=fill)
     result = api.optimize(model.clone(), check=False)
     types = [node.op_type for node in result.model.graph]
     assert types.count("Attention") == 1 and "Softmax" not in types, types

@@ -6,6 +6,8 @@ The matched block, rooted at its Softmax, is what PyTorch's exporters emit for
     Q4 = Transpose(Reshape(q, [B, S, H, d]), [0,2,1,3])   (or any [B, H, S, d] tensor, e.g. after rotary)
     KT = K4 transposed to [B, H, d, T]                     (three exporter spellings, see _key_transposed)
     P  = Softmax(MatMul(Q4 * a, KT * b) * c + bias)        (scalar factors optional, in any of the spots)
+                                                           (a masked_fill Where(keep, scores, fill)
+                                                            with fill <= -1e30 is a bias term too)
     P  = Where(IsNaN(P), 0, P)                             (optional: SDPA's "fully masked row -> 0")
     Y  = Reshape(Transpose(MatMul(P, V4), [0,2,1,3]), [B, S, H*dv])
 
@@ -17,6 +19,10 @@ dims 2 and 3 of ``attention_bias`` spelled out, so a mask that may broadcast the
 [b, h, S, T] with S and T read from the tensors at run time (no dynamic dim becomes a constant).
 SDPA's NaN guard is kept exactly: a fully masked row makes ORT's softmax NaN, which the guard, moved
 after the op, turns into the zeros the original produces.
+
+BLOOM's (and DeBERTa's) bmm form, heads flattened into the batch, is the same block: Q/K/V viewed as
+[B*H, S, d], the scores as [B*H, S, T] plus a term of their own (ALiBi [B*H, 1, T], viewed as
+[B, H, 1, T] into the bias), viewed back as [B, H, S, T] for the mask; the views are proved.
 
 Multi-query attention (Falcon: K/V with one head, which the two MatMuls broadcast against the H
 query heads) is fused with K/V repeated H times in repeat_kv's spelling; fuse-group-query-attention
@@ -594,11 +600,13 @@ class _MaskedFill:
     the export and s + fill in the fused op, and s + fill == fill in float32 for every |s| below
     half an ulp of fill (3.8e22 at -1e30, 1.0e31 at float32's lowest, any finite s at -inf),
     many orders above any score a softmax is given. The terms the scores get besides (GPT-Neo's
-    padding mask, added after) are summed with it: fill + m is the export's masked value too. So
-    partly masked rows give the masked keys exp(fill - max) = 0 weight either way, and a fully
-    masked row holds the same constant everywhere in both: uniform weights (the mean of V), or
-    NaN for -inf (or fill + m overflowing to -inf), which MultiHeadAttention gives as well.
-    A fill of -1e4 is not exact (s + -1e4 keeps s's differences): no fusion."""
+    padding mask, added after) are summed with it: a masked entry is fill + m in both (s is
+    absorbed). So partly masked rows give the masked keys exp(fill + m - max) = 0 weight either
+    way, and a row without a kept key holds the same values in both: uniform weights over its
+    least masked keys (GPT-Neo's fully padded rows), or NaN where every entry is -inf (a -inf
+    fill, or fill + m overflowing), which MultiHeadAttention and packed Attention give as well
+    (tests/test_fuse_masked_fill.py). A fill of -1e4 is not exact (s - 1e4 keeps s's
+    differences, the export's row does not): no fusion."""
 
     condition: ir.Value
     fill: ir.Value
