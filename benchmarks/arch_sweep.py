@@ -8,7 +8,7 @@ off, several sizes of the dynamic dims) and the eager PyTorch comparison. The op
 optimized again: a fixed point leaves the bytes unchanged. One markdown row per export:
 
     PYTHONPATH=. python benchmarks/arch_sweep.py [--families roberta,t5 ...] [--exporters dynamo]
-        [--attention eager|sdpa] [--target ort|onnx] [--out DIR] [--explain]
+        [--attention eager|sdpa] [--target ort|onnx] [--opset 23] [--out DIR] [--explain]
 
 A family whose export fails is recorded as ``export failed: <first line>`` (the exporter's limit,
 not onnxopt's). A factory can be exported on its own, from the repo root: ``onnxopt export
@@ -610,7 +610,14 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
 
 
-def sweep_one(family: str, exporter: str, out: Path, explain: bool, target: str = "ort") -> Row:
+def sweep_one(
+    family: str,
+    exporter: str,
+    out: Path,
+    explain: bool,
+    target: str = "ort",
+    opset: int | None = None,
+) -> Row:
     from onnxopt import api, io
     from onnxopt.export import export
 
@@ -624,7 +631,13 @@ def sweep_one(family: str, exporter: str, out: Path, explain: bool, target: str 
         row.seconds = time.perf_counter() - start
         return row
     try:
-        result = api.optimize(path, find_reference=True, explain=explain, target=target)  # type: ignore[arg-type]
+        result = api.optimize(
+            path,
+            find_reference=True,
+            explain=explain,
+            target=target,  # type: ignore[arg-type]
+            opset=opset,
+        )
     except Exception as exc:
         row.status = f"optimize crashed: {_first_line(exc)}"
         row.notes = [traceback.format_exc()]
@@ -693,6 +706,9 @@ def main() -> None:
     )
     parser.add_argument("--exporters", default="dynamo,torchscript")
     parser.add_argument("--attention", default="eager", choices=("eager", "sdpa"))
+    parser.add_argument(
+        "--opset", type=int, default=None, help="raise the opset first (23: ONNX Attention)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="keep the exports here")
     parser.add_argument("--explain", action="store_true", help="print fusion --explain notes")
     parser.add_argument(
@@ -709,7 +725,8 @@ def main() -> None:
         parser.error(f"unknown families: {', '.join(unknown)}")
     out = args.out or Path(tempfile.mkdtemp(prefix="arch_sweep_"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"attention: {args.attention}; target: {args.target}; exports in {out}\n")
+    opset = f"; opset {args.opset}" if args.opset else ""
+    print(f"attention: {args.attention}; target: {args.target}{opset}; exports in {out}\n")
     print(
         "| family | exporter | status | nodes | fused (after) | validated | vs eager max abs "
         "| fixed point | s |"
@@ -718,7 +735,7 @@ def main() -> None:
     rows = []
     for family in families:
         for exporter in args.exporters.split(","):
-            row = sweep_one(family, exporter, out, args.explain, args.target)
+            row = sweep_one(family, exporter, out, args.explain, args.target, args.opset)
             rows.append(row)
             print(row.markdown(), flush=True)
     for row in rows:

@@ -26,6 +26,10 @@ CASES = [
     ("falcon", "dynamo", "eager", "gqa 2"),  # one K/V head broadcast (multi-query), GatherND
     ("falcon", "dynamo", "sdpa", "gqa 2"),  # a K^T target reads the 1 head off another layer
     ("falcon", "torchscript", "eager", "gqa 2"),  # P@V's view reads S off the mask; GQA, 1 K/V head
+    ("gpt-neo", "dynamo", "eager", "attn 2"),  # causal masked_fill Where(keep, scores, lowest)
+    ("gpt-neo", "torchscript", "eager", "attn 2"),  # S read as Gather(Shape(q_proj), 1)
+    ("bloom", "dynamo", "eager", "mha 2"),  # heads flattened into the batch (bmm), ALiBi
+    ("deberta-v2", "dynamo", "eager", "mha 2"),  # bmm form, Where(~mask, lowest, scores)
 ]
 
 
