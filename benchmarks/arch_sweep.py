@@ -8,7 +8,7 @@ off, several sizes of the dynamic dims) and the eager PyTorch comparison. The op
 optimized again: a fixed point leaves the bytes unchanged. One markdown row per export:
 
     PYTHONPATH=. python benchmarks/arch_sweep.py [--families roberta,t5 ...] [--exporters dynamo]
-        [--attention eager|sdpa] [--target ort|onnx] [--opset N] [--out DIR] [--explain]
+        [--attention eager|sdpa] [--target ort|onnx] [--opset 23] [--out DIR] [--explain]
 
 A family whose export fails is recorded as ``export failed: <first line>`` (the exporter's limit,
 not onnxopt's). A factory can be exported on its own, from the repo root: ``onnxopt export
@@ -757,13 +757,13 @@ def main() -> None:
     )
     parser.add_argument("--exporters", default="dynamo,torchscript")
     parser.add_argument("--attention", default="eager", choices=("eager", "sdpa"))
+    parser.add_argument(
+        "--opset", type=int, default=None, help="raise the opset first (23: ONNX Attention)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="keep the exports here")
     parser.add_argument("--explain", action="store_true", help="print fusion --explain notes")
     parser.add_argument(
         "--target", default="ort", choices=("ort", "onnx"), help="optimize --target"
-    )
-    parser.add_argument(
-        "--opset", type=int, default=None, help="raise the opset first (23: --target onnx fusions)"
     )
     args = parser.parse_args()
     ATTENTION["implementation"] = args.attention

@@ -30,6 +30,10 @@ CASES = [
     ("phi", "torchscript", "sdpa", "gqa 2 rotary 4"),
     ("stablelm", "torchscript", "eager", "gqa 2 rotary 4"),  # a quarter of each head rotates
     ("gpt-neox", "dynamo", "eager", "mha 2 rotary 4"),  # rotary of chunks of one packed Q/K/V
+    ("gpt-neo", "dynamo", "eager", "attn 2"),  # causal masked_fill Where(keep, scores, lowest)
+    ("gpt-neo", "torchscript", "eager", "attn 2"),  # S read as Gather(Shape(q_proj), 1)
+    ("bloom", "dynamo", "eager", "mha 2"),  # heads flattened into the batch (bmm), ALiBi
+    ("deberta-v2", "dynamo", "eager", "mha 2"),  # bmm form, Where(~mask, lowest, scores)
 ]
 
 

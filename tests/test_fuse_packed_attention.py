@@ -29,9 +29,12 @@ def _model(
     separate: bool = False,
     biases: tuple[bool, bool, bool] = (True, True, True),
     seq: str = "S",
+    query_length_at: int | None = None,
 ) -> str:
     """One attention layer as fuse-attention leaves it: a merged projection + Split, or (separate)
-    three projections of x with biases where ``biases`` says, then MultiHeadAttention."""
+    three projections of x with biases where ``biases`` says, then MultiHeadAttention.
+    ``query_length_at`` reads the query length as ``Gather(Shape(q), [i])`` (GPT-Neo's TorchScript
+    export), not ``Shape(q, 1, 2)``."""
     width = sum(sizes)
     inits = ["int64[2] ones = {1, 1}", "float c = {0.5}"]
     if separate:
@@ -54,8 +57,12 @@ def _model(
         query = "qs"
     attention_bias = ""
     if mask:
+        if query_length_at is not None:
+            inits.append(f"int64[1] at = {{{query_length_at}}}")
+            body += [f"q_shape = Shape({query})", "sq = Gather(q_shape, at)"]
+        else:
+            body.append(f"sq = Shape <start: int = 1, end: int = 2> ({query})")
         body += [
-            f"sq = Shape <start: int = 1, end: int = 2> ({query})",
             "sk = Shape <start: int = 1, end: int = 2> (k)",
             "full = Concat <axis: int = 0> (ones, sq, sk)",
             "bias = Expand(m, full)",
@@ -202,6 +209,22 @@ def test_refuses_no_mask_at_a_dynamic_sequence() -> None:
         _model(separate=True, mask=False),
         "no mask and a dynamic sequence length: MultiHeadAttention is faster",
     )
+
+
+def test_moves_a_whole_shape_read_only_for_a_leading_dim() -> None:
+    assert_rewrites(
+        FusePackedAttentionPass,
+        _model(separate=True, query_length_at=1),
+        {"q,k,v-matmuls+mha->attention": 1, "shape-of-qkv-slice->shape-of-input": 2},
+        ["Shape", "Gather", "Shape", "Concat", "Expand", "Attention"],
+        trials=2,
+    )
+    # index -1 is the projected width, which x does not have: the query's read stays
+    result = FusePackedAttentionPass(PassOptions(explain=True))(
+        load(_model(separate=True, query_length_at=-1))
+    )
+    assert result.stats == {"shape-of-qkv-slice->shape-of-input": 1}  # the key's
+    assert any(note.endswith("the Shape may read the projected axis") for note in result.notes)
 
 
 def test_refuses_a_slice_read_elsewhere() -> None:

@@ -6,6 +6,8 @@ The matched block, rooted at its Softmax, is what PyTorch's exporters emit for
     Q4 = Transpose(Reshape(q, [B, S, H, d]), [0,2,1,3])   (or any [B, H, S, d] tensor, e.g. after rotary)
     KT = K4 transposed to [B, H, d, T]                     (three exporter spellings, see _key_transposed)
     P  = Softmax(MatMul(Q4 * a, KT * b) * c + bias)        (scalar factors optional, in any of the spots)
+                                                           (a masked_fill Where(keep, scores, fill)
+                                                            with fill <= -1e30 is a bias term too)
     P  = Where(IsNaN(P), 0, P)                             (optional: SDPA's "fully masked row -> 0")
     Y  = Reshape(Transpose(MatMul(P, V4), [0,2,1,3]), [B, S, H*dv])
 
@@ -17,6 +19,10 @@ dims 2 and 3 of ``attention_bias`` spelled out, so a mask that may broadcast the
 [b, h, S, T] with S and T read from the tensors at run time (no dynamic dim becomes a constant).
 SDPA's NaN guard is kept exactly: a fully masked row makes ORT's softmax NaN, which the guard, moved
 after the op, turns into the zeros the original produces.
+
+BLOOM's (and DeBERTa's) bmm form, heads flattened into the batch, is the same block: Q/K/V viewed as
+[B*H, S, d], the scores as [B*H, S, T] plus a term of their own (ALiBi [B*H, 1, T], viewed as
+[B, H, 1, T] into the bias), viewed back as [B, H, S, T] for the mask; the views are proved.
 
 Multi-query attention (Falcon: K/V with one head, which the two MatMuls broadcast against the H
 query heads) is fused with K/V repeated H times in repeat_kv's spelling; fuse-group-query-attention
@@ -59,6 +65,7 @@ from onnxopt.passes._attention_shapes import (
     keeps_leading_dims,
     last_dim,
     peel_scale,
+    piece_entries,
     producer_of,
     reshape_to_heads,
     same_dim,
@@ -434,24 +441,224 @@ class _Block:
     kv_repeat: int = 1
     # Further additive terms of the scores (the first is ``bias``), summed into one mask.
     more_bias: tuple[ir.Value, ...] = ()
+    # masked_fill Wheres on the scores, each one more additive term once written as a bias.
+    fills: tuple[_MaskedFill, ...] = ()
+    # Terms added to the scores while they were [B*H, S, T] (BLOOM's ALiBi), rank <= 3.
+    flat_terms: tuple[ir.Value, ...] = ()
 
 
 # T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
 MAX_BIAS_TERMS = 3
 
 
+def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
+    """Whether ``value`` is (scaled) Q@K^T, or an Add or masked_fill Where one of whose operands is."""
+    if value is None or depth > MAX_BIAS_TERMS:
+        return False
+    node = value.producer()
+    if is_op(node, "Add") and node is not None:
+        return any(_leads_to_scores(v, depth + 1) for v in node.inputs)
+    if is_op(node, "Where") and node is not None and len(node.inputs) == 3:
+        return any(_leads_to_scores(v, depth + 1) for v in node.inputs[1:])
+    if _unflattening(value) is not None:
+        assert node is not None
+        return _leads_to_scores(node.inputs[0], depth + 1)
+    return is_op(peel_scale(value)[0].producer(), "MatMul")
+
+
+# --- heads flattened into the batch ---------------------------------------------------------------
+# BLOOM computes attention with bmm on [B*H, S, d] tensors: Q3 = Reshape(Q4, [B*H, S, d]),
+# K^T = Transpose(Reshape(K4, [B*H, T, d]), [0, 2, 1]), scores viewed back as [B, H, S, T] before
+# the mask, P viewed as [B*H, S, T] for P@V3, and P@V viewed as [B, H, S, d] before the merge.
+# Row-major views: [B*H, ...] index b*H + h is [B, H, ...] index (b, h) both ways, so the block
+# is the [B, H, ...] one. The views are proved dim by dim, by the recorded shapes or by the
+# Reshape target's entries; all dims but one must be proved (the element count fixes the last
+# one, B*H where the shapes do not record it). TorchScript's exports record too few shapes
+# (BLOOM's [B*H, ...] dims are unknown), so only the dynamo ones are proved today.
+
+
+def _unflattening(value: ir.Value | None) -> ir.Node | None:
+    """The Reshape making ``value`` [B, H, S, T] out of rank-3 scores, if it is one."""
+    reshape = producer_of(value, "Reshape")
+    if reshape is None or value_rank(value) != 4 or value_rank(reshape.inputs[0]) != 3:
+        return None
+    return reshape
+
+
+def _view_entries(view: ir.Value) -> list[Entry | None] | None:
+    """The entries of the Reshape target ``view`` was made with; None for an entry that cannot be
+    read (when the piece's length is known)."""
+    reshape = producer_of(view, "Reshape")
+    target = reshape.inputs[1] if reshape is not None and len(reshape.inputs) > 1 else None
+    whole = target_entries(target)
+    if whole is not None or target is None:
+        return list(whole) if whole is not None else None
+    concat = producer_of(target, "Concat")
+    if concat is None:
+        return None
+    entries: list[Entry | None] = []
+    for piece in concat.inputs:
+        part = piece_entries(piece)
+        length = static_dim(piece, 0) if value_rank(piece) == 1 else None
+        if part is not None:
+            entries.extend(part)
+        elif length is not None:
+            entries.extend([None] * length)
+        else:
+            return None
+    return entries
+
+
+def _dim_is(view: ir.Value, axis: int, entry: Entry | None, source: ir.Value, index: int) -> bool:
+    """Dim ``axis`` of ``view`` is dim ``index`` of ``source``: the same symbol or size, or the
+    target entry reads it."""
+    if same_symbol(view, axis, source, index):
+        return True
+    return entry is not None and same_dim(entry, source, index)
+
+
+def _view_proved(view: ir.Value, dims: Sequence[Sequence[tuple[ir.Value, int]]]) -> bool:
+    """``view`` (a Reshape's output) has, at each axis, one of the dims listed for it, at all axes
+    but at most one."""
+    if value_rank(view) != len(dims):
+        return False
+    entries = _view_entries(view)
+    if entries is not None and len(entries) != len(dims):
+        entries = None
+    unproven = 0
+    for axis, choices in enumerate(dims):
+        entry = entries[axis] if entries is not None else None
+        if not any(_dim_is(view, axis, entry, source, index) for source, index in choices):
+            unproven += 1
+    return unproven <= 1
+
+
+def _flattened_from(value3: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
+    """``value3`` = Reshape(x4, [B*H, S, d]) of a [B, H, S, d] x4: (x4, the Reshape), when the
+    view is proved."""
+    reshape = producer_of(value3, "Reshape")
+    if reshape is None or value3 is None:
+        return None
+    source = reshape.inputs[0]
+    if source is None or value_rank(source) != 4:
+        return None
+    if _view_proved(value3, [[], [(source, 2)], [(source, 3)]]):
+        return source, reshape
+    return None
+
+
+def _flat_key(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mismatch:
+    """K^T as ``Transpose(Reshape(K4, [B*H, T, d]), [0, 2, 1])`` (scalar factors on either side)."""
+    base, factor, nodes = peel_scale(value)
+    transpose = base.producer()
+    if transpose_perm(transpose) != [0, 2, 1]:
+        return Mismatch("the flattened key is not transposed by [0, 2, 1]")
+    assert transpose is not None and transpose.inputs[0] is not None
+    key3, more, inner = peel_scale(transpose.inputs[0])
+    flat = _flattened_from(key3)
+    if flat is None:
+        return Mismatch("the flattened key is not provably [B, H, T, d] viewed as [B*H, T, d]")
+    key4, reshape = flat
+    heads = _split_heads(key4)
+    return heads, factor * more, [*heads.nodes, reshape, *inner, transpose, *nodes]
+
+
+def _flat_bias(tape: ir.tape.Tape, term: ir.Value, heads: int, opset: int) -> ir.Value:
+    """A term of the [B*H, S, T] scores as a term of the [B, H, S, T] ones: [B*H, a, b] viewed as
+    [B, H, a, b]; a term without that leading dim (rank < 3, or a leading 1) broadcasts the same
+    over [B, H]."""
+    rank = value_rank(term)
+    assert rank is not None and term.shape is not None
+    dims = list(term.shape)
+    if rank == 3 and static_dim(term, 0) != 1:
+        tail = [seq_len(tape, term, axis, opset) for axis in (1, 2)]
+        target = tape.op("Concat", [int64_const(tape, [-1, heads]), *tail], {"axis": 0})
+        result = tape.op("Reshape", [term, target])
+        result.shape = ir.Shape([None, heads, *dims[1:]])
+    else:
+        result = tape.op("Unsqueeze", [term, int64_const(tape, list(range(4 - rank)))])
+        result.shape = ir.Shape([*([1] * (4 - rank)), *dims])
+    if term.dtype is not None:
+        result.dtype = term.dtype
+    return result
+
+
 def _scores_side(add: ir.Node) -> int | None:
     """Which operand of an Add on the way up from the Softmax leads to Q@K^T: a (scaled) MatMul,
-    else another Add (a further bias term)."""
+    else another Add or a masked_fill Where (further bias terms) over it."""
     for leads in (
         lambda v: is_op(peel_scale(v)[0].producer(), "MatMul"),
-        lambda v: is_op(v.producer(), "Add"),
+        _leads_to_scores,
     ):
         for i in (0, 1):
             candidate = add.inputs[i]
             if candidate is not None and leads(candidate):
                 return i
     return None
+
+
+@dataclass(frozen=True)
+class _MaskedFill:
+    """``Where(condition, scores, fill)`` (``scores_first``) or ``Where(condition, fill, scores)``.
+
+    It is the additive bias ``Where(condition, 0, fill)`` (or ``Where(condition, fill, 0)``)
+    exactly, for fill <= MASK_FLOOR (-1e30): a kept score s is s + 0 = s; a masked one is fill in
+    the export and s + fill in the fused op, and s + fill == fill in float32 for every |s| below
+    half an ulp of fill (3.8e22 at -1e30, 1.0e31 at float32's lowest, any finite s at -inf),
+    many orders above any score a softmax is given. The terms the scores get besides (GPT-Neo's
+    padding mask, added after) are summed with it: a masked entry is fill + m in both (s is
+    absorbed). So partly masked rows give the masked keys exp(fill + m - max) = 0 weight either
+    way, and a row without a kept key holds the same values in both: uniform weights over its
+    least masked keys (GPT-Neo's fully padded rows), or NaN where every entry is -inf (a -inf
+    fill, or fill + m overflowing), which MultiHeadAttention and packed Attention give as well
+    (tests/test_fuse_masked_fill.py). A fill of -1e4 is not exact (s - 1e4 keeps s's
+    differences, the export's row does not): no fusion."""
+
+    condition: ir.Value
+    fill: ir.Value
+    scores_first: bool
+
+
+@dataclass(frozen=True)
+class _BiasStep:
+    node: ir.Node  # the Add or Where
+    term: ir.Value | _MaskedFill
+    scores: ir.Value  # its operand leading to Q@K^T
+
+
+def _bias_step(value: ir.Value | None) -> _BiasStep | Mismatch | None:
+    """One step up from the Softmax towards Q@K^T: an Add of a bias term, or a masked_fill Where."""
+    node = value.producer() if value is not None else None
+    if is_op(node, "Add"):
+        assert node is not None
+        scores_at = _scores_side(node)
+        if scores_at is None:
+            return Mismatch("the Softmax input is an Add without a Q@K^T MatMul operand")
+        term, scores = node.inputs[1 - scores_at], node.inputs[scores_at]
+        assert term is not None and scores is not None
+        return _BiasStep(node, term, scores)
+    if not is_op(node, "Where"):
+        return None
+    assert node is not None
+    condition, then, other = node.inputs if len(node.inputs) == 3 else (None, None, None)
+    if condition is None or then is None or other is None:
+        return Mismatch("the Softmax input is a Where with a missing input")
+    leads = [_leads_to_scores(then), _leads_to_scores(other)]
+    if leads.count(True) != 1:
+        return Mismatch(
+            "the Softmax input is a Where that does not pick between the scores and a fill"
+        )
+    scores, fill = (then, other) if leads[0] else (other, then)
+    array = const_array(fill)
+    if array is None or array.size != 1 or not np.issubdtype(array.dtype, np.floating):
+        return Mismatch("the masked_fill Where's other branch is not a float scalar constant")
+    value_filled = float(array.reshape(-1)[0])
+    if not value_filled <= MASK_FLOOR:  # NaN too
+        return Mismatch(
+            f"masked_fill with {value_filled:g} is not an exact additive mask: only fills <= "
+            f"{MASK_FLOOR:g} absorb the score (s + fill == fill), {value_filled:g} keeps it"
+        )
+    return _BiasStep(node, _MaskedFill(condition, fill, scores_first=leads[0]), scores)
 
 
 def _broadcast_shape(values: Sequence[ir.Value]) -> ir.Shape | None:
@@ -481,18 +688,52 @@ def _broadcast_shape(values: Sequence[ir.Value]) -> ir.Shape | None:
     return ir.Shape(dims)
 
 
-def _summed_bias(tape: ir.tape.Tape, block: _Block) -> ir.Value | None:
-    """``block.bias`` plus its further terms, one Add each; the sum's shape is recorded (the
-    mask's dims decide whether it must be spelled out)."""
-    if block.bias is None or not block.more_bias:
-        return block.bias
-    bias = block.bias
-    for term in block.more_bias:
+def _summed_bias(tape: ir.tape.Tape, block: _Block, heads: int, opset: int) -> ir.Value | None:
+    """``block.bias`` plus its further terms and masked_fill biases, one Add each; the sum's shape
+    is recorded (the mask's dims decide whether it must be spelled out)."""
+    terms = [
+        *([block.bias] if block.bias is not None else []),
+        *block.more_bias,
+        *(_fill_bias(tape, fill) for fill in block.fills),
+        *(_flat_bias(tape, term, heads, opset) for term in block.flat_terms),
+    ]
+    if len(terms) < 2:
+        return terms[0] if terms else None
+    bias = terms[0]
+    for term in terms[1:]:
         bias = tape.op("Add", [bias, term])
-    if block.bias.dtype is not None:
-        bias.dtype = block.bias.dtype
-    bias.shape = _broadcast_shape((block.bias, *block.more_bias))
+    if terms[0].dtype is not None:
+        bias.dtype = terms[0].dtype
+    bias.shape = _broadcast_shape(terms)
     return bias
+
+
+def _fill_bias(tape: ir.tape.Tape, fill: _MaskedFill) -> ir.Value:
+    """The masked_fill as its additive bias: ``Where(condition, 0, fill)`` (branches as found)."""
+    assert fill.fill.dtype is not None
+    zero = tape.op("Constant", [], {"value": ir.tensor(np.zeros((), fill.fill.dtype.numpy()))})
+    branches = [zero, fill.fill] if fill.scores_first else [fill.fill, zero]
+    bias = tape.op("Where", [fill.condition, *branches])
+    bias.dtype = fill.fill.dtype
+    bias.shape = _broadcast_shape((fill.condition, fill.fill))
+    return bias
+
+
+def _computed_from(value: ir.Value, nodes: set[int], budget: int = 2000) -> bool:
+    """Whether ``value`` is computed from the outputs of ``nodes`` (ids): a walk up its producers,
+    at most ``budget`` nodes (beyond it the answer is no: a result read elsewhere keeps the block
+    from fusing anyway)."""
+    seen: set[int] = set()
+    stack = [value.producer()]
+    while stack and len(seen) < budget:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        if id(node) in nodes:
+            return True
+        seen.add(id(node))
+        stack.extend(v.producer() for v in node.inputs if v is not None)
+    return False
 
 
 def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -506,20 +747,40 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
     nodes: list[ir.Node] = []
     # Walk up: [Add bias]* <- [scalar scale] <- MatMul(Q, K^T). T5 and MPNet add a position bias,
     # then the mask: each Add's other operand is one term of the additive bias.
+    # GPT-Neo and anything written ``masked_fill`` put a Where(mask, scores, fill) among them.
     terms: list[ir.Value] = []
+    fills: list[_MaskedFill] = []
     base: ir.Value | None = scores
-    while (add := producer_of(base, "Add")) is not None:
-        scores_at = _scores_side(add)
-        if scores_at is None:
-            return Mismatch("the Softmax input is an Add without a Q@K^T MatMul operand")
-        if len(terms) == MAX_BIAS_TERMS:
+    while (step := _bias_step(base)) is not None:
+        if isinstance(step, Mismatch):
+            return step
+        if len(terms) + len(fills) == MAX_BIAS_TERMS:
             return Mismatch(f"the scores get more than {MAX_BIAS_TERMS} additive terms")
-        term = add.inputs[1 - scores_at]
-        assert term is not None
-        terms.append(term)
-        nodes.append(add)
-        base = add.inputs[scores_at]
+        if isinstance(step.term, _MaskedFill):
+            fills.append(step.term)
+        else:
+            terms.append(step.term)
+        nodes.append(step.node)
+        base = step.scores
     assert base is not None
+    # BLOOM: the scores come as [B*H, S, T] (bmm), with a term of their own (ALiBi) added there.
+    flat_terms: list[ir.Value] = []
+    unflatten = _unflattening(base)
+    if unflatten is not None:
+        nodes.append(unflatten)
+        scores4 = base
+        base = unflatten.inputs[0]
+        while (step := _bias_step(base)) is not None:
+            if isinstance(step, Mismatch):
+                return step
+            if isinstance(step.term, _MaskedFill):
+                return Mismatch("a masked_fill of the [B*H, S, T] scores is not fused")
+            if len(terms) + len(fills) + len(flat_terms) == MAX_BIAS_TERMS:
+                return Mismatch(f"the scores get more than {MAX_BIAS_TERMS} additive terms")
+            flat_terms.append(step.term)
+            nodes.append(step.node)
+            base = step.scores
+        assert base is not None
     scores_mm, post_scale, scale_nodes = peel_scale(base)
     matmul = producer_of(scores_mm, "MatMul")
     if matmul is None:
@@ -527,7 +788,26 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
     if matmul.inputs[0] is None or matmul.inputs[1] is None:
         return Mismatch("Q@K^T has a missing input")
     query_base, query_scale, query_nodes = peel_scale(matmul.inputs[0])
-    key = _key_transposed(matmul.inputs[1])
+    query4 = matmul.inputs[0]
+    if unflatten is not None:
+        flat_query = _flattened_from(query_base)
+        if flat_query is None:
+            return Mismatch(
+                "the flattened query is not provably [B, H, S, d] viewed as [B*H, S, d]"
+            )
+        query4, query_reshape = flat_query
+        query_base, more, inner = peel_scale(query4)
+        query_scale *= more
+        query_nodes = [*inner, query_reshape, *query_nodes]
+        if not _view_proved(scores4, [[(query_base, 0)], [(query_base, 1)], [(query_base, 2)], []]):
+            return Mismatch("the [B*H, S, T] scores are not provably viewed as [B, H, S, T]")
+        for term in flat_terms:
+            rank = value_rank(term)
+            if rank is None or rank > 3:
+                return Mismatch("a term of the [B*H, S, T] scores is not of rank 3 or less")
+            if rank == 3 and static_dim(term, 0) != 1 and not same_symbol(term, 0, base, 0):
+                return Mismatch("a term of the [B*H, S, T] scores may not be [B*H, ., .]")
+    key = (_flat_key if unflatten is not None else _key_transposed)(matmul.inputs[1])
     if isinstance(key, Mismatch):
         return key
     key_heads, key_scale, key_nodes = key
@@ -552,28 +832,60 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         nan_guard = True
         guard_nodes = [isnan, where]
         probs = where.outputs[0]
+    pv_nodes: list[ir.Node] = []
+    if unflatten is not None:
+        probs4 = probs
+        flatten = _main_user(probs4)
+        if not is_op(flatten, "Reshape") or flatten is None:
+            return Mismatch("the [B, H, S, T] probabilities are not viewed as [B*H, S, T]")
+        probs = flatten.outputs[0]
+        flat_dims = [[], [(probs4, 2), (query_base, 2)], [(probs4, 3)]]
+        if key_heads.four_d is not None:
+            flat_dims[2].append((key_heads.four_d, 2))
+        if not _view_proved(probs, flat_dims):
+            return Mismatch("the probabilities' view is not provably [B*H, S, T]")
+        pv_nodes.append(flatten)
     pv = _main_user(probs)
     if not is_op(pv, "MatMul") or pv is None or pv.inputs[0] is not probs or pv.inputs[1] is None:
         return Mismatch("the attention probabilities are not multiplied by V")
+    pv_nodes.append(pv)
     value4 = pv.inputs[1]
-    query4 = matmul.inputs[0]
-    block_values = [pv.outputs[0], query4, query_base, value4]
+    pv_out = pv.outputs[0]
+    if unflatten is not None:
+        flat_value = _flattened_from(value4)
+        if flat_value is None:
+            return Mismatch(
+                "the flattened value is not provably [B, H, T, d] viewed as [B*H, T, d]"
+            )
+        value4, value_reshape = flat_value
+        unflatten_pv = _main_user(pv_out)
+        if not is_op(unflatten_pv, "Reshape") or unflatten_pv is None:
+            return Mismatch("P@V as [B*H, S, d] is not viewed back as [B, H, S, d]")
+        pv_out = unflatten_pv.outputs[0]
+        pv_dims = [[(query_base, 0)], [(query_base, 1)], [(query_base, 2)], [(value4, 3)]]
+        if not _view_proved(pv_out, pv_dims):
+            return Mismatch("the view of P@V is not provably [B, H, S, d]")
+        pv_nodes.append(unflatten_pv)
+    block_values = [pv_out, query4, query_base, value4]
     by_axis = (
         block_values,
         block_values,
-        [pv.outputs[0], query4, query_base],
-        [pv.outputs[0], value4],
+        [pv_out, query4, query_base],
+        [pv_out, value4],
     )
-    merged = _merged_heads(pv.outputs[0], by_axis)
+    merged = _merged_heads(pv_out, by_axis)
     if merged is None:
         return Mismatch(
             "the attention output is not merged back to [B, S, H*d] by Transpose+Reshape"
         )
     output, out_nodes, output_target = merged
-    value_heads = _split_heads(pv.inputs[1])
+    value_heads = _split_heads(value4)
+    value_nodes = list(value_heads.nodes)
+    if unflatten is not None:
+        value_nodes.append(value_reshape)
 
     heads = query_heads.heads or key_heads.heads or value_heads.heads
-    value_size = value_heads.head_size or static_dim(pv.outputs[0], 3)
+    value_size = value_heads.head_size or static_dim(pv_out, 3)
     width = last_dim(output)
     if width is None:
         out_entries = target_entries(out_nodes[-1].inputs[1])
@@ -627,10 +939,17 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
             f"attention in {scores.dtype.name}: only float32 and float16 blocks are fused "
             "(the fused kernels' CPU coverage)"
         )
-    for term in terms:
+    for term in [*terms, *(fill.condition for fill in fills)]:
         problem = _check_bias(term, heads)
         if problem is not None:
             return problem
+    chain = {id(node) for node in [matmul, *scale_nodes, *nodes]}
+    for fill in fills:
+        if _computed_from(fill.condition, chain):
+            return Mismatch(
+                "the masked_fill condition is computed from the scores themselves, so it is "
+                "not a mask"
+            )
     # An all-pass mask (ViT's dynamo export): adding 0 changes no score.
     terms = [term for term in terms if not _all_equal_to(term, 0.0)]
     bias = terms[0] if terms else None
@@ -643,6 +962,8 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         nan_guard=nan_guard,
         output=output,
         more_bias=tuple(terms[1:]),
+        fills=tuple(fills),
+        flat_terms=tuple(flat_terms),
         output_target=output_target,
         kv_repeat=kv_repeat,
     )
@@ -661,7 +982,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
     elif key_heads.four_d is None and key_heads.three_d is None:
         return Mismatch("the key is not available as [B, H, T, d]")
     ordered = [
-        *reversed(value_heads.nodes),
+        *reversed(value_nodes),
         *reversed(key_nodes),
         *reversed(query_heads.nodes),
         *reversed(query_nodes),
@@ -670,10 +991,10 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         *nodes,
         softmax,
         *guard_nodes,
-        pv,
+        *pv_nodes,
         *out_nodes,
     ]
-    heavy = [matmul, *scale_nodes, *nodes, softmax, *guard_nodes, pv, *out_nodes[:-1]]
+    heavy = [matmul, *scale_nodes, *nodes, softmax, *guard_nodes, *pv_nodes, *out_nodes[:-1]]
     meanings = _dim_meanings(heavy, out_nodes)
 
     def meaning(node: ir.Node) -> str | None:
@@ -780,10 +1101,17 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         scale *= factor
     else:
         assert block.query.four_d is not None
-        moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
+        # [B, S, H, d] back from [B, H, S, d]: the tensor the query was moved from, if it was
+        # (BLOOM's head split is a Gather out of a [B, S, H, 3, d] view, not a Reshape)
+        before = block.query.four_d.producer()
+        if transpose_perm(before) == [0, 2, 1, 3]:
+            assert before is not None and before.inputs[0] is not None
+            moved = before.inputs[0]
+        else:
+            moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
         query = tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
     assert key is not None and value is not None
-    bias = _full_bias(tape, _summed_bias(tape, block), query, 1, key, kv_axis, opset)
+    bias = _full_bias(tape, _summed_bias(tape, block, heads, opset), query, 1, key, kv_axis, opset)
     inputs: list[ir.Value | None] = [query, key, value]
     if bias is not None:
         inputs += [None, None, bias]
@@ -943,21 +1271,26 @@ def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismat
     # Fully masked rows: the export averages V (finite mask) or gives NaN, zeroed by SDPA's guard
     # (-inf); ORT's Attention-23 gives zeros for both -inf and float32's lowest. Fuse only where
     # the two agree: a finite mask raised to MASK_FLOOR, or a -inf mask behind the NaN guard.
-    if block.more_bias:
+    if block.more_bias or len(block.fills) + len(block.flat_terms) + (block.bias is not None) > 1:
         return Mismatch(
             "--target onnx: the scores get several additive terms, and only a single provable "
             "mask keeps ONNX Runtime's Attention-23 from zeroing fully masked rows"
         )
-    values = _mask_values(block.bias) if block.bias is not None else None
-    if block.bias is not None:
+    mask = block.fills[0].fill if block.fills else block.bias
+    if block.flat_terms:
+        return Mismatch("--target onnx: a term added to the [B*H, S, T] scores is not fused")
+    values = _mask_values(mask) if mask is not None else None
+    if values is not None and block.fills:  # the fill's bias holds 0 besides the fill
+        values = replace(values, lowest_finite=min(values.lowest_finite, 0.0))
+    if mask is not None:
         if values is None:
             return Mismatch(
                 "mask values are not provably finite or -inf, and ONNX Runtime's Attention-23 "
                 "zeroes fully masked rows"
             )
-        if not values.neg_inf and block.bias.dtype not in _WIDE_FLOATS:
+        if not values.neg_inf and mask.dtype not in _WIDE_FLOATS:
             return Mismatch(
-                f"mask is {block.bias.dtype}: it cannot hold the {MASK_FLOOR:g} floor that keeps "
+                f"mask is {mask.dtype}: it cannot hold the {MASK_FLOOR:g} floor that keeps "
                 "ONNX Runtime's Attention-23 from zeroing fully masked rows"
             )
         if values.neg_inf and not (block.nan_guard and values.lowest_finite > MASK_FLOOR):
@@ -974,10 +1307,12 @@ def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismat
             four_d = _repeat_heads(tape, four_d, block.kv_repeat, side.head_size, opset)
         sides.append(four_d)
     inputs: list[ir.Value | None] = list(sides)
-    bias = _full_bias(tape, block.bias, sides[0], 2, sides[1], 2, opset)
+    bias = _full_bias(
+        tape, _summed_bias(tape, block, heads, opset), sides[0], 2, sides[1], 2, opset
+    )
     if bias is not None and values is not None and not values.neg_inf:
-        assert block.bias is not None and block.bias.dtype is not None
-        floor_value = np.array(MASK_FLOOR, dtype=block.bias.dtype.numpy())
+        assert mask is not None and mask.dtype is not None
+        floor_value = np.array(MASK_FLOOR, dtype=mask.dtype.numpy())
         floor = tape.op("Constant", [], {"value": ir.tensor(floor_value)})
         bias = tape.op("Max", [bias, floor])
     if bias is not None:

@@ -241,7 +241,8 @@ def _feeds_attention(value: ir.Value) -> bool:
 def _match_shape(shape: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """``Shape(q, start, end)`` -> ``Shape(x, start, end)`` for a MultiHeadAttention query, key or
     value q projected from x (``x @ W (+ b)``, maybe a slice of a merged projection, maybe times a
-    scalar), when the Shape reads only leading dims, which the projection keeps.
+    scalar), when the Shape reads only leading dims, which the projection keeps (or is the
+    whole shape, of which only leading dims are gathered).
     """
     source = shape.inputs[0]
     if source is None or not _feeds_attention(source):
@@ -263,7 +264,10 @@ def _match_shape(shape: ir.Node, context: RewriteContext) -> Match | Mismatch:
         # A MultiHeadAttention query is [B, S, D]; a separate key or value [B, T, D] or
         # [B, N, T, H]: rank >= 3 either way, so dims 0 and 1 are never the projected one.
         packed, limit = base, 2
-    if start < 0 or end is None or not 0 <= end <= limit:
+    leading = start >= 0 and end is not None and 0 <= end <= limit
+    if not leading and not (
+        start == 0 and end is None and _reads_leading_dims(shape.outputs[0], limit)
+    ):
         return Mismatch("the Shape may read the projected axis")
     projection = _projection(packed)
     if isinstance(projection, Mismatch):
@@ -285,6 +289,23 @@ def _match_shape(shape: ir.Node, context: RewriteContext) -> Match | Mismatch:
             existing = node.outputs[0]
             break
     return Match([shape], {"source": origin, "existing": existing})
+
+
+def _reads_leading_dims(shape: ir.Value, limit: int) -> bool:
+    """Every use of ``shape`` (a whole Shape) is a Gather of dims below ``limit`` (GPT-Neo's
+    TorchScript export reads S as ``Gather(Shape(q), 1)``), so another tensor with the same
+    leading dims, whatever its rank and last dim, gives the same values."""
+    for use in shape.uses():
+        index = const_array(use.node.inputs[1]) if len(use.node.inputs) > 1 else None
+        if (
+            not is_op(use.node, "Gather")
+            or use.idx != 0
+            or index is None
+            or index.size == 0
+            or not bool(np.all((index >= 0) & (index < limit)))
+        ):
+            return False
+    return not shape.is_graph_output()
 
 
 def _rewrite_shape(match: Match, context: RewriteContext) -> Replacement:

@@ -1,0 +1,167 @@
+"""FuseAttentionPass on attention computed with heads flattened into the batch (BLOOM's bmm form).
+
+``Q3 = Reshape(Q4, [B*H, S, d])``, ``scores = Q3 @ K3^T * c + alibi`` ([B*H, S, T], ALiBi [B*H, 1, T]),
+viewed as [B, H, S, T] for the mask, the probabilities viewed back as [B*H, S, T] for ``@ V3``, and
+P@V viewed as [B, H, S, d] before the heads merge. The dynamo exporter records the views' shapes
+(``4*batch``); the graphs here declare them the same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnx_ir as ir
+import pytest
+
+from onnxopt.passes.fuse_attention import FuseAttentionPass
+from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.options import PassOptions
+from onnxopt.validate import validate
+
+D, H, HEAD = 8, 2, 4
+LOWEST = "-3.4028234663852886e38"
+
+
+def _weights(seed: int = 0) -> str:
+    rng = np.random.default_rng(seed)
+
+    def mat(name: str) -> str:
+        values = ", ".join(f"{v:.4f}" for v in rng.standard_normal(D * D) * 0.5)
+        return f"float[{D}, {D}] {name} = {{{values}}}"
+
+    return ",\n".join(mat(name) for name in ("wq", "wk", "wv"))
+
+
+def _model(*, alibi_rows: str = "BH", query_view: str = "S", recorded: bool = True) -> ir.Model:
+    """x [B, S, 8], alibi [``alibi_rows``, 1, S], a [B, S] padding mask -> one block of 2 heads
+    of 4 in BLOOM's form; ``query_view`` names the flattened query's dim 1 (not S: its target
+    says -1 there, and neither proves it). ``recorded=False`` leaves the Q/K/V views' shapes
+    unrecorded: their targets prove them."""
+    views = (
+        f"float[BH, {query_view}, 4] q3, float[BH, S, 4] k3, float[BH, S, 4] v3,"
+        if recorded
+        else ""
+    )
+    text = f"""
+        <ir_version: 9, opset_import: ["" : 17]>
+        agraph (float[B, S, 8] x, float[{alibi_rows}, 1, S] alibi, int64[B, S] mask)
+            => (float[B, S, 8] y) <
+            {views}
+            float[BH, 4, S] kt3, float[BH, S, S] raw, float[BH, S, S] scaled,
+            float[BH, S, S] biased, float[B, 2, S, S] scores4, float[BH, S, S] p3,
+            float[BH, S, 4] pv3, float[B, 2, S, 4] pv4,
+            {_weights()},
+            int64[4] heads = {{0, 0, 2, 4}},
+            int64[3] merged = {{0, 0, 8}},
+            int64[2] mask_axes = {{1, 2}},
+            int64[1] two1 = {{2}},
+            int64[1] four1 = {{4}},
+            int64[1] minus1 = {{-1}},
+            float half = {{0.5}},
+            float zero = {{0.0}},
+            float lowest = {{{LOWEST}}}
+        > {{
+            q = MatMul(x, wq)
+            k = MatMul(x, wk)
+            v = MatMul(x, wv)
+            qr = Reshape(q, heads)
+            q4 = Transpose<perm=[0,2,1,3]>(qr)
+            kr = Reshape(k, heads)
+            k4 = Transpose<perm=[0,2,1,3]>(kr)
+            vr = Reshape(v, heads)
+            v4 = Transpose<perm=[0,2,1,3]>(vr)
+            b = Shape<start=0, end=1>(x)
+            s = Shape<start=1, end=2>(x)
+            bh = Mul(b, two1)
+            flat = Concat<axis=0>(bh, s, four1)
+            flat_q = Concat<axis=0>(bh, {"s" if query_view == "S" else "minus1"}, four1)
+            q3 = Reshape(q4, flat_q)
+            k3 = Reshape(k4, flat)
+            v3 = Reshape(v4, flat)
+            kt3 = Transpose<perm=[0,2,1]>(k3)
+            raw = MatMul(q3, kt3)
+            scaled = Mul(raw, half)
+            biased = Add(scaled, alibi)
+            view = Concat<axis=0>(b, two1, s, minus1)
+            scores4 = Reshape(biased, view)
+            mbool = Cast<to=9>(mask)
+            mb = Unsqueeze(mbool, mask_axes)
+            pad = Where(mb, zero, lowest)
+            masked = Add(scores4, pad)
+            probs = Softmax<axis=-1>(masked)
+            flat_p = Concat<axis=0>(bh, s, minus1)
+            p3 = Reshape(probs, flat_p)
+            pv3 = MatMul(p3, v3)
+            heads4 = Concat<axis=0>(b, two1, s, four1)
+            pv4 = Reshape(pv3, heads4)
+            pt = Transpose<perm=[0,2,1,3]>(pv4)
+            y = Reshape(pt, merged)
+        }}
+    """
+    proto = onnx.parser.parse_model(text)
+    onnx.checker.check_model(proto)
+    model = ir.serde.deserialize_model(proto)
+    InferShapesPass()(model)
+    return model
+
+
+def _feeds(batch: int, seq: int, seed: int, shared: bool = False) -> dict[str, np.ndarray]:
+    """ALiBi-like slopes times key positions (``shared``: one row for all), row 1 fully padded,
+    row 2 right-padded."""
+    rng = np.random.default_rng(seed)
+    slopes = np.array([0.25, 0.0625], dtype=np.float32)
+    alibi = np.tile(slopes[:, None, None] * np.arange(seq, dtype=np.float32), (batch, 1, 1))
+    mask = np.ones((batch, seq), dtype=np.int64)
+    if batch > 1:
+        mask[1, :] = 0
+    if batch > 2:
+        mask[2, (seq + 1) // 2 :] = 0
+    x = rng.standard_normal((batch, seq, D)).astype(np.float32)
+    alibi = alibi.reshape(batch * H, 1, seq)[:1] if shared else alibi.reshape(batch * H, 1, seq)
+    return {"x": x, "alibi": alibi, "mask": mask}
+
+
+@pytest.mark.parametrize(("alibi_rows", "recorded"), [("BH", True), ("1", True), ("BH", False)])
+def test_flattened_heads_and_alibi_fuse_into_multi_head_attention(
+    alibi_rows: str, recorded: bool
+) -> None:
+    model = _model(alibi_rows=alibi_rows, recorded=recorded)
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(explain=True))(fused)
+    assert result.stats == {"attention->mha": 1}, result.notes
+    types = [node.op_type for node in fused.graph]
+    assert "Softmax" not in types and types.count("MultiHeadAttention") == 1
+    assert types.count("MatMul") == 3  # the projections only
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    assert mha.attributes.get_float("scale") == pytest.approx(0.5)
+    sizes = ((3, 5), (1, 1), (4, 7))
+    shared = alibi_rows == "1"
+    feeds = [_feeds(b, s, i, shared) for i, (b, s) in enumerate(sizes)]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"alibi_rows": "N"}, "a term of the [B*H, S, T] scores may not be [B*H, ., .]"),
+        (
+            {"query_view": "L"},
+            "the flattened query is not provably [B, H, S, d] viewed as [B*H, S, d]",
+        ),
+    ],
+)
+def test_unproven_flattened_views_are_refused(kwargs: dict[str, str], reason: str) -> None:
+    result = FuseAttentionPass(PassOptions(explain=True))(_model(**kwargs))  # type: ignore[arg-type]
+    assert not result.modified
+    assert any(note.endswith(reason) for note in result.notes), result.notes
+
+
+def test_target_onnx_refuses_a_term_of_the_flattened_scores() -> None:
+    model = _model()
+    model.opset_imports[""] = 23
+    result = FuseAttentionPass(PassOptions(target="onnx", explain=True))(model)
+    assert not result.modified
+    assert any("several additive terms" in note for note in result.notes), result.notes

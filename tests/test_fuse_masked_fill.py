@@ -1,0 +1,215 @@
+"""FuseAttentionPass on masked_fill attention: ``Softmax(Where(keep, scores, fill) [+ mask]) @ V``.
+
+GPT-Neo (and any ``scores.masked_fill(~keep, torch.finfo(torch.float32).min)``) writes its causal
+mask as a Where on the scores instead of an additive bias; for fill <= -1e30 it is the bias
+``Where(keep, 0, fill)`` exactly (the argument is on ``_MaskedFill``). The graphs here feed the
+condition as an input, so that the checks can mask whole rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnx_ir as ir
+import pytest
+
+from onnxopt import api
+from onnxopt.ops import const_array
+from onnxopt.passes.fuse_attention import FuseAttentionPass
+from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.options import PassOptions
+from onnxopt.validate import validate
+
+D, H, HEAD = 8, 2, 4
+LOWEST = "-3.4028234663852886e38"
+
+
+def _weights(seed: int = 0) -> str:
+    rng = np.random.default_rng(seed)
+
+    def mat(name: str, shape: tuple[int, ...]) -> str:
+        values = ", ".join(f"{v:.4f}" for v in rng.standard_normal(int(np.prod(shape))) * 0.5)
+        return f"float[{', '.join(map(str, shape))}] {name} = {{{values}}}"
+
+    return ",\n".join(mat(name, (D, D)) for name in ("wq", "wk", "wv"))
+
+
+def _model(
+    *,
+    fill: str = LOWEST,
+    scores_first: bool = True,
+    padding: bool = True,
+    condition: str = "input",
+    fill_from: str = "constant",
+    opset: int = 17,
+) -> ir.Model:
+    """x [B, S, 8], keep [B, 1, S, S] (bool) and a [B, S] padding mask -> one attention block of
+    2 heads of 4 whose scores go through ``Where(keep, scores, fill)`` (``scores_first``) or
+    ``Where(Not(keep), fill, scores)`` (masked_fill's own spelling), then get the padding mask's
+    ``Where(mask, 0, lowest)`` added (``padding``), as GPT-Neo's export does.
+    ``condition="scores"`` picks by ``scores > 0`` instead; ``fill_from="input"`` fills with an
+    input instead of a constant."""
+    cond = "keep" if condition == "input" else "positive"
+    if scores_first:
+        filled = f"filled = Where({cond}, scores, {'fill_in' if fill_from == 'input' else 'fill'})"
+    else:
+        filled = f"drop = Not({cond})\n            filled = Where(drop, fill, scores)"
+    extra = ", float fill_in" if fill_from == "input" else ""
+    text = f"""
+        <ir_version: 9, opset_import: ["" : {opset}]>
+        agraph (float[B, S, 8] x, bool[B, 1, S, S] keep, int64[B, S] mask{extra})
+            => (float[B, S, 8] y) <
+            {_weights()},
+            int64[4] heads = {{0, 0, 2, 4}},
+            int64[3] merged = {{0, 0, 8}},
+            int64[2] mask_axes = {{1, 2}},
+            float sq = {{0.70710678}},
+            float zero = {{0.0}},
+            float fill = {{{fill}}},
+            float lowest = {{{LOWEST}}}
+        > {{
+            q = MatMul(x, wq)
+            k = MatMul(x, wk)
+            v = MatMul(x, wv)
+            qr = Reshape(q, heads)
+            q4 = Transpose<perm=[0,2,1,3]>(qr)
+            kr = Reshape(k, heads)
+            kt = Transpose<perm=[0,2,3,1]>(kr)
+            vr = Reshape(v, heads)
+            v4 = Transpose<perm=[0,2,1,3]>(vr)
+            raw = MatMul(q4, kt)
+            scores = Mul(raw, sq)
+            {"positive = Greater(scores, zero)" if condition == "scores" else ""}
+            {filled}
+            mbool = Cast<to=9>(mask)
+            mb = Unsqueeze(mbool, mask_axes)
+            pad = Where(mb, zero, lowest)
+            {"masked = Add(filled, pad)" if padding else ""}
+            probs = Softmax<axis=-1>({"masked" if padding else "filled"})
+            pv = MatMul(probs, v4)
+            pt = Transpose<perm=[0,2,1,3]>(pv)
+            y = Reshape(pt, merged)
+        }}
+    """
+    proto = onnx.parser.parse_model(text)
+    onnx.checker.check_model(proto)
+    model = ir.serde.deserialize_model(proto)
+    InferShapesPass()(model)
+    return model
+
+
+def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    """Causal ``keep``; row 1 fully padded, row 2 right-padded, and in row 3 every key of query 0
+    dropped by ``keep`` (a row the fill alone masks fully)."""
+    rng = np.random.default_rng(seed)
+    keep = np.broadcast_to(np.tril(np.ones((seq, seq), dtype=bool)), (batch, 1, seq, seq)).copy()
+    mask = np.ones((batch, seq), dtype=np.int64)
+    if batch > 1:
+        mask[1, :] = 0
+    if batch > 2:
+        mask[2, (seq + 1) // 2 :] = 0
+    if batch > 3:
+        keep[3, 0, 0, :] = False
+    feeds = {"x": rng.standard_normal((batch, seq, D)).astype(np.float32), "keep": keep}
+    return {**feeds, "mask": mask}
+
+
+SIZES = ((4, 5), (1, 1), (4, 9), (2, 3))
+
+
+def _fused_and_checked(model: ir.Model, options: PassOptions | None = None) -> ir.Model:
+    fused = model.clone()
+    result = FuseAttentionPass(options or PassOptions(explain=True))(fused)
+    expected = "attention->onnx-attention" if options and options.target == "onnx" else None
+    assert result.stats == {expected or "attention->mha": 1}, result.notes
+    report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(SIZES)])
+    assert report.passed, report
+    assert not FuseAttentionPass(options or PassOptions())(fused).modified
+    return fused
+
+
+@pytest.mark.parametrize("fill", [LOWEST, "-1e30", "-inf"])
+@pytest.mark.parametrize("scores_first", [True, False])
+def test_masked_fill_and_padding_fuse_into_one_attention_bias(
+    fill: str, scores_first: bool
+) -> None:
+    fused = _fused_and_checked(_model(fill=fill, scores_first=scores_first))
+    types = [node.op_type for node in fused.graph]
+    assert "Softmax" not in types and types.count("MultiHeadAttention") == 1
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    assert mha.attributes.get_float("scale") == pytest.approx(0.70710678, rel=1e-6)
+    # the padding mask plus Where(keep, 0, fill) (or Where(drop, fill, 0))
+    bias_sum = mha.inputs[5].producer()  # type: ignore[union-attr]
+    assert bias_sum is not None and bias_sum.op_type == "Add"
+    fill_bias = bias_sum.inputs[1].producer()  # type: ignore[union-attr]
+    assert fill_bias is not None and fill_bias.op_type == "Where"
+    zero_at = 1 if scores_first else 2
+    assert const_array(fill_bias.inputs[zero_at]) == 0.0
+
+
+def test_a_masked_fill_alone_is_the_attention_bias() -> None:
+    fused = _fused_and_checked(_model(padding=False))
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    assert mha.inputs[5].producer().op_type == "Where"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("fill", [LOWEST, "-1e30"])
+def test_target_onnx_fuses_a_single_masked_fill_with_the_mask_floor(fill: str) -> None:
+    # ORT's Attention-23 zeroes a row of float32's lowest; raised to -1e30 the row stays uniform,
+    # as the export's row of fills is.
+    fused = _fused_and_checked(
+        _model(fill=fill, padding=False, opset=23), PassOptions(target="onnx")
+    )
+    types = [node.op_type for node in fused.graph]
+    assert types.count("Attention") == 1 and "Max" in types
+
+
+def test_target_onnx_refuses_a_masked_fill_plus_padding() -> None:
+    model = _model(opset=23)
+    result = FuseAttentionPass(PassOptions(target="onnx", explain=True))(model.clone())
+    assert not result.modified
+    assert any("several additive terms" in note for note in result.notes), result.notes
+
+
+@pytest.mark.parametrize("fill", [LOWEST, "-inf"])
+def test_packed_attention_keeps_fully_masked_rows(fill: str) -> None:
+    # -O2 packs the three projections of x into com.microsoft.Attention: its kernel gives the
+    # export's uniform rows where the fill masks a whole row, and NaN where it is all -inf.
+    model = _model(fill=fill)
+    result = api.optimize(model.clone(), check=False)
+    types = [node.op_type for node in result.model.graph]
+    assert types.count("Attention") == 1 and "Softmax" not in types, types
+    report = validate(
+        model, result.model, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(SIZES)]
+    )
+    assert report.passed, report
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        (
+            {"fill": "-1e4"},
+            "masked_fill with -10000 is not an exact additive mask: only fills <= -1e+30 absorb "
+            "the score (s + fill == fill), -10000 keeps it",
+        ),
+        (
+            {"condition": "scores"},
+            "the masked_fill condition is computed from the scores themselves, so it is not a mask",
+        ),
+        (
+            {"fill_from": "input"},
+            "the masked_fill Where's other branch is not a float scalar constant",
+        ),
+    ],
+)
+def test_masked_fills_that_are_not_additive_masks_are_refused(
+    kwargs: dict[str, str], reason: str
+) -> None:
+    model = _model(**kwargs)  # type: ignore[arg-type]
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert result.notes == [f"attention->mha: Softmax 'probs': {reason}"] or any(
+        note.endswith(reason) for note in result.notes
+    ), result.notes
