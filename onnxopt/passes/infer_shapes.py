@@ -8,6 +8,7 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import _c_api_utils
 
+from onnxopt.passes._contrib_shapes import with_stand_ins
 from onnxopt.passes._refine_shapes import GENERATED_DIM_PREFIX, refine_shapes
 from onnxopt.passes.base import Pass, PassResult
 
@@ -252,6 +253,9 @@ class InferShapesPass(Pass):
             """Inference as recorded, then a second run without the made-up names (one
             serialization of the model for both: it costs more than either inference)."""
             nonlocal data_prop
+            # ORT's ops are unknown to ONNX inference: shape-preserving ones become Identity here
+            # (this proto is a throwaway copy), so the values after them keep their shapes.
+            with_stand_ins(proto)
             longest = _longest_vector(
                 onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False)
             )
