@@ -2,7 +2,7 @@
 
 ORT CPU, optimizations off. Caches [S, d/2] from LLaMA angles, RotaryEmbedding position_ids the
 one-element [0] offset form, seqlens_k = S-1 for every row, attention_bias with or without left
-padding, causal 0 and 1. Prints the max abs difference of the output and of present_key (the
+padding, causal 0 and 1, interleaved 0 and 1. Prints the max abs difference of the output and of present_key (the
 rotated keys, every token of every row) per case (must be 0.0 to fold).
 
     PYTHONPATH=. /work/main/.venv/bin/python scripts/gqa_rotary_check.py
@@ -21,7 +21,7 @@ HEADS, KV_HEADS, HEAD = 4, 2, 16
 F = TensorProto.FLOAT
 
 
-def build(fused: bool, causal: int) -> onnx.ModelProto:
+def build(fused: bool, causal: int, interleaved: int = 0) -> onnx.ModelProto:
     inputs = [
         helper.make_tensor_value_info("q", F, ["B", "S", HEADS * HEAD]),
         helper.make_tensor_value_info("k", F, ["B", "S", KV_HEADS * HEAD]),
@@ -37,7 +37,7 @@ def build(fused: bool, causal: int) -> onnx.ModelProto:
     attrs = dict(num_heads=HEADS, kv_num_heads=KV_HEADS, causal=causal, scale=HEAD**-0.5)
     if fused:
         gqa_in = ["q", "k", "v", "", "", "seqlens_k", "total", "cos", "sin", "", "bias"]
-        attrs.update(do_rotary=1, rotary_interleaved=0)
+        attrs.update(do_rotary=1, rotary_interleaved=interleaved)
     else:
         for name, n in (("q", HEADS), ("k", KV_HEADS)):
             nodes.append(
@@ -47,7 +47,7 @@ def build(fused: bool, causal: int) -> onnx.ModelProto:
                     [name + "r"],
                     domain="com.microsoft",
                     num_heads=n,
-                    interleaved=0,
+                    interleaved=interleaved,
                 )
             )
         gqa_in = ["qr", "kr", "v", "", "", "seqlens_k", "total", "", "", "", "bias"]
@@ -93,8 +93,9 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
 def main() -> None:
     rng = np.random.default_rng(0)
     worst = 0.0
-    for causal in (0, 1):
-        ref, new = session(build(False, causal)), session(build(True, causal))
+    for causal, interleaved in itertools.product((0, 1), (0, 1)):
+        ref = session(build(False, causal, interleaved))
+        new = session(build(True, causal, interleaved))
         for batch, seq, pad in itertools.product((1, 3), (1, 5, 16), (False, True)):
             f = feeds(batch, seq, pad, rng)
             a, a_key = ref.run(["y", "pk"], f)
@@ -103,7 +104,9 @@ def main() -> None:
             # caches mean GQA rotated token s of every row at position s.
             diff = max(float(np.max(np.abs(a - b))), float(np.max(np.abs(a_key - b_key))))
             worst = max(worst, diff)
-            print(f"causal={causal} B={batch} S={seq:2d} pad={pad!s:5}: max |diff| = {diff:.3g}")
+            print(
+                f"causal={causal} interleaved={interleaved} B={batch} S={seq:2d} pad={pad!s:5}: max |diff| = {diff:.3g}"
+            )
     print("EXACT" if worst == 0.0 else f"DIFFERS (worst {worst:.3g})")
 
 
