@@ -18,6 +18,7 @@ from onnxopt.passes.fuse_attention import FuseAttentionPass
 from onnxopt.passes.fuse_conv_activation import FuseConvActivationPass
 from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
 from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
+from onnxopt.passes.fuse_gqa_rotary import FuseGqaRotaryPass
 from onnxopt.passes.fuse_group_query_attention import FuseGroupQueryAttentionPass
 from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
 from onnxopt.passes.fuse_matmul import FuseMatMulPass
@@ -58,6 +59,9 @@ FUSIONS: list[PassClass] = [
     FuseGroupQueryAttentionPass,
     # After both attention fusions, which read the rotated Q/K back as [B, S, N*d].
     FuseRotaryTransposesPass,
+    # After the transposes fold: GroupQueryAttention then reads the rotaries' outputs directly.
+    # Bit-identical on ORT 1.32 CPU (scripts/gqa_rotary_check.py); two nodes fewer per layer.
+    FuseGqaRotaryPass,
     FuseGeluPass,
     FuseMatMulPass,  # attention patterns need to see their Transpose + MatMul unfused
     # After fuse-matmul, which turns a 2-D MatMul + bias into one Gemm (the Add is gone either way).
