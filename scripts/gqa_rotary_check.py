@@ -21,25 +21,32 @@ HEADS, KV_HEADS, HEAD = 4, 2, 16
 F = TensorProto.FLOAT
 
 
-def build(fused: bool, causal: int, interleaved: int = 0) -> onnx.ModelProto:
+def build(
+    fused: bool,
+    causal: int,
+    interleaved: int = 0,
+    heads: int = HEADS,
+    kv_heads: int = KV_HEADS,
+    head: int = HEAD,
+) -> onnx.ModelProto:
     inputs = [
-        helper.make_tensor_value_info("q", F, ["B", "S", HEADS * HEAD]),
-        helper.make_tensor_value_info("k", F, ["B", "S", KV_HEADS * HEAD]),
-        helper.make_tensor_value_info("v", F, ["B", "S", KV_HEADS * HEAD]),
-        helper.make_tensor_value_info("cos", F, ["S", HEAD // 2]),
-        helper.make_tensor_value_info("sin", F, ["S", HEAD // 2]),
+        helper.make_tensor_value_info("q", F, ["B", "S", heads * head]),
+        helper.make_tensor_value_info("k", F, ["B", "S", kv_heads * head]),
+        helper.make_tensor_value_info("v", F, ["B", "S", kv_heads * head]),
+        helper.make_tensor_value_info("cos", F, ["S", head // 2]),
+        helper.make_tensor_value_info("sin", F, ["S", head // 2]),
         helper.make_tensor_value_info("bias", F, ["B", 1, "S", "S"]),
         helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
         helper.make_tensor_value_info("total", TensorProto.INT32, []),
     ]
     nodes = []
     inits = [helper.make_tensor("pos", TensorProto.INT64, [1], [0])]
-    attrs = dict(num_heads=HEADS, kv_num_heads=KV_HEADS, causal=causal, scale=HEAD**-0.5)
+    attrs = dict(num_heads=heads, kv_num_heads=kv_heads, causal=causal, scale=head**-0.5)
     if fused:
         gqa_in = ["q", "k", "v", "", "", "seqlens_k", "total", "cos", "sin", "", "bias"]
         attrs.update(do_rotary=1, rotary_interleaved=interleaved)
     else:
-        for name, n in (("q", HEADS), ("k", KV_HEADS)):
+        for name, n in (("q", heads), ("k", kv_heads)):
             nodes.append(
                 helper.make_node(
                     "RotaryEmbedding",
@@ -62,8 +69,16 @@ def build(fused: bool, causal: int, interleaved: int = 0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=opsets, ir_version=9)
 
 
-def feeds(batch: int, seq: int, pad: bool, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    inv_freq = 1.0 / (10000.0 ** (np.arange(0, HEAD, 2, dtype=np.float32) / HEAD))
+def feeds(
+    batch: int,
+    seq: int,
+    pad: bool,
+    rng: np.random.Generator,
+    heads: int = HEADS,
+    kv_heads: int = KV_HEADS,
+    head: int = HEAD,
+) -> dict[str, np.ndarray]:
+    inv_freq = 1.0 / (10000.0 ** (np.arange(0, head, 2, dtype=np.float32) / head))
     angles = np.arange(seq, dtype=np.float32)[:, None] * inv_freq[None, :]
     mask = np.tril(np.ones((seq, seq), dtype=bool))[None].repeat(batch, 0)
     if pad:  # left padding: row b's first b keys masked (every query row sees them masked)
@@ -71,9 +86,9 @@ def feeds(batch: int, seq: int, pad: bool, rng: np.random.Generator) -> dict[str
             mask[b, :, : min(b + 1, seq - 1) if seq > 1 else 0] = False
     bias = np.where(mask, 0.0, np.finfo(np.float32).min).astype(np.float32)[:, None]
     return {
-        "q": rng.standard_normal((batch, seq, HEADS * HEAD), dtype=np.float32),
-        "k": rng.standard_normal((batch, seq, KV_HEADS * HEAD), dtype=np.float32),
-        "v": rng.standard_normal((batch, seq, KV_HEADS * HEAD), dtype=np.float32),
+        "q": rng.standard_normal((batch, seq, heads * head), dtype=np.float32),
+        "k": rng.standard_normal((batch, seq, kv_heads * head), dtype=np.float32),
+        "v": rng.standard_normal((batch, seq, kv_heads * head), dtype=np.float32),
         "cos": np.cos(angles).astype(np.float32),
         "sin": np.sin(angles).astype(np.float32),
         "bias": bias,
