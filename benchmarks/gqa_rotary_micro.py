@@ -42,7 +42,7 @@ def main() -> None:
     }
     data = feeds(args.batch, args.sequence, False, np.random.default_rng(0), **shape)
     times: dict[str, list[int]] = {name: [] for name in sessions}
-    for name, sess in sessions.items():  # warm up
+    for sess in sessions.values():  # warm up
         sess.run(["y"], data)
     for _ in range(args.rounds):
         for name, sess in sessions.items():
