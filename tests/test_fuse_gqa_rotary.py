@@ -32,6 +32,7 @@ def _model(
     extra: str = "",
     extra_output: str = "",
     seq_read: str = "q",
+    heads: tuple[int, int] = (4, 2),
 ) -> ir.Model:
     """q [B, S, 4*16], k and v [B, S, 2*16]; both rotated as fuse-rotary-transposes leaves them,
     and GroupQueryAttention as fuse-group-query-attention writes it (seqlens_k = S - 1 per row,
@@ -41,8 +42,8 @@ def _model(
         <ir_version: 10, opset_import: ["" : 20, "com.microsoft" : 1]>
         g (float[B, S, 64] q, float[B, S, 32] k, float[B, S, 32] v,
            float[B, 1, S, S] bias{pos_input}) => (float[B, S, 64] y{extra_output}) {{
-            {_rotary("q", 4, query_attrs)}
-            {_rotary("k", 2, key_attrs)}
+            {_rotary("q", heads[0], query_attrs)}
+            {_rotary("k", heads[1], key_attrs)}
             s64 = Shape <start = 1, end = 2> ({seq_read})
             s32 = Cast <to = 6> (s64)
             one = Constant <value = int32[1] {{1}}> ()
@@ -51,12 +52,13 @@ def _model(
             seqlens = Expand (last, b)
             scalar = Constant <value = int64[0] {{}}> ()
             total = Reshape (s32, scalar)
-            y = com.microsoft.GroupQueryAttention <num_heads = 4, kv_num_heads = 2, causal = 1,
+            y = com.microsoft.GroupQueryAttention <num_heads = {heads[0]}, kv_num_heads = {heads[1]}, causal = 1,
                 scale = 0.25> (qr, kr, v, , , seqlens, total, , , , bias)
             {extra}
         }}
     """
-    inv_freq = 1.0 / (10000.0 ** (np.arange(0, 2 * half_width, 2, dtype=np.float32) / HEAD))
+    head = 64 // heads[0]
+    inv_freq = 1.0 / (10000.0 ** (np.arange(0, 2 * half_width, 2, dtype=np.float32) / head))
     angles = np.arange(32, dtype=np.float32)[:, None] * inv_freq[None, :]
     caches = {"cos": np.cos(angles), "sin": np.sin(angles)}
     if positions is not None:
@@ -122,8 +124,10 @@ def test_rotaries_fold_into_group_query_attention(seq_read: str) -> None:
             "the rotated query is also read by Neg",
         ),
         (_model(OFFSET, key_attrs=", scale = 2.0"), "scales its position ids"),
+        # ORT's kernel refuses do_rotary below head size 16 ("a multiple of 16"): 8 heads of 8
+        (_model(OFFSET, heads=(8, 4), half_width=4), "a multiple of 16"),
     ],
-    ids=["per-row-positions", "partial-rotary", "rotary-read-elsewhere", "scaled"],
+    ids=["per-row-positions", "partial-rotary", "rotary-read-elsewhere", "scaled", "head-size-8"],
 )
 def test_refusals(original: ir.Model, reason: str) -> None:
     after, stats, notes = _run(original)

@@ -35,6 +35,8 @@ from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, 
 _PAST = (3, 4)
 _SEQLENS_K, _TOTAL, _COS, _SIN, _POSITION_IDS, _ATTENTION_BIAS = 5, 6, 7, 8, 9, 10
 _ROTARY_ATTRIBUTES = {"interleaved", "num_heads", "rotary_embedding_dim", "scale"}
+# ORT 1.32's CPU kernel: "head_size shall be a multiple of 16" with do_rotary (GQA alone needs 8).
+_ROTARY_HEAD_MULTIPLE = 16
 
 
 def _rotary(value: ir.Value | None, gqa: ir.Node, name: str) -> ir.Node | Mismatch:
@@ -138,6 +140,11 @@ def _match(gqa: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if not isinstance(width, int) or heads <= 0 or width % heads:
         return Mismatch("the query's hidden size is not static")
     head_size = width // heads
+    if head_size % _ROTARY_HEAD_MULTIPLE:
+        return Mismatch(
+            f"head size {head_size}: ONNX Runtime's GroupQueryAttention rotates only heads "
+            f"whose size is a multiple of {_ROTARY_HEAD_MULTIPLE}"
+        )
     for rotary in (query, key):
         if rotary.attributes.get_int("rotary_embedding_dim", 0) not in (0, head_size):
             return Mismatch("a rotary rotates part of each head (rotary_embedding_dim)")
