@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import onnx
 
-MS_DOMAIN = "com.microsoft"
+from onnxopt.ops import MS_DOMAIN
+
 _SHAPE_OF_FIRST_INPUT = {
     (MS_DOMAIN, "RotaryEmbedding"),
     (MS_DOMAIN, "BiasGelu"),

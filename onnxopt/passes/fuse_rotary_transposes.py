@@ -60,13 +60,6 @@ def _readers(
     return back, reads
 
 
-def _only_use(value: ir.Value) -> ir.Node | None:
-    uses = list(value.uses())
-    if value.is_graph_output() or len(uses) != 1:
-        return None
-    return uses[0].node
-
-
 def _match(rotary: ir.Node, context: RewriteContext) -> Match | Mismatch:
     heads_first = producer_of(rotary.inputs[0], "Transpose")
     if transpose_perm(heads_first) != _SWAP:
@@ -88,8 +81,9 @@ def _match(rotary: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return reads
     if back is None or transpose_perm(back) != _SWAP:
         return Mismatch("the rotated heads are read other than through one Transpose back")
-    merge = _only_use(back.outputs[0])
-    if merge is None or merge.op_type != "Reshape" or merge.domain or not merges_heads(merge):
+    merged = back.outputs[0]
+    merge = next(iter(merged.uses())).node if only_user(merged) else None
+    if merge is None or not is_op(merge, "Reshape") or not merges_heads(merge):
         return Mismatch("the Transpose back is not merged into [B, S, N*d] by a Reshape")
     # Producers first: the driver drops matched nodes last to first once nothing reads them.
     nodes = [heads_first, rotary, *(read for read, _ in reads), back, merge]
