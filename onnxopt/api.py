@@ -140,6 +140,9 @@ def optimize(
             # ORT cannot parse a single file past protobuf's 2 GiB; a second (mapped) load of it
             # is handed over as a graph plus weight buffers instead.
             original = io.load_model(model).model
+        if loaded.renamed_nodes and check:
+            # ORT refuses the file as it is: validate against a load of it, renamed the same way.
+            original = io.load_model(model).model
         source_name = str(model)
         file_bytes = loaded.file_bytes
     before = ModelSummary.of(working, file_bytes)
@@ -149,6 +152,11 @@ def optimize(
         {k: v for k, v in eager.inputs.items() if k in input_names} if eager is not None else {}
     )
     extra_warnings: list[str] = []
+    if loaded is not None and loaded.renamed_nodes:
+        extra_warnings.append(
+            f"{loaded.renamed_nodes} nodes renamed: their names repeated another node's, "
+            "which ONNX Runtime refuses to load"
+        )
     unfit = [
         f"{name} {'x'.join(map(str, array.shape))}"
         for name, array in eager_inputs.items()

@@ -51,6 +51,7 @@ class LoadedModel:
     path: Path | None
     file_bytes: int
     external_files: tuple[Path, ...]
+    renamed_nodes: int = 0  # duplicate node names made unique (ORT refuses to load duplicates)
 
 
 def _sniff(path: Path, head: bytes) -> None:
@@ -909,10 +910,11 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     _check_graph_structure(where, proto.graph, (), "", _opsets(proto))
     model = _deserialize(where, proto)
     del proto
+    renamed = unique_node_names(model)
     ir.external_data.set_base_dir(model.graph, str(model_path.parent.resolve()))
     if lazy is not None:
         _adopt_mapped(model, model_path)
-    return LoadedModel(model, model_path, model_path.stat().st_size, external_files)
+    return LoadedModel(model, model_path, model_path.stat().st_size, external_files, renamed)
 
 
 def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model:
@@ -924,7 +926,40 @@ def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model
     _densify_sparse(where, proto)
     _check_functions(where, proto)
     _check_graph_structure(where, proto.graph, (), "", _opsets(proto))
-    return _deserialize(where, proto)
+    model = _deserialize(where, proto)
+    unique_node_names(model)
+    return model
+
+
+def unique_node_names(model: ir.Model) -> int:
+    """Rename nodes whose name repeats an earlier node's (graph order, subgraphs included).
+
+    ONNX Runtime refuses a graph with two nodes of one name ("two nodes with same node name"),
+    while onnx's checker and many exporters and hand edits allow it. The first node keeps the
+    name, later ones get ``name_1``, ``name_2``... (skipping names in use). Empty names are left
+    alone (ORT accepts any number of them). Returns how many nodes were renamed.
+    """
+    nodes = list(ir.traversal.RecursiveGraphIterator(model.graph))
+    for function in model.functions.values():
+        nodes.extend(ir.traversal.RecursiveGraphIterator(function))
+    taken = {node.name for node in nodes if node.name}
+    seen: set[str] = set()
+    renamed = 0
+    for node in nodes:
+        name = node.name
+        if not name:
+            continue
+        if name not in seen:
+            seen.add(name)
+            continue
+        suffix = 1
+        while f"{name}_{suffix}" in taken:
+            suffix += 1
+        node.name = f"{name}_{suffix}"
+        taken.add(node.name)
+        seen.add(node.name)
+        renamed += 1
+    return renamed
 
 
 def _deserialize(where: str, proto: onnx.ModelProto) -> ir.Model:

@@ -1,0 +1,95 @@
+"""Model forms third-party tools produce, found by ``scripts/realworld_probe.py``."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnxruntime as ort
+
+from onnxopt import api
+from onnxopt.io import load_model, model_from_proto, save_model
+
+T = onnx.TensorProto
+
+
+def _duplicate_names() -> onnx.ModelProto:
+    """Relu -> Add -> Relu -> Add, with names repeated the way hand edits and some exporters leave them."""
+    nodes = [
+        oh.make_node("Relu", ["x"], ["a"], name="block"),
+        oh.make_node("Add", ["a", "x"], ["b"], name="block"),
+        oh.make_node("Relu", ["b"], ["c"], name="block_1"),  # the name a rename would pick first
+        oh.make_node("Add", ["c", "x"], ["d"], name="block"),
+        oh.make_node("Sigmoid", ["d"], ["y"], name=""),
+        oh.make_node("Neg", ["d"], ["z"], name=""),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+        [
+            oh.make_tensor_value_info("y", T.FLOAT, [2, 3]),
+            oh.make_tensor_value_info("z", T.FLOAT, [2, 3]),
+        ],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_duplicate_node_names_are_made_unique_and_the_file_validates(tmp_path: Path) -> None:
+    source = tmp_path / "dup.onnx"
+    onnx.save(_duplicate_names(), str(source))
+
+    result = api.optimize(source)
+
+    assert result.validated
+    assert result.report.warnings == (
+        "2 nodes renamed: their names repeated another node's, which ONNX Runtime refuses to load",
+    )
+    target = tmp_path / "out.onnx"
+    save_model(result.model, target)
+    names = [node.name for node in onnx.load(str(target)).graph.node]
+    repeated = [name for name, count in Counter(names).items() if name and count > 1]
+    assert not repeated
+    session = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+    x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    y, z = session.run(None, {"x": x})
+    d = np.maximum(np.maximum(x, 0) + x, 0) + x
+    np.testing.assert_allclose(y, 1 / (1 + np.exp(-d)), rtol=1e-6)
+    np.testing.assert_allclose(z, -d)
+
+
+def test_renaming_is_deterministic_and_skips_names_in_use(tmp_path: Path) -> None:
+    source = tmp_path / "dup.onnx"
+    onnx.save(_duplicate_names(), str(source))
+
+    loaded = load_model(source)
+
+    assert loaded.renamed_nodes == 2
+    assert [n.name for n in loaded.model.graph] == [
+        "block",
+        "block_2",
+        "block_1",
+        "block_3",
+        "",
+        "",
+    ]
+    assert [n.name for n in model_from_proto(_duplicate_names()).graph] == [
+        n.name for n in loaded.model.graph
+    ]
+
+
+def test_unique_names_are_left_alone(tmp_path: Path) -> None:
+    proto = _duplicate_names()
+    for index, node in enumerate(proto.graph.node):
+        node.name = f"n{index}"
+    source = tmp_path / "unique.onnx"
+    onnx.save(proto, str(source))
+
+    loaded = load_model(source)
+
+    assert loaded.renamed_nodes == 0
+    assert [n.name for n in loaded.model.graph] == [f"n{i}" for i in range(6)]
+    assert api.optimize(source).report.warnings == ()
