@@ -152,11 +152,8 @@ def optimize(
         {k: v for k, v in eager.inputs.items() if k in input_names} if eager is not None else {}
     )
     extra_warnings: list[str] = []
-    if loaded is not None and loaded.renamed_nodes:
-        extra_warnings.append(
-            f"{loaded.renamed_nodes} nodes renamed: their names repeated another node's, "
-            "which ONNX Runtime refuses to load"
-        )
+    if loaded is not None:
+        extra_warnings.extend(loaded.repairs)
     unfit = [
         f"{name} {'x'.join(map(str, array.shape))}"
         for name, array in eager_inputs.items()

@@ -52,6 +52,7 @@ class LoadedModel:
     file_bytes: int
     external_files: tuple[Path, ...]
     renamed_nodes: int = 0  # duplicate node names made unique (ORT refuses to load duplicates)
+    repairs: tuple[str, ...] = ()  # what loading fixed in the file, in words (report warnings)
 
 
 def _sniff(path: Path, head: bytes) -> None:
@@ -138,6 +139,55 @@ def _check_versions(where: str, proto: onnx.ModelProto) -> None:
         raise ModelLoadError(
             f"{where}: opset {default_opset} is not supported (the installed onnx knows opsets 1..{MAX_OPSET})"
         )
+
+
+def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of ``graph`` and of its subgraphs (If/Loop/Scan bodies), depth first."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _nodes(attr.g)
+            for sub in attr.graphs:
+                yield from _nodes(sub)
+
+
+@functools.cache
+def _latest_opset(domain: str) -> int:
+    """The newest opset of ``domain`` the installed onnx has schemas for (1 for com.microsoft)."""
+    schemas = onnx.defs.get_all_schemas_with_history()
+    return max((s.since_version for s in schemas if s.domain == domain), default=1)
+
+
+# Domains ONNX Runtime resolves without an opset import (at the newest version it knows).
+_IMPLIED_DOMAINS = ("ai.onnx.ml", "com.microsoft")
+
+
+def _import_implied_domains(proto: onnx.ModelProto) -> tuple[str, ...]:
+    """Import ai.onnx.ml / com.microsoft where nodes use them but the model does not import them.
+
+    ONNX Runtime runs such a model as if the newest version of the domain were imported; onnx's
+    shape inference instead fails on the whole graph ("No opset import for domain"), which would
+    leave every shape-based rewrite idle. Import what ORT assumes, so both read the model alike.
+    """
+    imported = {o.domain for o in proto.opset_import}
+    used: list[str] = []
+    for node in (*_nodes(proto.graph), *(n for f in proto.functions for n in f.node)):
+        if (
+            node.domain in _IMPLIED_DOMAINS
+            and node.domain not in imported
+            and node.domain not in used
+        ):
+            used.append(node.domain)
+    repairs = []
+    for domain in used:
+        version = _latest_opset(domain)
+        proto.opset_import.append(onnx.helper.make_opsetid(domain, version))
+        repairs.append(
+            f"the model uses {domain} ops without importing that domain: imported {domain} "
+            f"opset {version} (ONNX Runtime, too, reads a missing import as the newest version)"
+        )
+    return tuple(repairs)
 
 
 def _opsets(proto: onnx.ModelProto) -> dict[str, int]:
@@ -899,6 +949,7 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     _check_model_strings(where, proto)
     _check_versions(where, proto)
     _check_node_count(where, proto)
+    repairs = _import_implied_domains(proto)
     own_mapped = (
         frozenset(f"initializer '{proto.graph.initializer[index].name}'" for index, _, _ in lazy[1])
         if lazy is not None
@@ -911,10 +962,16 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     model = _deserialize(where, proto)
     del proto
     renamed = unique_node_names(model)
+    if renamed:
+        repairs += (
+            f"{renamed} nodes renamed: their names repeated another node's, "
+            "which ONNX Runtime refuses to load",
+        )
     ir.external_data.set_base_dir(model.graph, str(model_path.parent.resolve()))
     if lazy is not None:
         _adopt_mapped(model, model_path)
-    return LoadedModel(model, model_path, model_path.stat().st_size, external_files, renamed)
+    size = model_path.stat().st_size
+    return LoadedModel(model, model_path, size, external_files, renamed, repairs)
 
 
 def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model:
@@ -922,6 +979,7 @@ def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model
     _check_model_strings(where, proto)
     _check_versions(where, proto)
     _check_node_count(where, proto)
+    _import_implied_domains(proto)
     _check_external_data(where, proto, None)
     _densify_sparse(where, proto)
     _check_functions(where, proto)

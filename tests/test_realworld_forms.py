@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.helper as oh
+import onnx.parser
 import onnxruntime as ort
 
 from onnxopt import api
@@ -93,3 +94,41 @@ def test_unique_names_are_left_alone(tmp_path: Path) -> None:
     assert loaded.renamed_nodes == 0
     assert [n.name for n in loaded.model.graph] == [f"n{i}" for i in range(6)]
     assert api.optimize(source).report.warnings == ()
+
+
+ML_WITHOUT_IMPORT = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 4] x) => (float[2, 4] y) {
+    s = ai.onnx.ml.Scaler <offset = [0.5, 0.5, 0.5, 0.5], scale = [2.0, 2.0, 2.0, 2.0]> (x)
+    shape = Shape(s)
+    y = Reshape(s, shape)
+}
+"""
+
+
+def test_missing_ml_import_is_added_so_shapes_are_inferred(tmp_path: Path) -> None:
+    source = tmp_path / "ml.onnx"
+    onnx.save(onnx.parser.parse_model(ML_WITHOUT_IMPORT), str(source))
+
+    result = api.optimize(source)
+
+    assert result.validated
+    assert result.report.warnings == (
+        "the model uses ai.onnx.ml ops without importing that domain: imported ai.onnx.ml opset 5 "
+        "(ONNX Runtime, too, reads a missing import as the newest version)",
+    )
+    assert result.model.opset_imports == {"": 17, "ai.onnx.ml": 5}
+    # With shapes known, the Reshape to the input's own shape is a no-op and goes.
+    assert [node.op_type for node in result.model.graph] == ["Scaler"]
+
+
+def test_imported_ml_domain_is_left_as_it_is(tmp_path: Path) -> None:
+    proto = onnx.parser.parse_model(ML_WITHOUT_IMPORT)
+    proto.opset_import.append(oh.make_opsetid("ai.onnx.ml", 2))
+    source = tmp_path / "ml.onnx"
+    onnx.save(proto, str(source))
+
+    result = api.optimize(source)
+
+    assert result.report.warnings == ()
+    assert result.model.opset_imports == {"": 17, "ai.onnx.ml": 2}
