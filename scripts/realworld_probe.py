@@ -213,17 +213,39 @@ def qdq_pairs_survive(before: onnx.ModelProto, after: onnx.ModelProto) -> list[s
         problems.append(
             f"float-weight Conv/MatMul {_float_weight_consumers(before)}->{_float_weight_consumers(after)}"
         )
-    return problems
+    return problems + int8_kernels_survive(before, after)
+
+
+_INT8_MARKS = ("QLinear", "Integer", "QGemm", "QAttention", "DynamicQuantize", "QOrdered")
+
+
+def _ort_int8_kernels(model: onnx.ModelProto) -> Counter[str]:
+    """The integer kernels ORT itself makes of ``model`` (its QDQ fusions run at EXTENDED)."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as folder:
+        source, target = Path(folder) / "m.onnx", Path(folder) / "ort.onnx"
+        onnx.save(model, str(source))
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(target)
+        options.log_severity_level = 3
+        ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+        ops = _ops(onnx.load(str(target)))
+    return Counter({op: n for op, n in ops.items() if any(mark in op for mark in _INT8_MARKS)})
+
+
+def int8_kernels_survive(before: onnx.ModelProto, after: onnx.ModelProto) -> list[str]:
+    """ORT turns as many ops into integer kernels after onnxopt as before (no fusion hid a Q/DQ pair)."""
+    b, a = _ort_int8_kernels(before), _ort_int8_kernels(after)
+    return [f"ORT int8 {op} {b[op]}->{a[op]}" for op in b if a[op] < b[op]]
 
 
 def quant_ops_survive(before: onnx.ModelProto, after: onnx.ModelProto) -> list[str]:
     b, a = _ops(before), _ops(after)
-    quant = [
-        op
-        for op in b
-        if any(k in op for k in ("Quant", "QLinear", "Integer", "QGemm", "QAttention"))
-    ]
-    return [f"{op} {b[op]}->{a[op]}" for op in quant if a[op] < b[op]]
+    quant = [op for op in b if "Quant" in op or any(mark in op for mark in _INT8_MARKS)]
+    lost = [f"{op} {b[op]}->{a[op]}" for op in quant if a[op] < b[op]]
+    return lost + int8_kernels_survive(before, after)
 
 
 def contrib_ops_survive(before: onnx.ModelProto, after: onnx.ModelProto) -> list[str]:

@@ -132,3 +132,27 @@ def test_imported_ml_domain_is_left_as_it_is(tmp_path: Path) -> None:
 
     assert result.report.warnings == ()
     assert result.model.opset_imports == {"": 17, "ai.onnx.ml": 2}
+
+
+def test_bench_times_a_model_with_repeated_node_names(tmp_path: Path) -> None:
+    from onnxopt.bench.run import BenchOptions, run_bench
+
+    source = tmp_path / "dup.onnx"
+    onnx.save(_duplicate_names(), str(source))
+    options = BenchOptions(
+        ort_levels=("all",),
+        budget_seconds=0.2,
+        sessions=1,
+        memory=False,
+        min_rounds=3,
+        warmup_runs=1,
+    )
+
+    report = run_bench(source, options)
+
+    assert (
+        "original: 2 repeated node names made unique (ONNX Runtime refuses them) and timed so"
+        in (report.notes)
+    )
+    [variants] = [group.variants for point in report.points for group in point.groups]
+    assert [v.name for v in variants] == ["original", "optimized"]
