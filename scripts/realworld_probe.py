@@ -377,7 +377,7 @@ def _bert_transformers_optimizer(base: Path, work: Path) -> Path:
     from onnxruntime.transformers.optimizer import optimize_model
 
     optimized = optimize_model(
-        str(base / "bert.onnx"), model_type="bert", num_heads=2, hidden_size=64
+        str(base / "bert.onnx"), model_type="bert", num_heads=4, hidden_size=64
     )
     target = work / "bert.ortx.onnx"
     optimized.save_model_to_file(str(target))
@@ -389,7 +389,7 @@ def _bert_transformers_optimizer_fp16(base: Path, work: Path) -> Path:
     from onnxruntime.transformers.optimizer import optimize_model
 
     optimized = optimize_model(
-        str(base / "bert.onnx"), model_type="bert", num_heads=2, hidden_size=64
+        str(base / "bert.onnx"), model_type="bert", num_heads=4, hidden_size=64
     )
     optimized.convert_float_to_float16(keep_io_types=True)
     target = work / "bert.ortx16.onnx"
@@ -478,6 +478,47 @@ for _label, _name in (
         return _copy(base, name, work)
 
     form(_label, same_interface)(_exported)
+
+
+def _upsampler(opset: int, target: Path) -> Path:
+    """Conv, zero and reflect padding, nearest Upsample (Upsample-9 / Resize-10+), as zoo models had."""
+    import torch
+
+    class Up(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.zero = torch.nn.ZeroPad2d(1)
+            self.conv1 = torch.nn.Conv2d(3, 8, 3)
+            self.reflect = torch.nn.ReflectionPad2d(1)
+            self.conv2 = torch.nn.Conv2d(8, 8, 3)
+            self.up = torch.nn.Upsample(scale_factor=2, mode="nearest")
+            self.bn = torch.nn.BatchNorm2d(8).eval()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.conv1(self.zero(x)))
+            y = self.bn(self.conv2(self.reflect(y)))
+            return torch.sigmoid(self.up(y))
+
+    torch.manual_seed(0)
+    module = Up().eval()
+    torch.onnx.export(
+        module,
+        (torch.randn(1, 3, 16, 16),),
+        str(target),
+        input_names=["x"],
+        output_names=["y"],
+        opset_version=opset,
+        dynamo=False,
+    )
+    return target
+
+
+for _opset in (9, 10, 11):
+
+    def _built(base: Path, work: Path, opset: int = _opset) -> Path:
+        return _upsampler(opset, work / f"up{opset}.onnx")
+
+    form(f"zero/reflect Pad + Conv + Upsample/Resize at opset {_opset}")(_built)
 
 
 @form("cnn opset 9 down-converted to 8 (version_converter)", same_interface)
@@ -942,6 +983,7 @@ def probe(item: Form, base: Path, work: Path, bench: bool) -> Row:
         report = json.loads(done.stdout)
         before, after = report["before"]["nodes"], report["after"]["nodes"]
         row.cells["ort"] = f"{before}->{after}"
+        row.cells["opt s"] = f"{report['optimize_seconds']:.2f}"
         if not report["validation"] or not report["validation"].get("passed"):
             row.problems.append("ort: validation not passed")
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
@@ -1020,7 +1062,7 @@ def probe(item: Form, base: Path, work: Path, bench: bool) -> Row:
     return row
 
 
-COLUMNS = ("ort", "det", "fixpt", "onnx", "expl", "form", "bench")
+COLUMNS = ("ort", "opt s", "det", "fixpt", "onnx", "expl", "form", "bench")
 
 
 def main() -> int:
@@ -1044,6 +1086,8 @@ def main() -> int:
         row = probe(item, base, work, bench=not args.no_bench)
         rows.append(row)
         if not args.json:
+            if index == 0:
+                print(f"{'form':58} " + " ".join(f"{c:>9}" for c in COLUMNS), flush=True)
             cells = " ".join(f"{row.cells.get(c, '-'):>9}" for c in COLUMNS)
             verdict = "ok" if row.ok else "; ".join(row.problems)
             print(f"{row.name[:58]:58} {cells} {row.seconds:5.0f}s  {verdict}", flush=True)
