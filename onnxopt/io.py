@@ -1308,12 +1308,19 @@ def _current_umask() -> int:
 
 
 def mapped_arrays(model: ir.Model) -> dict[str, np.ndarray]:
-    """The main graph's weights mapped from the source file, by name, as read-only array views."""
-    return {
-        str(value.name): value.const_value.numpy()
+    """The main graph's weights mapped from the source file, by name, as read-only array views.
+
+    Empty when one of them has a type numpy lacks (bfloat16, float8, int4: ml_dtypes arrays,
+    which ``OrtValue.ortvalue_from_numpy`` refuses): the caller then hands ORT a file instead.
+    """
+    mapped = {
+        str(value.name): value.const_value
         for value in model.graph.initializers.values()
         if isinstance(value.const_value, MappedTensor)
     }
+    if any(tensor.dtype.numpy().type.__module__ != "numpy" for tensor in mapped.values()):
+        return {}
+    return {name: tensor.numpy() for name, tensor in mapped.items()}
 
 
 @contextlib.contextmanager

@@ -5,14 +5,17 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx.helper as oh
+import onnx.numpy_helper as onh
 import onnx.parser
 import onnxruntime as ort
+import pytest
 
 from onnxopt import api
-from onnxopt.io import load_model, model_from_proto, save_model
+from onnxopt.io import MappedTensor, load_model, model_from_proto, save_model
 
 T = onnx.TensorProto
 
@@ -156,3 +159,50 @@ def test_bench_times_a_model_with_repeated_node_names(tmp_path: Path) -> None:
     )
     [variants] = [group.variants for point in report.points for group in point.groups]
     assert [v.name for v in variants] == ["original", "optimized"]
+
+
+def _weight_only(dtype: int, array: np.ndarray) -> onnx.ModelProto:
+    """y = x @ dequantize(w): a weight of a type numpy lacks, large enough to be memory-mapped."""
+    weight = onh.from_array(array, "w")
+    assert weight.data_type == dtype
+    nodes = [
+        oh.make_node("Cast", ["w"], ["wf"], to=T.FLOAT)
+        if dtype == T.BFLOAT16
+        else oh.make_node("DequantizeLinear", ["w", "scale"], ["wf"], axis=0, block_size=32),
+        oh.make_node("MatMul", ["x", "wf"], ["m"]),
+        oh.make_node("Relu", ["m"], ["r"]),
+        oh.make_node("Identity", ["r"], ["y"]),
+    ]
+    scale = onh.from_array(np.full((4, 128), 0.05, np.float32), "scale")
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", T.FLOAT, ["n", 128])],
+        [oh.make_tensor_value_info("y", T.FLOAT, ["n", 128])],
+        [weight] if dtype == T.BFLOAT16 else [weight, scale],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "numpy_type"), [(T.BFLOAT16, ml_dtypes.bfloat16), (T.INT4, ml_dtypes.int4)]
+)
+def test_mapped_weights_of_types_numpy_lacks_validate(
+    tmp_path: Path, dtype: int, numpy_type: type
+) -> None:
+    """bfloat16 LLMs and int4 blockwise-QDQ models: their weights are mapped, not copied, on load."""
+    rng = np.random.default_rng(0)
+    array = rng.integers(-8, 8, (128, 128)).astype(numpy_type)
+    source = tmp_path / "weights.onnx"
+    onnx.save(_weight_only(dtype, array), str(source))
+    loaded = load_model(source)
+    assert isinstance(loaded.model.graph.initializers["w"].const_value, MappedTensor)
+
+    result = api.optimize(source)
+
+    assert result.validated, result.report.validation
+    assert [n.op_type for n in result.model.graph] == [
+        "Cast" if dtype == T.BFLOAT16 else "DequantizeLinear",
+        "MatMul",
+        "Relu",
+    ]
