@@ -219,7 +219,7 @@ def qdq_pairs_survive(before: onnx.ModelProto, after: onnx.ModelProto) -> list[s
     return problems + int8_kernels_survive(before, after)
 
 
-_INT8_MARKS = ("QLinear", "Integer", "QGemm", "QAttention", "DynamicQuantize", "QOrdered")
+_INT8_MARKS = ("QLinear", "Integer", "QGemm", "QAttention", "DynamicQuantize", "QOrdered", "NBits")
 
 
 def _ort_int8_kernels(model: onnx.ModelProto) -> Counter[str]:
@@ -332,6 +332,36 @@ def _bert_qdq(base: Path, work: Path) -> Path:
 )
 def _bert_qop(base: Path, work: Path) -> Path:
     return _static(base, work, "bert", "QOperator")
+
+
+def _nbits(base: Path, work: Path, name: str, qdq: bool) -> Path:
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=32,
+        is_symmetric=True,
+        quant_format=QuantFormat.QDQ if qdq else QuantFormat.QOperator,
+        op_types_to_quantize=("MatMul",),
+    )
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(base / f"{name}.onnx")), algo_config=config)
+    quantizer.process()
+    target = work / f"{name}.{'int4qdq' if qdq else 'nbits'}.onnx"
+    quantizer.model.save_model_to_file(str(target), False)
+    return target
+
+
+@form("bert 4-bit weights MatMulNBits (matmul_nbits_quantizer)", quant_ops_survive)
+def _bert_nbits(base: Path, work: Path) -> Path:
+    return _nbits(base, work, "bert", qdq=False)
+
+
+@form("bert 4-bit blockwise QDQ (int4 DequantizeLinear, opset 21)", qdq_pairs_survive)
+def _bert_int4_qdq(base: Path, work: Path) -> Path:
+    return _nbits(base, work, "bert", qdq=True)
 
 
 # ---------------------------------------------------------------- forms: already optimized
