@@ -104,10 +104,18 @@ def export_base(folder: Path) -> None:
         )
 
 
-def _cli(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def _cli(
+    args: list[str], cwd: Path, timeout: float = 600, rss: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the onnxopt CLI; with ``rss``, GNU time writes the peak resident set (KiB) there."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    timed = (
+        ["/usr/bin/time", "-f", "%M", "-o", str(rss)]
+        if rss and Path("/usr/bin/time").exists()
+        else []
+    )
     return subprocess.run(
-        [sys.executable, "-m", "onnxopt", *args],
+        [*timed, sys.executable, "-m", "onnxopt", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -1003,7 +1011,12 @@ def probe(item: Form, base: Path, work: Path, bench: bool) -> Row:
     out.mkdir(exist_ok=True)
     a, a2, aa, o = (out / f"{n}.onnx" for n in ("a", "a2", "aa", "o"))
 
-    done = _cli(["optimize", str(source), "-o", str(a), "--json", *item.args], cwd=elsewhere)
+    rss = work / "rss.txt"
+    done = _cli(
+        ["optimize", str(source), "-o", str(a), "--json", *item.args], cwd=elsewhere, rss=rss
+    )
+    if rss.exists() and rss.read_text().strip().isdigit():
+        row.cells["peak MB"] = f"{int(rss.read_text()) / 1024:.0f}"
     if item.refused:
         lines = done.stderr.strip().splitlines()
         clean = (
@@ -1106,7 +1119,7 @@ def probe(item: Form, base: Path, work: Path, bench: bool) -> Row:
     return row
 
 
-COLUMNS = ("ort", "opt s", "det", "fixpt", "onnx", "expl", "form", "bench")
+COLUMNS = ("ort", "opt s", "peak MB", "det", "fixpt", "onnx", "expl", "form", "bench")
 
 
 def main() -> int:
