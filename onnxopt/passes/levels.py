@@ -28,6 +28,7 @@ from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.fuse_rotary_embedding import FuseRotaryEmbeddingPass
 from onnxopt.passes.fuse_rotary_transposes import FuseRotaryTransposesPass
 from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.inline_functions import InlineFunctionsPass
 from onnxopt.passes.keep_layer_norm_unfused import KeepLayerNormUnfusedPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
@@ -90,6 +91,7 @@ ATTENTION: list[PassClass] = [FuseAttentionPass, EliminateDeadCodePass, FusePack
 
 # Every pass, in the order a custom --passes list is best run in.
 ALL_PASSES: list[PassClass] = [
+    InlineFunctionsPass,
     SortTopologicallyPass,
     RemoveInitializerInputsPass,
     InferShapesPass,
@@ -130,6 +132,7 @@ CLEANUP: tuple[PassClass, ...] = (
 LEVELS: dict[int, LevelSpec] = {
     0: [],
     1: [
+        InlineFunctionsPass,  # the rewrites see the main graph only
         SortTopologicallyPass,
         RemoveInitializerInputsPass,
         InferShapesPass,
@@ -141,6 +144,7 @@ LEVELS: dict[int, LevelSpec] = {
         DeduplicateInitializersPass,
     ],
     2: [
+        InlineFunctionsPass,
         SortTopologicallyPass,
         RemoveInitializerInputsPass,
         InferShapesPass,
@@ -168,6 +172,7 @@ LEVELS: dict[int, LevelSpec] = {
     ],
     # O3: as O2, then the cleanup fixed point once more over the fused graph (slower to run).
     3: [
+        InlineFunctionsPass,
         SortTopologicallyPass,
         RemoveInitializerInputsPass,
         InferShapesPass,
