@@ -811,6 +811,28 @@ def _scripted(base: Path, work: Path) -> Path:
     return target
 
 
+@form("TorchScript export_modules_as_functions (local functions)")
+def _module_functions(base: Path, work: Path) -> Path:
+    import torch
+
+    from onnxopt.zoo.vision import small_cnn_tiny
+
+    module, inputs, axes = small_cnn_tiny()
+    target = work / "cnn.functions.onnx"
+    torch.onnx.export(
+        module,
+        tuple(inputs.values()),
+        str(target),
+        input_names=list(inputs),
+        output_names=["logits"],
+        opset_version=17,
+        dynamo=False,
+        export_modules_as_functions=True,
+        dynamic_axes=axes,
+    )
+    return target
+
+
 @form("Scan cumulative sum + If with constant-foldable branches (onnx.helper)")
 def _scan(base: Path, work: Path) -> Path:
     body = oh.make_graph(
