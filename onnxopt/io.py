@@ -59,6 +59,11 @@ def _sniff(path: Path, head: bytes) -> None:
     for magic, what in _MAGIC:
         if head.startswith(magic):
             raise ModelLoadError(f"{path}: this is {what}, not an ONNX model")
+    if head[4:8] == b"ORTM":  # the flatbuffer file identifier of ONNX Runtime's own format
+        raise ModelLoadError(
+            f"{path}: this is an ORT format model (.ort), which only ONNX Runtime reads; "
+            "optimize the .onnx file it was converted from"
+        )
     if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
         raise ModelLoadError(
             f"{path}: this is a Python pickle, not an ONNX model (pickles are never loaded)"

@@ -206,3 +206,20 @@ def test_mapped_weights_of_types_numpy_lacks_validate(
         "MatMul",
         "Relu",
     ]
+
+
+def test_ort_format_model_is_named_as_such(tmp_path: Path) -> None:
+    """ORT can save its optimized graph as a .ort flatbuffer; users then hand that file over."""
+    from onnxopt.errors import ModelLoadError
+
+    proto = _duplicate_names()
+    for index, node in enumerate(proto.graph.node):
+        node.name = f"n{index}"
+    source = tmp_path / "m.onnx"
+    onnx.save(proto, str(source))
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "m.ort")
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+
+    with pytest.raises(ModelLoadError, match=r"m\.ort: this is an ORT format model \(\.ort\)"):
+        load_model(tmp_path / "m.ort")
