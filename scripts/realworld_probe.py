@@ -617,6 +617,72 @@ def _ml_without_import(base: Path, work: Path) -> Path:
     return _save(model, work / "ml_no_import.onnx")
 
 
+@form(
+    "sklearn-style classifier with ZipMap (seq(map) output)",
+    refused="Map types are not supported",
+)
+def _zipmap(base: Path, work: Path) -> Path:
+    nodes = [
+        oh.make_node(
+            "LinearClassifier",
+            ["x"],
+            ["label", "probabilities"],
+            domain="ai.onnx.ml",
+            classlabels_ints=[0, 1, 2],
+            coefficients=[0.1 * i for i in range(12)],
+            intercepts=[0.1, 0.2, 0.3],
+            post_transform="SOFTMAX",
+        ),
+        oh.make_node(
+            "ZipMap",
+            ["probabilities"],
+            ["output_probability"],
+            domain="ai.onnx.ml",
+            classlabels_int64s=[0, 1, 2],
+        ),
+    ]
+    seq_map = oh.make_sequence_type_proto(
+        oh.make_map_type_proto(T.INT64, oh.make_tensor_type_proto(T.FLOAT, []))
+    )
+    graph = oh.make_graph(
+        nodes,
+        "classifier",
+        [oh.make_tensor_value_info("x", T.FLOAT, ["N", 4])],
+        [
+            oh.make_tensor_value_info("label", T.INT64, ["N"]),
+            oh.make_value_info("output_probability", seq_map),
+        ],
+    )
+    opsets = [oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.ml", 1)]
+    return _save(oh.make_model(graph, opset_imports=opsets, ir_version=8), work / "classifier.onnx")
+
+
+@form("tf2onnx-style NHWC: Transpose sandwiches around Conv")
+def _nhwc(base: Path, work: Path) -> Path:
+    rng = np.random.default_rng(0)
+    w1 = onh.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, "w1")
+    w2 = onh.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2, "w2")
+    bias = onh.from_array(rng.standard_normal(8).astype(np.float32), "bias")
+    to_nchw, to_nhwc = [0, 3, 1, 2], [0, 2, 3, 1]
+    graph = oh.make_graph(
+        [
+            oh.make_node("Transpose", ["x"], ["t0"], perm=to_nchw),
+            oh.make_node("Conv", ["t0", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+            oh.make_node("Transpose", ["c1"], ["n1"], perm=to_nhwc),
+            oh.make_node("Add", ["n1", "bias"], ["a1"]),
+            oh.make_node("Relu", ["a1"], ["r1"]),
+            oh.make_node("Transpose", ["r1"], ["t1"], perm=to_nchw),
+            oh.make_node("Conv", ["t1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+            oh.make_node("Transpose", ["c2"], ["y"], perm=to_nhwc),
+        ],
+        "nhwc",
+        [oh.make_tensor_value_info("x", T.FLOAT, ["N", 16, 16, 3])],
+        [oh.make_tensor_value_info("y", T.FLOAT, ["N", 16, 16, 8])],
+        [w1, w2, bias],
+    )
+    return _save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)]), work / "nhwc.onnx")
+
+
 @form("cnn --opset 23", args=("--opset", "23"))
 def _cnn_opset23(base: Path, work: Path) -> Path:
     return _copy(base, "cnn", work)
