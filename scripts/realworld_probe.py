@@ -406,6 +406,22 @@ def _cnn_ort_all(base: Path, work: Path) -> Path:
     return _ort_saved(base, work, "cnn", "ALL")
 
 
+@form("bert ORT_ENABLE_EXTENDED saved with external initializers", contrib_ops_survive)
+def _bert_ort_external(base: Path, work: Path) -> Path:
+    import onnxruntime as ort
+
+    folder = work / "ort saved"
+    folder.mkdir()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(folder / "bert.onnx")
+    config = "session.optimized_model_external_initializers_"
+    options.add_session_config_entry(config + "file_name", "bert.weights.bin")
+    options.add_session_config_entry(config + "min_size_in_bytes", "100")
+    ort.InferenceSession(str(base / "bert.onnx"), options, providers=["CPUExecutionProvider"])
+    return folder / "bert.onnx"
+
+
 @form("cnn-qdq ORT_ENABLE_ALL saved (QLinearConv from QDQ)", quant_ops_survive)
 def _cnn_qdq_ort_all(base: Path, work: Path) -> Path:
     qdq = _static(base, work, "cnn", "QDQ")
