@@ -234,7 +234,8 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "--dim",
             "dims",
             multiple=True,
-            help="Size symbolic dims for memory figures and reordering: batch=8,seq=512.",
+            help="Size symbolic dims: the first sizes validation tries, and the sizes of memory "
+            "figures and reordering: batch=8,seq=512.",
         ),
         click.option(
             "--memory",
