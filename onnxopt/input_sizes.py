@@ -23,7 +23,7 @@ from typing import Protocol
 # Sizes tried for every symbolic dim at once, after 1 and the distinct-per-dim plan.
 FALLBACK_SIZES = (2, 8, 16, 32, 64, 128, 224)
 # Relations tried at most (each costs one run of the original model that may fail).
-MAX_RELATIONS = 40
+MAX_RELATIONS = 64
 # No dim is generated larger than this (an expression like ``seq * 100000000`` is not a plan).
 MAX_DIM = 1 << 24
 _MAX_TEXT = 200  # longer dim names are not parsed as expressions
@@ -221,8 +221,8 @@ class DimSymbols:
 
         First each expression the model itself names (``hints``: its output dims, e.g. a present
         key's ``past + seq``) as the size of an input dim outside it, then each name as the sum of
-        two others. Names that are used by few inputs and are not a batch dim come first as targets;
-        batch dims come last in the sums.
+        two others, then each name equal to another (an encoder length named twice). Names used by
+        few inputs and not a batch dim come first as targets; batch dims come last as terms.
         """
         targets = sorted(
             self.atoms, key=lambda a: (a in self.leading, self.uses.get(a, 0), self.atoms.index(a))
@@ -234,6 +234,7 @@ class DimSymbols:
                 continue
             inside = set(_names(tree))
             found += [Relation(t, tree, text) for t in targets if t not in inside]
+        equal: list[Relation] = []
         for target in targets:
             others = sorted(
                 (a for a in self.atoms if a != target),
@@ -242,4 +243,5 @@ class DimSymbols:
             for a, b in itertools.combinations(others, 2):
                 tree = ast.Expression(ast.BinOp(ast.Name(a), ast.Add(), ast.Name(b)))
                 found.append(Relation(target, tree, f"{a} + {b}"))
-        return list(dict.fromkeys(found))[:MAX_RELATIONS]
+            equal += [Relation(target, ast.Expression(ast.Name(a)), a) for a in others]
+        return list(dict.fromkeys([*found, *equal]))[:MAX_RELATIONS]
