@@ -476,3 +476,71 @@ def test_partial_rotary_of_a_packed_projection() -> None:
     )
     assert report.passed, report
     assert not FuseRotaryEmbeddingPass()(fused).modified
+
+
+# ---------------------------------------------------------------- positions after a KV cache
+# With a past of P tokens the positions are P..P+S-1: Add(Range(0, S, 1), P) (TorchScript) or
+# Range(P, P + S, 1). The table still has one row per input position, row s for token s.
+OFFSET_FORMS = {
+    "add": "pos_off = Add (pos, poff)",
+    "range": "pend = Add (poff, n)\n    pos_off = Range (poff, pend, one)",
+}
+
+
+def _offset_model(form: str, offset: str = "poff = Squeeze (pshp)") -> ir.Model:
+    text = _rope_text(20, positions="pos_off", extra_input=", float[B, 2, P, 16] past")
+    cached = (
+        f"    pshp = Shape <start = 2, end = 3> (past)\n    {offset}\n    {OFFSET_FORMS[form]}\n"
+    )
+    return parse(
+        text.replace("    pos3 =", cached + "    pos3 ="), inv_freq=_inv_freq(), **_slices()
+    )
+
+
+def _offset_feeds(batch: int, past: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    feeds = _feeds(batch, seq, seed)
+    feeds["past"] = np.zeros((batch, 2, past, 16), dtype=np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("form", sorted(OFFSET_FORMS))
+def test_rotary_positions_after_a_cache(form: str) -> None:
+    """Positions P..P+S-1 (decode S=1, prompt P=0): the table's rows are the tokens' rows."""
+    model = _offset_model(form)
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass()(fused)
+    assert result.stats == {"rotary->RotaryEmbedding": 2}
+    types = op_types(fused)
+    assert types.count("com.microsoft::RotaryEmbedding") == 2 and "Neg" not in types
+    sizes = [
+        _offset_feeds(b, p, s, i)
+        for i, (b, p, s) in enumerate([(2, 5, 3), (1, 0, 4), (2, 7, 1), (3, 40, 1)])
+    ]
+    report = validate(model, fused, inputs=sizes)
+    assert report.passed, report
+    assert len(report.trials) == len(sizes)
+    assert not FuseRotaryEmbeddingPass()(fused).modified
+
+
+def test_rotary_offset_of_several_elements_refused() -> None:
+    """An offset [K] added to Range(0, S, 1) broadcasts to K rows when S = 1: not one row per token."""
+    text = _rope_text(20, positions="pos_off", extra_input=", int64[K] poff")
+    model = parse(
+        text.replace("    pos3 =", "    pos_off = Add (pos, poff)\n    pos3 ="),
+        inv_freq=_inv_freq(),
+        **_slices(),
+    )
+    _refuses(model, "cannot prove the cos table has one row per input position")
+
+
+def test_rotary_range_end_not_start_plus_length_refused() -> None:
+    """Range(P, P * S, 1): its length is not a dim of the input."""
+    text = _rope_text(20, positions="pos_off", extra_input=", float[B, 2, P, 16] past")
+    cached = (
+        "    pshp = Shape <start = 2, end = 3> (past)\n    poff = Squeeze (pshp)\n"
+        "    pend = Mul (poff, n)\n    pos_off = Range (poff, pend, one)\n"
+    )
+    model = parse(
+        text.replace("    pos3 =", cached + "    pos3 ="), inv_freq=_inv_freq(), **_slices()
+    )
+    _refuses(model, "cannot prove the cos table has one row per input position")

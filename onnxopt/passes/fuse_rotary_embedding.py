@@ -12,6 +12,10 @@ exports fold them) gives constant caches.
 Target ``ort``: com.microsoft.RotaryEmbedding(x, position_ids=[0], cos_cache [S, H/2], sin_cache)
 with ``interleaved=0``; a one-element position_ids is ONNX Runtime's "offset" form: token ``s`` reads
 cache row ``s``, which is the row the original graph multiplied it by.
+With a KV cache the new tokens sit at positions P..P+S-1 (P the past length): exporters build
+``f`` from ``Add(Range(0, S, 1), P)`` or ``Range(P, P + S, 1)``. The table then still has one row
+per input position (row s holds position P+s, the one token s is multiplied by), so the same
+offset-0 rotary is exact; only the row count has to be proven, and a one-element offset adds none.
 Target ``onnx``: RotaryEmbedding (opset 23) without position_ids, caches expanded to [B, S, H/2] as
 the standard op requires; older opsets are left alone (``--opset 23`` upgrades first).
 
@@ -41,7 +45,7 @@ from functools import partial
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import MS_DOMAIN, const_array, is_op
+from onnxopt.ops import MS_DOMAIN, const_array, is_op, static_shape
 from onnxopt.passes._refine_shapes import _is_unknown
 from onnxopt.passes._shape_facts import cast_target, const_ints, int_param, slice_params
 from onnxopt.passes.base import Pass, PassResult
@@ -153,8 +157,36 @@ def _dim_of_scalar(value: ir.Value | None) -> object:
     return source.shape[start + offset]
 
 
+def _is_scalar(value: ir.Value | None) -> bool:
+    """A one-element value ([] or [1]): added to a Range it shifts the positions, never adds rows."""
+    return value is not None and value.shape is not None and static_shape(value) in ((), (1,))
+
+
+def _range_length(node: ir.Node) -> object:
+    """The dim ``Range(a, b, 1)`` counts when provably a dim: ``Range(0, n, 1)`` or, a KV cache's
+    positions P..P+S-1, ``Range(p, Add(p, n), 1)``; n read off a Shape."""
+    if len(node.inputs) != 3:
+        return None
+    step = const_array(node.inputs[2])
+    if step is None or step.size != 1 or float(step.reshape(())) != 1:
+        return None
+    start_value, end_value = node.inputs[0], node.inputs[1]
+    start = const_array(start_value)
+    if start is not None and start.size == 1 and float(start.reshape(())) == 0:
+        return _dim_of_scalar(end_value)
+    add = producer_op(end_value, "Add")
+    if add is None or start_value is None or start_value not in add.inputs:
+        return None
+    if not _is_scalar(start_value) or not _is_scalar(end_value):
+        return None
+    return _dim_of_scalar(other_input(add, start_value))
+
+
 def _rows_of(freqs: ir.Value) -> object:
-    """The number of rows (positions) of ``f`` [1, S, H/2]: its inferred dim, or Range(0, n, 1)'s n."""
+    """The number of rows (positions) of ``f`` [1, S, H/2]: its inferred dim, or the length n of the
+    Range its positions count: ``Range(0, n, 1)``, shifted by a one-element offset (a KV cache's
+    past length P: positions P..P+S-1, ``Add(Range(0, n, 1), P)``) or ``Range(P, P + n, 1)``.
+    Which positions they are does not matter: row s of the table is the one token s reads."""
     assert freqs.shape is not None
     rows = freqs.shape[1]
     mul = producer_op(freqs, "Mul")
@@ -162,13 +194,19 @@ def _rows_of(freqs: ir.Value) -> object:
         return rows
     for operand in mul.inputs[:2]:
         node = None if operand is None else operand.producer()
-        while node is not None and (is_op(node, "Cast") or is_op(node, "Unsqueeze")):
+        while node is not None and (
+            is_op(node, "Cast")
+            or is_op(node, "Unsqueeze")
+            or (is_op(node, "Add") and any(_is_scalar(v) for v in node.inputs[:2]))
+        ):
+            if is_op(node, "Add"):  # the position offset: the other operand counts the rows
+                scalar = next(v for v in node.inputs[:2] if _is_scalar(v))
+                ranged = other_input(node, scalar) if node.inputs[0] is not node.inputs[1] else None
+                node = None if ranged is None else ranged.producer()
+                continue
             node = node.inputs[0].producer() if node.inputs[0] is not None else None
-        if is_op(node, "Range") and node is not None and len(node.inputs) == 3:
-            start, step = const_array(node.inputs[0]), const_array(node.inputs[2])
-            from_zero = start is not None and start.size == 1 and float(start.reshape(())) == 0
-            unit = step is not None and step.size == 1 and float(step.reshape(())) == 1
-            found = _dim_of_scalar(node.inputs[1]) if from_zero and unit else None
+        if is_op(node, "Range") and node is not None:
+            found = _range_length(node)
             if found is not None:
                 return found
     return rows
