@@ -82,8 +82,9 @@ def _step_module(model: Any, layers: int) -> Any:
     return _CacheStep().eval()
 
 
-def kv_factory(family: str, attention: str = "eager") -> tuple[Any, dict[str, Any], Any]:
-    """(module, example inputs, dynamic shape names) of ``family``'s cached decoder step."""
+def kv_factory(spec: str, attention: str = "eager") -> tuple[Any, dict[str, Any], Any]:
+    """(module, example inputs, dynamic shape names) of the cached decoder step of the model a
+    no-cache factory ``spec`` builds (a ``BASES`` value, or e.g. the zoo's full-size ``llama``)."""
     import torch
 
     from onnxopt.export import _import_factory
@@ -91,7 +92,7 @@ def kv_factory(family: str, attention: str = "eager") -> tuple[Any, dict[str, An
     previous = arch_sweep.ATTENTION["implementation"]
     arch_sweep.ATTENTION["implementation"] = attention
     try:
-        wrapped, _, _ = _import_factory(BASES[family])()
+        wrapped, _, _ = _import_factory(spec)()
     finally:
         arch_sweep.ATTENTION["implementation"] = previous
     model = wrapped.model
@@ -122,13 +123,13 @@ def kv_factory(family: str, attention: str = "eager") -> tuple[Any, dict[str, An
     return _step_module(model, layers), inputs, dynamic
 
 
-def export_kv(family: str, exporter: str, path: Path, attention: str = "eager") -> None:
+def export_kv(spec: str, exporter: str, path: Path, attention: str = "eager") -> None:
     """Export the cached step; dynamo derives ``total = past + sequence`` itself (Dim.AUTO)."""
     import torch
 
     from onnxopt.reference import Reference, reference_path_for, save_reference
 
-    module, inputs, dynamic = kv_factory(family, attention)
+    module, inputs, dynamic = kv_factory(spec, attention)
     names = list(inputs)
     with torch.no_grad():
         eager = module(*inputs.values())
@@ -162,7 +163,7 @@ def export_kv(family: str, exporter: str, path: Path, attention: str = "eager") 
     reference = Reference(
         {name: value.numpy() for name, value in inputs.items()},
         {name: value.numpy() for name, value in zip(module.output_names, eager, strict=True)},
-        {"model": f"{family}-kv", "exporter": exporter},
+        {"model": f"{spec} (KV cache)", "exporter": exporter},
     )
     save_reference(reference_path_for(path), reference)
 
@@ -180,12 +181,16 @@ def _mask(batch: int, total: int, seq: int, pattern: str) -> np.ndarray:
     return mask
 
 
-def kv_inputs(model: Any, sizes: tuple[tuple[int, int, int], ...] = SIZES) -> list[dict[str, Any]]:
+def kv_inputs(
+    model: Any,
+    sizes: tuple[tuple[int, int, int], ...] = SIZES,
+    masks: tuple[str, ...] = MASKS,
+) -> list[dict[str, Any]]:
     """Consistent feeds for a cached step (``ir.Model``): each (B, P, S) with each mask pattern."""
     rng = np.random.default_rng(0)
     feeds = []
     for batch, past, seq in sizes:
-        for pattern in MASKS:
+        for pattern in masks:
             if pattern != "ones" and batch == 1 and past == 0 and seq == 1:
                 continue
             feed: dict[str, Any] = {}
@@ -216,7 +221,7 @@ def sweep_one(family: str, exporter: str, out: Path, attention: str, explain: bo
 
 
 def _export_to(family: str, exporter: str, attention: str, path: Path) -> None:
-    export_kv(family, exporter, path, attention)
+    export_kv(BASES[family], exporter, path, attention)
 
 
 def main(argv: list[str] | None = None) -> None:
