@@ -12,7 +12,9 @@ against the original at several sizes: (B, P, S) in (2, 5, 3), (1, 0, 4) (prompt
     PYTHONPATH=. python benchmarks/kv_sweep.py [--families gpt2,llama,...] [--exporters dynamo]
         [--attention eager|sdpa] [--out DIR] [--explain]
 
-A factory can also be exported alone: ``kv_factory("llama")`` returns (module, inputs, dynamic).
+``--position-ids`` adds a ``position_ids [B, S]`` input (as Optimum / onnxruntime-genai exports
+take it: ``cumsum(mask) - 1``, so a left-padded row's tokens count from its first real token).
+``kv_factory(spec)`` returns (module, example inputs, dynamic dim names).
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ SIZES = ((2, 5, 3), (1, 0, 4), (2, 7, 1), (1, 3, 1))
 MASKS = ("ones", "left", "right")
 
 
-def _step_module(model: Any, layers: int) -> Any:
-    """``forward(input_ids, attention_mask, *past)`` -> (last_hidden_state, k_0, v_0, k_1, ...)."""
+def _step_module(model: Any, layers: int, positions: bool) -> Any:
+    """``forward(input_ids, attention_mask, [position_ids,] *past)`` -> (last_hidden_state, k_0, v_0, k_1, ...)."""
     import torch
     from transformers import DynamicCache
 
@@ -63,12 +65,15 @@ def _step_module(model: Any, layers: int) -> Any:
             )
 
         def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            input_ids, attention_mask, past = args[0], args[1], args[2:]
+            input_ids, attention_mask = args[0], args[1]
+            position_ids = args[2] if positions else None
+            past = args[3:] if positions else args[2:]
             pairs = [(past[2 * i], past[2 * i + 1]) for i in range(layers)]
             cache = DynamicCache(pairs, config=self.model.config)
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
+                position_ids=position_ids,
                 past_key_values=cache,
                 use_cache=True,
                 return_dict=True,
@@ -82,7 +87,9 @@ def _step_module(model: Any, layers: int) -> Any:
     return _CacheStep().eval()
 
 
-def kv_factory(spec: str, attention: str = "eager") -> tuple[Any, dict[str, Any], Any]:
+def kv_factory(
+    spec: str, attention: str = "eager", positions: bool = False
+) -> tuple[Any, dict[str, Any], Any]:
     """(module, example inputs, dynamic shape names) of the cached decoder step of the model a
     no-cache factory ``spec`` builds (a ``BASES`` value, or e.g. the zoo's full-size ``llama``)."""
     import torch
@@ -109,27 +116,31 @@ def kv_factory(spec: str, attention: str = "eager") -> tuple[Any, dict[str, Any]
         "input_ids": torch.randint(0, vocab, (batch, seq)),
         "attention_mask": torch.ones(batch, past_len + seq, dtype=torch.int64),
     }
-    inputs["attention_mask"][1, :2] = (
-        0  # one left-padded row, so the eager reference checks the mask
-    )
+    # One left-padded row, so that the eager reference checks the mask.
+    inputs["attention_mask"][1, :2] = 0
     dynamic: dict[str, dict[int, str]] = {
         "input_ids": {0: "batch", 1: "sequence"},
         "attention_mask": {0: "batch", 1: "total"},
     }
+    if positions:
+        inputs["position_ids"] = torch.from_numpy(_positions(inputs["attention_mask"].numpy(), seq))
+        dynamic["position_ids"] = {0: "batch", 1: "sequence"}
     for i in range(layers):
         for kind, tensor in (("key", cache.layers[i].keys), ("value", cache.layers[i].values)):
             inputs[f"past.{i}.{kind}"] = tensor.clone()
             dynamic[f"past.{i}.{kind}"] = {0: "batch", 2: "past"}
-    return _step_module(model, layers), inputs, dynamic
+    return _step_module(model, layers, positions), inputs, dynamic
 
 
-def export_kv(spec: str, exporter: str, path: Path, attention: str = "eager") -> None:
+def export_kv(
+    spec: str, exporter: str, path: Path, attention: str = "eager", positions: bool = False
+) -> None:
     """Export the cached step; dynamo derives ``total = past + sequence`` itself (Dim.AUTO)."""
     import torch
 
     from onnxopt.reference import Reference, reference_path_for, save_reference
 
-    module, inputs, dynamic = kv_factory(spec, attention)
+    module, inputs, dynamic = kv_factory(spec, attention, positions)
     names = list(inputs)
     with torch.no_grad():
         eager = module(*inputs.values())
@@ -181,6 +192,13 @@ def _mask(batch: int, total: int, seq: int, pattern: str) -> np.ndarray:
     return mask
 
 
+def _positions(mask: np.ndarray, seq: int) -> np.ndarray:
+    """transformers' generate(): ``cumsum(mask) - 1`` (pads at 1), the last ``seq`` columns."""
+    positions = np.cumsum(mask, axis=1) - 1
+    positions[mask == 0] = 1
+    return np.ascontiguousarray(positions[:, mask.shape[1] - seq :]).astype(np.int64)
+
+
 def kv_inputs(
     model: Any,
     sizes: tuple[tuple[int, int, int], ...] = SIZES,
@@ -200,6 +218,8 @@ def kv_inputs(
                     feed[name] = rng.integers(0, 1000, (batch, seq)).astype(np.int64)
                 elif name == "attention_mask":
                     feed[name] = _mask(batch, past + seq, seq, pattern)
+                elif name == "position_ids":
+                    feed[name] = _positions(_mask(batch, past + seq, seq, pattern), seq)
                 else:
                     heads, size = value.shape[1], value.shape[3]
                     feed[name] = rng.standard_normal((batch, heads, past, size)).astype(np.float32)
@@ -207,21 +227,23 @@ def kv_inputs(
     return feeds
 
 
-def sweep_one(family: str, exporter: str, out: Path, attention: str, explain: bool) -> Row:
+def sweep_one(
+    family: str, exporter: str, out: Path, attention: str, explain: bool, positions: bool = False
+) -> Row:
     """arch_sweep's row (nodes, fused ops, validated, fixed point) for the cached step."""
     return arch_sweep.sweep_one(
         family,
         exporter,
         out,
         explain,
-        export_to=partial(_export_to, family, exporter, attention),
+        export_to=partial(_export_to, family, exporter, attention, positions),
         inputs_for=kv_inputs,
-        stem=f"{family}_kv",
+        stem=f"{family}_kv{'_pos' if positions else ''}",
     )
 
 
-def _export_to(family: str, exporter: str, attention: str, path: Path) -> None:
-    export_kv(BASES[family], exporter, path, attention)
+def _export_to(family: str, exporter: str, attention: str, positions: bool, path: Path) -> None:
+    export_kv(BASES[family], exporter, path, attention, positions)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -233,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--attention", default="eager", choices=("eager", "sdpa"))
     parser.add_argument("--out", type=Path, default=None, help="keep the exports here")
     parser.add_argument("--explain", action="store_true", help="print fusion --explain notes")
+    parser.add_argument("--position-ids", action="store_true", help="a position_ids [B, S] input")
     args = parser.parse_args(argv)
     sys.modules.setdefault("benchmarks.kv_sweep", sys.modules[__name__])
     families = [f.strip() for f in args.families.split(",") if f.strip()] or list(BASES)
@@ -249,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[Row] = []
     for family in families:
         for exporter in args.exporters.split(","):
-            row = sweep_one(family, exporter, out, args.attention, args.explain)
+            row = sweep_one(family, exporter, out, args.attention, args.explain, args.position_ids)
             rows.append(row)
             print(row.markdown(), flush=True)
     for row in rows:
