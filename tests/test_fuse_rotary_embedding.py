@@ -193,16 +193,62 @@ def test_rotary_partial_dims_refused() -> None:
     _refuses(_model(lo=4), "rotate_half slices [0:4], expected the halves of 16")
 
 
-def test_rotary_positions_per_batch_row_refused() -> None:
-    """position_ids [B, S] given as an input: the angles differ per batch row."""
-    _refuses(
-        _model(
-            positions="position_ids",
-            extra_input=", int64[B, S] position_ids",
-            position_axes="ax2",
-        ),
-        "rotary angles differ per batch row",
+def _per_row_model(opset: int = 20, batch: str = "B") -> ir.Model:
+    """position_ids [B, S] given as an input (Optimum's decoders): the angles differ per batch row."""
+    return _model(
+        opset=opset,
+        positions="position_ids",
+        extra_input=f", int64[{batch}, S] position_ids",
+        position_axes="ax2",
     )
+
+
+def _per_row_feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    """Each row its own positions: a left-padded row starts later, a decode step far on."""
+    feeds = _feeds(batch, seq, seed)
+    starts = np.random.default_rng(seed).integers(0, 50, (batch, 1))
+    feeds["position_ids"] = (starts + np.arange(seq)[None]).astype(np.int64)
+    return feeds
+
+
+PER_ROW_SIZES = [_per_row_feeds(2, 7, 0), _per_row_feeds(1, 1, 1), _per_row_feeds(3, 1, 2)]
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_rotary_positions_per_batch_row(target: str) -> None:
+    """Caches of the angles' own B*S rows; token (b, s) reads row b*S + s (ort: position_ids
+    Reshape(Range(0, B*S), [B, S]), built once for both rotaries; onnx: [B, S, H/2] caches)."""
+    model = _per_row_model(opset=23 if target == "onnx" else 20)
+    options = PassOptions(target=target)  # type: ignore[arg-type]
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass(options)(fused)
+    assert result.stats == {"rotary->RotaryEmbedding": 2}
+    # The template's unused Range(0, S) stays (dead code is another pass's job).
+    types = [t for t in op_types(fused) if t != "Constant"][3:]
+    assert [t for t in op_types(fused) if t != "Constant"][:3] == ["Shape", "Squeeze", "Range"]
+    if target == "ort":
+        assert types == [
+            "Unsqueeze", "Cast", "Mul", "Reshape", "Cos", "Sin", "Shape", "ReduceProd",
+            "Range", "Reshape", "com.microsoft::RotaryEmbedding", "com.microsoft::RotaryEmbedding",
+        ]  # fmt: skip
+    else:
+        assert types == [
+            "Unsqueeze",
+            "Cast",
+            "Mul",
+            "Cos",
+            "Sin",
+            "RotaryEmbedding",
+            "RotaryEmbedding",
+        ]
+    report = validate(model, fused, inputs=PER_ROW_SIZES)
+    assert report.passed, report
+    assert not FuseRotaryEmbeddingPass(options)(fused).modified
+
+
+def test_rotary_positions_per_batch_row_unproven_batch_refused() -> None:
+    """position_ids [C, S]: C is not provably x's batch B (C = 1 would broadcast one row's angles)."""
+    _refuses(_per_row_model(batch="C"), "cannot prove they have the input's batch size")
 
 
 def test_rotary_unproven_sequence_length_refused() -> None:

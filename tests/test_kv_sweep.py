@@ -29,10 +29,12 @@ CASES = [
 ]
 
 
-def _check(family: str, exporter: str, attention: str, fused: str, tmp_path: Path) -> None:
+def _check(
+    family: str, exporter: str, attention: str, fused: str, tmp_path: Path, positions: bool = False
+) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    row = kv_sweep.sweep_one(family, exporter, tmp_path, attention, explain=False)
+    row = kv_sweep.sweep_one(family, exporter, tmp_path, attention, False, positions)
     assert row.status == "ok", row
     assert fused in row.fused, row
     assert row.validated == "yes", row
@@ -54,3 +56,13 @@ def test_cache_step_fuses_and_validates(
     family: str, exporter: str, attention: str, fused: str, tmp_path: Path
 ) -> None:
     _check(family, exporter, attention, fused, tmp_path)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("family", "exporter"), [("llama", "dynamo"), ("phi", "torchscript"), ("qwen2", "torchscript")]
+)
+def test_cache_step_with_position_ids(family: str, exporter: str, tmp_path: Path) -> None:
+    """position_ids [B, S] as an input (each row its own positions): the rotaries still fuse."""
+    _check(family, exporter, "eager", "mha 2 rotary 4", tmp_path, positions=True)
