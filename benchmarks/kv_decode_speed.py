@@ -9,7 +9,9 @@ ORT at the timed sizes) and by onnxscript's optimizer + ORT fusions when it runs
     decode: B=1, S=1, P=128        prompt: B=1, S=128, P=0
 
     nice PYTHONPATH=. python benchmarks/kv_decode_speed.py [--models gpt2,llama]
-        [--exporter torchscript] [--budget 30] [--out DIR]
+        [--exporter torchscript] [--budget 30] [--out DIR] [--position-ids]
+
+(``--position-ids``: the step also takes ``position_ids [B, S]``, as Optimum's exports do.)
 
 Prints one markdown row per model and size: median ms of the original and each optimized file,
 and each speed-up over the original with its 95% interval.
@@ -46,12 +48,16 @@ def _onnxopt(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def run(name: str, exporter: str, budget: float, out: Path) -> list[str]:
+def run(name: str, exporter: str, budget: float, out: Path, positions: bool = False) -> list[str]:
     from onnxopt import io
 
+    if positions:
+        name += "_pos"
     original = out / f"{name}_kv.{exporter}.onnx"
     if not original.exists():
-        kv_sweep.export_kv(MODELS[name], exporter, original)
+        kv_sweep.export_kv(
+            MODELS[name.removesuffix("_pos")], exporter, original, positions=positions
+        )
     model = io.load_model(original).model
     feeds = {}
     for point, size in POINTS.items():
@@ -124,6 +130,9 @@ def main() -> None:
     parser.add_argument("--exporter", default="torchscript", choices=("torchscript", "dynamo"))
     parser.add_argument("--budget", type=float, default=30.0, help="seconds of timing per size")
     parser.add_argument("--out", type=Path, default=None, help="keep the exports here")
+    parser.add_argument(
+        "--position-ids", action="store_true", help="export with a position_ids [B, S] input"
+    )
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="kv_decode_"))
     out.mkdir(parents=True, exist_ok=True)
@@ -134,7 +143,7 @@ def main() -> None:
     )
     print("|---|---|---:|---:|---:|---|---|")
     for name in args.models.split(","):
-        for row in run(name.strip(), args.exporter, args.budget, out):
+        for row in run(name.strip(), args.exporter, args.budget, out, args.position_ids):
             print(row, flush=True)
 
 
