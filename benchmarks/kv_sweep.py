@@ -7,10 +7,12 @@ the sweep's own tiny configs (``arch_sweep``'s factories, the zoo's ``gpt2_tiny`
 seeded, perturbed weights, nothing downloaded), wrapped so that a ``DynamicCache`` is built from the
 past tensors. Each export is optimized at -O2 and validated on ONNX Runtime (optimizations off)
 against the original at several sizes: (B, P, S) in (2, 5, 3), (1, 0, 4) (prompt), (2, 7, 1)
-(decode), (1, 3, 1), with all-ones, left-padded and right-padded masks. One markdown row each:
+(decode), (1, 3, 1), with all-ones, left-padded and right-padded masks, and against the eager
+PyTorch outputs of the example (one row left-padded); optimized again, it must not change (fixed
+point). One markdown row each:
 
     PYTHONPATH=. python benchmarks/kv_sweep.py [--families gpt2,llama,...] [--exporters dynamo]
-        [--attention eager|sdpa] [--out DIR] [--explain]
+        [--attention eager|sdpa] [--position-ids] [--target onnx --opset 23] [--out DIR] [--explain]
 
 ``--position-ids`` adds a ``position_ids [B, S]`` input (as Optimum / onnxruntime-genai exports
 take it: ``cumsum(mask) - 1``, so a left-padded row's tokens count from its first real token).
@@ -228,7 +230,14 @@ def kv_inputs(
 
 
 def sweep_one(
-    family: str, exporter: str, out: Path, attention: str, explain: bool, positions: bool = False
+    family: str,
+    exporter: str,
+    out: Path,
+    attention: str,
+    explain: bool,
+    positions: bool = False,
+    target: str = "ort",
+    opset: int | None = None,
 ) -> Row:
     """arch_sweep's row (nodes, fused ops, validated, fixed point) for the cached step."""
     return arch_sweep.sweep_one(
@@ -236,6 +245,8 @@ def sweep_one(
         exporter,
         out,
         explain,
+        target,
+        opset,
         export_to=partial(_export_to, family, exporter, attention, positions),
         inputs_for=kv_inputs,
         stem=f"{family}_kv{'_pos' if positions else ''}",
@@ -256,6 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="keep the exports here")
     parser.add_argument("--explain", action="store_true", help="print fusion --explain notes")
     parser.add_argument("--position-ids", action="store_true", help="a position_ids [B, S] input")
+    parser.add_argument("--target", default="ort", choices=("ort", "onnx"))
+    parser.add_argument("--opset", type=int, default=None, help="raise the opset first (23)")
     args = parser.parse_args(argv)
     sys.modules.setdefault("benchmarks.kv_sweep", sys.modules[__name__])
     families = [f.strip() for f in args.families.split(",") if f.strip()] or list(BASES)
@@ -272,7 +285,16 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[Row] = []
     for family in families:
         for exporter in args.exporters.split(","):
-            row = sweep_one(family, exporter, out, args.attention, args.explain, args.position_ids)
+            row = sweep_one(
+                family,
+                exporter,
+                out,
+                args.attention,
+                args.explain,
+                args.position_ids,
+                args.target,
+                args.opset,
+            )
             rows.append(row)
             print(row.markdown(), flush=True)
     for row in rows:

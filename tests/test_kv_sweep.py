@@ -30,11 +30,18 @@ CASES = [
 
 
 def _check(
-    family: str, exporter: str, attention: str, fused: str, tmp_path: Path, positions: bool = False
+    family: str,
+    exporter: str,
+    attention: str,
+    fused: str,
+    tmp_path: Path,
+    positions: bool = False,
+    target: str = "ort",
 ) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    row = kv_sweep.sweep_one(family, exporter, tmp_path, attention, False, positions)
+    opset = 23 if target == "onnx" else None
+    row = kv_sweep.sweep_one(family, exporter, tmp_path, attention, False, positions, target, opset)
     assert row.status == "ok", row
     assert fused in row.fused, row
     assert row.validated == "yes", row
@@ -66,3 +73,10 @@ def test_cache_step_fuses_and_validates(
 def test_cache_step_with_position_ids(family: str, exporter: str, tmp_path: Path) -> None:
     """position_ids [B, S] as an input (each row its own positions): the rotaries still fuse."""
     _check(family, exporter, "eager", "mha 2 rotary 4", tmp_path, positions=True)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_cache_step_standard_ops_at_opset_23(tmp_path: Path) -> None:
+    """--target onnx --opset 23: ONNX Attention and RotaryEmbedding (per-row [B, S, H/2] caches)."""
+    _check("llama", "dynamo", "eager", "attn 2 rotary 4", tmp_path, positions=True, target="onnx")
