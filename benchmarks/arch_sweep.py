@@ -391,6 +391,93 @@ def gpt_neox() -> Factory:
     return _decoder(GPTNeoXModel, cfg)
 
 
+@seeded
+def qwen3() -> Factory:
+    from transformers import Qwen3Config, Qwen3Model
+
+    # RMSNorm of each head's Q and K before the rotary
+    return _decoder(Qwen3Model, Qwen3Config(**_llama_like(head_dim=16)))
+
+
+@seeded
+def phi3() -> Factory:
+    from transformers import Phi3Config, Phi3Model
+
+    # one packed qkv_proj and one gate_up_proj, split in the graph
+    return _decoder(Phi3Model, Phi3Config(**_llama_like(pad_token_id=0)))
+
+
+@seeded
+def gemma2() -> Factory:
+    from transformers import Gemma2Config, Gemma2Model
+
+    # logit soft-capping (tanh) in attention, sliding-window layers, norms after attention and MLP
+    cfg = Gemma2Config(**_llama_like(head_dim=16, sliding_window=8, query_pre_attn_scalar=16))
+    return _decoder(Gemma2Model, cfg)
+
+
+@seeded
+def gemma3() -> Factory:
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    cfg = Gemma3TextConfig(**_llama_like(head_dim=16, sliding_window=8, query_pre_attn_scalar=16))
+    return _decoder(Gemma3TextModel, cfg)
+
+
+@seeded
+def olmo2() -> Factory:
+    from transformers import Olmo2Config, Olmo2Model
+
+    # RMSNorm over all heads' Q and K, norms after attention and MLP
+    return _decoder(Olmo2Model, Olmo2Config(**_llama_like(pad_token_id=0)))
+
+
+@seeded
+def cohere() -> Factory:
+    from transformers import CohereConfig, CohereModel
+
+    # interleaved rotary, parallel attention and MLP off one LayerNorm without bias
+    return _decoder(CohereModel, CohereConfig(**_llama_like(pad_token_id=0)))
+
+
+@seeded
+def gptj() -> Factory:
+    from transformers import GPTJConfig, GPTJModel
+
+    cfg = GPTJConfig(
+        **_attn(
+            vocab_size=1000,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            rotary_dim=8,  # interleaved rotary on 8 of each head's 16 dims
+            n_positions=256,
+            use_cache=False,
+        )
+    )
+    return _decoder(GPTJModel, cfg)
+
+
+@seeded
+def modernbert() -> Factory:
+    from transformers import ModernBertConfig, ModernBertModel
+
+    cfg = ModernBertConfig(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            global_attn_every_n_layers=3,
+            local_attention=8,
+            max_position_embeddings=256,
+            pad_token_id=0,
+        )
+    )  # rotary encoder, GeGLU, local attention windows on 2 of 3 layers
+    return _text(ModernBertModel, cfg)
+
+
 def _falcon(vocab: int, hidden: int, layers: int, heads: int) -> Factory:
     from transformers import FalconConfig, FalconModel
 
@@ -616,6 +703,14 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         phi,
         stablelm,
         gpt_neox,
+        qwen3,
+        phi3,
+        gemma2,
+        gemma3,
+        olmo2,
+        cohere,
+        gptj,
+        modernbert,
         falcon,
         bloom,
         clip_vision,

@@ -154,14 +154,18 @@ LEVELS: dict[int, LevelSpec] = {
         # are inferred again, and the per-layer mask Expands they feed merge.
         LiftConstantsPass,
         DeduplicateInitializersPass,
-        InferShapesPass,
-        FoldShapeValuesPass,
         # A fusion's Expand or Reshape built on dims it could not prove (a mask spelled out to
         # [B, H, S, T] with S read at run time) can be a no-op once shapes are inferred again:
         # else a second optimize run removes it and the output is not a fixed point (BEiT).
-        EliminateNoopsPass,
-        EliminateCommonSubexpressionsPass,
-        EliminateDeadCodePass,
+        # Repeated until nothing changes: merging two shape reads can make two more equal
+        # (Phi-3 TorchScript: else a second optimize run shares one more Shape).
+        (
+            InferShapesPass,
+            FoldShapeValuesPass,
+            EliminateNoopsPass,
+            EliminateCommonSubexpressionsPass,
+            EliminateDeadCodePass,
+        ),
         KeepLayerNormUnfusedPass,
         ReorderForMemoryPass,
         DropShapeAnnotationsPass,
