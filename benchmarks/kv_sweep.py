@@ -16,7 +16,8 @@ point). One markdown row each:
 
 ``--position-ids`` adds a ``position_ids [B, S]`` input (as Optimum / onnxruntime-genai exports
 take it: ``cumsum(mask) - 1``, so a left-padded row's tokens count from its first real token).
-``kv_factory(spec)`` returns (module, example inputs, dynamic dim names).
+Families: the zoo's GPT-2 and LLaMA and arch_sweep's decoders (``BASES``); ``kv_factory(spec)``
+returns (module, example inputs, dynamic dim names).
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ BASES: dict[str, str] = {
     "opt": "benchmarks.arch_sweep:opt",
     "gpt-neox": "benchmarks.arch_sweep:gpt_neox",
     "falcon": "benchmarks.arch_sweep:falcon",
+    "qwen3": "benchmarks.arch_sweep:qwen3",
+    "phi3": "benchmarks.arch_sweep:phi3",
+    "gemma2": "benchmarks.arch_sweep:gemma2",
+    "gemma3": "benchmarks.arch_sweep:gemma3",
+    "olmo2": "benchmarks.arch_sweep:olmo2",
+    "cohere": "benchmarks.arch_sweep:cohere",
+    "gptj": "benchmarks.arch_sweep:gptj",
 }
 EXAMPLE = (2, 5, 3)  # B, P, S of the export's example inputs
 # Validation sizes (B, P, S): the example, a prompt (no past), two decode steps.

@@ -26,6 +26,8 @@ CASES = [
     ("gpt-neox", "torchscript", "eager", "mha 2 rotary 4"),
     ("falcon", "dynamo", "eager", "mha 2 rotary 4"),
     ("opt", "dynamo", "eager", "mha 2"),
+    ("qwen3", "torchscript", "eager", "mha 2 rotary 4"),  # Q/K normalized per head
+    ("gemma3", "dynamo", "eager", "mha 2 rotary 4"),  # sliding-window layers
 ]
 
 
