@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"KV cache; attention: {args.attention}; exports in {out}\n")
     print(
-        "| family | exporter | status | nodes | fused (after) | validated | - | fixed point | s |"
+        "| family | exporter | status | nodes | fused (after) | validated | vs eager max abs "
+        "| fixed point | s |"
     )
     print("|---|---|---|---:|---|---|---|---|---:|")
     rows: list[Row] = []
