@@ -763,26 +763,38 @@ def sweep_one(
     explain: bool,
     target: str = "ort",
     opset: int | None = None,
+    *,
+    export_to: Callable[[Path], None] | None = None,
+    inputs_for: Callable[[Any], list[dict[str, Any]]] | None = None,
+    stem: str | None = None,
 ) -> Row:
+    """Export, optimize with validation, re-optimize; ``export_to(path)`` replaces the family's
+    factory export, ``inputs_for(original ir.Model)`` the validation inputs (kv_sweep's cached
+    decoder steps need consistent past/mask sizes)."""
     from onnxopt import api, io
     from onnxopt.export import export
 
     row = Row(family, exporter)
     start = time.perf_counter()
-    path = out / f"{family}.{exporter}.{ATTENTION['implementation']}.onnx"
+    path = out / f"{stem or family}.{exporter}.{ATTENTION['implementation']}.onnx"
     try:
-        export(f"benchmarks.arch_sweep:{family.replace('-', '_')}", path, exporter=exporter)  # type: ignore[arg-type]
+        if export_to is not None:
+            export_to(path)
+        else:
+            export(f"benchmarks.arch_sweep:{family.replace('-', '_')}", path, exporter=exporter)  # type: ignore[arg-type]
     except Exception as exc:
         row.status = f"export failed: {_first_line(exc.__cause__ or exc)}"
         row.seconds = time.perf_counter() - start
         return row
     try:
+        inputs = None if inputs_for is None else inputs_for(io.load_model(path).model)
         result = api.optimize(
             path,
             find_reference=True,
             explain=explain,
             target=target,  # type: ignore[arg-type]
             opset=opset,
+            inputs=inputs,
         )
     except Exception as exc:
         row.status = f"optimize crashed: {_first_line(exc)}"
