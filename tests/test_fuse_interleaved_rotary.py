@@ -204,8 +204,22 @@ def test_rotate_half_cos_refused() -> None:
     _refuses(_gptj(cos="cos_halves"), "the cos/sin table is not repeat_interleave'd")
 
 
-def test_target_onnx_refused() -> None:
-    _refuses(_gptj(opset=23), "fused for target ort only", PassOptions(target="onnx", explain=True))
+@pytest.mark.parametrize("rot", [8, HEAD])
+def test_target_onnx_opset_23(rot: int) -> None:
+    model = _gptj(rot, opset=23)
+    fused = model.clone()
+    options = PassOptions(target="onnx")
+    result = FuseInterleavedRotaryPass(options)(fused)
+    assert sum(result.stats.values()) == 1
+    assert validate(model, fused, inputs=SIZES).passed
+    assert not FuseInterleavedRotaryPass(options)(fused).modified
+    rotary = next(n for n in fused.graph if n.op_type == "RotaryEmbedding")
+    assert rotary.domain == "" and len(rotary.inputs) == 3
+    assert rotary.attributes.get_int("interleaved") == 1
+
+
+def test_target_onnx_old_opset_refused() -> None:
+    _refuses(_gptj(), "RotaryEmbedding needs opset 23", PassOptions(target="onnx", explain=True))
 
 
 # Cohere as exported: heads already moved ahead of the sequence [B, H, S, d], the tables
@@ -243,8 +257,32 @@ g (float[B, S, 64] q3) => (float[B, 4, S, 16] qr) {
 
 
 def test_full_in_graph_angles_heads_first() -> None:
-    model = parse(
-        COHERE,
+    model = _cohere()
+    fused = _fuse(model, "interleaved-rotary->RotaryEmbedding")
+    rotary = next(n for n in fused.graph if n.op_type == "RotaryEmbedding")
+    # The 4-D [B, H, S, d] input as is; the caches Cos/Sin(Reshape(f, [-1, d/2])) built in the graph.
+    assert rotary.inputs[0].producer().op_type == "Transpose"  # type: ignore[union-attr]
+    assert {k: a.value for k, a in rotary.attributes.items()} == {
+        "interleaved": 1,
+        "num_heads": HEADS,
+    }
+    assert [rotary.inputs[i].producer().op_type for i in (2, 3)] == ["Cos", "Sin"]  # type: ignore[union-attr]
+
+
+def test_full_in_graph_angles_heads_first_onnx() -> None:
+    model = _cohere(opset=23)
+    fused = model.clone()
+    options = PassOptions(target="onnx")
+    assert FuseInterleavedRotaryPass(options)(fused).stats == {
+        "interleaved-rotary->RotaryEmbedding": 1
+    }
+    assert validate(model, fused, inputs=SIZES).passed
+    assert not FuseInterleavedRotaryPass(options)(fused).modified
+
+
+def _cohere(opset: int = 20) -> ir.Model:
+    return parse(
+        COHERE.replace('"" : 20', f'"" : {opset}'),
         zero=np.array(0, dtype=np.int64),
         one=np.array(1, dtype=np.int64),
         zero1=np.array([0]),
@@ -261,12 +299,3 @@ def test_full_in_graph_angles_heads_first() -> None:
         head_shape=np.array([0, 0, HEADS, HEAD]),
         pairs_shape=np.array([0, HEADS, 0, HEAD]),
     )
-    fused = _fuse(model, "interleaved-rotary->RotaryEmbedding")
-    rotary = next(n for n in fused.graph if n.op_type == "RotaryEmbedding")
-    # The 4-D [B, H, S, d] input as is; the caches Cos/Sin(Reshape(f, [-1, d/2])) built in the graph.
-    assert rotary.inputs[0].producer().op_type == "Transpose"  # type: ignore[union-attr]
-    assert {k: a.value for k, a in rotary.attributes.items()} == {
-        "interleaved": 1,
-        "num_heads": HEADS,
-    }
-    assert [rotary.inputs[i].producer().op_type for i in (2, 3)] == ["Cos", "Sin"]  # type: ignore[union-attr]

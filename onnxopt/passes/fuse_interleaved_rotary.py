@@ -27,8 +27,10 @@ the 3-D [B, S, H*d] the contrib op takes with ``num_heads``: the op reads ``x3``
 the heads back, so attention then sees a plain head split of a rank-3 tensor (it runs after this
 pass). [B, H, S, d] (Cohere, after the Transpose) is the contrib op's 4-D input as is.
 
-Target ``onnx`` is refused (the opset-23 op would need [B, S, r/2] caches or position_ids built in
-the graph; not done yet). Anything not provably the same computation is refused with a reason.
+Target ``onnx`` (opset 23+): RotaryEmbedding with ``interleaved=1`` and the same ``num_heads`` /
+``rotary_embedding_dim``, without position_ids, so the caches are the [B, S, r/2] rows the graph
+multiplied by: a constant table's first S rows (Slice), or Cos/Sin(f), expanded over the batch.
+Anything not provably the same computation is refused with a reason.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from onnxopt.passes._shape_facts import cast_target, const_ints, int_param, slic
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fuse_rotary_embedding import (
     _FLOATS,
+    ROTARY_OPSET,
     _cache,
     _dim_of_scalar,
     _last_axis_window,
@@ -419,10 +422,9 @@ def _match_core(add: ir.Node, context: RewriteContext, partial: bool) -> Match |
         tables[name] = table
     if x.dtype not in _FLOATS:
         return Mismatch("the rotary input is not float or float16")
-    if context.options.target != "ort":
+    if context.options.target == "onnx" and context.opset() < ROTARY_OPSET:
         return Mismatch(
-            "interleaved rotary is fused for target ort only (the opset-23 op needs caches "
-            "built per batch)"
+            f"RotaryEmbedding needs opset {ROTARY_OPSET}, the model imports {context.opset()}"
         )
     if heads.heads is None and (heads.layout == _BSNH or width != heads.head_size):
         return Mismatch("the head count is not static (RotaryEmbedding needs num_heads)")
@@ -487,25 +489,64 @@ def _match_partial(concat: ir.Node, context: RewriteContext) -> Match | Mismatch
     return Match([*head_split, *extra, *rest, concat], match.bindings)
 
 
+def _batch_caches(
+    tables: tuple[_Table, _Table],
+    width: int,
+    source: ir.Value,
+    layout: str,
+    nodes: list[ir.Node],
+    constants: list[ir.Value],
+) -> list[ir.Value]:
+    """[B, S, r/2] caches for RotaryEmbedding-23 without position_ids: the [1, S, r/2] rows the
+    graph multiplied by (a constant table's first S rows), broadcast over the batch."""
+    sequence_axis = 1 if layout == _BSNH else 2
+    batch = ir.node("Shape", [source], {"start": 0, "end": 1})
+    ones = new_constant(np.array([1, 1], dtype=np.int64), "rotary_cache_tail")
+    constants.append(ones)
+    target = ir.node("Concat", [batch.outputs[0], ones], {"axis": 0})
+    nodes.extend([batch, target])
+    caches = []
+    for table in tables:
+        cache = _cache(table, width, False, nodes, constants)
+        if table.constant is not None:
+            # The constant holds max_positions rows; position s reads row s.
+            length = ir.node("Shape", [source], {"start": sequence_axis, "end": sequence_axis + 1})
+            zero, one = (new_constant(np.array([v], dtype=np.int64), "rotary_rows") for v in (0, 1))
+            constants.extend([zero, one])
+            rows = ir.node("Slice", [cache, zero, length.outputs[0], one])
+            nodes.extend([length, rows])
+            cache = rows.outputs[0]
+        expand = ir.node("Expand", [cache, target.outputs[0]])
+        nodes.append(expand)
+        caches.append(expand.outputs[0])
+    return caches
+
+
 def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     b = match.bindings
     heads: _Heads = b["heads"]
     width: int = b["width"]
     nodes: list[ir.Node] = []
     constants: list[ir.Value] = []
-    cos = _cache(b["cos"], width, True, nodes, constants)
-    sin = _cache(b["sin"], width, True, nodes, constants)
-    offset = new_constant(np.array([0], dtype=np.int64), "rotary_position_offset")
-    constants.append(offset)
+    source = heads.x3 if heads.layout == _BSNH else heads.full
+    assert source is not None
     attributes: dict[str, int] = {"interleaved": 1}
     if heads.heads is not None:
         attributes["num_heads"] = heads.heads
     if width != heads.head_size:
         attributes["rotary_embedding_dim"] = width
-    source = heads.x3 if heads.layout == _BSNH else heads.full
-    assert source is not None
-    new = ir.node("RotaryEmbedding", [source, offset, cos, sin], attributes, domain=MS_DOMAIN)
-    ensure_opset(context.model, MS_DOMAIN, 1)
+    if context.options.target == "ort":
+        cos = _cache(b["cos"], width, True, nodes, constants)
+        sin = _cache(b["sin"], width, True, nodes, constants)
+        offset = new_constant(np.array([0], dtype=np.int64), "rotary_position_offset")
+        constants.append(offset)
+        new = ir.node("RotaryEmbedding", [source, offset, cos, sin], attributes, domain=MS_DOMAIN)
+        ensure_opset(context.model, MS_DOMAIN, 1)
+    else:
+        cos, sin = _batch_caches(
+            (b["cos"], b["sin"]), width, source, heads.layout, nodes, constants
+        )
+        new = ir.node("RotaryEmbedding", [source, cos, sin], attributes)
     _same_shape_as(new.outputs[0], source)
     nodes.append(new)
     result = new.outputs[0]
