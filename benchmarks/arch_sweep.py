@@ -459,6 +459,25 @@ def gptj() -> Factory:
 
 
 @seeded
+def codegen() -> Factory:
+    from transformers import CodeGenConfig, CodeGenModel
+
+    cfg = CodeGenConfig(
+        **_attn(
+            vocab_size=1000,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            rotary_dim=8,  # GPT-J's interleaved rotary, heads split out of one packed Q/K/V
+            n_positions=256,
+            n_ctx=256,
+            use_cache=False,
+        )
+    )
+    return _decoder(CodeGenModel, cfg)
+
+
+@seeded
 def modernbert() -> Factory:
     from transformers import ModernBertConfig, ModernBertModel
 
@@ -710,6 +729,7 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         olmo2,
         cohere,
         gptj,
+        codegen,
         modernbert,
         falcon,
         bloom,

@@ -43,6 +43,7 @@ CASES = [
     ("gptj", "dynamo", "eager", "mha 2 rotary 4"),
     ("gptj", "torchscript", "eager", "mha 2 rotary 4"),
     ("cohere", "dynamo", "eager", "gqa 2"),  # interleaved rotary, folded into GQA's do_rotary
+    ("codegen", "torchscript", "eager", "rotary 4"),  # GPT-J's rotary on heads of a packed Q/K/V
 ]
 
 

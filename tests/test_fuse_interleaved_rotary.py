@@ -30,7 +30,7 @@ g (float[B, S, 64] q3{extra_input}) => (float[B, S, 4, 16] qr) {{
     c5 = Unsqueeze (cos_h, ax24)
     c5r = {grow} (c5, reps)
     cos = Reshape <allowzero = {allowzero}> (c5r, table_shape)
-    q = Reshape (q3, head_shape)
+{head_split}
     odd = Slice (q, one1, rot_end, ax3, two1)
     even = Slice (q, zero1, rot_end, ax3, two1)
     nodd = Neg ({negated})
@@ -80,6 +80,7 @@ def _gptj(
     negated: str = "odd",
     kept: str = "even",
     cos: str = "cos",
+    head_split: str = "    q = Reshape (q3, head_shape)",
 ) -> ir.Model:
     """GPT-J's rotary; ``spelling`` dynamo: GatherND + Expand + Reshape([1, -1, 1, R], allowzero=1),
     torchscript: Gather + Tile + Reshape([1, 0, 1, -1])."""
@@ -97,6 +98,7 @@ def _gptj(
         allowzero=1 if dynamo else 0,
         negated=negated,
         kept=kept,
+        head_split=head_split,
         tail=(HALVES if cos == "cos_halves" else "")
         + (PARTIAL_TAIL if rot < HEAD else FULL_TAIL).format(cos=cos),
     )
@@ -118,6 +120,7 @@ def _gptj(
         "reps": np.array([1, 1, 1, 1, 2]),
         "table_shape": np.array([1, -1, 1, rot] if dynamo else [1, 0, 1, -1]),
         "head_shape": np.array([0, 0, HEADS, HEAD]),
+        "split5": np.array([0, 0, HEADS, 1, HEAD]),
         "pairs_shape": np.array([0, 0, HEADS, rot] if dynamo else [0, 0, 0, -1]),
     }
     if table == "table":
@@ -166,6 +169,14 @@ def test_full_gathered_table(spelling: str) -> None:
     rotary = next(n for n in fused.graph if n.op_type == "RotaryEmbedding")
     attrs = {k: a.value for k, a in rotary.attributes.items()}
     assert attrs == {"interleaved": 1, "num_heads": HEADS}
+
+
+def test_heads_not_split_from_rank_3() -> None:
+    """CodeGen: [B, S, H, d] from a packed Q/K/V, not Reshape(x3, [0, 0, H, d]). The table's
+    broadcast ([1, S, 1, r]) says which axis is S: merged to [B, S, H*d] for the op and back."""
+    split = "    q5 = Reshape (q3, split5)\n    q = Squeeze (q5, ax3)"
+    fused = _fuse(_gptj(8, head_split=split), "partial-interleaved-rotary->RotaryEmbedding")
+    assert op_types(fused)[-3:] == ["Reshape", "com.microsoft::RotaryEmbedding", "Reshape"]
 
 
 def _refuses(model: ir.Model, reason: str, options: PassOptions | None = None) -> None:

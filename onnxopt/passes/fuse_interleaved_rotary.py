@@ -25,7 +25,10 @@ The half tables ``c``/``s`` come from
 Layouts: [B, S, H, d] (GPT-J rotates right after the head split ``Reshape(x3, [0, 0, H, d])``) is
 the 3-D [B, S, H*d] the contrib op takes with ``num_heads``: the op reads ``x3`` and a Reshape puts
 the heads back, so attention then sees a plain head split of a rank-3 tensor (it runs after this
-pass). [B, H, S, d] (Cohere, after the Transpose) is the contrib op's 4-D input as is.
+pass). A [B, S, H, d] tensor split some other way (CodeGen's packed Q/K/V) is merged to
+[B, S, H*d] for the op and split back. [B, H, S, d] (Cohere, after the Transpose) is the contrib
+op's 4-D input as is. Which of the two a rank-4 tensor is, the tables say: they broadcast over the
+heads axis and multiply the positions' axis, proven to be the rotated tensor's S.
 
 Target ``onnx`` (opset 23+): RotaryEmbedding with ``interleaved=1`` and the same ``num_heads`` /
 ``rotary_embedding_dim``, without position_ids, so the caches are the [B, S, r/2] rows the graph
@@ -343,7 +346,10 @@ class _Heads:
     head_size: int
 
 
-def _heads(x: ir.Value) -> _Heads | Mismatch:
+def _heads(x: ir.Value) -> list[_Heads] | Mismatch:
+    """The layouts x may have. A head split ``Reshape(x3, [0, 0, H, d])`` is [B, S, H, d]; other
+    rank-4 tensors may be [B, H, S, d] or [B, S, H, d] (CodeGen splits its heads out of a packed
+    Q/K/V): which one, the cos/sin table's broadcast tells (it multiplies the positions' axis)."""
     window = _last_axis_window(x)
     full = x
     if window is not None:
@@ -375,37 +381,34 @@ def _heads(x: ir.Value) -> _Heads | Mismatch:
             count = declared
         elif isinstance(hidden, int) and hidden % head_size == 0:
             count = hidden // head_size
-        return _Heads(_BSNH, full, source, count, head_size)
-    dim = full.shape[1]
-    return _Heads(_BNSH, full, None, dim if isinstance(dim, int) else None, head_size)
+        return [_Heads(_BSNH, full, source, count, head_size)]
+    heads_first, heads_second = full.shape[1], full.shape[2]
+    return [
+        _Heads(_BNSH, full, None, heads_first if isinstance(heads_first, int) else None, head_size),
+        _Heads(
+            _BSNH, full, None, heads_second if isinstance(heads_second, int) else None, head_size
+        ),
+    ]
 
 
 def _sequence_of(x: ir.Value, heads: _Heads) -> object:
     if heads.layout == _BNSH:
         return _positions_of(x)
-    assert heads.x3 is not None and heads.x3.shape is not None
     dim = None if heads.full.shape is None else heads.full.shape[1]
-    return dim if isinstance(dim, int) else heads.x3.shape[1]
+    if isinstance(dim, int) or heads.x3 is None or heads.x3.shape is None:
+        return dim
+    return heads.x3.shape[1]
 
 
-def _match_core(add: ir.Node, context: RewriteContext, partial: bool) -> Match | Mismatch:
-    found = _products(add)
-    if isinstance(found, Mismatch):
-        return found
-    cos_mul, sin_mul, x, rotated = found
-    if x.shape is None or len(x.shape) != 4 or not isinstance(x.shape[3], int) or x.shape[3] % 2:
-        return Mismatch("the rotary input is not rank 4 with a static even number of rotated dims")
-    width = x.shape[3]
-    heads = _heads(x)
-    if isinstance(heads, Mismatch):
-        return heads
-    if not partial and width != heads.head_size:
-        return Mismatch(
-            "partial rotary: fused at the Concat with the pass-through dims", candidate=False
-        )
-    rotation = _rotate_every_two(rotated, x, width)
-    if isinstance(rotation, Mismatch):
-        return rotation
+def _tables(
+    x: ir.Value,
+    rotated: ir.Value,
+    cos_mul: ir.Node,
+    sin_mul: ir.Node,
+    heads: _Heads,
+    width: int,
+) -> dict[str, _Table] | Mismatch:
+    """The cos and sin tables, proven to broadcast as ``heads.layout`` wants, one row per position."""
     positions = _sequence_of(x, heads)
     tables = {}
     for name, mul, operand in (("cos", cos_mul, x), ("sin", sin_mul, rotated)):
@@ -420,6 +423,37 @@ def _match_core(add: ir.Node, context: RewriteContext, partial: bool) -> Match |
             if x.dtype is None or table.constant.dtype != x.dtype.numpy():
                 return Mismatch(f"the {name} table's type differs from the rotated tensor's")
         tables[name] = table
+    return tables
+
+
+def _match_core(add: ir.Node, context: RewriteContext, partial: bool) -> Match | Mismatch:
+    found = _products(add)
+    if isinstance(found, Mismatch):
+        return found
+    cos_mul, sin_mul, x, rotated = found
+    if x.shape is None or len(x.shape) != 4 or not isinstance(x.shape[3], int) or x.shape[3] % 2:
+        return Mismatch("the rotary input is not rank 4 with a static even number of rotated dims")
+    width = x.shape[3]
+    layouts = _heads(x)
+    if isinstance(layouts, Mismatch):
+        return layouts
+    if not partial and width != layouts[0].head_size:
+        return Mismatch(
+            "partial rotary: fused at the Concat with the pass-through dims", candidate=False
+        )
+    rotation = _rotate_every_two(rotated, x, width)
+    if isinstance(rotation, Mismatch):
+        return rotation
+    misses: list[Mismatch] = []
+    for heads in layouts:
+        found_tables = _tables(x, rotated, cos_mul, sin_mul, heads, width)
+        if not isinstance(found_tables, Mismatch):
+            break
+        misses.append(found_tables)
+    else:
+        # The reason from the layout the tables do broadcast for, when there is one.
+        return next((m for m in misses if "broadcasts over axis" not in m.reason), misses[0])
+    tables = found_tables
     if x.dtype not in _FLOATS:
         return Mismatch("the rotary input is not float or float16")
     if context.options.target == "onnx" and context.opset() < ROTARY_OPSET:
@@ -437,7 +471,7 @@ def _match_core(add: ir.Node, context: RewriteContext, partial: bool) -> Match |
                 f"intermediate {inner.op_type} result is used outside the rotary pattern"
             )
     shared = list(dict.fromkeys([*tables["cos"].nodes, *tables["sin"].nodes]))
-    split = heads.full.producer() if heads.layout == _BSNH else None
+    split = heads.full.producer() if heads.x3 is not None else None
     # Producers first: the driver drops matched nodes left without users, last to first. The
     # head split goes first (the partial rule moves it ahead of its slices).
     return Match(
@@ -483,7 +517,7 @@ def _match_partial(concat: ir.Node, context: RewriteContext) -> Match | Mismatch
         for n in dict.fromkeys(slices)
         if n is not None and (is_op(n, "Slice") or is_op(n, "Split"))
     ]
-    split = heads.full.producer() if heads.layout == _BSNH else None
+    split = heads.full.producer() if heads.x3 is not None else None
     head_split = [split] if split is not None else []
     rest = [n for n in match.nodes if n is not split]
     return Match([*head_split, *extra, *rest, concat], match.bindings)
@@ -529,7 +563,16 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     nodes: list[ir.Node] = []
     constants: list[ir.Value] = []
     source = heads.x3 if heads.layout == _BSNH else heads.full
-    assert source is not None
+    if source is None:
+        # [B, S, H, d] not split from a rank-3 tensor here: merge the heads for the op and back.
+        merged = new_constant(np.array([0, 0, -1], dtype=np.int64), "rotary_merge_heads")
+        constants.append(merged)
+        flat = ir.node("Reshape", [heads.full, merged])
+        nodes.append(flat)
+        source = flat.outputs[0]
+        source.type = heads.full.type
+        assert heads.full.shape is not None and heads.heads is not None
+        source.shape = ir.Shape([*heads.full.shape[:2], heads.heads * heads.head_size])
     attributes: dict[str, int] = {"interleaved": 1}
     if heads.heads is not None:
         attributes["num_heads"] = heads.heads
@@ -552,8 +595,15 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     result = new.outputs[0]
     if heads.layout == _BSNH:
         split = heads.full.producer()
-        assert split is not None
-        back = ir.node("Reshape", [result, split.inputs[1]])
+        if heads.x3 is not None and split is not None:
+            shape = split.inputs[1]
+        else:
+            assert heads.heads is not None
+            shape = new_constant(
+                np.array([0, 0, heads.heads, heads.head_size], dtype=np.int64), "rotary_heads"
+            )
+            constants.append(shape)
+        back = ir.node("Reshape", [result, shape])
         _same_shape_as(back.outputs[0], heads.full)
         nodes.append(back)
         result = back.outputs[0]
