@@ -81,8 +81,10 @@ def _reshape_target_ok(target: tuple[int, ...], want: Sequence[object], allowzer
     gives exactly ``want``: each entry is 0 (copy, allowzero=0), -1 (at most one) or the known dim."""
     if len(target) != len(want) or sum(1 for t in target if t == -1) > 1:
         return False
-    for t, dim in zip(target, want, strict=True):
-        if t == -1 or (t == 0 and not allowzero) or (isinstance(dim, int) and t == dim):
+    last = len(target) - 1
+    for axis, (t, dim) in enumerate(zip(target, want, strict=True)):
+        copies = t == 0 and not allowzero and axis < last  # the merged axis is no copy
+        if t == -1 or copies or (isinstance(dim, int) and t == dim):
             continue
         return False
     return True
@@ -437,6 +439,9 @@ def _match_core(add: ir.Node, context: RewriteContext, partial: bool) -> Match |
     layouts = _heads(x)
     if isinstance(layouts, Mismatch):
         return layouts
+    window = _last_axis_window(x)
+    if window is not None and window.end - window.start != width:
+        return Mismatch("the rotated slice's width differs from its inferred shape")
     if not partial and width != layouts[0].head_size:
         return Mismatch(
             "partial rotary: fused at the Concat with the pass-through dims", candidate=False
