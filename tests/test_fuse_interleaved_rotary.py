@@ -17,7 +17,7 @@ HEADS, HEAD, MAX_POS = 4, 16, 40
 # tables gathered from a constant [max_pos, R] at Range(0, S) and repeat_interleave'd.
 GPTJ = """
 <ir_version: 10, opset_import: ["" : {opset}]>
-g (float[B, S, 64] q3{extra_input}) => (float[B, S, 4, 16] qr) {{
+g (float[B, S, 64] q3{extra_input}) => (float[B, S, 4, 16] qr{extra_output}) {{
     shp = Shape <start = 1, end = 2> ({seq_of})
     n = Squeeze (shp)
     pos = Range ({range_start}, n, one)
@@ -81,6 +81,7 @@ def _gptj(
     kept: str = "even",
     cos: str = "cos",
     head_split: str = "    q = Reshape (q3, head_shape)",
+    extra_output: str = "",
 ) -> ir.Model:
     """GPT-J's rotary; ``spelling`` dynamo: GatherND + Expand + Reshape([1, -1, 1, R], allowzero=1),
     torchscript: Gather + Tile + Reshape([1, 0, 1, -1])."""
@@ -99,6 +100,7 @@ def _gptj(
         negated=negated,
         kept=kept,
         head_split=head_split,
+        extra_output=extra_output,
         tail=(HALVES if cos == "cos_halves" else "")
         + (PARTIAL_TAIL if rot < HEAD else FULL_TAIL).format(cos=cos),
     )
@@ -207,6 +209,13 @@ def test_step2_slices_swapped_refused() -> None:
     _refuses(
         _gptj(negated="even", kept="odd"),
         "step-2 slices are not x[..., 1::2] negated, then x[..., ::2]",
+    )
+
+
+def test_intermediate_used_elsewhere_refused() -> None:
+    _refuses(
+        _gptj(extra_output=", float[B, S, 4, 8] qs"),
+        "intermediate Mul result is used outside the rotary pattern",
     )
 
 
