@@ -173,12 +173,23 @@ def test_full_gathered_table(spelling: str) -> None:
     assert attrs == {"interleaved": 1, "num_heads": HEADS}
 
 
+SPLIT5 = "    q5 = Reshape (q3, split5)\n    q = Squeeze (q5, ax3)"
+
+
 def test_heads_not_split_from_rank_3() -> None:
     """CodeGen: [B, S, H, d] from a packed Q/K/V, not Reshape(x3, [0, 0, H, d]). The table's
     broadcast ([1, S, 1, r]) says which axis is S: merged to [B, S, H*d] for the op and back."""
-    split = "    q5 = Reshape (q3, split5)\n    q = Squeeze (q5, ax3)"
-    fused = _fuse(_gptj(8, head_split=split), "partial-interleaved-rotary->RotaryEmbedding")
+    fused = _fuse(_gptj(8, head_split=SPLIT5), "partial-interleaved-rotary->RotaryEmbedding")
     assert op_types(fused)[-3:] == ["Reshape", "com.microsoft::RotaryEmbedding", "Reshape"]
+
+
+def test_heads_not_split_from_rank_3_onnx() -> None:
+    model = _gptj(8, head_split=SPLIT5, opset=23)
+    fused = model.clone()
+    options = PassOptions(target="onnx")
+    assert sum(FuseInterleavedRotaryPass(options)(fused).stats.values()) == 1
+    assert validate(model, fused, inputs=SIZES).passed
+    assert not FuseInterleavedRotaryPass(options)(fused).modified
 
 
 def _refuses(model: ir.Model, reason: str, options: PassOptions | None = None) -> None:
