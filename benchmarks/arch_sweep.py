@@ -459,6 +459,46 @@ def gptj() -> Factory:
 
 
 @seeded
+def gptj_medium() -> Factory:
+    """GPT-J-6B's head shape at a size worth timing (4 layers, hidden 512, 2 heads of 256, 64 of
+    each head's dims rotate pairwise); not in the sweep's families.
+    ``onnxopt export benchmarks.arch_sweep:gptj_medium -o gm.onnx``."""
+    from transformers import GPTJConfig, GPTJModel
+
+    cfg = GPTJConfig(
+        **_attn(
+            vocab_size=1000,
+            n_embd=512,
+            n_layer=4,
+            n_head=2,
+            rotary_dim=64,
+            n_positions=2048,
+            use_cache=False,
+        )
+    )
+    return _decoder(GPTJModel, cfg)
+
+
+@seeded
+def codegen() -> Factory:
+    from transformers import CodeGenConfig, CodeGenModel
+
+    cfg = CodeGenConfig(
+        **_attn(
+            vocab_size=1000,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            rotary_dim=8,  # GPT-J's interleaved rotary, heads split out of one packed Q/K/V
+            n_positions=256,
+            n_ctx=256,
+            use_cache=False,
+        )
+    )
+    return _decoder(CodeGenModel, cfg)
+
+
+@seeded
 def modernbert() -> Factory:
     from transformers import ModernBertConfig, ModernBertModel
 
@@ -710,6 +750,7 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         olmo2,
         cohere,
         gptj,
+        codegen,
         modernbert,
         falcon,
         bloom,

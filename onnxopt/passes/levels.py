@@ -20,6 +20,7 @@ from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
 from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
 from onnxopt.passes.fuse_gqa_rotary import FuseGqaRotaryPass
 from onnxopt.passes.fuse_group_query_attention import FuseGroupQueryAttentionPass
+from onnxopt.passes.fuse_interleaved_rotary import FuseInterleavedRotaryPass
 from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
 from onnxopt.passes.fuse_matmul import FuseMatMulPass
 from onnxopt.passes.fuse_packed_attention import FusePackedAttentionPass
@@ -86,7 +87,14 @@ OPT_IN_FUSIONS: list[PassClass] = [
 # Dead code in between: a layer's fused-away K/V reshapes can stay alive through another layer's
 # shared shape reads until that layer fuses too, and would count as other consumers of its
 # projections.
-ATTENTION: list[PassClass] = [FuseAttentionPass, EliminateDeadCodePass, FusePackedAttentionPass]
+# fuse-interleaved-rotary first: GPT-J rotates between the head split and the Transpose, which
+# hides the head split from fuse-attention until the rotary is one op on the rank-3 tensor.
+ATTENTION: list[PassClass] = [
+    FuseInterleavedRotaryPass,
+    FuseAttentionPass,
+    EliminateDeadCodePass,
+    FusePackedAttentionPass,
+]
 
 # Every pass, in the order a custom --passes list is best run in.
 ALL_PASSES: list[PassClass] = [
@@ -102,6 +110,7 @@ ALL_PASSES: list[PassClass] = [
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
+    FuseInterleavedRotaryPass,
     FuseAttentionPass,
     MergeQkvProjectionsPass,  # between the two, so that --enable puts it there
     FusePackedAttentionPass,
