@@ -391,6 +391,133 @@ def gpt_neox() -> Factory:
     return _decoder(GPTNeoXModel, cfg)
 
 
+@seeded
+def qwen3() -> Factory:
+    from transformers import Qwen3Config, Qwen3Model
+
+    # RMSNorm of each head's Q and K before the rotary
+    return _decoder(Qwen3Model, Qwen3Config(**_llama_like(head_dim=16)))
+
+
+@seeded
+def phi3() -> Factory:
+    from transformers import Phi3Config, Phi3Model
+
+    # one packed qkv_proj and one gate_up_proj, split in the graph
+    return _decoder(Phi3Model, Phi3Config(**_llama_like(pad_token_id=0)))
+
+
+@seeded
+def gemma2() -> Factory:
+    from transformers import Gemma2Config, Gemma2Model
+
+    # logit soft-capping (tanh) in attention, sliding-window layers, norms after attention and MLP
+    cfg = Gemma2Config(**_llama_like(head_dim=16, sliding_window=8, query_pre_attn_scalar=16))
+    return _decoder(Gemma2Model, cfg)
+
+
+@seeded
+def gemma3() -> Factory:
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    cfg = Gemma3TextConfig(**_llama_like(head_dim=16, sliding_window=8, query_pre_attn_scalar=16))
+    return _decoder(Gemma3TextModel, cfg)
+
+
+@seeded
+def olmo2() -> Factory:
+    from transformers import Olmo2Config, Olmo2Model
+
+    # RMSNorm over all heads' Q and K, norms after attention and MLP
+    return _decoder(Olmo2Model, Olmo2Config(**_llama_like(pad_token_id=0)))
+
+
+@seeded
+def cohere() -> Factory:
+    from transformers import CohereConfig, CohereModel
+
+    # interleaved rotary, parallel attention and MLP off one LayerNorm without bias
+    return _decoder(CohereModel, CohereConfig(**_llama_like(pad_token_id=0)))
+
+
+@seeded
+def gptj() -> Factory:
+    from transformers import GPTJConfig, GPTJModel
+
+    cfg = GPTJConfig(
+        **_attn(
+            vocab_size=1000,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            rotary_dim=8,  # interleaved rotary on 8 of each head's 16 dims
+            n_positions=256,
+            use_cache=False,
+        )
+    )
+    return _decoder(GPTJModel, cfg)
+
+
+@seeded
+def gptj_medium() -> Factory:
+    """GPT-J-6B's head shape at a size worth timing (4 layers, hidden 512, 2 heads of 256, 64 of
+    each head's dims rotate pairwise); not in the sweep's families.
+    ``onnxopt export benchmarks.arch_sweep:gptj_medium -o gm.onnx``."""
+    from transformers import GPTJConfig, GPTJModel
+
+    cfg = GPTJConfig(
+        **_attn(
+            vocab_size=1000,
+            n_embd=512,
+            n_layer=4,
+            n_head=2,
+            rotary_dim=64,
+            n_positions=2048,
+            use_cache=False,
+        )
+    )
+    return _decoder(GPTJModel, cfg)
+
+
+@seeded
+def codegen() -> Factory:
+    from transformers import CodeGenConfig, CodeGenModel
+
+    cfg = CodeGenConfig(
+        **_attn(
+            vocab_size=1000,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            rotary_dim=8,  # GPT-J's interleaved rotary, heads split out of one packed Q/K/V
+            n_positions=256,
+            n_ctx=256,
+            use_cache=False,
+        )
+    )
+    return _decoder(CodeGenModel, cfg)
+
+
+@seeded
+def modernbert() -> Factory:
+    from transformers import ModernBertConfig, ModernBertModel
+
+    cfg = ModernBertConfig(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            global_attn_every_n_layers=3,
+            local_attention=8,
+            max_position_embeddings=256,
+            pad_token_id=0,
+        )
+    )  # rotary encoder, GeGLU, local attention windows on 2 of 3 layers
+    return _text(ModernBertModel, cfg)
+
+
 def _falcon(vocab: int, hidden: int, layers: int, heads: int) -> Factory:
     from transformers import FalconConfig, FalconModel
 
@@ -616,6 +743,15 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         phi,
         stablelm,
         gpt_neox,
+        qwen3,
+        phi3,
+        gemma2,
+        gemma3,
+        olmo2,
+        cohere,
+        gptj,
+        codegen,
+        modernbert,
         falcon,
         bloom,
         clip_vision,
@@ -668,26 +804,38 @@ def sweep_one(
     explain: bool,
     target: str = "ort",
     opset: int | None = None,
+    *,
+    export_to: Callable[[Path], None] | None = None,
+    inputs_for: Callable[[Any], list[dict[str, Any]]] | None = None,
+    stem: str | None = None,
 ) -> Row:
+    """Export, optimize with validation, re-optimize; ``export_to(path)`` replaces the family's
+    factory export, ``inputs_for(original ir.Model)`` the validation inputs (kv_sweep's cached
+    decoder steps need consistent past/mask sizes)."""
     from onnxopt import api, io
     from onnxopt.export import export
 
     row = Row(family, exporter)
     start = time.perf_counter()
-    path = out / f"{family}.{exporter}.{ATTENTION['implementation']}.onnx"
+    path = out / f"{stem or family}.{exporter}.{ATTENTION['implementation']}.onnx"
     try:
-        export(f"benchmarks.arch_sweep:{family.replace('-', '_')}", path, exporter=exporter)  # type: ignore[arg-type]
+        if export_to is not None:
+            export_to(path)
+        else:
+            export(f"benchmarks.arch_sweep:{family.replace('-', '_')}", path, exporter=exporter)  # type: ignore[arg-type]
     except Exception as exc:
         row.status = f"export failed: {_first_line(exc.__cause__ or exc)}"
         row.seconds = time.perf_counter() - start
         return row
     try:
+        inputs = None if inputs_for is None else inputs_for(io.load_model(path).model)
         result = api.optimize(
             path,
             find_reference=True,
             explain=explain,
             target=target,  # type: ignore[arg-type]
             opset=opset,
+            inputs=inputs,
         )
     except Exception as exc:
         row.status = f"optimize crashed: {_first_line(exc)}"

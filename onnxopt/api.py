@@ -211,6 +211,7 @@ def optimize(
                     extra_inputs=[eager_inputs] if eager else [],
                     run_timeout=run_timeout,
                     precisions=precisions,
+                    sizes=dims,
                 )
             validate_seconds = time.perf_counter() - start
 

@@ -63,7 +63,9 @@ def bisect_passes(
         if opset is not None:
             model = io.convert_opset(model, opset)
         Pipeline([pass_by_name(name)(options) for name in sequence[:k]])(model)
-        report = validate(path, model, specs=specs, inputs=inputs, precisions=precisions)
+        report = validate(
+            path, model, specs=specs, inputs=inputs, precisions=precisions, sizes=options.dims
+        )
         reports[k] = report
         return report.passed
 

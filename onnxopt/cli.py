@@ -61,6 +61,31 @@ class _Command(click.Command):
             _fail(exc, traceback)
 
 
+def _usage_error(exc: click.exceptions.UsageError) -> NoReturn:
+    if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+        raise exc  # bare `onnxopt`: click prints the help
+    where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+    click.echo(f"onnxopt: error: {exc.format_message()}{where}", err=True)
+    sys.exit(exit_code_for(exc))
+
+
+class _Group(click.Group):
+    """Click's own usage errors (a bad option value, an unknown option or command) as one stderr
+    line and exit 2, like every other error, instead of click's three-line usage block."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.exceptions.UsageError as exc:
+            _usage_error(exc)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.UsageError as exc:
+            _usage_error(exc)
+
+
 def _common(func: Callable[..., Any]) -> Callable[..., Any]:
     func = click.option("--traceback", is_flag=True, help="Show the Python traceback of errors.")(
         func
@@ -131,7 +156,7 @@ def _stderr_console() -> Any:
     return Console(stderr=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="onnxopt")
 @click.option(
     "--config",
@@ -234,7 +259,8 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "--dim",
             "dims",
             multiple=True,
-            help="Size symbolic dims for memory figures and reordering: batch=8,seq=512.",
+            help="Size symbolic dims: the first sizes validation tries, and the sizes of memory "
+            "figures and reordering: batch=8,seq=512.",
         ),
         click.option(
             "--memory",

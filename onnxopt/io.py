@@ -348,31 +348,12 @@ def _check_external_data(
             continue
         info = {entry.key: entry.value for entry in tensor.external_data}
         location = info.get("location", "")
-        if not location:
-            raise ModelLoadError(f"{where}: {label} is external but names no location")
-        if root is None:
-            raise UnsafeModelError(
-                f"{where}: {label} uses external data but the model has no folder to resolve it in"
-            )
-        if (
-            "\x00" in location
-            or os.path.isabs(location)
-            or location.startswith(("\\", "/"))
-            or ":" in location
-        ):
-            raise UnsafeModelError(
-                f"{where}: {label} external data location '{location}' is absolute; it must be relative to the model's folder"
-            )
-        candidate = root / location
-        resolved = candidate.resolve()
-        if root != resolved and root not in resolved.parents:
-            raise UnsafeModelError(
-                f"{where}: {label} external data location '{location}' leads outside the model's folder"
-            )
-        if model_file is not None and label not in own_mapped and same_file(candidate, model_file):
-            raise UnsafeModelError(
-                f"{where}: {label} external data location '{location}' is the model file itself"
-            )
+        if label in own_mapped and model_file is not None:
+            # The loader's own view into the model file it was given (which may be a symlink to
+            # another folder or name): not external data, so not held to the folder rule.
+            candidate = resolved = model_file.resolve()
+        else:
+            candidate, resolved = _checked_location(where, label, location, root, model_file)
         if resolved not in files:
             try:
                 # The path as written: readers open it unresolved, so 'missing/../w.bin' must fail here.
@@ -411,6 +392,39 @@ def _check_external_data(
                 f"{where}: {label} reads bytes {offset}..{end} of '{location}', which has only {size} bytes"
             )
     return tuple(files)
+
+
+def _checked_location(
+    where: str, label: str, location: str, root: Path | None, model_file: Path | None
+) -> tuple[Path, Path]:
+    """The path of a tensor's external data as written and resolved; refused when it could read
+    outside the model's folder or from the model file itself."""
+    if not location:
+        raise ModelLoadError(f"{where}: {label} is external but names no location")
+    if root is None:
+        raise UnsafeModelError(
+            f"{where}: {label} uses external data but the model has no folder to resolve it in"
+        )
+    if (
+        "\x00" in location
+        or os.path.isabs(location)
+        or location.startswith(("\\", "/"))
+        or ":" in location
+    ):
+        raise UnsafeModelError(
+            f"{where}: {label} external data location '{location}' is absolute; it must be relative to the model's folder"
+        )
+    candidate = root / location
+    resolved = candidate.resolve()
+    if root != resolved and root not in resolved.parents:
+        raise UnsafeModelError(
+            f"{where}: {label} external data location '{location}' leads outside the model's folder"
+        )
+    if model_file is not None and same_file(candidate, model_file):
+        raise UnsafeModelError(
+            f"{where}: {label} external data location '{location}' is the model file itself"
+        )
+    return candidate, resolved
 
 
 # A sparse tensor is made dense at load (onnx-ir has no sparse tensors); up to this many bytes.

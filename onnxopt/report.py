@@ -280,6 +280,8 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
         )
         for error in validation.errors:
             console.print(f"[red]{escape(error)}[/red]", highlight=False)
+        for note in validation.notes:
+            console.print(f"[dim]{escape(note)}[/dim]", highlight=False)
     if report.memory is not None:
         render_memory(report.memory, console)
     if report.reference is not None:

@@ -3,7 +3,9 @@
 Inputs are seeded random tensors that respect what the model expects: integer inputs that index an
 embedding (a Gather's indices, possibly through Cast/Reshape/Unsqueeze) stay below the table's size,
 other integers are small and non-negative, and every dynamic dimension is tried at two or more sizes
-(1 and larger odd values, distinct per symbolic dim so that mixed-up dims are caught).
+(1 and larger odd values, distinct per symbolic dim so that mixed-up dims are caught). Dims written
+as expressions (``past + seq``) are computed from the others, and when no generated size runs, the
+sizes are searched for a relation between dims (a KV-cache decoder's total = past + seq).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import onnx_ir as ir
 
 from onnxopt import io
 from onnxopt.errors import OnnxoptError, UsageError
+from onnxopt.input_sizes import DimSymbols, Relation, SizePlan
 from onnxopt.ops import is_op
 
 logger = logging.getLogger(__name__)
@@ -39,7 +42,6 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 }
 DEFAULT_TOLERANCE = (1e-4, 1e-3)
 MAX_TRIAL_ELEMENTS = 64 * 1024 * 1024
-FALLBACK_SIZES = (2, 8, 16, 32, 64, 128, 224)
 _PASSTHROUGH = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")
 
 
@@ -68,6 +70,7 @@ class ValidationReport:
     trials: tuple[dict[str, tuple[int, ...]], ...]
     outputs: tuple[OutputComparison, ...]
     errors: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # how the input sizes were chosen, when that needed a search
 
     @property
     def passed(self) -> bool:
@@ -150,33 +153,20 @@ def input_specs(model: ir.Model) -> list[InputSpec]:
     return specs
 
 
-def _trial_plans(specs: Sequence[InputSpec]) -> list[Callable[[int | str | None], int]]:
-    symbols: list[str] = []
-    for spec in specs:
-        for dim in spec.dims:
-            if isinstance(dim, str) and dim not in symbols:
-                symbols.append(dim)
-
-    def constant(size: int) -> Callable[[int | str | None], int]:
-        return lambda dim: dim if isinstance(dim, int) else size
-
-    def distinct(dim: int | str | None) -> int:
-        if isinstance(dim, int):
-            return dim
-        if dim is None:
-            return 3
-        return 3 + 2 * symbols.index(dim)
-
-    return [constant(1), distinct, *(constant(s) for s in FALLBACK_SIZES)]
-
-
 def make_inputs(
     specs: Sequence[InputSpec], size_of: Callable[[int | str | None], int], rng: np.random.Generator
 ) -> dict[str, np.ndarray] | None:
+    """Random inputs with each dim sized by ``size_of``; None if they are too large to generate."""
+    return inputs_of_shapes(specs, [tuple(size_of(d) for d in s.dims) for s in specs], rng)
+
+
+def inputs_of_shapes(
+    specs: Sequence[InputSpec], shapes: Sequence[tuple[int, ...]], rng: np.random.Generator
+) -> dict[str, np.ndarray] | None:
+    """Random inputs of these shapes (in ``specs``' order); None if they are too large to generate."""
     feeds: dict[str, np.ndarray] = {}
     total = 0
-    for spec in specs:
-        shape = tuple(size_of(d) for d in spec.dims)
+    for spec, shape in zip(specs, shapes, strict=True):
         total += int(np.prod(shape, dtype=np.int64))
         if total > MAX_TRIAL_ELEMENTS:
             return None
@@ -467,6 +457,7 @@ def validate(
     trials: int = 2,
     run_timeout: float = DEFAULT_RUN_TIMEOUT,
     precisions: Mapping[str, str] | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> ValidationReport:
     """Compare outputs of ``original`` and ``optimized`` on ORT (graph optimizations disabled).
 
@@ -481,6 +472,9 @@ def validate(
     ``specs`` describe the inputs to generate (from :func:`input_specs` of the original); by default
     they are derived from ``original`` when it is a model, else from ``optimized``. ``inputs``
     replace the generated inputs; ``extra_inputs`` (e.g. an export's example inputs) are tried too.
+    ``sizes`` (symbolic dim name -> size, from ``--dim``) are the first generated sizes tried. When
+    the generated sizes do not run, relations between dims are tried (``total = past + seq``, see
+    :mod:`onnxopt.input_sizes`); the report's ``notes`` say which one was used.
     """
     try:
         reference = _session(original)
@@ -507,6 +501,7 @@ def validate(
     feed_sets = [dict(f) for f in inputs] if inputs is not None else []
     worst = _Worst()
     errors: list[str] = []
+    notes: list[str] = []
     used: list[dict[str, tuple[int, ...]]] = []
     rng = np.random.default_rng(seed)
     last_failure = ""
@@ -551,24 +546,53 @@ def validate(
     else:
         if specs is None:
             specs = input_specs(original if isinstance(original, ir.Model) else optimized)
+        symbols = DimSymbols.of(specs)
         dynamic = any(not isinstance(d, int) for s in specs for d in s.dims)
         wanted = len(extra_inputs) + (trials if dynamic else 1)
         seen: set[tuple[tuple[int, ...], ...]] = set()
         too_big = False
-        for plan in _trial_plans(specs):
-            if len(used) >= wanted:
-                break
-            generated = make_inputs(specs, plan, rng)
+
+        def attempt(plan: SizePlan | None) -> bool:
+            """Run one size plan; True if it was new and the original ran on it."""
+            nonlocal too_big
+            shapes = symbols.shapes(specs, plan) if plan is not None else None
+            if shapes is None or tuple(shapes) in seen:
+                return False
+            seen.add(tuple(shapes))
+            generated = inputs_of_shapes(specs, shapes, rng)
             if generated is None:
                 too_big = True
-                continue
-            key = tuple(f.shape for f in generated.values())
-            if key in seen:
-                continue
-            seen.add(key)
-            run_one(generated)
-            if errors:
+                return False
+            return run_one(generated)
+
+        def short() -> bool:
+            return len(used) < wanted and not errors
+
+        for plan in symbols.base_plans(sizes):
+            if not short():
                 break
+            attempt(plan)
+        if short() and symbols.atoms:
+            # A KV-cache decoder runs only when e.g. total = past + seq: try relations between dims.
+            hints = [
+                d for o in reference.get_outputs() for d in o.shape or () if isinstance(d, str)
+            ]
+            for relation in symbols.relations(hints):
+                if not short():
+                    break
+                base = symbols.distinct(sizes)
+                if not attempt(symbols.one_batch(base).with_relation(relation)) and not attempt(
+                    base.with_relation(relation)
+                ):
+                    continue
+                notes.append(
+                    f"input sizes chosen with {relation}, found by trying relations between "
+                    f"dims (fewer than {wanted} generated sizes ran)"
+                )
+                for plan in symbols.base_plans(sizes):
+                    if not short():
+                        break
+                    attempt(plan.with_relation(relation))
         if not used and not errors and too_big and not last_failure:
             raise CannotValidate(
                 f"the inputs are too large to generate (over {MAX_TRIAL_ELEMENTS} elements in all); "
@@ -577,9 +601,57 @@ def validate(
         if not used and not errors:
             raise CannotValidate(
                 f"the original model does not run on ONNX Runtime with generated inputs ({last_failure}); "
-                "pass --inputs FILE.npz or --no-validate"
+                "give the sizes of its dims with --dim NAME=SIZE, or pass --inputs FILE.npz or --no-validate"
             )
-    return ValidationReport(tuple(used), tuple(worst.comparisons.values()), tuple(errors))
+        ran = len(used) - len(extra_inputs)
+        if short() and ran == 1 and dynamic:
+            notes.append(
+                "the model ran at one size of its dynamic dims only; give sizes that fit together "
+                "with --dim NAME=SIZE (e.g. --dim past=5,seq=3,total=8) to try others"
+            )
+    return ValidationReport(
+        tuple(used), tuple(worst.comparisons.values()), tuple(errors), tuple(notes)
+    )
+
+
+def find_relation(
+    model: Path,
+    specs: Sequence[InputSpec],
+    plan: SizePlan,
+    *,
+    seed: int = 0,
+    run_timeout: float = DEFAULT_RUN_TIMEOUT,
+) -> Relation | None:
+    """A relation between dims that ``model`` needs, found by running it (optimizations off).
+
+    None when it runs on inputs sized by ``plan`` as they are, or when no candidate relation
+    (:meth:`DimSymbols.relations`: a KV-cache decoder's total = past + seq) makes it run.
+    """
+    symbols = DimSymbols.of(specs)
+    session = _session(model)
+    names = [o.name for o in session.get_outputs()]
+    rng = np.random.default_rng(seed)
+
+    def runs(candidate: SizePlan | None) -> bool:
+        shapes = symbols.shapes(specs, candidate) if candidate is not None else None
+        feeds = inputs_of_shapes(specs, shapes, rng) if shapes is not None else None
+        if feeds is None:
+            return False
+        try:
+            _run_bounded(session, names, feeds, run_timeout)
+        except Exception:
+            return False
+        return True
+
+    if runs(plan):
+        return None
+    hints = [d for o in session.get_outputs() for d in o.shape or () if isinstance(d, str)]
+    # Checked at a second, distinct size per dim too: at batch = seq = 1, batch + past fits as well.
+    other = symbols.one_batch(symbols.distinct())
+    for relation in symbols.relations(hints):
+        if runs(plan.with_relation(relation)) and runs(other.with_relation(relation)):
+            return relation
+    return None
 
 
 @dataclass(frozen=True)

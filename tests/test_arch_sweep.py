@@ -34,6 +34,16 @@ CASES = [
     ("gpt-neo", "torchscript", "eager", "attn 2"),  # S read as Gather(Shape(q_proj), 1)
     ("bloom", "dynamo", "eager", "mha 2"),  # heads flattened into the batch (bmm), ALiBi
     ("deberta-v2", "dynamo", "eager", "mha 2"),  # bmm form, Where(~mask, lowest, scores)
+    ("qwen3", "dynamo", "eager", "gqa 2"),  # Q and K normalized per head before the rotary
+    ("olmo2", "torchscript", "eager", "gqa 2"),  # Q and K normalized over all heads
+    ("gemma3", "dynamo", "sdpa", "gqa 2"),
+    ("phi3", "torchscript", "eager", "rotary 4"),  # shape reads shared only after the fusions
+    # Interleaved rotary on 8 of 16 dims between the head split and the Transpose: GatherND +
+    # Expand tables (dynamo), Gather + Tile (TorchScript).
+    ("gptj", "dynamo", "eager", "mha 2 rotary 4"),
+    ("gptj", "torchscript", "eager", "mha 2 rotary 4"),
+    ("cohere", "dynamo", "eager", "gqa 2"),  # interleaved rotary, folded into GQA's do_rotary
+    ("codegen", "torchscript", "eager", "rotary 4"),  # GPT-J's rotary on heads of a packed Q/K/V
 ]
 
 

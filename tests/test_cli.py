@@ -199,7 +199,29 @@ def test_levels(level: int, tmp_path: Path) -> None:
 def test_level_out_of_range() -> None:
     code, _, stderr = cli("optimize", DEFAULT_MODEL, "-O9")
     assert code == EXIT_ERROR
-    assert "Error" in stderr
+    assert stderr.splitlines() == [
+        "onnxopt: error: Invalid value for '-O' / '--level': 9 is not in the range 0<=x<=3. "
+        "(see 'main optimize --help')"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("optimize", "--opset", "-3"),
+            "Invalid value for '--opset': -3 is not in the range x>=1.",
+        ),
+        (("optimize", "--bogus"), "No such option '--bogus'"),
+        (("nosuch",), "No such command 'nosuch'."),
+        (("--bogus",), "No such option '--bogus'"),
+    ],
+)
+def test_click_usage_errors_are_one_line(args: tuple[str, ...], message: str) -> None:
+    code, stdout, stderr = cli(*args)
+    assert code == EXIT_ERROR and not stdout
+    (line,) = stderr.splitlines()
+    assert line.startswith("onnxopt: error: ") and message in line
 
 
 # ---------------------------------------------------------------------------------------------

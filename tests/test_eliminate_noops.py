@@ -138,6 +138,19 @@ POSITIVE = [
         ["Relu"],
         1,
     ),
+    (
+        # Phi-3: cat([q_rot, q[..., 16:]]) with the rotary over all 16 dims of each head
+        "concat-beside-empty",
+        model(
+            "<int64[1] st = {4}, int64[1] en = {100}, int64[1] ax = {2}>"
+            "{ e = Slice(x, st, en, ax)\n c = Concat <axis = -1> (x, e)\n y = Relu(c) }",
+            inputs="float[N,3,4] x",
+            outputs="float[N,3,4] y",
+        ),
+        {"Concat removed": 1},
+        ["Slice", "Relu"],
+        2,
+    ),
     ("sum-one", model("{ c = Sum(x)\n y = Relu(c) }"), {"Sum removed": 1}, ["Relu"], 1),
     ("max-one", model("{ c = Max(x)\n y = Relu(c) }"), {"Max removed": 1}, ["Relu"], 1),
     (
@@ -281,6 +294,15 @@ def test_removes_noop(text: str, stats: dict[str, int], ops: list[str], trials: 
 
 
 NEGATIVE = [
+    (
+        "concat-of-two-non-empty",
+        model(
+            "<int64[1] st = {2}, int64[1] en = {100}, int64[1] ax = {2}>"
+            "{ e = Slice(x, st, en, ax)\n c = Concat <axis = 2> (x, e)\n y = Relu(c) }",
+            outputs="float[2,3,6] y",
+        ),
+        "2 of them not provably empty",
+    ),
     (
         "add-broadcast-enlarges",
         model(

@@ -26,11 +26,13 @@ def _model(
     head_size: int = 8,
     causal_form: str = "exported",
     bias_first: bool = False,
+    norm_axis: int | None = None,
 ) -> ir.Model:
     """x[B,S,8] -> 4 query heads and 2 K/V heads of ``head_size``, K/V repeated as the exporters do, MHA with a
     causal + padding mask built from keep[B,S] as the exporters do (positions unsqueezed to rank 4;
     ``causal_form="flat"``: [S, 1] against [T], not recognised); ``cross``: K/V from y[B,T,8];
-    ``bias_first``: projections with a bias written as TorchScript writes Linear, Add(b, x @ W)."""
+    ``bias_first``: projections with a bias written as TorchScript writes Linear, Add(b, x @ W);
+    ``norm_axis``: Q normalized per token and K per head (OLMo2, Qwen3) over that axis."""
     if causal_form == "exported":
         positions = """
             kpos = Unsqueeze(ki, ax012)
@@ -43,17 +45,23 @@ def _model(
             causal = LessOrEqual(ki, qcol)
         """
     kv_input = "y" if cross else "x"
+    q_norm = k_norm = ""
+    if norm_axis is not None:
+        q_norm = f"qn = SimplifiedLayerNormalization<axis={norm_axis}>(qp, qscale)"
+        k_norm = f"kn = SimplifiedLayerNormalization<axis={norm_axis}>(kr, kscale)"
     text = f"""
         <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
         g (float[B, S, 8] x, float[B, T, 8] y, bool[B, {"T" if cross else "S"}] keep) => (float[B, S, {4 * head_size}] out) {{
-            {"q0" if bias_first else "q"} = MatMul(x, wq)
+            {"q0" if bias_first else ("qp" if norm_axis is not None else "q")} = MatMul(x, wq)
             {"k0" if bias_first else "k"} = MatMul({kv_input}, wk)
             {"v0" if bias_first else "v"} = MatMul({kv_input}, wv)
             {"q = Add(bq, q0)" if bias_first else ""}
             {"k = Add(bk, k0)" if bias_first else ""}
             {"v = Add(bv, v0)" if bias_first else ""}
+            {q_norm}
             kr = Reshape(k, split)
-            k4 = Transpose<perm=[0, 2, 1, 3]>(kr)
+            {k_norm}
+            k4 = Transpose<perm=[0, 2, 1, 3]>({"kn" if norm_axis is not None else "kr"})
             vr = Reshape(v, split)
             v4 = Transpose<perm=[0, 2, 1, 3]>(vr)
             ku = Unsqueeze(k4, axis)
@@ -74,7 +82,7 @@ def _model(
             pad = Unsqueeze(keep, ax12)
             allowed = And(causal, pad)
             mask = Where(allowed, zero_f, masked)
-            out = com.microsoft.MultiHeadAttention<num_heads=4, scale=0.7>(q, kh, vh, , , mask)
+            out = com.microsoft.MultiHeadAttention<num_heads=4, scale=0.7>({"qn" if norm_axis is not None else "q"}, kh, vh, , , mask)
         }}
     """
     return parse(
@@ -85,6 +93,8 @@ def _model(
         bq=rng_array(4 * head_size, seed=4),
         bk=rng_array(2 * head_size, seed=5),
         bv=rng_array(2 * head_size, seed=6),
+        qscale=rng_array(4 * head_size, seed=7),
+        kscale=rng_array(head_size, seed=8),
         split=np.array([0, 0, 2, head_size], np.int64),
         merge=np.array([0, 4, -1, head_size], np.int64),
         rep=np.array([1, 1, 2, 1, 1], np.int64),
@@ -147,6 +157,23 @@ def test_projection_biases_added_first_still_prove_one_sequence() -> None:
     report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
     assert report.passed, report
     assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+def test_q_and_k_normalized_over_their_last_axis_still_prove_one_sequence() -> None:
+    # OLMo2 normalizes Q over all heads, Qwen3 / Gemma3 each head of K: the norms keep B and S.
+    model = _model(norm_axis=-1)
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+    assert report.passed, report
+    assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+def test_a_norm_that_mixes_the_sequence_is_not_followed() -> None:
+    model = _model(norm_axis=1)  # over [S, H*d] and [S, H, d]: positions mix
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert any("one sequence" in note for note in result.notes), result.notes
 
 
 def test_mask_not_provably_causal_runs_with_causal_0() -> None:

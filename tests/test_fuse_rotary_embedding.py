@@ -193,16 +193,62 @@ def test_rotary_partial_dims_refused() -> None:
     _refuses(_model(lo=4), "rotate_half slices [0:4], expected the halves of 16")
 
 
-def test_rotary_positions_per_batch_row_refused() -> None:
-    """position_ids [B, S] given as an input: the angles differ per batch row."""
-    _refuses(
-        _model(
-            positions="position_ids",
-            extra_input=", int64[B, S] position_ids",
-            position_axes="ax2",
-        ),
-        "rotary angles differ per batch row",
+def _per_row_model(opset: int = 20, batch: str = "B") -> ir.Model:
+    """position_ids [B, S] given as an input (Optimum's decoders): the angles differ per batch row."""
+    return _model(
+        opset=opset,
+        positions="position_ids",
+        extra_input=f", int64[{batch}, S] position_ids",
+        position_axes="ax2",
     )
+
+
+def _per_row_feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    """Each row its own positions: a left-padded row starts later, a decode step far on."""
+    feeds = _feeds(batch, seq, seed)
+    starts = np.random.default_rng(seed).integers(0, 50, (batch, 1))
+    feeds["position_ids"] = (starts + np.arange(seq)[None]).astype(np.int64)
+    return feeds
+
+
+PER_ROW_SIZES = [_per_row_feeds(2, 7, 0), _per_row_feeds(1, 1, 1), _per_row_feeds(3, 1, 2)]
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_rotary_positions_per_batch_row(target: str) -> None:
+    """Caches of the angles' own B*S rows; token (b, s) reads row b*S + s (ort: position_ids
+    Reshape(Range(0, B*S), [B, S]), built once for both rotaries; onnx: [B, S, H/2] caches)."""
+    model = _per_row_model(opset=23 if target == "onnx" else 20)
+    options = PassOptions(target=target)  # type: ignore[arg-type]
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass(options)(fused)
+    assert result.stats == {"rotary->RotaryEmbedding": 2}
+    # The template's unused Range(0, S) stays (dead code is another pass's job).
+    types = [t for t in op_types(fused) if t != "Constant"][3:]
+    assert [t for t in op_types(fused) if t != "Constant"][:3] == ["Shape", "Squeeze", "Range"]
+    if target == "ort":
+        assert types == [
+            "Unsqueeze", "Cast", "Mul", "Reshape", "Cos", "Sin", "Shape", "ReduceProd",
+            "Range", "Reshape", "com.microsoft::RotaryEmbedding", "com.microsoft::RotaryEmbedding",
+        ]  # fmt: skip
+    else:
+        assert types == [
+            "Unsqueeze",
+            "Cast",
+            "Mul",
+            "Cos",
+            "Sin",
+            "RotaryEmbedding",
+            "RotaryEmbedding",
+        ]
+    report = validate(model, fused, inputs=PER_ROW_SIZES)
+    assert report.passed, report
+    assert not FuseRotaryEmbeddingPass(options)(fused).modified
+
+
+def test_rotary_positions_per_batch_row_unproven_batch_refused() -> None:
+    """position_ids [C, S]: C is not provably x's batch B (C = 1 would broadcast one row's angles)."""
+    _refuses(_per_row_model(batch="C"), "cannot prove they have the input's batch size")
 
 
 def test_rotary_unproven_sequence_length_refused() -> None:
@@ -476,3 +522,71 @@ def test_partial_rotary_of_a_packed_projection() -> None:
     )
     assert report.passed, report
     assert not FuseRotaryEmbeddingPass()(fused).modified
+
+
+# ---------------------------------------------------------------- positions after a KV cache
+# With a past of P tokens the positions are P..P+S-1: Add(Range(0, S, 1), P) (TorchScript) or
+# Range(P, P + S, 1). The table still has one row per input position, row s for token s.
+OFFSET_FORMS = {
+    "add": "pos_off = Add (pos, poff)",
+    "range": "pend = Add (poff, n)\n    pos_off = Range (poff, pend, one)",
+}
+
+
+def _offset_model(form: str, offset: str = "poff = Squeeze (pshp)") -> ir.Model:
+    text = _rope_text(20, positions="pos_off", extra_input=", float[B, 2, P, 16] past")
+    cached = (
+        f"    pshp = Shape <start = 2, end = 3> (past)\n    {offset}\n    {OFFSET_FORMS[form]}\n"
+    )
+    return parse(
+        text.replace("    pos3 =", cached + "    pos3 ="), inv_freq=_inv_freq(), **_slices()
+    )
+
+
+def _offset_feeds(batch: int, past: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    feeds = _feeds(batch, seq, seed)
+    feeds["past"] = np.zeros((batch, 2, past, 16), dtype=np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("form", sorted(OFFSET_FORMS))
+def test_rotary_positions_after_a_cache(form: str) -> None:
+    """Positions P..P+S-1 (decode S=1, prompt P=0): the table's rows are the tokens' rows."""
+    model = _offset_model(form)
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass()(fused)
+    assert result.stats == {"rotary->RotaryEmbedding": 2}
+    types = op_types(fused)
+    assert types.count("com.microsoft::RotaryEmbedding") == 2 and "Neg" not in types
+    sizes = [
+        _offset_feeds(b, p, s, i)
+        for i, (b, p, s) in enumerate([(2, 5, 3), (1, 0, 4), (2, 7, 1), (3, 40, 1)])
+    ]
+    report = validate(model, fused, inputs=sizes)
+    assert report.passed, report
+    assert len(report.trials) == len(sizes)
+    assert not FuseRotaryEmbeddingPass()(fused).modified
+
+
+def test_rotary_offset_of_several_elements_refused() -> None:
+    """An offset [K] added to Range(0, S, 1) broadcasts to K rows when S = 1: not one row per token."""
+    text = _rope_text(20, positions="pos_off", extra_input=", int64[K] poff")
+    model = parse(
+        text.replace("    pos3 =", "    pos_off = Add (pos, poff)\n    pos3 ="),
+        inv_freq=_inv_freq(),
+        **_slices(),
+    )
+    _refuses(model, "cannot prove the cos table has one row per input position")
+
+
+def test_rotary_range_end_not_start_plus_length_refused() -> None:
+    """Range(P, P * S, 1): its length is not a dim of the input."""
+    text = _rope_text(20, positions="pos_off", extra_input=", float[B, 2, P, 16] past")
+    cached = (
+        "    pshp = Shape <start = 2, end = 3> (past)\n    poff = Squeeze (pshp)\n"
+        "    pend = Mul (poff, n)\n    pos_off = Range (poff, pend, one)\n"
+    )
+    model = parse(
+        text.replace("    pos3 =", cached + "    pos3 ="), inv_freq=_inv_freq(), **_slices()
+    )
+    _refuses(model, "cannot prove the cos table has one row per input position")

@@ -122,3 +122,27 @@ def test_refusals_say_why(kwargs: dict[str, str], reason: str) -> None:
     assert stats == {}
     assert op_types(after) == before
     assert any(reason in note for note in notes), notes
+
+
+def test_key_appended_to_a_kv_cache_keeps_its_layout() -> None:
+    """The rotated key's one reader is the present Concat(past, k) [B, N, T, d]: nothing moves."""
+    text = """
+        <ir_version: 10, opset_import: ["" : 20, "com.microsoft" : 1]>
+        g (float[B, S, 32] x, float[B, 4, P, 8] past) => (float[B, 4, T, 8] present) {
+            heads = Constant <value = int64[4] {0, 0, 4, 8}> ()
+            h = Reshape (x, heads)
+            t = Transpose <perm = [0, 2, 1, 3]> (h)
+            r = com.microsoft.RotaryEmbedding <interleaved = 0> (t, pos, cos, sin)
+            present = Concat <axis = 2> (past, r)
+        }
+    """
+    rng = np.random.default_rng(0)
+    cos, sin = (rng.standard_normal((64, 4)).astype(np.float32) for _ in range(2))
+    model = parse(text, pos=np.zeros(1, dtype=np.int64), cos=cos, sin=sin)
+    after, stats, notes = _run(model)
+    assert stats == {}
+    assert op_types(after) == op_types(model)
+    assert notes == [
+        f"{RULE}: RotaryEmbedding: the rotated heads are appended to a KV cache (Concat on the "
+        "sequence axis): the present stays [B, N, T, d], no Transpose to drop"
+    ]

@@ -119,3 +119,23 @@ def test_saving_over_the_source_file_keeps_the_loaded_weights(tmp_path: Path) ->
     v = loaded.model.graph.initializers["v"].const_value
     assert v is not None and np.array_equal(v.numpy(), w * 3)
     assert np.array_equal(onnx.numpy_helper.to_array(_initializers(source)["w"]), w * 2)
+
+
+def test_a_model_reached_through_a_symlink_elsewhere_loads_and_optimizes(tmp_path: Path) -> None:
+    # The loader maps inline weights by the real file's name; a symlink in another folder under
+    # another name made that look like missing external data ("file 'm.onnx' does not exist").
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    v = rng.standard_normal((64, 64)).astype(np.float32)
+    source = _write(tmp_path / "m.onnx", w, v)
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "elsewhere" / "link.onnx"
+    link.symlink_to(source)
+    loaded = io.load_model(link)
+    tensors = {name: value.const_value for name, value in loaded.model.graph.initializers.items()}
+    assert isinstance(tensors["w"], io.MappedTensor)
+    assert tensors["v"] is not None and np.array_equal(tensors["v"].numpy(), v)
+    from onnxopt import api
+
+    result = api.optimize(link)
+    assert result.validated

@@ -32,9 +32,17 @@ from onnxopt.bench.report import (
 )
 from onnxopt.bench.stats import LatencyStats, paired_speedup
 from onnxopt.errors import ModelLoadError, UsageError
+from onnxopt.input_sizes import DimSymbols, Relation, SizePlan
 from onnxopt.passes.levels import DEFAULT_LEVEL
 from onnxopt.report import ModelSummary
-from onnxopt.validate import InputSpec, compare_arrays, input_specs, make_inputs
+from onnxopt.validate import (
+    InputSpec,
+    compare_arrays,
+    find_relation,
+    input_specs,
+    make_inputs,
+    shared_sessions,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -143,23 +151,28 @@ def resolve_shapes(
     pinned: Mapping[str, tuple[int, ...]],
     sweep: Mapping[str, int],
     examples: Mapping[str, tuple[int, ...]],
+    relation: Relation | None = None,
 ) -> dict[str, tuple[int, ...]]:
-    """Concrete input shapes: pinned (--shape) > sweep (dim name or batch/sequence) > example inputs > defaults."""
+    """Concrete input shapes: pinned (--shape) > sweep (dim name or batch/sequence) > example inputs > defaults.
+
+    A dim written as an expression of others (``past + seq``) is computed from them; ``relation``
+    (see :func:`onnxopt.validate.find_relation`) sizes its target dim from the others unless the
+    target was pinned or swept.
+    """
     names = [s.name for s in specs]
     for name in pinned:
         if name not in names:
             raise UsageError(
                 f"--shape {name}: the model has no input '{name}' (inputs: {', '.join(names)})"
             )
-    symbols = {d for s in specs for d in s.dims if isinstance(d, str)}
+    symbols = DimSymbols.of(specs)
     for name in sweep:
-        if name not in symbols and name not in SWEEP_ALIASES:
-            known = ", ".join(sorted(symbols)) or "none"
+        if name not in symbols.atoms and name not in SWEEP_ALIASES:
+            known = ", ".join(sorted(symbols.atoms)) or "none"
             raise UsageError(
                 f"--sweep {name}: not a dynamic dim of the inputs (dims: {known}; or batch, sequence)"
             )
-    chosen: dict[str, int] = {k: v for k, v in sweep.items() if k in symbols}
-    shapes: dict[str, tuple[int, ...]] = {}
+    chosen: dict[str, int] = {k: v for k, v in sweep.items() if k in symbols.atoms}
     for spec in specs:
         if spec.name in pinned:
             shape = pinned[spec.name]
@@ -169,30 +182,42 @@ def resolve_shapes(
                 raise UsageError(
                     f"--shape {spec.name}: {shape} does not fit the input's dims {spec.dims}"
                 )
-            shapes[spec.name] = shape
-            for dim, size in zip(spec.dims, shape, strict=False):
-                if isinstance(dim, str):
-                    chosen.setdefault(dim, size)
-    for spec in specs:
-        if spec.name in shapes:
-            continue
+            for dim, pinned_size in zip(spec.dims, shape, strict=False):
+                if isinstance(dim, str) and dim in symbols.atoms:
+                    chosen.setdefault(dim, pinned_size)
+    fixed = set(chosen)
+
+    def default(spec: InputSpec, axis: int) -> int:
+        alias = next((k for k, a in SWEEP_ALIASES.items() if a == axis and k in sweep), None)
         example = examples.get(spec.name)
+        if alias is not None:
+            return sweep[alias]
+        if example is not None and len(example) == len(spec.dims):
+            return example[axis]
+        return DEFAULT_BATCH if axis == 0 else DEFAULT_DYNAMIC_SIZE
+
+    for spec in specs:
+        if spec.name not in pinned:
+            for axis, dim in enumerate(spec.dims):
+                if isinstance(dim, str) and dim in symbols.atoms:
+                    chosen.setdefault(dim, default(spec, axis))
+    if relation is not None and relation.target not in fixed:
+        plan = SizePlan(chosen, 1).with_relation(relation)
+        chosen = dict(plan.sizes) if plan is not None else chosen
+    shapes: dict[str, tuple[int, ...]] = {}
+    plan = SizePlan(chosen, 1)
+    for spec in specs:
+        if spec.name in pinned:
+            shapes[spec.name] = pinned[spec.name]
+            continue
         dims: list[int] = []
         for axis, dim in enumerate(spec.dims):
-            if isinstance(dim, int):
-                dims.append(dim)
-                continue
-            alias = next((k for k, a in SWEEP_ALIASES.items() if a == axis and k in sweep), None)
-            if isinstance(dim, str) and dim in chosen:
-                size = chosen[dim]
-            elif alias is not None:
-                size = sweep[alias]
-            elif example is not None and len(example) == len(spec.dims):
-                size = example[axis]
-            else:
-                size = DEFAULT_BATCH if axis == 0 else DEFAULT_DYNAMIC_SIZE
-            if isinstance(dim, str):
-                chosen.setdefault(dim, size)
+            size: int | None = symbols.size(dim, plan) if dim is not None else default(spec, axis)
+            if size is None:
+                raise UsageError(
+                    f"input '{spec.name}': its dim '{dim}' comes out negative or too large with "
+                    f"the dims {chosen}; size them with --sweep DIM=SIZE or --shape"
+                )
             dims.append(size)
         shapes[spec.name] = tuple(dims)
     return shapes
@@ -569,12 +594,30 @@ def run_bench(
 
         points = []
         unloadable: dict[str, str] = {}
-        for sweep in _sweep_points(options.sweeps):
+        sweeps = _sweep_points(options.sweeps)
+        relation = None
+        if options.inputs is None and len(DimSymbols.of(specs).atoms) >= 3:
+            # A KV-cache decoder (batch, seq, past, total) runs only when total = past + seq.
+            first = resolve_shapes(specs, options.shapes, sweeps[0], examples)
+            sizes = {
+                d: n
+                for spec in specs
+                for d, n in zip(spec.dims, first[spec.name], strict=True)
+                if isinstance(d, str)
+            }
+            say("checking the input sizes")
+            with shared_sessions():
+                relation = find_relation(path, specs, SizePlan(sizes, 1), seed=options.seed)
+            if relation is not None:
+                notes.append(
+                    f"input sizes chosen with {relation} (the model did not run otherwise)"
+                )
+        for sweep in sweeps:
             if options.inputs is not None:
                 feeds = {k: np.asarray(v) for k, v in options.inputs.items()}
                 shapes = {k: tuple(v.shape) for k, v in feeds.items()}
             else:
-                shapes = resolve_shapes(specs, options.shapes, sweep, examples)
+                shapes = resolve_shapes(specs, options.shapes, sweep, examples, relation)
                 feeds = _feeds(specs, shapes, options.seed)
             setup = _Setup(
                 models,

@@ -185,9 +185,24 @@ def _slice(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
 
 
 def _concat(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    if len(node.inputs) != 1:
+    """One input, or one input beside inputs empty along the axis (Phi-3's ``cat([q_rot, q_pass])``
+    with a rotary over the whole head leaves ``q_pass = q[..., 16:]`` of 16 dims: 0 wide)."""
+    if len(node.inputs) == 1:
+        return _keep(node, node.inputs[0])
+    rank = len(node.outputs[0].shape) if node.outputs[0].shape is not None else None
+    axis = node.attributes.get_int("axis", 0)
+    if rank is None or not -rank <= axis < rank:
         return Mismatch(f"it has {len(node.inputs)} inputs")
-    return _keep(node, node.inputs[0])
+    axis %= rank
+
+    def empty(value: ir.Value | None) -> bool:
+        shape = None if value is None else value.shape
+        return shape is not None and len(shape) == rank and shape[axis] == 0
+
+    kept = [v for v in node.inputs if not empty(v)]
+    if len(kept) != 1 or kept[0] is None:
+        return Mismatch(f"it has {len(node.inputs)} inputs, {len(kept)} of them not provably empty")
+    return _keep(node, kept[0])
 
 
 def _single_input(node: ir.Node, context: RewriteContext) -> Match | Mismatch:

@@ -226,10 +226,25 @@ def _repeated_kv(value: ir.Value | None, heads: int) -> _Grouped | Mismatch:
     return _Grouped(source, kv_heads, head_size, (unsqueeze, expand, reshape))
 
 
+_NORMS = ("LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization")
+
+
+def _normalized_from(node: ir.Node, output: ir.Value) -> int | None:
+    """For a LayerNorm / RMSNorm of its first input, the first axis it normalizes over (it
+    normalizes from there to the last axis; the axes before it stay apart)."""
+    if node.op_type not in _NORMS or output is not node.outputs[0]:
+        return None
+    rank = value_rank(output)
+    if rank is None:
+        return None
+    axis = node.attributes.get_int("axis", -1)
+    return axis + rank if -rank <= axis < 0 else axis if 0 <= axis < rank else None
+
+
 def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
     """Follow ``value`` back through ops that keep its batch and sequence dims (at ``batch``,
     ``seq``): rotary embeddings, Transposes, head split/merge Reshapes, projections by a 2-D weight
-    and 1-D biases. Two tensors with one origin and the same axes have equal B and S."""
+    and 1-D biases, norms over the last axis. Two tensors with one origin and the same axes have equal B and S."""
     for _ in range(64):
         node = value.producer()
         if node is None:
@@ -242,6 +257,10 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
             continue
         if node.domain not in ONNX_DOMAINS:
             break
+        first_normalized = _normalized_from(node, value)
+        if first_normalized is not None and max(batch, seq) < first_normalized:
+            value = source  # Qwen3 / Gemma3 / OLMo2: Q and K normalized per head or per token
+            continue
         perm = transpose_perm(node)
         if perm is not None:
             batch, seq = perm[batch], perm[seq]

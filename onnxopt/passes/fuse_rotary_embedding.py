@@ -12,6 +12,15 @@ exports fold them) gives constant caches.
 Target ``ort``: com.microsoft.RotaryEmbedding(x, position_ids=[0], cos_cache [S, H/2], sin_cache)
 with ``interleaved=0``; a one-element position_ids is ONNX Runtime's "offset" form: token ``s`` reads
 cache row ``s``, which is the row the original graph multiplied it by.
+With a KV cache the new tokens sit at positions P..P+S-1 (P the past length): exporters build
+``f`` from ``Add(Range(0, S, 1), P)`` or ``Range(P, P + S, 1)``. The table then still has one row
+per input position (row s holds position P+s, the one token s is multiplied by), so the same
+offset-0 rotary is exact; only the row count has to be proven, and a one-element offset adds none.
+A ``position_ids [B, S]`` input (Optimum's decoders: each row its own positions, e.g. left padding)
+makes ``f`` [B, S, H/2]. Target ``ort`` then gets caches of f's B*S rows, ``Reshape(f, [-1, H/2])``,
+and position_ids ``Reshape(Range(0, B*S, 1), [B, S])``: token (b, s) reads row b*S + s, which is
+f[b, s]; the batch dim of f must provably be x's (B = 1 would broadcast). Target ``onnx`` takes the
+[B, S, H/2] caches as they are (no position_ids).
 Target ``onnx``: RotaryEmbedding (opset 23) without position_ids, caches expanded to [B, S, H/2] as
 the standard op requires; older opsets are left alone (``--opset 23`` upgrades first).
 
@@ -41,7 +50,7 @@ from functools import partial
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import MS_DOMAIN, const_array, is_op
+from onnxopt.ops import MS_DOMAIN, const_array, is_op, static_shape
 from onnxopt.passes._refine_shapes import _is_unknown
 from onnxopt.passes._shape_facts import cast_target, const_ints, int_param, slice_params
 from onnxopt.passes.base import Pass, PassResult
@@ -62,6 +71,15 @@ class _Table:
     constant: np.ndarray | None = None  # [S, H/2] half-width cache
     # Concat, Cos/Sin, Casts, Unsqueeze: shared by every layer, removed with the last user.
     nodes: tuple[ir.Node, ...] = ()
+
+    @property
+    def batch(self) -> object:
+        return None if self.freqs is None or self.freqs.shape is None else self.freqs.shape[0]
+
+    @property
+    def per_row(self) -> bool:
+        """Angles [B, S, H/2], one set per batch row (from a position_ids input), not [1, S, H/2]."""
+        return self.freqs is not None and self.batch != 1
 
 
 @dataclass(frozen=True)
@@ -153,8 +171,36 @@ def _dim_of_scalar(value: ir.Value | None) -> object:
     return source.shape[start + offset]
 
 
+def _is_scalar(value: ir.Value | None) -> bool:
+    """A one-element value ([] or [1]): added to a Range it shifts the positions, never adds rows."""
+    return value is not None and value.shape is not None and static_shape(value) in ((), (1,))
+
+
+def _range_length(node: ir.Node) -> object:
+    """The dim ``Range(a, b, 1)`` counts when provably a dim: ``Range(0, n, 1)`` or, a KV cache's
+    positions P..P+S-1, ``Range(p, Add(p, n), 1)``; n read off a Shape."""
+    if len(node.inputs) != 3:
+        return None
+    step = const_array(node.inputs[2])
+    if step is None or step.size != 1 or float(step.reshape(())) != 1:
+        return None
+    start_value, end_value = node.inputs[0], node.inputs[1]
+    start = const_array(start_value)
+    if start is not None and start.size == 1 and float(start.reshape(())) == 0:
+        return _dim_of_scalar(end_value)
+    add = producer_op(end_value, "Add")
+    if add is None or start_value is None or start_value not in add.inputs:
+        return None
+    if not _is_scalar(start_value) or not _is_scalar(end_value):
+        return None
+    return _dim_of_scalar(other_input(add, start_value))
+
+
 def _rows_of(freqs: ir.Value) -> object:
-    """The number of rows (positions) of ``f`` [1, S, H/2]: its inferred dim, or Range(0, n, 1)'s n."""
+    """The number of rows (positions) of ``f`` [1, S, H/2]: its inferred dim, or the length n of the
+    Range its positions count: ``Range(0, n, 1)``, shifted by a one-element offset (a KV cache's
+    past length P: positions P..P+S-1, ``Add(Range(0, n, 1), P)``) or ``Range(P, P + n, 1)``.
+    Which positions they are does not matter: row s of the table is the one token s reads."""
     assert freqs.shape is not None
     rows = freqs.shape[1]
     mul = producer_op(freqs, "Mul")
@@ -162,27 +208,34 @@ def _rows_of(freqs: ir.Value) -> object:
         return rows
     for operand in mul.inputs[:2]:
         node = None if operand is None else operand.producer()
-        while node is not None and (is_op(node, "Cast") or is_op(node, "Unsqueeze")):
+        while node is not None and (
+            is_op(node, "Cast")
+            or is_op(node, "Unsqueeze")
+            or (is_op(node, "Add") and any(_is_scalar(v) for v in node.inputs[:2]))
+        ):
+            if is_op(node, "Add"):  # the position offset: the other operand counts the rows
+                scalar = next(v for v in node.inputs[:2] if _is_scalar(v))
+                ranged = other_input(node, scalar) if node.inputs[0] is not node.inputs[1] else None
+                node = None if ranged is None else ranged.producer()
+                continue
             node = node.inputs[0].producer() if node.inputs[0] is not None else None
-        if is_op(node, "Range") and node is not None and len(node.inputs) == 3:
-            start, step = const_array(node.inputs[0]), const_array(node.inputs[2])
-            from_zero = start is not None and start.size == 1 and float(start.reshape(())) == 0
-            unit = step is not None and step.size == 1 and float(step.reshape(())) == 1
-            found = _dim_of_scalar(node.inputs[1]) if from_zero and unit else None
+        if is_op(node, "Range") and node is not None:
+            found = _range_length(node)
             if found is not None:
                 return found
     return rows
 
 
-def _positions_of(x: ir.Value) -> object:
-    """x's sequence dim (axis 2), looking through the head split ``Transpose(Reshape(v, [0, 0, N, H]))``
-    when shape inference lost it (it does at opset 21+): then it is v's dim 1. A slice of the head
-    dim (partial rotary) has the positions of the tensor it was sliced from."""
+def _dim_through_head_split(x: ir.Value, axis: int, source_axis: int) -> object:
+    """x's dim ``axis``, looking through the head split ``Transpose(Reshape(v, [0, 0, N, H]),
+    [0, 2, 1, 3])`` when it is not a static int (shape inference loses it at opset 21+): a 0 in the
+    Reshape target copies v's dim ``source_axis``. A slice of the head dim (partial rotary) has the
+    dims of the tensor it was sliced from."""
     assert x.shape is not None
-    dim = x.shape[2]
+    dim = x.shape[axis]
     window = _last_axis_window(x)
     if window is not None and _is_unknown(dim):
-        return _positions_of(window.source)
+        return _dim_through_head_split(window.source, axis, source_axis)
     transpose = producer_op(x, "Transpose")
     if isinstance(dim, int) or transpose is None:
         return dim
@@ -193,11 +246,21 @@ def _positions_of(x: ir.Value) -> object:
         return dim
     target = const_ints(reshape.inputs[1]) if len(reshape.inputs) > 1 else None
     source = reshape.inputs[0]
-    if target is None or len(target) != 4 or target[1] != 0 or source is None:
+    if target is None or len(target) != 4 or target[source_axis] != 0 or source is None:
         return dim
-    if source.shape is None or len(source.shape) < 2:
+    if source.shape is None or len(source.shape) <= source_axis:
         return dim
-    return source.shape[1]
+    return source.shape[source_axis]
+
+
+def _positions_of(x: ir.Value) -> object:
+    """x's sequence dim (axis 2; v's dim 1 through the head split)."""
+    return _dim_through_head_split(x, 2, 1)
+
+
+def _batch_of(x: ir.Value) -> object:
+    """x's batch dim (axis 0; v's dim 0 through the head split)."""
+    return _dim_through_head_split(x, 0, 0)
 
 
 def _table(value: ir.Value | None, head: int) -> _Table | Mismatch:
@@ -240,8 +303,6 @@ def _table(value: ir.Value | None, head: int) -> _Table | Mismatch:
         return Mismatch("rotary angles are not rank 3 [1, S, H/2]")
     if concat.attributes.get_int("axis", 0) not in (-1, 2):
         return Mismatch("rotary angles are not concatenated on the last axis")
-    if freqs.shape[0] != 1:
-        return Mismatch("rotary angles differ per batch row (position_ids input); not fused")
     if freqs.shape[2] != head // 2:
         return Mismatch(
             f"rotary angles have {freqs.shape[2]} columns, not rotary width / 2 = {head // 2}"
@@ -331,11 +392,18 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
             return Mismatch(f"the {name} product's table comes from {table.trig}")
         if table.freqs is not None and not _same_dim(_rows_of(table.freqs), _positions_of(x)):
             return Mismatch(f"cannot prove the {name} table has one row per input position")
+        if table.per_row and not _same_dim(table.batch, _batch_of(x)):
+            return Mismatch(
+                f"the {name} angles differ per batch row (a position_ids input): cannot prove "
+                "they have the input's batch size"
+            )
         if table.constant is not None and table.constant.shape[0] != shape[2]:
             return Mismatch(
                 f"constant {name} has {table.constant.shape[0]} rows, input has {shape[2]} positions"
             )
     assert not isinstance(cos, Mismatch) and not isinstance(sin, Mismatch)
+    if cos.per_row != sin.per_row:
+        return Mismatch("one of cos and sin differs per batch row, the other does not")
     if x.dtype not in _FLOATS:
         return Mismatch("rotary input is not float or float16")
     core = [cos_mul, *rotation, sin_mul, add]
@@ -410,6 +478,54 @@ def _cache(
     return result
 
 
+def _row_ids(freqs: ir.Value | None, nodes: list[ir.Node], constants: list[ir.Value]) -> ir.Value:
+    """Position ids [B, S] = b * S + s: token (b, s) reads row b * S + s of the [B * S, H/2] caches
+    (the angles reshaped), which holds f[b, s], the angles it was multiplied by. Built once per
+    model, from f's shape: ``Reshape(Range(0, B * S, 1), Shape(f)[:2])``."""
+    assert freqs is not None
+    dims = _existing(freqs, "Shape", _first_two_dims)
+    if dims is None:
+        nodes.append(ir.node("Shape", [freqs], {"start": 0, "end": 2}))
+        dims = nodes[-1].outputs[0]
+    count = _existing(dims, "ReduceProd", lambda n: n.attributes.get_int("keepdims", 1) == 0)
+    if count is None:
+        nodes.append(ir.node("ReduceProd", [dims], {"keepdims": 0}))
+        count = nodes[-1].outputs[0]
+    ids = next(
+        (
+            use.node.outputs[0]
+            for use in count.uses()
+            if is_op(use.node, "Range") and use.idx == 1 and _counts_from_zero(use.node)
+        ),
+        None,
+    )
+    if ids is None:
+        bounds = [new_constant(np.array(v, dtype=np.int64), "rotary_row_ids") for v in (0, 1)]
+        constants.extend(bounds)
+        nodes.append(ir.node("Range", [bounds[0], count, bounds[1]]))
+        ids = nodes[-1].outputs[0]
+    grid = _existing(ids, "Reshape", lambda n: len(n.inputs) > 1 and n.inputs[1] is dims)
+    if grid is None:
+        nodes.append(ir.node("Reshape", [ids, dims]))
+        grid = nodes[-1].outputs[0]
+    return grid
+
+
+def _first_two_dims(node: ir.Node) -> bool:
+    return node.attributes.get_int("start", 0) == 0 and node.attributes.get_int("end", -1) == 2
+
+
+def _counts_from_zero(node: ir.Node) -> bool:
+    start, step = const_array(node.inputs[0]), const_array(node.inputs[2])
+    return (
+        start is not None
+        and step is not None
+        and start.size == step.size == 1
+        and int(start.reshape(())) == 0
+        and int(step.reshape(())) == 1
+    )
+
+
 def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     b = match.bindings
     x: ir.Value = b["x"]
@@ -418,12 +534,19 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     if context.options.target == "ort":
         cos = _cache(b["cos"], b["head"], True, nodes, constants)
         sin = _cache(b["sin"], b["head"], True, nodes, constants)
-        offset = new_constant(np.array([0], dtype=np.int64), "rotary_position_offset")
-        constants.append(offset)
+        if b["cos"].per_row:
+            positions = _row_ids(b["cos"].freqs, nodes, constants)
+        else:
+            positions = new_constant(np.array([0], dtype=np.int64), "rotary_position_offset")
+            constants.append(positions)
         new = ir.node(
-            "RotaryEmbedding", [x, offset, cos, sin], {"interleaved": 0}, domain=MS_DOMAIN
+            "RotaryEmbedding", [x, positions, cos, sin], {"interleaved": 0}, domain=MS_DOMAIN
         )
         ensure_opset(context.model, MS_DOMAIN, 1)
+    elif b["cos"].per_row:  # the caches are the angles' own [B, S, H/2] rows, as the op wants
+        cos = _cache(b["cos"], b["head"], False, nodes, constants)
+        sin = _cache(b["sin"], b["head"], False, nodes, constants)
+        new = ir.node("RotaryEmbedding", [x, cos, sin], {"interleaved": 0})
     else:
         cos = _cache(b["cos"], b["head"], False, nodes, constants)
         sin = _cache(b["sin"], b["head"], False, nodes, constants)

@@ -13,6 +13,9 @@ form (the same position ids and caches), so the chain is one op on ``x``:
 
 Two Transposes (each a copy of Q or K) and two Reshapes go per rotated tensor per layer. The
 rotary's own output must feed only that way back (else the 4-D rotation would still run).
+
+A decoder with a KV cache appends the rotated key to the past (``Concat(past, k, axis=2)``, the
+present output [B, N, T, d]): that key keeps its layout, the reason says so (only the query moves).
 """
 
 from __future__ import annotations
@@ -79,6 +82,13 @@ def _match(rotary: ir.Node, context: RewriteContext) -> Match | Mismatch:
     back, reads = _readers(rotary.outputs[0], context)
     if isinstance(reads, Mismatch):
         return reads
+    if back is not None and is_op(back, "Concat") and back.attributes.get_int("axis", 0) in (2, -2):
+        # A KV cache: the rotated key is appended to the past, and the present output must stay
+        # [B, N, T, d]. Rotating [B, S, N*d] would only move the one Transpose after the rotary.
+        return Mismatch(
+            "the rotated heads are appended to a KV cache (Concat on the sequence axis): the "
+            "present stays [B, N, T, d], no Transpose to drop"
+        )
     if back is None or transpose_perm(back) != _SWAP:
         return Mismatch("the rotated heads are read other than through one Transpose back")
     merged = back.outputs[0]

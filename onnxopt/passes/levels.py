@@ -20,6 +20,7 @@ from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
 from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
 from onnxopt.passes.fuse_gqa_rotary import FuseGqaRotaryPass
 from onnxopt.passes.fuse_group_query_attention import FuseGroupQueryAttentionPass
+from onnxopt.passes.fuse_interleaved_rotary import FuseInterleavedRotaryPass
 from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
 from onnxopt.passes.fuse_matmul import FuseMatMulPass
 from onnxopt.passes.fuse_packed_attention import FusePackedAttentionPass
@@ -87,7 +88,14 @@ OPT_IN_FUSIONS: list[PassClass] = [
 # Dead code in between: a layer's fused-away K/V reshapes can stay alive through another layer's
 # shared shape reads until that layer fuses too, and would count as other consumers of its
 # projections.
-ATTENTION: list[PassClass] = [FuseAttentionPass, EliminateDeadCodePass, FusePackedAttentionPass]
+# fuse-interleaved-rotary first: GPT-J rotates between the head split and the Transpose, which
+# hides the head split from fuse-attention until the rotary is one op on the rank-3 tensor.
+ATTENTION: list[PassClass] = [
+    FuseInterleavedRotaryPass,
+    FuseAttentionPass,
+    EliminateDeadCodePass,
+    FusePackedAttentionPass,
+]
 
 # Every pass, in the order a custom --passes list is best run in.
 ALL_PASSES: list[PassClass] = [
@@ -104,6 +112,7 @@ ALL_PASSES: list[PassClass] = [
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
+    FuseInterleavedRotaryPass,
     FuseAttentionPass,
     MergeQkvProjectionsPass,  # between the two, so that --enable puts it there
     FusePackedAttentionPass,
@@ -158,14 +167,18 @@ LEVELS: dict[int, LevelSpec] = {
         # are inferred again, and the per-layer mask Expands they feed merge.
         LiftConstantsPass,
         DeduplicateInitializersPass,
-        InferShapesPass,
-        FoldShapeValuesPass,
         # A fusion's Expand or Reshape built on dims it could not prove (a mask spelled out to
         # [B, H, S, T] with S read at run time) can be a no-op once shapes are inferred again:
         # else a second optimize run removes it and the output is not a fixed point (BEiT).
-        EliminateNoopsPass,
-        EliminateCommonSubexpressionsPass,
-        EliminateDeadCodePass,
+        # Repeated until nothing changes: merging two shape reads can make two more equal
+        # (Phi-3 TorchScript: else a second optimize run shares one more Shape).
+        (
+            InferShapesPass,
+            FoldShapeValuesPass,
+            EliminateNoopsPass,
+            EliminateCommonSubexpressionsPass,
+            EliminateDeadCodePass,
+        ),
         KeepLayerNormUnfusedPass,
         ReorderForMemoryPass,
         DropShapeAnnotationsPass,

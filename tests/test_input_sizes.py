@@ -1,0 +1,200 @@
+"""Input sizes for models whose dims must fit together: a KV-cache decoder's total = past + seq.
+
+Validation and bench generate inputs from the symbolic dims. Dims written as expressions
+(``past + seq``) are computed; independent names that the model still relates are found by
+running the model on candidate relations (real ORT sessions throughout).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+from click.testing import CliRunner
+
+from onnxopt import api, io
+from onnxopt.bench.run import resolve_shapes
+from onnxopt.cli import main
+from onnxopt.input_sizes import MAX_DIM, DimSymbols, SizePlan, parse_expression
+from onnxopt.validate import InputSpec, input_specs, validate
+
+
+def kv_like(total: str = "total") -> onnx.ModelProto:
+    """Concat(past, x) joined with ``mask`` on the last axis: runs only when total = past + seq."""
+    f, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    nodes = [
+        oh.make_node("Concat", ["past", "x"], ["present"], axis=1),
+        oh.make_node("Cast", ["mask"], ["maskf"], to=f),
+        oh.make_node("Unsqueeze", ["maskf", "two"], ["mask3"]),
+        oh.make_node("Concat", ["present", "mask3"], ["masked"], axis=2),
+        oh.make_node("Identity", ["masked"], ["y"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "kv_like",
+        [
+            oh.make_tensor_value_info("x", f, ["batch", "seq", 4]),
+            oh.make_tensor_value_info("past", f, ["batch", "past", 4]),
+            oh.make_tensor_value_info("mask", i64, ["batch", total]),
+        ],
+        [
+            oh.make_tensor_value_info("y", f, ["batch", None, 5]),
+            oh.make_tensor_value_info("present", f, ["batch", None, 4]),
+        ],
+        [oh.make_tensor("two", i64, [1], [2])],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+
+
+def dims_spec(dims: tuple[str | int | None, ...]) -> InputSpec:
+    return InputSpec("x", np.dtype(np.float32), dims)
+
+
+def optimized(proto: onnx.ModelProto, **kwargs: object) -> api.OptimizeResult:
+    return api.optimize(io.model_from_proto(proto, "<kv>"), **kwargs)  # type: ignore[arg-type]
+
+
+def shapes_of(trial: dict[str, tuple[int, ...]]) -> tuple[int, int, int]:
+    """(seq, past, total) of one validation trial."""
+    return trial["x"][1], trial["past"][1], trial["mask"][1]
+
+
+def test_independent_dims_are_related_by_running_the_model() -> None:
+    result = optimized(kv_like())
+    validation = result.report.validation
+    assert validation is not None and validation.passed
+    fitting = [t for t in validation.trials if shapes_of(t)[0] + shapes_of(t)[1] == shapes_of(t)[2]]
+    assert len(fitting) >= 1 and len(validation.trials) >= 2
+    assert any("total = seq + past" in note for note in validation.notes), validation.notes
+
+
+def test_a_dim_written_as_an_expression_is_computed() -> None:
+    result = optimized(kv_like("past + seq"))
+    validation = result.report.validation
+    assert validation is not None and validation.passed and not validation.notes
+    assert len(validation.trials) >= 2
+    assert all(shapes_of(t)[0] + shapes_of(t)[1] == shapes_of(t)[2] for t in validation.trials)
+
+
+def test_given_sizes_are_tried_first_and_doubled() -> None:
+    result = optimized(kv_like(), dims={"past": 4, "seq": 2, "total": 6})
+    validation = result.report.validation
+    assert validation is not None and validation.passed and not validation.notes
+    assert [shapes_of(t) for t in validation.trials] == [(2, 4, 6), (4, 8, 12)]
+
+
+def test_validate_says_how_to_size_dims_when_nothing_runs() -> None:
+    # The mask must be as long as past + 2 * seq: no candidate relation fits, no plan runs at 1.
+    proto = kv_like()
+    proto.graph.node[0].input.append("x")
+    model = io.model_from_proto(proto, "<kv>")
+    from onnxopt.validate import CannotValidate
+
+    with pytest.raises(CannotValidate, match="--dim NAME=SIZE"):
+        validate(model, model.clone(), sizes={"batch": 2})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "seq-len",  # a hyphenated name, not seq minus len
+        "__import__('os').system('true')",
+        "(" * 300 + "seq" + ")" * 300,
+        "seq ** 2",
+        "seq / 2",
+        "seq if past else total",
+        "x" * 500,
+    ],
+)
+def test_dim_names_that_are_not_arithmetic_over_dims_stay_opaque(text: str) -> None:
+    assert parse_expression(text, ["seq", "past", "total"]) is None
+    symbols = DimSymbols.of([dims_spec((text, "seq"))])
+    assert text in symbols.atoms and text not in symbols.expressions
+
+
+def test_an_expression_too_large_makes_no_plan() -> None:
+    spec = dims_spec(("seq", "seq * 1000"))
+    symbols = DimSymbols.of([spec])
+    assert "seq * 1000" in symbols.expressions
+    assert symbols.shapes([spec], symbols.constant(1)) == [(1, 1000)]
+    assert symbols.shapes([spec], symbols.constant(MAX_DIM // 10)) is None  # past MAX_DIM
+    assert (
+        DimSymbols.of([dims_spec(("seq * 99999999999",))]).shapes(
+            [dims_spec(("seq * 99999999999",))], SizePlan({"seq": 1}, 1)
+        )
+        is None
+    )
+
+
+def test_bench_shapes_compute_expressions_and_apply_a_relation(tmp_path: Path) -> None:
+    specs = input_specs(io.model_from_proto(kv_like("past + seq"), "<kv>"))
+    shapes = resolve_shapes(specs, {}, {"seq": 1, "past": 64}, {})
+    assert shapes["mask"] == (1, 65)
+    plain = input_specs(io.model_from_proto(kv_like(), "<kv>"))
+    relation = DimSymbols.of(plain).relations()[0]
+    assert str(relation) == "seq = past + total"  # first candidate; not the one the model needs
+
+    path = tmp_path / "kv.onnx"
+    onnx.save(kv_like(), path)
+    result = CliRunner().invoke(
+        main,
+        ["bench", str(path), "--budget", "0.2", "--no-memory", "--threads", "1", "--json"],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert any("total = seq + past" in note for note in report["notes"]), report["notes"]
+    (point,) = report["points"]
+    assert point["shapes"]["mask"][1] == point["shapes"]["x"][1] + point["shapes"]["past"][1]
+
+
+def test_a_torch_kv_cache_export_validates_without_given_inputs(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100)
+    model = transformers.GPT2LMHeadModel(config).eval()
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: object, mask: object, key: object, value: object) -> tuple:
+            cache = transformers.DynamicCache(config=config)
+            cache.update(key, value, 0)
+            out = self.model(input_ids=ids, attention_mask=mask, past_key_values=cache)
+            layer = out.past_key_values.layers[0]
+            return out.logits, layer.keys, layer.values
+
+    ids = torch.randint(0, 100, (2, 3))
+    past = torch.randn(2, 2, 4, 16)
+    path = tmp_path / "step.onnx"
+    torch.onnx.export(
+        Step(),
+        (ids, torch.ones(2, 7, dtype=torch.int64), past, past),
+        path,
+        input_names=["input_ids", "attention_mask", "past_key", "past_value"],
+        output_names=["logits", "present_key", "present_value"],
+        dynamic_axes={
+            "input_ids": {0: "batch", 1: "seq"},
+            "attention_mask": {0: "batch", 1: "total"},
+            "past_key": {0: "batch", 2: "past"},
+            "past_value": {0: "batch", 2: "past"},
+        },
+        dynamo=False,
+    )
+    out = tmp_path / "out.onnx"
+    result = CliRunner().invoke(
+        main, ["optimize", str(path), "-o", str(out), "--json"], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    validation = json.loads(result.stdout)["validation"]
+    assert validation["passed"] and len(validation["trials"]) >= 2
+    for trial in validation["trials"]:
+        assert trial["attention_mask"][1] == trial["input_ids"][1] + trial["past_key"][2]
+    assert any("total = seq + past" in note for note in validation["notes"])
