@@ -25,7 +25,7 @@ import onnx_ir as ir
 from onnxopt import io
 from onnxopt.errors import OnnxoptError, UsageError
 from onnxopt.input_sizes import DimSymbols, Relation, SizePlan
-from onnxopt.ops import is_op
+from onnxopt.ops import MS_DOMAIN, is_op
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,8 @@ class _Worst:
 
 
 def _embedding_bound(value: ir.Value, depth: int = 0) -> int | None:
-    """Smallest table size among Gathers that use ``value`` (through shape-only ops) as indices."""
+    """Smallest table size among Gathers that use ``value`` (through shape-only ops) as indices,
+    and among ORT RotaryEmbeddings that read their cos/sin cache rows at it (position ids)."""
     bounds: list[int] = []
     for use in value.uses():
         node = use.node
@@ -121,6 +122,18 @@ def _embedding_bound(value: ir.Value, depth: int = 0) -> int | None:
                 dim = data.shape[axis if axis >= 0 else axis + len(data.shape)]
                 if isinstance(dim, int) and dim > 0:
                     bounds.append(dim)
+        elif (
+            is_op(node, "RotaryEmbedding", MS_DOMAIN)
+            and use.idx == 1
+            and len(node.inputs) > 2
+            and value.shape is not None
+            and len(value.shape) == 2  # [B, S] ids (a one-element offset reads rows past it)
+        ):
+            cache = node.inputs[2]  # position ids index the cos cache's rows
+            if cache is not None and cache.shape is not None and len(cache.shape) == 2:
+                rows = cache.shape[0]
+                if isinstance(rows, int) and rows > 0:
+                    bounds.append(rows)
         elif depth < 4 and any(is_op(node, op) for op in _PASSTHROUGH) and use.idx == 0:
             inner = _embedding_bound(node.outputs[0], depth + 1)
             if inner is not None:

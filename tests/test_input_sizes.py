@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.helper as oh
+import onnx.numpy_helper
 import pytest
 from click.testing import CliRunner
 
@@ -198,3 +199,30 @@ def test_a_torch_kv_cache_export_validates_without_given_inputs(tmp_path: Path) 
     for trial in validation["trials"]:
         assert trial["attention_mask"][1] == trial["input_ids"][1] + trial["past_key"][2]
     assert any("total = seq + past" in note for note in validation["notes"])
+
+
+def test_rotary_position_ids_stay_below_the_cache_rows() -> None:
+    f, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    rng = np.random.default_rng(0)
+    cache = rng.standard_normal((40, 4)).astype(np.float32)
+    graph = oh.make_graph(
+        [
+            oh.make_node(
+                "RotaryEmbedding", ["x", "ids", "cos", "sin"], ["y"], domain="com.microsoft"
+            )
+        ],
+        "rotary",
+        [
+            oh.make_tensor_value_info("x", f, ["batch", "seq", 8]),
+            oh.make_tensor_value_info("ids", i64, ["batch", "seq"]),
+        ],
+        [oh.make_tensor_value_info("y", f, ["batch", "seq", 8])],
+        [onnx.numpy_helper.from_array(cache, "cos"), onnx.numpy_helper.from_array(cache, "sin")],
+    )
+    proto = oh.make_model(
+        graph,
+        opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("com.microsoft", 1)],
+        ir_version=8,
+    )
+    specs = {s.name: s for s in input_specs(io.model_from_proto(proto, "<rotary>"))}
+    assert specs["ids"].int_high == 40
