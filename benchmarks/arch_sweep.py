@@ -894,6 +894,15 @@ def sweep_one(
     return row
 
 
+def print_notes(rows: list[Row]) -> None:
+    """Each row's --explain notes (or a crash's traceback) on stderr, after the table."""
+    for row in rows:
+        if row.notes:
+            print(f"\n### {row.family} / {row.exporter}", file=sys.stderr)
+            for note in row.notes:
+                print(note, file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -937,11 +946,7 @@ def main() -> None:
             row = sweep_one(family, exporter, out, args.explain, args.target, args.opset)
             rows.append(row)
             print(row.markdown(), flush=True)
-    for row in rows:
-        if row.notes:
-            print(f"\n### {row.family} / {row.exporter}", file=sys.stderr)
-            for note in row.notes:
-                print(note, file=sys.stderr)
+    print_notes(rows)
 
 
 if __name__ == "__main__":

@@ -306,11 +306,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             rows.append(row)
             print(row.markdown(), flush=True)
-    for row in rows:
-        if row.notes:
-            print(f"\n### {row.family} / {row.exporter}", file=sys.stderr)
-            for note in row.notes:
-                print(note, file=sys.stderr)
+    arch_sweep.print_notes(rows)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ from onnxopt.passes.fuse_rotary_embedding import (
     _same_dim,
     _same_shape_as,
     _Table,
+    product_orders,
 )
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import ensure_opset, new_constant, other_input, producer_op
@@ -314,10 +315,10 @@ def _rotate_every_two(value: ir.Value | None, x: ir.Value, width: int) -> list[i
 
 def _products(add: ir.Node) -> tuple[ir.Node, ir.Node, ir.Value, ir.Value] | Mismatch:
     """(cos Mul, sin Mul, x, rotate_every_two(x)) in either operand order."""
-    muls = [producer_op(v, "Mul") for v in add.inputs[:2]]
-    if muls[0] is None or muls[1] is None:
-        return Mismatch("Add is not of two products", candidate=False)
-    for cos_mul, sin_mul in ((muls[0], muls[1]), (muls[1], muls[0])):
+    orders = product_orders(add)
+    if isinstance(orders, Mismatch):
+        return orders
+    for cos_mul, sin_mul in orders:
         for rotated in sin_mul.inputs[:2]:
             reshape = producer_op(rotated, "Reshape")
             concat = None if reshape is None else producer_op(reshape.inputs[0], "Concat")

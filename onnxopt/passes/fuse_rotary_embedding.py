@@ -346,12 +346,20 @@ def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node
     return [low, high, neg, concat]
 
 
-def _products(add: ir.Node) -> tuple[ir.Node, ir.Node, ir.Value, ir.Value] | Mismatch:
-    """(cos Mul, sin Mul, x, rotate_half(x)) in either operand order."""
+def product_orders(add: ir.Node) -> list[tuple[ir.Node, ir.Node]] | Mismatch:
+    """The Add's two Mul operands as (cos product, sin product), in both orders."""
     muls = [producer_op(v, "Mul") for v in add.inputs[:2]]
     if muls[0] is None or muls[1] is None:
         return Mismatch("Add is not of two products", candidate=False)
-    for cos_mul, sin_mul in ((muls[0], muls[1]), (muls[1], muls[0])):
+    return [(muls[0], muls[1]), (muls[1], muls[0])]
+
+
+def _products(add: ir.Node) -> tuple[ir.Node, ir.Node, ir.Value, ir.Value] | Mismatch:
+    """(cos Mul, sin Mul, x, rotate_half(x)) in either operand order."""
+    orders = product_orders(add)
+    if isinstance(orders, Mismatch):
+        return orders
+    for cos_mul, sin_mul in orders:
         for rotated in sin_mul.inputs[:2]:
             concat = producer_op(rotated, "Concat")
             if concat is None or rotated is None or len(concat.inputs) != 2:
