@@ -226,7 +226,8 @@ MAX_FUNCTION_DEPTH = 100
 
 
 def _check_functions(where: str, proto: onnx.ModelProto) -> None:
-    """Local functions may not call themselves (directly or not) or nest over MAX_FUNCTION_DEPTH.
+    """Local functions may not call themselves (directly or not) or nest over MAX_FUNCTION_DEPTH,
+    and their bodies must be well formed graphs (SSA, every value read is defined, no cycle).
 
     Walking such a call chain recurses without bound in onnx-ir; refuse it up front.
     """
@@ -278,6 +279,16 @@ def _check_functions(where: str, proto: onnx.ModelProto) -> None:
                 )
             path.pop()
             on_path.discard(key)
+    for func in functions.values():
+        # A body is a graph of its own: every value it reads is an input of the function or made
+        # by an earlier node of it (inlining a body that reads an undefined name cannot work).
+        body = onnx.helper.make_graph(
+            list(func.node),
+            func.name,
+            [onnx.helper.make_value_info(name, onnx.TypeProto()) for name in func.input],
+            [onnx.helper.make_value_info(name, onnx.TypeProto()) for name in func.output],
+        )
+        _check_graph_structure(where, body, (), f"local function '{func.domain}.{func.name}': ")
 
 
 def _first_default_domain_node(graph: onnx.GraphProto) -> onnx.NodeProto | None:

@@ -78,3 +78,27 @@ def test_function_importing_another_opset_is_kept() -> None:
     assert not result.modified
     assert dict(result.stats) == {"function calls kept: opset differs from the model's": 2}
     assert len(model.functions) == 1
+
+
+def test_a_function_body_reading_an_undefined_value_is_refused_at_load() -> None:
+    # Inlining such a body crashed in onnx-ir (an internal error); it is a malformed model.
+    import onnx.parser
+    import pytest
+
+    from onnxopt.errors import ModelLoadError
+    from onnxopt.io import model_from_proto
+
+    proto = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17, "local" : 1]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+            y = local.bad(x)
+        }
+        <domain: "local", opset_import: ["" : 17]>
+        bad (x) => (y) {
+            y = Add(x, ghost)
+        }
+        """
+    )
+    with pytest.raises(ModelLoadError, match=r"local function 'local\.bad': .* uses 'ghost'"):
+        model_from_proto(proto)
