@@ -49,17 +49,17 @@ from onnxopt.ops import MS_DOMAIN, const_array, is_op
 from onnxopt.passes._shape_facts import cast_target, const_ints, int_param, slice_params
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fuse_rotary_embedding import (
-    _FLOATS,
+    ROTARY_FLOATS,
     ROTARY_OPSET,
-    _cache,
-    _dim_of_scalar,
-    _last_axis_window,
-    _positions_of,
-    _rows_of,
-    _same_dim,
-    _same_shape_as,
-    _Table,
+    RotaryTable,
+    dim_of_scalar,
+    last_axis_window,
+    positions_of,
     product_orders,
+    rotary_cache,
+    rows_of,
+    same_dim,
+    same_shape_as,
 )
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import ensure_opset, new_constant, other_input, producer_op
@@ -151,15 +151,15 @@ def _positions_from_range(indices: ir.Value | None, axes: tuple[int, ...]) -> ob
     limit = const_array(node.inputs[1])
     if limit is not None and limit.size == 1:
         return int(limit.reshape(()))
-    return _dim_of_scalar(node.inputs[1])
+    return dim_of_scalar(node.inputs[1])
 
 
-def _gathered(value: ir.Value, positions: object) -> _Table | Mismatch:
+def _gathered(value: ir.Value, positions: object) -> RotaryTable | Mismatch:
     """``Split(Gather(T, Range(0, S)), 2, -1)[k]`` -> T's k-th column half as a constant cache."""
     split = value.producer()
     if not is_op(split, "Split") or split is None or split.inputs[0] is None:
         return Mismatch("the cos/sin table is neither Cos/Sin nor a Split of a gathered table")
-    window = _last_axis_window(value)
+    window = last_axis_window(value)
     if window is None:
         return Mismatch("the gathered cos/sin table is not split along its last axis")
     gather = split.inputs[0].producer()
@@ -182,15 +182,15 @@ def _gathered(value: ir.Value, positions: object) -> _Table | Mismatch:
         return Mismatch("the gathered cos/sin table is not a constant [max_positions, width]")
     if found is _NOT_RANGE:
         return Mismatch("the cos/sin table's gather positions are not Unsqueeze(Range(0, S, 1))")
-    if not (found == positions and isinstance(found, int)) and not _same_dim(found, positions):
+    if not (found == positions and isinstance(found, int)) and not same_dim(found, positions):
         return Mismatch(
             "cannot prove the cos/sin table's gather positions are 0..S-1 of the rotated tensor"
         )
     cache = np.ascontiguousarray(table[:, window.start : window.end])
-    return _Table(None, "", constant=cache, nodes=(gather, split))
+    return RotaryTable(None, "", constant=cache, nodes=(gather, split))
 
 
-def _table(value: ir.Value | None, layout: str, positions: object) -> _Table | Mismatch:
+def _table(value: ir.Value | None, layout: str, positions: object) -> RotaryTable | Mismatch:
     """The cos/sin operand, broadcast as [1, S, 1, r] (BSNH) or [1, 1, S, r] (BNSH), traced back to
     its half-width cache. ``trig`` is "" for a constant table."""
     nodes: list[ir.Node] = []
@@ -248,12 +248,12 @@ def _table(value: ir.Value | None, layout: str, positions: object) -> _Table | M
         table = _gathered(value, positions)
         if isinstance(table, Mismatch):
             return table
-        return _Table(None, "", constant=table.constant, nodes=(*table.nodes, *nodes))
+        return RotaryTable(None, "", constant=table.constant, nodes=(*table.nodes, *nodes))
     if value.shape is None or len(value.shape) != 3 or value.shape[0] != 1:
         return Mismatch("the rotary angles are not [1, S, r/2] (per-batch position_ids?)")
-    if not _same_dim(_rows_of(value), positions):
+    if not same_dim(rows_of(value), positions):
         return Mismatch("cannot prove the cos/sin table has one row per input position")
-    return _Table(value, trig, tuple(casts), nodes=tuple(nodes))
+    return RotaryTable(value, trig, tuple(casts), nodes=tuple(nodes))
 
 
 def _step2_slice(node: ir.Node, x: ir.Value, width: int, first: int) -> bool:
@@ -261,7 +261,7 @@ def _step2_slice(node: ir.Node, x: ir.Value, width: int, first: int) -> bool:
     offset = 0
     sliced = node.inputs[0]
     if sliced is not x:
-        window = _last_axis_window(x)
+        window = last_axis_window(x)
         if window is None or sliced is not window.source:
             return False
         offset = window.start
@@ -330,7 +330,7 @@ def _products(add: ir.Node) -> tuple[ir.Node, ir.Node, ir.Value, ir.Value] | Mis
                 continue
             sliced = even.inputs[0]
             for x in cos_mul.inputs[:2]:
-                window = _last_axis_window(x)
+                window = last_axis_window(x)
                 if x is not None and (
                     x is sliced or (window is not None and window.source is sliced)
                 ):
@@ -353,7 +353,7 @@ def _heads(x: ir.Value) -> list[_Heads] | Mismatch:
     """The layouts x may have. A head split ``Reshape(x3, [0, 0, H, d])`` is [B, S, H, d]; other
     rank-4 tensors may be [B, H, S, d] or [B, S, H, d] (CodeGen splits its heads out of a packed
     Q/K/V): which one, the cos/sin table's broadcast tells (it multiplies the positions' axis)."""
-    window = _last_axis_window(x)
+    window = last_axis_window(x)
     full = x
     if window is not None:
         if window.start != 0:
@@ -396,7 +396,7 @@ def _heads(x: ir.Value) -> list[_Heads] | Mismatch:
 
 def _sequence_of(x: ir.Value, heads: _Heads) -> object:
     if heads.layout == _BNSH:
-        return _positions_of(x)
+        return positions_of(x)
     dim = None if heads.full.shape is None else heads.full.shape[1]
     if isinstance(dim, int) or heads.x3 is None or heads.x3.shape is None:
         return dim
@@ -410,7 +410,7 @@ def _tables(
     sin_mul: ir.Node,
     heads: _Heads,
     width: int,
-) -> dict[str, _Table] | Mismatch:
+) -> dict[str, RotaryTable] | Mismatch:
     """The cos and sin tables, proven to broadcast as ``heads.layout`` wants, one row per position."""
     positions = _sequence_of(x, heads)
     tables = {}
@@ -440,7 +440,7 @@ def _match_core(add: ir.Node, context: RewriteContext, partial: bool) -> Match |
     layouts = _heads(x)
     if isinstance(layouts, Mismatch):
         return layouts
-    window = _last_axis_window(x)
+    window = last_axis_window(x)
     if window is not None and window.end - window.start != width:
         return Mismatch("the rotated slice's width differs from its inferred shape")
     if not partial and width != layouts[0].head_size:
@@ -460,7 +460,7 @@ def _match_core(add: ir.Node, context: RewriteContext, partial: bool) -> Match |
         # The reason from the layout the tables do broadcast for, when there is one.
         return next((m for m in misses if "broadcasts over axis" not in m.reason), misses[0])
     tables = found_tables
-    if x.dtype not in _FLOATS:
+    if x.dtype not in ROTARY_FLOATS:
         return Mismatch("the rotary input is not float or float16")
     if context.options.target == "onnx" and context.opset() < ROTARY_OPSET:
         return Mismatch(
@@ -502,7 +502,7 @@ def _match_partial(concat: ir.Node, context: RewriteContext) -> Match | Mismatch
         return match
     heads: _Heads = match.bindings["heads"]
     width: int = match.bindings["width"]
-    kept = _last_axis_window(concat.inputs[1])
+    kept = last_axis_window(concat.inputs[1])
     if (
         kept is None
         or kept.source is not heads.full
@@ -530,7 +530,7 @@ def _match_partial(concat: ir.Node, context: RewriteContext) -> Match | Mismatch
 
 
 def _batch_caches(
-    tables: tuple[_Table, _Table],
+    tables: tuple[RotaryTable, RotaryTable],
     width: int,
     source: ir.Value,
     layout: str,
@@ -547,7 +547,7 @@ def _batch_caches(
     nodes.extend([batch, target])
     caches = []
     for table in tables:
-        cache = _cache(table, width, False, nodes, constants)
+        cache = rotary_cache(table, width, False, nodes, constants)
         if table.constant is not None:
             # The constant holds max_positions rows; position s reads row s.
             length = ir.node("Shape", [source], {"start": sequence_axis, "end": sequence_axis + 1})
@@ -585,8 +585,8 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     if width != heads.head_size:
         attributes["rotary_embedding_dim"] = width
     if context.options.target == "ort":
-        cos = _cache(b["cos"], width, True, nodes, constants)
-        sin = _cache(b["sin"], width, True, nodes, constants)
+        cos = rotary_cache(b["cos"], width, True, nodes, constants)
+        sin = rotary_cache(b["sin"], width, True, nodes, constants)
         offset = new_constant(np.array([0], dtype=np.int64), "rotary_position_offset")
         constants.append(offset)
         new = ir.node("RotaryEmbedding", [source, offset, cos, sin], attributes, domain=MS_DOMAIN)
@@ -596,7 +596,7 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
             (b["cos"], b["sin"]), width, source, heads.layout, nodes, constants
         )
         new = ir.node("RotaryEmbedding", [source, cos, sin], attributes)
-    _same_shape_as(new.outputs[0], source)
+    same_shape_as(new.outputs[0], source)
     nodes.append(new)
     result = new.outputs[0]
     if heads.layout == _BSNH:
@@ -610,7 +610,7 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
             )
             constants.append(shape)
         back = ir.node("Reshape", [result, shape])
-        _same_shape_as(back.outputs[0], heads.full)
+        same_shape_as(back.outputs[0], heads.full)
         nodes.append(back)
         result = back.outputs[0]
     return Replacement(nodes, [(match.root.outputs[0], result)], constants=constants)

@@ -58,11 +58,11 @@ from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, 
 from onnxopt.rewrite.patterns import ensure_opset, new_constant, other_input, producer_op
 
 ROTARY_OPSET = 23
-_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
+ROTARY_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
 
 
 @dataclass(frozen=True)
-class _Table:
+class RotaryTable:
     """Where a cos/sin table comes from: ``f`` and the trig op (then Casts), or a constant cache."""
 
     freqs: ir.Value | None  # f [1, S, H/2]; None for a constant table
@@ -91,7 +91,7 @@ class _Window:
     end: int
 
 
-def _last_axis_window(value: ir.Value | None) -> _Window | None:
+def last_axis_window(value: ir.Value | None) -> _Window | None:
     """Where ``value`` sits in the last axis of the tensor it was sliced or split from (static width)."""
     node = None if value is None else value.producer()
     if node is None or not node.inputs or node.inputs[0] is None:
@@ -134,7 +134,7 @@ def _dim_name(dim: object) -> object:
     return dim.value if isinstance(dim, ir.SymbolicDim) else dim
 
 
-def _same_dim(a: object, b: object) -> bool:
+def same_dim(a: object, b: object) -> bool:
     """Equal ints, or the same named symbolic dim (inference placeholders "unk__N" prove nothing)."""
     if _is_unknown(a) or _is_unknown(b):
         return False
@@ -142,13 +142,13 @@ def _same_dim(a: object, b: object) -> bool:
     return a is not None and a == b
 
 
-def _dim_of_scalar(value: ir.Value | None) -> object:
+def dim_of_scalar(value: ir.Value | None) -> object:
     """The dim a scalar stands for: ``Gather(Shape(v), k)`` or ``Squeeze(Shape(v, k, k+1))`` -> v.shape[k]."""
     node = None if value is None else value.producer()
     if node is None or not node.inputs or node.inputs[0] is None:
         return None
     if is_op(node, "Cast"):
-        return _dim_of_scalar(node.inputs[0])
+        return dim_of_scalar(node.inputs[0])
     shape = node.inputs[0].producer()
     if not is_op(shape, "Shape") or shape is None or shape.inputs[0] is None:
         return None
@@ -187,16 +187,16 @@ def _range_length(node: ir.Node) -> object:
     start_value, end_value = node.inputs[0], node.inputs[1]
     start = const_array(start_value)
     if start is not None and start.size == 1 and float(start.reshape(())) == 0:
-        return _dim_of_scalar(end_value)
+        return dim_of_scalar(end_value)
     add = producer_op(end_value, "Add")
     if add is None or start_value is None or start_value not in add.inputs:
         return None
     if not _is_scalar(start_value) or not _is_scalar(end_value):
         return None
-    return _dim_of_scalar(other_input(add, start_value))
+    return dim_of_scalar(other_input(add, start_value))
 
 
-def _rows_of(freqs: ir.Value) -> object:
+def rows_of(freqs: ir.Value) -> object:
     """The number of rows (positions) of ``f`` [1, S, H/2]: its inferred dim, or the length n of the
     Range its positions count: ``Range(0, n, 1)``, shifted by a one-element offset (a KV cache's
     past length P: positions P..P+S-1, ``Add(Range(0, n, 1), P)``) or ``Range(P, P + n, 1)``.
@@ -233,7 +233,7 @@ def _dim_through_head_split(x: ir.Value, axis: int, source_axis: int) -> object:
     dims of the tensor it was sliced from."""
     assert x.shape is not None
     dim = x.shape[axis]
-    window = _last_axis_window(x)
+    window = last_axis_window(x)
     if window is not None and _is_unknown(dim):
         return _dim_through_head_split(window.source, axis, source_axis)
     transpose = producer_op(x, "Transpose")
@@ -253,7 +253,7 @@ def _dim_through_head_split(x: ir.Value, axis: int, source_axis: int) -> object:
     return source.shape[source_axis]
 
 
-def _positions_of(x: ir.Value) -> object:
+def positions_of(x: ir.Value) -> object:
     """x's sequence dim (axis 2; v's dim 1 through the head split)."""
     return _dim_through_head_split(x, 2, 1)
 
@@ -263,7 +263,7 @@ def _batch_of(x: ir.Value) -> object:
     return _dim_through_head_split(x, 0, 0)
 
 
-def _table(value: ir.Value | None, head: int) -> _Table | Mismatch:
+def _table(value: ir.Value | None, head: int) -> RotaryTable | Mismatch:
     """The cos/sin operand [1, 1, S, H] traced back to its half-width source."""
     array = const_array(value)
     if array is not None:
@@ -274,7 +274,7 @@ def _table(value: ir.Value | None, head: int) -> _Table | Mismatch:
         rows = array.reshape(array.shape[-2], head)
         if not np.array_equal(rows[:, : head // 2], rows[:, head // 2 :]):
             return Mismatch("constant cos/sin halves differ (not rotate-half RoPE)")
-        return _Table(None, "", constant=np.ascontiguousarray(rows[:, : head // 2]))
+        return RotaryTable(None, "", constant=np.ascontiguousarray(rows[:, : head // 2]))
     unsqueeze = producer_op(value, "Unsqueeze")
     if unsqueeze is None:
         return Mismatch("cos/sin is neither a constant nor Unsqueeze(Cos/Sin(...), 1)")
@@ -307,7 +307,7 @@ def _table(value: ir.Value | None, head: int) -> _Table | Mismatch:
         return Mismatch(
             f"rotary angles have {freqs.shape[2]} columns, not rotary width / 2 = {head // 2}"
         )
-    return _Table(freqs, node.op_type, tuple(casts), nodes=(concat, node, *chain))
+    return RotaryTable(freqs, node.op_type, tuple(casts), nodes=(concat, node, *chain))
 
 
 def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node] | Mismatch:
@@ -326,7 +326,7 @@ def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node
     if neg is None or high is None or low is None:
         return Mismatch("rotate_half is not Concat(Neg(Slice(x)), Slice(x)) (interleaved RoPE?)")
     half = head // 2
-    x_window = _last_axis_window(x)
+    x_window = last_axis_window(x)
     for node, want in ((low, (0, half)), (high, (half, head))):
         offset, limit = 0, head
         if node.inputs[0] is not x:
@@ -367,7 +367,7 @@ def _products(add: ir.Node) -> tuple[ir.Node, ir.Node, ir.Value, ir.Value] | Mis
             low = producer_op(concat.inputs[1], "Slice")
             sliced = None if low is None else low.inputs[0]
             for x in cos_mul.inputs[:2]:
-                window = _last_axis_window(x)
+                window = last_axis_window(x)
                 if (
                     x is not None
                     and sliced is not None
@@ -398,9 +398,9 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
             return table
         if table.trig and table.trig != name.capitalize():
             return Mismatch(f"the {name} product's table comes from {table.trig}")
-        if table.freqs is not None and not _same_dim(_rows_of(table.freqs), _positions_of(x)):
+        if table.freqs is not None and not same_dim(rows_of(table.freqs), positions_of(x)):
             return Mismatch(f"cannot prove the {name} table has one row per input position")
-        if table.per_row and not _same_dim(table.batch, _batch_of(x)):
+        if table.per_row and not same_dim(table.batch, _batch_of(x)):
             return Mismatch(
                 f"the {name} angles differ per batch row (a position_ids input): cannot prove "
                 "they have the input's batch size"
@@ -412,7 +412,7 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
     assert not isinstance(cos, Mismatch) and not isinstance(sin, Mismatch)
     if cos.per_row != sin.per_row:
         return Mismatch("one of cos and sin differs per batch row, the other does not")
-    if x.dtype not in _FLOATS:
+    if x.dtype not in ROTARY_FLOATS:
         return Mismatch("rotary input is not float or float16")
     core = [cos_mul, *rotation, sin_mul, add]
     for inner in core[:-1]:
@@ -446,13 +446,13 @@ def _casts_to(to: ir.DataType, node: ir.Node) -> bool:
     return cast_target(node) == to
 
 
-def _cache(
-    table: _Table, head: int, flat: bool, nodes: list[ir.Node], constants: list[ir.Value]
+def rotary_cache(
+    table: RotaryTable, head: int, flat: bool, nodes: list[ir.Node], constants: list[ir.Value]
 ) -> ir.Value:
     """The half-width cache: [S, H/2] when ``flat`` (contrib op), else [1, S, H/2]; reuses earlier ones."""
     if table.constant is not None:
         array = table.constant if flat else table.constant[None]
-        value = new_constant(array, f"rotary_{table.trig.lower() or 'cos_sin'}_cache")
+        value = new_constant(array, f"rotary_{table.trig.lower() or 'cos_sin'}rotary_cache")
         constants.append(value)
         return value
     assert table.freqs is not None
@@ -540,8 +540,8 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     nodes: list[ir.Node] = []
     constants: list[ir.Value] = []
     if context.options.target == "ort":
-        cos = _cache(b["cos"], b["head"], True, nodes, constants)
-        sin = _cache(b["sin"], b["head"], True, nodes, constants)
+        cos = rotary_cache(b["cos"], b["head"], True, nodes, constants)
+        sin = rotary_cache(b["sin"], b["head"], True, nodes, constants)
         if b["cos"].per_row:
             positions = _row_ids(b["cos"].freqs, nodes, constants)
         else:
@@ -552,16 +552,16 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
         )
         ensure_opset(context.model, MS_DOMAIN, 1)
     elif b["cos"].per_row:  # the caches are the angles' own [B, S, H/2] rows, as the op wants
-        cos = _cache(b["cos"], b["head"], False, nodes, constants)
-        sin = _cache(b["sin"], b["head"], False, nodes, constants)
+        cos = rotary_cache(b["cos"], b["head"], False, nodes, constants)
+        sin = rotary_cache(b["sin"], b["head"], False, nodes, constants)
         new = ir.node("RotaryEmbedding", [x, cos, sin], {"interleaved": 0})
     else:
-        cos = _cache(b["cos"], b["head"], False, nodes, constants)
-        sin = _cache(b["sin"], b["head"], False, nodes, constants)
+        cos = rotary_cache(b["cos"], b["head"], False, nodes, constants)
+        sin = rotary_cache(b["sin"], b["head"], False, nodes, constants)
         # RotaryEmbedding-23 without position_ids wants [B, S, H/2] caches: broadcast over batch.
         # B read off what a partial rotary's x was sliced from: the rotary of that then reads no
         # dim of the slice, which partial-rotary->RotaryEmbedding drops.
-        window = _last_axis_window(x)
+        window = last_axis_window(x)
         batch = ir.node("Shape", [x if window is None else window.source], {"start": 0, "end": 1})
         ones = new_constant(np.array([1, 1], dtype=np.int64), "rotary_cache_tail")
         constants.append(ones)
@@ -572,12 +572,12 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
         new = ir.node(
             "RotaryEmbedding", [x, cos_b.outputs[0], sin_b.outputs[0]], {"interleaved": 0}
         )
-    _same_shape_as(new.outputs[0], x)
+    same_shape_as(new.outputs[0], x)
     nodes.append(new)
     return Replacement(nodes, [(match.root.outputs[0], new.outputs[0])], constants=constants)
 
 
-def _same_shape_as(output: ir.Value, x: ir.Value) -> None:
+def same_shape_as(output: ir.Value, x: ir.Value) -> None:
     """The rotary's output has its input's shape: recorded from the input, whose dims are known at
     least as well as those the replaced Add carried (else a later run infers better names and the
     output is not a fixed point)."""
@@ -600,10 +600,10 @@ def _match_partial(concat: ir.Node, context: RewriteContext) -> Match | Mismatch
         return Mismatch("the Concat after the rotary is not on the last axis", candidate=False)
     if rotary.attributes.get_int("rotary_embedding_dim", 0):
         return Mismatch("the RotaryEmbedding already rotates part of its input")
-    rotated_part = _last_axis_window(rotated)
+    rotated_part = last_axis_window(rotated)
     if rotated_part is None:
         return Mismatch("the rotary input is not a Slice or Split of the head dim")
-    kept = _last_axis_window(concat.inputs[1])
+    kept = last_axis_window(concat.inputs[1])
     if kept is None or kept.source is not rotated_part.source or kept.start != rotated_part.end:
         return Mismatch(
             "the part concatenated after the rotary is not the rest of the head it was sliced "
@@ -659,7 +659,7 @@ def _rewrite_partial(match: Match, context: RewriteContext) -> Replacement:
     if rotary.domain == MS_DOMAIN:
         attributes["num_heads"] = b["heads"]
     new = ir.node("RotaryEmbedding", [x, *rotary.inputs[1:]], attributes, domain=rotary.domain)
-    _same_shape_as(new.outputs[0], x)
+    same_shape_as(new.outputs[0], x)
     nodes.append(new)
     return Replacement(nodes, [(match.root.outputs[0], new.outputs[0])], constants=constants)
 
