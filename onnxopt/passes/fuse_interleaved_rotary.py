@@ -55,8 +55,8 @@ from onnxopt.passes.fuse_rotary_embedding import (
     dim_of_scalar,
     last_axis_window,
     positions_of,
-    product_orders,
     rotary_cache,
+    rotation_products,
     rows_of,
     same_dim,
     same_shape_as,
@@ -313,29 +313,16 @@ def _rotate_every_two(value: ir.Value | None, x: ir.Value, width: int) -> list[i
     return [odd, neg, pairs[0], even, pairs[1], concat, reshape]
 
 
-def _products(add: ir.Node) -> tuple[ir.Node, ir.Node, ir.Value, ir.Value] | Mismatch:
-    """(cos Mul, sin Mul, x, rotate_every_two(x)) in either operand order."""
-    orders = product_orders(add)
-    if isinstance(orders, Mismatch):
-        return orders
-    for cos_mul, sin_mul in orders:
-        for rotated in sin_mul.inputs[:2]:
-            reshape = producer_op(rotated, "Reshape")
-            concat = None if reshape is None else producer_op(reshape.inputs[0], "Concat")
-            even = None
-            if concat is not None and len(concat.inputs) == 2:
-                pair = producer_op(concat.inputs[1], "Unsqueeze")
-                even = None if pair is None else producer_op(pair.inputs[0], "Slice")
-            if rotated is None or even is None:
-                continue
-            sliced = even.inputs[0]
-            for x in cos_mul.inputs[:2]:
-                window = last_axis_window(x)
-                if x is not None and (
-                    x is sliced or (window is not None and window.source is sliced)
-                ):
-                    return cos_mul, sin_mul, x, rotated
-    return Mismatch("no product with a rotate_every_two", candidate=False)
+def _every_two_source(rotated: ir.Value | None) -> ir.Value | None:
+    """``x`` of rotate_every_two(x) = ``Reshape(Concat(Unsqueeze(-x[..., 1::2]),
+    Unsqueeze(x[..., ::2])))`` (read off the even Slice)."""
+    reshape = producer_op(rotated, "Reshape")
+    concat = None if reshape is None else producer_op(reshape.inputs[0], "Concat")
+    if concat is None or len(concat.inputs) != 2:
+        return None
+    pair = producer_op(concat.inputs[1], "Unsqueeze")
+    even = None if pair is None else producer_op(pair.inputs[0], "Slice")
+    return None if even is None else even.inputs[0]
 
 
 @dataclass(frozen=True)
@@ -430,7 +417,7 @@ def _tables(
 
 
 def _match_core(add: ir.Node, context: RewriteContext, partial: bool) -> Match | Mismatch:
-    found = _products(add)
+    found = rotation_products(add, _every_two_source, "rotate_every_two")
     if isinstance(found, Mismatch):
         return found
     cos_mul, sin_mul, x, rotated = found

@@ -346,39 +346,40 @@ def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node
     return [low, high, neg, concat]
 
 
-def product_orders(add: ir.Node) -> list[tuple[ir.Node, ir.Node]] | Mismatch:
-    """The Add's two Mul operands as (cos product, sin product), in both orders."""
+def rotation_products(
+    add: ir.Node, sliced_by: Callable[[ir.Value | None], ir.Value | None], rotation: str
+) -> tuple[ir.Node, ir.Node, ir.Value, ir.Value] | Mismatch:
+    """(cos Mul, sin Mul, x, rotate(x)) of ``Add(x * cos, rotate(x) * sin)``, in either operand
+    order. ``sliced_by(r)`` is the tensor the rotation ``r`` slices its halves or pairs from (None:
+    ``r`` is not that rotation); x must be it, or a last-axis window of it (partial rotary)."""
     muls = [producer_op(v, "Mul") for v in add.inputs[:2]]
     if muls[0] is None or muls[1] is None:
         return Mismatch("Add is not of two products", candidate=False)
-    return [(muls[0], muls[1]), (muls[1], muls[0])]
-
-
-def _products(add: ir.Node) -> tuple[ir.Node, ir.Node, ir.Value, ir.Value] | Mismatch:
-    """(cos Mul, sin Mul, x, rotate_half(x)) in either operand order."""
-    orders = product_orders(add)
-    if isinstance(orders, Mismatch):
-        return orders
-    for cos_mul, sin_mul in orders:
+    for cos_mul, sin_mul in ((muls[0], muls[1]), (muls[1], muls[0])):
         for rotated in sin_mul.inputs[:2]:
-            concat = producer_op(rotated, "Concat")
-            if concat is None or rotated is None or len(concat.inputs) != 2:
+            sliced = sliced_by(rotated)
+            if rotated is None or sliced is None:
                 continue
-            low = producer_op(concat.inputs[1], "Slice")
-            sliced = None if low is None else low.inputs[0]
             for x in cos_mul.inputs[:2]:
                 window = last_axis_window(x)
-                if (
-                    x is not None
-                    and sliced is not None
-                    and (x is sliced or (window is not None and window.source is sliced))
+                if x is not None and (
+                    x is sliced or (window is not None and window.source is sliced)
                 ):
                     return cos_mul, sin_mul, x, rotated
-    return Mismatch("no product with a rotate_half Concat", candidate=False)
+    return Mismatch(f"no product with a {rotation}", candidate=False)
+
+
+def _rotate_half_source(rotated: ir.Value | None) -> ir.Value | None:
+    """``x`` of ``Concat(-x[..., H/2:], x[..., :H/2])`` (read off the second half's Slice)."""
+    concat = producer_op(rotated, "Concat")
+    if concat is None or len(concat.inputs) != 2:
+        return None
+    low = producer_op(concat.inputs[1], "Slice")
+    return None if low is None else low.inputs[0]
 
 
 def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    found = _products(add)
+    found = rotation_products(add, _rotate_half_source, "rotate_half Concat")
     if isinstance(found, Mismatch):
         return found
     cos_mul, sin_mul, x, rotated = found
