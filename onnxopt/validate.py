@@ -82,10 +82,18 @@ class ValidationReport:
 
 @dataclass(frozen=True)
 class InputSpec:
+    """One graph input to generate: ``dims`` are its tensor's (a sequence's or optional's element)."""
+
     name: str
     dtype: np.dtype
     dims: tuple[int | str | None, ...]
     int_high: int | None = None
+    kind: str = "tensor"  # "tensor", "optional" (of a tensor) or "sequence" (of tensors)
+
+
+# A generated input: a tensor, or a sequence input's tensors.
+Feed = np.ndarray | list[np.ndarray]
+SEQUENCE_LENGTH = 2  # tensors in a generated sequence input
 
 
 @dataclass
@@ -146,9 +154,12 @@ def input_specs(model: ir.Model) -> list[InputSpec]:
     for value in model.graph.inputs:
         if value.is_initializer():
             continue  # an overridable initializer: its stored value is the realistic input
-        if not isinstance(value.type, ir.TensorType) or value.dtype is None:
+        kind = _input_kind(value.type)
+        if kind is None or value.dtype is None:
             raise CannotValidate(
-                f"input '{value.name}' is not a plain tensor; pass --inputs or --no-validate"
+                f"input '{value.name}' is of type {value.type}, which validation cannot generate "
+                "(a tensor, an optional tensor or a sequence of tensors); pass --inputs or "
+                "--no-validate"
             )
         if value.shape is None:
             raise CannotValidate(
@@ -162,48 +173,70 @@ def input_specs(model: ir.Model) -> list[InputSpec]:
                 dims.append(dim.value if isinstance(dim, ir.SymbolicDim) else None)
         np_dtype = value.dtype.numpy()
         high = _embedding_bound(value) if np.issubdtype(np_dtype, np.integer) else None
-        specs.append(InputSpec(str(value.name), np_dtype, tuple(dims), high))
+        specs.append(InputSpec(str(value.name), np_dtype, tuple(dims), high, kind))
     return specs
+
+
+def _input_kind(type_: ir.TypeProtocol | None) -> str | None:
+    if isinstance(type_, ir.TensorType):
+        return "tensor"
+    if isinstance(type_, ir.OptionalType) and isinstance(type_.elem_type, ir.TensorType):
+        return "optional"
+    if isinstance(type_, ir.SequenceType) and isinstance(type_.elem_type, ir.TensorType):
+        return "sequence"
+    return None
 
 
 def make_inputs(
     specs: Sequence[InputSpec], size_of: Callable[[int | str | None], int], rng: np.random.Generator
-) -> dict[str, np.ndarray] | None:
+) -> dict[str, Feed] | None:
     """Random inputs with each dim sized by ``size_of``; None if they are too large to generate."""
     return inputs_of_shapes(specs, [tuple(size_of(d) for d in s.dims) for s in specs], rng)
 
 
 def inputs_of_shapes(
-    specs: Sequence[InputSpec], shapes: Sequence[tuple[int, ...]], rng: np.random.Generator
-) -> dict[str, np.ndarray] | None:
-    """Random inputs of these shapes (in ``specs``' order); None if they are too large to generate."""
-    feeds: dict[str, np.ndarray] = {}
+    specs: Sequence[InputSpec],
+    shapes: Sequence[tuple[int, ...]],
+    rng: np.random.Generator,
+    *,
+    omit_optional: bool = False,
+) -> dict[str, Feed] | None:
+    """Random inputs of these shapes (in ``specs``' order); None if they are too large to generate.
+
+    An optional input is given (or left out with ``omit_optional``); a sequence input gets
+    :data:`SEQUENCE_LENGTH` tensors of its shape.
+    """
+    feeds: dict[str, Feed] = {}
     total = 0
     for spec, shape in zip(specs, shapes, strict=True):
-        total += int(np.prod(shape, dtype=np.int64))
+        if spec.kind == "optional" and omit_optional:
+            continue
+        count = SEQUENCE_LENGTH if spec.kind == "sequence" else 1
+        total += count * int(np.prod(shape, dtype=np.int64))
         if total > MAX_TRIAL_ELEMENTS:
             return None
-        dtype = spec.dtype
-        if dtype == np.bool_:
-            array = rng.integers(0, 2, size=shape).astype(np.bool_)
-        elif np.issubdtype(dtype, np.integer):
-            high = spec.int_high if spec.int_high is not None else 2
-            array = rng.integers(0, max(high, 1), size=shape).astype(dtype)
-        elif np.issubdtype(dtype, np.floating) or dtype.kind == "V":
-            array = rng.standard_normal(size=shape).astype(np.float32)
-            array = array.astype(dtype) if dtype.kind != "V" else array
-        elif dtype == np.object_:  # ONNX strings
-            letters = np.array(list("abcdefgh"), dtype=object)
-            array = np.array(
-                ["".join(rng.choice(letters, size=3)) for _ in range(int(np.prod(shape)))],
-                dtype=object,
-            ).reshape(shape)
-        else:
-            raise CannotValidate(
-                f"input '{spec.name}' has dtype {dtype}, which validation cannot generate"
-            )
-        feeds[spec.name] = array
+        arrays = [_random_array(spec, shape, rng) for _ in range(count)]
+        feeds[spec.name] = arrays if spec.kind == "sequence" else arrays[0]
     return feeds
+
+
+def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    dtype = spec.dtype
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(dtype, np.integer):
+        high = spec.int_high if spec.int_high is not None else 2
+        return rng.integers(0, max(high, 1), size=shape).astype(dtype)
+    if np.issubdtype(dtype, np.floating) or dtype.kind == "V":
+        array = rng.standard_normal(size=shape).astype(np.float32)
+        return array.astype(dtype) if dtype.kind != "V" else array
+    if dtype == np.object_:  # ONNX strings
+        letters = np.array(list("abcdefgh"), dtype=object)
+        return np.array(
+            ["".join(rng.choice(letters, size=3)) for _ in range(int(np.prod(shape)))],
+            dtype=object,
+        ).reshape(shape)
+    raise CannotValidate(f"input '{spec.name}' has dtype {dtype}, which validation cannot generate")
 
 
 _SESSIONS: contextvars.ContextVar[dict[tuple[object, int], Any] | None] = contextvars.ContextVar(
@@ -519,7 +552,7 @@ def validate(
     rng = np.random.default_rng(seed)
     last_failure = ""
 
-    def run_one(feeds: dict[str, np.ndarray]) -> bool:
+    def run_one(feeds: Mapping[str, Feed]) -> bool:
         nonlocal last_failure
         try:
             expected = _run_bounded(reference, output_names, feeds, run_timeout)
@@ -564,6 +597,7 @@ def validate(
         wanted = len(extra_inputs) + (trials if dynamic else 1)
         seen: set[tuple[tuple[int, ...], ...]] = set()
         too_big = False
+        ran_shapes: list[list[tuple[int, ...]]] = []
 
         def attempt(plan: SizePlan | None) -> bool:
             """Run one size plan; True if it was new and the original ran on it."""
@@ -576,7 +610,10 @@ def validate(
             if generated is None:
                 too_big = True
                 return False
-            return run_one(generated)
+            if not run_one(generated):
+                return False
+            ran_shapes.append(shapes)
+            return True
 
         def short() -> bool:
             return len(used) < wanted and not errors
@@ -622,6 +659,14 @@ def validate(
                 "the model ran at one size of its dynamic dims only; give sizes that fit together "
                 "with --dim NAME=SIZE (e.g. --dim past=5,seq=3,total=8) to try others"
             )
+        if ran_shapes and not errors and any(s.kind == "optional" for s in specs):
+            # An optional input is also left out once: the original's own "absent" path.
+            absent = inputs_of_shapes(specs, ran_shapes[0], rng, omit_optional=True)
+            if absent is not None and not run_one(absent):
+                notes.append(
+                    "the original model does not run with its optional inputs left out "
+                    f"({last_failure}); validated with them given"
+                )
     return ValidationReport(
         tuple(used), tuple(worst.comparisons.values()), tuple(errors), tuple(notes)
     )

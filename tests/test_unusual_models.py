@@ -16,7 +16,7 @@ import onnx_ir
 
 from onnxopt import api
 from onnxopt.io import load_model, model_from_proto
-from onnxopt.validate import validate
+from onnxopt.validate import CannotValidate, input_specs, validate
 
 ADD_W = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -158,3 +158,80 @@ def test_json_report_is_strict_json_when_an_error_is_infinite(tmp_path: Path) ->
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout, parse_constant=_strict)
     assert data["reference"]["export"][0]["max_abs"] is None
+
+
+def _optional_and_sequence_model(absent_op: str = "Identity") -> onnx.ModelProto:
+    """y = o if o is given else absent_op(x); z = concat of the sequence s."""
+    vector = oh.make_tensor_type_proto(onnx.TensorProto.FLOAT, ["N"])
+    then_branch = oh.make_graph(
+        [oh.make_node("OptionalGetElement", ["o"], ["got"])],
+        "then",
+        [],
+        [oh.make_tensor_value_info("got", onnx.TensorProto.FLOAT, ["N"])],
+    )
+    else_branch = oh.make_graph(
+        [oh.make_node(absent_op, ["x"], ["fallback"])],
+        "else",
+        [],
+        [oh.make_tensor_value_info("fallback", onnx.TensorProto.FLOAT, ["N"])],
+    )
+    graph = oh.make_graph(
+        [
+            oh.make_node("OptionalHasElement", ["o"], ["has"]),
+            oh.make_node("If", ["has"], ["y"], then_branch=then_branch, else_branch=else_branch),
+            oh.make_node("ConcatFromSequence", ["s"], ["z"], axis=0),
+        ],
+        "g",
+        [
+            oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N"]),
+            oh.make_value_info("o", oh.make_optional_type_proto(vector)),
+            oh.make_value_info("s", oh.make_sequence_type_proto(vector)),
+        ],
+        [
+            oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N"]),
+            oh.make_tensor_value_info("z", onnx.TensorProto.FLOAT, ["M"]),
+        ],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+def test_optional_and_sequence_inputs_are_generated_for_validation() -> None:
+    model = model_from_proto(_optional_and_sequence_model())
+    result = api.optimize(model)
+    validation = result.report.validation
+    assert result.validated and validation is not None
+    tried = validation.trials
+    # Two sizes of N with the optional input given, then once without it.
+    assert [sorted(t) for t in tried] == [["o", "x"], ["o", "x"], ["x"]]
+    assert {t["x"] for t in tried[:2]} == {(1,), (3,)}
+    # Each sequence gives two tensors of N: z holds 2 * N values per run.
+    z = next(c for c in validation.outputs if c.name == "z")
+    assert z.elements == 2 * (1 + 3 + 1)
+
+
+def test_validation_runs_the_absent_optional_path() -> None:
+    """A model that differs only when the optional input is left out must fail validation."""
+    original = model_from_proto(_optional_and_sequence_model("Identity"))
+    changed = model_from_proto(_optional_and_sequence_model("Neg"))
+    report = validate(original, changed)
+    assert not report.passed
+    assert report.failing_outputs() == ["y"]
+
+
+def test_nested_sequence_input_is_refused_for_validation_with_its_type() -> None:
+    nested = oh.make_sequence_type_proto(
+        oh.make_sequence_type_proto(oh.make_tensor_type_proto(onnx.TensorProto.FLOAT, [2]))
+    )
+    graph = oh.make_graph(
+        [oh.make_node("SequenceLength", ["s"], ["n"])],
+        "g",
+        [oh.make_value_info("s", nested)],
+        [oh.make_tensor_value_info("n", onnx.TensorProto.INT64, [])],
+    )
+    model = model_from_proto(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))
+    try:
+        input_specs(model)
+    except CannotValidate as exc:
+        assert "input 's' is of type" in str(exc) and "--inputs" in str(exc)
+    else:
+        raise AssertionError("a sequence of sequences was generated")

@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +226,13 @@ def resolve_shapes(
 def _feeds(
     specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]], seed: int
 ) -> dict[str, np.ndarray]:
-    concrete = [InputSpec(s.name, s.dtype, shapes[s.name], s.int_high) for s in specs]
+    sequences = [s.name for s in specs if s.kind == "sequence"]
+    if sequences:
+        raise UsageError(
+            f"input '{sequences[0]}' is a sequence of tensors, which bench does not generate "
+            "(validation does); time the model with a script of your own"
+        )
+    concrete = [replace(s, dims=shapes[s.name]) for s in specs]
     feeds = make_inputs(
         concrete, lambda d: d if isinstance(d, int) else 1, np.random.default_rng(seed)
     )
@@ -234,7 +240,7 @@ def _feeds(
         raise UsageError(
             f"inputs of shapes {dict(shapes)} are too large to generate; choose smaller --shape"
         )
-    return feeds
+    return {k: v for k, v in feeds.items() if isinstance(v, np.ndarray)}
 
 
 def _agreement(
