@@ -24,11 +24,13 @@ from onnxopt.report import ModelSummary, OptimizeReport
 from onnxopt.validate import (
     DEFAULT_RUN_TIMEOUT,
     CannotValidate,
+    OutputComparison,
     ReferenceReport,
     ValidationReport,
     compare_to_eager,
     input_specs,
     output_precisions,
+    release_session,
     shared_sessions,
     validate,
 )
@@ -193,8 +195,17 @@ def optimize(
     validate_seconds = 0.0
     memory_section = memory_plan = None
     reference_report: ReferenceReport | None = None
-    # Validation and the eager comparison share one ORT session per model (each loads the weights).
+    # Validation and the eager comparison share one ORT session per model (each loads the weights),
+    # and the original's is released before the optimized model's is made: everything that runs
+    # the original comes first.
     with shared_sessions():
+        export_cmp: tuple[OutputComparison, ...] = ()
+        export_error = None
+        if eager is not None:
+            if progress is not None:
+                progress("compare with eager PyTorch")
+            export_cmp, export_error = compare_to_eager(original, eager_inputs, eager.outputs)
+
         if check:
             if progress is not None:
                 progress("validate")
@@ -214,6 +225,7 @@ def optimize(
                     sizes=dims,
                 )
             validate_seconds = time.perf_counter() - start
+        release_session(original)
 
         if unoptimized is not None:
             if progress is not None:
@@ -223,9 +235,6 @@ def optimize(
             )
 
         if eager is not None:
-            if progress is not None:
-                progress("compare with eager PyTorch")
-            export_cmp, export_error = compare_to_eager(original, eager_inputs, eager.outputs)
             optimized_cmp, optimized_error = compare_to_eager(working, eager_inputs, eager.outputs)
             errors = tuple(
                 f"{what}: {error}"

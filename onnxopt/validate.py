@@ -269,6 +269,30 @@ def _session(model: ir.Model | Path, threads: int = 2) -> Any:
     return session
 
 
+def release_session(model: ir.Model | Path) -> None:
+    """Drop ``model``'s shared sessions, so that the weights they hold can be freed."""
+    cache = _SESSIONS.get()
+    if cache is None:
+        return
+    key = model if isinstance(model, Path) else id(model)
+    released = [k for k in cache if k[0] == key]
+    for cached in released:
+        del cache[cached]
+    if released:
+        _return_freed_memory()
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap a released session freed back to the OS (glibc keeps it otherwise), so that
+    the next session's weights do not add to the process's peak."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def _new_session(model: ir.Model | Path, threads: int) -> Any:
     import onnxruntime as ort
 
@@ -276,6 +300,7 @@ def _new_session(model: ir.Model | Path, threads: int) -> Any:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = threads
     options.log_severity_level = 4  # fatal only: run errors come back as exceptions, in one line
+    options.add_session_config_entry("session.disable_prepacking", "1")
     if isinstance(model, Path):
         return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     # Weights mapped from the source file are handed to ORT as buffers (no copy, no temp file);
@@ -522,6 +547,8 @@ def validate(
     the generated sizes do not run, relations between dims are tried (``total = past + seq``, see
     :mod:`onnxopt.input_sizes`); the report's ``notes`` say which one was used.
     """
+    # Two phases, one ORT session at a time (each holds a copy of the weights): the original runs
+    # every trial first and its outputs are kept, then it is released and the optimized model runs.
     try:
         reference = _session(original)
     except Exception as exc:
@@ -529,30 +556,20 @@ def validate(
             f"ONNX Runtime cannot load the original model, so it cannot be validated "
             f"({_ort_reason(exc)}); if it uses custom ops, rerun with --no-validate"
         ) from exc
-    try:
-        candidate = _session(optimized)
-    except Exception as exc:
-        return ValidationReport(
-            (), (), (f"ONNX Runtime cannot load the optimized model: {_first_line(exc)}",)
-        )
     output_names = [o.name for o in reference.get_outputs()]
-    candidate_outputs = {o.name for o in candidate.get_outputs()}
-    missing = [n for n in output_names if n not in candidate_outputs]
-    if missing:
-        return ValidationReport((), (), (f"optimized model lost outputs: {', '.join(missing)}",))
+    hints = [d for o in reference.get_outputs() for d in o.shape or () if isinstance(d, str)]
 
     if precisions is None and isinstance(original, ir.Model):
         precisions = output_precisions(original)
     computed_in = dict(precisions or {})
     feed_sets = [dict(f) for f in inputs] if inputs is not None else []
-    worst = _Worst()
-    errors: list[str] = []
     notes: list[str] = []
-    used: list[dict[str, tuple[int, ...]]] = []
+    runs: list[tuple[dict[str, Any], list[Any]]] = []  # (feeds, the original's outputs)
     rng = np.random.default_rng(seed)
     last_failure = ""
 
     def run_one(feeds: Mapping[str, Feed]) -> bool:
+        """Run the original on ``feeds``; keep its outputs if it ran."""
         nonlocal last_failure
         try:
             expected = _run_bounded(reference, output_names, feeds, run_timeout)
@@ -566,16 +583,7 @@ def validate(
         except Exception as exc:
             last_failure = _ort_reason(exc)
             return False
-        try:
-            actual = _run_bounded(candidate, output_names, feeds, run_timeout)
-        except Exception as exc:
-            errors.append(f"optimized model fails where the original runs: {_first_line(exc)}")
-            return True
-        for name, e, a in zip(output_names, expected, actual):
-            for item_name, e_item, a_item in _flatten_output(name, e, a):
-                worst.add(compare_arrays(item_name, e_item, a_item, computed_in.get(name)))
-        # Sequence and optional inputs (lists, None) have no single shape to report.
-        used.append({k: tuple(v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray)})
+        runs.append((dict(feeds), list(expected)))
         return True
 
     for feeds in [dict(f) for f in extra_inputs]:
@@ -616,7 +624,7 @@ def validate(
             return True
 
         def short() -> bool:
-            return len(used) < wanted and not errors
+            return len(runs) < wanted
 
         for plan in symbols.base_plans(sizes):
             if not short():
@@ -624,9 +632,6 @@ def validate(
             attempt(plan)
         if short() and symbols.atoms:
             # A KV-cache decoder runs only when e.g. total = past + seq: try relations between dims.
-            hints = [
-                d for o in reference.get_outputs() for d in o.shape or () if isinstance(d, str)
-            ]
             for relation in symbols.relations(hints):
                 if not short():
                     break
@@ -643,23 +648,23 @@ def validate(
                     if not short():
                         break
                     attempt(plan.with_relation(relation))
-        if not used and not errors and too_big and not last_failure:
+        if not runs and too_big and not last_failure:
             raise CannotValidate(
                 f"the inputs are too large to generate (over {MAX_TRIAL_ELEMENTS} elements in all); "
                 "pass --input-shape, --inputs FILE.npz or --no-validate"
             )
-        if not used and not errors:
+        if not runs:
             raise CannotValidate(
                 f"the original model does not run on ONNX Runtime with generated inputs ({last_failure}); "
                 "give the sizes of its dims with --dim NAME=SIZE, or pass --inputs FILE.npz or --no-validate"
             )
-        ran = len(used) - len(extra_inputs)
+        ran = len(runs) - len(extra_inputs)
         if short() and ran == 1 and dynamic:
             notes.append(
                 "the model ran at one size of its dynamic dims only; give sizes that fit together "
                 "with --dim NAME=SIZE (e.g. --dim past=5,seq=3,total=8) to try others"
             )
-        if ran_shapes and not errors and any(s.kind == "optional" for s in specs):
+        if any(s.kind == "optional" for s in specs):
             # An optional input is also left out once: the original's own "absent" path.
             absent = inputs_of_shapes(specs, ran_shapes[0], rng, omit_optional=True)
             if absent is not None and not run_one(absent):
@@ -667,6 +672,34 @@ def validate(
                     "the original model does not run with its optional inputs left out "
                     f"({last_failure}); validated with them given"
                 )
+
+    reference = None  # the closure above holds it too
+    release_session(original)
+    try:
+        candidate = _session(optimized)
+    except Exception as exc:
+        return ValidationReport(
+            (), (), (f"ONNX Runtime cannot load the optimized model: {_first_line(exc)}",)
+        )
+    candidate_outputs = {o.name for o in candidate.get_outputs()}
+    missing = [n for n in output_names if n not in candidate_outputs]
+    if missing:
+        return ValidationReport((), (), (f"optimized model lost outputs: {', '.join(missing)}",))
+
+    worst = _Worst()
+    errors: list[str] = []
+    used: list[dict[str, tuple[int, ...]]] = []
+    for feeds, expected in runs:
+        try:
+            actual = _run_bounded(candidate, output_names, feeds, run_timeout)
+        except Exception as exc:
+            errors.append(f"optimized model fails where the original runs: {_first_line(exc)}")
+            break
+        for name, e, a in zip(output_names, expected, actual):
+            for item_name, e_item, a_item in _flatten_output(name, e, a):
+                worst.add(compare_arrays(item_name, e_item, a_item, computed_in.get(name)))
+        # Sequence and optional inputs (lists, None) have no single shape to report.
+        used.append({k: tuple(v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray)})
     return ValidationReport(
         tuple(used), tuple(worst.comparisons.values()), tuple(errors), tuple(notes)
     )
