@@ -1050,6 +1050,46 @@ def unique_node_names(model: ir.Model) -> int:
     return renamed
 
 
+def unique_value_names(model: ir.Model) -> int:
+    """Rename subgraph values whose name is already used elsewhere in the model.
+
+    ONNX forbids a subgraph value to shadow a name of an enclosing scope (ONNX Runtime then
+    reports "the graph is not acyclic"), but onnx-ir names new values per graph (``val_5`` in the
+    main graph and in an If branch). The main graph keeps its names; subgraphs are visited outer
+    scopes first and a repeated name becomes ``name_1``, ``name_2``... (skipping names in use).
+    Returns how many values were renamed.
+    """
+    subgraphs = list(model.graph.subgraphs())
+    if not subgraphs:
+        return 0
+    graphs = [model.graph, *subgraphs]
+    taken = {str(v.name) for graph in graphs for v in _graph_values(graph) if v.name}
+    seen = {str(v.name) for v in _graph_values(model.graph) if v.name}
+    renamed = 0
+    for graph in subgraphs:
+        for value in _graph_values(graph):
+            name = value.name
+            if not name:
+                continue
+            if name in seen:
+                suffix = 1
+                while f"{name}_{suffix}" in taken:
+                    suffix += 1
+                value.name = f"{name}_{suffix}"
+                taken.add(value.name)
+                renamed += 1
+            seen.add(str(value.name))
+    return renamed
+
+
+def _graph_values(graph: ir.Graph) -> Iterator[ir.Value]:
+    """The values a graph defines: its inputs, initializers and node outputs."""
+    yield from graph.inputs
+    yield from graph.initializers.values()
+    for node in graph:
+        yield from node.outputs
+
+
 def _deserialize(where: str, proto: onnx.ModelProto) -> ir.Model:
     try:
         return ir.serde.deserialize_model(proto)

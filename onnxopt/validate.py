@@ -672,6 +672,28 @@ def validate(
                     "the original model does not run with its optional inputs left out "
                     f"({last_failure}); validated with them given"
                 )
+        flags = [
+            s.name
+            for s in specs
+            if s.kind == "tensor" and s.dtype == np.bool_ and all(d == 1 for d in s.dims)
+        ]
+        first = runs[len(extra_inputs)][0] if len(runs) > len(extra_inputs) else None
+        if flags and first is not None:
+            # A boolean flag (an If's condition: optimum's use_cache_branch) is also run flipped,
+            # whatever the generated values were, so that both branches are compared.
+            flipped = {
+                k: (
+                    np.asarray(np.logical_not(v), dtype=np.bool_).reshape(np.shape(v))
+                    if k in flags
+                    else v
+                )
+                for k, v in first.items()
+            }
+            if not run_one(flipped):
+                notes.append(
+                    f"the original model does not run with {', '.join(flags)} flipped "
+                    f"({last_failure}); validated with one value"
+                )
 
     reference = None  # the closure above holds it too
     release_session(original)

@@ -15,6 +15,7 @@ from typing import ClassVar, Protocol
 
 import onnx_ir as ir
 
+from onnxopt.io import unique_value_names
 from onnxopt.passes.options import PassOptions
 
 logger = logging.getLogger(__name__)
@@ -126,6 +127,8 @@ class Pipeline:
                     warnings.append(message)
             else:
                 records.append(self._run_one(step, model, 0, progress))
+        # onnx-ir names new values per graph: a subgraph's may repeat an outer scope's.
+        unique_value_names(model)
         return PipelineResult(model, tuple(records), tuple(warnings))
 
     def _run_one(

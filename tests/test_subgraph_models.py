@@ -1,0 +1,145 @@
+"""Models whose work sits in If branches (optimum's merged decoders: ``If(use_cache_branch)``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as onh
+import onnx_ir as ir
+import onnxruntime as ort
+
+from onnxopt import api
+from onnxopt.io import model_from_proto, to_proto, unique_value_names
+from onnxopt.passes.base import Pass, PassResult, Pipeline
+from onnxopt.validate import validate
+
+FLOAT = onnx.TensorProto.FLOAT
+
+
+def _rms_nodes(prefix: str, source: str, out: str) -> list[onnx.NodeProto]:
+    """LlamaRMSNorm as exported: w * cast(h * 1/sqrt(mean(h^2) + eps)), h = cast(x) (the fused
+    node's output is a new value, named by onnx-ir)."""
+    p = prefix
+    return [
+        oh.make_node("Cast", [source], [f"{p}h"], to=FLOAT),
+        oh.make_node("Pow", [f"{p}h", "two"], [f"{p}sq"]),
+        oh.make_node("ReduceMean", [f"{p}sq", "axes"], [f"{p}ms"]),
+        oh.make_node("Add", [f"{p}ms", "eps"], [f"{p}v"]),
+        oh.make_node("Sqrt", [f"{p}v"], [f"{p}s"]),
+        oh.make_node("Reciprocal", [f"{p}s"], [f"{p}r"]),
+        oh.make_node("Mul", [f"{p}h", f"{p}r"], [f"{p}n"]),
+        oh.make_node("Cast", [f"{p}n"], [f"{p}c"], to=FLOAT),
+        oh.make_node("Mul", ["w", f"{p}c"], [out]),
+    ]
+
+
+def _merged_model(else_op: str = "Identity") -> onnx.ModelProto:
+    """y = rms(rms(x)) if flag else else_op(rms(x)): fusions run in the main graph and in both
+    branches, so the per-graph names onnx-ir gives the fused nodes' outputs repeat."""
+    vector = ["B", "S", 8]
+    then_branch = oh.make_graph(
+        _rms_nodes("t_", "h", "t_y"), "then", [], [oh.make_tensor_value_info("t_y", FLOAT, vector)]
+    )
+    else_branch = oh.make_graph(
+        [*_rms_nodes("e_", "h", "e_z"), oh.make_node(else_op, ["e_z"], ["e_y"])],
+        "else",
+        [],
+        [oh.make_tensor_value_info("e_y", FLOAT, vector)],
+    )
+    rng = np.random.default_rng(0)
+    graph = oh.make_graph(
+        [
+            *_rms_nodes("m_", "x", "h"),
+            oh.make_node("If", ["flag"], ["y"], then_branch=then_branch, else_branch=else_branch),
+        ],
+        "merged",
+        [
+            oh.make_tensor_value_info("x", FLOAT, vector),
+            oh.make_tensor_value_info("flag", onnx.TensorProto.BOOL, []),
+        ],
+        [oh.make_tensor_value_info("y", FLOAT, vector)],
+        [
+            onh.from_array(np.array(2.0, np.float32), "two"),
+            onh.from_array(np.array([-1], np.int64), "axes"),
+            onh.from_array(np.array(1e-6, np.float32), "eps"),
+            onh.from_array(rng.standard_normal(8).astype(np.float32), "w"),
+        ],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+def test_fusions_in_if_branches_give_a_model_ort_loads() -> None:
+    """Each graph's RMSNorm fuses, the If's condition is run both ways, and ORT loads the result."""
+    result = api.optimize(model_from_proto(_merged_model()))
+    assert result.validated
+    model = result.model
+    ops = [[n.op_type for n in g] for g in (model.graph, *model.graph.subgraphs())]
+    # ORT's SimplifiedLayerNormalization (it registers it in the default domain).
+    assert ops == [
+        ["SimplifiedLayerNormalization", "If"],
+        ["SimplifiedLayerNormalization"],
+        ["SimplifiedLayerNormalization"],  # the Identity is removed
+    ]
+    names = [
+        str(v.name) for g in (model.graph, *model.graph.subgraphs()) for n in g for v in n.outputs
+    ]
+    assert len(names) == len(set(names))
+    ort.InferenceSession(to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+class _InsertIdentity(Pass):
+    """Puts an Identity before every graph's first node output: onnx-ir names each new value
+    in its own graph (val_0 in the main graph and in each branch), as fusions do."""
+
+    name = "insert-identity"
+    summary = "test pass"
+
+    def call(self, model: ir.Model) -> PassResult:
+        for graph in (model.graph, *model.graph.subgraphs()):
+            first = next(iter(graph))
+            source = first.inputs[0]
+            assert source is not None
+            copy = ir.node("Identity", [source])
+            graph.insert_before(first, copy)
+            first.replace_input_with(0, copy.outputs[0])
+        return PassResult(model, modified=True)
+
+
+def test_the_pipeline_leaves_no_subgraph_value_repeating_an_outer_name() -> None:
+    model = model_from_proto(_merged_model())
+    Pipeline([_InsertIdentity()])(model)
+    names = [
+        str(v.name) for g in (model.graph, *model.graph.subgraphs()) for n in g for v in n.outputs
+    ]
+    assert len(names) == len(set(names))
+    assert sum(name.startswith("val_0") for name in names) == 3
+    session = ort.InferenceSession(
+        to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    x = np.random.default_rng(1).standard_normal((2, 3, 8)).astype(np.float32)
+    session.run(None, {"x": x, "flag": np.array(True)})
+
+
+def test_unique_value_names_renames_only_subgraph_values_that_repeat_a_name() -> None:
+    model = model_from_proto(_merged_model())
+    branch = next(iter(model.graph.subgraphs()))
+    repeated = next(v for n in branch for v in n.outputs)
+    repeated.name = "h"  # a main-graph value's name
+    kept = [str(v.name) for n in model.graph for v in n.outputs]
+    assert unique_value_names(model) == 1
+    assert repeated.name == "h_1"
+    assert [str(v.name) for n in model.graph for v in n.outputs] == kept
+    assert unique_value_names(model) == 0
+    assert isinstance(model.graph, ir.Graph)
+
+
+def test_validation_runs_both_values_of_a_boolean_flag() -> None:
+    """An optimized model that differs in one branch only must fail, whichever value the
+    generated flag took."""
+    original = model_from_proto(_merged_model("Identity"))
+    changed = model_from_proto(_merged_model("Neg"))
+    for seed in range(3):
+        report = validate(original, changed, seed=seed)
+        assert not report.passed, seed
+        assert report.failing_outputs() == ["y"]
