@@ -845,7 +845,8 @@ def sweep_one(
     report = result.report
     row.status = "ok"
     row.nodes_before, row.nodes_after = report.before.nodes, report.after.nodes
-    counts = Counter(node.op_type for node in result.model.graph)
+    graphs = (result.model.graph, *result.model.graph.subgraphs())  # a merged decoder's If branches
+    counts = Counter(node.op_type for graph in graphs for node in graph)
     row.fused = " ".join(f"{label} {counts[op]}" for op, label in FUSED.items() if counts[op])
     validation = report.validation
     if validation is None:

@@ -12,8 +12,12 @@ PyTorch outputs of the example (one row left-padded); optimized again, it must n
 point). One markdown row each:
 
     PYTHONPATH=. python benchmarks/kv_sweep.py [--families gpt2,llama,...] [--exporters dynamo]
-        [--attention eager|sdpa] [--position-ids] [--target onnx --opset 23] [--out DIR] [--explain]
+        [--attention eager|sdpa] [--position-ids] [--merged] [--target onnx --opset 23] [--out DIR]
+        [--explain]
 
+``--merged`` wraps each step as an Optimum merged decoder (``merge_decoders``: ``If(use_cache_branch)``
+over two copies of the step, which share names; the feeds set the flag to P > 0, and validation
+also runs it flipped).
 ``--position-ids`` adds a ``position_ids [B, S]`` input (as Optimum / onnxruntime-genai exports
 take it: ``cumsum(mask) - 1``, so a left-padded row's tokens count from its first real token).
 Families: the zoo's GPT-2 and LLaMA and arch_sweep's decoders (``BASES``); ``kv_factory(spec)``
@@ -189,6 +193,54 @@ def export_kv(
     save_reference(reference_path_for(path), reference)
 
 
+def merge_decoders(decoder: Any, decoder_with_past: Any) -> Any:
+    """An Optimum-style merged decoder (``decoder_model_merged.onnx``) of two ``onnx.ModelProto``.
+
+    One ``If(use_cache_branch)`` node: the with-past graph is the then-branch, the other the
+    else-branch, each keeping its nodes, its declared outputs and its node and value names (two
+    exports of one model repeat each other's), with no value_info; every initializer is moved to
+    the main graph, shared by name (the same name must hold the same tensor). The main graph takes
+    the union of both graphs' inputs and a ``use_cache_branch`` bool of shape [1].
+    """
+    import onnx
+    import onnx.helper as oh
+
+    initializers: dict[str, Any] = {}
+    inputs: dict[str, Any] = {}
+    for model in (decoder, decoder_with_past):
+        for tensor in model.graph.initializer:
+            known = initializers.setdefault(tensor.name, tensor)
+            if known.SerializeToString() != tensor.SerializeToString():
+                raise ValueError(f"initializer {tensor.name} differs between the two decoders")
+        for value in model.graph.input:
+            if value.name not in initializers:
+                inputs.setdefault(value.name, value)
+
+    def branch(model: Any, name: str) -> Any:
+        return oh.make_graph(list(model.graph.node), name, [], list(model.graph.output))
+
+    outputs = [o.name for o in decoder.graph.output]
+    if outputs != [o.name for o in decoder_with_past.graph.output]:
+        raise ValueError("the two decoders have different outputs")
+    flag = oh.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1])
+    node = oh.make_node(
+        "If",
+        ["use_cache_branch"],
+        outputs,
+        name="merged_if",
+        then_branch=branch(decoder_with_past, "with_past"),
+        else_branch=branch(decoder, "no_past"),
+    )
+    graph = oh.make_graph(
+        [node],
+        "merged",
+        [*inputs.values(), flag],
+        list(decoder.graph.output),
+        list(initializers.values()),
+    )
+    return oh.make_model(graph, opset_imports=decoder.opset_import, ir_version=decoder.ir_version)
+
+
 def _mask(batch: int, total: int, seq: int, pattern: str) -> np.ndarray:
     """All ones, or row 0 padded: on the left (its first tokens) or on the right of the past
     (its last past tokens, the new ones kept), leaving every query at least one key."""
@@ -230,6 +282,8 @@ def kv_inputs(
                     feed[name] = _mask(batch, past + seq, seq, pattern)
                 elif name == "position_ids":
                     feed[name] = _positions(_mask(batch, past + seq, seq, pattern), seq)
+                elif name == "use_cache_branch":  # a merged decoder: the cached branch with a past
+                    feed[name] = np.array([past > 0])
                 else:
                     heads, size = value.shape[1], value.shape[3]
                     feed[name] = rng.standard_normal((batch, heads, past, size)).astype(np.float32)
@@ -246,8 +300,10 @@ def sweep_one(
     positions: bool = False,
     target: str = "ort",
     opset: int | None = None,
+    merged: bool = False,
 ) -> Row:
-    """arch_sweep's row (nodes, fused ops, validated, fixed point) for the cached step."""
+    """arch_sweep's row (nodes, fused ops, validated, fixed point) for the cached step (with
+    ``merged``, wrapped as an Optimum merged decoder)."""
     return arch_sweep.sweep_one(
         family,
         exporter,
@@ -255,14 +311,28 @@ def sweep_one(
         explain,
         target,
         opset,
-        export_to=partial(_export_to, family, exporter, attention, positions),
+        export_to=partial(_export_to, family, exporter, attention, positions, merged=merged),
         inputs_for=kv_inputs,
-        stem=f"{family}_kv{'_pos' if positions else ''}",
+        stem=f"{family}_kv{'_pos' if positions else ''}{'_merged' if merged else ''}",
     )
 
 
-def _export_to(family: str, exporter: str, attention: str, positions: bool, path: Path) -> None:
+def _export_to(
+    family: str, exporter: str, attention: str, positions: bool, path: Path, merged: bool = False
+) -> None:
     export_kv(BASES[family], exporter, path, attention, positions)
+    if merged:  # both branches the cached step (a past of length 0 runs the prompt)
+        import onnx
+
+        from onnxopt.reference import Reference, load_reference, reference_path_for, save_reference
+
+        step = onnx.load(str(path))
+        onnx.save(merge_decoders(step, step), str(path))
+        eager = load_reference(
+            reference_path_for(path)
+        )  # the example has a past: the cached branch
+        inputs = {**eager.inputs, "use_cache_branch": np.array([True])}
+        save_reference(reference_path_for(path), Reference(inputs, eager.outputs, eager.metadata))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -277,6 +347,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--position-ids", action="store_true", help="a position_ids [B, S] input")
     parser.add_argument("--target", default="ort", choices=("ort", "onnx"))
     parser.add_argument("--opset", type=int, default=None, help="raise the opset first (23)")
+    parser.add_argument(
+        "--merged", action="store_true", help="wrap each step as an Optimum merged decoder"
+    )
     args = parser.parse_args(argv)
     sys.modules.setdefault("benchmarks.kv_sweep", sys.modules[__name__])
     families = [f.strip() for f in args.families.split(",") if f.strip()] or list(BASES)
@@ -303,6 +376,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.position_ids,
                 args.target,
                 args.opset,
+                args.merged,
             )
             rows.append(row)
             print(row.markdown(), flush=True)

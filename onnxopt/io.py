@@ -992,6 +992,7 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     model = _deserialize(where, proto)
     del proto
     renamed = unique_node_names(model)
+    unique_value_names(model)  # sibling If branches may share names; keyed facts need them apart
     if renamed:
         repairs += (
             f"{renamed} nodes renamed: their names repeated another node's, "
@@ -1016,6 +1017,7 @@ def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model
     _check_graph_structure(where, proto.graph, (), "", _opsets(proto))
     model = _deserialize(where, proto)
     unique_node_names(model)
+    unique_value_names(model)
     return model
 
 
@@ -1025,18 +1027,25 @@ def unique_node_names(model: ir.Model) -> int:
     ONNX Runtime refuses a graph with two nodes of one name ("two nodes with same node name"),
     while onnx's checker and many exporters and hand edits allow it. The first node keeps the
     name, later ones get ``name_1``, ``name_2``... (skipping names in use). Empty names are left
-    alone (ORT accepts any number of them). Returns how many nodes were renamed.
+    alone (ORT accepts any number of them). A name repeated in another graph (the two branches of
+    optimum's merged decoders) is legal, but renamed too, so that names stay unique once
+    rewrites move work between scopes. Returns how many nodes repeated a name in their own graph.
     """
     nodes = list(ir.traversal.RecursiveGraphIterator(model.graph))
     for function in model.functions.values():
         nodes.extend(ir.traversal.RecursiveGraphIterator(function))
     taken = {node.name for node in nodes if node.name}
     seen: set[str] = set()
+    seen_in_graph: set[tuple[int, str]] = set()
     renamed = 0
     for node in nodes:
         name = node.name
         if not name:
             continue
+        key = (id(node.graph), name)
+        if key in seen_in_graph:
+            renamed += 1
+        seen_in_graph.add(key)
         if name not in seen:
             seen.add(name)
             continue
@@ -1046,7 +1055,6 @@ def unique_node_names(model: ir.Model) -> int:
         node.name = f"{name}_{suffix}"
         taken.add(node.name)
         seen.add(node.name)
-        renamed += 1
     return renamed
 
 
@@ -1083,9 +1091,10 @@ def unique_value_names(model: ir.Model) -> int:
 
 
 def _graph_values(graph: ir.Graph) -> Iterator[ir.Value]:
-    """The values a graph defines: its inputs, initializers and node outputs."""
+    """The values a graph defines: its inputs, initializers and node outputs (renaming an
+    initializer re-keys the graph's dict, so it is read as a list)."""
     yield from graph.inputs
-    yield from graph.initializers.values()
+    yield from list(graph.initializers.values())
     for node in graph:
         yield from node.outputs
 

@@ -39,17 +39,21 @@ def _check(
     tmp_path: Path,
     positions: bool = False,
     target: str = "ort",
-) -> None:
+    merged: bool = False,
+) -> kv_sweep.Row:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     opset = 23 if target == "onnx" else None
-    row = kv_sweep.sweep_one(family, exporter, tmp_path, attention, False, positions, target, opset)
+    row = kv_sweep.sweep_one(
+        family, exporter, tmp_path, attention, False, positions, target, opset, merged
+    )
     assert row.status == "ok", row
     assert fused in row.fused, row
     assert row.validated == "yes", row
     assert row.eager_diff not in ("", "-"), row  # the eager reference was compared
     assert "FAIL" not in row.eager_diff and "ERROR" not in row.eager_diff, row
     assert row.fixed_point == "yes", row
+    return row
 
 
 @pytest.mark.torch
@@ -82,3 +86,18 @@ def test_cache_step_with_position_ids(family: str, exporter: str, tmp_path: Path
 def test_cache_step_standard_ops_at_opset_23(tmp_path: Path) -> None:
     """--target onnx --opset 23: ONNX Attention and RotaryEmbedding (per-row [B, S, H/2] caches)."""
     _check("llama", "dynamo", "eager", "attn 2 rotary 4", tmp_path, positions=True, target="onnx")
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "exporter"), [("llama", "torchscript"), ("gpt2", "dynamo")])
+def test_merged_decoder_fuses_in_both_branches(family: str, exporter: str, tmp_path: Path) -> None:
+    """Optimum's decoder_model_merged form: If(use_cache_branch) over two copies of the step that
+    share names and carry no value_info. Each branch fuses like the plain step (before: no
+    attention or rotary fused, and not a fixed point), validated with the flag both ways."""
+    plain = _check(family, exporter, "eager", "mha 2", tmp_path)
+    merged = _check(family, exporter, "eager", "mha 4", tmp_path, merged=True)
+    assert merged.nodes_before == 2 * plain.nodes_before + 1
+    # Per branch at most a few shape reads more than the plain step (dynamo names some dims
+    # in value_info that the merged form drops).
+    assert merged.nodes_after <= 2 * (plain.nodes_after + 5) + 1, (plain, merged)

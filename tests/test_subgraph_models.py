@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnx.helper as oh
@@ -10,8 +12,9 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from onnxopt import api
-from onnxopt.io import model_from_proto, to_proto, unique_value_names
+from onnxopt.io import load_model, model_from_proto, to_proto, unique_value_names
 from onnxopt.passes.base import Pass, PassResult, Pipeline
+from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.validate import validate
 
 FLOAT = onnx.TensorProto.FLOAT
@@ -131,7 +134,11 @@ def test_unique_value_names_renames_only_subgraph_values_that_repeat_a_name() ->
     assert repeated.name == "h_1"
     assert [str(v.name) for n in model.graph for v in n.outputs] == kept
     assert unique_value_names(model) == 0
-    assert isinstance(model.graph, ir.Graph)
+    # A branch initializer named like an outer value is renamed, and stays the branch's.
+    constant = ir.Value(name="w", const_value=ir.tensor(np.ones(8, np.float32)))
+    branch.register_initializer(constant)
+    assert unique_value_names(model) == 1
+    assert constant.name == "w_1" and branch.initializers["w_1"] is constant
 
 
 def test_validation_runs_both_values_of_a_boolean_flag() -> None:
@@ -143,3 +150,70 @@ def test_validation_runs_both_values_of_a_boolean_flag() -> None:
         report = validate(original, changed, seed=seed)
         assert not report.passed, seed
         assert report.failing_outputs() == ["y"]
+
+
+def _reshaping_branch(prefix: str) -> onnx.GraphProto:
+    """Reshape(x, [Shape(x)[0], Shape(x)[1], 2, 4]): only data propagation tells its dims."""
+    p = prefix
+    return oh.make_graph(
+        [
+            oh.make_node("Shape", ["x"], [f"{p}shape"]),
+            oh.make_node("Slice", [f"{p}shape", "zero", "two"], [f"{p}lead"]),
+            oh.make_node("Concat", [f"{p}lead", "split"], [f"{p}target"], axis=0),
+            oh.make_node("Reshape", ["x", f"{p}target"], [f"{p}y"]),
+        ],
+        p,
+        [],
+        [oh.make_tensor_value_info(f"{p}y", FLOAT, None)],
+    )
+
+
+def _reshaping_model(same_names: bool) -> onnx.ModelProto:
+    graph = oh.make_graph(
+        [
+            oh.make_node(
+                "If",
+                ["flag"],
+                ["y"],
+                then_branch=_reshaping_branch("b_"),
+                else_branch=_reshaping_branch("b_" if same_names else "c_"),
+            )
+        ],
+        "g",
+        [
+            oh.make_tensor_value_info("x", FLOAT, ["B", "S", 8]),
+            oh.make_tensor_value_info("flag", onnx.TensorProto.BOOL, [1]),
+        ],
+        [oh.make_tensor_value_info("y", FLOAT, None)],
+        [
+            onh.from_array(np.array([0], np.int64), "zero"),
+            onh.from_array(np.array([2], np.int64), "two"),
+            onh.from_array(np.array([2, 4], np.int64), "split"),
+        ],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+def test_if_branches_get_data_propagated_shapes() -> None:
+    """ONNX infers a branch without data propagation ([unk, unk, unk, unk] after the Reshape);
+    inferred as a model of its own it gets [B, S, 2, 4], so rewrites in the branch can prove
+    shapes (a merged decoder's attention)."""
+    model = model_from_proto(_reshaping_model(same_names=False))
+    InferShapesPass()(model)
+    for branch in model.graph.subgraphs():
+        reshaped = next(n for n in branch if n.op_type == "Reshape").outputs[0]
+        assert reshaped.shape == ir.Shape(["B", "S", 2, 4]), reshaped
+
+
+def test_sibling_branches_sharing_names_load_without_a_warning(tmp_path: Path) -> None:
+    """Two branches from two exports of one model repeat each other's node and value names: legal
+    ONNX (ORT loads it), made unique at load without the "repeated node names" repair."""
+    path = tmp_path / "merged.onnx"
+    onnx.save(_reshaping_model(same_names=True), path)
+    loaded = load_model(path)
+    assert loaded.renamed_nodes == 0 and not loaded.repairs
+    graphs = [loaded.model.graph, *loaded.model.graph.subgraphs()]
+    names = [str(v.name) for g in graphs for n in g for v in n.outputs]
+    assert len(names) == len(set(names))
+    result = api.optimize(path)
+    assert result.validated

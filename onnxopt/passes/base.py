@@ -15,7 +15,7 @@ from typing import ClassVar, Protocol
 
 import onnx_ir as ir
 
-from onnxopt.io import unique_value_names
+from onnxopt.io import unique_node_names, unique_value_names
 from onnxopt.passes.options import PassOptions
 
 logger = logging.getLogger(__name__)
@@ -127,8 +127,10 @@ class Pipeline:
                     warnings.append(message)
             else:
                 records.append(self._run_one(step, model, 0, progress))
-        # onnx-ir names new values per graph: a subgraph's may repeat an outer scope's.
+        # onnx-ir names new values and nodes per graph: a subgraph's may repeat another graph's
+        # (ORT refuses repeated names; the loader would rename nodes, so no fixed point).
         unique_value_names(model)
+        unique_node_names(model)
         return PipelineResult(model, tuple(records), tuple(warnings))
 
     def _run_one(

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import onnx
 import onnx_ir as ir
@@ -118,6 +118,98 @@ def _longest_vector(proto: onnx.ModelProto) -> int:
             if len(tensor.dims) == 1:
                 longest = max(longest, tensor.dims[0])
     return longest
+
+
+# An outer-scope initializer at most this large is copied into a branch inferred on its own (its
+# values can feed data propagation: shape constants); a larger one is given as a typed input.
+_BRANCH_CONSTANT_BYTES = 1024
+
+
+def _reinfer_if_branches(
+    proto: onnx.ModelProto, infer: Callable[[onnx.ModelProto], onnx.ModelProto]
+) -> int:
+    """Infer each If branch of the inferred ``proto`` again as a model of its own; return how many.
+
+    ONNX infers a subgraph with its outer scope's types but propagates no data into it, so a
+    branch holding a whole decoder (optimum's merged decoders: ``If(use_cache_branch)``) gets
+    "unk" dims after its first Reshape, and no fusion there can prove a shape. On its own, with
+    the outer values it reads as typed inputs (small outer constants as initializers), the branch
+    gets the main graph's data propagation. Its value_info and output types are replaced in place.
+    """
+    types: dict[str, onnx.TypeProto] = {}
+    constants: dict[str, onnx.TensorProto] = {}
+    for graph in _graph_protos(proto.graph):
+        for info in (*graph.input, *graph.value_info, *graph.output):
+            types.setdefault(info.name, info.type)
+        for tensor in graph.initializer:
+            constants.setdefault(tensor.name, tensor)
+    done = 0
+    for graph in list(_graph_protos(proto.graph)):
+        for node in graph.node:
+            if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+                continue
+            for attr in node.attribute:
+                if attr.HasField("g") and _reinfer_branch(
+                    attr.g, types, constants, proto, infer, f"if{done}"
+                ):
+                    done += 1
+    return done
+
+
+def _reinfer_branch(
+    branch: onnx.GraphProto,
+    types: dict[str, onnx.TypeProto],
+    constants: dict[str, onnx.TensorProto],
+    proto: onnx.ModelProto,
+    infer: Callable[[onnx.ModelProto], onnx.ModelProto],
+    tag: str,
+) -> bool:
+    defined: set[str] = set()
+    read: dict[str, None] = {}  # in order of first use: the inputs' order is deterministic
+    for graph in _graph_protos(branch):
+        defined.update(i.name for i in graph.input)
+        defined.update(t.name for t in graph.initializer)
+        for node in graph.node:
+            defined.update(node.output)
+            read.update(dict.fromkeys(node.input))
+    outer = [name for name in read if name and name not in defined]
+    if any(name not in types and name not in constants for name in outer):
+        return False
+    alone = onnx.GraphProto(name=branch.name or "branch")
+    alone.node.extend(branch.node)
+    alone.initializer.extend(branch.initializer)
+    alone.output.extend(branch.output)
+    for name in outer:
+        tensor = constants.get(name)
+        if tensor is not None and tensor.ByteSize() <= _BRANCH_CONSTANT_BYTES:
+            alone.initializer.append(tensor)
+        else:
+            alone.input.append(onnx.ValueInfoProto(name=name, type=types[name]))
+    model = onnx.ModelProto(
+        ir_version=proto.ir_version, opset_import=proto.opset_import, graph=alone
+    )
+    model.functions.extend(proto.functions)
+    try:
+        inferred = infer(model)
+    except Exception:  # best effort: the branch keeps what the whole-model run found
+        return False
+    # A run of its own makes up dim names (unk__0 ...) that another run also makes up for other
+    # dims: each branch's new ones get its tag, so that no two stand for different dims.
+    inherited = {dim.dim_param for info in alone.input for dim in info.type.tensor_type.shape.dim}
+    for info in (*inferred.graph.value_info, *inferred.graph.output):
+        for dim in info.type.tensor_type.shape.dim:
+            name = dim.dim_param
+            if name.startswith(GENERATED_DIM_PREFIX) and name not in inherited:
+                dim.dim_param = f"{GENERATED_DIM_PREFIX}{tag}_{name[len(GENERATED_DIM_PREFIX) :]}"
+    outer_names = set(outer)
+    del branch.value_info[:]
+    branch.value_info.extend(i for i in inferred.graph.value_info if i.name not in outer_names)
+    for output, found in zip(branch.output, inferred.graph.output, strict=False):
+        if found.name == output.name:
+            output.type.CopyFrom(found.type)
+    for info in (*branch.value_info, *branch.output):
+        types[info.name] = info.type
+    return True
 
 
 def _is_placeholder(dim: object) -> bool:
@@ -266,11 +358,14 @@ class InferShapesPass(Pass):
                     longest,
                 )
             inferred = infer(proto)
+            _reinfer_if_branches(inferred, infer)
             bare = onnx.ModelProto()
             bare.CopyFrom(proto)
             _forget_placeholders(bare.graph)
             try:
                 afresh: onnx.ModelProto | None = infer(bare)
+                if afresh is not None:
+                    _reinfer_if_branches(afresh, infer)
             except Exception:  # the first run succeeded; this one only adds names
                 afresh = None
             return inferred, afresh
