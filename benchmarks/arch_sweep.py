@@ -417,6 +417,17 @@ def gemma2() -> Factory:
 
 
 @seeded
+def gemma2_window4() -> Factory:
+    """Gemma2 with a sliding window of 4, shorter than the sequences validated (padded_masks.py
+    runs 9 and 16): the window masks keys there. Not a sweep family;
+    ``onnxopt export benchmarks.arch_sweep:gemma2_window4 -o g.onnx``."""
+    from transformers import Gemma2Config, Gemma2Model
+
+    cfg = Gemma2Config(**_llama_like(head_dim=16, sliding_window=4, query_pre_attn_scalar=16))
+    return _decoder(Gemma2Model, cfg)
+
+
+@seeded
 def gemma3() -> Factory:
     from transformers import Gemma3TextConfig, Gemma3TextModel
 

@@ -486,7 +486,7 @@ def _capped_input(value: ir.Value | None) -> ir.Value | None:
     inner = found[0].inputs[0]
     divide = inner.producer()
     if (is_op(divide, "Div") or is_op(divide, "Mul")) and divide is not None:
-        return divide.inputs[0] if scalar_factor(divide.inputs[1]) is not None else inner
+        return divide.inputs[0]  # constant or not: _soft_cap says what is wrong with it
     return inner
 
 
@@ -507,14 +507,18 @@ def _soft_cap(value: ir.Value) -> _SoftCap | Mismatch | None:
     divisor: float | None = None
     if is_op(divide, "Div") and divide is not None:
         divisor = scalar_factor(divide.inputs[1])
+        if divisor is None:
+            return Mismatch(
+                f"tanh(s / d) * {factor:g} with a divisor d that is not a scalar constant is "
+                "not a soft cap"
+            )
     elif is_op(divide, "Mul") and divide is not None:
         inverse = scalar_factor(divide.inputs[1])
-        if inverse is not None:
-            divisor = 1.0 / inverse
-            # Mul(s, 1/c): float32 holds 1/c rounded (relative error 2**-24); the kernels
-            # divide by c, which differs from s * fl(1/c) by that rounding only.
-            if np.isclose(divisor, factor, rtol=2**-22, atol=0.0):
-                divisor = factor
+        # Mul(s, 1/c): float32 holds 1/c rounded (relative error 2**-24); the kernels divide
+        # by c, which differs from s * fl(1/c) by that rounding only. Any other factor is a
+        # scale of the scores, not the cap's division.
+        if inverse is not None and np.isclose(1.0 / inverse, factor, rtol=2**-22, atol=0.0):
+            divisor = factor
     if divide is None or divisor is None or divide.inputs[0] is None:
         return Mismatch(
             f"tanh(s) * {factor:g} without the division of s by {factor:g} is not a soft cap"
