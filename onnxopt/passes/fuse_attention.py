@@ -39,6 +39,16 @@ between constants, through views and float casts): a finite mask passes through
 ``Max(mask, -1e30)`` (exp() of either is 0, so partly masked rows do not change); a -inf mask only
 behind SDPA's NaN guard, which zeroes those rows in the export too.
 
+Gemma2 soft-caps the scaled scores before the mask: ``P = Softmax(tanh(Q@K^T * scale / c) * c + mask)``
+(``Mul(Tanh(Div(s, c)), c)`` from both exporters; ``Mul(s, 1/c)`` inside is read as the division
+too). For ``--target onnx`` that is Attention-23's ``softcap = c``: ORT 1.32 applies it to the
+scaled scores before adding the mask (scripts/softcap_kernel_check.py; the spec's errata,
+onnx/onnx#7867, fixed the order to this one). MultiHeadAttention and the packed Attention have no
+softcap, so for ``--target ort`` this pass leaves such a block alone and
+fuse-group-query-attention fuses it into GroupQueryAttention(softcap) (:func:`match_attention_block`).
+A cap after the mask, a Tanh without the division, or a cap that is not one positive constant is
+not fused, and ``--explain`` says which.
+
 float32 and float16 blocks are fused (ORT 1.32 runs MultiHeadAttention and Attention-23 in both on
 CPU; CUDA, where half-precision models run, has float16 kernels). A float16 mask cannot hold the
 -1e30 floor, and Attention-23 zeroes rows masked with float16's lowest, so ``--target onnx``

@@ -31,6 +31,16 @@ Two forms, tried in this order:
 - ``mha->gqa`` (``causal=0``): any other mask, used exactly as MultiHeadAttention uses it
   (bit-identical outputs in benchmarks/gqa_micro.py, padded and fully masked rows included).
 
+Soft-capped attention (Gemma2: ``tanh(s / c) * c`` on the scaled scores, before the mask) has no
+MultiHeadAttention form, so fuse-attention leaves it unfused for ``--target ort``; the
+``softcap-attention->gqa-causal`` / ``softcap-attention->gqa`` rules here match the same block at
+its Softmax (fuse-attention's matcher) and emit ``GroupQueryAttention(softcap=c)`` directly, with
+the same K/V, one-sequence and causal proofs as above. ORT 1.32's kernel caps the scaled scores
+before adding attention_bias, as Gemma2 does (scripts/softcap_kernel_check.py). Sliding-window
+layers keep their window in the mask, which stays attention_bias, so every window is exact;
+``local_window_size`` is not used (measured: local_window_size=w keeps keys i-w+1..i, the keys
+Gemma2's ``kv > q - w`` keeps, but it would only skip work the mask already zeroes).
+
 ORT 1.32 CPU, one LLaMA layer (9 query / 3 KV heads of 64, B=1, 2 threads, process CPU time,
 benchmarks/gqa_micro.py), speed-up over Expands + MultiHeadAttention: causal=0 1.19x (S=128),
 1.08x (S=512); causal=1 with the fix-up 1.61x (S=128), 1.29x (S=512).
