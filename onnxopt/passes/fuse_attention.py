@@ -547,6 +547,23 @@ def _soft_cap(value: ir.Value) -> _SoftCap | Mismatch | None:
     return _SoftCap(scores, factor, (divide, tanh, mul))
 
 
+def has_soft_cap(softmax: ir.Node) -> bool:
+    """Cheap pre-check: a Tanh cap (``Tanh(x) * y``) among the Softmax input's additive terms."""
+    stack: list[tuple[ir.Value | None, int]] = [(softmax.inputs[0], 0)]
+    while stack:
+        value, depth = stack.pop()
+        if value is None or depth > MAX_BIAS_TERMS + 1:
+            continue
+        if _tanh_of(value) is not None:
+            return True
+        node = value.producer()
+        if node is not None and (
+            is_op(node, "Add") or is_op(node, "Where") or _unflattening(value)
+        ):
+            stack.extend((operand, depth + 1) for operand in node.inputs)
+    return False
+
+
 def _is_scores_product(value: ir.Value) -> bool:
     """(Scaled) Q@K^T, or a soft cap of it."""
     capped = _capped_input(value)

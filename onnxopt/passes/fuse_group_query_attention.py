@@ -80,6 +80,7 @@ from onnxopt.passes.fuse_attention import (
     attention_bias,
     attention_query,
     finish_attention,
+    has_soft_cap,
     match_attention_block,
 )
 from onnxopt.rewrite import (
@@ -812,6 +813,8 @@ def _kv_three_d(tape: ir.tape.Tape, grouped: _Grouped) -> ir.Value:
 def _match_softcap(softmax: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
     if context.options.target != "ort":
         return Mismatch("GroupQueryAttention is an ONNX Runtime op (--target ort only)", False)
+    if not has_soft_cap(softmax):
+        return Mismatch("the scores are not soft-capped (fuse-attention's case)", False)
     found = match_attention_block(softmax, context)
     if isinstance(found, Mismatch):  # fuse-attention's rule says why
         return Mismatch(found.reason, candidate=False)
