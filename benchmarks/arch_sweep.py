@@ -428,6 +428,31 @@ def gemma2_window4() -> Factory:
 
 
 @seeded
+def gemma2_medium() -> Factory:
+    """Gemma2's attention at a size worth timing (4 layers, hidden 640, 8 query / 4 K/V heads of
+    80, sliding window 64, soft cap 50); not a sweep family.
+    ``onnxopt export benchmarks.arch_sweep:gemma2_medium -o g.onnx``."""
+    from transformers import Gemma2Config, Gemma2Model
+
+    cfg = Gemma2Config(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=640,
+            intermediate_size=2560,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=80,
+            sliding_window=64,
+            query_pre_attn_scalar=80,
+            max_position_embeddings=2048,
+            use_cache=False,
+        )
+    )
+    return _decoder(Gemma2Model, cfg)
+
+
+@seeded
 def gemma3() -> Factory:
     from transformers import Gemma3TextConfig, Gemma3TextModel
 

@@ -37,7 +37,6 @@ CASES = [
     ("qwen3", "dynamo", "eager", "gqa 2"),  # Q and K normalized per head before the rotary
     ("olmo2", "torchscript", "eager", "gqa 2"),  # Q and K normalized over all heads
     ("gemma3", "dynamo", "sdpa", "gqa 2"),
-    ("gemma2", "torchscript", "eager", "gqa 2"),  # soft-capped scores: GroupQueryAttention(softcap)
     ("phi3", "torchscript", "eager", "rotary 4"),  # shape reads shared only after the fusions
     # Interleaved rotary on 8 of 16 dims between the head split and the Transpose: GatherND +
     # Expand tables (dynamo), Gather + Tile (TorchScript).

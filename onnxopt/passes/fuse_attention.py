@@ -44,10 +44,12 @@ Gemma2 soft-caps the scaled scores before the mask: ``P = Softmax(tanh(Q@K^T * s
 too). For ``--target onnx`` that is Attention-23's ``softcap = c``: ORT 1.32 applies it to the
 scaled scores before adding the mask (scripts/softcap_kernel_check.py; the spec's errata,
 onnx/onnx#7867, fixed the order to this one). MultiHeadAttention and the packed Attention have no
-softcap, so for ``--target ort`` this pass leaves such a block alone and
-fuse-group-query-attention fuses it into GroupQueryAttention(softcap) (:func:`match_attention_block`).
-A cap after the mask, a Tanh without the division, or a cap that is not one positive constant is
-not fused, and ``--explain`` says which.
+softcap; for ``--target ort`` GroupQueryAttention does (fuse_group_query_attention.py). Both fused
+forms are exact but measured slower than the unfused graph on ORT 1.32 CPU (its softcap loop;
+README, "Soft-capped attention"), so this pass leaves soft-capped blocks alone and the opt-in
+fuse-softcap-attention (``--enable``) fuses them, with this module's matcher
+(:func:`match_attention_block`). A cap after the mask, a Tanh without the division, or a cap that
+is not one positive constant is not fused, and ``--explain`` says which.
 
 float32 and float16 blocks are fused (ORT 1.32 runs MultiHeadAttention and Attention-23 in both on
 CPU; CUDA, where half-precision models run, has float16 kernels). A float16 mask cannot hold the
@@ -861,16 +863,26 @@ def _computed_from(value: ir.Value, nodes: set[int], budget: int = 2000) -> bool
 
 def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Mismatch:
     found = match_attention_block(softmax, context)
-    if isinstance(found, Match) and context.options.target == "ort":
+    if isinstance(found, Match):
         cap = found.bindings["block"].softcap
         if cap:
-            # Not a near miss of this rule: fuse-group-query-attention's rule for soft-capped
-            # blocks says why, where it cannot fuse them either.
+            op = "GroupQueryAttention" if context.options.target == "ort" else "Attention-23"
             return Mismatch(
-                f"soft-capped scores (tanh(s / {cap:g}) * {cap:g}): MultiHeadAttention has no "
-                "softcap (fuse-group-query-attention fuses them into GroupQueryAttention)",
-                candidate=False,
+                f"soft-capped scores (tanh(s / {cap:g}) * {cap:g}) are fused only by the opt-in "
+                f"fuse-softcap-attention ({op} softcap; MultiHeadAttention has none): ONNX "
+                "Runtime 1.32's CPU softcap measured slower than the unfused graph"
             )
+    return found
+
+
+def _match_softcap_onnx(softmax: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if context.options.target != "onnx":
+        return Mismatch("--target ort: GroupQueryAttention's softcap rules apply", False)
+    found = match_attention_block(softmax, context)
+    if isinstance(found, Mismatch):  # fuse-attention's rule says why
+        return Mismatch(found.reason, candidate=False)
+    if not found.bindings["block"].softcap:
+        return Mismatch("the scores are not soft-capped (fuse-attention's case)", False)
     return found
 
 
@@ -1526,6 +1538,10 @@ def _rewrite_onnx(block: AttentionBlock, opset: int, heads: int) -> Replacement 
 
 
 ATTENTION_RULE = Rule("attention->mha", "Softmax", _match_attention, _rewrite_attention)
+# For the opt-in fuse-softcap-attention, --target onnx: Attention-23 with softcap.
+SOFTCAP_ONNX_RULE = Rule(
+    "softcap-attention->onnx-attention", "Softmax", _match_softcap_onnx, _rewrite_attention
+)
 
 
 class FuseAttentionPass(Pass):

@@ -32,10 +32,11 @@ Two forms, tried in this order:
   (bit-identical outputs in benchmarks/gqa_micro.py, padded and fully masked rows included).
 
 Soft-capped attention (Gemma2: ``tanh(s / c) * c`` on the scaled scores, before the mask) has no
-MultiHeadAttention form, so fuse-attention leaves it unfused for ``--target ort``; the
-``softcap-attention->gqa-causal`` / ``softcap-attention->gqa`` rules here match the same block at
-its Softmax (fuse-attention's matcher) and emit ``GroupQueryAttention(softcap=c)`` directly, with
-the same K/V, one-sequence and causal proofs as above. ORT 1.32's kernel caps the scaled scores
+MultiHeadAttention form, so fuse-attention leaves it unfused; ``SOFTCAP_GQA_RULES``
+(``softcap-attention->gqa-causal`` / ``softcap-attention->gqa``, run by the opt-in
+fuse-softcap-attention) match the same block at its Softmax (fuse-attention's matcher) and emit
+``GroupQueryAttention(softcap=c)`` directly, with the same K/V, one-sequence and causal proofs as
+above. ORT 1.32's kernel caps the scaled scores
 before adding attention_bias, as Gemma2 does (scripts/softcap_kernel_check.py). Sliding-window
 layers keep their window in the mask, which stays attention_bias, so every window is exact;
 ``local_window_size`` is not used (measured: local_window_size=w keeps keys i-w+1..i, the keys
@@ -767,8 +768,8 @@ def _match_any_mask(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
 
 
 # --- soft-capped attention (Gemma2) ---------------------------------------------------------------
-# fuse-attention leaves blocks whose scores are soft-capped, tanh(s / c) * c, unfused for --target
-# ort (MultiHeadAttention and the packed Attention have no softcap); GroupQueryAttention has one,
+# fuse-attention leaves blocks whose scores are soft-capped, tanh(s / c) * c, unfused
+# (MultiHeadAttention and the packed Attention have no softcap); GroupQueryAttention has one,
 # applied where Gemma2 applies it: to the scaled Q@K^T, before attention_bias is added
 # (scripts/softcap_kernel_check.py, ORT 1.32 CPU: 1e-6 of a float32 numpy reference with a
 # finite random bias, 0.45 off the mask-first order). So such a block becomes GroupQueryAttention
@@ -908,6 +909,9 @@ def _rewrite_softcap(match: Match, context: RewriteContext) -> Replacement:
 GQA_RULES = (
     Rule("mha->gqa-causal", "MultiHeadAttention", _match_causal, _rewrite, domain=MS_DOMAIN),
     Rule("mha->gqa", "MultiHeadAttention", _match_any_mask, _rewrite, domain=MS_DOMAIN),
+)
+# For the opt-in fuse-softcap-attention, --target ort; tried in the same order.
+SOFTCAP_GQA_RULES = (
     Rule(
         "softcap-attention->gqa-causal",
         "Softmax",
@@ -936,7 +940,6 @@ class FuseGroupQueryAttentionPass(Pass):
         stats, notes = apply_rules(model, list(GQA_RULES), self.options)
         notes = [*why_not_causal, *notes]
         if stats:
-            model.opset_imports.setdefault(MS_DOMAIN, 1)
             # The moved Shape reads are new nodes placed at the attention, after their consumer
             # (fuse-attention's mask Expand target): a stable sort puts them back in front of it.
             model.graph.sort()
