@@ -163,9 +163,10 @@ def test_fuse_attention_leaves_a_soft_capped_block_to_the_opt_in_pass(target: st
     assert not result.modified
     op = "GroupQueryAttention" if target == "ort" else "Attention-23"
     assert result.notes == [
-        "attention->mha: Softmax: soft-capped scores (tanh(s / 2) * 2) are fused only by the "
-        f"opt-in fuse-softcap-attention ({op} softcap; MultiHeadAttention has none): ONNX "
-        "Runtime 1.32's CPU softcap measured slower than the unfused graph"
+        "attention->mha: Softmax: soft-capped scores (tanh(s / 2) * 2): left to the opt-in "
+        f"fuse-softcap-attention (--enable), which fuses them into {op} with softcap "
+        "(MultiHeadAttention has none); ONNX Runtime 1.32's CPU softcap measured slower than "
+        "the unfused graph"
     ]
 
 
@@ -262,7 +263,7 @@ def test_gemma2_export_fuses_validates_and_matches_eager(  # type: ignore[no-unt
         default = api.optimize(path, check=False, explain=True)
         assert "GroupQueryAttention" not in [n.op_type for n in default.model.graph]
         notes = default.report.explain_notes(fusions=True)
-        assert sum("only by the opt-in fuse-softcap-attention" in n for n in notes) == 2, notes
+        assert sum("left to the opt-in fuse-softcap-attention" in n for n in notes) == 2, notes
     softcap = ["fuse-softcap-attention"]
     result = api.optimize(
         path,
