@@ -12,7 +12,8 @@ PyTorch outputs of the example (one row left-padded); optimized again, it must n
 point). One markdown row each:
 
     PYTHONPATH=. python benchmarks/kv_sweep.py [--families gpt2,llama,...] [--exporters dynamo]
-        [--attention eager|sdpa] [--position-ids] [--target onnx --opset 23] [--out DIR] [--explain]
+        [--attention eager|sdpa] [--position-ids] [--target onnx --opset 23] [--enable PASSES]
+        [--out DIR] [--explain]
 
 ``--position-ids`` adds a ``position_ids [B, S]`` input (as Optimum / onnxruntime-genai exports
 take it: ``cumsum(mask) - 1``, so a left-padded row's tokens count from its first real token).
@@ -246,6 +247,7 @@ def sweep_one(
     positions: bool = False,
     target: str = "ort",
     opset: int | None = None,
+    enable: tuple[str, ...] = (),
 ) -> Row:
     """arch_sweep's row (nodes, fused ops, validated, fixed point) for the cached step."""
     return arch_sweep.sweep_one(
@@ -258,6 +260,7 @@ def sweep_one(
         export_to=partial(_export_to, family, exporter, attention, positions),
         inputs_for=kv_inputs,
         stem=f"{family}_kv{'_pos' if positions else ''}",
+        enable=enable,
     )
 
 
@@ -277,7 +280,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--position-ids", action="store_true", help="a position_ids [B, S] input")
     parser.add_argument("--target", default="ort", choices=("ort", "onnx"))
     parser.add_argument("--opset", type=int, default=None, help="raise the opset first (23)")
+    parser.add_argument("--enable", default="", help="comma-separated opt-in passes")
     args = parser.parse_args(argv)
+    enable = tuple(name.strip() for name in args.enable.split(",") if name.strip())
     sys.modules.setdefault("benchmarks.kv_sweep", sys.modules[__name__])
     families = [f.strip() for f in args.families.split(",") if f.strip()] or list(BASES)
     unknown = [f for f in families if f not in BASES]
@@ -303,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.position_ids,
                 args.target,
                 args.opset,
+                enable,
             )
             rows.append(row)
             print(row.markdown(), flush=True)
