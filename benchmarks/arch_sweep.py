@@ -8,7 +8,8 @@ off, several sizes of the dynamic dims) and the eager PyTorch comparison. The op
 optimized again: a fixed point leaves the bytes unchanged. One markdown row per export:
 
     PYTHONPATH=. python benchmarks/arch_sweep.py [--families roberta,t5 ...] [--exporters dynamo]
-        [--attention eager|sdpa] [--target ort|onnx] [--opset 23] [--out DIR] [--explain]
+        [--attention eager|sdpa] [--target ort|onnx] [--opset 23] [--enable PASSES] [--out DIR]
+        [--explain]
 
 A family whose export fails is recorded as ``export failed: <first line>`` (the exporter's limit,
 not onnxopt's). A factory can be exported on its own, from the repo root: ``onnxopt export
@@ -417,6 +418,42 @@ def gemma2() -> Factory:
 
 
 @seeded
+def gemma2_window4() -> Factory:
+    """Gemma2 with a sliding window of 4, shorter than the sequences validated (padded_masks.py
+    runs 9 and 16): the window masks keys there. Not a sweep family;
+    ``onnxopt export benchmarks.arch_sweep:gemma2_window4 -o g.onnx``."""
+    from transformers import Gemma2Config, Gemma2Model
+
+    cfg = Gemma2Config(**_llama_like(head_dim=16, sliding_window=4, query_pre_attn_scalar=16))
+    return _decoder(Gemma2Model, cfg)
+
+
+@seeded
+def gemma2_medium() -> Factory:
+    """Gemma2's attention at a size worth timing (4 layers, hidden 640, 8 query / 4 K/V heads of
+    80, sliding window 64, soft cap 50); not a sweep family.
+    ``onnxopt export benchmarks.arch_sweep:gemma2_medium -o g.onnx``."""
+    from transformers import Gemma2Config, Gemma2Model
+
+    cfg = Gemma2Config(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=640,
+            intermediate_size=2560,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=80,
+            sliding_window=64,
+            query_pre_attn_scalar=80,
+            max_position_embeddings=2048,
+            use_cache=False,
+        )
+    )
+    return _decoder(Gemma2Model, cfg)
+
+
+@seeded
 def gemma3() -> Factory:
     from transformers import Gemma3TextConfig, Gemma3TextModel
 
@@ -808,6 +845,7 @@ def sweep_one(
     export_to: Callable[[Path], None] | None = None,
     inputs_for: Callable[[Any], list[dict[str, Any]]] | None = None,
     stem: str | None = None,
+    enable: tuple[str, ...] = (),
 ) -> Row:
     """Export, optimize with validation, re-optimize; ``export_to(path)`` replaces the family's
     factory export, ``inputs_for(original ir.Model)`` the validation inputs (kv_sweep's cached
@@ -836,6 +874,7 @@ def sweep_one(
             target=target,  # type: ignore[arg-type]
             opset=opset,
             inputs=inputs,
+            enable=enable,
         )
     except Exception as exc:
         row.status = f"optimize crashed: {_first_line(exc)}"
@@ -873,7 +912,7 @@ def sweep_one(
     first = out / f"{path.stem}.opt.onnx"
     first_bytes = io.save_model(result.model, first).read_bytes()
     try:
-        again = api.optimize(first, check=False, target=target, opset=opset)  # type: ignore[arg-type]
+        again = api.optimize(first, check=False, target=target, opset=opset, enable=enable)  # type: ignore[arg-type]
         again_bytes = io.save_model(again.model, out / f"{path.stem}.opt2.onnx").read_bytes()
         changed = [
             r.name
@@ -923,6 +962,9 @@ def main() -> None:
     parser.add_argument(
         "--target", default="ort", choices=("ort", "onnx"), help="optimize --target"
     )
+    parser.add_argument(
+        "--enable", default="", help="comma-separated opt-in passes (fuse-softcap-attention)"
+    )
     args = parser.parse_args()
     ATTENTION["implementation"] = args.attention
     # export() imports the factories by name: let it find this module (and the setting above),
@@ -934,7 +976,9 @@ def main() -> None:
         parser.error(f"unknown families: {', '.join(unknown)}")
     out = args.out or Path(tempfile.mkdtemp(prefix="arch_sweep_"))
     out.mkdir(parents=True, exist_ok=True)
+    enable = tuple(name.strip() for name in args.enable.split(",") if name.strip())
     opset = f"; opset {args.opset}" if args.opset else ""
+    opset += f"; --enable {','.join(enable)}" if enable else ""
     print(f"attention: {args.attention}; target: {args.target}{opset}; exports in {out}\n")
     print(
         "| family | exporter | status | nodes | fused (after) | validated | vs eager max abs "
@@ -944,7 +988,9 @@ def main() -> None:
     rows = []
     for family in families:
         for exporter in args.exporters.split(","):
-            row = sweep_one(family, exporter, out, args.explain, args.target, args.opset)
+            row = sweep_one(
+                family, exporter, out, args.explain, args.target, args.opset, enable=enable
+            )
             rows.append(row)
             print(row.markdown(), flush=True)
     print_notes(rows)

@@ -12,8 +12,8 @@ PyTorch outputs of the example (one row left-padded); optimized again, it must n
 point). One markdown row each:
 
     PYTHONPATH=. python benchmarks/kv_sweep.py [--families gpt2,llama,...] [--exporters dynamo]
-        [--attention eager|sdpa] [--position-ids] [--merged] [--target onnx --opset 23] [--out DIR]
-        [--explain]
+        [--attention eager|sdpa] [--position-ids] [--merged] [--target onnx --opset 23]
+        [--enable PASSES] [--out DIR] [--explain]
 
 ``--merged`` wraps each step as an Optimum merged decoder (``merge_decoders``: ``If(use_cache_branch)``
 over two copies of the step, which share names; the feeds set the flag to P > 0, and validation
@@ -301,6 +301,7 @@ def sweep_one(
     target: str = "ort",
     opset: int | None = None,
     merged: bool = False,
+    enable: tuple[str, ...] = (),
 ) -> Row:
     """arch_sweep's row (nodes, fused ops, validated, fixed point) for the cached step (with
     ``merged``, wrapped as an Optimum merged decoder)."""
@@ -314,6 +315,7 @@ def sweep_one(
         export_to=partial(_export_to, family, exporter, attention, positions, merged=merged),
         inputs_for=kv_inputs,
         stem=f"{family}_kv{'_pos' if positions else ''}{'_merged' if merged else ''}",
+        enable=enable,
     )
 
 
@@ -350,7 +352,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--merged", action="store_true", help="wrap each step as an Optimum merged decoder"
     )
+    parser.add_argument("--enable", default="", help="comma-separated opt-in passes")
     args = parser.parse_args(argv)
+    enable = tuple(name.strip() for name in args.enable.split(",") if name.strip())
     sys.modules.setdefault("benchmarks.kv_sweep", sys.modules[__name__])
     families = [f.strip() for f in args.families.split(",") if f.strip()] or list(BASES)
     unknown = [f for f in families if f not in BASES]
@@ -377,6 +381,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.target,
                 args.opset,
                 args.merged,
+                enable,
             )
             rows.append(row)
             print(row.markdown(), flush=True)

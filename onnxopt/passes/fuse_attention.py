@@ -39,6 +39,18 @@ between constants, through views and float casts): a finite mask passes through
 ``Max(mask, -1e30)`` (exp() of either is 0, so partly masked rows do not change); a -inf mask only
 behind SDPA's NaN guard, which zeroes those rows in the export too.
 
+Gemma2 soft-caps the scaled scores before the mask: ``P = Softmax(tanh(Q@K^T * scale / c) * c + mask)``
+(``Mul(Tanh(Div(s, c)), c)`` from both exporters; ``Mul(s, 1/c)`` inside is read as the division
+too). For ``--target onnx`` that is Attention-23's ``softcap = c``: ORT 1.32 applies it to the
+scaled scores before adding the mask (scripts/softcap_kernel_check.py; the spec's errata,
+onnx/onnx#7867, fixed the order to this one). MultiHeadAttention and the packed Attention have no
+softcap; for ``--target ort`` GroupQueryAttention does (fuse_group_query_attention.py). Both fused
+forms are exact but measured slower than the unfused graph on ORT 1.32 CPU (its softcap loop;
+README, "Soft-capped attention"), so this pass leaves soft-capped blocks alone and the opt-in
+fuse-softcap-attention (``--enable``) fuses them, with this module's matcher
+(:func:`match_attention_block`). A cap after the mask, a Tanh without the division, or a cap that
+is not one positive constant is not fused, and ``--explain`` says which.
+
 float32 and float16 blocks are fused (ORT 1.32 runs MultiHeadAttention and Attention-23 in both on
 CPU; CUDA, where half-precision models run, has float16 kernels). A float16 mask cannot hold the
 -1e30 floor, and Attention-23 zeroes rows masked with float16's lowest, so ``--target onnx``
@@ -70,6 +82,7 @@ from onnxopt.passes._attention_shapes import (
     reshape_to_heads,
     same_dim,
     same_symbol,
+    scalar_factor,
     seq_len,
     static_dim,
     target_entries,
@@ -425,7 +438,7 @@ def _repointed_reads(
 
 
 @dataclass(frozen=True)
-class _Block:
+class AttentionBlock:
     query: _Heads
     key: _Heads
     value: _Heads
@@ -445,10 +458,120 @@ class _Block:
     fills: tuple[_MaskedFill, ...] = ()
     # Terms added to the scores while they were [B*H, S, T] (BLOOM's ALiBi), rank <= 3.
     flat_terms: tuple[ir.Value, ...] = ()
+    # c > 0: the scaled scores are soft-capped, tanh(s / c) * c, before any term is added (Gemma2).
+    softcap: float = 0.0
 
 
 # T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
 MAX_BIAS_TERMS = 3
+
+
+@dataclass(frozen=True)
+class _SoftCap:
+    """``Mul(Tanh(Div(scores, c)), c)``: Gemma2's ``tanh(s / c) * c`` (also ``Mul(s, 1/c)`` inside)."""
+
+    scores: ir.Value  # the (scaled) Q@K^T being capped
+    cap: float
+    nodes: tuple[ir.Node, ...]  # the Div (or Mul), Tanh and Mul, in that order
+
+
+def _tanh_of(value: ir.Value | None) -> tuple[ir.Node, ir.Node | None, ir.Value | None] | None:
+    """``value`` = Tanh(x) * y or y * Tanh(x) (or Tanh(x) itself): (the Tanh, the Mul, y)."""
+    node = value.producer() if value is not None else None
+    if is_op(node, "Tanh") and node is not None:
+        return node, None, None
+    if not is_op(node, "Mul") or node is None or len(node.inputs) != 2:
+        return None
+    for i in (0, 1):
+        operand = node.inputs[i]
+        tanh = operand.producer() if operand is not None else None
+        if is_op(tanh, "Tanh") and tanh is not None:
+            return tanh, node, node.inputs[1 - i]
+    return None
+
+
+def _capped_input(value: ir.Value | None) -> ir.Value | None:
+    """What a Tanh on the way to the Softmax reads, through a Div or Mul (for walking up only)."""
+    found = _tanh_of(value)
+    if found is None or found[0].inputs[0] is None:
+        return None
+    inner = found[0].inputs[0]
+    divide = inner.producer()
+    if (is_op(divide, "Div") or is_op(divide, "Mul")) and divide is not None:
+        return divide.inputs[0]  # constant or not: _soft_cap says what is wrong with it
+    return inner
+
+
+def _soft_cap(value: ir.Value) -> _SoftCap | Mismatch | None:
+    """``value`` as a soft cap of the scores; None when it involves no Tanh at all."""
+    found = _tanh_of(value)
+    if found is None:
+        return None
+    tanh, mul, factor_value = found
+    factor = scalar_factor(factor_value)
+    if mul is None or factor is None:
+        return Mismatch(
+            "the scores go through a Tanh that is not multiplied by a scalar constant c "
+            "(a soft cap is tanh(s / c) * c)"
+        )
+    inner = tanh.inputs[0]
+    divide = inner.producer() if inner is not None else None
+    divisor: float | None = None
+    if is_op(divide, "Div") and divide is not None:
+        divisor = scalar_factor(divide.inputs[1])
+        if divisor is None:
+            return Mismatch(
+                f"tanh(s / d) * {factor:g} with a divisor d that is not a scalar constant is "
+                "not a soft cap"
+            )
+    elif is_op(divide, "Mul") and divide is not None:
+        inverse = scalar_factor(divide.inputs[1])
+        # Mul(s, 1/c): float32 holds 1/c rounded (relative error 2**-24); the kernels divide
+        # by c, which differs from s * fl(1/c) by that rounding only. Any other factor is a
+        # scale of the scores, not the cap's division.
+        if inverse is not None and np.isclose(1.0 / inverse, factor, rtol=2**-22, atol=0.0):
+            divisor = factor
+    if divide is None or divisor is None or divide.inputs[0] is None:
+        return Mismatch(
+            f"tanh(s) * {factor:g} without the division of s by {factor:g} is not a soft cap"
+        )
+    if not (factor > 0 and np.float32(divisor) == np.float32(factor)):
+        return Mismatch(
+            f"tanh(s / {divisor:g}) * {factor:g} is not a soft cap tanh(s / c) * c with one "
+            "positive constant c"
+        )
+    scores = divide.inputs[0]
+    if _bias_step(scores) is not None:
+        return Mismatch(
+            f"the soft cap tanh(s / {factor:g}) * {factor:g} is applied after a term was added "
+            "to the scores; the fused kernels cap the scaled Q@K^T before the mask"
+        )
+    return _SoftCap(scores, factor, (divide, tanh, mul))
+
+
+def has_soft_cap(softmax: ir.Node) -> bool:
+    """Cheap pre-check: a Tanh cap (``Tanh(x) * y``) among the Softmax input's additive terms."""
+    stack: list[tuple[ir.Value | None, int]] = [(softmax.inputs[0], 0)]
+    while stack:
+        value, depth = stack.pop()
+        if value is None or depth > MAX_BIAS_TERMS + 1:
+            continue
+        if _tanh_of(value) is not None:
+            return True
+        node = value.producer()
+        if node is not None and (
+            is_op(node, "Add") or is_op(node, "Where") or _unflattening(value)
+        ):
+            stack.extend((operand, depth + 1) for operand in node.inputs)
+    return False
+
+
+def _is_scores_product(value: ir.Value) -> bool:
+    """(Scaled) Q@K^T, or a soft cap of it."""
+    capped = _capped_input(value)
+    if capped is not None:
+        value = capped
+    return is_op(peel_scale(value)[0].producer(), "MatMul")
 
 
 def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
@@ -463,6 +586,9 @@ def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
     if _unflattening(value) is not None:
         assert node is not None
         return _leads_to_scores(node.inputs[0], depth + 1)
+    capped = _capped_input(value)
+    if capped is not None and capped is not value:
+        return _leads_to_scores(capped, depth + 1)
     return is_op(peel_scale(value)[0].producer(), "MatMul")
 
 
@@ -586,10 +712,7 @@ def _flat_bias(tape: ir.tape.Tape, term: ir.Value, heads: int, opset: int) -> ir
 def _scores_side(add: ir.Node) -> int | None:
     """Which operand of an Add on the way up from the Softmax leads to Q@K^T: a (scaled) MatMul,
     else another Add or a masked_fill Where (further bias terms) over it."""
-    for leads in (
-        lambda v: is_op(peel_scale(v)[0].producer(), "MatMul"),
-        _leads_to_scores,
-    ):
+    for leads in (_is_scores_product, _leads_to_scores):
         for i in (0, 1):
             candidate = add.inputs[i]
             if candidate is not None and leads(candidate):
@@ -688,7 +811,9 @@ def _broadcast_shape(values: Sequence[ir.Value]) -> ir.Shape | None:
     return ir.Shape(dims)
 
 
-def _summed_bias(tape: ir.tape.Tape, block: _Block, heads: int, opset: int) -> ir.Value | None:
+def _summed_bias(
+    tape: ir.tape.Tape, block: AttentionBlock, heads: int, opset: int
+) -> ir.Value | None:
     """``block.bias`` plus its further terms and masked_fill biases, one Add each; the sum's shape
     is recorded (the mask's dims decide whether it must be spelled out)."""
     terms = [
@@ -737,6 +862,38 @@ def _computed_from(value: ir.Value, nodes: set[int], budget: int = 2000) -> bool
 
 
 def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    found = match_attention_block(softmax, context)
+    if isinstance(found, Match):
+        cap = found.bindings["block"].softcap
+        if cap:
+            op = "GroupQueryAttention" if context.options.target == "ort" else "Attention-23"
+            # A true reason either way: with --enable, fuse-softcap-attention's stats show the
+            # blocks it fused after this pass.
+            return Mismatch(
+                f"soft-capped scores (tanh(s / {cap:g}) * {cap:g}): left to the opt-in "
+                f"fuse-softcap-attention (--enable), which fuses them into {op} with softcap "
+                "(MultiHeadAttention has none); ONNX Runtime 1.32's CPU softcap measured slower "
+                "than the unfused graph"
+            )
+    return found
+
+
+def _match_softcap_onnx(softmax: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if context.options.target != "onnx":
+        return Mismatch("--target ort: GroupQueryAttention's softcap rules apply", False)
+    found = match_attention_block(softmax, context)
+    if isinstance(found, Mismatch):  # fuse-attention's rule says why
+        return Mismatch(found.reason, candidate=False)
+    if not found.bindings["block"].softcap:
+        return Mismatch("the scores are not soft-capped (fuse-attention's case)", False)
+    return found
+
+
+def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """The attention block rooted at ``softmax``: Match(nodes, {"block": AttentionBlock, "heads": H}).
+
+    Also for fuse-group-query-attention, which fuses soft-capped blocks (no MultiHeadAttention
+    form) into GroupQueryAttention itself."""
     axis = softmax.attributes.get_int("axis", -1)
     scores = softmax.inputs[0]
     if scores is None:
@@ -781,6 +938,14 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
             nodes.append(step.node)
             base = step.scores
         assert base is not None
+    capped = _soft_cap(base)
+    if isinstance(capped, Mismatch):
+        return capped
+    cap_nodes: list[ir.Node] = []
+    if capped is not None:
+        if unflatten is not None:
+            return Mismatch("a soft cap of the [B*H, S, T] scores is not fused")
+        base, cap_nodes = capped.scores, list(capped.nodes)
     scores_mm, post_scale, scale_nodes = peel_scale(base)
     matmul = producer_of(scores_mm, "MatMul")
     if matmul is None:
@@ -943,7 +1108,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         problem = _check_bias(term, heads)
         if problem is not None:
             return problem
-    chain = {id(node) for node in [matmul, *scale_nodes, *nodes]}
+    chain = {id(node) for node in [matmul, *scale_nodes, *cap_nodes, *nodes]}
     for fill in fills:
         if _computed_from(fill.condition, chain):
             return Mismatch(
@@ -953,7 +1118,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
     # An all-pass mask (ViT's dynamo export): adding 0 changes no score.
     terms = [term for term in terms if not _all_equal_to(term, 0.0)]
     bias = terms[0] if terms else None
-    block = _Block(
+    block = AttentionBlock(
         query=query_heads,
         key=key_heads,
         value=value_heads,
@@ -966,6 +1131,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         flat_terms=tuple(flat_terms),
         output_target=output_target,
         kv_repeat=kv_repeat,
+        softcap=capped.cap if capped is not None else 0.0,
     )
     target = context.options.target
     if target == "onnx" and context.opset() < ONNX_ATTENTION_OPSET:
@@ -988,13 +1154,23 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
         *reversed(query_nodes),
         matmul,
         *reversed(scale_nodes),
+        *cap_nodes,
         *nodes,
         softmax,
         *guard_nodes,
         *pv_nodes,
         *out_nodes,
     ]
-    heavy = [matmul, *scale_nodes, *nodes, softmax, *guard_nodes, *pv_nodes, *out_nodes[:-1]]
+    heavy = [
+        matmul,
+        *scale_nodes,
+        *cap_nodes,
+        *nodes,
+        softmax,
+        *guard_nodes,
+        *pv_nodes,
+        *out_nodes[:-1],
+    ]
     meanings = _dim_meanings(heavy, out_nodes)
 
     def meaning(node: ir.Node) -> str | None:
@@ -1019,7 +1195,7 @@ def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Misma
     # The re-pointed dim reads' users may come before the root: the new nodes go before the
     # first read. What the fused op reads (V, the mask) may come later still: the pass sorts.
     anchor = min(repointed, key=lambda n: position.get(id(n), -1)) if repointed else None
-    return Match(ordered, {"block": block, "heads": heads}, anchor=anchor)
+    return Match(ordered, {"block": block, "heads": heads, "softmax": softmax}, anchor=anchor)
 
 
 def _is_zero(value: ir.Value | None) -> bool:
@@ -1067,7 +1243,7 @@ def _check_bias(bias: ir.Value, heads: int) -> Mismatch | None:
 
 
 def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | Mismatch:
-    block: _Block = match.bindings["block"]
+    block: AttentionBlock = match.bindings["block"]
     heads: int = match.bindings["heads"]
     if context.options.target == "onnx":
         return _rewrite_onnx(block, context.opset(), heads)
@@ -1096,22 +1272,10 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         key, value, kv_axis = block.key.four_d, block.value.four_d, 2
         if key is None or value is None:
             return Mismatch("K and V are in different layouts")
-    if block.query.three_d is not None:
-        query, factor = _unscaled(block.query.three_d)
-        scale *= factor
-    else:
-        assert block.query.four_d is not None
-        # [B, S, H, d] back from [B, H, S, d]: the tensor the query was moved from, if it was
-        # (BLOOM's head split is a Gather out of a [B, S, H, 3, d] view, not a Reshape)
-        before = block.query.four_d.producer()
-        if transpose_perm(before) == [0, 2, 1, 3]:
-            assert before is not None and before.inputs[0] is not None
-            moved = before.inputs[0]
-        else:
-            moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
-        query = tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
+    query, factor = attention_query(tape, block)
+    scale *= factor
     assert key is not None and value is not None
-    bias = _full_bias(tape, _summed_bias(tape, block, heads, opset), query, 1, key, kv_axis, opset)
+    bias = attention_bias(tape, block, heads, opset, query, key, kv_axis)
     inputs: list[ir.Value | None] = [query, key, value]
     if bias is not None:
         inputs += [None, None, bias]
@@ -1121,13 +1285,57 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         {"num_heads": heads, "scale": float(scale)},
         domain=MS_DOMAIN,
     )
+    return finish_attention(tape, block, heads, opset, attention, query)
+
+
+def attention_query(tape: ir.tape.Tape, block: AttentionBlock) -> tuple[ir.Value, float]:
+    """The block's query as [B, S, H*d], and a scalar factor taken off it (for the op's scale)."""
+    if block.query.three_d is not None:
+        return _unscaled(block.query.three_d)
+    assert block.query.four_d is not None
+    # [B, S, H, d] back from [B, H, S, d]: the tensor the query was moved from, if it was
+    # (BLOOM's head split is a Gather out of a [B, S, H, 3, d] view, not a Reshape)
+    before = block.query.four_d.producer()
+    if transpose_perm(before) == [0, 2, 1, 3]:
+        assert before is not None and before.inputs[0] is not None
+        moved = before.inputs[0]
+    else:
+        moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
+    return tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])]), 1.0
+
+
+def attention_bias(
+    tape: ir.tape.Tape,
+    block: AttentionBlock,
+    heads: int,
+    opset: int,
+    query: ir.Value,
+    key: ir.Value,
+    kv_axis: int,
+) -> ir.Value | None:
+    """The block's additive terms as one rank-4 mask [., ., S, T] (S read off the [B, S, H*d]
+    query, T off ``key``'s dim ``kv_axis`` where shapes do not prove it)."""
+    return _full_bias(tape, _summed_bias(tape, block, heads, opset), query, 1, key, kv_axis, opset)
+
+
+def finish_attention(
+    tape: ir.tape.Tape,
+    block: AttentionBlock,
+    heads: int,
+    opset: int,
+    attention: ir.Value,
+    query: ir.Value,
+    more: Sequence[tuple[ir.Value, ir.Value]] = (),
+) -> Replacement:
+    """The replacement of ``block`` by the fused op's [B, S, H*dv] output ``attention``: SDPA's
+    NaN guard and the output's own Reshape re-applied, dim reads re-pointed to ``query``."""
     result = attention
     if block.nan_guard:
         result = _nan_guard(tape, attention, block.output)
     if block.output_target is not None:
         result = tape.op("Reshape", [result, block.output_target])
     reads = _repointed_reads(tape, block.dim_reads, query, {"batch": 0, "seq": 1}, heads, opset)
-    return Replacement(tape.nodes, [(block.output, result), *reads])
+    return Replacement(tape.nodes, [(block.output, result), *reads, *more])
 
 
 def _heads_first(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
@@ -1267,7 +1475,7 @@ def _mask_values(value: ir.Value | None, depth: int = 0) -> _MaskValues | None:
 _WIDE_FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
 
 
-def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismatch:
+def _rewrite_onnx(block: AttentionBlock, opset: int, heads: int) -> Replacement | Mismatch:
     # Fully masked rows: the export averages V (finite mask) or gives NaN, zeroed by SDPA's guard
     # (-inf); ORT's Attention-23 gives zeros for both -inf and float32's lowest. Fuse only where
     # the two agree: a finite mask raised to MASK_FLOOR, or a -inf mask behind the NaN guard.
@@ -1317,7 +1525,12 @@ def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismat
         bias = tape.op("Max", [bias, floor])
     if bias is not None:
         inputs.append(bias)
-    attention = tape.op("Attention", inputs, {"scale": float(block.scale)})
+    attributes: dict[str, float] = {"scale": float(block.scale)}
+    if block.softcap:
+        # ORT 1.32's Attention-23 caps the scaled scores before adding the mask, as Gemma2 does
+        # (scripts/softcap_kernel_check.py; the ONNX spec's errata, onnx/onnx#7867).
+        attributes["softcap"] = float(block.softcap)
+    attention = tape.op("Attention", inputs, attributes)
     result = attention
     if block.nan_guard:
         result = _nan_guard(tape, attention, block.output)
@@ -1328,6 +1541,10 @@ def _rewrite_onnx(block: _Block, opset: int, heads: int) -> Replacement | Mismat
 
 
 ATTENTION_RULE = Rule("attention->mha", "Softmax", _match_attention, _rewrite_attention)
+# For the opt-in fuse-softcap-attention, --target onnx: Attention-23 with softcap.
+SOFTCAP_ONNX_RULE = Rule(
+    "softcap-attention->onnx-attention", "Softmax", _match_softcap_onnx, _rewrite_attention
+)
 
 
 class FuseAttentionPass(Pass):

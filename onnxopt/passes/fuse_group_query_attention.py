@@ -31,6 +31,17 @@ Two forms, tried in this order:
 - ``mha->gqa`` (``causal=0``): any other mask, used exactly as MultiHeadAttention uses it
   (bit-identical outputs in benchmarks/gqa_micro.py, padded and fully masked rows included).
 
+Soft-capped attention (Gemma2: ``tanh(s / c) * c`` on the scaled scores, before the mask) has no
+MultiHeadAttention form, so fuse-attention leaves it unfused; ``SOFTCAP_GQA_RULES``
+(``softcap-attention->gqa-causal`` / ``softcap-attention->gqa``, run by the opt-in
+fuse-softcap-attention) match the same block at its Softmax (fuse-attention's matcher) and emit
+``GroupQueryAttention(softcap=c)`` directly, with the same K/V, one-sequence and causal proofs as
+above. ORT 1.32's kernel caps the scaled scores
+before adding attention_bias, as Gemma2 does (scripts/softcap_kernel_check.py). Sliding-window
+layers keep their window in the mask, which stays attention_bias, so every window is exact;
+``local_window_size`` is not used (measured: local_window_size=w keeps keys i-w+1..i, the keys
+Gemma2's ``kv > q - w`` keeps, but it would only skip work the mask already zeroes).
+
 ORT 1.32 CPU, one LLaMA layer (9 query / 3 KV heads of 64, B=1, 2 threads, process CPU time,
 benchmarks/gqa_micro.py), speed-up over Expands + MultiHeadAttention: causal=0 1.19x (S=128),
 1.08x (S=512); causal=1 with the fix-up 1.61x (S=128), 1.29x (S=512).
@@ -45,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -64,6 +76,14 @@ from onnxopt.passes._attention_shapes import (
     value_rank,
 )
 from onnxopt.passes.base import Pass, PassResult
+from onnxopt.passes.fuse_attention import (
+    AttentionBlock,
+    attention_bias,
+    attention_query,
+    finish_attention,
+    has_soft_cap,
+    match_attention_block,
+)
 from onnxopt.rewrite import (
     Match,
     Mismatch,
@@ -94,11 +114,14 @@ class _Grouped:
     shape_reads: tuple[ir.Node, ...] = ()
 
 
-def _shape_reads(repeated: ir.Value, attention: ir.Node) -> tuple[ir.Node, ...] | Mismatch:
+def _shape_reads(
+    repeated: ir.Value, attention: ir.Node, fused: frozenset[int] = frozenset()
+) -> tuple[ir.Node, ...] | Mismatch:
+    """The Shape reads of ``repeated`` besides ``attention`` (and the ``fused`` nodes, by id)."""
     reads = []
     for use in repeated.uses():
         node = use.node
-        if node is attention:
+        if node is attention or id(node) in fused:
             continue
         start = node.attributes.get_int("start", 0) if is_op(node, "Shape") else None
         end = node.attributes.get_int("end", 4) if is_op(node, "Shape") else None
@@ -566,9 +589,51 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     key: _Grouped = match.bindings["key"]
     value: _Grouped = match.bindings["value"]
     tape = ir.tape.Tape()
-    opset = context.opset()
     key3 = _as_three_d(tape, key.source)
     value3 = _as_three_d(tape, value.source)
+    bias = attention.inputs[_ATTENTION_BIAS] if len(attention.inputs) > _ATTENTION_BIAS else None
+    if "scale" in attention.attributes:
+        scale = attention.attributes.get_float("scale", 0.0)
+    else:  # MultiHeadAttention's default, written out: GroupQueryAttention's is the same today
+        scale = float(key.head_size**-0.5)
+    assert attention.inputs[0] is not None
+    result = _emit_gqa(
+        tape,
+        context,
+        attention,
+        (attention.inputs[0], key3, value3, bias),
+        match.bindings,
+        scale,
+    )
+    moved = [(attention.outputs[0], result), *_moved_shape_reads(tape, key, value)]
+    return Replacement(tape.nodes, moved)
+
+
+def _moved_shape_reads(
+    tape: ir.tape.Tape, key: _Grouped, value: _Grouped
+) -> list[tuple[ir.Value, ir.Value]]:
+    moved = []
+    for grouped in (key, value):
+        for read in grouped.shape_reads:  # B, T and d are the same in the source
+            attrs = {k: a.value for k, a in read.attributes.items()}
+            moved.append((read.outputs[0], tape.op("Shape", [grouped.source], attrs)))
+    return moved
+
+
+def _emit_gqa(
+    tape: ir.tape.Tape,
+    context: RewriteContext,
+    anchor: ir.Node,
+    operands: tuple[ir.Value, ir.Value, ir.Value, ir.Value | None],
+    bindings: dict[str, Any],
+    scale: float,
+    softcap: float = 0.0,
+) -> ir.Value:
+    """GroupQueryAttention(query [B, S, H*d], key3/value3 [B, T, Nkv*d], attention_bias=bias) and,
+    for causal=1, the fix-up of fully masked rows; its [B, S, H*d] result."""
+    query, key3, value3, bias = operands
+    key: _Grouped = bindings["key"]
+    opset = context.opset()
     total64 = seq_len(tape, key3, 1, opset)
     total1 = tape.op("Cast", [total64], {"to": int(ir.DataType.INT32)})
     one = tape.op("Constant", [], {"value": ir.tensor([1], dtype=ir.DataType.INT32)})
@@ -576,35 +641,28 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     batch = seq_len(tape, key3, 0, opset)
     seqlens_k = tape.op("Expand", [last, batch])
     total = tape.op("Reshape", [total1, int64_const(tape, [])])
-    bias = attention.inputs[_ATTENTION_BIAS] if len(attention.inputs) > _ATTENTION_BIAS else None
-    inputs: list[ir.Value | None] = [attention.inputs[0], key3, value3, None, None]
+    inputs: list[ir.Value | None] = [query, key3, value3, None, None]
     inputs += [seqlens_k, total]
     if bias is not None:
         inputs += [None, None, None, bias]
-    causal: _CausalMask | None = match.bindings["causal"]
-    heads: int = match.bindings["heads"]
+    causal: _CausalMask | None = bindings["causal"]
+    heads: int = bindings["heads"]
     attributes: dict[str, int | float] = {
         "num_heads": heads,
         "kv_num_heads": key.kv_heads,
         "causal": int(causal is not None),
+        "scale": scale,
     }
-    if "scale" in attention.attributes:
-        attributes["scale"] = attention.attributes.get_float("scale", 0.0)
-    else:  # MultiHeadAttention's default, written out: GroupQueryAttention's is the same today
-        attributes["scale"] = float(key.head_size**-0.5)
+    if softcap:
+        attributes["softcap"] = softcap
     result = tape.op("GroupQueryAttention", inputs, attributes, domain=MS_DOMAIN)
     if causal is not None:
         assert bias is not None
-        flags = _existing_row_flags(causal.source, attention, context)
+        flags = _existing_row_flags(causal.source, anchor, context)
         if flags is None:
             flags = _row_flags(tape, causal.source or bias, opset)
         result = _average_fully_masked_rows(tape, result, flags, value3, key, heads, opset)
-    moved = [(attention.outputs[0], result)]
-    for grouped in (key, value):
-        for read in grouped.shape_reads:  # B, T and d are the same in the source
-            attrs = {k: a.value for k, a in read.attributes.items()}
-            moved.append((read.outputs[0], tape.op("Shape", [grouped.source], attrs)))
-    return Replacement(tape.nodes, moved)
+    return result
 
 
 def _row_flags(tape: ir.tape.Tape, mask: ir.Value, opset: int) -> ir.Value:
@@ -709,11 +767,163 @@ def _match_any_mask(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     return _match(node, context, causal=False)
 
 
+# --- soft-capped attention (Gemma2) ---------------------------------------------------------------
+# fuse-attention leaves blocks whose scores are soft-capped, tanh(s / c) * c, unfused
+# (MultiHeadAttention and the packed Attention have no softcap); GroupQueryAttention has one,
+# applied where Gemma2 applies it: to the scaled Q@K^T, before attention_bias is added
+# (scripts/softcap_kernel_check.py, ORT 1.32 CPU: 1e-6 of a float32 numpy reference with a
+# finite random bias, 0.45 off the mask-first order). So such a block becomes GroupQueryAttention
+# directly, here, where the fused RotaryEmbedding lets _origin prove Q and K one sequence.
+
+
+def _is_repeat(value: ir.Value | None) -> bool:
+    reshape = value.producer() if value is not None else None
+    source = reshape.inputs[0] if is_op(reshape, "Reshape") and reshape is not None else None
+    return source is not None and is_op(source.producer(), "Expand")
+
+
+def _kv_of_block(side: Any, heads: int, fused: frozenset[int]) -> _Grouped | Mismatch:
+    """K or V of a matched block (fuse-attention's _Heads) as GroupQueryAttention's K/V heads:
+    the repeat_kv source, or the operand itself when it has all H heads."""
+    if _is_repeat(side.four_d):
+        grouped = _repeated_kv(side.four_d, heads)
+        if isinstance(grouped, Mismatch):
+            return grouped
+        reads = _shape_reads(side.four_d, grouped.nodes[-1], fused)
+        if isinstance(reads, Mismatch):
+            return reads
+        return dataclasses.replace(grouped, shape_reads=reads)
+    source = side.four_d if side.four_d is not None else side.three_d
+    if source is None or side.head_size is None:
+        return Mismatch("the K/V head size is unknown")
+    if side.head_size % 8:
+        return Mismatch(
+            f"head size {side.head_size}: ONNX Runtime's GroupQueryAttention needs a multiple of 8"
+        )
+    if side.heads is not None and side.heads != heads:
+        return Mismatch(f"K/V have {side.heads} heads, not repeated to the {heads} query heads")
+    return _Grouped(source, heads, side.head_size, ())
+
+
+def _kv_three_d(tape: ir.tape.Tape, grouped: _Grouped) -> ir.Value:
+    if value_rank(grouped.source) == 3:
+        return grouped.source
+    return _as_three_d(tape, grouped.source)
+
+
+def _match_softcap(softmax: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
+    if context.options.target != "ort":
+        return Mismatch("GroupQueryAttention is an ONNX Runtime op (--target ort only)", False)
+    if not has_soft_cap(softmax):
+        return Mismatch("the scores are not soft-capped (fuse-attention's case)", False)
+    found = match_attention_block(softmax, context)
+    if isinstance(found, Mismatch):  # fuse-attention's rule says why
+        return Mismatch(found.reason, candidate=False)
+    block: AttentionBlock = found.bindings["block"]
+    heads: int = found.bindings["heads"]
+    if not block.softcap:
+        return Mismatch("the scores are not soft-capped (fuse-attention's case)", False)
+    cap = f"{block.softcap:g}"
+    problem = _softcap_problem(block, heads, found, context, causal)
+    if isinstance(problem, Mismatch):
+        return Mismatch(
+            f"soft-capped scores (tanh(s / {cap}) * {cap}): only GroupQueryAttention has "
+            f"softcap, and {problem.reason}"
+        )
+    return problem
+
+
+def _softcap_problem(
+    block: AttentionBlock, heads: int, found: Match, context: RewriteContext, causal: bool
+) -> Match | Mismatch:
+    sides = (block.key.four_d, block.key.three_d)
+    dtype = _element_type(block.output, *(v for v in sides if v is not None))
+    if dtype is not None and dtype != ir.DataType.FLOAT:
+        return Mismatch(f"attention in {dtype.name}: only float32 is rewritten")
+    if block.kv_repeat > 1:
+        return Mismatch("K/V of one head broadcast against the query heads are not handled")
+    fused = frozenset(id(node) for node in found.nodes)
+    key = _kv_of_block(block.key, heads, fused)
+    if isinstance(key, Mismatch):
+        return key
+    value = _kv_of_block(block.value, heads, fused)
+    if isinstance(value, Mismatch):
+        return value
+    if (key.kv_heads, key.head_size) != (value.kv_heads, value.head_size):
+        return Mismatch("K and V have different head counts or sizes")
+    query = block.query.three_d or block.query.four_d
+    assert query is not None
+    origins = [
+        _origin(side, 0, 1 if value_rank(side) == 3 else 2)
+        for side in (query, key.source, value.source)
+    ]
+    if any(o[0] is not origins[0][0] or o[1:] != origins[0][1:] for o in origins[1:]):
+        return Mismatch(
+            "cannot prove the query, key and value come from one sequence (GroupQueryAttention "
+            "without a past cache needs the key as long as the query)"
+        )
+    proof: _CausalMask | Mismatch | None = None
+    if causal:
+        if block.more_bias or block.fills or block.flat_terms:
+            return Mismatch("the scores get several additive terms; causal=1 is not proved")
+        proof = _causal_mask(block.bias, (origins[0][0], origins[0][2]))
+        if isinstance(proof, Mismatch):
+            return proof
+    group_nodes = [*key.nodes, *key.shape_reads, *value.nodes, *value.shape_reads]
+    bindings = {
+        "block": block,
+        "heads": heads,
+        "key": key,
+        "value": value,
+        "causal": proof,
+        "softmax": found.bindings.get("softmax"),
+    }
+    return Match([*group_nodes, *found.nodes], bindings, anchor=found.anchor)
+
+
+def _rewrite_softcap(match: Match, context: RewriteContext) -> Replacement:
+    block: AttentionBlock = match.bindings["block"]
+    heads: int = match.bindings["heads"]
+    key: _Grouped = match.bindings["key"]
+    value: _Grouped = match.bindings["value"]
+    tape = ir.tape.Tape()
+    opset = context.opset()
+    key3, value3 = _kv_three_d(tape, key), _kv_three_d(tape, value)
+    query, factor = attention_query(tape, block)
+    bias = attention_bias(tape, block, heads, opset, query, key3, 1)
+    result = _emit_gqa(
+        tape,
+        context,
+        match.bindings["softmax"],
+        (query, key3, value3, bias),
+        match.bindings,
+        block.scale * factor,
+        block.softcap,
+    )
+    moved = _moved_shape_reads(tape, key, value)
+    return finish_attention(tape, block, heads, opset, result, query, moved)
+
+
 # Tried in order: causal=1 (with the fully-masked-row fix-up) where the mask is provably causal,
 # else causal=0 (the mask alone decides, exactly as in MultiHeadAttention).
 GQA_RULES = (
     Rule("mha->gqa-causal", "MultiHeadAttention", _match_causal, _rewrite, domain=MS_DOMAIN),
     Rule("mha->gqa", "MultiHeadAttention", _match_any_mask, _rewrite, domain=MS_DOMAIN),
+)
+# For the opt-in fuse-softcap-attention, --target ort; tried in the same order.
+SOFTCAP_GQA_RULES = (
+    Rule(
+        "softcap-attention->gqa-causal",
+        "Softmax",
+        lambda node, context: _match_softcap(node, context, causal=True),
+        _rewrite_softcap,
+    ),
+    Rule(
+        "softcap-attention->gqa",
+        "Softmax",
+        lambda node, context: _match_softcap(node, context, causal=False),
+        _rewrite_softcap,
+    ),
 )
 
 
