@@ -138,6 +138,9 @@ class DimSymbols:
     expressions: Mapping[str, ast.Expression]
     uses: Mapping[str, int]  # inputs each name appears in
     leading: frozenset[str]  # names seen as an input's first (batch) dim
+    # Names only ever seen as the first dim of an input of rank 2 or more: a batch. The fallback
+    # sizes leave it at 1 (a ViT whose image size must be 224 does not need 224 images).
+    batch: frozenset[str] = frozenset()
 
     @staticmethod
     def of(specs: Sequence[HasDims]) -> DimSymbols:
@@ -154,6 +157,8 @@ class DimSymbols:
                 names.append(text)  # an expression over unknown names: one opaque name
         uses: dict[str, int] = dict.fromkeys(names, 0)
         leading: set[str] = set()
+        batched: set[str] = set()
+        elsewhere: set[str] = set()
         for spec in specs:
             seen: set[str] = set()
             for axis, dim in enumerate(spec.dims):
@@ -163,9 +168,15 @@ class DimSymbols:
                 seen.update(found)
                 if axis == 0:
                     leading.update(found)
+                if axis == 0 and len(spec.dims) >= 2 and dim not in expressions:
+                    batched.update(found)
+                else:
+                    elsewhere.update(found)
             for name in seen:
                 uses[name] += 1
-        return DimSymbols(tuple(names), expressions, uses, frozenset(leading))
+        return DimSymbols(
+            tuple(names), expressions, uses, frozenset(leading), frozenset(batched - elsewhere)
+        )
 
     def size(self, dim: int | str | None, plan: SizePlan) -> int | None:
         if isinstance(dim, int):
@@ -187,7 +198,8 @@ class DimSymbols:
         return shapes
 
     def constant(self, size: int) -> SizePlan:
-        return SizePlan(dict.fromkeys(self.atoms, size), size)
+        """Every name at ``size``; a batch at 1 above size 2 (its activations grow with it)."""
+        return SizePlan({a: 1 if size > 2 and a in self.batch else size for a in self.atoms}, size)
 
     def distinct(self, given: Mapping[str, int] | None = None) -> SizePlan:
         """3, 5, 7, ... per name (mixed-up dims are caught), or the ``given`` size of a name."""

@@ -915,6 +915,19 @@ def _module_functions(base: Path, work: Path) -> Path:
     return target
 
 
+@form(
+    "Optimum merged decoder: If(use_cache_branch) over a cached LLaMA step (branches share names)"
+)
+def _merged_decoder(base: Path, work: Path) -> Path:
+    sys.path.insert(0, str(REPO))
+    from benchmarks.kv_sweep import BASES, export_kv, merge_decoders
+
+    step = work / "llama_step.onnx"
+    export_kv(BASES["llama"], "torchscript", step)
+    proto = onnx.load(str(step))
+    return _save(merge_decoders(proto, proto), work / "decoder_model_merged.onnx")
+
+
 @form("Scan cumulative sum + If with constant-foldable branches (onnx.helper)")
 def _scan(base: Path, work: Path) -> Path:
     body = oh.make_graph(

@@ -226,3 +226,23 @@ def test_rotary_position_ids_stay_below_the_cache_rows() -> None:
     )
     specs = {s.name: s for s in input_specs(io.model_from_proto(proto, "<rotary>"))}
     assert specs["ids"].int_high == 40
+
+
+def test_fallback_sizes_keep_the_batch_at_one() -> None:
+    """A model that runs only at S == 16 is validated at B = 1 (before: B = S = 16, and a ViT
+    whose image must be 224² ran on 224 images, gigabytes of activations)."""
+    weight = onnx.numpy_helper.from_array(np.ones((16, 4), np.float32), "w")
+    graph = oh.make_graph(
+        [oh.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["B", "S"])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["B", 4])],
+        [weight],
+    )
+    model = io.model_from_proto(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    symbols = DimSymbols.of(input_specs(model))
+    assert symbols.batch == frozenset({"B"})
+    assert symbols.constant(16).sizes == {"B": 1, "S": 16}
+    assert symbols.constant(2).sizes == {"B": 2, "S": 2}
+    report = validate(model, model)
+    assert report.passed and report.trials == ({"x": (1, 16)},)
