@@ -11,7 +11,9 @@ ORT at the timed sizes) and by onnxscript's optimizer + ORT fusions when it runs
     nice PYTHONPATH=. python benchmarks/kv_decode_speed.py [--models gpt2,llama]
         [--exporter torchscript] [--budget 30] [--out DIR] [--position-ids]
 
-(``--position-ids``: the step also takes ``position_ids [B, S]``, as Optimum's exports do.)
+(``--position-ids``: the step also takes ``position_ids [B, S]``, as Optimum's exports do;
+``--merged``: the step is wrapped as Optimum's ``decoder_model_merged.onnx``, ``If(use_cache_branch)``
+over two copies of it, see ``kv_sweep.merge_decoders``.)
 
 Prints one markdown row per model and size: median ms of the original and each optimized file,
 and each speed-up over the original with its 95% interval.
@@ -48,16 +50,31 @@ def _onnxopt(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def run(name: str, exporter: str, budget: float, out: Path, positions: bool = False) -> list[str]:
+def run(
+    name: str,
+    exporter: str,
+    budget: float,
+    out: Path,
+    positions: bool = False,
+    merged: bool = False,
+) -> list[str]:
+    import onnx
+
     from onnxopt import io
 
+    base = name
     if positions:
         name += "_pos"
-    original = out / f"{name}_kv.{exporter}.onnx"
-    if not original.exists():
-        kv_sweep.export_kv(
-            MODELS[name.removesuffix("_pos")], exporter, original, positions=positions
-        )
+    step = out / f"{name}_kv.{exporter}.onnx"
+    if not step.exists():
+        kv_sweep.export_kv(MODELS[base], exporter, step, positions=positions)
+    original = step
+    if merged:  # Optimum's decoder_model_merged form: If(use_cache_branch) over two copies
+        name += "_merged"
+        original = out / f"{name}_kv.{exporter}.onnx"
+        if not original.exists():
+            proto = onnx.load(str(step))
+            onnx.save(kv_sweep.merge_decoders(proto, proto), str(original))
     model = io.load_model(original).model
     feeds = {}
     for point, size in POINTS.items():
@@ -133,6 +150,9 @@ def main() -> None:
     parser.add_argument(
         "--position-ids", action="store_true", help="export with a position_ids [B, S] input"
     )
+    parser.add_argument(
+        "--merged", action="store_true", help="time the step as an Optimum merged decoder"
+    )
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="kv_decode_"))
     out.mkdir(parents=True, exist_ok=True)
@@ -143,7 +163,8 @@ def main() -> None:
     )
     print("|---|---|---:|---:|---:|---|---|")
     for name in args.models.split(","):
-        for row in run(name.strip(), args.exporter, args.budget, out, args.position_ids):
+        rows = run(name.strip(), args.exporter, args.budget, out, args.position_ids, args.merged)
+        for row in rows:
             print(row, flush=True)
 
 
