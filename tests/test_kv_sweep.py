@@ -90,13 +90,21 @@ def test_cache_step_standard_ops_at_opset_23(tmp_path: Path) -> None:
 
 @pytest.mark.torch
 @pytest.mark.slow
-@pytest.mark.parametrize(("family", "exporter"), [("llama", "torchscript"), ("gpt2", "dynamo")])
-def test_merged_decoder_fuses_in_both_branches(family: str, exporter: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("family", "exporter", "target"),
+    [("llama", "torchscript", "ort"), ("gpt2", "dynamo", "ort"), ("llama", "torchscript", "onnx")],
+)
+def test_merged_decoder_fuses_in_both_branches(
+    family: str, exporter: str, target: str, tmp_path: Path
+) -> None:
     """Optimum's decoder_model_merged form: If(use_cache_branch) over two copies of the step that
     share names and carry no value_info. Each branch fuses like the plain step (before: no
     attention or rotary fused, and not a fixed point), validated with the flag both ways."""
-    plain = _check(family, exporter, "eager", "mha 2", tmp_path)
-    merged = _check(family, exporter, "eager", "mha 4", tmp_path, merged=True)
+    attention = "mha" if target == "ort" else "attn"
+    plain = _check(family, exporter, "eager", f"{attention} 2", tmp_path, target=target)
+    merged = _check(
+        family, exporter, "eager", f"{attention} 4", tmp_path, target=target, merged=True
+    )
     assert merged.nodes_before == 2 * plain.nodes_before + 1
     # Per branch at most a few shape reads more than the plain step (dynamo names some dims
     # in value_info that the merged form drops).

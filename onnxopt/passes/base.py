@@ -127,9 +127,7 @@ class Pipeline:
                     warnings.append(message)
             else:
                 records.append(self._run_one(step, model, 0, progress))
-        # onnx-ir names new values and nodes per graph: a subgraph's may repeat another graph's
-        # (ORT refuses repeated names; the loader would rename nodes, so no fixed point).
-        unique_value_names(model)
+        # Node names likewise (ORT refuses repeats in a graph; the loader would rename them).
         unique_node_names(model)
         return PipelineResult(model, tuple(records), tuple(warnings))
 
@@ -142,6 +140,9 @@ class Pipeline:
             instrument.before_pass(pass_, model)
         start = time.perf_counter()
         result = pass_(model)
+        # onnx-ir names new values per graph: a subgraph's may repeat another graph's, and
+        # name-keyed facts (shape inference's) would drop both. Kept unique after every pass.
+        unique_value_names(model)
         seconds = time.perf_counter() - start
         record = PassRecord(
             name=pass_.name,
