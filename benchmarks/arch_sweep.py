@@ -516,8 +516,7 @@ def gptj_medium() -> Factory:
     return _decoder(GPTJModel, cfg)
 
 
-@seeded
-def codegen() -> Factory:
+def _codegen(heads: int, rotary_dim: int) -> Factory:
     from transformers import CodeGenConfig, CodeGenModel
 
     cfg = CodeGenConfig(
@@ -525,14 +524,29 @@ def codegen() -> Factory:
             vocab_size=1000,
             n_embd=64,
             n_layer=2,
-            n_head=4,
-            rotary_dim=8,  # GPT-J's interleaved rotary, heads split out of one packed Q/K/V
+            n_head=heads,
+            rotary_dim=rotary_dim,
             n_positions=256,
             n_ctx=256,
             use_cache=False,
         )
     )
     return _decoder(CodeGenModel, cfg)
+
+
+@seeded
+def codegen() -> Factory:
+    """GPT-J's interleaved rotary (8 of 16 dims), heads split out of one packed Q/K/V viewed as
+    [B, S, mp_num=4, 3*local]: one head per model-parallel group."""
+    return _codegen(heads=4, rotary_dim=8)
+
+
+@seeded
+def codegen_grouped() -> Factory:
+    """CodeGen with 2 heads per model-parallel group (8 heads, ``mp_num`` 4), as the real models
+    have 4 or more: each chunk of the packed Q/K/V is [B, S, 4, 2*d], viewed as [B, S, 8, d].
+    Not in the sweep's families. ``onnxopt export benchmarks.arch_sweep:codegen_grouped -o c.onnx``."""
+    return _codegen(heads=8, rotary_dim=4)
 
 
 @seeded

@@ -43,7 +43,13 @@ CASES = [
     ("gptj", "dynamo", "eager", "mha 2 rotary 4"),
     ("gptj", "torchscript", "eager", "mha 2 rotary 4"),
     ("cohere", "dynamo", "eager", "gqa 2"),  # interleaved rotary, folded into GQA's do_rotary
-    ("codegen", "torchscript", "eager", "rotary 4"),  # GPT-J's rotary on heads of a packed Q/K/V
+    (
+        "codegen",
+        "torchscript",
+        "eager",
+        "mha 2 rotary 4",
+    ),  # GPT-J's rotary on heads of a packed Q/K/V
+    ("codegen", "dynamo", "eager", "mha 2 rotary 4"),  # K split from rank 3, V a moved Q/K/V chunk
 ]
 
 

@@ -1138,14 +1138,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         return Mismatch(
             f"--target onnx: ONNX Attention needs opset {ONNX_ATTENTION_OPSET}, the model has {context.opset()}"
         )
-    if target == "ort":
-        if (
-            kv_repeat == 1
-            and (key_heads.three_d is None) != (value_heads.three_d is None)
-            and (key_heads.four_d is None or value_heads.four_d is None)
-        ):
-            return Mismatch("K and V are in different layouts")
-    elif key_heads.four_d is None and key_heads.three_d is None:
+    if target == "onnx" and key_heads.four_d is None and key_heads.three_d is None:
         return Mismatch("the key is not available as [B, H, T, d]")
     ordered = [
         *reversed(value_nodes),
@@ -1269,9 +1262,7 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         scale *= factor
         value, kv_axis = block.value.three_d, 1
     else:
-        key, value, kv_axis = block.key.four_d, block.value.four_d, 2
-        if key is None or value is None:
-            return Mismatch("K and V are in different layouts")
+        key, value, kv_axis = _kv_one_layout(tape, block.key, block.value)
     query, factor = attention_query(tape, block)
     scale *= factor
     assert key is not None and value is not None
@@ -1295,12 +1286,9 @@ def attention_query(tape: ir.tape.Tape, block: AttentionBlock) -> tuple[ir.Value
     assert block.query.four_d is not None
     # [B, S, H, d] back from [B, H, S, d]: the tensor the query was moved from, if it was
     # (BLOOM's head split is a Gather out of a [B, S, H, 3, d] view, not a Reshape)
-    before = block.query.four_d.producer()
-    if transpose_perm(before) == [0, 2, 1, 3]:
-        assert before is not None and before.inputs[0] is not None
-        moved = before.inputs[0]
-    else:
-        moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
+    moved = _moved_heads(block.query.four_d) or tape.op(
+        "Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]}
+    )
     return tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])]), 1.0
 
 
@@ -1338,6 +1326,46 @@ def finish_attention(
     return Replacement(tape.nodes, [(block.output, result), *reads, *more])
 
 
+def _moved_heads(four_d: ir.Value) -> ir.Value | None:
+    """x when ``four_d`` is ``Transpose(x, [0, 2, 1, 3])``: x is [B, S, H, d], and its view
+    ``Reshape(x, [0, 0, -1])`` holds head h at columns h*d..(h+1)*d, whatever x was viewed from."""
+    before = four_d.producer()
+    if transpose_perm(before) != [0, 2, 1, 3]:
+        return None
+    assert before is not None
+    return before.inputs[0]
+
+
+def _kv_one_layout(
+    tape: ir.tape.Tape, key: _Heads, value: _Heads
+) -> tuple[ir.Value, ir.Value, int]:
+    """K and V in one layout MultiHeadAttention takes: (k, v, T's axis), both [B, H, T, d] or both
+    [B, T, H*d] (the op wants them alike).
+
+    V is always known as the [B, H, T, d] tensor P@V reads; K may be known only as the [B, T, H*d]
+    tensor its heads were split from (TorchScript's ``Transpose(Reshape(k, [B, T, H, d]),
+    [0, 2, 3, 1])``: CodeGen's K after the interleaved rotary, while its V is a chunk of the
+    packed Q/K/V moved by a Transpose). When V was moved from a [B, T, H, d] x, V is passed as
+    ``Reshape(x, [0, 0, -1])``: x's own head order, head h at columns h*d..(h+1)*d. Else K is split
+    to [B, H, T, d] as the graph splits it. Either way head h of K meets head h of V, as in the
+    two MatMuls: the heads are dim 1 of the operands they read, never a column range guessed
+    from the projection.
+    """
+    if key.four_d is not None and value.four_d is not None:
+        return key.four_d, value.four_d, 2
+    assert key.three_d is not None and value.four_d is not None
+    moved = _moved_heads(value.four_d)
+    if moved is None:
+        return _heads_first(tape, key), value.four_d, 2
+    merged = tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
+    shape = moved.shape
+    if shape is not None and len(shape) == 4:
+        heads, size = shape[2], shape[3]
+        width = heads * size if isinstance(heads, int) and isinstance(size, int) else None
+        _annotate(merged, moved, [shape[0], shape[1], width])
+    return key.three_d, merged, 1
+
+
 def _heads_first(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
     """The operand as [B, N, T, d]: the tensor itself, or its [B, T, N*d] source split (its
     shape recorded: fuse-group-query-attention reads N and d off it)."""
@@ -1352,7 +1380,7 @@ def _heads_first(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
     return moved
 
 
-def _annotate(value: ir.Value, like: ir.Value, dims: Sequence[int | ir.SymbolicDim]) -> None:
+def _annotate(value: ir.Value, like: ir.Value, dims: Sequence[int | ir.SymbolicDim | None]) -> None:
     if like.dtype is not None:
         value.dtype = like.dtype
     value.shape = ir.Shape(list(dims))
