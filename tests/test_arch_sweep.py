@@ -33,6 +33,7 @@ CASES = [
     ("gpt-neo", "dynamo", "eager", "attn 2"),  # causal masked_fill Where(keep, scores, lowest)
     ("gpt-neo", "torchscript", "eager", "attn 2"),  # S read as Gather(Shape(q_proj), 1)
     ("bloom", "dynamo", "eager", "mha 2"),  # heads flattened into the batch (bmm), ALiBi
+    ("bloom", "torchscript", "eager", "mha 2"),  # B*H as Gather(Shape)*H, lengths -1, B = B*H / H
     ("deberta-v2", "dynamo", "eager", "mha 2"),  # bmm form, Where(~mask, lowest, scores)
     ("qwen3", "dynamo", "eager", "gqa 2"),  # Q and K normalized per head before the rotary
     ("olmo2", "torchscript", "eager", "gqa 2"),  # Q and K normalized over all heads

@@ -289,6 +289,8 @@ def _merged_heads(
     ):
         return None
     entries = target_entries(reshape.inputs[1])
+    if entries is None and _merge_fixed_by_count(reshape, transpose.outputs[0]):
+        return reshape.outputs[0], [*nodes, reshape], None
     if entries is None:
         # A target computed from elsewhere (wav2vec2: the sequence length from the audio length):
         # the shapes prove the merge, [B, S, H, d] -> [B, S, H*d].
@@ -317,6 +319,19 @@ def _merged_heads(
     return reshape.outputs[0], [*nodes, reshape], None
 
 
+def _merge_fixed_by_count(reshape: ir.Node, heads4: ir.Value) -> bool:
+    """``Reshape(heads4 [B, S, H, d], [x, S, H*d])`` with S and H*d proved and x unreadable
+    (TorchScript's BLOOM computes B as Shape(P@V)[0] / H): the element count fixes x = B."""
+    entries = _view_entries(reshape.outputs[0])
+    heads, size = static_dim(heads4, 2), static_dim(heads4, 3)
+    if entries is None or len(entries) != 3 or heads is None or size is None:
+        return False
+    seq, width = entries[1], entries[2]
+    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
+    seq_proved = (seq == 0 and not allowzero) or (seq is not None and same_dim(seq, heads4, 1))
+    return seq_proved and width == heads * size and heads * size > 0
+
+
 _SHAPE_OPS = (
     "Shape",
     "Gather",
@@ -328,6 +343,13 @@ _SHAPE_OPS = (
     "Reshape",
     "Identity",
 )
+
+
+def _dim_arithmetic(node: ir.Node) -> bool:
+    """Integer Mul/Div on dim reads (TorchScript's BLOOM reads B*H off P@V and divides by H)."""
+    return (is_op(node, "Mul") or is_op(node, "Div")) and all(
+        out.dtype == ir.DataType.INT64 for out in node.outputs
+    )
 
 
 def _dies_with(
@@ -357,7 +379,7 @@ def _dies_with(
         if key in memo:
             return memo[key]
         memo[key] = False
-        if depth > 8 or not any(is_op(node, op) for op in _SHAPE_OPS):
+        if depth > 8 or not (any(is_op(node, op) for op in _SHAPE_OPS) or _dim_arithmetic(node)):
             return False
         for out in node.outputs:
             if out.is_graph_output() or not all(dies(u.node, depth + 1) for u in out.uses()):
@@ -643,9 +665,13 @@ def _dim_is(view: ir.Value, axis: int, entry: Entry | None, source: ir.Value, in
     return entry is not None and same_dim(entry, source, index)
 
 
-def _view_proved(view: ir.Value, dims: Sequence[Sequence[tuple[ir.Value, int]]]) -> bool:
+def _view_proved(
+    view: ir.Value,
+    dims: Sequence[Sequence[tuple[ir.Value, int]]],
+    flat_of: ir.Value | None = None,
+) -> bool:
     """``view`` (a Reshape's output) has, at each axis, one of the dims listed for it, at all axes
-    but at most one."""
+    but at most one. With ``flat_of`` ([B, H, ...]), dim 0 may also be proved B*H of it."""
     if value_rank(view) != len(dims):
         return False
     entries = _view_entries(view)
@@ -654,9 +680,58 @@ def _view_proved(view: ir.Value, dims: Sequence[Sequence[tuple[ir.Value, int]]])
     unproven = 0
     for axis, choices in enumerate(dims):
         entry = entries[axis] if entries is not None else None
+        if axis == 0 and flat_of is not None and _batch_times_heads(view, entry, flat_of):
+            continue
         if not any(_dim_is(view, axis, entry, source, index) for source, index in choices):
             unproven += 1
     return unproven <= 1
+
+
+def _first_entry(view: ir.Value) -> Entry | None:
+    entries = _view_entries(view) if producer_of(view, "Reshape") is not None else None
+    return entries[0] if entries else None
+
+
+def _batch_times_heads(
+    view: ir.Value, entry: Entry | None, source: ir.Value, *, any_batch: bool = False
+) -> bool:
+    """Dim 0 of ``view`` (a Reshape's output) is B*H of the [B, H, ...] ``source``: the target's
+    entry is that static product, or (TorchScript's BLOOM) a one-element ``Mul(b, H)`` of a read b
+    of a dim carrying source's B and the constant H, whatever tensor b was read off.
+
+    ``any_batch``: b may be a read of any dim, for a term added to [B*H, S, T] scores: b*H with
+    H >= 2 is not 1, and a dim that is not 1 broadcasts only against an equal one, B*H."""
+    heads = static_dim(source, 1)
+    if heads is None or heads <= 0 or (any_batch and heads < 2):
+        return False
+    if isinstance(entry, int):
+        batch = static_dim(source, 0)
+        return batch is not None and entry > 0 and entry == batch * heads
+    reshape = producer_of(view, "Reshape")
+    concat = producer_of(reshape.inputs[1], "Concat") if reshape is not None else None
+    if concat is None or not concat.inputs or concat.inputs[0] is None:
+        return False
+    piece = concat.inputs[0]
+    if value_rank(piece) != 1 or static_dim(piece, 0) != 1:
+        return False
+    product = piece.producer()
+    if is_op(product, "Unsqueeze") or is_op(product, "Reshape"):
+        assert product is not None
+        inner = product.inputs[0]
+        product = inner.producer() if inner is not None and value_rank(inner) == 0 else None
+    if not is_op(product, "Mul") or product is None or len(product.inputs) != 2:
+        return False
+    for read, factor in (product.inputs, product.inputs[::-1]):
+        constant = const_array(factor)
+        if read is None or constant is None or constant.size != 1:
+            continue
+        if not np.issubdtype(constant.dtype, np.integer) or int(constant.reshape(-1)[0]) != heads:
+            continue
+        reader = read.producer()
+        dim = gathered_dim(reader, scalar=value_rank(read) == 0)
+        if dim is not None and (any_batch or same_dim(dim, source, 0)):
+            return True
+    return False
 
 
 def _flattened_from(value3: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
@@ -668,7 +743,7 @@ def _flattened_from(value3: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
     source = reshape.inputs[0]
     if source is None or value_rank(source) != 4:
         return None
-    if _view_proved(value3, [[], [(source, 2)], [(source, 3)]]):
+    if _view_proved(value3, [[], [(source, 2)], [(source, 3)]], flat_of=source):
         return source, reshape
     return None
 
@@ -970,7 +1045,12 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
             rank = value_rank(term)
             if rank is None or rank > 3:
                 return Mismatch("a term of the [B*H, S, T] scores is not of rank 3 or less")
-            if rank == 3 and static_dim(term, 0) != 1 and not same_symbol(term, 0, base, 0):
+            if (
+                rank == 3
+                and static_dim(term, 0) != 1
+                and not same_symbol(term, 0, base, 0)
+                and not _batch_times_heads(term, _first_entry(term), query_base, any_batch=True)
+            ):
                 return Mismatch("a term of the [B*H, S, T] scores may not be [B*H, ., .]")
     key = (_flat_key if unflatten is not None else _key_transposed)(matmul.inputs[1])
     if isinstance(key, Mismatch):
@@ -1007,7 +1087,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         flat_dims = [[], [(probs4, 2), (query_base, 2)], [(probs4, 3)]]
         if key_heads.four_d is not None:
             flat_dims[2].append((key_heads.four_d, 2))
-        if not _view_proved(probs, flat_dims):
+        if not _view_proved(probs, flat_dims, flat_of=query_base):
             return Mismatch("the probabilities' view is not provably [B*H, S, T]")
         pv_nodes.append(flatten)
     pv = _main_user(probs)
