@@ -1039,7 +1039,15 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         query_base, more, inner = peel_scale(query4)
         query_scale *= more
         query_nodes = [*inner, query_reshape, *query_nodes]
-        if not _view_proved(scores4, [[(query_base, 0)], [(query_base, 1)], [(query_base, 2)], []]):
+        flat_key = _flat_key(matmul.inputs[1])
+        # T is the key's length (DeBERTa-v2's TorchScript export reads it for the view)
+        key_length = (
+            [(flat_key[0].four_d, 2)]
+            if not isinstance(flat_key, Mismatch) and flat_key[0].four_d is not None
+            else []
+        )
+        scores_dims = [[(query_base, 0)], [(query_base, 1)], [(query_base, 2)], key_length]
+        if not _view_proved(scores4, scores_dims):
             return Mismatch("the [B*H, S, T] scores are not provably viewed as [B, H, S, T]")
         for term in flat_terms:
             rank = value_rank(term)
@@ -1052,7 +1060,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
                 and not _batch_times_heads(term, _first_entry(term), query_base, any_batch=True)
             ):
                 return Mismatch("a term of the [B*H, S, T] scores may not be [B*H, ., .]")
-    key = (_flat_key if unflatten is not None else _key_transposed)(matmul.inputs[1])
+    key = flat_key if unflatten is not None else _key_transposed(matmul.inputs[1])
     if isinstance(key, Mismatch):
         return key
     key_heads, key_scale, key_nodes = key
@@ -1060,7 +1068,8 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     # Walk down: [IsNaN/Where guard] -> MatMul(P, V) -> Transpose -> Reshape
     probs = softmax.outputs[0]
     nan_guard = False
-    uses = [u.node for u in probs.uses()]
+    # Shape reads of P (DeBERTa-v2's TorchScript views) are checked with the others (_dies_with)
+    uses = [u.node for u in probs.uses() if not is_op(u.node, "Shape")]
     guard_nodes: list[ir.Node] = []
     if len(uses) == 2 and not probs.is_graph_output():
         isnan = next((n for n in uses if is_op(n, "IsNaN")), None)
@@ -1107,7 +1116,12 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         if not is_op(unflatten_pv, "Reshape") or unflatten_pv is None:
             return Mismatch("P@V as [B*H, S, d] is not viewed back as [B, H, S, d]")
         pv_out = unflatten_pv.outputs[0]
-        pv_dims = [[(query_base, 0)], [(query_base, 1)], [(query_base, 2)], [(value4, 3)]]
+        pv_dims = [
+            [(query_base, 0)],
+            [(query_base, 1)],
+            [(query_base, 2), (probs4, 2)],
+            [(value4, 3)],
+        ]
         if not _view_proved(pv_out, pv_dims):
             return Mismatch("the view of P@V is not provably [B, H, S, d]")
         pv_nodes.append(unflatten_pv)
