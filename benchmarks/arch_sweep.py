@@ -516,23 +516,47 @@ def gptj_medium() -> Factory:
     return _decoder(GPTJModel, cfg)
 
 
-@seeded
-def codegen() -> Factory:
+def _codegen(
+    heads: int, rotary_dim: int, width: int = 64, layers: int = 2, positions: int = 256
+) -> Factory:
     from transformers import CodeGenConfig, CodeGenModel
 
     cfg = CodeGenConfig(
         **_attn(
             vocab_size=1000,
-            n_embd=64,
-            n_layer=2,
-            n_head=4,
-            rotary_dim=8,  # GPT-J's interleaved rotary, heads split out of one packed Q/K/V
-            n_positions=256,
-            n_ctx=256,
+            n_embd=width,
+            n_layer=layers,
+            n_head=heads,
+            rotary_dim=rotary_dim,
+            n_positions=positions,
+            n_ctx=positions,
             use_cache=False,
         )
     )
     return _decoder(CodeGenModel, cfg)
+
+
+@seeded
+def codegen() -> Factory:
+    """GPT-J's interleaved rotary (8 of 16 dims), heads split out of one packed Q/K/V viewed as
+    [B, S, mp_num=4, 3*local]: one head per model-parallel group."""
+    return _codegen(heads=4, rotary_dim=8)
+
+
+@seeded
+def codegen_grouped() -> Factory:
+    """CodeGen with 2 heads per model-parallel group (8 heads, ``mp_num`` 4), as the real models
+    have 4 or more: each chunk of the packed Q/K/V is [B, S, 4, 2*d], viewed as [B, S, 8, d].
+    Not in the sweep's families. ``onnxopt export benchmarks.arch_sweep:codegen_grouped -o c.onnx``."""
+    return _codegen(heads=8, rotary_dim=4)
+
+
+@seeded
+def codegen_medium() -> Factory:
+    """CodeGen-350M's head shape at a size worth timing (4 layers, hidden 1024, 16 heads of 64,
+    4 per model-parallel group, 32 of each head's dims rotate pairwise); not in the sweep's
+    families. ``onnxopt export benchmarks.arch_sweep:codegen_medium -o cm.onnx``."""
+    return _codegen(heads=16, rotary_dim=32, width=1024, layers=4, positions=2048)
 
 
 @seeded

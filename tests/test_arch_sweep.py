@@ -33,7 +33,9 @@ CASES = [
     ("gpt-neo", "dynamo", "eager", "attn 2"),  # causal masked_fill Where(keep, scores, lowest)
     ("gpt-neo", "torchscript", "eager", "attn 2"),  # S read as Gather(Shape(q_proj), 1)
     ("bloom", "dynamo", "eager", "mha 2"),  # heads flattened into the batch (bmm), ALiBi
+    ("bloom", "torchscript", "eager", "mha 2"),  # B*H as Gather(Shape)*H, lengths -1, B = B*H / H
     ("deberta-v2", "dynamo", "eager", "mha 2"),  # bmm form, Where(~mask, lowest, scores)
+    ("deberta-v2", "torchscript", "eager", "mha 2"),  # T read off K, S and T off Shape(P)
     ("qwen3", "dynamo", "eager", "gqa 2"),  # Q and K normalized per head before the rotary
     ("olmo2", "torchscript", "eager", "gqa 2"),  # Q and K normalized over all heads
     ("gemma3", "dynamo", "sdpa", "gqa 2"),
@@ -43,7 +45,13 @@ CASES = [
     ("gptj", "dynamo", "eager", "mha 2 rotary 4"),
     ("gptj", "torchscript", "eager", "mha 2 rotary 4"),
     ("cohere", "dynamo", "eager", "gqa 2"),  # interleaved rotary, folded into GQA's do_rotary
-    ("codegen", "torchscript", "eager", "rotary 4"),  # GPT-J's rotary on heads of a packed Q/K/V
+    (
+        "codegen",
+        "torchscript",
+        "eager",
+        "mha 2 rotary 4",
+    ),  # GPT-J's rotary on heads of a packed Q/K/V
+    ("codegen", "dynamo", "eager", "mha 2 rotary 4"),  # K split from rank 3, V a moved Q/K/V chunk
 ]
 
 

@@ -165,3 +165,149 @@ def test_target_onnx_refuses_a_term_of_the_flattened_scores() -> None:
     result = FuseAttentionPass(PassOptions(target="onnx", explain=True))(model)
     assert not result.modified
     assert any("several additive terms" in note for note in result.notes), result.notes
+
+
+# The view targets' pieces: Q/K/V flattened, the scores viewed back, P flattened, P@V viewed back.
+_VIEW_TARGETS = {
+    "bloom": {
+        "flat": "xbh1, minus1, four1",
+        "scores": "mb1, two1, s1, minus1",
+        "probs": "xbh1, s1, minus1",
+        "pv": "pvb1, two1, s1, four1",
+    },
+    "deberta": {
+        "flat": "minus1, s1, four1",
+        "scores": "minus1, two1, s1, t1",
+        "probs": "minus1, ps2, ps3",
+        "pv": "minus1, two1, ps2, four1",
+    },
+}
+
+
+def _torchscript_model(*, alibi_factor: int = H, views: str = "bloom") -> ir.Model:
+    """The block as TorchScript writes BLOOM: no view shapes recorded; B*H as
+    ``Unsqueeze(Gather(Shape(t), 0) * H)`` (off x for Q/K/V and P, off the ALiBi source ``slopes``
+    [N, 2, S] for its [B*H, 1, T] view: a batch only the Add's broadcast ties to B); the flattened
+    Q/K/V and P with -1 for a length; P@V's B as ``Shape(P@V)[0] / H`` for the views back.
+    ``alibi_factor`` multiplies N in the ALiBi view (H: N*H rows).
+
+    ``views="deberta"``: as DeBERTa-v2's TorchScript export, -1 for every B*H; the scores viewed
+    with T read off the key projection, P viewed with S and T read off ``Shape(P)``."""
+    targets = _VIEW_TARGETS[views]
+    text = f"""
+        <ir_version: 9, opset_import: ["" : 17]>
+        agraph (float[B, S, 8] x, float[N, 2, S] slopes, int64[B, S] mask) => (float[B, S, 8] y) <
+            {_weights()},
+            int64[4] heads = {{0, 0, 2, 4}},
+            int64 zero = {{0}},
+            int64 one = {{1}},
+            int64 two = {{2}},
+            int64 factor = {{{alibi_factor}}},
+            int64[1] axis0 = {{0}},
+            int64[1] one1 = {{1}},
+            int64[1] two1 = {{2}},
+            int64[1] three1 = {{3}},
+            int64[1] four1 = {{4}},
+            int64[1] eight1 = {{8}},
+            int64[1] minus1 = {{-1}},
+            int64[2] mask_axes = {{1, 2}},
+            float half = {{0.5}},
+            float fzero = {{0.0}},
+            float lowest = {{{LOWEST}}}
+        > {{
+            q = MatMul(x, wq)
+            k = MatMul(x, wk)
+            v = MatMul(x, wv)
+            qr = Reshape(q, heads)
+            q4 = Transpose<perm=[0,2,1,3]>(qr)
+            kr = Reshape(k, heads)
+            k4 = Transpose<perm=[0,2,1,3]>(kr)
+            vr = Reshape(v, heads)
+            v4 = Transpose<perm=[0,2,1,3]>(vr)
+            xs = Shape(x)
+            xb = Gather(xs, zero)
+            xbh = Mul(xb, two)
+            xbh1 = Unsqueeze(xbh, axis0)
+            ms = Shape(mask)
+            mb = Gather(ms, zero)
+            mb1 = Unsqueeze(mb, axis0)
+            msl = Gather(ms, one)
+            s1 = Unsqueeze(msl, axis0)
+            ss = Shape(slopes)
+            sn = Gather(ss, zero)
+            snh = Mul(sn, factor)
+            snh1 = Unsqueeze(snh, axis0)
+            ks = Shape(k)
+            kt = Gather(ks, one)
+            t1 = Unsqueeze(kt, axis0)
+            flat = Concat<axis=0>({targets["flat"]})
+            q3 = Reshape(q4, flat)
+            k3 = Reshape(k4, flat)
+            v3 = Reshape(v4, flat)
+            kt3 = Transpose<perm=[0,2,1]>(k3)
+            raw = MatMul(q3, kt3)
+            scaled = Mul(raw, half)
+            alibi_target = Concat<axis=0>(snh1, one1, s1)
+            alibi = Reshape(slopes, alibi_target)
+            biased = Add(scaled, alibi)
+            view = Concat<axis=0>({targets["scores"]})
+            scores4 = Reshape(biased, view)
+            mbool = Cast<to=9>(mask)
+            mk = Unsqueeze(mbool, mask_axes)
+            pad = Where(mk, fzero, lowest)
+            masked = Add(scores4, pad)
+            probs = Softmax<axis=-1>(masked)
+            ps = Shape(probs)
+            ps2 = Slice(ps, two1, three1)
+            ps3 = Slice(ps, three1, four1)
+            flat_p = Concat<axis=0>({targets["probs"]})
+            p3 = Reshape(probs, flat_p)
+            pv3 = MatMul(p3, v3)
+            pvs = Shape(pv3)
+            pvbh = Gather(pvs, zero)
+            pvb = Div(pvbh, two)
+            pvb1 = Unsqueeze(pvb, axis0)
+            heads4 = Concat<axis=0>({targets["pv"]})
+            pv4 = Reshape(pv3, heads4)
+            pt = Transpose<perm=[0,2,1,3]>(pv4)
+            merge = Concat<axis=0>(pvb1, s1, eight1)
+            y = Reshape(pt, merge)
+        }}
+    """
+    proto = onnx.parser.parse_model(text)
+    onnx.checker.check_model(proto)
+    model = ir.serde.deserialize_model(proto)
+    InferShapesPass()(model)
+    return model
+
+
+def _torchscript_feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    feeds = _feeds(batch, seq, seed)
+    feeds["slopes"] = feeds.pop("alibi").reshape(batch, H, seq)
+    return feeds
+
+
+@pytest.mark.parametrize("views", ["bloom", "deberta"])
+def test_torchscript_flattened_heads_fuse_with_dims_computed_at_run_time(views: str) -> None:
+    """B*H read as a product, a length left -1 (fixed by the element count), P@V's B divided
+    back out of its flat batch (the dim arithmetic dies with the block), the ALiBi view's B*H
+    read off its own source; or DeBERTa-v2's -1 batch with T read off K and S, T off P."""
+    model = _torchscript_model(views=views)
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(explain=True))(fused)
+    assert result.stats == {"attention->mha": 1}, result.notes
+    types = [node.op_type for node in fused.graph]
+    assert "Softmax" not in types and "Div" not in types and types.count("MultiHeadAttention") == 1
+    feeds = [_torchscript_feeds(b, s, i) for i, (b, s) in enumerate(((3, 5), (1, 1), (4, 7)))]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_torchscript_alibi_view_that_may_have_one_row_is_refused() -> None:
+    """ALiBi viewed as [N*1, 1, T]: N may be 1 and broadcast over every head and batch row, which
+    the [B, H, 1, T] bias cannot be written as without knowing N."""
+    result = FuseAttentionPass(PassOptions(explain=True))(_torchscript_model(alibi_factor=1))
+    assert not result.modified
+    reason = "a term of the [B*H, S, T] scores may not be [B*H, ., .]"
+    assert any(note.endswith(reason) for note in result.notes), result.notes

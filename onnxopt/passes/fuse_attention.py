@@ -289,6 +289,8 @@ def _merged_heads(
     ):
         return None
     entries = target_entries(reshape.inputs[1])
+    if entries is None and _merge_fixed_by_count(reshape, transpose.outputs[0]):
+        return reshape.outputs[0], [*nodes, reshape], None
     if entries is None:
         # A target computed from elsewhere (wav2vec2: the sequence length from the audio length):
         # the shapes prove the merge, [B, S, H, d] -> [B, S, H*d].
@@ -317,6 +319,19 @@ def _merged_heads(
     return reshape.outputs[0], [*nodes, reshape], None
 
 
+def _merge_fixed_by_count(reshape: ir.Node, heads4: ir.Value) -> bool:
+    """``Reshape(heads4 [B, S, H, d], [x, S, H*d])`` with S and H*d proved and x unreadable
+    (TorchScript's BLOOM computes B as Shape(P@V)[0] / H): the element count fixes x = B."""
+    entries = _view_entries(reshape.outputs[0])
+    heads, size = static_dim(heads4, 2), static_dim(heads4, 3)
+    if entries is None or len(entries) != 3 or heads is None or size is None:
+        return False
+    seq, width = entries[1], entries[2]
+    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
+    seq_proved = (seq == 0 and not allowzero) or (seq is not None and same_dim(seq, heads4, 1))
+    return seq_proved and width == heads * size and heads * size > 0
+
+
 _SHAPE_OPS = (
     "Shape",
     "Gather",
@@ -328,6 +343,13 @@ _SHAPE_OPS = (
     "Reshape",
     "Identity",
 )
+
+
+def _dim_arithmetic(node: ir.Node) -> bool:
+    """Integer Mul/Div on dim reads (TorchScript's BLOOM reads B*H off P@V and divides by H)."""
+    return (is_op(node, "Mul") or is_op(node, "Div")) and all(
+        out.dtype == ir.DataType.INT64 for out in node.outputs
+    )
 
 
 def _dies_with(
@@ -357,7 +379,7 @@ def _dies_with(
         if key in memo:
             return memo[key]
         memo[key] = False
-        if depth > 8 or not any(is_op(node, op) for op in _SHAPE_OPS):
+        if depth > 8 or not (any(is_op(node, op) for op in _SHAPE_OPS) or _dim_arithmetic(node)):
             return False
         for out in node.outputs:
             if out.is_graph_output() or not all(dies(u.node, depth + 1) for u in out.uses()):
@@ -643,9 +665,13 @@ def _dim_is(view: ir.Value, axis: int, entry: Entry | None, source: ir.Value, in
     return entry is not None and same_dim(entry, source, index)
 
 
-def _view_proved(view: ir.Value, dims: Sequence[Sequence[tuple[ir.Value, int]]]) -> bool:
+def _view_proved(
+    view: ir.Value,
+    dims: Sequence[Sequence[tuple[ir.Value, int]]],
+    flat_of: ir.Value | None = None,
+) -> bool:
     """``view`` (a Reshape's output) has, at each axis, one of the dims listed for it, at all axes
-    but at most one."""
+    but at most one. With ``flat_of`` ([B, H, ...]), dim 0 may also be proved B*H of it."""
     if value_rank(view) != len(dims):
         return False
     entries = _view_entries(view)
@@ -654,9 +680,58 @@ def _view_proved(view: ir.Value, dims: Sequence[Sequence[tuple[ir.Value, int]]])
     unproven = 0
     for axis, choices in enumerate(dims):
         entry = entries[axis] if entries is not None else None
+        if axis == 0 and flat_of is not None and _batch_times_heads(view, entry, flat_of):
+            continue
         if not any(_dim_is(view, axis, entry, source, index) for source, index in choices):
             unproven += 1
     return unproven <= 1
+
+
+def _first_entry(view: ir.Value) -> Entry | None:
+    entries = _view_entries(view) if producer_of(view, "Reshape") is not None else None
+    return entries[0] if entries else None
+
+
+def _batch_times_heads(
+    view: ir.Value, entry: Entry | None, source: ir.Value, *, any_batch: bool = False
+) -> bool:
+    """Dim 0 of ``view`` (a Reshape's output) is B*H of the [B, H, ...] ``source``: the target's
+    entry is that static product, or (TorchScript's BLOOM) a one-element ``Mul(b, H)`` of a read b
+    of a dim carrying source's B and the constant H, whatever tensor b was read off.
+
+    ``any_batch``: b may be a read of any dim, for a term added to [B*H, S, T] scores: b*H with
+    H >= 2 is not 1, and a dim that is not 1 broadcasts only against an equal one, B*H."""
+    heads = static_dim(source, 1)
+    if heads is None or heads <= 0 or (any_batch and heads < 2):
+        return False
+    if isinstance(entry, int):
+        batch = static_dim(source, 0)
+        return batch is not None and entry > 0 and entry == batch * heads
+    reshape = producer_of(view, "Reshape")
+    concat = producer_of(reshape.inputs[1], "Concat") if reshape is not None else None
+    if concat is None or not concat.inputs or concat.inputs[0] is None:
+        return False
+    piece = concat.inputs[0]
+    if value_rank(piece) != 1 or static_dim(piece, 0) != 1:
+        return False
+    product = piece.producer()
+    if is_op(product, "Unsqueeze") or is_op(product, "Reshape"):
+        assert product is not None
+        inner = product.inputs[0]
+        product = inner.producer() if inner is not None and value_rank(inner) == 0 else None
+    if not is_op(product, "Mul") or product is None or len(product.inputs) != 2:
+        return False
+    for read, factor in (product.inputs, product.inputs[::-1]):
+        constant = const_array(factor)
+        if read is None or constant is None or constant.size != 1:
+            continue
+        if not np.issubdtype(constant.dtype, np.integer) or int(constant.reshape(-1)[0]) != heads:
+            continue
+        reader = read.producer()
+        dim = gathered_dim(reader, scalar=value_rank(read) == 0)
+        if dim is not None and (any_batch or same_dim(dim, source, 0)):
+            return True
+    return False
 
 
 def _flattened_from(value3: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
@@ -668,7 +743,7 @@ def _flattened_from(value3: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
     source = reshape.inputs[0]
     if source is None or value_rank(source) != 4:
         return None
-    if _view_proved(value3, [[], [(source, 2)], [(source, 3)]]):
+    if _view_proved(value3, [[], [(source, 2)], [(source, 3)]], flat_of=source):
         return source, reshape
     return None
 
@@ -964,15 +1039,28 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         query_base, more, inner = peel_scale(query4)
         query_scale *= more
         query_nodes = [*inner, query_reshape, *query_nodes]
-        if not _view_proved(scores4, [[(query_base, 0)], [(query_base, 1)], [(query_base, 2)], []]):
+        flat_key = _flat_key(matmul.inputs[1])
+        # T is the key's length (DeBERTa-v2's TorchScript export reads it for the view)
+        key_length = (
+            [(flat_key[0].four_d, 2)]
+            if not isinstance(flat_key, Mismatch) and flat_key[0].four_d is not None
+            else []
+        )
+        scores_dims = [[(query_base, 0)], [(query_base, 1)], [(query_base, 2)], key_length]
+        if not _view_proved(scores4, scores_dims):
             return Mismatch("the [B*H, S, T] scores are not provably viewed as [B, H, S, T]")
         for term in flat_terms:
             rank = value_rank(term)
             if rank is None or rank > 3:
                 return Mismatch("a term of the [B*H, S, T] scores is not of rank 3 or less")
-            if rank == 3 and static_dim(term, 0) != 1 and not same_symbol(term, 0, base, 0):
+            if (
+                rank == 3
+                and static_dim(term, 0) != 1
+                and not same_symbol(term, 0, base, 0)
+                and not _batch_times_heads(term, _first_entry(term), query_base, any_batch=True)
+            ):
                 return Mismatch("a term of the [B*H, S, T] scores may not be [B*H, ., .]")
-    key = (_flat_key if unflatten is not None else _key_transposed)(matmul.inputs[1])
+    key = flat_key if unflatten is not None else _key_transposed(matmul.inputs[1])
     if isinstance(key, Mismatch):
         return key
     key_heads, key_scale, key_nodes = key
@@ -980,7 +1068,8 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     # Walk down: [IsNaN/Where guard] -> MatMul(P, V) -> Transpose -> Reshape
     probs = softmax.outputs[0]
     nan_guard = False
-    uses = [u.node for u in probs.uses()]
+    # Shape reads of P (DeBERTa-v2's TorchScript views) are checked with the others (_dies_with)
+    uses = [u.node for u in probs.uses() if not is_op(u.node, "Shape")]
     guard_nodes: list[ir.Node] = []
     if len(uses) == 2 and not probs.is_graph_output():
         isnan = next((n for n in uses if is_op(n, "IsNaN")), None)
@@ -1007,7 +1096,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         flat_dims = [[], [(probs4, 2), (query_base, 2)], [(probs4, 3)]]
         if key_heads.four_d is not None:
             flat_dims[2].append((key_heads.four_d, 2))
-        if not _view_proved(probs, flat_dims):
+        if not _view_proved(probs, flat_dims, flat_of=query_base):
             return Mismatch("the probabilities' view is not provably [B*H, S, T]")
         pv_nodes.append(flatten)
     pv = _main_user(probs)
@@ -1027,7 +1116,12 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         if not is_op(unflatten_pv, "Reshape") or unflatten_pv is None:
             return Mismatch("P@V as [B*H, S, d] is not viewed back as [B, H, S, d]")
         pv_out = unflatten_pv.outputs[0]
-        pv_dims = [[(query_base, 0)], [(query_base, 1)], [(query_base, 2)], [(value4, 3)]]
+        pv_dims = [
+            [(query_base, 0)],
+            [(query_base, 1)],
+            [(query_base, 2), (probs4, 2)],
+            [(value4, 3)],
+        ]
         if not _view_proved(pv_out, pv_dims):
             return Mismatch("the view of P@V is not provably [B, H, S, d]")
         pv_nodes.append(unflatten_pv)
@@ -1138,14 +1232,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         return Mismatch(
             f"--target onnx: ONNX Attention needs opset {ONNX_ATTENTION_OPSET}, the model has {context.opset()}"
         )
-    if target == "ort":
-        if (
-            kv_repeat == 1
-            and (key_heads.three_d is None) != (value_heads.three_d is None)
-            and (key_heads.four_d is None or value_heads.four_d is None)
-        ):
-            return Mismatch("K and V are in different layouts")
-    elif key_heads.four_d is None and key_heads.three_d is None:
+    if target == "onnx" and key_heads.four_d is None and key_heads.three_d is None:
         return Mismatch("the key is not available as [B, H, T, d]")
     ordered = [
         *reversed(value_nodes),
@@ -1269,9 +1356,7 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         scale *= factor
         value, kv_axis = block.value.three_d, 1
     else:
-        key, value, kv_axis = block.key.four_d, block.value.four_d, 2
-        if key is None or value is None:
-            return Mismatch("K and V are in different layouts")
+        key, value, kv_axis = _kv_one_layout(tape, block.key, block.value)
     query, factor = attention_query(tape, block)
     scale *= factor
     assert key is not None and value is not None
@@ -1295,12 +1380,9 @@ def attention_query(tape: ir.tape.Tape, block: AttentionBlock) -> tuple[ir.Value
     assert block.query.four_d is not None
     # [B, S, H, d] back from [B, H, S, d]: the tensor the query was moved from, if it was
     # (BLOOM's head split is a Gather out of a [B, S, H, 3, d] view, not a Reshape)
-    before = block.query.four_d.producer()
-    if transpose_perm(before) == [0, 2, 1, 3]:
-        assert before is not None and before.inputs[0] is not None
-        moved = before.inputs[0]
-    else:
-        moved = tape.op("Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]})
+    moved = _moved_heads(block.query.four_d) or tape.op(
+        "Transpose", [block.query.four_d], {"perm": [0, 2, 1, 3]}
+    )
     return tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])]), 1.0
 
 
@@ -1338,6 +1420,46 @@ def finish_attention(
     return Replacement(tape.nodes, [(block.output, result), *reads, *more])
 
 
+def _moved_heads(four_d: ir.Value) -> ir.Value | None:
+    """x when ``four_d`` is ``Transpose(x, [0, 2, 1, 3])``: x is [B, S, H, d], and its view
+    ``Reshape(x, [0, 0, -1])`` holds head h at columns h*d..(h+1)*d, whatever x was viewed from."""
+    before = four_d.producer()
+    if transpose_perm(before) != [0, 2, 1, 3]:
+        return None
+    assert before is not None
+    return before.inputs[0]
+
+
+def _kv_one_layout(
+    tape: ir.tape.Tape, key: _Heads, value: _Heads
+) -> tuple[ir.Value, ir.Value, int]:
+    """K and V in one layout MultiHeadAttention takes: (k, v, T's axis), both [B, H, T, d] or both
+    [B, T, H*d] (the op wants them alike).
+
+    V is always known as the [B, H, T, d] tensor P@V reads; K may be known only as the [B, T, H*d]
+    tensor its heads were split from (TorchScript's ``Transpose(Reshape(k, [B, T, H, d]),
+    [0, 2, 3, 1])``: CodeGen's K after the interleaved rotary, while its V is a chunk of the
+    packed Q/K/V moved by a Transpose). When V was moved from a [B, T, H, d] x, V is passed as
+    ``Reshape(x, [0, 0, -1])``: x's own head order, head h at columns h*d..(h+1)*d. Else K is split
+    to [B, H, T, d] as the graph splits it. Either way head h of K meets head h of V, as in the
+    two MatMuls: the heads are dim 1 of the operands they read, never a column range guessed
+    from the projection.
+    """
+    if key.four_d is not None and value.four_d is not None:
+        return key.four_d, value.four_d, 2
+    assert key.three_d is not None and value.four_d is not None
+    moved = _moved_heads(value.four_d)
+    if moved is None:
+        return _heads_first(tape, key), value.four_d, 2
+    merged = tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
+    shape = moved.shape
+    if shape is not None and len(shape) == 4:
+        heads, size = shape[2], shape[3]
+        width = heads * size if isinstance(heads, int) and isinstance(size, int) else None
+        _annotate(merged, moved, [shape[0], shape[1], width])
+    return key.three_d, merged, 1
+
+
 def _heads_first(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
     """The operand as [B, N, T, d]: the tensor itself, or its [B, T, N*d] source split (its
     shape recorded: fuse-group-query-attention reads N and d off it)."""
@@ -1352,7 +1474,7 @@ def _heads_first(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
     return moved
 
 
-def _annotate(value: ir.Value, like: ir.Value, dims: Sequence[int | ir.SymbolicDim]) -> None:
+def _annotate(value: ir.Value, like: ir.Value, dims: Sequence[int | ir.SymbolicDim | None]) -> None:
     if like.dtype is not None:
         value.dtype = like.dtype
     value.shape = ir.Shape(list(dims))

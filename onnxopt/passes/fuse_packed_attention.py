@@ -363,11 +363,15 @@ def _separate_qkv(query: ir.Value, key: ir.Value, value: ir.Value) -> _Qkv | Mis
     if query is key or query is value or key is value:
         return Mismatch("Q, K and V are not three different tensors")
     projections: list[_Projection] = []
-    for part in (query, key, value):
+    for role, part in zip(("query", "key", "value"), (query, key, value), strict=True):
         projection = _projection(part)
         if isinstance(projection, Mismatch):
+            # Name the op in the way (CodeGen: a RotaryEmbedding between projection and attention)
+            made_by = part.producer()
+            what = f"{made_by.op_type}'s output" if made_by is not None else "a graph input"
             return Mismatch(
-                f"Q, K and V are neither one Split nor three projections ({projection.reason})"
+                f"Q, K and V are neither one Split nor three projections (the {role} is {what}: "
+                f"{projection.reason})"
             )
         projections.append(projection)
     source = projections[0].source
