@@ -34,8 +34,9 @@ CASES = [
     ("gpt-neo", "torchscript", "eager", "attn 2"),  # S read as Gather(Shape(q_proj), 1)
     ("bloom", "dynamo", "eager", "mha 2"),  # heads flattened into the batch (bmm), ALiBi
     ("bloom", "torchscript", "eager", "mha 2"),  # B*H as Gather(Shape)*H, lengths -1, B = B*H / H
-    ("deberta-v2", "dynamo", "eager", "mha 2"),  # bmm form, Where(~mask, lowest, scores)
-    ("deberta-v2", "torchscript", "eager", "mha 2"),  # T read off K, S and T off Shape(P)
+    # bmm form, Where(~mask, lowest, scores), heads split by [0, 0, H, -1]: packed Attention
+    ("deberta-v2", "dynamo", "eager", "attn 2"),
+    ("deberta-v2", "torchscript", "eager", "attn 2"),  # T read off K, S and T off Shape(P)
     ("qwen3", "dynamo", "eager", "gqa 2"),  # Q and K normalized per head before the rotary
     ("olmo2", "torchscript", "eager", "gqa 2"),  # Q and K normalized over all heads
     ("gemma3", "dynamo", "sdpa", "gqa 2"),
