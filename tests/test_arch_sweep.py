@@ -32,8 +32,9 @@ CASES = [
     ("gpt-neox", "dynamo", "eager", "mha 2 rotary 4"),  # rotary of chunks of one packed Q/K/V
     ("gpt-neo", "dynamo", "eager", "attn 2"),  # causal masked_fill Where(keep, scores, lowest)
     ("gpt-neo", "torchscript", "eager", "attn 2"),  # S read as Gather(Shape(q_proj), 1)
-    ("bloom", "dynamo", "eager", "mha 2"),  # heads flattened into the batch (bmm), ALiBi
-    ("bloom", "torchscript", "eager", "mha 2"),  # B*H as Gather(Shape)*H, lengths -1, B = B*H / H
+    # heads flattened into the batch (bmm), ALiBi; Q/K/V interleaved per head: packed Attention
+    ("bloom", "dynamo", "eager", "attn 2"),
+    ("bloom", "torchscript", "eager", "attn 2"),  # B*H as Gather(Shape)*H, lengths -1, B = B*H / H
     # bmm form, Where(~mask, lowest, scores), heads split by [0, 0, H, -1]: packed Attention
     ("deberta-v2", "dynamo", "eager", "attn 2"),
     ("deberta-v2", "torchscript", "eager", "attn 2"),  # T read off K, S and T off Shape(P)
