@@ -435,10 +435,12 @@ def _interleaved_view(packed5: ir.Value) -> tuple[ir.Node, list[int]] | Mismatch
     if view is None or target is None or view.inputs[0] is None:
         return Mismatch("the [B, S, H, 3, d] view of the packed Q/K/V has no constant target")
     dims = [int(t) for t in target.reshape(-1)]
-    if len(dims) != 5 or dims[:2] != [0, 0] or dims[2] <= 0 or dims[3] != 3 or dims[4] <= 0:
+    if len(dims) != 5 or dims[2] <= 0 or dims[3] != 3 or dims[4] <= 0:
         return Mismatch(f"the packed Q/K/V is viewed as {dims}, not [0, 0, H, 3, d]")
-    if view.attributes.get_int("allowzero", 0):
-        return Mismatch("the packed Q/K/V's view copies no dims (allowzero)")
+    copies = not view.attributes.get_int("allowzero", 0)
+    for axis in (0, 1):  # B and S copied (0), or the packed tensor's static sizes (folded)
+        if not ((dims[axis] == 0 and copies) or dims[axis] == static_dim(view.inputs[0], axis)):
+            return Mismatch(f"the packed Q/K/V is viewed as {dims}: dims 0, 1 are not its [B, S]")
     return view, dims
 
 
