@@ -38,6 +38,8 @@ CASES = [
     # bmm form, Where(~mask, lowest, scores), heads split by [0, 0, H, -1]: packed Attention
     ("deberta-v2", "dynamo", "eager", "attn 2"),
     ("deberta-v2", "torchscript", "eager", "attn 2"),  # T read off K, S and T off Shape(P)
+    ("deberta-v3", "dynamo", "eager", "mha 2"),  # content<->position terms of the bmm scores
+    ("deberta-v3", "torchscript", "eager", "mha 2"),  # those terms' rows 1 or B*H: expanded
     ("qwen3", "dynamo", "eager", "gqa 2"),  # Q and K normalized per head before the rotary
     ("olmo2", "torchscript", "eager", "gqa 2"),  # Q and K normalized over all heads
     ("gemma3", "dynamo", "sdpa", "gqa 2"),
