@@ -153,6 +153,30 @@ def deberta_v2() -> Factory:
 
 
 @seeded
+def deberta_v3() -> Factory:
+    """DeBERTa-v3's disentangled attention: content-to-position and position-to-content terms
+    added to the [B*H, S, T] scores (relative positions in log buckets, shared key projection)."""
+    from transformers import DebertaV2Config, DebertaV2Model
+
+    cfg = DebertaV2Config(
+        **_attn(
+            **SMALL,
+            intermediate_size=128,
+            vocab_size=1000,
+            relative_attention=True,
+            pos_att_type=["p2c", "c2p"],
+            position_buckets=16,
+            max_relative_positions=-1,
+            max_position_embeddings=64,
+            norm_rel_ebd="layer_norm",
+            share_att_key=True,
+            position_biased_input=False,
+        )
+    )
+    return _text(DebertaV2Model, cfg)
+
+
+@seeded
 def mpnet() -> Factory:
     from transformers import MPNetConfig, MPNetModel
 
@@ -789,6 +813,7 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         albert,
         electra,
         deberta_v2,
+        deberta_v3,
         mpnet,
         mobilebert,
         clip_text,

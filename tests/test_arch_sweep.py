@@ -32,10 +32,14 @@ CASES = [
     ("gpt-neox", "dynamo", "eager", "mha 2 rotary 4"),  # rotary of chunks of one packed Q/K/V
     ("gpt-neo", "dynamo", "eager", "attn 2"),  # causal masked_fill Where(keep, scores, lowest)
     ("gpt-neo", "torchscript", "eager", "attn 2"),  # S read as Gather(Shape(q_proj), 1)
-    ("bloom", "dynamo", "eager", "mha 2"),  # heads flattened into the batch (bmm), ALiBi
-    ("bloom", "torchscript", "eager", "mha 2"),  # B*H as Gather(Shape)*H, lengths -1, B = B*H / H
-    ("deberta-v2", "dynamo", "eager", "mha 2"),  # bmm form, Where(~mask, lowest, scores)
-    ("deberta-v2", "torchscript", "eager", "mha 2"),  # T read off K, S and T off Shape(P)
+    # heads flattened into the batch (bmm), ALiBi; Q/K/V interleaved per head: packed Attention
+    ("bloom", "dynamo", "eager", "attn 2"),
+    ("bloom", "torchscript", "eager", "attn 2"),  # B*H as Gather(Shape)*H, lengths -1, B = B*H / H
+    # bmm form, Where(~mask, lowest, scores), heads split by [0, 0, H, -1]: packed Attention
+    ("deberta-v2", "dynamo", "eager", "attn 2"),
+    ("deberta-v2", "torchscript", "eager", "attn 2"),  # T read off K, S and T off Shape(P)
+    ("deberta-v3", "dynamo", "eager", "mha 2"),  # content<->position terms of the bmm scores
+    ("deberta-v3", "torchscript", "eager", "mha 2"),  # those terms' rows 1 or B*H: expanded
     ("qwen3", "dynamo", "eager", "gqa 2"),  # Q and K normalized per head before the rotary
     ("olmo2", "torchscript", "eager", "gqa 2"),  # Q and K normalized over all heads
     ("gemma3", "dynamo", "sdpa", "gqa 2"),

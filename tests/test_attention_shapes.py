@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx.parser
 import onnx_ir as ir
 
-from onnxopt.passes._attention_shapes import same_dim, target_entries
+from onnxopt.passes._attention_shapes import reshape_to_heads, same_dim, target_entries
 
 # The dynamo exporter's repeat_kv: a [B, H, S, d] target, then its first two entries sliced off
 # for the key transpose's reshape back to [B, H, d, T].
@@ -51,3 +51,26 @@ def test_a_read_of_a_static_dim_is_that_size() -> None:
     assert same_dim(("dim", one_head, 0), key, 0)  # the same symbol
     assert not same_dim(("dim", one_head, 2), key, 2)  # S and T
     assert not same_dim(("dim", one_head, 1), key, 3)  # 1 is not 16
+
+
+HEAD_SIZE_INFERRED = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, S, 64] x, float[B, S, W] y) => (float[B, S, 4, 16] split, float[B, S, 3, W3] odd,
+    float[B, S, 4, W4] unknown) <
+    int64[4] heads = {0, 0, 4, -1}, int64[4] three = {0, 0, 3, -1}
+> {
+    split = Reshape(x, heads)
+    odd = Reshape(x, three)
+    unknown = Reshape(y, heads)
+}
+"""
+
+
+def test_a_head_split_with_an_inferred_head_size_reads_it_off_the_width() -> None:
+    # DeBERTa's [0, 0, H, -1]: d is the static width over H, when H divides it
+    model = ir.serde.deserialize_model(onnx.parser.parse_model(HEAD_SIZE_INFERRED))
+    outputs = {str(value.name): value for value in model.graph.outputs}
+    split = reshape_to_heads(outputs["split"])
+    assert split is not None and split[1:3] == (4, 16)
+    assert reshape_to_heads(outputs["odd"]) is None  # 64 is not a multiple of 3
+    assert reshape_to_heads(outputs["unknown"]) is None  # the width is unknown

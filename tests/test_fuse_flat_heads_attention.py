@@ -122,7 +122,9 @@ def _feeds(batch: int, seq: int, seed: int, shared: bool = False) -> dict[str, n
     return {"x": x, "alibi": alibi, "mask": mask}
 
 
-@pytest.mark.parametrize(("alibi_rows", "recorded"), [("BH", True), ("1", True), ("BH", False)])
+@pytest.mark.parametrize(
+    ("alibi_rows", "recorded"), [("BH", True), ("1", True), ("BH", False), ("N", True)]
+)
 def test_flattened_heads_and_alibi_fuse_into_multi_head_attention(
     alibi_rows: str, recorded: bool
 ) -> None:
@@ -137,7 +139,11 @@ def test_flattened_heads_and_alibi_fuse_into_multi_head_attention(
     assert mha.attributes.get_float("scale") == pytest.approx(0.5)
     sizes = ((3, 5), (1, 1), (4, 7))
     shared = alibi_rows == "1"
-    feeds = [_feeds(b, s, i, shared) for i, (b, s) in enumerate(sizes)]
+    # N rows: 1 or B*H (both fed), so the term is expanded to B*H rows first
+    feeds = [
+        _feeds(b, s, i, shared or (alibi_rows == "N" and i % 2 == 1))
+        for i, (b, s) in enumerate(sizes)
+    ]
     report = validate(model, fused, inputs=feeds)
     assert report.passed, report
     assert not FuseAttentionPass()(fused).modified
@@ -146,7 +152,6 @@ def test_flattened_heads_and_alibi_fuse_into_multi_head_attention(
 @pytest.mark.parametrize(
     ("kwargs", "reason"),
     [
-        ({"alibi_rows": "N"}, "a term of the [B*H, S, T] scores may not be [B*H, ., .]"),
         (
             {"query_view": "L"},
             "the flattened query is not provably [B, H, S, d] viewed as [B*H, S, d]",
@@ -178,6 +183,13 @@ _VIEW_TARGETS = {
     "deberta": {
         "flat": "minus1, s1, four1",
         "scores": "minus1, two1, s1, t1",
+        "probs": "minus1, ps2, ps3",
+        "pv": "minus1, two1, ps2, four1",
+    },
+    # DeBERTa-v3: the scores view reads S and T off the scores with their (relative) terms added
+    "deberta-v3": {
+        "flat": "minus1, s1, four1",
+        "scores": "minus1, two1, bs2, bs3",
         "probs": "minus1, ps2, ps3",
         "pv": "minus1, two1, ps2, four1",
     },
@@ -250,6 +262,9 @@ def _torchscript_model(*, alibi_factor: int = H, views: str = "bloom") -> ir.Mod
             alibi_target = Concat<axis=0>(snh1, one1, s1)
             alibi = Reshape(slopes, alibi_target)
             biased = Add(scaled, alibi)
+            bs = Shape(biased)
+            bs2 = Slice(bs, one1, two1)
+            bs3 = Slice(bs, two1, three1)
             view = Concat<axis=0>({targets["scores"]})
             scores4 = Reshape(biased, view)
             mbool = Cast<to=9>(mask)
@@ -287,7 +302,7 @@ def _torchscript_feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]
     return feeds
 
 
-@pytest.mark.parametrize("views", ["bloom", "deberta"])
+@pytest.mark.parametrize("views", ["bloom", "deberta", "deberta-v3"])
 def test_torchscript_flattened_heads_fuse_with_dims_computed_at_run_time(views: str) -> None:
     """B*H read as a product, a length left -1 (fixed by the element count), P@V's B divided
     back out of its flat batch (the dim arithmetic dies with the block), the ALiBi view's B*H
@@ -304,10 +319,12 @@ def test_torchscript_flattened_heads_fuse_with_dims_computed_at_run_time(views: 
     assert not FuseAttentionPass()(fused).modified
 
 
-def test_torchscript_alibi_view_that_may_have_one_row_is_refused() -> None:
-    """ALiBi viewed as [N*1, 1, T]: N may be 1 and broadcast over every head and batch row, which
-    the [B, H, 1, T] bias cannot be written as without knowing N."""
-    result = FuseAttentionPass(PassOptions(explain=True))(_torchscript_model(alibi_factor=1))
-    assert not result.modified
-    reason = "a term of the [B*H, S, T] scores may not be [B*H, ., .]"
-    assert any(note.endswith(reason) for note in result.notes), result.notes
+def test_torchscript_alibi_view_that_may_have_one_row_is_expanded_first() -> None:
+    """ALiBi viewed as [N*1, 1, T]: N may be 1 and broadcast over every head and batch row, so
+    the term is expanded to B*H rows (B read off the query) before it is viewed as [B, H, 1, T]
+    (``_model(alibi_rows="N")`` runs that path on both row counts)."""
+    model = _torchscript_model(alibi_factor=1)
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert result.stats == {"attention->mha": 1}, result.notes
+    expand = next(n for n in model.graph if n.op_type == "Expand" and n.inputs[0].name == "alibi")
+    assert "Reshape" in [use.node.op_type for use in expand.outputs[0].uses()]

@@ -298,3 +298,97 @@ def test_refuses_cross_attention() -> None:
     text = text.replace("float[B, 5, 6] x)", "float[B, 5, 6] x, float[B, 5, 6] e)")
     text = text.replace("v0 = MatMul(x, wv)", "v0 = MatMul(e, wv)")
     assert_refuses(FusePackedAttentionPass, text, "projections of different tensors")
+
+
+def _bloom_model(
+    *,
+    heads: int = 2,
+    view_heads: int = 2,
+    leak: bool = False,
+    mask: bool = True,
+    batch: str = "B",
+    view_leading: str = "0, 0",
+    allowzero: int = 0,
+) -> str:
+    """BLOOM's packed projection, Q/K/V interleaved per head: p [B, S, 24] viewed as
+    [B, S, 2, 3, 4], part j of head h at columns h*12 + j*4 .. +4; the query merged back to
+    [B, S, 8], K and V moved to [B, 2, S, 4]; the mask spelled out with S read off q and k
+    (without a mask: S is 5). ``view_leading``: the view's B and S entries (folded to sizes
+    when ``batch`` is static)."""
+    seq = "S" if mask else "5"
+    outputs = f"float[{batch}, {seq}, 8] y" + (f", float[{batch}, 2, {seq}, 4] kk" if leak else "")
+    reads = """
+            sq = Shape <start: int = 1, end: int = 2> (q)
+            sk = Shape <start: int = 2, end: int = 3> (k)
+            full = Concat <axis: int = 0> (ones, sq, sk)
+            bias = Expand(m, full)"""
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+        g (float[{batch}, {seq}, 6] x{", float[B, 1, 1, S] m" if mask else ""}) => ({outputs}) <
+            {_floats("w", (6, 24), 0)}, {_floats("b", (24,), 1)},
+            int64[5] view = {{{view_leading}, {view_heads}, 3, 4}}, int64[3] merge = {{0, 0, -1}},
+            int64 i0 = {{0}}, int64 i1 = {{1}}, int64 i2 = {{2}}, int64[2] ones = {{1, 1}}
+        > {{
+            p0 = MatMul(x, w)
+            p = Add(p0, b)
+            p5 = Reshape <allowzero: int = {allowzero}> (p, view)
+            q4 = Gather <axis: int = 3> (p5, i0)
+            k4 = Gather <axis: int = 3> (p5, i1)
+            v4 = Gather <axis: int = 3> (p5, i2)
+            k = Transpose <perm: ints = [0, 2, 1, 3]> (k4)
+            v = Transpose <perm: ints = [0, 2, 1, 3]> (v4)
+            q = Reshape(q4, merge)
+            {reads if mask else ""}
+            y = com.microsoft.MultiHeadAttention <num_heads: int = {heads}, scale: float = 0.5>
+                (q, k, v{', "", "", bias' if mask else ""})
+            {"kk = Relu(k)" if leak else ""}
+        }}
+    """
+
+
+def test_folds_a_per_head_interleaved_projection_with_its_columns_reordered() -> None:
+    model = assert_rewrites(
+        FusePackedAttentionPass,
+        _bloom_model(),
+        {"interleaved-qkv-matmul+mha->attention": 1, "shape-of-qkv-slice->shape-of-input": 2},
+        ["Shape", "Concat", "Expand", "Attention"],
+        trials=2,
+    )
+    attention = _attention(model)
+    weight, bias = const_array(attention.inputs[1]), const_array(attention.inputs[2])
+    assert weight is not None and weight.shape == (6, 24) and bias is not None
+    source = const_array(load(_bloom_model()).graph.initializers["w"])
+    assert source is not None
+    # Q of head 1 (columns 4..8 of the packed [Q | K | V]) was part 0 of head 1: columns 12..16
+    np.testing.assert_array_equal(weight[:, 4:8], source[:, 12:16])
+    # K of head 0 (columns 8..12) was part 1 of head 0: columns 4..8
+    np.testing.assert_array_equal(weight[:, 8:12], source[:, 4:8])
+    # the sequence length read off K ([B, H, S, d], axis 2) is read off x's axis 1
+    shape = next(n for n in model.graph if n.op_type == "Shape")
+    assert shape.inputs[0] is model.graph.inputs[0]
+    assert (shape.attributes.get_int("start"), shape.attributes.get_int("end")) == (1, 2)
+
+
+def test_folds_an_interleaved_projection_whose_view_sizes_were_folded() -> None:
+    assert_rewrites(
+        FusePackedAttentionPass,
+        _bloom_model(mask=False, batch="2", view_leading="2, 5", allowzero=1),
+        {"interleaved-qkv-matmul+mha->attention": 1},
+        ["Attention"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"view_heads": 3}, "the packed Q/K/V is viewed as [0, 0, 3, 3, 4], not [0, 0, 2, 3, d]"),
+        (
+            {"allowzero": 1},
+            "the packed Q/K/V is viewed as [0, 0, 2, 3, 4]: dims 0, 1 are not its [B, S]",
+        ),
+        ({"leak": True}, "a Q/K/V projection has other consumers than the attention"),
+    ],
+)
+def test_refuses_an_interleaved_projection(kwargs: dict[str, object], reason: str) -> None:
+    text = _bloom_model(mask=False, **kwargs)  # type: ignore[arg-type]
+    assert_refuses(FusePackedAttentionPass, text, reason)

@@ -313,6 +313,12 @@ def reshape_to_heads(value: ir.Value | None) -> tuple[ir.Value, int, int, ir.Nod
         return None
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
     heads, head_size = entries[2], entries[3]
+    if head_size == -1 and isinstance(heads, int) and heads > 0:
+        # [B, S, H, -1] (DeBERTa): the head size is the static width over H
+        width = last_dim(source)
+        if width is None or width % heads:
+            return None
+        head_size = width // heads
     if (
         not isinstance(head_size, int)
         or head_size <= 0

@@ -22,7 +22,8 @@ after the op, turns into the zeros the original produces.
 
 BLOOM's (and DeBERTa's) bmm form, heads flattened into the batch, is the same block: Q/K/V viewed as
 [B*H, S, d], the scores as [B*H, S, T] plus a term of their own (ALiBi [B*H, 1, T], viewed as
-[B, H, 1, T] into the bias), viewed back as [B, H, S, T] for the mask; the views are proved.
+[B, H, 1, T] into the bias; DeBERTa-v3's relative-position terms, expanded to B*H rows first when
+their rows may be 1), viewed back as [B, H, S, T] for the mask; the views are proved.
 
 Multi-query attention (Falcon: K/V with one head, which the two MatMuls broadcast against the H
 query heads) is fused with K/V repeated H times in repeat_kv's spelling; fuse-group-query-attention
@@ -480,6 +481,9 @@ class AttentionBlock:
     fills: tuple[_MaskedFill, ...] = ()
     # Terms added to the scores while they were [B*H, S, T] (BLOOM's ALiBi), rank <= 3.
     flat_terms: tuple[ir.Value, ...] = ()
+    # Those of rank 3 whose dim 0 is not proved B*H (DeBERTa-v3's relative-position terms, built
+    # with GatherElements): 1 or B*H, as the Add requires; the rewrite expands them to B*H rows.
+    unproven_rows: tuple[ir.Value, ...] = ()
     # c > 0: the scaled scores are soft-capped, tanh(s / c) * c, before any term is added (Gemma2).
     softcap: float = 0.0
 
@@ -764,13 +768,26 @@ def _flat_key(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mismatch
     return heads, factor * more, [*heads.nodes, reshape, *inner, transpose, *nodes]
 
 
-def _flat_bias(tape: ir.tape.Tape, term: ir.Value, heads: int, opset: int) -> ir.Value:
+def _flat_bias(
+    tape: ir.tape.Tape, term: ir.Value, block: AttentionBlock, heads: int, opset: int
+) -> ir.Value:
     """A term of the [B*H, S, T] scores as a term of the [B, H, S, T] ones: [B*H, a, b] viewed as
     [B, H, a, b]; a term without that leading dim (rank < 3, or a leading 1) broadcasts the same
-    over [B, H]."""
+    over [B, H]. A term whose dim 0 may be 1 or B*H is first expanded to B*H rows (B read off
+    the query), which keeps it whichever it is."""
     rank = value_rank(term)
     assert rank is not None and term.shape is not None
     dims = list(term.shape)
+    if term in block.unproven_rows:
+        query = block.query.four_d or block.query.three_d
+        assert query is not None
+        rows = tape.op("Mul", [seq_len(tape, query, 0, opset), int64_const(tape, [heads])])
+        target = tape.op("Concat", [rows, int64_const(tape, [1, 1])], {"axis": 0})
+        expanded = tape.op("Expand", [term, target])
+        expanded.shape = ir.Shape([None, *dims[1:]])
+        if term.dtype is not None:
+            expanded.dtype = term.dtype
+        term = expanded
     if rank == 3 and static_dim(term, 0) != 1:
         tail = [seq_len(tape, term, axis, opset) for axis in (1, 2)]
         target = tape.op("Concat", [int64_const(tape, [-1, heads]), *tail], {"axis": 0})
@@ -895,7 +912,7 @@ def _summed_bias(
         *([block.bias] if block.bias is not None else []),
         *block.more_bias,
         *(_fill_bias(tape, fill) for fill in block.fills),
-        *(_flat_bias(tape, term, heads, opset) for term in block.flat_terms),
+        *(_flat_bias(tape, term, block, heads, opset) for term in block.flat_terms),
     ]
     if len(terms) < 2:
         return terms[0] if terms else None
@@ -997,11 +1014,13 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     assert base is not None
     # BLOOM: the scores come as [B*H, S, T] (bmm), with a term of their own (ALiBi) added there.
     flat_terms: list[ir.Value] = []
+    unproven_rows: list[ir.Value] = []
+    flat_scores: ir.Value | None = None
     unflatten = _unflattening(base)
     if unflatten is not None:
         nodes.append(unflatten)
         scores4 = base
-        base = unflatten.inputs[0]
+        base = flat_scores = unflatten.inputs[0]
         while (step := _bias_step(base)) is not None:
             if isinstance(step, Mismatch):
                 return step
@@ -1046,7 +1065,16 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
             if not isinstance(flat_key, Mismatch) and flat_key[0].four_d is not None
             else []
         )
-        scores_dims = [[(query_base, 0)], [(query_base, 1)], [(query_base, 2)], key_length]
+        # S and T may be read off the [B*H, S, T] scores with their terms added (DeBERTa-v3): a
+        # term could only make them larger where S (or T) is 1, and the fused op then rejects
+        # the larger bias.
+        assert flat_scores is not None  # _unflattening read its rank
+        scores_dims = [
+            [(query_base, 0)],
+            [(query_base, 1)],
+            [(query_base, 2), (flat_scores, 1)],
+            [*key_length, (flat_scores, 2)],
+        ]
         if not _view_proved(scores4, scores_dims):
             return Mismatch("the [B*H, S, T] scores are not provably viewed as [B, H, S, T]")
         for term in flat_terms:
@@ -1059,7 +1087,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
                 and not same_symbol(term, 0, base, 0)
                 and not _batch_times_heads(term, _first_entry(term), query_base, any_batch=True)
             ):
-                return Mismatch("a term of the [B*H, S, T] scores may not be [B*H, ., .]")
+                unproven_rows.append(term)
     key = flat_key if unflatten is not None else _key_transposed(matmul.inputs[1])
     if isinstance(key, Mismatch):
         return key
@@ -1223,6 +1251,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         more_bias=tuple(terms[1:]),
         fills=tuple(fills),
         flat_terms=tuple(flat_terms),
+        unproven_rows=tuple(unproven_rows),
         output_target=output_target,
         kv_repeat=kv_repeat,
         softcap=capped.cap if capped is not None else 0.0,

@@ -6,7 +6,9 @@ After ``fuse-attention`` a self-attention layer reads, with x a [B, S, D_in] ten
     y = MultiHeadAttention(q, k, v, attention_bias=mask, num_heads=N, scale=s)
 
 or, after ``merge-qkv-projections`` (and in GPT-2, whose c_attn is one Gemm), the three products
-as one ``x @ [Wq | Wk | Wv] (+ b)`` and a Split along the last axis. For ``--target ort`` this becomes
+as one ``x @ [Wq | Wk | Wv] (+ b)`` and a Split along the last axis, or (BLOOM) one product whose
+columns interleave Q, K and V per head, viewed as [B, S, H, 3, d] and taken apart by Gathers (its
+weight's columns are reordered to [Q | K | V]). For ``--target ort`` this becomes
 ``y = Attention(x, [Wq | Wk | Wv], [bq | bk | bv], attention_bias=mask, num_heads=N, scale=s*c)``
 (a missing bias is zeros; no biases at all, no bias input). ONNX Runtime prepacks the weight and
 writes Q, K and V straight into its [B, N, S, d] working layout, so MultiHeadAttention's own head
@@ -21,8 +23,9 @@ sequences, so an unmasked layer is fused only when its sequence length is static
 ``MAX_UNMASKED_SEQUENCE`` (ViT-B's 197 yes, Whisper's 1500 no).
 
 The Expand that spells the mask out to [., ., S, T] reads S and T as ``Shape(q)[1:2]`` and
-``Shape(k)[1:2]``; a companion rule reads those dims off x instead (the projections keep the leading
-dims), so that q and k have no other consumer.
+``Shape(k)[1:2]`` (``Shape(k)[2:3]`` for an interleaved [B, H, T, d] key); a companion rule reads
+those dims off x instead (the projections keep the leading dims), so that q and k have no other
+consumer.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from onnxopt.passes._attention_shapes import (
     same_symbol,
     static_dim,
     target_entries,
+    transpose_perm,
 )
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
@@ -165,6 +169,13 @@ def _projection(packed: ir.Value) -> _Projection | Mismatch:
     return _Projection(source, weight, bias, (producer, *nodes))
 
 
+def _projection_read_by(packed: ir.Value, reader: ir.Node) -> _Projection | Mismatch:
+    """The projection ``packed`` comes from, when ``reader`` (the Split or view) is its only use."""
+    if single_consumer(packed) is not reader or packed.is_graph_output():
+        return Mismatch("the packed Q/K/V tensor has other consumers")
+    return _projection(packed)
+
+
 def _gemm_projection(packed: ir.Value) -> _Projection | Mismatch:
     """``Reshape(Gemm(Reshape(x, [-1, K]), W, b), [B, S, N])`` with B, S read off x (or equal dims)."""
     outer = packed.producer()
@@ -249,6 +260,17 @@ def _match_shape(shape: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("not the shape of a MultiHeadAttention input", candidate=False)
     start = shape.attributes.get_int("start", 0)
     end = shape.attributes.get_int("end", None)
+    interleaved = _interleaved_read(source, start, end)
+    if isinstance(interleaved, Mismatch):
+        return interleaved
+    if interleaved is not None:
+        projection = _projection(interleaved[0])
+        start, end = interleaved[1], interleaved[2]
+        if isinstance(projection, Mismatch):
+            return Mismatch(projection.reason, candidate=False)
+        if not keeps_leading_dims(projection):
+            return Mismatch("the projection may change the leading dims (weight or bias rank)")
+        return _shape_match(shape, projection.source, start, end, context)
     base, _, scale_nodes = peel_scale(source)
     if not _scales_keep_shape(scale_nodes):
         return Mismatch("the Q/K/V scale factor may broadcast to a higher rank")
@@ -274,7 +296,13 @@ def _match_shape(shape: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch(projection.reason, candidate=False)
     if not keeps_leading_dims(projection):
         return Mismatch("the projection may change the leading dims (weight or bias rank)")
-    origin = projection.source
+    return _shape_match(shape, projection.source, start, end, context)
+
+
+def _shape_match(
+    shape: ir.Node, origin: ir.Value, start: int, end: int | None, context: RewriteContext
+) -> Match:
+    """``shape`` to be replaced by ``Shape(origin, start, end)``, or by an earlier such read."""
     # Q's and K's shapes now read the same dims of x: reuse an earlier read (CSE would, next run).
     existing = None
     for node in context.graph:
@@ -288,7 +316,7 @@ def _match_shape(shape: ir.Node, context: RewriteContext) -> Match | Mismatch:
         ):
             existing = node.outputs[0]
             break
-    return Match([shape], {"source": origin, "existing": existing})
+    return Match([shape], {"source": origin, "existing": existing, "start": start, "end": end})
 
 
 def _reads_leading_dims(shape: ir.Value, limit: int) -> bool:
@@ -312,8 +340,8 @@ def _rewrite_shape(match: Match, context: RewriteContext) -> Replacement:
     shape = match.root
     if match.bindings["existing"] is not None:
         return Replacement([], [(shape.outputs[0], match.bindings["existing"])])
-    attributes = {"start": shape.attributes.get_int("start", 0)}
-    end = shape.attributes.get_int("end", None)
+    attributes = {"start": match.bindings["start"]}
+    end = match.bindings["end"]
     if end is not None:
         attributes["end"] = end
     tape = ir.tape.Tape()
@@ -334,6 +362,9 @@ class _Qkv:
     biases: tuple[ir.Value | None, ...]  # one per weight
     sizes: tuple[int, int, int] | None  # the Split's sizes (None: equal parts, or no Split)
     nodes: tuple[ir.Node, ...]
+    # The merged weight's columns in [Q | K | V] order, where the projection interleaves them
+    # per head (BLOOM); None: already in that order.
+    columns: tuple[int, ...] | None = None
 
 
 def _merged_qkv(split: ir.Node, query: ir.Value, key: ir.Value, value: ir.Value) -> _Qkv | Mismatch:
@@ -342,9 +373,7 @@ def _merged_qkv(split: ir.Node, query: ir.Value, key: ir.Value, value: ir.Value)
     packed = split.inputs[0]
     if packed is None or _packed_rank(split) != 3 or _split_axis(split) != 2:
         return Mismatch("the Split is not along the last axis of a [B, S, 3*D] tensor")
-    if single_consumer(packed) is not split or packed.is_graph_output():
-        return Mismatch("the packed Q/K/V tensor has other consumers")
-    projection = _projection(packed)
+    projection = _projection_read_by(packed, split)
     if isinstance(projection, Mismatch):
         return projection
     sizes = _split_sizes(split)
@@ -386,6 +415,129 @@ def _separate_qkv(query: ir.Value, key: ir.Value, value: ir.Value) -> _Qkv | Mis
     )
 
 
+def _gathered_part(value: ir.Value, part: int) -> tuple[ir.Node, ir.Value] | None:
+    """``value = Gather(packed5, part, axis=3)``: (the Gather, packed5)."""
+    gather = value.producer()
+    if not is_op(gather, "Gather") or gather is None or gather.inputs[0] is None:
+        return None
+    index = const_array(gather.inputs[1])
+    if index is None or index.ndim != 0 or int(index) != part:
+        return None
+    if gather.attributes.get_int("axis", 0) not in (3, -2):
+        return None
+    return gather, gather.inputs[0]
+
+
+def _interleaved_view(packed5: ir.Value) -> tuple[ir.Node, list[int]] | Mismatch:
+    """``packed5 = Reshape(packed, [0, 0, H, 3, d])`` (copying B and S): (the Reshape, its dims)."""
+    view = packed5.producer()
+    target = const_array(view.inputs[1]) if is_op(view, "Reshape") and view is not None else None
+    if view is None or target is None or view.inputs[0] is None:
+        return Mismatch("the [B, S, H, 3, d] view of the packed Q/K/V has no constant target")
+    dims = [int(t) for t in target.reshape(-1)]
+    if len(dims) != 5 or dims[2] <= 0 or dims[3] != 3 or dims[4] <= 0:
+        return Mismatch(f"the packed Q/K/V is viewed as {dims}, not [0, 0, H, 3, d]")
+    copies = not view.attributes.get_int("allowzero", 0)
+    for axis in (0, 1):  # B and S copied (0), or the packed tensor's static sizes (folded)
+        if not ((dims[axis] == 0 and copies) or dims[axis] == static_dim(view.inputs[0], axis)):
+            return Mismatch(f"the packed Q/K/V is viewed as {dims}: dims 0, 1 are not its [B, S]")
+    return view, dims
+
+
+def _interleaved_read(
+    value: ir.Value, start: int, end: int | None
+) -> tuple[ir.Value, int, int] | Mismatch | None:
+    """A read ``Shape(value, start, end)`` of an interleaved query ([B, S, H*d]) or K/V
+    ([B, H, S, d]) as the same dims of the packed projection (x @ W (+ b) keeps x's [B, S]):
+    (packed, start, end) there; None when ``value`` is not such a part."""
+    node = value.producer()
+    axes: dict[int, int]
+    if is_op(node, "Reshape"):  # the query, [B, S] kept by [0, 0, -1]
+        assert node is not None
+        merge = const_array(node.inputs[1])
+        found = _gathered_part(node.inputs[0], 0) if node.inputs[0] is not None else None
+        if merge is None or [int(t) for t in merge.reshape(-1)] != [0, 0, -1]:
+            return None
+        axes = {0: 0, 1: 1}
+    elif transpose_perm(node) == [0, 2, 1, 3]:  # K/V: B stays, S moved to axis 2
+        assert node is not None
+        gathered = node.inputs[0]
+        found = next(
+            (f for part in (1, 2) if gathered and (f := _gathered_part(gathered, part))), None
+        )
+        axes = {0: 0, 2: 1}
+    else:
+        return None
+    if found is None or isinstance(_interleaved_view(found[1]), Mismatch):
+        return None
+    if end is None or start < 0 or end <= start or any(a not in axes for a in range(start, end)):
+        return Mismatch("the Shape reads dims of the interleaved Q/K/V that x does not have")
+    if any(axes[a] != axes[start] + a - start for a in range(start, end)):
+        return Mismatch("the Shape reads dims of the interleaved Q/K/V in another order than x's")
+    view = found[1].producer()
+    assert view is not None and view.inputs[0] is not None
+    return view.inputs[0], axes[start], axes[start] + end - start
+
+
+def _interleaved_qkv(
+    query: ir.Value, key: ir.Value, value: ir.Value, heads: int
+) -> _Qkv | Mismatch:
+    """BLOOM's packed projection, Q/K/V interleaved per head::
+
+        packed5 = Reshape(x @ W + b, [0, 0, H, 3, d])                  ([B, S, H, 3, d])
+        q = Reshape(Gather(packed5, 0, axis=3), [0, 0, -1])            ([B, S, H*d])
+        k = Transpose(Gather(packed5, 1, axis=3), [0, 2, 1, 3])        ([B, H, S, d]), v with 2
+
+    Column h*3d + j*d + e of W is element e of head h of part j (Q, K, V), so W with its columns
+    reordered to [Q | K | V] (j, h, e) is the merged weight of the three projections."""
+    reshape = query.producer()
+    if not is_op(reshape, "Reshape") or reshape is None or reshape.inputs[0] is None:
+        return Mismatch("the query is not a Reshape", candidate=False)
+    found = _gathered_part(reshape.inputs[0], 0)
+    if found is None:
+        return Mismatch("the query is not part 0 of a [B, S, H, 3, d] view", candidate=False)
+    merge = const_array(reshape.inputs[1])
+    if merge is None or [int(t) for t in merge.reshape(-1)] != [0, 0, -1]:
+        return Mismatch("the interleaved query is not merged by Reshape([0, 0, -1])")
+    nodes = [reshape, found[0]]
+    packed5 = found[1]
+    for part, side in ((1, key), (2, value)):
+        transpose = side.producer()
+        if transpose is None or list(transpose.attributes.get_ints("perm", ())) != [0, 2, 1, 3]:
+            return Mismatch("the interleaved K/V are not moved to [B, H, T, d] by one Transpose")
+        gathered = transpose.inputs[0]
+        found = _gathered_part(gathered, part) if gathered is not None else None
+        if not is_op(transpose, "Transpose") or found is None or found[1] is not packed5:
+            return Mismatch("K and V are not parts 1 and 2 of the query's [B, S, H, 3, d] view")
+        nodes += [transpose, found[0]]
+    found_view = _interleaved_view(packed5)
+    if isinstance(found_view, Mismatch):
+        return found_view
+    view, dims = found_view
+    if dims[2] != heads:
+        return Mismatch(f"the packed Q/K/V is viewed as {dims}, not [0, 0, {heads}, 3, d]")
+    packed = view.inputs[0]
+    assert packed is not None
+    users = [u.node for u in packed5.uses()]
+    if packed5.is_graph_output() or len(users) != 3 or any(u not in nodes for u in users):
+        return Mismatch("the [B, S, H, 3, d] view has other consumers")
+    projection = _projection_read_by(packed, view)
+    if isinstance(projection, Mismatch):
+        return projection
+    size = dims[4]
+    columns = tuple(
+        h * 3 * size + j * size + e for j in range(3) for h in range(heads) for e in range(size)
+    )
+    return _Qkv(
+        projection.source,
+        (projection.weight,),
+        (projection.bias,),
+        None,
+        (*projection.nodes, view, *nodes),
+        columns,
+    )
+
+
 def _check_weights(qkv: _Qkv) -> tuple[int, int, int] | Mismatch:
     """The Q/K/V widths, once every weight is a constant [D_in, .] of the input's float type and
     every bias fits."""
@@ -408,6 +560,8 @@ def _check_weights(qkv: _Qkv) -> tuple[int, int, int] | Mismatch:
                 )
     if len(rows) != 1:
         return Mismatch(f"the Q/K/V weights have different row counts {sorted(rows)}")
+    if qkv.columns is not None and len(qkv.columns) != widths[0]:
+        return Mismatch(f"the [B, S, H, 3, d] view does not split the {widths[0]} columns")
     if len(widths) == 3:
         return widths[0], widths[1], widths[2]
     if qkv.sizes is not None:
@@ -419,7 +573,9 @@ def _check_weights(qkv: _Qkv) -> tuple[int, int, int] | Mismatch:
     return (widths[0] // 3,) * 3
 
 
-def _match_attention(mha: ir.Node, context: RewriteContext, merged: bool) -> Match | Mismatch:
+def _match_attention(mha: ir.Node, context: RewriteContext, kind: str) -> Match | Mismatch:
+    """``kind``: where Q, K and V come from, "split" (one projection and a Split), "separate"
+    (three projections) or "interleaved" (one projection viewed as [B, S, H, 3, d])."""
     inputs = list(mha.inputs)
     if len(inputs) < 3 or any(v is None for v in inputs[:3]):
         return Mismatch("MultiHeadAttention has no separate Q, K and V")
@@ -439,9 +595,15 @@ def _match_attention(mha: ir.Node, context: RewriteContext, merged: bool) -> Mat
         if node.outputs[0].is_graph_output() or len(node.outputs[0].uses()) != 1:
             return Mismatch("the query's scale factor has other consumers")
     split = query.producer()
-    if is_op(split, "Split") != merged:
+    interleaved = _interleaved_qkv(query, key, value, mha.attributes.get_int("num_heads", 0))
+    is_interleaved = not isinstance(interleaved, Mismatch) or interleaved.candidate
+    if (kind == "interleaved") != is_interleaved:
+        return Mismatch("left to another packed-attention rule", candidate=False)
+    if kind != "interleaved" and is_op(split, "Split") != (kind == "split"):
         return Mismatch("left to the other packed-attention rule", candidate=False)
-    if split is not None and merged:
+    if kind == "interleaved":
+        qkv = interleaved
+    elif split is not None and kind == "split":
         qkv = _merged_qkv(split, query, key, value)
     else:
         qkv = _separate_qkv(query, key, value)
@@ -492,7 +654,19 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement:
     qkv: _Qkv = match.bindings["qkv"]
     sizes: tuple[int, int, int] = match.bindings["sizes"]
     constants: list[ir.Value] = []
-    if len(qkv.weights) == 1:
+    if len(qkv.weights) == 1 and qkv.columns is not None:
+        order = np.array(qkv.columns)
+        hint = qkv.weights[0].name
+        array = const_array(qkv.weights[0])
+        assert array is not None
+        weight = new_constant(array[:, order], hint)
+        constants.append(weight)
+        bias = None
+        bias_array = const_array(qkv.biases[0]) if qkv.biases[0] is not None else None
+        if bias_array is not None:
+            bias = new_constant(bias_array[order], hint)
+            constants.append(bias)
+    elif len(qkv.weights) == 1:
         weight, bias = qkv.weights[0], qkv.biases[0]
     else:
         hint = qkv.weights[0].name
@@ -523,20 +697,22 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement:
 
 
 SHAPE_RULE = Rule("shape-of-qkv-slice->shape-of-input", "Shape", _match_shape, _rewrite_shape)
-PACKED_RULE = Rule(
-    "qkv-matmul+split+mha->attention",
-    "MultiHeadAttention",
-    lambda node, context: _match_attention(node, context, merged=True),
-    _rewrite_attention,
-    domain=MS_DOMAIN,
-)
-SEPARATE_RULE = Rule(
-    "q,k,v-matmuls+mha->attention",
-    "MultiHeadAttention",
-    lambda node, context: _match_attention(node, context, merged=False),
-    _rewrite_attention,
-    domain=MS_DOMAIN,
-)
+
+
+def _attention_rule(name: str, kind: str) -> Rule:
+    """The MultiHeadAttention -> Attention rule for Q/K/V of ``kind`` (see _match_attention)."""
+    return Rule(
+        name,
+        "MultiHeadAttention",
+        lambda node, context: _match_attention(node, context, kind),
+        _rewrite_attention,
+        domain=MS_DOMAIN,
+    )
+
+
+PACKED_RULE = _attention_rule("qkv-matmul+split+mha->attention", "split")
+SEPARATE_RULE = _attention_rule("q,k,v-matmuls+mha->attention", "separate")
+INTERLEAVED_RULE = _attention_rule("interleaved-qkv-matmul+mha->attention", "interleaved")
 
 
 class FusePackedAttentionPass(Pass):
@@ -551,5 +727,6 @@ class FusePackedAttentionPass(Pass):
     def call(self, model: ir.Model) -> PassResult:
         if self.options.target != "ort":
             return PassResult(model, modified=False)
-        stats, notes = apply_rules(model, [SHAPE_RULE, PACKED_RULE, SEPARATE_RULE], self.options)
+        rules = [SHAPE_RULE, PACKED_RULE, SEPARATE_RULE, INTERLEAVED_RULE]
+        stats, notes = apply_rules(model, rules, self.options)
         return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
