@@ -520,6 +520,15 @@ def gptj() -> Factory:
 
 
 @seeded
+def gpt2_deep() -> Factory:
+    """GPT-2 with 12 layers at a tiny width: enough layers that a merged decoder's branches make
+    up dozens of dim names (a test of their naming); not in the sweep's families."""
+    from onnxopt.zoo.transformers_models import _gpt2
+
+    return _gpt2(n_layer=12, n_embd=64, n_head=4, vocab_size=1000, n_positions=256)
+
+
+@seeded
 def gptj_medium() -> Factory:
     """GPT-J-6B's head shape at a size worth timing (4 layers, hidden 512, 2 heads of 256, 64 of
     each head's dims rotate pairwise); not in the sweep's families.

@@ -109,3 +109,27 @@ def test_merged_decoder_fuses_in_both_branches(
     # Per branch at most a few shape reads more than the plain step (dynamo names some dims
     # in value_info that the merged form drops).
     assert merged.nodes_after <= 2 * (plain.nodes_after + 5) + 1, (plain, merged)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_merged_decoder_branch_dim_names_never_collide(tmp_path: Path) -> None:
+    """A 12-layer merged GPT-2: each infer-shapes run inferred the branches afresh and named the
+    dims it made up unk__if0_N again, for other dims than an earlier run's unk__if0_N; two dims
+    then shared a name and a Reshape was folded to a batch of 4 ("cannot reshape {1,768} to
+    {4,-1,768}"). Each run's made-up names are now new to the whole model."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import onnx
+
+    from onnxopt import api
+
+    step = tmp_path / "step.onnx"
+    kv_sweep.export_kv("benchmarks.arch_sweep:gpt2_deep", "torchscript", step)
+    proto = onnx.load(str(step))
+    merged = tmp_path / "merged.onnx"
+    onnx.save(kv_sweep.merge_decoders(proto, proto), str(merged))
+    plain = api.optimize(step)
+    result = api.optimize(merged)
+    assert plain.validated and result.validated
+    assert result.report.after.nodes == 2 * plain.report.after.nodes + 1

@@ -143,6 +143,13 @@ def _reinfer_if_branches(
             types.setdefault(info.name, info.type)
         for tensor in graph.initializer:
             constants.setdefault(tensor.name, tensor)
+    used = {
+        dim.dim_param
+        for graph in _graph_protos(proto.graph)
+        for info in (*graph.input, *graph.value_info, *graph.output)
+        for dim in info.type.tensor_type.shape.dim
+        if dim.dim_param
+    }
     done = 0
     for graph in list(_graph_protos(proto.graph)):
         for node in graph.node:
@@ -150,7 +157,7 @@ def _reinfer_if_branches(
                 continue
             for attr in node.attribute:
                 if attr.HasField("g") and _reinfer_branch(
-                    attr.g, types, constants, proto, infer, f"if{done}"
+                    attr.g, types, constants, proto, infer, f"if{done}", used
                 ):
                     done += 1
     return done
@@ -163,6 +170,7 @@ def _reinfer_branch(
     proto: onnx.ModelProto,
     infer: Callable[[onnx.ModelProto], onnx.ModelProto],
     tag: str,
+    used: set[str],
 ) -> bool:
     defined: set[str] = set()
     read: dict[str, None] = {}  # in order of first use: the inputs' order is deterministic
@@ -179,6 +187,7 @@ def _reinfer_branch(
     alone.node.extend(branch.node)
     alone.initializer.extend(branch.initializer)
     alone.output.extend(branch.output)
+    alone.value_info.extend(branch.value_info)  # inferred as recorded, like the main graph
     for name in outer:
         tensor = constants.get(name)
         if tensor is not None and tensor.ByteSize() <= _BRANCH_CONSTANT_BYTES:
@@ -193,14 +202,27 @@ def _reinfer_branch(
         inferred = infer(model)
     except Exception:  # best effort: the branch keeps what the whole-model run found
         return False
-    # A run of its own makes up dim names (unk__0 ...) that another run also makes up for other
-    # dims: each branch's new ones get its tag, so that no two stand for different dims.
-    inherited = {dim.dim_param for info in alone.input for dim in info.type.tensor_type.shape.dim}
+    # A run of its own makes up dim names (unk__0 ...) that other runs (the main graph's, another
+    # branch's, an earlier pass's) also made up for other dims: each name this run made up is
+    # renamed to one no graph of the model uses, so that no two dims share a name.
+    known = {
+        dim.dim_param
+        for info in (*alone.input, *alone.value_info, *alone.output)
+        for dim in info.type.tensor_type.shape.dim
+    }
+    fresh: dict[str, str] = {}
     for info in (*inferred.graph.value_info, *inferred.graph.output):
         for dim in info.type.tensor_type.shape.dim:
             name = dim.dim_param
-            if name.startswith(GENERATED_DIM_PREFIX) and name not in inherited:
-                dim.dim_param = f"{GENERATED_DIM_PREFIX}{tag}_{name[len(GENERATED_DIM_PREFIX) :]}"
+            if not name.startswith(GENERATED_DIM_PREFIX) or name in known:
+                continue
+            if name not in fresh:
+                index = len(fresh)
+                while f"{GENERATED_DIM_PREFIX}{tag}_{index}" in used:
+                    index += 1
+                fresh[name] = f"{GENERATED_DIM_PREFIX}{tag}_{index}"
+                used.add(fresh[name])
+            dim.dim_param = fresh[name]
     outer_names = set(outer)
     del branch.value_info[:]
     branch.value_info.extend(i for i in inferred.graph.value_info if i.name not in outer_names)
