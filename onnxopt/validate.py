@@ -272,23 +272,19 @@ def _session(model: ir.Model | Path, threads: int = 2) -> Any:
 def release_session(model: ir.Model | Path) -> None:
     """Drop ``model``'s shared sessions, so that the weights they hold can be freed."""
     cache = _SESSIONS.get()
-    if cache is None:
-        return
-    key = model if isinstance(model, Path) else id(model)
-    released = [k for k in cache if k[0] == key]
-    for cached in released:
-        del cache[cached]
-    if released:
-        _return_freed_memory()
+    if cache is not None:
+        key = model if isinstance(model, Path) else id(model)
+        for cached in [k for k in cache if k[0] == key]:
+            del cache[cached]
+    _return_freed_memory()
 
 
 def _return_freed_memory() -> None:
     """Hand the heap a released session freed back to the OS (glibc keeps it otherwise), so that
-    the next session's weights do not add to the process's peak."""
+    the next session's weights do not add to the process's peak. The session is freed by its
+    reference count; a full ``gc.collect()`` here made thousands of small validations crawl."""
     import ctypes
-    import gc
 
-    gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
