@@ -235,3 +235,26 @@ def test_nested_sequence_input_is_refused_for_validation_with_its_type() -> None
         assert "input 's' is of type" in str(exc) and "--inputs" in str(exc)
     else:
         raise AssertionError("a sequence of sequences was generated")
+
+
+def test_optional_nodes_with_a_type_attribute_do_not_crash_cse() -> None:
+    """onnx-ir's CSE hashes attribute values, and Optional's ``type`` is unhashable: optimize
+    stopped with an internal error (main graph) or in an If branch (ONNX's test_if_opt)."""
+    vector = oh.make_tensor_type_proto(onnx.TensorProto.FLOAT, [2])
+    graph = oh.make_graph(
+        [
+            oh.make_node("Optional", [], ["o1"], type=vector),
+            oh.make_node("Optional", [], ["o2"], type=vector),
+            oh.make_node("OptionalHasElement", ["o1"], ["h1"]),
+            oh.make_node("OptionalHasElement", ["o2"], ["h2"]),
+            oh.make_node("And", ["h1", "h2"], ["h"]),
+            oh.make_node("Relu", ["x"], ["y"]),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [
+            oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2]),
+            oh.make_tensor_value_info("h", onnx.TensorProto.BOOL, []),
+        ],
+    )
+    _optimized_and_checked(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 
 import onnx_ir as ir
@@ -21,13 +22,17 @@ class EliminateCommonSubexpressionsPass(Pass):
     def call(self, model: ir.Model) -> PassResult:
         before = ModelCensus.of(model).nodes
         cse = ir_common.CommonSubexpressionEliminationPass(size_limit=1024)
-        cse(model)
+        with contextlib.suppress(TypeError):  # see the subgraphs below
+            cse(model)
         # onnx-ir's pass covers the main graph only; a merged decoder's whole work is in its If
         # branches. Each subgraph is merged within itself (never across scopes).
         per_graph = getattr(cse, "_eliminate_common_subexpression", None)
         if per_graph is not None:
             for graph in model.graph.subgraphs():
-                per_graph(graph)
+                # onnx-ir hashes attribute values: a type attribute (Optional's) is unhashable.
+                # Each merge is complete when made, so a graph it stops in stays valid.
+                with contextlib.suppress(TypeError):
+                    per_graph(graph)
         merged = before - ModelCensus.of(model).nodes
         stats = Counter({"nodes merged": merged}) if merged > 0 else Counter()
         return PassResult(model, modified=bool(stats), stats=stats)
