@@ -198,19 +198,14 @@ def inputs_of_shapes(
     specs: Sequence[InputSpec],
     shapes: Sequence[tuple[int, ...]],
     rng: np.random.Generator,
-    *,
-    omit_optional: bool = False,
 ) -> dict[str, Feed] | None:
     """Random inputs of these shapes (in ``specs``' order); None if they are too large to generate.
 
-    An optional input is given (or left out with ``omit_optional``); a sequence input gets
-    :data:`SEQUENCE_LENGTH` tensors of its shape.
+    An optional input is given; a sequence input gets :data:`SEQUENCE_LENGTH` tensors of its shape.
     """
     feeds: dict[str, Feed] = {}
     total = 0
     for spec, shape in zip(specs, shapes, strict=True):
-        if spec.kind == "optional" and omit_optional:
-            continue
         count = SEQUENCE_LENGTH if spec.kind == "sequence" else 1
         total += count * int(np.prod(shape, dtype=np.int64))
         if total > MAX_TRIAL_ELEMENTS:
@@ -601,7 +596,6 @@ def validate(
         wanted = len(extra_inputs) + (trials if dynamic else 1)
         seen: set[tuple[tuple[int, ...], ...]] = set()
         too_big = False
-        ran_shapes: list[list[tuple[int, ...]]] = []
 
         def attempt(plan: SizePlan | None) -> bool:
             """Run one size plan; True if it was new and the original ran on it."""
@@ -614,10 +608,7 @@ def validate(
             if generated is None:
                 too_big = True
                 return False
-            if not run_one(generated):
-                return False
-            ran_shapes.append(shapes)
-            return True
+            return run_one(generated)
 
         def short() -> bool:
             return len(runs) < wanted
@@ -660,10 +651,13 @@ def validate(
                 "the model ran at one size of its dynamic dims only; give sizes that fit together "
                 "with --dim NAME=SIZE (e.g. --dim past=5,seq=3,total=8) to try others"
             )
-        if any(s.kind == "optional" for s in specs):
+        # The first generated run, varied: its optional inputs left out, its flags flipped.
+        first = runs[len(extra_inputs)][0] if len(runs) > len(extra_inputs) else None
+        optional = {s.name for s in specs if s.kind == "optional"}
+        if optional and first is not None:
             # An optional input is also left out once: the original's own "absent" path.
-            absent = inputs_of_shapes(specs, ran_shapes[0], rng, omit_optional=True)
-            if absent is not None and not run_one(absent):
+            absent = {k: v for k, v in first.items() if k not in optional}
+            if not run_one(absent):
                 notes.append(
                     "the original model does not run with its optional inputs left out "
                     f"({last_failure}); validated with them given"
@@ -673,7 +667,6 @@ def validate(
             for s in specs
             if s.kind == "tensor" and s.dtype == np.bool_ and all(d == 1 for d in s.dims)
         ]
-        first = runs[len(extra_inputs)][0] if len(runs) > len(extra_inputs) else None
         if flags and first is not None:
             # A boolean flag (an If's condition: optimum's use_cache_branch) is also run flipped,
             # whatever the generated values were, so that both branches are compared.

@@ -258,3 +258,31 @@ def test_optional_nodes_with_a_type_attribute_do_not_crash_cse() -> None:
         ],
     )
     _optimized_and_checked(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))
+
+
+def test_optional_input_when_only_the_reference_inputs_run() -> None:
+    """No generated size runs (x must have 7 elements), only the reference inputs: the
+    left-out-optional run, made from the first generated run, is skipped (it raised IndexError)."""
+    vector = oh.make_tensor_type_proto(onnx.TensorProto.FLOAT, ["N"])
+    weight = onh.from_array(np.ones((7, 2), np.float32), "w")
+    graph = oh.make_graph(
+        [
+            oh.make_node("OptionalHasElement", ["o"], ["h"]),
+            oh.make_node("Unsqueeze", ["x", "zero"], ["row"]),
+            oh.make_node("MatMul", ["row", "w"], ["y"]),
+        ],
+        "g",
+        [
+            oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N"]),
+            oh.make_value_info("o", oh.make_optional_type_proto(vector)),
+        ],
+        [
+            oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2]),
+            oh.make_tensor_value_info("h", onnx.TensorProto.BOOL, []),
+        ],
+        [weight, onh.from_array(np.array([0], np.int64), "zero")],
+    )
+    model = model_from_proto(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))
+    x = np.arange(7, dtype=np.float32)
+    report = validate(model, model, extra_inputs=[{"x": x, "o": x}])
+    assert report.passed and report.trials == ({"x": (7,), "o": (7,)},)
