@@ -1049,11 +1049,7 @@ def unique_node_names(model: ir.Model) -> int:
         if name not in seen:
             seen.add(name)
             continue
-        suffix = 1
-        while f"{name}_{suffix}" in taken:
-            suffix += 1
-        node.name = f"{name}_{suffix}"
-        taken.add(node.name)
+        node.name = _free_name(name, taken)
         seen.add(node.name)
     return renamed
 
@@ -1080,14 +1076,20 @@ def unique_value_names(model: ir.Model) -> int:
             if not name:
                 continue
             if name in seen:
-                suffix = 1
-                while f"{name}_{suffix}" in taken:
-                    suffix += 1
-                value.name = f"{name}_{suffix}"
-                taken.add(value.name)
+                value.name = _free_name(name, taken)
                 renamed += 1
             seen.add(str(value.name))
     return renamed
+
+
+def _free_name(name: str, taken: set[str]) -> str:
+    """``name_1``, ``name_2``...: the first not in ``taken``, which it joins."""
+    suffix = 1
+    while f"{name}_{suffix}" in taken:
+        suffix += 1
+    free = f"{name}_{suffix}"
+    taken.add(free)
+    return free
 
 
 def _graph_values(graph: ir.Graph) -> Iterator[ir.Value]:

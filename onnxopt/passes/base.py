@@ -127,7 +127,8 @@ class Pipeline:
                     warnings.append(message)
             else:
                 records.append(self._run_one(step, model, 0, progress))
-        # Node names likewise (ORT refuses repeats in a graph; the loader would rename them).
+        # onnx-ir names new nodes per graph too: ORT refuses a name repeated in a graph, and the
+        # loader would rename them, so the output would not be a fixed point.
         unique_node_names(model)
         return PipelineResult(model, tuple(records), tuple(warnings))
 
