@@ -138,20 +138,16 @@ def _reinfer_if_branches(
     """
     types: dict[str, onnx.TypeProto] = {}
     constants: dict[str, onnx.TensorProto] = {}
-    for graph in _graph_protos(proto.graph):
+    used: set[str] = set()  # every dim name of the model
+    graphs = list(_graph_protos(proto.graph))
+    for graph in graphs:
         for info in (*graph.input, *graph.value_info, *graph.output):
             types.setdefault(info.name, info.type)
+            used.update(d.dim_param for d in info.type.tensor_type.shape.dim if d.dim_param)
         for tensor in graph.initializer:
             constants.setdefault(tensor.name, tensor)
-    used = {
-        dim.dim_param
-        for graph in _graph_protos(proto.graph)
-        for info in (*graph.input, *graph.value_info, *graph.output)
-        for dim in info.type.tensor_type.shape.dim
-        if dim.dim_param
-    }
     done = 0
-    for graph in list(_graph_protos(proto.graph)):
+    for graph in graphs:
         for node in graph.node:
             if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
                 continue
@@ -385,11 +381,10 @@ class InferShapesPass(Pass):
             bare.CopyFrom(proto)
             _forget_placeholders(bare.graph)
             try:
-                afresh: onnx.ModelProto | None = infer(bare)
-                if afresh is not None:
-                    _reinfer_if_branches(afresh, infer)
+                afresh = infer(bare)
+                _reinfer_if_branches(afresh, infer)
             except Exception:  # the first run succeeded; this one only adds names
-                afresh = None
+                return inferred, None
             return inferred, afresh
 
         try:
