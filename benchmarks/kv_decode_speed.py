@@ -58,8 +58,6 @@ def run(
     positions: bool = False,
     merged: bool = False,
 ) -> list[str]:
-    import onnx
-
     from onnxopt import io
 
     base = name
@@ -73,8 +71,7 @@ def run(
         name += "_merged"
         original = out / f"{name}_kv.{exporter}.onnx"
         if not original.exists():
-            proto = onnx.load(str(step))
-            onnx.save(kv_sweep.merge_decoders(proto, proto), str(original))
+            kv_sweep.save_merged(step, original)
     model = io.load_model(original).model
     feeds = {}
     for point, size in POINTS.items():

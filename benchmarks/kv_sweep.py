@@ -241,6 +241,16 @@ def merge_decoders(decoder: Any, decoder_with_past: Any) -> Any:
     return oh.make_model(graph, opset_imports=decoder.opset_import, ir_version=decoder.ir_version)
 
 
+def save_merged(step: Path, target: Path) -> Path:
+    """Write the cached step ``step`` as an Optimum merged decoder of itself (both branches, as
+    two exports of one model would give) to ``target``; a past of length 0 runs the prompt."""
+    import onnx
+
+    proto = onnx.load(str(step))
+    onnx.save(merge_decoders(proto, proto), str(target))
+    return target
+
+
 def _mask(batch: int, total: int, seq: int, pattern: str) -> np.ndarray:
     """All ones, or row 0 padded: on the left (its first tokens) or on the right of the past
     (its last past tokens, the new ones kept), leaving every query at least one key."""
@@ -323,16 +333,12 @@ def _export_to(
     family: str, exporter: str, attention: str, positions: bool, path: Path, merged: bool = False
 ) -> None:
     export_kv(BASES[family], exporter, path, attention, positions)
-    if merged:  # both branches the cached step (a past of length 0 runs the prompt)
-        import onnx
-
+    if merged:
         from onnxopt.reference import Reference, load_reference, reference_path_for, save_reference
 
-        step = onnx.load(str(path))
-        onnx.save(merge_decoders(step, step), str(path))
-        eager = load_reference(
-            reference_path_for(path)
-        )  # the example has a past: the cached branch
+        save_merged(path, path)
+        eager = load_reference(reference_path_for(path))
+        # The example has a past: the cached branch.
         inputs = {**eager.inputs, "use_cache_branch": np.array([True])}
         save_reference(reference_path_for(path), Reference(inputs, eager.outputs, eager.metadata))
 

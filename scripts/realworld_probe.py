@@ -920,12 +920,11 @@ def _module_functions(base: Path, work: Path) -> Path:
 )
 def _merged_decoder(base: Path, work: Path) -> Path:
     sys.path.insert(0, str(REPO))
-    from benchmarks.kv_sweep import BASES, export_kv, merge_decoders
+    from benchmarks.kv_sweep import BASES, export_kv, save_merged
 
     step = work / "llama_step.onnx"
     export_kv(BASES["llama"], "torchscript", step)
-    proto = onnx.load(str(step))
-    return _save(merge_decoders(proto, proto), work / "decoder_model_merged.onnx")
+    return save_merged(step, work / "decoder_model_merged.onnx")
 
 
 @form("Scan cumulative sum + If with constant-foldable branches (onnx.helper)")

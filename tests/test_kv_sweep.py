@@ -120,15 +120,11 @@ def test_merged_decoder_branch_dim_names_never_collide(tmp_path: Path) -> None:
     {4,-1,768}"). Each run's made-up names are now new to the whole model."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import onnx
-
     from onnxopt import api
 
     step = tmp_path / "step.onnx"
     kv_sweep.export_kv("benchmarks.arch_sweep:gpt2_deep", "torchscript", step)
-    proto = onnx.load(str(step))
-    merged = tmp_path / "merged.onnx"
-    onnx.save(kv_sweep.merge_decoders(proto, proto), str(merged))
+    merged = kv_sweep.save_merged(step, tmp_path / "merged.onnx")
     plain = api.optimize(step)
     result = api.optimize(merged)
     assert plain.validated and result.validated
