@@ -91,6 +91,7 @@ from onnxopt.passes._attention_shapes import (
     value_rank,
 )
 from onnxopt.passes.base import Pass, PassResult
+from onnxopt.passes.sort_topologically import sort_model
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 
 logger = logging.getLogger(__name__)
@@ -1710,9 +1711,7 @@ class FuseAttentionPass(Pass):
             # A block whose dim reads were re-pointed got its new nodes at the first read, which
             # may come before V or the mask: a stable sort (the identity on a sorted graph)
             # restores the order.
-            model.graph.sort()
-            for function in model.functions.values():
-                function.sort()
+            sort_model(model)
             if self.options.target == "ort":
                 model.opset_imports.setdefault(MS_DOMAIN, 1)
             else:

@@ -84,6 +84,7 @@ from onnxopt.passes.fuse_attention import (
     has_soft_cap,
     match_attention_block,
 )
+from onnxopt.passes.sort_topologically import sort_model
 from onnxopt.rewrite import (
     Match,
     Mismatch,
@@ -942,9 +943,7 @@ class FuseGroupQueryAttentionPass(Pass):
         if stats:
             # The moved Shape reads are new nodes placed at the attention, after their consumer
             # (fuse-attention's mask Expand target): a stable sort puts them back in front of it.
-            model.graph.sort()
-            for function in model.functions.values():
-                function.sort()
+            sort_model(model)
         return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
 
     def _why_not_causal(self, model: ir.Model) -> list[str]:

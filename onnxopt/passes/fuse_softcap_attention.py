@@ -26,6 +26,7 @@ from onnxopt.ops import MS_DOMAIN
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fuse_attention import SOFTCAP_ONNX_RULE
 from onnxopt.passes.fuse_group_query_attention import SOFTCAP_GQA_RULES
+from onnxopt.passes.sort_topologically import sort_model
 from onnxopt.rewrite import apply_rules
 
 
@@ -45,9 +46,7 @@ class FuseSoftcapAttentionPass(Pass):
         if stats:
             # New nodes go before each block's last node; what they read (the mask, V) may
             # come later in graph order: a stable sort restores the order.
-            model.graph.sort()
-            for function in model.functions.values():
-                function.sort()
+            sort_model(model)
             if ort:
                 model.opset_imports.setdefault(MS_DOMAIN, 1)
         return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
