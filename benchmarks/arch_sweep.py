@@ -326,17 +326,17 @@ def opt() -> Factory:
 
 
 def _llama_like(**extra: Any) -> dict[str, Any]:
-    return _attn(
-        vocab_size=1000,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        use_cache=False,
-        **extra,
-    )
+    config = {
+        "vocab_size": 1000,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "use_cache": False,
+    }
+    return _attn(**{**config, **extra})
 
 
 @seeded
@@ -814,6 +814,371 @@ def hubert() -> Factory:
     return _audio(HubertModel, _wav2vec2_like(HubertConfig))
 
 
+# ---------------------------------------------------------------------------- more families
+# Mixture-of-experts routing, multi-query / ALiBi / latent attention, state-space models and
+# encoders whose attention is not the BERT form.
+
+# transformers' default MoE kernel on CPU ("grouped_mm") counts tokens per expert with histc,
+# which neither exporter converts; "batched_mm" gathers each token's expert weights instead.
+EXPERTS = "batched_mm"
+
+
+@seeded
+def mixtral() -> Factory:
+    from transformers import MixtralConfig, MixtralModel
+
+    # top-2 of 4 experts: the routing reads token indices at run time
+    cfg = MixtralConfig(
+        **_llama_like(num_local_experts=4, num_experts_per_tok=2, experts_implementation=EXPERTS)
+    )
+    return _decoder(MixtralModel, cfg)
+
+
+@seeded
+def qwen2_moe() -> Factory:
+    from transformers import Qwen2MoeConfig, Qwen2MoeModel
+
+    cfg = Qwen2MoeConfig(
+        **_llama_like(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
+            experts_implementation=EXPERTS,
+        )
+    )
+    return _decoder(Qwen2MoeModel, cfg)
+
+
+@seeded
+def gpt_bigcode() -> Factory:
+    from transformers import GPTBigCodeConfig, GPTBigCodeModel
+
+    cfg = GPTBigCodeConfig(
+        **_attn(
+            vocab_size=1000,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=256,
+            multi_query=True,
+            use_cache=False,
+        )
+    )
+    return _decoder(GPTBigCodeModel, cfg)
+
+
+@seeded
+def mpt() -> Factory:
+    from transformers import MptConfig, MptModel
+
+    cfg = MptConfig(
+        d_model=64, n_heads=4, n_layers=2, expansion_ratio=2, vocab_size=1000, use_cache=False
+    )  # ALiBi
+    return _decoder(MptModel, cfg)
+
+
+@seeded
+def mamba() -> Factory:
+    from transformers import MambaConfig, MambaModel
+
+    cfg = MambaConfig(
+        vocab_size=1000, hidden_size=64, state_size=8, num_hidden_layers=2, use_cache=False
+    )  # selective scan over the sequence (the slow path: no CUDA kernels)
+    return _decoder(MambaModel, cfg)
+
+
+@seeded
+def granite() -> Factory:
+    from transformers import GraniteConfig, GraniteModel
+
+    cfg = GraniteConfig(**_llama_like(attention_multiplier=0.2, residual_multiplier=0.5))
+    return _decoder(GraniteModel, cfg)
+
+
+@seeded
+def starcoder2() -> Factory:
+    from transformers import Starcoder2Config, Starcoder2Model
+
+    cfg = Starcoder2Config(**_llama_like(sliding_window=None))  # biases, LayerNorm, gelu MLP
+    return _decoder(Starcoder2Model, cfg)
+
+
+@seeded
+def nemotron() -> Factory:
+    from transformers import NemotronConfig, NemotronModel
+
+    cfg = NemotronConfig(**_llama_like(head_dim=16))  # LayerNorm1P, squared ReLU, partial rotary
+    return _decoder(NemotronModel, cfg)
+
+
+@seeded
+def persimmon() -> Factory:
+    from transformers import PersimmonConfig, PersimmonModel
+
+    cfg = PersimmonConfig(**_llama_like(num_key_value_heads=4, qk_layernorm=True))
+    return _decoder(PersimmonModel, cfg)
+
+
+@seeded
+def deepseek_v3() -> Factory:
+    from transformers import DeepseekV3Config, DeepseekV3Model
+
+    # multi-head latent attention (low-rank Q/KV, a rotary part of each head), dense layers only
+    cfg = DeepseekV3Config(
+        **_llama_like(
+            num_key_value_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            first_k_dense_replace=2,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+        )
+    )
+    return _decoder(DeepseekV3Model, cfg)
+
+
+@seeded
+def gpt_oss() -> Factory:
+    from transformers import GptOssConfig, GptOssModel
+
+    # attention sinks, sliding/full layers, MoE with clamped SwiGLU
+    cfg = GptOssConfig(
+        **_llama_like(
+            head_dim=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            experts_implementation=EXPERTS,
+        )
+    )
+    return _decoder(GptOssModel, cfg)
+
+
+@seeded
+def xglm() -> Factory:
+    from transformers import XGLMConfig, XGLMModel
+
+    cfg = XGLMConfig(
+        vocab_size=1000,
+        d_model=64,
+        ffn_dim=128,
+        num_layers=2,
+        attention_heads=4,
+        max_position_embeddings=256,
+        use_cache=False,
+    )  # sinusoidal positions computed from the ids
+    return _decoder(XGLMModel, cfg)
+
+
+@seeded
+def biogpt() -> Factory:
+    from transformers import BioGptConfig, BioGptModel
+
+    cfg = BioGptConfig(**_attn(**SMALL, vocab_size=1000, intermediate_size=128, use_cache=False))
+    return _decoder(BioGptModel, cfg)
+
+
+@seeded
+def xlnet() -> Factory:
+    from transformers import XLNetConfig, XLNetModel
+
+    cfg = XLNetConfig(vocab_size=1000, d_model=64, n_layer=2, n_head=4, d_inner=128)
+    return _text(
+        XLNetModel, cfg
+    )  # relative positions with the two-stream attention's content stream
+
+
+@seeded
+def squeezebert() -> Factory:
+    from transformers import SqueezeBertConfig, SqueezeBertModel
+
+    cfg = SqueezeBertConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        embedding_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        q_groups=2,
+        k_groups=2,
+        v_groups=2,
+        post_attention_groups=2,
+        intermediate_groups=2,
+        output_groups=2,
+    )  # grouped 1x1 Conv1d projections on [B, C, S]
+    return _text(SqueezeBertModel, cfg)
+
+
+@seeded
+def funnel() -> Factory:
+    from transformers import FunnelConfig, FunnelModel
+
+    cfg = FunnelConfig(
+        vocab_size=1000, block_sizes=[1, 1], d_model=64, n_head=4, d_head=16, d_inner=128
+    )  # pooled queries, relative attention
+    return _text(FunnelModel, cfg)
+
+
+@seeded
+def roformer() -> Factory:
+    from transformers import RoFormerConfig, RoFormerModel
+
+    cfg = RoFormerConfig(**_attn(**SMALL, vocab_size=1000, intermediate_size=128))
+    return _text(RoFormerModel, cfg)  # interleaved rotary in an encoder
+
+
+@seeded
+def convbert() -> Factory:
+    from transformers import ConvBertConfig, ConvBertModel
+
+    cfg = ConvBertConfig(
+        **_attn(**SMALL, vocab_size=1000, intermediate_size=128, embedding_size=64)
+    )  # span-based dynamic convolution heads beside the attention
+    return _text(ConvBertModel, cfg)
+
+
+@seeded
+def esm() -> Factory:
+    from transformers import EsmConfig, EsmModel
+
+    cfg = EsmConfig(
+        **_attn(
+            **SMALL,
+            vocab_size=33,
+            intermediate_size=128,
+            position_embedding_type="rotary",
+            pad_token_id=1,
+            mask_token_id=32,
+        )
+    )
+    return _text(EsmModel, cfg)
+
+
+@seeded
+def marian() -> Factory:
+    from transformers import MarianConfig, MarianModel
+
+    cfg = MarianConfig(
+        vocab_size=1000,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        decoder_start_token_id=0,
+        use_cache=False,
+    )
+    return _seq2seq(MarianModel, cfg)
+
+
+@seeded
+def whisper() -> Factory:
+    """The whole Whisper forward (encoder and decoder, no cache), not only the zoo's encoder."""
+    import torch
+    from transformers import WhisperConfig, WhisperModel
+
+    from onnxopt.zoo.transformers_models import _Outputs
+
+    cfg = WhisperConfig(
+        vocab_size=1000,
+        num_mel_bins=16,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_source_positions=32,
+        max_target_positions=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        use_cache=False,
+    )
+    inputs = {
+        "input_features": torch.randn(2, 16, 64),
+        "decoder_input_ids": torch.randint(0, 1000, (2, 8)),
+    }
+    wrapped = _Outputs(
+        WhisperModel(cfg), tuple(inputs), ("last_hidden_state", "encoder_last_hidden_state")
+    )
+    dynamic = {"input_features": BATCH, "decoder_input_ids": {0: "batch", 1: "decoder_sequence"}}
+    return _finish(wrapped, inputs, dynamic)
+
+
+@seeded
+def dinov2() -> Factory:
+    from transformers import Dinov2Config, Dinov2Model
+
+    cfg = Dinov2Config(**_attn(**SMALL, mlp_ratio=2, image_size=32, patch_size=8))
+    return _pixels(Dinov2Model, cfg, 32)  # layer scale, interpolated position embeddings
+
+
+@seeded
+def swinv2() -> Factory:
+    from transformers import Swinv2Config, Swinv2Model
+
+    cfg = Swinv2Config(
+        image_size=32, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4
+    )  # cosine attention with a learned log-scale, continuous position bias MLP
+    return _pixels(Swinv2Model, cfg, 32)
+
+
+@seeded
+def pvt_v2() -> Factory:
+    from transformers import PvtV2Config, PvtV2Model
+
+    cfg = PvtV2Config(
+        num_encoder_blocks=2,
+        depths=[1, 1],
+        sr_ratios=[2, 1],
+        hidden_sizes=[16, 32],
+        num_attention_heads=[1, 2],
+        patch_sizes=[7, 3],
+        strides=[4, 2],
+        mlp_ratios=[2, 2],
+    )
+    return _pixels(PvtV2Model, cfg, 32)
+
+
+@seeded
+def data2vec_audio() -> Factory:
+    from transformers import Data2VecAudioConfig, Data2VecAudioModel
+
+    return _audio(Data2VecAudioModel, _wav2vec2_like(Data2VecAudioConfig))
+
+
+@seeded
+def sew() -> Factory:
+    from transformers import SEWConfig, SEWModel
+
+    cfg = SEWConfig(
+        **_attn(
+            **SMALL,
+            intermediate_size=128,
+            conv_dim=(32, 32),
+            conv_stride=(5, 2),
+            conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+            squeeze_factor=2,
+        )
+    )  # the sequence squeezed by a pooling before the encoder and upsampled after
+    return _audio(SEWModel, cfg)
+
+
 FAMILIES: dict[str, Callable[[], Factory]] = {
     f.__name__.replace("_", "-"): f
     for f in (
@@ -861,6 +1226,32 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         regnet,
         wav2vec2,
         hubert,
+        mixtral,
+        qwen2_moe,
+        gpt_bigcode,
+        mpt,
+        mamba,
+        granite,
+        starcoder2,
+        nemotron,
+        persimmon,
+        deepseek_v3,
+        gpt_oss,
+        xglm,
+        biogpt,
+        xlnet,
+        squeezebert,
+        funnel,
+        roformer,
+        convbert,
+        esm,
+        marian,
+        whisper,
+        dinov2,
+        swinv2,
+        pvt_v2,
+        data2vec_audio,
+        sew,
     )
 }
 
