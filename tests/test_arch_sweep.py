@@ -56,6 +56,11 @@ CASES = [
         "mha 2 rotary 4",
     ),  # GPT-J's rotary on heads of a packed Q/K/V
     ("codegen", "dynamo", "eager", "mha 2 rotary 4"),  # K split from rank 3, V a moved Q/K/V chunk
+    # fairseq-style bmm: mask added to a [B, H, S, T] view, clamped at float32's lowest, the
+    # Softmax on the [B*H, S, T] view again, P viewed as [B, H, S, T] and back
+    ("xglm", "dynamo", "eager", "attn 2"),
+    ("xglm", "torchscript", "eager", "attn 2"),
+    ("mixtral", "dynamo", "eager", "gqa 2"),  # MoE routing (batched_mm experts) beside the GQA
 ]
 
 

@@ -487,6 +487,9 @@ class AttentionBlock:
     unproven_rows: tuple[ir.Value, ...] = ()
     # c > 0: the scaled scores are soft-capped, tanh(s / c) * c, before any term is added (Gemma2).
     softcap: float = 0.0
+    # The scores plus their terms clamped from below, ``Max(x, floor)`` (floor <= MASK_FLOOR):
+    # the fused op gets the terms' sum clamped instead (see _score_floor).
+    floor: float | None = None
 
 
 # T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
@@ -813,6 +816,44 @@ def _scores_side(add: ir.Node) -> int | None:
     return None
 
 
+def _score_floor(value: ir.Value | None) -> tuple[ir.Node, ir.Value, float] | Mismatch | None:
+    """``value`` = ``Max(x, c)`` with c a float scalar constant (fairseq-style decoders clamp the
+    masked scores at float32's lowest: ``torch.max(scores + mask, finfo.min)``): (the Max, x, c).
+
+    Softmax(Max(s + m, c)) is fused as Softmax(s + Max(m, c)), the clamp moved onto the summed
+    terms m. For c <= MASK_FLOOR (-1e30) the two agree entry by entry: where m >= c both are s + m
+    (s + m < c would need s below -1e30 + m's spacing); where m < c (-inf) both are c, as s + c ==
+    c for every |s| below half an ulp of c (1.0e31 at float32's lowest), the bound _MaskedFill
+    rests on. A higher floor (-1e4) would also clamp kept scores below it: not fused."""
+    node = value.producer() if value is not None else None
+    if not is_op(node, "Max") or node is None or len(node.inputs) != 2:
+        return None
+    for i in (0, 1):
+        array = const_array(node.inputs[1 - i])
+        operand = node.inputs[i]
+        if array is None or operand is None or array.size != 1:
+            continue
+        if not np.issubdtype(array.dtype, np.floating):
+            return None
+        floor = float(array.reshape(-1)[0])
+        if not floor <= MASK_FLOOR:  # NaN too
+            return Mismatch(
+                f"the scores are clamped from below at {floor:g}: only a floor <= {MASK_FLOOR:g} "
+                "leaves every kept score unchanged"
+            )
+        return node, operand, floor
+    return None
+
+
+def _flat_softmax_input(value: ir.Value | None) -> ir.Node | None:
+    """The Reshape viewing [B, H, S, T] scores as [B*H, S, T] for a Softmax over T (fairseq-style
+    decoders add the mask to the [B, H, S, T] view, then view the scores back), if it is one."""
+    reshape = producer_of(value, "Reshape")
+    if reshape is None or value_rank(value) != 3 or value_rank(reshape.inputs[0]) != 4:
+        return None
+    return reshape
+
+
 @dataclass(frozen=True)
 class _MaskedFill:
     """``Where(condition, scores, fill)`` (``scores_first``) or ``Where(condition, fill, scores)``.
@@ -915,14 +956,19 @@ def _summed_bias(
         *(_fill_bias(tape, fill) for fill in block.fills),
         *(_flat_bias(tape, term, block, heads, opset) for term in block.flat_terms),
     ]
-    if len(terms) < 2:
-        return terms[0] if terms else None
+    if not terms:
+        return None  # a floor of the bare scores clamps nothing (s >= -1e30 > floor)
     bias = terms[0]
     for term in terms[1:]:
         bias = tape.op("Add", [bias, term])
-    if terms[0].dtype is not None:
-        bias.dtype = terms[0].dtype
-    bias.shape = _broadcast_shape(terms)
+    if block.floor is not None:
+        dtype = terms[0].dtype.numpy() if terms[0].dtype is not None else np.dtype(np.float32)
+        floor = tape.op("Constant", [], {"value": ir.tensor(np.array(block.floor, dtype))})
+        bias = tape.op("Max", [bias, floor])
+    if bias is not terms[0]:
+        if terms[0].dtype is not None:
+            bias.dtype = terms[0].dtype
+        bias.shape = _broadcast_shape(terms)
     return bias
 
 
@@ -1001,6 +1047,18 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     terms: list[ir.Value] = []
     fills: list[_MaskedFill] = []
     base: ir.Value | None = scores
+    # XGLM and fairseq-style decoders: Softmax(Reshape(Max(scores4 + mask, lowest), [B*H, S, T])).
+    softmax_view = _flat_softmax_input(base)
+    if softmax_view is not None:
+        nodes.append(softmax_view)
+        base = softmax_view.inputs[0]
+    base_scores4 = base  # the [B, H, S, T] scores a flat Softmax's rows are (clamped or not)
+    clamp = _score_floor(base)
+    if isinstance(clamp, Mismatch):
+        return clamp
+    if clamp is not None:
+        nodes.append(clamp[0])
+        base = clamp[1]
     while (step := _bias_step(base)) is not None:
         if isinstance(step, Mismatch):
             return step
@@ -1018,6 +1076,11 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     unproven_rows: list[ir.Value] = []
     flat_scores: ir.Value | None = None
     unflatten = _unflattening(base)
+    if softmax_view is not None and unflatten is None:
+        return Mismatch(
+            "the scores are viewed as [B*H, S, T] for the Softmax but Q@K^T is not computed on "
+            "heads flattened into the batch"
+        )
     if unflatten is not None:
         nodes.append(unflatten)
         scores4 = base
@@ -1117,17 +1180,33 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         probs = where.outputs[0]
     pv_nodes: list[ir.Node] = []
     if unflatten is not None:
-        probs4 = probs
-        flatten = _main_user(probs4)
-        if not is_op(flatten, "Reshape") or flatten is None:
-            return Mismatch("the [B, H, S, T] probabilities are not viewed as [B*H, S, T]")
-        probs = flatten.outputs[0]
-        flat_dims = [[], [(probs4, 2), (query_base, 2)], [(probs4, 3)]]
-        if key_heads.four_d is not None:
-            flat_dims[2].append((key_heads.four_d, 2))
-        if not _view_proved(probs, flat_dims, flat_of=query_base):
+        probs4: ir.Value
+        if softmax_view is not None:
+            assert (
+                base_scores4 is not None
+            )  # the Reshape's input: _flat_softmax_input read its rank
+            # The Softmax ran on the [B*H, S, T] view: its rows are those of the 4-D scores.
+            # XGLM views P as [B, H, S, T] and back before P@V: row-major views of views keep
+            # the element order, so only the last one's shape matters.
+            probs4, flat_view = base_scores4, softmax_view.outputs[0]
+            while is_op(view := _main_user(probs), "Reshape") and view is not None:
+                pv_nodes.append(view)
+                probs = view.outputs[0]
+            if pv_nodes and not _view_proved(
+                probs, _flat_dims(probs4, query_base, key_heads), flat_of=query_base
+            ):
+                return Mismatch("the probabilities' view is not provably [B*H, S, T]")
+        else:
+            probs4 = probs
+            flatten = _main_user(probs4)
+            if not is_op(flatten, "Reshape") or flatten is None:
+                return Mismatch("the [B, H, S, T] probabilities are not viewed as [B*H, S, T]")
+            probs = flat_view = flatten.outputs[0]
+            pv_nodes.append(flatten)
+        if not _view_proved(
+            flat_view, _flat_dims(probs4, query_base, key_heads), flat_of=query_base
+        ):
             return Mismatch("the probabilities' view is not provably [B*H, S, T]")
-        pv_nodes.append(flatten)
     pv = _main_user(probs)
     if not is_op(pv, "MatMul") or pv is None or pv.inputs[0] is not probs or pv.inputs[1] is None:
         return Mismatch("the attention probabilities are not multiplied by V")
@@ -1256,6 +1335,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         output_target=output_target,
         kv_repeat=kv_repeat,
         softcap=capped.cap if capped is not None else 0.0,
+        floor=clamp[2] if clamp is not None else None,
     )
     target = context.options.target
     if target == "onnx" and context.opset() < ONNX_ATTENTION_OPSET:
@@ -1313,6 +1393,15 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     # first read. What the fused op reads (V, the mask) may come later still: the pass sorts.
     anchor = min(repointed, key=lambda n: position.get(id(n), -1)) if repointed else None
     return Match(ordered, {"block": block, "heads": heads, "softmax": softmax}, anchor=anchor)
+
+
+def _flat_dims(probs4: ir.Value, query4: ir.Value, key: _Heads) -> list[list[tuple[ir.Value, int]]]:
+    """The dims a [B*H, S, T] view of the [B, H, S, T] ``probs4`` has (dim 0 is proved B*H of
+    the query)."""
+    dims: list[list[tuple[ir.Value, int]]] = [[], [(probs4, 2), (query4, 2)], [(probs4, 3)]]
+    if key.four_d is not None:
+        dims[2].append((key.four_d, 2))
+    return dims
 
 
 def _is_zero(value: ir.Value | None) -> bool:
@@ -1642,6 +1731,12 @@ def _rewrite_onnx(block: AttentionBlock, opset: int, heads: int) -> Replacement 
     values = _mask_values(mask) if mask is not None else None
     if values is not None and block.fills:  # the fill's bias holds 0 besides the fill
         values = replace(values, lowest_finite=min(values.lowest_finite, 0.0))
+    if values is not None and block.floor is not None:
+        # Max(m, floor) holds no -inf, and floor <= MASK_FLOOR: the Max(bias, MASK_FLOOR) below
+        # gives Max(Max(m, floor), MASK_FLOOR) = Max(m, MASK_FLOOR), so the floor's own Max goes.
+        least = -np.inf if values.neg_inf else values.lowest_finite
+        values = _MaskValues(max(least, block.floor), False)
+        block = replace(block, floor=None)
     if mask is not None:
         if values is None:
             return Mismatch(
