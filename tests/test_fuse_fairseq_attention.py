@@ -8,6 +8,8 @@ for the Softmax, and (XGLM) the probabilities viewed as [B, H, S, T] and back be
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnx.parser
@@ -21,16 +23,30 @@ from onnxopt.passes.options import PassOptions
 from onnxopt.validate import validate
 
 
-def _model(*, floor: str | None = LOWEST, round_trip: bool = True, opset: int = 17) -> ir.Model:
+def _model(
+    *, floor: str | None = LOWEST, round_trip: bool = True, masked: bool = True, opset: int = 17
+) -> ir.Model:
     """x [B, S, 8] and a [B, S] padding mask -> one block of 2 heads of 4 in XGLM's form.
     ``floor``: the clamp's constant (None: no clamp); ``round_trip``: P viewed as [B, H, S, T]
-    and back before P@V."""
+    and back before P@V; ``masked=False``: no mask, no views, Softmax(Q3 @ K3^T) @ V3 (the
+    older Whisper encoder; the mask input stays, unread)."""
     clamp = "clamped = Max(masked, floor)" if floor is not None else "clamped = Identity(masked)"
     probs = (
         "p4 = Reshape(p3, view)\n            pf = Reshape(p4, flat_p)"
         if round_trip
         else "pf = Identity(p3)"
     )
+    # the mask added to the [B, H, S, T] view, clamped, viewed back as [B*H, S, T]
+    masking = """view = Concat<axis=0>(b, two1, s, minus1)
+            scores4 = Reshape(raw, view)
+            mbool = Cast<to=9>(mask)
+            mb = Unsqueeze(mbool, mask_axes)
+            pad = Where(mb, zero, lowest)
+            masked = Add(scores4, pad)
+            {clamp}
+            flat_p = Concat<axis=0>(bh, s, minus1)
+            flat_scores = Reshape(clamped, flat_p)"""
+    scores_view = masking.replace("{clamp}", clamp) if masked else ""
     text = f"""
         <ir_version: 9, opset_import: ["" : {opset}]>
         agraph (float[B, S, 8] x, int64[B, S] mask) => (float[B, S, 8] y) <
@@ -69,16 +85,8 @@ def _model(*, floor: str | None = LOWEST, round_trip: bool = True, opset: int = 
             v3 = Reshape(v4, flat)
             kt3 = Transpose<perm=[0,2,1]>(k3)
             raw = MatMul(q3, kt3)
-            view = Concat<axis=0>(b, two1, s, minus1)
-            scores4 = Reshape(raw, view)
-            mbool = Cast<to=9>(mask)
-            mb = Unsqueeze(mbool, mask_axes)
-            pad = Where(mb, zero, lowest)
-            masked = Add(scores4, pad)
-            {clamp}
-            flat_p = Concat<axis=0>(bh, s, minus1)
-            flat_scores = Reshape(clamped, flat_p)
-            p3 = Softmax<axis=-1>(flat_scores)
+            {scores_view}
+            p3 = Softmax<axis=-1>({"flat_scores" if masked else "raw"})
             {probs}
             pv3 = MatMul(pf, v3)
             heads4 = Concat<axis=0>(b, two1, s, four1)
@@ -131,6 +139,21 @@ def test_fairseq_block_fuses_into_multi_head_attention(floor: str | None, round_
     assert not FuseAttentionPass()(fused).modified
 
 
+def test_a_block_wholly_on_flattened_heads_fuses() -> None:
+    model = _model(masked=False, round_trip=False)
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(explain=True))(fused)
+    assert result.stats == {"attention->mha": 1}, result.notes
+    types = [node.op_type for node in fused.graph]
+    assert "Softmax" not in types and types.count("MatMul") == 3
+    assert not any(
+        node.op_type == "MultiHeadAttention" and len(node.inputs) > 3 for node in fused.graph
+    )
+    report = validate(model, fused, inputs=FEEDS)
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
 def test_fairseq_block_fuses_into_onnx_attention() -> None:
     model = _model(opset=23)
     fused = model.clone()
@@ -148,3 +171,93 @@ def test_a_clamp_above_the_mask_floor_is_refused() -> None:
     result = FuseAttentionPass(PassOptions(explain=True))(_model(floor="-10000.0"))
     assert not result.modified
     assert any("clamped from below at -10000" in note for note in result.notes), result.notes
+
+
+# ------------------------------------------------------------------ a real export of the form
+
+
+def _fairseq_attention_model(masked: bool, clamp: bool):  # type: ignore[no-untyped-def]
+    """Two post-LN layers of transformers' old BartAttention / WhisperAttention, written out."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Layer(nn.Module):
+        def __init__(self, width: int = 32, heads: int = 4) -> None:
+            super().__init__()
+            self.heads, self.size = heads, width // heads
+            self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+            self.norm = nn.LayerNorm(width)
+
+        def _heads(self, t, b):  # type: ignore[no-untyped-def]
+            # [B, S, D] -> [B, H, S, d] -> [B*H, S, d]
+            t = t.view(b, -1, self.heads, self.size).transpose(1, 2).contiguous()
+            return t.view(b * self.heads, -1, self.size)
+
+        def forward(self, x, mask):  # type: ignore[no-untyped-def]
+            b, s, _ = x.shape
+            q = self._heads(self.q(x) * self.size**-0.5, b)
+            k, v = self._heads(self.k(x), b), self._heads(self.v(x), b)
+            t = k.size(1)
+            w = torch.bmm(q, k.transpose(1, 2))
+            if masked:
+                lowest = torch.finfo(x.dtype).min
+                w = w.view(b, self.heads, s, t) + (1.0 - mask[:, None, None, :].float()) * lowest
+                if clamp:
+                    w = torch.max(w, torch.tensor(lowest))
+                w = w.view(b * self.heads, s, t)
+            out = torch.bmm(nn.functional.softmax(w, dim=-1), v)
+            out = out.view(b, self.heads, s, self.size).transpose(1, 2).reshape(b, s, -1)
+            return self.norm(x + self.o(out))
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(Layer() for _ in range(2))
+
+        def forward(self, x, mask):  # type: ignore[no-untyped-def]
+            for layer in self.layers:
+                x = layer(x, mask)
+            return x
+
+    torch.manual_seed(0)
+    return Model().eval()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    ("masked", "clamp", "dynamo"),
+    [
+        (True, True, False),
+        (False, False, False),
+        pytest.param(True, True, True, marks=pytest.mark.slow),
+        pytest.param(True, False, True, marks=pytest.mark.slow),
+    ],
+)
+def test_exported_fairseq_attention_fuses(
+    tmp_path: Path, masked: bool, clamp: bool, dynamo: bool
+) -> None:
+    torch = pytest.importorskip("torch")
+    from onnxopt.api import optimize
+
+    model = _fairseq_attention_model(masked, clamp)
+    path = tmp_path / "fairseq.onnx"
+    args = (torch.randn(2, 7, 32), torch.ones(2, 7, dtype=torch.int64))
+    names = {"input_names": ["x", "mask"], "output_names": ["y"]}
+    if dynamo:
+        dims = {0: "batch", 1: "seq"}
+        torch.onnx.export(model, args, str(path), dynamo=True, dynamic_shapes=(dims, dims), **names)
+    else:
+        axes = {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}}
+        torch.onnx.export(model, args, str(path), dynamo=False, dynamic_axes=axes, **names)
+    taken = {i.name for i in onnx.load(path).graph.input}  # TorchScript drops an unread mask
+    padded = []
+    for i, (batch, seq) in enumerate(((1, 1), (3, 5), (4, 9))):
+        feeds = _feeds(batch, seq, i)
+        feeds["x"] = np.tile(feeds["x"], (1, 1, 4))  # width 32
+        padded.append({name: array for name, array in feeds.items() if name in taken})
+    result = optimize(path, inputs=padded)
+    assert result.validated, result.report.validation
+    ops = result.report.after.op_counts
+    assert "Softmax" not in ops
+    fused = ops.get("com.microsoft::Attention", 0) + ops.get("com.microsoft::MultiHeadAttention", 0)
+    assert fused == 2, ops

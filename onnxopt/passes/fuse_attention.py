@@ -1112,7 +1112,18 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         return Mismatch("Q@K^T has a missing input")
     query_base, query_scale, query_nodes = peel_scale(matmul.inputs[0])
     query4 = matmul.inputs[0]
-    if unflatten is not None:
+    # Whisper's and BART's encoders as older transformers wrote them, without a mask: the
+    # whole block on [B*H, ...] heads, Softmax(Q3 @ K3^T) @ V3.
+    all_flat = (
+        unflatten is None
+        and capped is None
+        and not terms
+        and not fills
+        and value_rank(scores_mm) == 3
+        and value_rank(query_base) == 3
+    )
+    flat_heads = unflatten is not None or all_flat
+    if flat_heads:
         flat_query = _flattened_from(query_base)
         if flat_query is None:
             return Mismatch(
@@ -1129,6 +1140,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
             if not isinstance(flat_key, Mismatch) and flat_key[0].four_d is not None
             else []
         )
+    if unflatten is not None:
         # S and T may be read off the [B*H, S, T] scores with their terms added (DeBERTa-v3): a
         # term could only make them larger where S (or T) is 1, and the fused op then rejects
         # the larger bias.
@@ -1152,7 +1164,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
                 and not _batch_times_heads(term, _first_entry(term), query_base, any_batch=True)
             ):
                 unproven_rows.append(term)
-    key = flat_key if unflatten is not None else _key_transposed(matmul.inputs[1])
+    key = flat_key if flat_heads else _key_transposed(matmul.inputs[1])
     if isinstance(key, Mismatch):
         return key
     key_heads, key_scale, key_nodes = key
@@ -1213,7 +1225,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     pv_nodes.append(pv)
     value4 = pv.inputs[1]
     pv_out = pv.outputs[0]
-    if unflatten is not None:
+    if flat_heads:
         flat_value = _flattened_from(value4)
         if flat_value is None:
             return Mismatch(
@@ -1227,7 +1239,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         pv_dims = [
             [(query_base, 0)],
             [(query_base, 1)],
-            [(query_base, 2), (probs4, 2)],
+            [(query_base, 2), *([(probs4, 2)] if unflatten is not None else [])],
             [(value4, 3)],
         ]
         if not _view_proved(pv_out, pv_dims):
@@ -1248,7 +1260,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     output, out_nodes, output_target = merged
     value_heads = _split_heads(value4)
     value_nodes = list(value_heads.nodes)
-    if unflatten is not None:
+    if flat_heads:
         value_nodes.append(value_reshape)
 
     heads = query_heads.heads or key_heads.heads or value_heads.heads
