@@ -235,6 +235,12 @@ def _repeated_kv(value: ir.Value | None, heads: int) -> _Grouped | Mismatch:
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
     if entries is None or len(entries) != 4:
         return Mismatch("the K/V Reshape's target is not readable as 4 entries")
+    # SDPA's enable_gqa (dynamo) reshapes to the query's [B, H, S, d], read off it: its H and d
+    # reads are the static sizes they read.
+    entries = [
+        static_dim(e[1], e[2]) or e if isinstance(e, tuple) and axis in (1, 3) else e
+        for axis, e in enumerate(entries)
+    ]
     if entries[1] not in (heads, -1) or entries[3] not in (head_size, -1):
         return Mismatch(f"the K/V Reshape is not to [B, {heads}, T, {head_size}]")
     kept = [
