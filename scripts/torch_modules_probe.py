@@ -312,7 +312,10 @@ def _sdpa(mode: str) -> Any:
         def forward(self, x: Any, *mask: Any) -> Any:
             b, s, _ = x.shape
             q = self.q(x).view(b, s, 4, 8).transpose(1, 2)
-            k, v = self.kv(x).view(b, s, 2 * self.kv_heads, 8).transpose(1, 2).chunk(2, dim=1)
+            if mode == "gqa":  # separate K and V projections of 2 heads each
+                k, v = (t.view(b, s, 2, 8).transpose(1, 2) for t in self.kv(x).chunk(2, dim=-1))
+            else:  # one K/V projection, its heads split in two
+                k, v = self.kv(x).view(b, s, 2 * self.kv_heads, 8).transpose(1, 2).chunk(2, dim=1)
             if mode == "causal":
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             elif mode == "gqa":
