@@ -28,6 +28,7 @@ def _model(
     bias_first: bool = False,
     norm_axis: int | None = None,
     merge_form: str = "constant",
+    kv_split: bool = False,
 ) -> ir.Model:
     """x[B,S,8] -> 4 query heads and 2 K/V heads of ``head_size``, K/V repeated as the exporters do, MHA with a
     causal + padding mask built from keep[B,S] as the exporters do (positions unsqueezed to rank 4;
@@ -35,7 +36,8 @@ def _model(
     ``bias_first``: projections with a bias written as TorchScript writes Linear, Add(b, x @ W);
     ``norm_axis``: Q normalized per token and K per head (OLMo2, Qwen3) over that axis.
     ``merge_form="query-shape"``: the repeated K/V reshaped to the query's [B, 4, S, d] read off
-    it, as SDPA's enable_gqa is exported by dynamo."""
+    it, as SDPA's enable_gqa is exported by dynamo. ``kv_split``: K and V the halves of one
+    projection (``kv(x).chunk(2, -1)``)."""
     if causal_form == "exported":
         positions = """
             kpos = Unsqueeze(ki, ax012)
@@ -56,8 +58,9 @@ def _model(
         <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
         g (float[B, S, 8] x, float[B, T, 8] y, bool[B, {"T" if cross else "S"}] keep) => (float[B, S, {4 * head_size}] out) {{
             {"q0" if bias_first else ("qp" if norm_axis is not None else "q")} = MatMul(x, wq)
-            {"k0" if bias_first else "k"} = MatMul({kv_input}, wk)
-            {"v0" if bias_first else "v"} = MatMul({kv_input}, wv)
+            {"kvp = MatMul(" + kv_input + ", wkv)" if kv_split else ""}
+            {"k, v = Split<axis=2>(kvp)" if kv_split else ("k0" if bias_first else "k") + " = MatMul(" + kv_input + ", wk)"}
+            {"" if kv_split else ("v0" if bias_first else "v") + " = MatMul(" + kv_input + ", wv)"}
             {"q = Add(bq, q0)" if bias_first else ""}
             {"k = Add(bk, k0)" if bias_first else ""}
             {"v = Add(bv, v0)" if bias_first else ""}
@@ -96,6 +99,7 @@ def _model(
         wq=rng_array(8, 4 * head_size, seed=1),
         wk=rng_array(8, 2 * head_size, seed=2),
         wv=rng_array(8, 2 * head_size, seed=3),
+        wkv=rng_array(8, 4 * head_size, seed=9),
         bq=rng_array(4 * head_size, seed=4),
         bk=rng_array(2 * head_size, seed=5),
         bv=rng_array(2 * head_size, seed=6),
@@ -202,10 +206,12 @@ def test_mask_not_provably_causal_runs_with_causal_0() -> None:
     assert not FuseGroupQueryAttentionPass()(fused).modified
 
 
-def test_kv_repeated_to_the_query_shape_read_off_it_is_grouped() -> None:
+@pytest.mark.parametrize("kv_split", [False, True])
+def test_kv_repeated_to_the_query_shape_read_off_it_is_grouped(kv_split: bool) -> None:
     # SDPA(enable_gqa=True), dynamo: Reshape(Expand(Unsqueeze(k4)), Shape(q4)), whose H and d
-    # reads are the query's static 4 and 8, and whose B and S are the query's (one sequence).
-    model = _model(merge_form="query-shape")
+    # reads are the query's static 4 and 8, and whose B and S are the query's (one sequence);
+    # K and V may be the two halves of one projection, Split along its last axis.
+    model = _model(merge_form="query-shape", kv_split=kv_split)
     fused = model.clone()
     result = FuseGroupQueryAttentionPass()(fused)
     assert result.stats == {"mha->gqa-causal": 1}

@@ -325,8 +325,8 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
 
 
 def _selects_elsewhere(node: ir.Node, batch: int, seq: int) -> bool:
-    """A Slice, Gather or GatherND (constant indices, rank kept) along axes other than ``batch``
-    and ``seq``: the output keeps those dims, at the same positions."""
+    """A Slice, Split, Gather or GatherND (constant indices, rank kept) along axes other than
+    ``batch`` and ``seq``: the output keeps those dims, at the same positions."""
     rank = value_rank(node.inputs[0])
     if rank is None:
         return False
@@ -347,6 +347,8 @@ def _selects_elsewhere(node: ir.Node, batch: int, seq: int) -> bool:
     if node.op_type == "Slice" and len(node.inputs) >= 4:
         axes = const_array(node.inputs[3])
         return axes is not None and not {int(a) % rank for a in axes.reshape(-1)} & {batch, seq}
+    if node.op_type == "Split":  # K and V as the halves of one projection (kv(x).chunk(2, -1))
+        return node.attributes.get_int("axis", 0) % rank not in (batch, seq)
     return False
 
 
