@@ -110,11 +110,22 @@ def _model(
         if computed
         else "y = Reshape(pt, merged)"
     )
+    # nn.MultiheadAttention merges the heads sequence-first: permute(2, 0, 1, 3), view(S*B, D)
+    seq_first = merge_target in ("seq-first", "seq-first-flat")
+    if seq_first:
+        merge = f"y = Reshape(pt, {'flat8' if merge_target == 'seq-first-flat' else 'merged'})"
+    out_type = (
+        "float[N, 8]"
+        if merge_target == "seq-first-flat"
+        else f"float[{seq}, B, 8]"
+        if seq_first
+        else f"float[B, {seq}, 8]"
+    )
     guard = "nan = IsNaN(probs)\n            clean = Where(nan, zero, probs)" if nan_guard else ""
     attended = "clean" if nan_guard else "probs"
     text = f"""
         <ir_version: 8, opset_import: ["" : 17]>
-        agraph (float[B, {seq}, 8] x, int64[B, {seq}] mask{extra_input}) => (float[B, {seq}, 8] y) <
+        agraph (float[B, {seq}, 8] x, int64[B, {seq}] mask{extra_input}) => ({out_type} y) <
             {"float[B, S, 2, 4] qr, float[B, S, 2, 4] kr, float[B, S, 2, 4] vr," if computed else ""}
             {"float[B, 2, S, 4] pvv," if view else ""}
             int64[1] two1 = {{2}},
@@ -124,6 +135,7 @@ def _model(
             {_weights()},
             int64[4] heads = {{0, 0, 2, 4}},
             int64[3] merged = {{0, 0, 8}},
+            int64[2] flat8 = {{-1, 8}},
             int64[1] zero1 = {{0}},
             int64[1] one1 = {{1}},
             int64 two = {{2}},
@@ -169,7 +181,7 @@ def _model(
             {"pvv = Reshape(pv, pv_target)" if view else ""}
             {_OTHER_VIEW.get(merge_target, "")}
             {_ESCAPING_READS.get(escaping_reads, "")}
-            pt = Transpose<perm=[0,2,1,3]>({"pvv" if view or other else "pv"})
+            pt = Transpose<perm={[2, 0, 1, 3] if seq_first else [0, 2, 1, 3]}>({"pvv" if view or other else "pv"})
             {merge.replace("y = ", "ym = ") if escaping_reads else merge}
             {"y = Reshape(ym, out_target)" if escaping_reads else ""}
         }}
@@ -264,6 +276,25 @@ def test_fuses_sdpa_into_multi_head_attention(key_form: str, merge_target: str) 
     report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(sizes)])
     assert report.passed, report
     assert not FuseAttentionPass()(fused).modified
+
+
+@pytest.mark.parametrize("merge_target", ["seq-first", "seq-first-flat"])
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_a_sequence_first_merge_of_the_heads_is_fused(merge_target: str, target: str) -> None:
+    # nn.MultiheadAttention: P@V permuted to [S, B, H, d] and viewed as [S*B, D] (or [S, B, D]);
+    # the fused [B, S, D] output is transposed to [S, B, D] before the same view.
+    model = _model(merge_target=merge_target)
+    model.opset_imports[""] = 23
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(target=target))(fused)
+    assert sum(result.stats.values()) == 1
+    types = _op_types(fused)
+    assert "Softmax" not in types
+    assert ("MultiHeadAttention" if target == "ort" else "Attention") in types
+    sizes = ((3, 5), (1, 1), (4, 7))
+    report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(sizes)])
+    assert report.passed, report
+    assert not FuseAttentionPass(PassOptions(target=target))(fused).modified
 
 
 def test_a_position_bias_and_a_mask_are_summed_into_one_attention_bias() -> None:

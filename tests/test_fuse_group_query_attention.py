@@ -27,12 +27,17 @@ def _model(
     causal_form: str = "exported",
     bias_first: bool = False,
     norm_axis: int | None = None,
+    merge_form: str = "constant",
+    kv_split: bool = False,
 ) -> ir.Model:
     """x[B,S,8] -> 4 query heads and 2 K/V heads of ``head_size``, K/V repeated as the exporters do, MHA with a
     causal + padding mask built from keep[B,S] as the exporters do (positions unsqueezed to rank 4;
     ``causal_form="flat"``: [S, 1] against [T], not recognised); ``cross``: K/V from y[B,T,8];
     ``bias_first``: projections with a bias written as TorchScript writes Linear, Add(b, x @ W);
-    ``norm_axis``: Q normalized per token and K per head (OLMo2, Qwen3) over that axis."""
+    ``norm_axis``: Q normalized per token and K per head (OLMo2, Qwen3) over that axis.
+    ``merge_form="query-shape"``: the repeated K/V reshaped to the query's [B, 4, S, d] read off
+    it, as SDPA's enable_gqa is exported by dynamo. ``kv_split``: K and V the halves of one
+    projection (``kv(x).chunk(2, -1)``)."""
     if causal_form == "exported":
         positions = """
             kpos = Unsqueeze(ki, ax012)
@@ -53,12 +58,14 @@ def _model(
         <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
         g (float[B, S, 8] x, float[B, T, 8] y, bool[B, {"T" if cross else "S"}] keep) => (float[B, S, {4 * head_size}] out) {{
             {"q0" if bias_first else ("qp" if norm_axis is not None else "q")} = MatMul(x, wq)
-            {"k0" if bias_first else "k"} = MatMul({kv_input}, wk)
-            {"v0" if bias_first else "v"} = MatMul({kv_input}, wv)
+            {"kvp = MatMul(" + kv_input + ", wkv)" if kv_split else ""}
+            {"k, v = Split<axis=2>(kvp)" if kv_split else ("k0" if bias_first else "k") + " = MatMul(" + kv_input + ", wk)"}
+            {"" if kv_split else ("v0" if bias_first else "v") + " = MatMul(" + kv_input + ", wv)"}
             {"q = Add(bq, q0)" if bias_first else ""}
             {"k = Add(bk, k0)" if bias_first else ""}
             {"v = Add(bv, v0)" if bias_first else ""}
             {q_norm}
+            {"qr = Reshape(q, qsplit)" if merge_form == "query-shape" else ""}
             kr = Reshape(k, split)
             {k_norm}
             k4 = Transpose<perm=[0, 2, 1, 3]>({"kn" if norm_axis is not None else "kr"})
@@ -66,10 +73,12 @@ def _model(
             v4 = Transpose<perm=[0, 2, 1, 3]>(vr)
             ku = Unsqueeze(k4, axis)
             ke = Expand(ku, rep)
-            kh = Reshape(ke, merge)
+            {"q4 = Transpose<perm=[0, 2, 1, 3]>(qr)" if merge_form == "query-shape" else ""}
+            {"qs = Shape(q4)" if merge_form == "query-shape" else ""}
+            kh = Reshape(ke, {"qs" if merge_form == "query-shape" else "merge"})
             vu = Unsqueeze(v4, axis)
             ve = Expand(vu, rep)
-            vh = Reshape(ve, merge)
+            vh = Reshape(ve, {"qs" if merge_form == "query-shape" else "merge"})
             sq = Shape<start=1, end=2>(x)
             sk = Shape<start=1, end=2>(keep)
             zero = Constant<value = int64 {{0}}>()
@@ -90,12 +99,14 @@ def _model(
         wq=rng_array(8, 4 * head_size, seed=1),
         wk=rng_array(8, 2 * head_size, seed=2),
         wv=rng_array(8, 2 * head_size, seed=3),
+        wkv=rng_array(8, 4 * head_size, seed=9),
         bq=rng_array(4 * head_size, seed=4),
         bk=rng_array(2 * head_size, seed=5),
         bv=rng_array(2 * head_size, seed=6),
         qscale=rng_array(4 * head_size, seed=7),
         kscale=rng_array(head_size, seed=8),
         split=np.array([0, 0, 2, head_size], np.int64),
+        qsplit=np.array([0, 0, 4, head_size], np.int64),
         merge=np.array([0, 4, -1, head_size], np.int64),
         rep=np.array([1, 1, 2, 1, 1], np.int64),
         axis=np.array([unsqueeze_axis], np.int64),
@@ -190,6 +201,21 @@ def test_mask_not_provably_causal_runs_with_causal_0() -> None:
     assert gqa.attributes.get_int("kv_num_heads") == 2
     assert gqa.attributes.get_int("num_heads") == 4
     assert gqa.attributes.get_float("scale") == pytest.approx(0.7)
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+    assert report.passed, report
+    assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+@pytest.mark.parametrize("kv_split", [False, True])
+def test_kv_repeated_to_the_query_shape_read_off_it_is_grouped(kv_split: bool) -> None:
+    # SDPA(enable_gqa=True), dynamo: Reshape(Expand(Unsqueeze(k4)), Shape(q4)), whose H and d
+    # reads are the query's static 4 and 8, and whose B and S are the query's (one sequence);
+    # K and V may be the two halves of one projection, Split along its last axis.
+    model = _model(merge_form="query-shape", kv_split=kv_split)
+    fused = model.clone()
+    result = FuseGroupQueryAttentionPass()(fused)
+    assert result.stats == {"mha->gqa-causal": 1}
+    assert "com.microsoft::MultiHeadAttention" not in op_types(fused)
     report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
     assert report.passed, report
     assert not FuseGroupQueryAttentionPass()(fused).modified

@@ -392,3 +392,102 @@ def test_folds_an_interleaved_projection_whose_view_sizes_were_folded() -> None:
 def test_refuses_an_interleaved_projection(kwargs: dict[str, object], reason: str) -> None:
     text = _bloom_model(mask=False, **kwargs)  # type: ignore[arg-type]
     assert_refuses(FusePackedAttentionPass, text, reason)
+
+
+_TAKE_PARTS = {
+    # torch's unbind(0) as the exporters write it: Split + Squeeze, Slice + Squeeze, Gather
+    "split": """
+            t0, t1, t2 = Split <axis: int = 0> (parts, ones3)
+            q4 = Squeeze(t0, zero1)
+            k = Squeeze(t1, zero1)
+            v = Squeeze(t2, zero1)""",
+    "slice": """
+            t0 = Slice(parts, zero1, one1, zero1)
+            t1 = Slice(parts, one1, two1, zero1)
+            t2 = Slice(parts, two1, three1, zero1)
+            q4 = Squeeze(t0, zero1)
+            k = Squeeze(t1, zero1)
+            v = Squeeze(t2, zero1)""",
+    "gather": """
+            q4 = Gather <axis: int = 0> (parts, i0)
+            k = Gather <axis: int = 0> (parts, i1)
+            v = Gather <axis: int = 0> (parts, i2)""",
+}
+
+
+def _blocked_model(
+    *, take: str = "split", perm: str = "2, 0, 3, 1, 4", leak: bool = False, order: str = "1, 2"
+) -> str:
+    """A ViT's / hand-written packed projection: p [B, S, 24] viewed as [B, S, 3, 2, 4] and
+    permuted to [3, B, 2, S, 4] (``qkv.reshape(B, S, 3, H, d).permute(2, 0, 3, 1, 4)``), the parts
+    taken apart along axis 0 as ``take`` says; the query merged back to [B, S, 8], K and V
+    [B, 2, S, 4] as they are; the mask spelled out with S read off q and k. ``order`` names the
+    parts used as K and V."""
+    key, value = (f"t{i}" for i in order.split(", "))
+    body = _TAKE_PARTS[take]
+    if order != "1, 2":
+        body = body.replace("k = Squeeze(t1", f"k = Squeeze({key}").replace(
+            "v = Squeeze(t2", f"v = Squeeze({value}"
+        )
+    outputs = "float[B, S, 8] y" + (", float[3, B, 2, S, 4] kk" if leak else "")
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+        g (float[B, S, 6] x, float[B, 1, 1, S] m) => ({outputs}) <
+            {_floats("w", (6, 24), 0)}, {_floats("b", (24,), 1)},
+            int64[5] view = {{0, 0, 3, 2, 4}}, int64[3] merge = {{0, 0, -1}},
+            int64 i0 = {{0}}, int64 i1 = {{1}}, int64 i2 = {{2}}, int64[2] ones = {{1, 1}},
+            int64[3] ones3 = {{1, 1, 1}}, int64[1] zero1 = {{0}}, int64[1] one1 = {{1}},
+            int64[1] two1 = {{2}}, int64[1] three1 = {{3}}
+        > {{
+            p0 = MatMul(x, w)
+            p = Add(p0, b)
+            p5 = Reshape(p, view)
+            parts = Transpose <perm: ints = [{perm}]> (p5)
+            {body}
+            qm = Transpose <perm: ints = [0, 2, 1, 3]> (q4)
+            q = Reshape(qm, merge)
+            sq = Shape <start: int = 1, end: int = 2> (q)
+            sk = Shape <start: int = 2, end: int = 3> (k)
+            full = Concat <axis: int = 0> (ones, sq, sk)
+            bias = Expand(m, full)
+            y = com.microsoft.MultiHeadAttention <num_heads: int = 2, scale: float = 0.5>
+                (q, k, v, "", "", bias)
+            {"kk = Relu(parts)" if leak else ""}
+        }}
+    """
+
+
+@pytest.mark.parametrize("take", ["split", "slice", "gather"])
+def test_folds_a_blocked_projection_permuted_to_parts_first(take: str) -> None:
+    model = assert_rewrites(
+        FusePackedAttentionPass,
+        _blocked_model(take=take),
+        {"blocked-qkv-matmul+mha->attention": 1, "shape-of-qkv-slice->shape-of-input": 2},
+        ["Shape", "Concat", "Expand", "Attention"],
+        trials=2,
+    )
+    # the packed columns are [Q | K | V] already: the weight is passed as it is
+    attention = _attention(model)
+    assert attention.inputs[1] is model.graph.initializers["w"]
+    shape = next(n for n in model.graph if n.op_type == "Shape")
+    assert shape.inputs[0] is model.graph.inputs[0]
+    assert (shape.attributes.get_int("start"), shape.attributes.get_int("end")) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"leak": True}, "the [B, S, 3, H, d] view has other consumers"),
+        ({"order": "2, 1"}, "K and V are not parts 1 and 2 of the query's [3, B, H, S, d] tensor"),
+        (
+            {"perm": "2, 0, 1, 3, 4"},
+            "the Q/K/V parts are not of a [B, S, 3, H, d] view permuted (2, 0, 3, 1, 4)",
+        ),
+    ],
+)
+def test_refuses_a_blocked_projection(kwargs: dict[str, object], reason: str) -> None:
+    # The mask's dim reads may still move to x (they read the same dims): only the fusion is refused.
+    model = load(_blocked_model(**kwargs))  # type: ignore[arg-type]
+    result = FusePackedAttentionPass(PassOptions(explain=True))(model)
+    assert "Attention" not in op_types(result.model)
+    assert any(reason in note for note in result.notes), result.notes

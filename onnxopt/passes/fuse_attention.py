@@ -10,6 +10,8 @@ The matched block, rooted at its Softmax, is what PyTorch's exporters emit for
                                                             with fill <= -1e30 is a bias term too)
     P  = Where(IsNaN(P), 0, P)                             (optional: SDPA's "fully masked row -> 0")
     Y  = Reshape(Transpose(MatMul(P, V4), [0,2,1,3]), [B, S, H*dv])
+                                                           (nn.MultiheadAttention: Transpose [2,0,1,3]
+                                                            to [S, B, H, dv], viewed as [S*B, H*dv])
 
 For ``--target ort`` the block becomes ``com.microsoft.MultiHeadAttention(q, k, v, attention_bias=bias)``
 with ``scale = a*b*c``. Q/K/V are passed as the [B, S, H*d] tensors before the head split when the
@@ -262,13 +264,25 @@ def _is_noop_reshape(reshape: ir.Node, by_axis: Sequence[Sequence[ir.Value]]) ->
     return unproven <= 1
 
 
-def _merged_heads(
-    value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]
-) -> tuple[ir.Value, list[ir.Node], ir.Value | None] | None:
-    """P@V's Transpose [0,2,1,3] and Reshape to [B, S, H*dv]: (output, nodes, target to re-apply or None).
+@dataclass(frozen=True)
+class _Merge:
+    """How P@V [B, H, S, dv] is merged back: ``output``, the nodes that do it, a Reshape target to
+    re-apply to the fused output (or None), and whether the merge is sequence-first."""
+
+    output: ir.Value
+    nodes: list[ir.Node]
+    target: ir.Value | None
+    seq_first: bool
+
+
+def _merged_heads(value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]) -> _Merge | None:
+    """P@V's Transpose [0,2,1,3] and Reshape to [B, S, H*dv].
 
     A Reshape to a constant shape without copy markers (GPT-2 dynamo: [-1, D]) is re-applied to the
     fused [B, S, H*dv] output: both hold the same elements in the same order.
+    nn.MultiheadAttention works sequence-first: ``permute(2, 0, 1, 3)`` to [S, B, H, dv], then a
+    view to [S*B, H*dv]. That merge is the fused output transposed to [S, B, H*dv], then the
+    same Reshape (the same elements in the same order again).
     """
     nodes: list[ir.Node] = []
     transpose = _main_user(value)
@@ -279,9 +293,11 @@ def _merged_heads(
     ):
         nodes.append(transpose)  # TorchScript's SDPA reshapes P@V to its own shape first
         transpose = _main_user(transpose.outputs[0])
-    if transpose_perm(transpose) != [0, 2, 1, 3]:
+    perm = transpose_perm(transpose)
+    if perm not in ([0, 2, 1, 3], [2, 0, 1, 3]):
         return None
     assert transpose is not None
+    seq_first = perm == [2, 0, 1, 3]
     nodes.append(transpose)
     reshape = _main_user(transpose.outputs[0])
     if (
@@ -290,9 +306,10 @@ def _merged_heads(
         or reshape.inputs[0] is not transpose.outputs[0]
     ):
         return None
+    merge = _Merge(reshape.outputs[0], [*nodes, reshape], None, seq_first)
     entries = target_entries(reshape.inputs[1])
-    if entries is None and _merge_fixed_by_count(reshape, transpose.outputs[0]):
-        return reshape.outputs[0], [*nodes, reshape], None
+    if entries is None and not seq_first and _merge_fixed_by_count(reshape, transpose.outputs[0]):
+        return merge
     if entries is None:
         # A target computed from elsewhere (wav2vec2: the sequence length from the audio length):
         # the shapes prove the merge, [B, S, H, d] -> [B, S, H*d].
@@ -305,20 +322,20 @@ def _merged_heads(
             and same_symbol(merged, 0, heads, 0)
             and same_symbol(merged, 1, heads, 1)
         ):
-            return merged, [*nodes, reshape], None
+            return merge
         return None
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
     constant = const_array(reshape.inputs[1])
     if len(entries) != 3 or not keeps_leading_dims(entries, allowzero, transpose.outputs[0]):
         if constant is not None and 0 not in entries and entries.count(-1) <= 1:
-            return reshape.outputs[0], [*nodes, reshape], reshape.inputs[1]
+            return replace(merge, target=reshape.inputs[1])
         return None
     last = entries[2]
     if entries[1] == -1 and not (isinstance(last, int) and last > 0):
         return None
     if not (isinstance(last, int) and (last == -1 or last > 0)):
         return None
-    return reshape.outputs[0], [*nodes, reshape], None
+    return merge
 
 
 def _merge_fixed_by_count(reshape: ir.Node, heads4: ir.Value) -> bool:
@@ -421,8 +438,11 @@ def _dim_meanings(
             if value_rank(out) == 4 and transpose_perm(node) is None:
                 meanings[out] = {0: "batch", 1: "heads", 2: "seq"}
     for node in out_nodes[:-1]:
-        if transpose_perm(node) == [0, 2, 1, 3] and value_rank(node.outputs[0]) == 4:
+        perm = transpose_perm(node)
+        if value_rank(node.outputs[0]) == 4 and perm == [0, 2, 1, 3]:
             meanings[node.outputs[0]] = {0: "batch", 1: "seq", 2: "heads"}
+        elif value_rank(node.outputs[0]) == 4 and perm == [2, 0, 1, 3]:
+            meanings[node.outputs[0]] = {0: "seq", 1: "batch", 2: "heads"}
     return meanings
 
 
@@ -471,6 +491,8 @@ class AttentionBlock:
     nan_guard: bool
     output: ir.Value
     output_target: ir.Value | None
+    # The output is merged sequence-first, [S, B, H*dv] (nn.MultiheadAttention), not [B, S, H*dv].
+    seq_first: bool = False
     # Dim reads of fused-away tensors that outlive the block, with the dim each reads
     # ("batch", "seq" or "heads"): the rewrite reads them off the fused op's query.
     dim_reads: tuple[tuple[ir.Node, str], ...] = ()
@@ -1255,9 +1277,10 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     merged = _merged_heads(pv_out, by_axis)
     if merged is None:
         return Mismatch(
-            "the attention output is not merged back to [B, S, H*d] by Transpose+Reshape"
+            "the attention output is not merged back to [B, S, H*d] (or nn.MultiheadAttention's "
+            "[S, B, H*d]) by Transpose+Reshape"
         )
-    output, out_nodes, output_target = merged
+    output, out_nodes, output_target = merged.output, merged.nodes, merged.target
     value_heads = _split_heads(value4)
     value_nodes = list(value_heads.nodes)
     if flat_heads:
@@ -1345,6 +1368,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         flat_terms=tuple(flat_terms),
         unproven_rows=tuple(unproven_rows),
         output_target=output_target,
+        seq_first=merged.seq_first,
         kv_repeat=kv_repeat,
         softcap=capped.cap if capped is not None else 0.0,
         floor=clamp[2] if clamp is not None else None,
@@ -1545,6 +1569,8 @@ def finish_attention(
     result = attention
     if block.nan_guard:
         result = _nan_guard(tape, attention, block.output)
+    if block.seq_first:
+        result = tape.op("Transpose", [result], {"perm": [1, 0, 2]})
     if block.output_target is not None:
         result = tape.op("Reshape", [result, block.output_target])
     reads = _repointed_reads(tape, block.dim_reads, query, {"batch": 0, "seq": 1}, heads, opset)
@@ -1793,7 +1819,9 @@ def _rewrite_onnx(block: AttentionBlock, opset: int, heads: int) -> Replacement 
     result = attention
     if block.nan_guard:
         result = _nan_guard(tape, attention, block.output)
-    moved = tape.op("Transpose", [result], {"perm": [0, 2, 1, 3]})
+    moved = tape.op(
+        "Transpose", [result], {"perm": [2, 0, 1, 3] if block.seq_first else [0, 2, 1, 3]}
+    )
     merged = tape.op("Reshape", [moved, block.output_target or int64_const(tape, [0, 0, -1])])
     reads = _repointed_reads(tape, block.dim_reads, sides[0], {"batch": 0, "seq": 2}, heads, opset)
     return Replacement(tape.nodes, [(block.output, merged), *reads])

@@ -235,6 +235,12 @@ def _repeated_kv(value: ir.Value | None, heads: int) -> _Grouped | Mismatch:
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
     if entries is None or len(entries) != 4:
         return Mismatch("the K/V Reshape's target is not readable as 4 entries")
+    # SDPA's enable_gqa (dynamo) reshapes to the query's [B, H, S, d], read off it: its H and d
+    # reads are the static sizes they read.
+    entries = [
+        static_dim(e[1], e[2]) or e if isinstance(e, tuple) and axis in (1, 3) else e
+        for axis, e in enumerate(entries)
+    ]
     if entries[1] not in (heads, -1) or entries[3] not in (head_size, -1):
         return Mismatch(f"the K/V Reshape is not to [B, {heads}, T, {head_size}]")
     kept = [
@@ -319,8 +325,8 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
 
 
 def _selects_elsewhere(node: ir.Node, batch: int, seq: int) -> bool:
-    """A Slice, Gather or GatherND (constant indices, rank kept) along axes other than ``batch``
-    and ``seq``: the output keeps those dims, at the same positions."""
+    """A Slice, Split, Gather or GatherND (constant indices, rank kept) along axes other than
+    ``batch`` and ``seq``: the output keeps those dims, at the same positions."""
     rank = value_rank(node.inputs[0])
     if rank is None:
         return False
@@ -341,6 +347,8 @@ def _selects_elsewhere(node: ir.Node, batch: int, seq: int) -> bool:
     if node.op_type == "Slice" and len(node.inputs) >= 4:
         axes = const_array(node.inputs[3])
         return axes is not None and not {int(a) % rank for a in axes.reshape(-1)} & {batch, seq}
+    if node.op_type == "Split":  # K and V as the halves of one projection (kv(x).chunk(2, -1))
+        return node.attributes.get_int("axis", 0) % rank not in (batch, seq)
     return False
 
 

@@ -8,7 +8,9 @@ After ``fuse-attention`` a self-attention layer reads, with x a [B, S, D_in] ten
 or, after ``merge-qkv-projections`` (and in GPT-2, whose c_attn is one Gemm), the three products
 as one ``x @ [Wq | Wk | Wv] (+ b)`` and a Split along the last axis, or (BLOOM) one product whose
 columns interleave Q, K and V per head, viewed as [B, S, H, 3, d] and taken apart by Gathers (its
-weight's columns are reordered to [Q | K | V]). For ``--target ort`` this becomes
+weight's columns are reordered to [Q | K | V]), or (ViTs, hand-written attention) one product
+viewed as [B, S, 3, H, d], permuted to [3, B, H, S, d] and unbound along axis 0 (its columns are
+[Q | K | V] already). For ``--target ort`` this becomes
 ``y = Attention(x, [Wq | Wk | Wv], [bq | bk | bv], attention_bias=mask, num_heads=N, scale=s*c)``
 (a missing bias is zeros; no biases at all, no bias input). ONNX Runtime prepacks the weight and
 writes Q, K and V straight into its [B, N, S, d] working layout, so MultiHeadAttention's own head
@@ -430,18 +432,81 @@ def _gathered_part(value: ir.Value, part: int) -> tuple[ir.Node, ir.Value] | Non
 
 def _interleaved_view(packed5: ir.Value) -> tuple[ir.Node, list[int]] | Mismatch:
     """``packed5 = Reshape(packed, [0, 0, H, 3, d])`` (copying B and S): (the Reshape, its dims)."""
+    return _packed_view(packed5, 3)
+
+
+def _packed_view(packed5: ir.Value, parts_axis: int) -> tuple[ir.Node, list[int]] | Mismatch:
+    """``packed5 = Reshape(packed, [0, 0, ., ., d])`` (copying B and S) with the 3 of Q/K/V at
+    ``parts_axis`` (3: BLOOM's [B, S, H, 3, d], 2: [B, S, 3, H, d]): (the Reshape, its dims)."""
+    want = "[0, 0, H, 3, d]" if parts_axis == 3 else "[0, 0, 3, H, d]"
     view = packed5.producer()
     target = const_array(view.inputs[1]) if is_op(view, "Reshape") and view is not None else None
     if view is None or target is None or view.inputs[0] is None:
-        return Mismatch("the [B, S, H, 3, d] view of the packed Q/K/V has no constant target")
+        return Mismatch(f"the {want} view of the packed Q/K/V has no constant target")
     dims = [int(t) for t in target.reshape(-1)]
-    if len(dims) != 5 or dims[2] <= 0 or dims[3] != 3 or dims[4] <= 0:
-        return Mismatch(f"the packed Q/K/V is viewed as {dims}, not [0, 0, H, 3, d]")
+    if len(dims) != 5 or min(dims[2:]) <= 0 or dims[parts_axis] != 3:
+        return Mismatch(f"the packed Q/K/V is viewed as {dims}, not {want}")
     copies = not view.attributes.get_int("allowzero", 0)
     for axis in (0, 1):  # B and S copied (0), or the packed tensor's static sizes (folded)
         if not ((dims[axis] == 0 and copies) or dims[axis] == static_dim(view.inputs[0], axis)):
             return Mismatch(f"the packed Q/K/V is viewed as {dims}: dims 0, 1 are not its [B, S]")
     return view, dims
+
+
+def _blocked_part(value: ir.Value) -> tuple[int, list[ir.Node], ir.Value] | None:
+    """Part j of a [3, B, H, S, d] tensor t, taken along axis 0 as PyTorch's ``unbind(0)`` is
+    exported: ``Gather(t, j, axis=0)``, ``Squeeze(Slice(t, [j], [j+1], [0]), [0])`` or
+    ``Squeeze(Split(t, axis=0)[j], [0])``: (j, the nodes, t)."""
+    node = value.producer()
+    if is_op(node, "Gather") and node is not None and node.inputs[0] is not None:
+        index = const_array(node.inputs[1])
+        if index is None or index.ndim != 0 or node.attributes.get_int("axis", 0) != 0:
+            return None
+        return int(index), [node], node.inputs[0]
+    if not is_op(node, "Squeeze") or node is None or node.inputs[0] is None:
+        return None
+    axes = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    if axes is None:
+        axes = np.array(node.attributes.get_ints("axes", ()), dtype=np.int64)
+    if [int(a) for a in axes.reshape(-1)] != [0]:
+        return None
+    piece = node.inputs[0]
+    taker = piece.producer()
+    if is_op(taker, "Slice") and taker is not None and taker.inputs[0] is not None:
+        bounds = [const_array(v) if v is not None else None for v in taker.inputs[1:5]]
+        starts, ends, slice_axes = bounds[:3] if len(bounds) >= 3 else (None, None, None)
+        steps = bounds[3] if len(bounds) > 3 else np.ones(1, np.int64)
+        if starts is None or ends is None or slice_axes is None or steps is None:
+            return None
+        if [int(slice_axes.reshape(-1)[0]), int(steps.reshape(-1)[0])] != [0, 1] or any(
+            b.size != 1 for b in (starts, ends, slice_axes, steps)
+        ):
+            return None
+        part = int(starts.reshape(-1)[0])
+        if int(ends.reshape(-1)[0]) != part + 1 or part not in (0, 1, 2):
+            return None
+        return part, [node, taker], taker.inputs[0]
+    if is_op(taker, "Split") and taker is not None and taker.inputs[0] is not None:
+        sizes = _split_sizes(taker)
+        if _split_axis(taker) != 0 or len(taker.outputs) != 3 or sizes not in (None, [1, 1, 1]):
+            return None
+        return list(taker.outputs).index(piece), [node, taker], taker.inputs[0]
+    return None
+
+
+def _blocked_view(packed5t: ir.Value) -> tuple[ir.Node, ir.Node, list[int]] | Mismatch:
+    """``packed5t = Transpose(Reshape(packed, [0, 0, 3, H, d]), [2, 0, 3, 1, 4])``, [3, B, H, S, d]
+    (``qkv.reshape(B, S, 3, H, d).permute(2, 0, 3, 1, 4)``): (the Transpose, the Reshape, its dims)."""
+    transpose = packed5t.producer()
+    if transpose_perm(transpose) != [2, 0, 3, 1, 4] or transpose is None:
+        return Mismatch(
+            "the Q/K/V parts are not of a [B, S, 3, H, d] view permuted (2, 0, 3, 1, 4)"
+        )
+    packed5 = transpose.inputs[0]
+    found = _packed_view(packed5, 2) if packed5 is not None else None
+    if found is None or isinstance(found, Mismatch):
+        return found or Mismatch("the [B, S, 3, H, d] view is missing")
+    return transpose, found[0], found[1]
 
 
 def _interleaved_read(
@@ -452,12 +517,22 @@ def _interleaved_read(
     (packed, start, end) there; None when ``value`` is not such a part."""
     node = value.producer()
     axes: dict[int, int]
+    view: ir.Node | None = None
     if is_op(node, "Reshape"):  # the query, [B, S] kept by [0, 0, -1]
         assert node is not None
         merge = const_array(node.inputs[1])
-        found = _gathered_part(node.inputs[0], 0) if node.inputs[0] is not None else None
-        if merge is None or [int(t) for t in merge.reshape(-1)] != [0, 0, -1]:
+        heads = node.inputs[0]
+        if merge is None or [int(t) for t in merge.reshape(-1)] != [0, 0, -1] or heads is None:
             return None
+        found = _gathered_part(heads, 0)
+        if found is not None and not isinstance(_interleaved_view(found[1]), Mismatch):
+            view = found[1].producer()
+        mover = heads.producer() if _moved(heads) else None
+        moved = mover.inputs[0] if mover is not None else None
+        blocked = _blocked_part(moved) if moved is not None else None
+        if blocked is not None and blocked[0] == 0:
+            found_view = _blocked_view(blocked[2])
+            view = None if isinstance(found_view, Mismatch) else found_view[1]
         axes = {0: 0, 1: 1}
     elif transpose_perm(node) == [0, 2, 1, 3]:  # K/V: B stays, S moved to axis 2
         assert node is not None
@@ -465,18 +540,28 @@ def _interleaved_read(
         found = next(
             (f for part in (1, 2) if gathered and (f := _gathered_part(gathered, part))), None
         )
+        if found is not None and not isinstance(_interleaved_view(found[1]), Mismatch):
+            view = found[1].producer()
         axes = {0: 0, 2: 1}
-    else:
-        return None
-    if found is None or isinstance(_interleaved_view(found[1]), Mismatch):
+    else:  # a blocked K/V part, [B, H, S, d] already
+        blocked = _blocked_part(value)
+        if blocked is not None and blocked[0] in (1, 2):
+            found_view = _blocked_view(blocked[2])
+            view = None if isinstance(found_view, Mismatch) else found_view[1]
+        axes = {0: 0, 2: 1}
+    if view is None:
         return None
     if end is None or start < 0 or end <= start or any(a not in axes for a in range(start, end)):
-        return Mismatch("the Shape reads dims of the interleaved Q/K/V that x does not have")
+        return Mismatch("the Shape reads dims of the packed Q/K/V that x does not have")
     if any(axes[a] != axes[start] + a - start for a in range(start, end)):
-        return Mismatch("the Shape reads dims of the interleaved Q/K/V in another order than x's")
-    view = found[1].producer()
-    assert view is not None and view.inputs[0] is not None
+        return Mismatch("the Shape reads dims of the packed Q/K/V in another order than x's")
+    assert view.inputs[0] is not None
     return view.inputs[0], axes[start], axes[start] + end - start
+
+
+def _moved(heads: ir.Value) -> bool:
+    """``heads = Transpose(t, [0, 2, 1, 3])`` ([B, H, S, d] to [B, S, H, d])."""
+    return transpose_perm(heads.producer()) == [0, 2, 1, 3]
 
 
 def _interleaved_qkv(
@@ -538,6 +623,61 @@ def _interleaved_qkv(
     )
 
 
+def _blocked_qkv(query: ir.Value, key: ir.Value, value: ir.Value, heads: int) -> _Qkv | Mismatch:
+    """One projection viewed as [B, S, 3, H, d] and permuted to [3, B, H, S, d], as ViTs and
+    hand-written attention take Q, K and V apart (``qkv.reshape(B, S, 3, H, d).permute(2, 0, 3, 1,
+    4).unbind(0)``)::
+
+        parts = Transpose(Reshape(x @ W + b, [0, 0, 3, H, d]), [2, 0, 3, 1, 4])
+        q = Reshape(Transpose(part 0, [0, 2, 1, 3]), [0, 0, -1])         ([B, S, H*d])
+        k, v = parts 1 and 2                                            ([B, H, S, d])
+
+    Column j*H*d + h*d + e of W is element e of head h of part j: W is already [Wq | Wk | Wv]."""
+    reshape = query.producer()
+    moved = reshape.inputs[0] if is_op(reshape, "Reshape") and reshape is not None else None
+    if moved is None or not _moved(moved):
+        return Mismatch("the query is not a Reshape of heads moved by a Transpose", candidate=False)
+    transpose = moved.producer()
+    assert transpose is not None and reshape is not None and transpose.inputs[0] is not None
+    found = _blocked_part(transpose.inputs[0])
+    if found is None or found[0] != 0:
+        return Mismatch("the query is not part 0 of a [3, B, H, S, d] tensor", candidate=False)
+    merge = const_array(reshape.inputs[1])
+    if merge is None or [int(t) for t in merge.reshape(-1)] != [0, 0, -1]:
+        return Mismatch("the packed query is not merged by Reshape([0, 0, -1])")
+    parts = found[2]
+    nodes = [reshape, transpose, *found[1]]
+    for part, side in ((1, key), (2, value)):
+        other = _blocked_part(side)
+        if other is None or other[0] != part or other[2] is not parts:
+            return Mismatch("K and V are not parts 1 and 2 of the query's [3, B, H, S, d] tensor")
+        nodes += [n for n in other[1] if all(n is not m for m in nodes)]
+    found_view = _blocked_view(parts)
+    if isinstance(found_view, Mismatch):
+        return found_view
+    permute, view, dims = found_view
+    if dims[3] != heads:
+        return Mismatch(f"the packed Q/K/V is viewed as {dims}, not [0, 0, 3, {heads}, d]")
+    for tensor in (parts, permute.inputs[0]):
+        assert tensor is not None
+        if tensor.is_graph_output() or any(
+            all(u.node is not n for n in [*nodes, permute]) for u in tensor.uses()
+        ):
+            return Mismatch("the [B, S, 3, H, d] view has other consumers")
+    packed = view.inputs[0]
+    assert packed is not None
+    projection = _projection_read_by(packed, view)
+    if isinstance(projection, Mismatch):
+        return projection
+    return _Qkv(
+        projection.source,
+        (projection.weight,),
+        (projection.bias,),
+        None,
+        (*projection.nodes, view, permute, *nodes),
+    )
+
+
 def _check_weights(qkv: _Qkv) -> tuple[int, int, int] | Mismatch:
     """The Q/K/V widths, once every weight is a constant [D_in, .] of the input's float type and
     every bias fits."""
@@ -575,7 +715,8 @@ def _check_weights(qkv: _Qkv) -> tuple[int, int, int] | Mismatch:
 
 def _match_attention(mha: ir.Node, context: RewriteContext, kind: str) -> Match | Mismatch:
     """``kind``: where Q, K and V come from, "split" (one projection and a Split), "separate"
-    (three projections) or "interleaved" (one projection viewed as [B, S, H, 3, d])."""
+    (three projections), "interleaved" (one projection viewed as [B, S, H, 3, d]) or "blocked"
+    (one viewed as [B, S, 3, H, d] and permuted to [3, B, H, S, d])."""
     inputs = list(mha.inputs)
     if len(inputs) < 3 or any(v is None for v in inputs[:3]):
         return Mismatch("MultiHeadAttention has no separate Q, K and V")
@@ -595,14 +736,18 @@ def _match_attention(mha: ir.Node, context: RewriteContext, kind: str) -> Match 
         if node.outputs[0].is_graph_output() or len(node.outputs[0].uses()) != 1:
             return Mismatch("the query's scale factor has other consumers")
     split = query.producer()
-    interleaved = _interleaved_qkv(query, key, value, mha.attributes.get_int("num_heads", 0))
-    is_interleaved = not isinstance(interleaved, Mismatch) or interleaved.candidate
-    if (kind == "interleaved") != is_interleaved:
+    heads = mha.attributes.get_int("num_heads", 0)
+    viewed = {
+        "interleaved": _interleaved_qkv(query, key, value, heads),
+        "blocked": _blocked_qkv(query, key, value, heads),
+    }
+    chosen = next((k for k, v in viewed.items() if not isinstance(v, Mismatch) or v.candidate), "")
+    if kind != chosen and (chosen or kind in viewed):
         return Mismatch("left to another packed-attention rule", candidate=False)
-    if kind != "interleaved" and is_op(split, "Split") != (kind == "split"):
+    if kind not in viewed and is_op(split, "Split") != (kind == "split"):
         return Mismatch("left to the other packed-attention rule", candidate=False)
-    if kind == "interleaved":
-        qkv = interleaved
+    if kind in viewed:
+        qkv = viewed[kind]
     elif split is not None and kind == "split":
         qkv = _merged_qkv(split, query, key, value)
     else:
@@ -637,7 +782,6 @@ def _match_attention(mha: ir.Node, context: RewriteContext, kind: str) -> Match 
         return Mismatch(
             f"Q and K widths differ ({sizes[0]} vs {sizes[1]}); Attention needs them equal"
         )
-    heads = mha.attributes.get_int("num_heads", 0)
     if heads <= 0 or any(size % heads for size in sizes):
         return Mismatch(f"the widths {list(sizes)} are not multiples of num_heads {heads}")
     position = {id(n): i for i, n in enumerate(context.graph)}
@@ -713,6 +857,7 @@ def _attention_rule(name: str, kind: str) -> Rule:
 PACKED_RULE = _attention_rule("qkv-matmul+split+mha->attention", "split")
 SEPARATE_RULE = _attention_rule("q,k,v-matmuls+mha->attention", "separate")
 INTERLEAVED_RULE = _attention_rule("interleaved-qkv-matmul+mha->attention", "interleaved")
+BLOCKED_RULE = _attention_rule("blocked-qkv-matmul+mha->attention", "blocked")
 
 
 class FusePackedAttentionPass(Pass):
@@ -727,6 +872,6 @@ class FusePackedAttentionPass(Pass):
     def call(self, model: ir.Model) -> PassResult:
         if self.options.target != "ort":
             return PassResult(model, modified=False)
-        rules = [SHAPE_RULE, PACKED_RULE, SEPARATE_RULE, INTERLEAVED_RULE]
+        rules = [SHAPE_RULE, PACKED_RULE, SEPARATE_RULE, INTERLEAVED_RULE, BLOCKED_RULE]
         stats, notes = apply_rules(model, rules, self.options)
         return PassResult(model, modified=bool(stats), stats=stats, notes=notes)

@@ -33,6 +33,7 @@ from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.inline_functions import InlineFunctionsPass
 from onnxopt.passes.keep_layer_norm_unfused import KeepLayerNormUnfusedPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
+from onnxopt.passes.lower_einsum import LowerEinsumPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.merge_qkv_projections import MergeQkvProjectionsPass
 from onnxopt.passes.options import PassOptions
@@ -115,6 +116,7 @@ ALL_PASSES: list[PassClass] = [
     EliminateNoopsPass,
     MergeConsecutiveOpsPass,
     SimplifyIndexGridsPass,
+    LowerEinsumPass,
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
@@ -140,6 +142,8 @@ CLEANUP: tuple[PassClass, ...] = (
     EliminateNoopsPass,
     MergeConsecutiveOpsPass,
     SimplifyIndexGridsPass,
+    # Its MatMuls are what the attention fusions read; its Transposes merge in the next round.
+    LowerEinsumPass,
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,

@@ -1,0 +1,131 @@
+"""Models written from torch's own modules (nn.MultiheadAttention, nn.TransformerEncoder), exported
+as a user exports them and optimized end to end (scripts/torch_modules_probe.py probes more)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+import onnxopt
+
+pytestmark = pytest.mark.torch
+
+
+def _padded(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    pad = np.zeros((batch, seq), dtype=bool)
+    if batch > 1:
+        pad[1, seq // 2 :] = True  # right padding of the second sequence
+    if batch > 2:
+        pad[2, : seq // 3] = True  # left padding of the third
+    return {"x": rng.standard_normal((batch, seq, 16)).astype(np.float32), "pad": pad}
+
+
+def _ops(model: ir.Model) -> Counter[str]:
+    return Counter(node.op_type for node in model.graph)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_torchscript_export_fuses(batch_first: bool, tmp_path: Path) -> None:
+    # nn.MultiheadAttention merges its heads sequence-first ([S, B, H, d] viewed as [S*B, D]).
+    # TorchScript bakes the key's length into a view, so the export runs at the traced length only.
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=batch_first)
+
+        def forward(self, x, pad):  # type: ignore[no-untyped-def]
+            q = x if batch_first else x.transpose(0, 1)
+            y = self.attn(q, q, q, key_padding_mask=pad, need_weights=False)[0]
+            return y if batch_first else y.transpose(0, 1)
+
+    path = tmp_path / "mha.onnx"
+    args = (torch.randn(2, 7, 16), torch.zeros(2, 7, dtype=torch.bool))
+    axes = {"x": {0: "batch"}, "pad": {0: "batch"}, "y": {0: "batch"}}
+    torch.onnx.export(Model().eval(), args, str(path), input_names=["x", "pad"],
+                      output_names=["y"], dynamic_axes=axes, dynamo=False)  # fmt: skip
+    inputs = [_padded(3, 7, 0), _padded(1, 7, 1), _padded(4, 7, 2)]
+    result = onnxopt.optimize(path, inputs=inputs)
+    assert result.report.validation is not None and result.report.validation.passed
+    ops = _ops(result.model)
+    assert ops["MultiHeadAttention"] == 1 and ops["Softmax"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_dynamo_export_fuses_with_a_padding_mask(
+    norm_first: bool, tmp_path: Path
+) -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            layer = torch.nn.TransformerEncoderLayer(
+                16, 2, 32, 0.0, "gelu", batch_first=True, norm_first=norm_first
+            )
+            self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+        def forward(self, x, pad):  # type: ignore[no-untyped-def]
+            return self.encoder(x, src_key_padding_mask=pad)
+
+    path = tmp_path / "encoder.onnx"
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+    shapes = ({0: batch, 1: seq}, {0: batch, 1: seq})
+    args = (torch.randn(2, 7, 16), torch.zeros(2, 7, dtype=torch.bool))
+    with torch.no_grad():
+        torch.onnx.export(Model().eval(), args, str(path), input_names=["x", "pad"],
+                          dynamic_shapes=shapes, dynamo=True)  # fmt: skip
+    inputs = [_padded(3, 5, 0), _padded(1, 1, 1), _padded(4, 9, 2)]
+    for target in ("ort", "onnx"):
+        opset = 23 if target == "onnx" else None
+        result = onnxopt.optimize(path, inputs=inputs, target=target, opset=opset)
+        assert result.report.validation is not None and result.report.validation.passed, target
+        if target == "ort":
+            ops = _ops(result.model)
+            assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("einsum", [False, True])
+def test_hand_written_attention_packs_into_one_attention(einsum: bool, tmp_path: Path) -> None:
+    # qkv.view(B, S, 3, H, d).permute(2, 0, 3, 1, 4), q @ k^T (or einsum), masked_fill(-inf)
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(16, 48)
+            self.out = torch.nn.Linear(16, 16)
+
+        def forward(self, x, pad):  # type: ignore[no-untyped-def]
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            if einsum:
+                scores = torch.einsum("bhsd,bhtd->bhst", q, k) / 8**0.5
+            else:
+                scores = q @ k.transpose(-2, -1) / 8**0.5
+            p = scores.masked_fill(pad[:, None, None, :], float("-inf")).softmax(-1)
+            y = torch.einsum("bhst,bhtd->bhsd", p, v) if einsum else p @ v
+            return self.out(y.transpose(1, 2).reshape(b, s, 16))
+
+    path = tmp_path / "attention.onnx"
+    args = (torch.randn(2, 7, 16), torch.zeros(2, 7, dtype=torch.bool))
+    axes = {"x": {0: "batch", 1: "seq"}, "pad": {0: "batch", 1: "seq"}}
+    torch.onnx.export(Model().eval(), args, str(path), input_names=["x", "pad"],
+                      dynamic_axes=axes, dynamo=False)  # fmt: skip
+    inputs = [_padded(3, 5, 0), _padded(1, 1, 1), _padded(4, 9, 2)]
+    result = onnxopt.optimize(path, inputs=inputs)
+    assert result.report.validation is not None and result.report.validation.passed
+    ops = _ops(result.model)
+    assert ops["Attention"] == 1 and ops["Softmax"] == 0 and ops["Einsum"] == 0
