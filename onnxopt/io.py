@@ -122,14 +122,9 @@ def _check_versions(where: str, proto: onnx.ModelProto) -> None:
         raise ModelLoadError(
             f"{where}: IR version {proto.ir_version} is newer than the installed onnx supports ({MAX_IR_VERSION})"
         )
-    seen: set[str] = set()
     default_opset = None
     for opset in proto.opset_import:
-        domain = opset.domain
-        if domain in seen:
-            raise ModelLoadError(f"{where}: opset for domain '{domain}' is imported twice")
-        seen.add(domain)
-        if domain in ("", "ai.onnx"):
+        if opset.domain in ("", "ai.onnx"):
             default_opset = opset.version
     if default_opset is None:
         # A model made only of custom or ai.onnx.ml ops needs no default opset.
@@ -166,6 +161,34 @@ def _latest_opset(domain: str) -> int:
 
 # Domains ONNX Runtime resolves without an opset import (at the newest version it knows).
 _IMPLIED_DOMAINS = ("ai.onnx.ml", "com.microsoft")
+
+
+def _drop_repeated_imports(where: str, proto: onnx.ModelProto) -> tuple[str, ...]:
+    """Keep one of each opset import a model repeats at the same version.
+
+    skl2onnx writes some models (a LogisticRegression, a RandomForest) with the default domain
+    imported twice at one version; onnx's checker and ONNX Runtime accept that, and onnx-ir keeps
+    one version per domain anyway. A domain imported at two different versions is ambiguous (ONNX
+    Runtime silently picks one) and refused.
+    """
+    versions: dict[str, int] = {}
+    repeated = []
+    for index, opset in enumerate(proto.opset_import):
+        if opset.domain not in versions:
+            versions[opset.domain] = opset.version
+        elif versions[opset.domain] == opset.version:
+            repeated.append(index)
+        else:
+            raise ModelLoadError(
+                f"{where}: opset for domain '{opset.domain}' is imported twice, at versions "
+                f"{versions[opset.domain]} and {opset.version}"
+            )
+    domains = list(dict.fromkeys(proto.opset_import[i].domain for i in repeated))
+    for index in reversed(repeated):
+        del proto.opset_import[index]
+    return tuple(
+        f"opset {versions[d]} of domain '{d}' was imported twice: kept one import" for d in domains
+    )
 
 
 def _import_implied_domains(proto: onnx.ModelProto) -> tuple[str, ...]:
@@ -977,9 +1000,10 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     proto = lazy[0] if lazy is not None else _read_proto(model_path)
     where = str(model_path)
     _check_model_strings(where, proto)
+    repairs = _drop_repeated_imports(where, proto)
     _check_versions(where, proto)
     _check_node_count(where, proto)
-    repairs = _import_implied_domains(proto)
+    repairs += _import_implied_domains(proto)
     own_mapped = (
         frozenset(f"initializer '{proto.graph.initializer[index].name}'" for index, _, _ in lazy[1])
         if lazy is not None
@@ -1008,6 +1032,7 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
 def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model:
     """Check and convert an in-memory proto (external data is refused: it has no folder)."""
     _check_model_strings(where, proto)
+    _drop_repeated_imports(where, proto)
     _check_versions(where, proto)
     _check_node_count(where, proto)
     _import_implied_domains(proto)

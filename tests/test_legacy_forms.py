@@ -1,0 +1,53 @@
+"""Model forms of the opset 6-12 era and of older converters, found by ``scripts/legacy_probe.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import onnx.helper as oh
+import onnx.parser
+import pytest
+
+from onnxopt import api
+from onnxopt.errors import ModelLoadError
+from onnxopt.io import load_model, model_from_proto
+
+# What skl2onnx writes for a LogisticRegression with target_opset={"": 15, "ai.onnx.ml": 3}:
+# ai.onnx.ml first, then the default domain imported twice at the same version.
+CLASSIFIER = """
+<ir_version: 8, opset_import: ["ai.onnx.ml" : 1, "" : 15]>
+g (float[N, 4] X) => (int64[N] label, float[N, 3] probabilities) {
+    label, scores = ai.onnx.ml.LinearClassifier <classlabels_ints = [0, 1, 2],
+        coefficients = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2],
+        intercepts = [0.1, 0.2, 0.3], multi_class = 1, post_transform = "LOGISTIC"> (X)
+    probabilities = ai.onnx.ml.Normalizer <norm = "L1"> (scores)
+}
+"""
+
+
+def _repeated_import(version: int) -> onnx.ModelProto:
+    proto = onnx.parser.parse_model(CLASSIFIER)
+    proto.opset_import.append(oh.make_opsetid("", version))
+    return proto
+
+
+def test_an_opset_imported_twice_at_one_version_loads_with_one_import(tmp_path: Path) -> None:
+    source = tmp_path / "skl.onnx"
+    onnx.save(_repeated_import(15), str(source))
+    onnx.checker.check_model(onnx.load(str(source)))  # onnx and ONNX Runtime accept it
+
+    result = api.optimize(source)
+
+    assert result.validated
+    assert result.report.warnings == ("opset 15 of domain '' was imported twice: kept one import",)
+    assert result.model.opset_imports == {"ai.onnx.ml": 1, "": 15}
+    assert model_from_proto(_repeated_import(15)).opset_imports == {"ai.onnx.ml": 1, "": 15}
+
+
+def test_an_opset_imported_at_two_versions_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "skl.onnx"
+    onnx.save(_repeated_import(13), str(source))
+
+    with pytest.raises(ModelLoadError, match="imported twice, at versions 15 and 13"):
+        load_model(source)
