@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx.helper as oh
+import onnx.numpy_helper as onh
 import onnx.parser
 import pytest
 
@@ -51,3 +53,42 @@ def test_an_opset_imported_at_two_versions_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ModelLoadError, match="imported twice, at versions 15 and 13"):
         load_model(source)
+
+
+@pytest.mark.parametrize(
+    ("op", "attributes"),
+    [
+        ("ImageScaler", "bias = [-0.5, -0.4, -0.3], scale = 0.0039"),
+        ("Affine", "alpha = 2.0, beta = 0.5"),
+        ("ScaledTanh", "alpha = 2.0, beta = 0.5"),
+        ("ParametricSoftplus", "alpha = 2.0, beta = 0.5"),
+        ("ThresholdedRelu", "alpha = 0.1"),
+    ],
+)
+def test_a_conv_after_an_op_onnx_dropped_the_schema_of_is_still_fused(
+    tmp_path: Path, op: str, attributes: str
+) -> None:
+    """tiny-YOLOv2 (opset 8) starts with ImageScaler: onnx no longer infers its type, ORT runs it."""
+    proto = onnx.parser.parse_model(
+        f"""
+        <ir_version: 4, opset_import: ["" : 8]>
+        g (float[1, 3, 8, 8] image) => (float[1, 4, 8, 8] y) {{
+            scaled = {op} <{attributes}> (image)
+            c = Conv <pads = [1, 1, 1, 1]> (scaled, w, b)
+            y = LeakyRelu <alpha = 0.1> (c)
+        }}
+        """
+    )
+    proto.graph.initializer.extend(
+        [
+            onh.from_array(np.linspace(-1, 1, 108, dtype=np.float32).reshape(4, 3, 3, 3), "w"),
+            onh.from_array(np.array([0.1, -0.2, 0.3, 0.0], np.float32), "b"),
+        ]
+    )
+    source = tmp_path / "yolo.onnx"
+    onnx.save(proto, str(source))
+
+    result = api.optimize(source)
+
+    assert result.validated
+    assert [node.op_type for node in result.model.graph] == [op, "FusedConv"]
