@@ -92,3 +92,46 @@ def test_a_conv_after_an_op_onnx_dropped_the_schema_of_is_still_fused(
 
     assert result.validated
     assert [node.op_type for node in result.model.graph] == [op, "FusedConv"]
+
+
+@pytest.mark.parametrize("opset", [7, 9])
+@pytest.mark.parametrize("after_conv", [True, False], ids=["conv-bn", "bn-alone"])
+def test_a_batch_norm_listing_its_statistics_outputs_is_training_mode_and_not_folded(
+    tmp_path: Path, opset: int, after_conv: bool
+) -> None:
+    """Before opset 14 the extra outputs, even unused, make ORT normalize with the batch's stats."""
+    source_op = "Conv <pads = [1, 1, 1, 1]> (x, w, b)" if after_conv else "Identity(x)"
+    proto = onnx.parser.parse_model(
+        f"""
+        <ir_version: 4, opset_import: ["" : {opset}]>
+        g (float[N, 3, 6, 6] x) => (float[N, 3, 6, 6] y) {{
+            c = {source_op}
+            n, mean, var, saved_mean, saved_var = BatchNormalization <epsilon = 0.00001> (c, g, be, mu, v)
+            y = Relu(n)
+        }}
+        """
+    )
+    rng = np.random.default_rng(0)
+    proto.graph.initializer.extend(
+        onh.from_array(array.astype(np.float32), name)
+        for name, array in (
+            ("w", rng.standard_normal((3, 3, 3, 3)) * 0.3),
+            ("b", rng.standard_normal(3)),
+            ("g", rng.standard_normal(3) + 1.0),
+            ("be", rng.standard_normal(3)),
+            ("mu", rng.standard_normal(3) * 3.0),
+            ("v", np.abs(rng.standard_normal(3)) + 4.0),
+        )
+    )
+    source = tmp_path / "bn.onnx"
+    onnx.save(proto, str(source))
+
+    result = api.optimize(source, explain=True, enable=["decompose-batch-norm"])
+
+    assert result.validated
+    assert "BatchNormalization" in [node.op_type for node in result.model.graph]
+    if after_conv:
+        assert any(
+            "BatchNormalization lists its running-statistics outputs" in note
+            for note in result.report.explain_notes(fusions=True)
+        )
