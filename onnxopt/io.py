@@ -53,6 +53,14 @@ class LoadedModel:
     external_files: tuple[Path, ...]
     renamed_nodes: int = 0  # duplicate node names made unique (ORT refuses to load duplicates)
     repairs: tuple[str, ...] = ()  # what loading fixed in the file, in words (report warnings)
+    trimmed_nodes: int = (
+        0  # nodes whose empty trailing outputs were dropped (ORT may crash on them)
+    )
+
+    @property
+    def runs_as_is(self) -> bool:
+        """ONNX Runtime can be handed the file itself (else: a save of this load)."""
+        return not self.renamed_nodes and not self.trimmed_nodes
 
 
 def _sniff(path: Path, head: bytes) -> None:
@@ -189,6 +197,24 @@ def _drop_repeated_imports(where: str, proto: onnx.ModelProto) -> tuple[str, ...
     return tuple(
         f"opset {versions[d]} of domain '{d}' was imported twice: kept one import" for d in domains
     )
+
+
+def _drop_empty_trailing_outputs(proto: onnx.ModelProto) -> int:
+    """Drop the empty names that end a node's output list; return how many nodes had them.
+
+    An empty output name means the optional output is absent, exactly as leaving it off the end
+    of the list does. ONNX Runtime disagrees for BatchNormalization-7/9 (``y, "", "", "", ""``):
+    it counts the outputs, runs in training mode and crashes the process writing the absent ones.
+    """
+    trimmed = 0
+    for node in (*_nodes(proto.graph), *(n for f in proto.functions for n in f.node)):
+        keep = len(node.output)
+        while keep and not node.output[keep - 1]:
+            keep -= 1
+        if keep < len(node.output):
+            del node.output[keep:]
+            trimmed += 1
+    return trimmed
 
 
 def _import_implied_domains(proto: onnx.ModelProto) -> tuple[str, ...]:
@@ -1004,6 +1030,12 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     _check_versions(where, proto)
     _check_node_count(where, proto)
     repairs += _import_implied_domains(proto)
+    trimmed = _drop_empty_trailing_outputs(proto)
+    if trimmed:
+        repairs += (
+            f"{trimmed} nodes ended their outputs with empty names (absent outputs): dropped them, "
+            "as ONNX Runtime can crash on them",
+        )
     own_mapped = (
         frozenset(f"initializer '{proto.graph.initializer[index].name}'" for index, _, _ in lazy[1])
         if lazy is not None
@@ -1026,7 +1058,7 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     if lazy is not None:
         _adopt_mapped(model, model_path)
     size = model_path.stat().st_size
-    return LoadedModel(model, model_path, size, external_files, renamed, repairs)
+    return LoadedModel(model, model_path, size, external_files, renamed, repairs, trimmed)
 
 
 def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model:
@@ -1036,6 +1068,7 @@ def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model
     _check_versions(where, proto)
     _check_node_count(where, proto)
     _import_implied_domains(proto)
+    _drop_empty_trailing_outputs(proto)
     _check_external_data(where, proto, None)
     _densify_sparse(where, proto)
     _check_functions(where, proto)

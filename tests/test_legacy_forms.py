@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,8 @@ import pytest
 from onnxopt import api
 from onnxopt.errors import ModelLoadError
 from onnxopt.io import load_model, model_from_proto
+
+REPO = Path(__file__).resolve().parent.parent
 
 # What skl2onnx writes for a LogisticRegression with target_opset={"": 15, "ai.onnx.ml": 3}:
 # ai.onnx.ml first, then the default domain imported twice at the same version.
@@ -135,3 +140,39 @@ def test_a_batch_norm_listing_its_statistics_outputs_is_training_mode_and_not_fo
             "BatchNormalization lists its running-statistics outputs" in note
             for note in result.report.explain_notes(fusions=True)
         )
+
+
+def test_empty_trailing_outputs_are_dropped_so_ort_does_not_crash(tmp_path: Path) -> None:
+    """``BatchNormalization-7 (..) -> (y, "", "", "", "")`` makes ORT count five outputs, run in
+    training mode and crash the process; an empty name means an absent output, so they go at load.
+    A real process: before the fix the crash took the caller with it."""
+    proto = onnx.parser.parse_model(
+        """
+        <ir_version: 4, opset_import: ["" : 7]>
+        g (float[N, 3, 4, 4] x) => (float[N, 3, 4, 4] y) {
+            y = BatchNormalization <epsilon = 0.00001> (x, g, b, m, v)
+        }
+        """
+    )
+    proto.graph.initializer.extend(
+        onh.from_array(np.array(values, np.float32), name)
+        for name, values in (("g", [1, 2, 3]), ("b", [0, 1, 2]), ("m", [0.5] * 3), ("v", [2] * 3))
+    )
+    proto.graph.node[0].output.extend([""] * 4)
+    source, target = tmp_path / "bn.onnx", tmp_path / "out.onnx"
+    onnx.save(proto, str(source))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "onnxopt", "optimize", str(source), "-o", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "1 nodes ended their outputs with empty names" in done.stdout
+    assert [list(n.output) for n in onnx.load(str(target)).graph.node] == [["y"]]
+    assert load_model(source).trimmed_nodes == 1
+    assert not load_model(source).runs_as_is
