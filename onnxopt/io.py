@@ -1159,7 +1159,51 @@ def _graph_values(graph: ir.Graph) -> Iterator[ir.Value]:
         yield from node.outputs
 
 
+def _holds_map(kind: onnx.TypeProto) -> bool:
+    """A map type, or a sequence / optional of one (ZipMap's ``seq(map(int64, float))``)."""
+    while True:
+        if kind.HasField("map_type"):
+            return True
+        if kind.HasField("sequence_type"):
+            kind = kind.sequence_type.elem_type
+        elif kind.HasField("optional_type"):
+            kind = kind.optional_type.elem_type
+        else:
+            return False
+
+
+def _check_no_maps(where: str, graph: onnx.GraphProto) -> None:
+    """Name the first value of a map type: onnx-ir holds no map types, so onnxopt cannot load it."""
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        for label, infos in (
+            ("input", current.input),
+            ("output", current.output),
+            ("value", current.value_info),
+        ):
+            for info in infos:
+                if _holds_map(info.type):
+                    zipmap = next((n for n in _nodes(graph) if n.op_type == "ZipMap"), None)
+                    hint = (
+                        f" (made by ZipMap '{zipmap.name or zipmap.output[0]}'; skl2onnx leaves it "
+                        "out with options={id(model): {'zipmap': False}})"
+                        if zipmap is not None
+                        else ""
+                    )
+                    raise ModelLoadError(
+                        f"{where}: {label} '{info.name}' is a map or a sequence of maps; "
+                        f"map types are not supported (onnx-ir holds none){hint}"
+                    )
+        for node in current.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
+
+
 def _deserialize(where: str, proto: onnx.ModelProto) -> ir.Model:
+    _check_no_maps(where, proto.graph)
     try:
         return ir.serde.deserialize_model(proto)
     except RecursionError:

@@ -1139,7 +1139,7 @@ for _kind, _zipmap in _SKLEARN:
 
     form(
         f"skl2onnx {_kind}{' with ZipMap' if _zipmap else ''}",
-        refused="Map types are not supported" if _zipmap else "",
+        refused="map types are not supported" if _zipmap else "",
     )(_skl)
 
 

@@ -644,7 +644,7 @@ def _ml_without_import(base: Path, work: Path) -> Path:
 
 @form(
     "sklearn-style classifier with ZipMap (seq(map) output)",
-    refused="Map types are not supported",
+    refused="map types are not supported",
 )
 def _zipmap(base: Path, work: Path) -> Path:
     nodes = [

@@ -176,3 +176,52 @@ def test_empty_trailing_outputs_are_dropped_so_ort_does_not_crash(tmp_path: Path
     assert [list(n.output) for n in onnx.load(str(target)).graph.node] == [["y"]]
     assert load_model(source).trimmed_nodes == 1
     assert not load_model(source).runs_as_is
+
+
+def test_a_zipmap_output_is_refused_with_the_converter_option_that_leaves_it_out(
+    tmp_path: Path,
+) -> None:
+    """skl2onnx classifiers end in ZipMap by default: a seq(map(int64, float)) onnx-ir cannot hold."""
+    nodes = [
+        oh.make_node(
+            "LinearClassifier",
+            ["X"],
+            ["label", "probabilities"],
+            domain="ai.onnx.ml",
+            classlabels_ints=[0, 1],
+            coefficients=[0.1 * i for i in range(8)],
+            intercepts=[0.1, 0.2],
+        ),
+        oh.make_node(
+            "ZipMap",
+            ["probabilities"],
+            ["output_probability"],
+            name="ZipMap",
+            domain="ai.onnx.ml",
+            classlabels_int64s=[0, 1],
+        ),
+    ]
+    seq_map = oh.make_sequence_type_proto(
+        oh.make_map_type_proto(onnx.TensorProto.INT64, oh.make_tensor_type_proto(1, []))
+    )
+    graph = oh.make_graph(
+        nodes,
+        "classifier",
+        [oh.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", 4])],
+        [
+            oh.make_tensor_value_info("label", onnx.TensorProto.INT64, ["N"]),
+            oh.make_value_info("output_probability", seq_map),
+        ],
+    )
+    opsets = [oh.make_opsetid("", 9), oh.make_opsetid("ai.onnx.ml", 1)]
+    source = tmp_path / "skl.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=opsets, ir_version=8), str(source))
+
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(source)
+
+    assert str(caught.value) == (
+        f"{source}: output 'output_probability' is a map or a sequence of maps; map types are not "
+        "supported (onnx-ir holds none) (made by ZipMap 'ZipMap'; skl2onnx leaves it out with "
+        "options={id(model): {'zipmap': False}})"
+    )
