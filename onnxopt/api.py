@@ -142,8 +142,9 @@ def optimize(
             # ORT cannot parse a single file past protobuf's 2 GiB; a second (mapped) load of it
             # is handed over as a graph plus weight buffers instead.
             original = io.load_model(model).model
-        if loaded.renamed_nodes and check:
-            # ORT refuses the file as it is: validate against a load of it, renamed the same way.
+        if not loaded.runs_as_is and check:
+            # ORT refuses (or crashes on) the file as it is: validate against a load of it,
+            # repaired the same way.
             original = io.load_model(model).model
         source_name = str(model)
         file_bytes = loaded.file_bytes

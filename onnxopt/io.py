@@ -53,6 +53,14 @@ class LoadedModel:
     external_files: tuple[Path, ...]
     renamed_nodes: int = 0  # duplicate node names made unique (ORT refuses to load duplicates)
     repairs: tuple[str, ...] = ()  # what loading fixed in the file, in words (report warnings)
+    trimmed_nodes: int = (
+        0  # nodes whose empty trailing outputs were dropped (ORT may crash on them)
+    )
+
+    @property
+    def runs_as_is(self) -> bool:
+        """ONNX Runtime can be handed the file itself (else: a save of this load)."""
+        return not self.renamed_nodes and not self.trimmed_nodes
 
 
 def _sniff(path: Path, head: bytes) -> None:
@@ -122,14 +130,9 @@ def _check_versions(where: str, proto: onnx.ModelProto) -> None:
         raise ModelLoadError(
             f"{where}: IR version {proto.ir_version} is newer than the installed onnx supports ({MAX_IR_VERSION})"
         )
-    seen: set[str] = set()
     default_opset = None
     for opset in proto.opset_import:
-        domain = opset.domain
-        if domain in seen:
-            raise ModelLoadError(f"{where}: opset for domain '{domain}' is imported twice")
-        seen.add(domain)
-        if domain in ("", "ai.onnx"):
+        if opset.domain in ("", "ai.onnx"):
             default_opset = opset.version
     if default_opset is None:
         # A model made only of custom or ai.onnx.ml ops needs no default opset.
@@ -166,6 +169,52 @@ def _latest_opset(domain: str) -> int:
 
 # Domains ONNX Runtime resolves without an opset import (at the newest version it knows).
 _IMPLIED_DOMAINS = ("ai.onnx.ml", "com.microsoft")
+
+
+def _drop_repeated_imports(where: str, proto: onnx.ModelProto) -> tuple[str, ...]:
+    """Keep one of each opset import a model repeats at the same version.
+
+    skl2onnx writes some models (a LogisticRegression, a RandomForest) with the default domain
+    imported twice at one version; onnx's checker and ONNX Runtime accept that, and onnx-ir keeps
+    one version per domain anyway. A domain imported at two different versions is ambiguous (ONNX
+    Runtime silently picks one) and refused.
+    """
+    versions: dict[str, int] = {}
+    repeated = []
+    for index, opset in enumerate(proto.opset_import):
+        if opset.domain not in versions:
+            versions[opset.domain] = opset.version
+        elif versions[opset.domain] == opset.version:
+            repeated.append(index)
+        else:
+            raise ModelLoadError(
+                f"{where}: opset for domain '{opset.domain}' is imported twice, at versions "
+                f"{versions[opset.domain]} and {opset.version}"
+            )
+    domains = list(dict.fromkeys(proto.opset_import[i].domain for i in repeated))
+    for index in reversed(repeated):
+        del proto.opset_import[index]
+    return tuple(
+        f"opset {versions[d]} of domain '{d}' was imported twice: kept one import" for d in domains
+    )
+
+
+def _drop_empty_trailing_outputs(proto: onnx.ModelProto) -> int:
+    """Drop the empty names that end a node's output list; return how many nodes had them.
+
+    An empty output name means the optional output is absent, exactly as leaving it off the end
+    of the list does. ONNX Runtime disagrees for BatchNormalization-7/9 (``y, "", "", "", ""``):
+    it counts the outputs, runs in training mode and crashes the process writing the absent ones.
+    """
+    trimmed = 0
+    for node in (*_nodes(proto.graph), *(n for f in proto.functions for n in f.node)):
+        keep = len(node.output)
+        while keep and not node.output[keep - 1]:
+            keep -= 1
+        if keep < len(node.output):
+            del node.output[keep:]
+            trimmed += 1
+    return trimmed
 
 
 def _import_implied_domains(proto: onnx.ModelProto) -> tuple[str, ...]:
@@ -977,9 +1026,16 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     proto = lazy[0] if lazy is not None else _read_proto(model_path)
     where = str(model_path)
     _check_model_strings(where, proto)
+    repairs = _drop_repeated_imports(where, proto)
     _check_versions(where, proto)
     _check_node_count(where, proto)
-    repairs = _import_implied_domains(proto)
+    repairs += _import_implied_domains(proto)
+    trimmed = _drop_empty_trailing_outputs(proto)
+    if trimmed:
+        repairs += (
+            f"{trimmed} nodes ended their outputs with empty names (absent outputs): dropped them, "
+            "as ONNX Runtime can crash on them",
+        )
     own_mapped = (
         frozenset(f"initializer '{proto.graph.initializer[index].name}'" for index, _, _ in lazy[1])
         if lazy is not None
@@ -1002,15 +1058,17 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     if lazy is not None:
         _adopt_mapped(model, model_path)
     size = model_path.stat().st_size
-    return LoadedModel(model, model_path, size, external_files, renamed, repairs)
+    return LoadedModel(model, model_path, size, external_files, renamed, repairs, trimmed)
 
 
 def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model:
     """Check and convert an in-memory proto (external data is refused: it has no folder)."""
     _check_model_strings(where, proto)
+    _drop_repeated_imports(where, proto)
     _check_versions(where, proto)
     _check_node_count(where, proto)
     _import_implied_domains(proto)
+    _drop_empty_trailing_outputs(proto)
     _check_external_data(where, proto, None)
     _densify_sparse(where, proto)
     _check_functions(where, proto)
@@ -1101,7 +1159,51 @@ def _graph_values(graph: ir.Graph) -> Iterator[ir.Value]:
         yield from node.outputs
 
 
+def _holds_map(kind: onnx.TypeProto) -> bool:
+    """A map type, or a sequence / optional of one (ZipMap's ``seq(map(int64, float))``)."""
+    while True:
+        if kind.HasField("map_type"):
+            return True
+        if kind.HasField("sequence_type"):
+            kind = kind.sequence_type.elem_type
+        elif kind.HasField("optional_type"):
+            kind = kind.optional_type.elem_type
+        else:
+            return False
+
+
+def _check_no_maps(where: str, graph: onnx.GraphProto) -> None:
+    """Name the first value of a map type: onnx-ir holds no map types, so onnxopt cannot load it."""
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        for label, infos in (
+            ("input", current.input),
+            ("output", current.output),
+            ("value", current.value_info),
+        ):
+            for info in infos:
+                if _holds_map(info.type):
+                    zipmap = next((n for n in _nodes(graph) if n.op_type == "ZipMap"), None)
+                    hint = (
+                        f" (made by ZipMap '{zipmap.name or zipmap.output[0]}'; skl2onnx leaves it "
+                        "out with options={id(model): {'zipmap': False}})"
+                        if zipmap is not None
+                        else ""
+                    )
+                    raise ModelLoadError(
+                        f"{where}: {label} '{info.name}' is a map or a sequence of maps; "
+                        f"map types are not supported (onnx-ir holds none){hint}"
+                    )
+        for node in current.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
+
+
 def _deserialize(where: str, proto: onnx.ModelProto) -> ir.Model:
+    _check_no_maps(where, proto.graph)
     try:
         return ir.serde.deserialize_model(proto)
     except RecursionError:

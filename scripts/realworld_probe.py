@@ -56,22 +56,31 @@ class Form:
     known: str = ""
 
 
+Build = Callable[[Path, Path], Path]
+
+
+def registry(forms: list[Form]) -> Callable[..., Callable[[Build], Build]]:
+    """The ``@form(name, check, ...)`` decorator that appends each built form to ``forms``."""
+
+    def form(
+        name: str,
+        check: Check | None = None,
+        args: tuple[str, ...] = (),
+        bench: bool = True,
+        refused: str = "",
+        known: str = "",
+    ) -> Callable[[Build], Build]:
+        def register(build: Build) -> Build:
+            forms.append(Form(name, build, check, args, bench, refused, known))
+            return build
+
+        return register
+
+    return form
+
+
 FORMS: list[Form] = []
-
-
-def form(
-    name: str,
-    check: Check | None = None,
-    args: tuple[str, ...] = (),
-    bench: bool = True,
-    refused: str = "",
-    known: str = "",
-) -> Callable[[Callable[[Path, Path], Path]], Callable[[Path, Path], Path]]:
-    def register(build: Callable[[Path, Path], Path]) -> Callable[[Path, Path], Path]:
-        FORMS.append(Form(name, build, check, args, bench, refused, known))
-        return build
-
-    return register
+form = registry(FORMS)
 
 
 # ---------------------------------------------------------------- base models
@@ -635,7 +644,7 @@ def _ml_without_import(base: Path, work: Path) -> Path:
 
 @form(
     "sklearn-style classifier with ZipMap (seq(map) output)",
-    refused="Map types are not supported",
+    refused="map types are not supported",
 )
 def _zipmap(base: Path, work: Path) -> Path:
     nodes = [
@@ -1253,8 +1262,13 @@ def probe(item: Form, base: Path, work: Path, bench: bool) -> Row:
 COLUMNS = ("ort", "opt s", "peak MB", "det", "fixpt", "onnx", "expl", "form", "bench")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(
+    forms: list[Form] = FORMS,
+    export: Callable[[Path], None] = export_base,
+    description: str = __doc__.splitlines()[0],
+) -> int:
+    """Probe ``forms`` (their base models made once by ``export``) and print one row per form."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--only", default="", help="Run the forms whose name contains this.")
     parser.add_argument("--no-bench", action="store_true", help="Skip `onnxopt bench`.")
     parser.add_argument("--keep", type=Path, help="Build in this folder and keep the files.")
@@ -1263,11 +1277,12 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="rw_probe_")) if args.keep is None else args.keep
     root.mkdir(parents=True, exist_ok=True)
     base = root / "base"
-    if not (base / "bert.onnx").exists():
+    if not (base / "exported").exists():
         base.mkdir(exist_ok=True)
-        export_base(base)
+        export(base)
+        (base / "exported").touch()
     rows = []
-    for index, item in enumerate(f for f in FORMS if args.only.lower() in f.name.lower()):
+    for index, item in enumerate(f for f in forms if args.only.lower() in f.name.lower()):
         work = root / f"form{index:02d}"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()

@@ -577,12 +577,19 @@ def run_bench(
             optimized_path = str(io.save_model(result.model, Path(tmp) / "optimized.onnx"))
             del result
         original_path = str(path)
-        if source.renamed_nodes:
-            # ORT refuses the file itself (repeated node names): time it as onnxopt loads it.
+        if not source.runs_as_is:
+            # ORT refuses the file itself (repeated node names, empty trailing outputs it may
+            # crash on): time it as onnxopt loads it.
             original_path = str(io.save_model(source.model, Path(tmp) / "original.onnx"))
+        if source.renamed_nodes:
             notes.append(
                 f"original: {source.renamed_nodes} repeated node names made unique "
                 "(ONNX Runtime refuses them) and timed so"
+            )
+        if source.trimmed_nodes:
+            notes.append(
+                f"original: empty trailing outputs of {source.trimmed_nodes} nodes dropped "
+                "(ONNX Runtime can crash on them) and timed so"
             )
         del source
         models = {"original": original_path, "optimized": optimized_path}

@@ -3,12 +3,15 @@
 ONNX's shape inference does not know ``com.microsoft`` ops (nor ORT's SimplifiedLayerNormalization in
 the default domain): every value after the first fused attention lost its shape, so a TorchScript
 export's per-layer shape reads (``Shape(attention output)`` feeding the next Reshape) could not be
-shared. Before inference, each such node whose first output provably has the shape of one of its
+shared. Nor does it know the experimental ops of opsets 1-9 whose schemas onnx has since dropped
+but ONNX Runtime still runs (tiny-YOLOv2 of the model zoo starts with ImageScaler): every value
+after one had no type, so no Conv behind it could be fused. Before inference, each such node whose first output provably has the shape of one of its
 inputs is swapped, in the throwaway proto handed to inference only, for ``Identity`` of that input.
 Only these cases are claimed (each is the op's documented output shape):
 
 - element-wise or normalizing ops (RotaryEmbedding, BiasGelu, FastGelu, QuickGelu, Gelu,
-  SkipLayerNormalization, (Skip)SimplifiedLayerNormalization): output 0 has input 0's shape;
+  SkipLayerNormalization, (Skip)SimplifiedLayerNormalization; the dropped ImageScaler, Affine,
+  ScaledTanh, ParametricSoftplus and ThresholdedRelu-1): output 0 has input 0's shape;
 - MultiHeadAttention and GroupQueryAttention with separate 3-D query, key and value: output 0 is
   [B, S, hidden of V] (GroupQueryAttention: of Q), the query's shape when V's hidden size is Q's;
 - packed Attention: [B, S, v] with v its third ``qkv_hidden_sizes`` or a third of the weight's
@@ -35,6 +38,11 @@ _SHAPE_OF_FIRST_INPUT = {
     (MS_DOMAIN, "SimplifiedLayerNormalization"),
     ("", "SimplifiedLayerNormalization"),
     ("", "SkipSimplifiedLayerNormalization"),
+    ("", "ImageScaler"),
+    ("", "Affine"),
+    ("", "ScaledTanh"),
+    ("", "ParametricSoftplus"),
+    ("", "ThresholdedRelu"),
 }
 
 

@@ -30,8 +30,14 @@ def bn_affine(bn: ir.Node) -> tuple[np.ndarray, np.ndarray] | Mismatch:
         return Mismatch("BatchNormalization is in training mode")
     if bn.attributes.get_int("spatial", 1) != 1:
         return Mismatch("BatchNormalization has spatial=0 (per-element statistics)")
-    if any(out.uses() or out.is_graph_output() for out in bn.outputs[1:]):
-        return Mismatch("BatchNormalization's running statistics outputs are used")
+    if len(bn.outputs) > 1:
+        # Before opset 14 listing the statistics outputs is what selects training mode, used or
+        # not (ONNX Runtime then normalizes with the batch's own mean and variance); from 14 on
+        # they are allowed only with training_mode=1.
+        return Mismatch(
+            "BatchNormalization lists its running-statistics outputs: it is in training mode "
+            "(normalizes with the batch's statistics)"
+        )
     arrays = []
     for label, value in zip(("scale", "B", "mean", "var"), bn.inputs[1:5], strict=False):
         array = const_array(value)

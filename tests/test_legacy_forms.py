@@ -1,0 +1,227 @@
+"""Model forms of the opset 6-12 era and of older converters, found by ``scripts/legacy_probe.py``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as onh
+import onnx.parser
+import pytest
+
+from onnxopt import api
+from onnxopt.errors import ModelLoadError
+from onnxopt.io import load_model, model_from_proto
+
+REPO = Path(__file__).resolve().parent.parent
+
+# What skl2onnx writes for a LogisticRegression with target_opset={"": 15, "ai.onnx.ml": 3}:
+# ai.onnx.ml first, then the default domain imported twice at the same version.
+CLASSIFIER = """
+<ir_version: 8, opset_import: ["ai.onnx.ml" : 1, "" : 15]>
+g (float[N, 4] X) => (int64[N] label, float[N, 3] probabilities) {
+    label, scores = ai.onnx.ml.LinearClassifier <classlabels_ints = [0, 1, 2],
+        coefficients = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2],
+        intercepts = [0.1, 0.2, 0.3], multi_class = 1, post_transform = "LOGISTIC"> (X)
+    probabilities = ai.onnx.ml.Normalizer <norm = "L1"> (scores)
+}
+"""
+
+
+def _repeated_import(version: int) -> onnx.ModelProto:
+    proto = onnx.parser.parse_model(CLASSIFIER)
+    proto.opset_import.append(oh.make_opsetid("", version))
+    return proto
+
+
+def test_an_opset_imported_twice_at_one_version_loads_with_one_import(tmp_path: Path) -> None:
+    source = tmp_path / "skl.onnx"
+    onnx.save(_repeated_import(15), str(source))
+    onnx.checker.check_model(onnx.load(str(source)))  # onnx and ONNX Runtime accept it
+
+    result = api.optimize(source)
+
+    assert result.validated
+    assert result.report.warnings == ("opset 15 of domain '' was imported twice: kept one import",)
+    assert result.model.opset_imports == {"ai.onnx.ml": 1, "": 15}
+    assert model_from_proto(_repeated_import(15)).opset_imports == {"ai.onnx.ml": 1, "": 15}
+
+
+def test_an_opset_imported_at_two_versions_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "skl.onnx"
+    onnx.save(_repeated_import(13), str(source))
+
+    with pytest.raises(ModelLoadError, match="imported twice, at versions 15 and 13"):
+        load_model(source)
+
+
+@pytest.mark.parametrize(
+    ("op", "attributes"),
+    [
+        ("ImageScaler", "bias = [-0.5, -0.4, -0.3], scale = 0.0039"),
+        ("Affine", "alpha = 2.0, beta = 0.5"),
+        ("ScaledTanh", "alpha = 2.0, beta = 0.5"),
+        ("ParametricSoftplus", "alpha = 2.0, beta = 0.5"),
+        ("ThresholdedRelu", "alpha = 0.1"),
+    ],
+)
+def test_a_conv_after_an_op_onnx_dropped_the_schema_of_is_still_fused(
+    tmp_path: Path, op: str, attributes: str
+) -> None:
+    """tiny-YOLOv2 (opset 8) starts with ImageScaler: onnx no longer infers its type, ORT runs it."""
+    proto = onnx.parser.parse_model(
+        f"""
+        <ir_version: 4, opset_import: ["" : 8]>
+        g (float[1, 3, 8, 8] image) => (float[1, 4, 8, 8] y) {{
+            scaled = {op} <{attributes}> (image)
+            c = Conv <pads = [1, 1, 1, 1]> (scaled, w, b)
+            y = LeakyRelu <alpha = 0.1> (c)
+        }}
+        """
+    )
+    proto.graph.initializer.extend(
+        [
+            onh.from_array(np.linspace(-1, 1, 108, dtype=np.float32).reshape(4, 3, 3, 3), "w"),
+            onh.from_array(np.array([0.1, -0.2, 0.3, 0.0], np.float32), "b"),
+        ]
+    )
+    source = tmp_path / "yolo.onnx"
+    onnx.save(proto, str(source))
+
+    result = api.optimize(source)
+
+    assert result.validated
+    assert [node.op_type for node in result.model.graph] == [op, "FusedConv"]
+
+
+@pytest.mark.parametrize("opset", [7, 9])
+@pytest.mark.parametrize("after_conv", [True, False], ids=["conv-bn", "bn-alone"])
+def test_a_batch_norm_listing_its_statistics_outputs_is_training_mode_and_not_folded(
+    tmp_path: Path, opset: int, after_conv: bool
+) -> None:
+    """Before opset 14 the extra outputs, even unused, make ORT normalize with the batch's stats."""
+    source_op = "Conv <pads = [1, 1, 1, 1]> (x, w, b)" if after_conv else "Identity(x)"
+    proto = onnx.parser.parse_model(
+        f"""
+        <ir_version: 4, opset_import: ["" : {opset}]>
+        g (float[N, 3, 6, 6] x) => (float[N, 3, 6, 6] y) {{
+            c = {source_op}
+            n, mean, var, saved_mean, saved_var = BatchNormalization <epsilon = 0.00001> (c, g, be, mu, v)
+            y = Relu(n)
+        }}
+        """
+    )
+    rng = np.random.default_rng(0)
+    proto.graph.initializer.extend(
+        onh.from_array(array.astype(np.float32), name)
+        for name, array in (
+            ("w", rng.standard_normal((3, 3, 3, 3)) * 0.3),
+            ("b", rng.standard_normal(3)),
+            ("g", rng.standard_normal(3) + 1.0),
+            ("be", rng.standard_normal(3)),
+            ("mu", rng.standard_normal(3) * 3.0),
+            ("v", np.abs(rng.standard_normal(3)) + 4.0),
+        )
+    )
+    source = tmp_path / "bn.onnx"
+    onnx.save(proto, str(source))
+
+    result = api.optimize(source, explain=True, enable=["decompose-batch-norm"])
+
+    assert result.validated
+    assert "BatchNormalization" in [node.op_type for node in result.model.graph]
+    if after_conv:
+        assert any(
+            "BatchNormalization lists its running-statistics outputs" in note
+            for note in result.report.explain_notes(fusions=True)
+        )
+
+
+def test_empty_trailing_outputs_are_dropped_so_ort_does_not_crash(tmp_path: Path) -> None:
+    """``BatchNormalization-7 (..) -> (y, "", "", "", "")`` makes ORT count five outputs, run in
+    training mode and crash the process; an empty name means an absent output, so they go at load.
+    A real process: before the fix the crash took the caller with it."""
+    proto = onnx.parser.parse_model(
+        """
+        <ir_version: 4, opset_import: ["" : 7]>
+        g (float[N, 3, 4, 4] x) => (float[N, 3, 4, 4] y) {
+            y = BatchNormalization <epsilon = 0.00001> (x, g, b, m, v)
+        }
+        """
+    )
+    proto.graph.initializer.extend(
+        onh.from_array(np.array(values, np.float32), name)
+        for name, values in (("g", [1, 2, 3]), ("b", [0, 1, 2]), ("m", [0.5] * 3), ("v", [2] * 3))
+    )
+    proto.graph.node[0].output.extend([""] * 4)
+    source, target = tmp_path / "bn.onnx", tmp_path / "out.onnx"
+    onnx.save(proto, str(source))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "onnxopt", "optimize", str(source), "-o", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "1 nodes ended their outputs with empty names" in done.stdout
+    assert [list(n.output) for n in onnx.load(str(target)).graph.node] == [["y"]]
+    assert load_model(source).trimmed_nodes == 1
+    assert not load_model(source).runs_as_is
+
+
+def test_a_zipmap_output_is_refused_with_the_converter_option_that_leaves_it_out(
+    tmp_path: Path,
+) -> None:
+    """skl2onnx classifiers end in ZipMap by default: a seq(map(int64, float)) onnx-ir cannot hold."""
+    nodes = [
+        oh.make_node(
+            "LinearClassifier",
+            ["X"],
+            ["label", "probabilities"],
+            domain="ai.onnx.ml",
+            classlabels_ints=[0, 1],
+            coefficients=[0.1 * i for i in range(8)],
+            intercepts=[0.1, 0.2],
+        ),
+        oh.make_node(
+            "ZipMap",
+            ["probabilities"],
+            ["output_probability"],
+            name="ZipMap",
+            domain="ai.onnx.ml",
+            classlabels_int64s=[0, 1],
+        ),
+    ]
+    seq_map = oh.make_sequence_type_proto(
+        oh.make_map_type_proto(onnx.TensorProto.INT64, oh.make_tensor_type_proto(1, []))
+    )
+    graph = oh.make_graph(
+        nodes,
+        "classifier",
+        [oh.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", 4])],
+        [
+            oh.make_tensor_value_info("label", onnx.TensorProto.INT64, ["N"]),
+            oh.make_value_info("output_probability", seq_map),
+        ],
+    )
+    opsets = [oh.make_opsetid("", 9), oh.make_opsetid("ai.onnx.ml", 1)]
+    source = tmp_path / "skl.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=opsets, ir_version=8), str(source))
+
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(source)
+
+    assert str(caught.value) == (
+        f"{source}: output 'output_probability' is a map or a sequence of maps; map types are not "
+        "supported (onnx-ir holds none) (made by ZipMap 'ZipMap'; skl2onnx leaves it out with "
+        "options={id(model): {'zipmap': False}})"
+    )
