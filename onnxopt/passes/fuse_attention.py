@@ -487,6 +487,9 @@ class AttentionBlock:
     unproven_rows: tuple[ir.Value, ...] = ()
     # c > 0: the scaled scores are soft-capped, tanh(s / c) * c, before any term is added (Gemma2).
     softcap: float = 0.0
+    # Terms added to the scores while they were viewed as [B, W, H, S, T] (Swin's shifted-window
+    # mask, one row of windows per image), each as [1, W|1, H|1, S|1, T|1].
+    window_terms: tuple[_WindowTerm, ...] = ()
 
 
 # T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
@@ -613,6 +616,9 @@ def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
     if _unflattening(value) is not None:
         assert node is not None
         return _leads_to_scores(node.inputs[0], depth + 1)
+    window = _window_view(value)
+    if window is not None:
+        return any(_leads_to_scores(v, depth + 1) for v in window[0].inputs)
     capped = _capped_input(value)
     if capped is not None and capped is not value:
         return _leads_to_scores(capped, depth + 1)
@@ -836,6 +842,98 @@ class _MaskedFill:
 
 
 @dataclass(frozen=True)
+class _WindowTerm:
+    """Swin's shifted-window mask: ``Reshape(Reshape(scores, [B, W, H, S, T]) + term, [B*W, H, S, T])``.
+
+    The scores of B images' W windows each, [B*W, H, S, T], are viewed with the windows split off,
+    the term (the mask of each window, [1, W, 1, S, T]) added there, and viewed back. Row-major
+    views: row b*W + w of the scores is (b, w) both ways, so this is the [B*W, H, S, T] bias
+    ``Reshape(Expand(term, [B, W, 1, 1, 1]), [-1, h, s, t])`` added to the scores."""
+
+    term: ir.Value
+    windows: int
+    dims: tuple[int, int, int]  # the term's dims h, s, t (each 1 or the scores' H, S, T)
+
+
+def _window_view(value: ir.Value | None) -> tuple[ir.Node, ir.Node] | None:
+    """(the Add, the Reshape back) when ``value`` is a rank-5 Add viewed back to rank 4."""
+    back = producer_of(value, "Reshape")
+    if back is None or value_rank(value) != 4:
+        return None
+    add = producer_of(back.inputs[0], "Add")
+    if add is None or value_rank(add.outputs[0]) != 5 or len(add.inputs) != 2:
+        return None
+    return add, back
+
+
+def _window_step(
+    value: ir.Value | None,
+) -> tuple[_WindowTerm, list[ir.Node], ir.Value] | Mismatch | None:
+    """One step up from the Softmax through Swin's windowed mask: (term, nodes, the scores)."""
+    found = _window_view(value)
+    if found is None:
+        return None
+    add, back = found
+    for view, term in (add.inputs, add.inputs[::-1]):
+        split = producer_of(view, "Reshape")
+        if split is None or view is None or term is None or value_rank(split.inputs[0]) != 4:
+            continue
+        scores = split.inputs[0]
+        if scores is None or not _leads_to_scores(scores):
+            continue
+        inner = [static_dim(scores, axis) for axis in (1, 2, 3)]
+        five = [static_dim(view, axis) for axis in (1, 2, 3, 4)]
+        again = [static_dim(value, axis) for axis in (1, 2, 3)]
+        if None in inner or five[1:] != inner or again != inner or five[0] is None:
+            return Mismatch(
+                "the scores are viewed as rank 5 for a term (Swin's windowed mask), but the views "
+                "are not provably [B, W, H, S, T] and back (static W, H, S and T needed)"
+            )
+        shape = term.shape
+        dims = [*([1] * (5 - len(shape))), *shape] if shape is not None and len(shape) <= 5 else []
+        if (
+            not dims
+            or not all(isinstance(d, int) for d in dims)
+            or dims[0] != 1
+            or any(d not in (1, full) for d, full in zip(dims[1:], five, strict=True))
+        ):
+            return Mismatch(
+                "the term added to the scores' rank-5 view is not [1, W|1, H|1, S|1, T|1] with "
+                "static dims"
+            )
+        windows = five[0]
+        assert windows is not None
+        window = _WindowTerm(term, windows, (int(dims[2]), int(dims[3]), int(dims[4])))
+        return window, [back, add, split], scores
+    return Mismatch("the Softmax input is a rank-5 Add without a view of Q@K^T")
+
+
+def _scores_step(
+    value: ir.Value | None,
+) -> _BiasStep | tuple[_WindowTerm, list[ir.Node], ir.Value] | Mismatch | None:
+    """One step up from the Softmax: a bias term or masked_fill (:func:`_bias_step`), else a term
+    added to the windowed view of the scores (:func:`_window_step`)."""
+    step = _bias_step(value)
+    return _window_step(value) if step is None else step
+
+
+def _window_bias(
+    tape: ir.tape.Tape, window: _WindowTerm, block: AttentionBlock, opset: int
+) -> ir.Value:
+    """The windowed term as a [B*W, h, s, t] bias, B = (the query's B*W) / W read at run time."""
+    query = block.query.four_d or block.query.three_d
+    assert query is not None
+    images = tape.op("Div", [seq_len(tape, query, 0, opset), int64_const(tape, [window.windows])])
+    target = tape.op("Concat", [images, int64_const(tape, [window.windows, 1, 1, 1])], {"axis": 0})
+    expanded = tape.op("Expand", [window.term, target])
+    result = tape.op("Reshape", [expanded, int64_const(tape, [-1, *window.dims])])
+    result.shape = ir.Shape([None, *window.dims])
+    if window.term.dtype is not None:
+        result.dtype = window.term.dtype
+    return result
+
+
+@dataclass(frozen=True)
 class _BiasStep:
     node: ir.Node  # the Add or Where
     term: ir.Value | _MaskedFill
@@ -914,6 +1012,7 @@ def _summed_bias(
         *block.more_bias,
         *(_fill_bias(tape, fill) for fill in block.fills),
         *(_flat_bias(tape, term, block, heads, opset) for term in block.flat_terms),
+        *(_window_bias(tape, window, block, opset) for window in block.window_terms),
     ]
     if len(terms) < 2:
         return terms[0] if terms else None
@@ -1000,12 +1099,18 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     # GPT-Neo and anything written ``masked_fill`` put a Where(mask, scores, fill) among them.
     terms: list[ir.Value] = []
     fills: list[_MaskedFill] = []
+    windows: list[_WindowTerm] = []
     base: ir.Value | None = scores
-    while (step := _bias_step(base)) is not None:
+    while (step := _scores_step(base)) is not None:
         if isinstance(step, Mismatch):
             return step
-        if len(terms) + len(fills) == MAX_BIAS_TERMS:
+        if len(terms) + len(fills) + len(windows) == MAX_BIAS_TERMS:
             return Mismatch(f"the scores get more than {MAX_BIAS_TERMS} additive terms")
+        if isinstance(step, tuple):
+            windows.append(step[0])
+            nodes.extend(step[1])
+            base = step[2]
+            continue
         if isinstance(step.term, _MaskedFill):
             fills.append(step.term)
         else:
@@ -1256,6 +1361,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         output_target=output_target,
         kv_repeat=kv_repeat,
         softcap=capped.cap if capped is not None else 0.0,
+        window_terms=tuple(windows),
     )
     target = context.options.target
     if target == "onnx" and context.opset() < ONNX_ATTENTION_OPSET:
@@ -1639,6 +1745,10 @@ def _rewrite_onnx(block: AttentionBlock, opset: int, heads: int) -> Replacement 
     mask = block.fills[0].fill if block.fills else block.bias
     if block.flat_terms:
         return Mismatch("--target onnx: a term added to the [B*H, S, T] scores is not fused")
+    if block.window_terms:
+        return Mismatch(
+            "--target onnx: a term added to the windowed [B, W, H, S, T] scores is not fused"
+        )
     values = _mask_values(mask) if mask is not None else None
     if values is not None and block.fills:  # the fill's bias holds 0 besides the fill
         values = replace(values, lowest_finite=min(values.lowest_finite, 0.0))
