@@ -1,8 +1,10 @@
-"""Swin's shifted-window attention: the mask is added to the scores viewed as [B, W, H, S, T].
+"""Swin's window attention forms.
 
 torchvision's and Hugging Face's Swin (and Swin-V2's) shifted blocks compute
 ``(q @ k^T + rel).view(B, W, H, N, N) + mask[None, :, None]`` and view it back to [B*W, H, N, N]
 before the softmax. fuse-attention reads the windowed term as one more [B*W, 1, N, N] bias.
+Swin-V2's cosine attention scales the scores per head, ``(q̂ @ k̂^T) * logit_scale.exp()`` with
+a [H, 1, 1] factor: that factor moves onto the query.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from onnxopt.api import optimize
 WINDOWS, TOKENS, DIM, HEADS = 4, 9, 16, 2
 
 
-def _window_attention(tmp_path, dynamo: bool, shifted: bool = True, heads_mask: bool = False):  # type: ignore[no-untyped-def]
+def _window_attention(  # type: ignore[no-untyped-def]
+    tmp_path, dynamo: bool, shifted: bool = True, heads_mask: bool = False, cosine: bool = False
+):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
 
@@ -32,14 +36,20 @@ def _window_attention(tmp_path, dynamo: bool, shifted: bool = True, heads_mask: 
             # any finite values, not only Swin's 0/-100: a wrong row pairing would show
             mask = torch.randn(WINDOWS, HEADS if heads_mask else 1, TOKENS, TOKENS) * 3
             self.register_buffer("mask", mask)
+            self.logit_scale = torch.nn.Parameter(torch.tensor([[[0.5]], [[2.0]]]))  # per head
 
         def forward(self, x):  # type: ignore[no-untyped-def]
             b, w, n, c = x.shape
             x = x.reshape(b * w, n, c)
             qkv = self.qkv(x).reshape(b * w, n, 3, HEADS, c // HEADS).permute(2, 0, 3, 1, 4)
             q, k, v = qkv[0], qkv[1], qkv[2]
-            q = q * (c // HEADS) ** -0.5
-            attn = q.matmul(k.transpose(-2, -1)) + self.rel
+            if cosine:  # Swin-V2
+                q = torch.nn.functional.normalize(q, dim=-1)
+                k = torch.nn.functional.normalize(k, dim=-1)
+                attn = q.matmul(k.transpose(-2, -1)) * self.logit_scale.exp() + self.rel
+            else:
+                q = q * (c // HEADS) ** -0.5
+                attn = q.matmul(k.transpose(-2, -1)) + self.rel
             if shifted:
                 attn = attn.view(b, w, HEADS, n, n) + self.mask.unsqueeze(0)
                 attn = attn.view(-1, HEADS, n, n)
@@ -53,7 +63,7 @@ def _window_attention(tmp_path, dynamo: bool, shifted: bool = True, heads_mask: 
     if dynamo:
         shapes = ({0: torch.export.Dim.AUTO},)
         torch.onnx.export(module, example, str(path), input_names=["x"], dynamic_shapes=shapes,
-                          dynamo=True)  # fmt: skip
+                          dynamo=True, external_data=False)  # fmt: skip
     else:
         torch.onnx.export(module, example, str(path), input_names=["x"],
                           dynamic_axes={"x": {0: "batch"}}, dynamo=False)  # fmt: skip
@@ -80,6 +90,16 @@ def test_shifted_window_mask_becomes_one_more_bias_term(tmp_path, dynamo, heads_
     again = optimize(result.model, check=False)
     assert _count(again.model, "MultiHeadAttention") == 1
     assert len(again.model.graph) == len(result.model.graph)
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_a_per_head_scale_of_the_scores_moves_onto_the_query(tmp_path, dynamo) -> None:  # type: ignore[no-untyped-def]
+    model = _window_attention(tmp_path, dynamo, cosine=True)
+    result = optimize(model, inputs=[_feeds(1, 0), _feeds(3, 1)])
+    assert result.validated, result.report.validation
+    assert _count(result.model, "MultiHeadAttention") == 1 and _count(result.model, "Softmax") == 0
+    onnx_target = optimize(model, target="onnx", opset=23, inputs=[_feeds(2, 0)])
+    assert onnx_target.validated
 
 
 def test_unshifted_windows_still_fuse(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -490,6 +490,8 @@ class AttentionBlock:
     # Terms added to the scores while they were viewed as [B, W, H, S, T] (Swin's shifted-window
     # mask, one row of windows per image), each as [1, W|1, H|1, S|1, T|1].
     window_terms: tuple[_WindowTerm, ...] = ()
+    # A constant per-head factor of the scores ([H, 1, 1]), applied to the [B, H, S, d] query.
+    query_factor: ir.Value | None = None
 
 
 # T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
@@ -530,6 +532,40 @@ def _capped_input(value: ir.Value | None) -> ir.Value | None:
     if (is_op(divide, "Div") or is_op(divide, "Mul")) and divide is not None:
         return divide.inputs[0]  # constant or not: _soft_cap says what is wrong with it
     return inner
+
+
+def _head_factor(value: ir.Value) -> tuple[ir.Value, ir.Value, ir.Node] | None:
+    """``Mul(x, f)`` of rank-4 scores [B, H, S, T] by a constant per-head factor f ([H, 1, 1] or
+    [1, H, 1, 1]: Swin-V2's ``logit_scale.exp()``): (x, f, the Mul). It broadcasts over a
+    [B, H, S, d] query the same way, so (Q @ K^T) * f = (Q * f) @ K^T."""
+    node = value.producer()
+    if not is_op(node, "Mul") or node is None or len(node.inputs) != 2 or value_rank(value) != 4:
+        return None
+    for scores, factor in (node.inputs, node.inputs[::-1]):
+        array = const_array(factor)
+        if scores is None or factor is None or array is None or array.ndim > 4:
+            continue
+        dims = [*([1] * (4 - array.ndim)), *array.shape]
+        if (
+            np.issubdtype(array.dtype, np.floating)
+            and dims[0] == dims[2] == dims[3] == 1
+            and dims[1] == static_dim(scores, 1)
+            and value_rank(scores) == 4
+            and np.all(np.isfinite(array))
+        ):
+            return scores, factor, node
+    return None
+
+
+def _scores_product(value: ir.Value) -> tuple[ir.Value, float, ir.Value | None, list[ir.Node]]:
+    """``value`` = base * factor (* a per-head factor, :func:`_head_factor`): (base, the scalar
+    factor, the per-head factor or None, the nodes peeled)."""
+    base, factor, nodes = peel_scale(value)
+    per_head = _head_factor(base)
+    if per_head is None:
+        return base, factor, None, nodes
+    inner, more, inner_nodes = peel_scale(per_head[0])
+    return inner, factor * more, per_head[1], [*nodes, per_head[2], *inner_nodes]
 
 
 def _soft_cap(value: ir.Value) -> _SoftCap | Mismatch | None:
@@ -601,7 +637,7 @@ def _is_scores_product(value: ir.Value) -> bool:
     capped = _capped_input(value)
     if capped is not None:
         value = capped
-    return is_op(peel_scale(value)[0].producer(), "MatMul")
+    return is_op(_scores_product(value)[0].producer(), "MatMul")
 
 
 def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
@@ -622,7 +658,7 @@ def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
     capped = _capped_input(value)
     if capped is not None and capped is not value:
         return _leads_to_scores(capped, depth + 1)
-    return is_op(peel_scale(value)[0].producer(), "MatMul")
+    return is_op(_scores_product(value)[0].producer(), "MatMul")
 
 
 # --- heads flattened into the batch ---------------------------------------------------------------
@@ -1146,7 +1182,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         if unflatten is not None:
             return Mismatch("a soft cap of the [B*H, S, T] scores is not fused")
         base, cap_nodes = capped.scores, list(capped.nodes)
-    scores_mm, post_scale, scale_nodes = peel_scale(base)
+    scores_mm, post_scale, head_factor, scale_nodes = _scores_product(base)
     matmul = producer_of(scores_mm, "MatMul")
     if matmul is None:
         return Mismatch("the Softmax input is not (scaled) Q@K^T")
@@ -1362,6 +1398,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         kv_repeat=kv_repeat,
         softcap=capped.cap if capped is not None else 0.0,
         window_terms=tuple(windows),
+        query_factor=head_factor,
     )
     target = context.options.target
     if target == "onnx" and context.opset() < ONNX_ATTENTION_OPSET:
@@ -1511,6 +1548,10 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
 
 def attention_query(tape: ir.tape.Tape, block: AttentionBlock) -> tuple[ir.Value, float]:
     """The block's query as [B, S, H*d], and a scalar factor taken off it (for the op's scale)."""
+    if block.query_factor is not None:
+        scaled = tape.op("Mul", [_heads_first(tape, block.query), block.query_factor])
+        moved = tape.op("Transpose", [scaled], {"perm": [0, 2, 1, 3]})
+        return tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])]), 1.0
     if block.query.three_d is not None:
         return _unscaled(block.query.three_d)
     assert block.query.four_d is not None
@@ -1772,6 +1813,8 @@ def _rewrite_onnx(block: AttentionBlock, opset: int, heads: int) -> Replacement 
     sides = []
     for side in (block.query, block.key, block.value):
         four_d = _heads_first(tape, side)
+        if side is block.query and block.query_factor is not None:
+            four_d = tape.op("Mul", [four_d, block.query_factor])
         if block.kv_repeat > 1 and side is not block.query:
             assert side.head_size is not None
             four_d = _repeat_heads(tape, four_d, block.kv_repeat, side.head_size, opset)
