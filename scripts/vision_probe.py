@@ -109,10 +109,10 @@ def _raft() -> Any:
     class Flow(torch.nn.Module):  # RAFT takes two images; the last flow estimate is the output
         def __init__(self) -> None:
             super().__init__()
-            self.raft = torchvision.models.optical_flow.raft_small(weights=None, num_flow_updates=2)
+            self.raft = torchvision.models.optical_flow.raft_small(weights=None)
 
         def forward(self, image: torch.Tensor) -> torch.Tensor:
-            return self.raft(image, image.flip(-1))[-1]
+            return self.raft(image, image.flip(-1), num_flow_updates=2)[-1]
 
     return Flow()
 
@@ -322,7 +322,10 @@ def probe(spec: Spec, exporter: str, work: Path, bench: bool) -> Row:
         )
         row.cells["attn"] = str(fused)
 
-    done = _cli(["optimize", str(source), "-o", str(a2), "--explain", "--no-validate"], cwd=work)
+    # the same --dim: the sizes steer reorder-for-memory
+    done = _cli(
+        ["optimize", str(source), "-o", str(a2), "--explain", "--no-validate", *dims], cwd=work
+    )
     same = done.returncode == 0 and a.read_bytes() == a2.read_bytes()
     row.cells["det"] = "ok" if same else "DIFF"
     if not same:
@@ -332,7 +335,7 @@ def probe(spec: Spec, exporter: str, work: Path, bench: bool) -> Row:
         (work / "explain.txt").write_text(done.stdout + done.stderr)
 
     # validated once above; the second pass has to change nothing, so its bytes are the check
-    done = _cli(["optimize", str(a), "-o", str(aa), "--json", "--no-validate"], cwd=work)
+    done = _cli(["optimize", str(a), "-o", str(aa), "--json", "--no-validate", *dims], cwd=work)
     if done.returncode:
         row.cells["fixpt"] = f"exit {done.returncode}"
         row.problems.append(f"fixpt: {_first_error(done)}")
