@@ -203,7 +203,7 @@ SPECS += [
     Spec("timm mixer_s16", _timm("mixer_s16_224", img_size=64), dynamic_hw=False),
     Spec("timm resmlp_12", _timm("resmlp_12_224", img_size=64), dynamic_hw=False),
     _attention("timm cait_xxs24", _timm("cait_xxs24_224", img_size=64, depth=4)),
-    _attention("timm coat_lite_tiny", _timm("coat_lite_tiny")),
+    _attention("timm coat_lite_tiny", _timm("coat_lite_tiny", img_size=64)),
     Spec("timm convmixer (tiny)", _tv_class("timm.models.convmixer", "ConvMixer", dim=64, depth=2)),
     Spec("timm ghostnet_100", _timm("ghostnet_100"), bench=True),
     Spec("timm rexnet_100", _timm("rexnet_100")),
