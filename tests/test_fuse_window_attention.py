@@ -19,7 +19,12 @@ WINDOWS, TOKENS, DIM, HEADS = 4, 9, 16, 2
 
 
 def _window_attention(  # type: ignore[no-untyped-def]
-    tmp_path, dynamo: bool, shifted: bool = True, heads_mask: bool = False, cosine: bool = False
+    tmp_path,
+    dynamo: bool,
+    shifted: bool = True,
+    heads_mask: bool = False,
+    cosine: bool = False,
+    twice: bool = False,
 ):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
@@ -52,6 +57,8 @@ def _window_attention(  # type: ignore[no-untyped-def]
                 attn = q.matmul(k.transpose(-2, -1)) + self.rel
             if shifted:
                 attn = attn.view(b, w, HEADS, n, n) + self.mask.unsqueeze(0)
+                if twice:  # Hugging Face's Swin-V2 adds its mask twice
+                    attn = attn + self.mask.unsqueeze(0)
                 attn = attn.view(-1, HEADS, n, n)
             attn = attn.softmax(dim=-1)
             out = attn.matmul(v).transpose(1, 2).reshape(b * w, n, c)
@@ -100,6 +107,13 @@ def test_a_per_head_scale_of_the_scores_moves_onto_the_query(tmp_path, dynamo) -
     assert _count(result.model, "MultiHeadAttention") == 1 and _count(result.model, "Softmax") == 0
     onnx_target = optimize(model, target="onnx", opset=23, inputs=[_feeds(2, 0)])
     assert onnx_target.validated
+
+
+def test_a_mask_added_twice_to_the_windowed_scores_is_two_terms(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model = _window_attention(tmp_path, dynamo=False, cosine=True, twice=True)
+    result = optimize(model, inputs=[_feeds(1, 0), _feeds(3, 1)])
+    assert result.validated, result.report.validation
+    assert _count(result.model, "MultiHeadAttention") == 1 and _count(result.model, "Softmax") == 0
 
 
 def test_unshifted_windows_still_fuse(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -652,9 +652,9 @@ def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
     if _unflattening(value) is not None:
         assert node is not None
         return _leads_to_scores(node.inputs[0], depth + 1)
-    window = _window_view(value)
-    if window is not None:
-        return any(_leads_to_scores(v, depth + 1) for v in window[0].inputs)
+    rank_change = _rank_change(value)
+    if rank_change is not None:  # Swin's windowed view of the scores, either way
+        return _leads_to_scores(rank_change.inputs[0], depth + 1)
     capped = _capped_input(value)
     if capped is not None and capped is not value:
         return _leads_to_scores(capped, depth + 1)
@@ -902,51 +902,94 @@ def _window_view(value: ir.Value | None) -> tuple[ir.Node, ir.Node] | None:
     return add, back
 
 
+def _rank_change(value: ir.Value | None) -> ir.Node | None:
+    """The Reshape making ``value`` out of a tensor of rank 4 or 5, the other one of the two."""
+    reshape = producer_of(value, "Reshape")
+    ranks = {value_rank(value), value_rank(reshape.inputs[0]) if reshape is not None else None}
+    return reshape if ranks == {4, 5} else None
+
+
+def _window_term(term: ir.Value, five: Sequence[int | None]) -> _WindowTerm | Mismatch:
+    shape = term.shape
+    dims = [*([1] * (5 - len(shape))), *shape] if shape is not None and len(shape) <= 5 else []
+    if (
+        not dims
+        or not all(isinstance(d, int) for d in dims)
+        or dims[0] != 1
+        or any(d not in (1, full) for d, full in zip(dims[1:], five, strict=True))
+    ):
+        return Mismatch(
+            "the term added to the scores' rank-5 view is not [1, W|1, H|1, S|1, T|1] with "
+            "static dims"
+        )
+    windows = five[0]
+    assert windows is not None
+    return _WindowTerm(term, windows, (int(dims[2]), int(dims[3]), int(dims[4])))
+
+
 def _window_step(
     value: ir.Value | None,
-) -> tuple[_WindowTerm, list[ir.Node], ir.Value] | Mismatch | None:
-    """One step up from the Softmax through Swin's windowed mask: (term, nodes, the scores)."""
+) -> tuple[list[_WindowTerm], list[ir.Node], ir.Value] | Mismatch | None:
+    """One step up from the Softmax through Swin's windowed mask: (terms, nodes, the scores).
+    The terms are the operands of the rank-5 Adds between the two views (Hugging Face's Swin-V2
+    adds its mask twice)."""
     found = _window_view(value)
     if found is None:
         return None
     add, back = found
-    for view, term in (add.inputs, add.inputs[::-1]):
-        split = producer_of(view, "Reshape")
-        if split is None or view is None or term is None or value_rank(split.inputs[0]) != 4:
-            continue
-        scores = split.inputs[0]
-        if scores is None or not _leads_to_scores(scores):
-            continue
-        inner = [static_dim(scores, axis) for axis in (1, 2, 3)]
-        five = [static_dim(view, axis) for axis in (1, 2, 3, 4)]
-        again = [static_dim(value, axis) for axis in (1, 2, 3)]
-        if None in inner or five[1:] != inner or again != inner or five[0] is None:
-            return Mismatch(
-                "the scores are viewed as rank 5 for a term (Swin's windowed mask), but the views "
-                "are not provably [B, W, H, S, T] and back (static W, H, S and T needed)"
-            )
-        shape = term.shape
-        dims = [*([1] * (5 - len(shape))), *shape] if shape is not None and len(shape) <= 5 else []
-        if (
-            not dims
-            or not all(isinstance(d, int) for d in dims)
-            or dims[0] != 1
-            or any(d not in (1, full) for d, full in zip(dims[1:], five, strict=True))
-        ):
-            return Mismatch(
-                "the term added to the scores' rank-5 view is not [1, W|1, H|1, S|1, T|1] with "
-                "static dims"
-            )
-        windows = five[0]
-        assert windows is not None
-        window = _WindowTerm(term, windows, (int(dims[2]), int(dims[3]), int(dims[4])))
-        return window, [back, add, split], scores
-    return Mismatch("the Softmax input is a rank-5 Add without a view of Q@K^T")
+    nodes: list[ir.Node] = [back]
+    terms: list[ir.Value] = []
+    while True:
+        nodes.append(add)
+        sides = [
+            (v, t) for v, t in (add.inputs, add.inputs[::-1]) if v is not None and t is not None
+        ]
+        split = next(
+            (
+                (producer_of(v, "Reshape"), v, t)
+                for v, t in sides
+                if _rank_change(v) is not None and value_rank(v) == 5 and _leads_to_scores(v)
+            ),
+            None,
+        )
+        if split is not None:
+            break
+        inner = next(
+            (
+                (producer_of(v, "Add"), t)
+                for v, t in sides
+                if value_rank(v) == 5 and _leads_to_scores(v) and len(terms) < MAX_BIAS_TERMS
+            ),
+            None,
+        )
+        if inner is None or inner[0] is None:
+            return Mismatch("the Softmax input is a rank-5 Add without a view of Q@K^T")
+        terms.append(inner[1])
+        add = inner[0]
+    reshape, view, last = split
+    assert reshape is not None and reshape.inputs[0] is not None
+    terms.append(last)
+    scores = reshape.inputs[0]
+    inner_dims = [static_dim(scores, axis) for axis in (1, 2, 3)]
+    five = [static_dim(view, axis) for axis in (1, 2, 3, 4)]
+    again = [static_dim(value, axis) for axis in (1, 2, 3)]
+    if None in inner_dims or five[1:] != inner_dims or again != inner_dims or five[0] is None:
+        return Mismatch(
+            "the scores are viewed as rank 5 for a term (Swin's windowed mask), but the views "
+            "are not provably [B, W, H, S, T] and back (static W, H, S and T needed)"
+        )
+    windows: list[_WindowTerm] = []
+    for term in terms:
+        window = _window_term(term, five)
+        if isinstance(window, Mismatch):
+            return window
+        windows.append(window)
+    return windows, [*nodes, reshape], scores
 
 
 def _scores_step(
     value: ir.Value | None,
-) -> _BiasStep | tuple[_WindowTerm, list[ir.Node], ir.Value] | Mismatch | None:
+) -> _BiasStep | tuple[list[_WindowTerm], list[ir.Node], ir.Value] | Mismatch | None:
     """One step up from the Softmax: a bias term or masked_fill (:func:`_bias_step`), else a term
     added to the windowed view of the scores (:func:`_window_step`)."""
     step = _bias_step(value)
@@ -1143,7 +1186,9 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         if len(terms) + len(fills) + len(windows) == MAX_BIAS_TERMS:
             return Mismatch(f"the scores get more than {MAX_BIAS_TERMS} additive terms")
         if isinstance(step, tuple):
-            windows.append(step[0])
+            if len(terms) + len(fills) + len(windows) + len(step[0]) > MAX_BIAS_TERMS:
+                return Mismatch(f"the scores get more than {MAX_BIAS_TERMS} additive terms")
+            windows.extend(step[0])
             nodes.extend(step[1])
             base = step[2]
             continue
