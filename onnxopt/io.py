@@ -1566,6 +1566,11 @@ def convert_opset(model: ir.Model, version: int) -> ir.Model:
             f"{current}: {first}"
         ) from exc
     converted = _deserialize("<converted model>", converted_proto)
+    # The small ones went in with their data, or, stored as external data, as a reference to the
+    # file that reads back relative to no folder: those are the original tensors again.
+    for name, value in converted.graph.initializers.items():
+        if isinstance(value.const_value, ir.ExternalTensor) and weights.get(name) is not None:
+            value.const_value = weights[name]
     # Every initializer went in as an input too (the big ones without their data): undo both.
     for value in list(converted.graph.inputs):
         name = value.name or ""

@@ -122,3 +122,26 @@ def test_convert_opset_rejects_missing_default_domain() -> None:
     model = io.model_from_proto(onnx.parser.parse_model(text))
     with pytest.raises(UsageError, match="imports no default-domain opset"):
         io.convert_opset(model, 23)
+
+
+def test_cli_opset_of_a_model_whose_small_weights_are_external_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dynamo exporter stores every weight in model.onnx.data, small ones too: those (under
+    onnx-ir's 1 KB limit) travel through the converter's protobuf as references to the file, which
+    read back relative to no folder (FileNotFoundError once the working directory is elsewhere)."""
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((32, 32)).astype(np.float32)}  # 4 KiB: kept out
+    text = MATMUL.replace("h = MatMul (x, w)", "m = MatMul (x, w)\n    h = Add (m, b)")
+    proto = _proto(text, b=rng.standard_normal(32).astype(np.float32), **weights)  # 128 B
+    folder = tmp_path / "model"
+    folder.mkdir()
+    onnx.save(proto, folder / "model.onnx", save_as_external_data=True,
+              location="model.onnx.data", size_threshold=0)  # fmt: skip
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    out = tmp_path / "out.onnx"
+    code, _, stderr = cli("optimize", folder / "model.onnx", "-o", out, "--opset", "23")
+    assert code == EXIT_OK, stderr
+    assert {o.domain: o.version for o in onnx.load(out).opset_import}[""] == 23

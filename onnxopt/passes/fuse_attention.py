@@ -512,6 +512,11 @@ class AttentionBlock:
     # The scores plus their terms clamped from below, ``Max(x, floor)`` (floor <= MASK_FLOOR):
     # the fused op gets the terms' sum clamped instead (see _score_floor).
     floor: float | None = None
+    # Terms added to the scores while they were viewed as [B, W, H, S, T] (Swin's shifted-window
+    # mask, one row of windows per image), each as [1, W|1, H|1, S|1, T|1].
+    window_terms: tuple[_WindowTerm, ...] = ()
+    # A constant per-head factor of the scores ([H, 1, 1]), applied to the [B, H, S, d] query.
+    query_factor: ir.Value | None = None
 
 
 # T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
@@ -552,6 +557,40 @@ def _capped_input(value: ir.Value | None) -> ir.Value | None:
     if (is_op(divide, "Div") or is_op(divide, "Mul")) and divide is not None:
         return divide.inputs[0]  # constant or not: _soft_cap says what is wrong with it
     return inner
+
+
+def _head_factor(value: ir.Value) -> tuple[ir.Value, ir.Value, ir.Node] | None:
+    """``Mul(x, f)`` of rank-4 scores [B, H, S, T] by a constant per-head factor f ([H, 1, 1] or
+    [1, H, 1, 1]: Swin-V2's ``logit_scale.exp()``): (x, f, the Mul). It broadcasts over a
+    [B, H, S, d] query the same way, so (Q @ K^T) * f = (Q * f) @ K^T."""
+    node = value.producer()
+    if not is_op(node, "Mul") or node is None or len(node.inputs) != 2 or value_rank(value) != 4:
+        return None
+    for scores, factor in (node.inputs, node.inputs[::-1]):
+        array = const_array(factor)
+        if scores is None or factor is None or array is None or array.ndim > 4:
+            continue
+        dims = [*([1] * (4 - array.ndim)), *array.shape]
+        if (
+            np.issubdtype(array.dtype, np.floating)
+            and dims[0] == dims[2] == dims[3] == 1
+            and dims[1] == static_dim(scores, 1)
+            and value_rank(scores) == 4
+            and np.all(np.isfinite(array))
+        ):
+            return scores, factor, node
+    return None
+
+
+def _scores_product(value: ir.Value) -> tuple[ir.Value, float, ir.Value | None, list[ir.Node]]:
+    """``value`` = base * factor (* a per-head factor, :func:`_head_factor`): (base, the scalar
+    factor, the per-head factor or None, the nodes peeled)."""
+    base, factor, nodes = peel_scale(value)
+    per_head = _head_factor(base)
+    if per_head is None:
+        return base, factor, None, nodes
+    inner, more, inner_nodes = peel_scale(per_head[0])
+    return inner, factor * more, per_head[1], [*nodes, per_head[2], *inner_nodes]
 
 
 def _soft_cap(value: ir.Value) -> _SoftCap | Mismatch | None:
@@ -623,7 +662,7 @@ def _is_scores_product(value: ir.Value) -> bool:
     capped = _capped_input(value)
     if capped is not None:
         value = capped
-    return is_op(peel_scale(value)[0].producer(), "MatMul")
+    return is_op(_scores_product(value)[0].producer(), "MatMul")
 
 
 def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
@@ -638,10 +677,13 @@ def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
     if _unflattening(value) is not None:
         assert node is not None
         return _leads_to_scores(node.inputs[0], depth + 1)
+    rank_change = _rank_change(value)
+    if rank_change is not None:  # Swin's windowed view of the scores, either way
+        return _leads_to_scores(rank_change.inputs[0], depth + 1)
     capped = _capped_input(value)
     if capped is not None and capped is not value:
         return _leads_to_scores(capped, depth + 1)
-    return is_op(peel_scale(value)[0].producer(), "MatMul")
+    return is_op(_scores_product(value)[0].producer(), "MatMul")
 
 
 # --- heads flattened into the batch ---------------------------------------------------------------
@@ -899,6 +941,141 @@ class _MaskedFill:
 
 
 @dataclass(frozen=True)
+class _WindowTerm:
+    """Swin's shifted-window mask: ``Reshape(Reshape(scores, [B, W, H, S, T]) + term, [B*W, H, S, T])``.
+
+    The scores of B images' W windows each, [B*W, H, S, T], are viewed with the windows split off,
+    the term (the mask of each window, [1, W, 1, S, T]) added there, and viewed back. Row-major
+    views: row b*W + w of the scores is (b, w) both ways, so this is the [B*W, H, S, T] bias
+    ``Reshape(Expand(term, [B, W, 1, 1, 1]), [-1, h, s, t])`` added to the scores."""
+
+    term: ir.Value
+    windows: int
+    dims: tuple[int, int, int]  # the term's dims h, s, t (each 1 or the scores' H, S, T)
+
+
+def _window_view(value: ir.Value | None) -> tuple[ir.Node, ir.Node] | None:
+    """(the Add, the Reshape back) when ``value`` is a rank-5 Add viewed back to rank 4."""
+    back = producer_of(value, "Reshape")
+    if back is None or value_rank(value) != 4:
+        return None
+    add = producer_of(back.inputs[0], "Add")
+    if add is None or value_rank(add.outputs[0]) != 5 or len(add.inputs) != 2:
+        return None
+    return add, back
+
+
+def _rank_change(value: ir.Value | None) -> ir.Node | None:
+    """The Reshape making ``value`` out of a tensor of rank 4 or 5, the other one of the two."""
+    reshape = producer_of(value, "Reshape")
+    ranks = {value_rank(value), value_rank(reshape.inputs[0]) if reshape is not None else None}
+    return reshape if ranks == {4, 5} else None
+
+
+def _window_term(term: ir.Value, five: Sequence[int | None]) -> _WindowTerm | Mismatch:
+    shape = term.shape
+    dims = [*([1] * (5 - len(shape))), *shape] if shape is not None and len(shape) <= 5 else []
+    if (
+        not dims
+        or not all(isinstance(d, int) for d in dims)
+        or dims[0] != 1
+        or any(d not in (1, full) for d, full in zip(dims[1:], five, strict=True))
+    ):
+        return Mismatch(
+            "the term added to the scores' rank-5 view is not [1, W|1, H|1, S|1, T|1] with "
+            "static dims"
+        )
+    windows = five[0]
+    assert windows is not None
+    return _WindowTerm(term, windows, (int(dims[2]), int(dims[3]), int(dims[4])))
+
+
+def _window_step(
+    value: ir.Value | None,
+) -> tuple[list[_WindowTerm], list[ir.Node], ir.Value] | Mismatch | None:
+    """One step up from the Softmax through Swin's windowed mask: (terms, nodes, the scores).
+    The terms are the operands of the rank-5 Adds between the two views (Hugging Face's Swin-V2
+    adds its mask twice)."""
+    found = _window_view(value)
+    if found is None:
+        return None
+    add, back = found
+    nodes: list[ir.Node] = [back]
+    terms: list[ir.Value] = []
+    while True:
+        nodes.append(add)
+        sides = [
+            (v, t) for v, t in (add.inputs, add.inputs[::-1]) if v is not None and t is not None
+        ]
+        split = next(
+            (
+                (producer_of(v, "Reshape"), v, t)
+                for v, t in sides
+                if _rank_change(v) is not None and value_rank(v) == 5 and _leads_to_scores(v)
+            ),
+            None,
+        )
+        if split is not None:
+            break
+        inner = next(
+            (
+                (producer_of(v, "Add"), t)
+                for v, t in sides
+                if value_rank(v) == 5 and _leads_to_scores(v) and len(terms) < MAX_BIAS_TERMS
+            ),
+            None,
+        )
+        if inner is None or inner[0] is None:
+            return Mismatch("the Softmax input is a rank-5 Add without a view of Q@K^T")
+        terms.append(inner[1])
+        add = inner[0]
+    reshape, view, last = split
+    assert reshape is not None and reshape.inputs[0] is not None
+    terms.append(last)
+    scores = reshape.inputs[0]
+    inner_dims = [static_dim(scores, axis) for axis in (1, 2, 3)]
+    five = [static_dim(view, axis) for axis in (1, 2, 3, 4)]
+    again = [static_dim(value, axis) for axis in (1, 2, 3)]
+    if None in inner_dims or five[1:] != inner_dims or again != inner_dims or five[0] is None:
+        return Mismatch(
+            "the scores are viewed as rank 5 for a term (Swin's windowed mask), but the views "
+            "are not provably [B, W, H, S, T] and back (static W, H, S and T needed)"
+        )
+    windows: list[_WindowTerm] = []
+    for term in terms:
+        window = _window_term(term, five)
+        if isinstance(window, Mismatch):
+            return window
+        windows.append(window)
+    return windows, [*nodes, reshape], scores
+
+
+def _scores_step(
+    value: ir.Value | None,
+) -> _BiasStep | tuple[list[_WindowTerm], list[ir.Node], ir.Value] | Mismatch | None:
+    """One step up from the Softmax: a bias term or masked_fill (:func:`_bias_step`), else a term
+    added to the windowed view of the scores (:func:`_window_step`)."""
+    step = _bias_step(value)
+    return _window_step(value) if step is None else step
+
+
+def _window_bias(
+    tape: ir.tape.Tape, window: _WindowTerm, block: AttentionBlock, opset: int
+) -> ir.Value:
+    """The windowed term as a [B*W, h, s, t] bias, B = (the query's B*W) / W read at run time."""
+    query = block.query.four_d or block.query.three_d
+    assert query is not None
+    images = tape.op("Div", [seq_len(tape, query, 0, opset), int64_const(tape, [window.windows])])
+    target = tape.op("Concat", [images, int64_const(tape, [window.windows, 1, 1, 1])], {"axis": 0})
+    expanded = tape.op("Expand", [window.term, target])
+    result = tape.op("Reshape", [expanded, int64_const(tape, [-1, *window.dims])])
+    result.shape = ir.Shape([None, *window.dims])
+    if window.term.dtype is not None:
+        result.dtype = window.term.dtype
+    return result
+
+
+@dataclass(frozen=True)
 class _BiasStep:
     node: ir.Node  # the Add or Where
     term: ir.Value | _MaskedFill
@@ -977,6 +1154,7 @@ def _summed_bias(
         *block.more_bias,
         *(_fill_bias(tape, fill) for fill in block.fills),
         *(_flat_bias(tape, term, block, heads, opset) for term in block.flat_terms),
+        *(_window_bias(tape, window, block, opset) for window in block.window_terms),
     ]
     if not terms:
         return None  # a floor of the bare scores clamps nothing (s >= -1e30 > floor)
@@ -1068,6 +1246,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     # GPT-Neo and anything written ``masked_fill`` put a Where(mask, scores, fill) among them.
     terms: list[ir.Value] = []
     fills: list[_MaskedFill] = []
+    windows: list[_WindowTerm] = []
     base: ir.Value | None = scores
     # XGLM and fairseq-style decoders: Softmax(Reshape(Max(scores4 + mask, lowest), [B*H, S, T])).
     softmax_view = _flat_softmax_input(base)
@@ -1081,11 +1260,18 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     if clamp is not None:
         nodes.append(clamp[0])
         base = clamp[1]
-    while (step := _bias_step(base)) is not None:
+    while (step := _scores_step(base)) is not None:
         if isinstance(step, Mismatch):
             return step
-        if len(terms) + len(fills) == MAX_BIAS_TERMS:
+        if len(terms) + len(fills) + len(windows) == MAX_BIAS_TERMS:
             return Mismatch(f"the scores get more than {MAX_BIAS_TERMS} additive terms")
+        if isinstance(step, tuple):
+            if len(terms) + len(fills) + len(windows) + len(step[0]) > MAX_BIAS_TERMS:
+                return Mismatch(f"the scores get more than {MAX_BIAS_TERMS} additive terms")
+            windows.extend(step[0])
+            nodes.extend(step[1])
+            base = step[2]
+            continue
         if isinstance(step.term, _MaskedFill):
             fills.append(step.term)
         else:
@@ -1126,7 +1312,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         if unflatten is not None:
             return Mismatch("a soft cap of the [B*H, S, T] scores is not fused")
         base, cap_nodes = capped.scores, list(capped.nodes)
-    scores_mm, post_scale, scale_nodes = peel_scale(base)
+    scores_mm, post_scale, head_factor, scale_nodes = _scores_product(base)
     matmul = producer_of(scores_mm, "MatMul")
     if matmul is None:
         return Mismatch("the Softmax input is not (scaled) Q@K^T")
@@ -1141,6 +1327,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         and capped is None
         and not terms
         and not fills
+        and not windows
         and value_rank(scores_mm) == 3
         and value_rank(query_base) == 3
     )
@@ -1372,6 +1559,8 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         kv_repeat=kv_repeat,
         softcap=capped.cap if capped is not None else 0.0,
         floor=clamp[2] if clamp is not None else None,
+        window_terms=tuple(windows),
+        query_factor=head_factor,
     )
     target = context.options.target
     if target == "onnx" and context.opset() < ONNX_ATTENTION_OPSET:
@@ -1530,6 +1719,10 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
 
 def attention_query(tape: ir.tape.Tape, block: AttentionBlock) -> tuple[ir.Value, float]:
     """The block's query as [B, S, H*d], and a scalar factor taken off it (for the op's scale)."""
+    if block.query_factor is not None:
+        scaled = tape.op("Mul", [_heads_first(tape, block.query), block.query_factor])
+        moved = tape.op("Transpose", [scaled], {"perm": [0, 2, 1, 3]})
+        return tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])]), 1.0
     if block.query.three_d is not None:
         return _unscaled(block.query.three_d)
     assert block.query.four_d is not None
@@ -1766,6 +1959,10 @@ def _rewrite_onnx(block: AttentionBlock, opset: int, heads: int) -> Replacement 
     mask = block.fills[0].fill if block.fills else block.bias
     if block.flat_terms:
         return Mismatch("--target onnx: a term added to the [B*H, S, T] scores is not fused")
+    if block.window_terms:
+        return Mismatch(
+            "--target onnx: a term added to the windowed [B, W, H, S, T] scores is not fused"
+        )
     values = _mask_values(mask) if mask is not None else None
     if values is not None and block.fills:  # the fill's bias holds 0 besides the fill
         values = replace(values, lowest_finite=min(values.lowest_finite, 0.0))
@@ -1795,6 +1992,8 @@ def _rewrite_onnx(block: AttentionBlock, opset: int, heads: int) -> Replacement 
     sides = []
     for side in (block.query, block.key, block.value):
         four_d = _heads_first(tape, side)
+        if side is block.query and block.query_factor is not None:
+            four_d = tape.op("Mul", [four_d, block.query_factor])
         if block.kv_repeat > 1 and side is not block.query:
             assert side.head_size is not None
             four_d = _repeat_heads(tape, four_d, block.kv_repeat, side.head_size, opset)
