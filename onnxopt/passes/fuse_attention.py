@@ -2026,6 +2026,58 @@ def _rewrite_onnx(block: AttentionBlock, opset: int, heads: int) -> Replacement 
     return Replacement(tape.nodes, [(block.output, merged), *reads])
 
 
+def _unfold_key_squeezes(model: ir.Model) -> list[tuple[ir.Node, ir.Node | None, ir.Node]]:
+    """Give the dynamo K^T spelling its [B, H, T, d] key back where merge-consecutive-ops folded it.
+
+    timm's ``qkv.reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)`` exports each part as
+    ``Squeeze(Slice(qkv5, [i, i+1], axis 0), [0])``; the key's only reader, the flattening
+    ``Reshape(k, [-1, T, d])`` of SDPA's K^T, absorbs the Squeeze (a Reshape ignores its input's
+    shape) and reads the [1, B, H, T, d] slice. A Squeeze is put back in front of every such Reshape
+    (rank-5 data with a static leading 1, a rank-3 result read by a Transpose [0, 2, 1]), so
+    _key_transposed finds the key; (Squeeze, its axes Constant, the Reshape) for
+    _drop_unused_squeezes, which takes back the ones no fusion used."""
+    inserted = []
+    opset = model.opset_imports.get("", 0)
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        data = node.inputs[0] if is_op(node, "Reshape") and node.inputs else None
+        if data is None or data.shape is None or len(data.shape) != 5 or data.shape[0] != 1:
+            continue
+        if value_rank(node.outputs[0]) != 3 or not any(
+            transpose_perm(use.node) == [0, 2, 1] for use in node.outputs[0].uses()
+        ):
+            continue
+        graph = node.graph
+        assert graph is not None
+        axes: ir.Node | None = None
+        if opset >= 13:
+            axes = ir.node("Constant", [], {"value": ir.tensor(np.array([0], np.int64))})
+            squeeze = ir.node("Squeeze", [data, axes.outputs[0]])
+        else:
+            squeeze = ir.node("Squeeze", [data], {"axes": [0]})
+        key = squeeze.outputs[0]
+        key.shape = ir.Shape(list(data.shape)[1:])
+        if data.dtype is not None:
+            key.dtype = data.dtype
+        graph.insert_before(node, [squeeze] if axes is None else [axes, squeeze])
+        node.replace_input_with(0, key)
+        inserted.append((squeeze, axes, node))
+    return inserted
+
+
+def _drop_unused_squeezes(inserted: Sequence[tuple[ir.Node, ir.Node | None, ir.Node]]) -> None:
+    """Undo :func:`_unfold_key_squeezes` where the key was not fused: the graph is as it came."""
+    for squeeze, axes, reshape in inserted:
+        key, data = squeeze.outputs[0], squeeze.inputs[0]
+        if reshape.graph is not None and reshape.inputs[0] is key:
+            reshape.replace_input_with(0, data)
+        if not key.uses():
+            graph = squeeze.graph
+            assert graph is not None
+            graph.remove(squeeze, safe=True)
+            if axes is not None and not axes.outputs[0].uses():
+                graph.remove(axes, safe=True)
+
+
 ATTENTION_RULE = Rule("attention->mha", "Softmax", _match_attention, _rewrite_attention)
 # For the opt-in fuse-softcap-attention, --target onnx: Attention-23 with softcap.
 SOFTCAP_ONNX_RULE = Rule(
@@ -2040,7 +2092,9 @@ class FuseAttentionPass(Pass):
     summary = "fuse multi-head attention blocks (MultiHeadAttention for ort, Attention-23 for onnx)"
 
     def call(self, model: ir.Model) -> PassResult:
+        squeezes = _unfold_key_squeezes(model)
         stats, notes = apply_rules(model, [ATTENTION_RULE], self.options)
+        _drop_unused_squeezes(squeezes)
         if stats:
             # A block whose dim reads were re-pointed got its new nodes at the first read, which
             # may come before V or the mask: a stable sort (the identity on a sorted graph)
