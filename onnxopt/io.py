@@ -9,6 +9,7 @@ External tensors are memory-mapped by onnx-ir, never copied into the process.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import mmap
@@ -358,6 +359,12 @@ def _check_external_data(
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {entry.key: entry.value for entry in tensor.external_data}
+        if len(info) != len(tensor.external_data):
+            # Readers disagree on which one counts (onnx takes the last, ORT refuses): the one
+            # checked here might not be the one read.
+            keys = [entry.key for entry in tensor.external_data]
+            twice = next(key for key in keys if keys.count(key) > 1)
+            raise UnsafeModelError(f"{where}: {label} gives its external data '{twice}' twice")
         location = info.get("location", "")
         if label in own_mapped and model_file is not None:
             # The loader's own view into the model file it was given (which may be a symlink to
@@ -704,6 +711,21 @@ def _check_attribute_types(
                 f"{where}: {node_label}: attribute '{attr.name}' is {names(attr.type)}; "
                 f"{node.op_type} takes {names(wanted)}"
             )
+        if (
+            wanted == onnx.AttributeProto.INT
+            and attr.name in _DATA_TYPE_ATTRIBUTES
+            and attr.i not in _DATA_TYPES
+        ):
+            raise ModelLoadError(
+                f"{where}: {node_label}: attribute '{attr.name}' is {attr.i}, which is no ONNX data type"
+            )
+
+
+# The standard ops' INT attributes that hold a TensorProto.DataType (Cast's 'to', EyeLike's
+# 'dtype', QuantizeLinear's 'output_dtype', the window ops' 'output_datatype', LayerNorm's
+# 'stash_type'): passes read them as ir.DataType, which an unknown number makes raise.
+_DATA_TYPE_ATTRIBUTES = frozenset({"to", "dtype", "output_dtype", "output_datatype", "stash_type"})
+_DATA_TYPES = frozenset(t.value for t in ir.DataType)  # 0 too: output_dtype's "infer it"
 
 
 def _check_text(where: str, what: str, text: str | bytes) -> None:
@@ -1270,6 +1292,11 @@ def _write_single_file(model: ir.Model, f: BinaryIO) -> None:
             f.write(piece)
 
 
+# copy_file_range errors that are the target's (a full disk, a quota, a file size limit), not
+# a sign the kernel cannot copy between the two files: those once read "external data ended early".
+_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
 def _copy_in_kernel(tensor: ir.ExternalTensor, f: BinaryIO) -> bool:
     """Copy an external tensor's bytes file to file without passing them through Python.
 
@@ -1286,8 +1313,10 @@ def _copy_in_kernel(tensor: ir.ExternalTensor, f: BinaryIO) -> bool:
         while remaining > 0:
             try:
                 done = copy(source.fileno(), f.fileno(), remaining, offset + copied)
-            except OSError:
-                done = 0
+            except OSError as exc:
+                if exc.errno in _WRITE_ERRORS:
+                    raise  # the target is full: save_model says so ("cannot write")
+                done = 0  # the kernel cannot copy between these files
             if done <= 0:
                 if copied == 0:
                     return False
@@ -1327,6 +1356,11 @@ def save_model(
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise ModelSaveError(f"{target}: folder '{folder}' does not exist")
+    with contextlib.suppress(FileNotFoundError):
+        mode = target.lstat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            # The temp file is renamed over the target: that would replace a device or a FIFO.
+            raise ModelSaveError(f"{target}: exists and is not a regular file")
     if external_data is None:
         # Keep weights external when they came that way, and whenever the protobuf limit demands it.
         use_external = (
