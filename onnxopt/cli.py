@@ -608,7 +608,7 @@ def _check_output_paths(
         *(("the model's reference", reference_path_for(m)) for m in models),
     ]
     targets = [("-o", output), *reports.items()]
-    if output is not None:
+    if output is not None and output.name:
         targets.append(("-o's external data", output.with_name(output.name + ".data")))
     written: list[tuple[str, Path]] = []
     for option, path in targets:

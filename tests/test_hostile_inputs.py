@@ -125,6 +125,31 @@ def test_concat_of_50k_constants_folds_in_linear_time(tmp_path: Path) -> None:
     assert seconds < 30, f"{seconds:.0f} s of CPU"
 
 
+def test_onnx_api_call_is_linear_in_initializers() -> None:
+    """onnx-ir's call_onnx_api tested each initializer against the input list: 12 s a call for
+    20k initializers, and shape inference makes four."""
+    import onnx_ir as ir
+
+    from onnxopt import io
+
+    n = 40_000
+    inits = [onh.from_array(np.full(300, i, np.float32), f"c{i}") for i in range(n)]
+    proto = _graph_model(
+        [oh.make_node("Concat", [f"c{i}" for i in range(n)], ["cat"], axis=0)],
+        [],
+        [_vi("cat", T.FLOAT, [300 * n])],
+        inits,
+    )
+    model = ir.serde.deserialize_model(proto)
+    start = time.process_time()
+    seen = io.call_onnx_api(lambda p: (len(p.graph.input), len(p.graph.initializer)), model)
+    assert time.process_time() - start < 20
+    assert seen == (n, 0)  # 1.2 kB each: typed inputs without data
+    assert len(model.graph.inputs) == 0
+    assert len(model.graph.initializers) == n
+    assert model.graph.initializers["c7"].const_value.numpy()[0] == 7  # type: ignore[union-attr]
+
+
 def test_external_data_key_given_twice(tmp_path: Path) -> None:
     """The check read the last 'location', a reader might take the first."""
     (tmp_path / "secret.bin").write_bytes(b"\0" * 16)
@@ -179,6 +204,11 @@ def test_output_never_overwrites_an_npz_it_reads(tmp_path: Path, which: str) -> 
     outcome = cli("optimize", model, "-o", tmp_path / "." / npz.name, *extra)
     assert_clean_error(outcome, "refusing to overwrite", npz.name)
     assert npz.read_bytes() == before
+
+
+def test_empty_output_name(tmp_path: Path) -> None:
+    model = save(relu_model(), tmp_path / "m.onnx")
+    assert_clean_error(cli("optimize", model, "-o", ""), "is a folder")
 
 
 @pytest.mark.parametrize("option", ["--memory-plan", "--junit", "--markdown"])
