@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -157,6 +158,7 @@ def optimize(
     extra_warnings: list[str] = []
     if loaded is not None:
         extra_warnings.extend(loaded.repairs)
+    extra_warnings.extend(_unknown_dims(working, options.dims))
     unfit = [
         f"{name} {'x'.join(map(str, array.shape))}"
         for name, array in eager_inputs.items()
@@ -264,3 +266,21 @@ def optimize(
         opset_conversion=conversion,
     )
     return OptimizeResult(working, report, loaded, memory_plan)
+
+
+def _unknown_dims(model: ir.Model, dims: Mapping[str, int]) -> list[str]:
+    """A warning for each --dim name that no dim of the main graph carries (a typo sizes nothing)."""
+    values = [*model.graph.inputs, *model.graph.outputs]
+    values.extend(out for node in model.graph for out in node.outputs)
+    names: set[str] = set()
+    for value in values:
+        for dim in value.shape or ():
+            if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
+                # 'past + seq' (optimum) and 's15 + s70' (torch.export) name the dims they sum.
+                names.add(dim.value)
+                names.update(re.findall(r"[A-Za-z_][\w.]*", dim.value))
+    return [
+        f"--dim {name}: no dim of the model is named so (it has {', '.join(sorted(names)) or 'none'})"
+        for name in dims
+        if name not in names
+    ]

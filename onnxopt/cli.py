@@ -105,6 +105,24 @@ def _setup_logging(verbose: int) -> None:
     logging.getLogger("onnx_ir").setLevel(logging.ERROR if verbose < 2 else logging.DEBUG)
 
 
+class _Finite(click.FloatRange):
+    """A finite number from 0 up (click's FloatRange lets 'nan' and 'inf' through: a nan
+    --run-timeout stopped every run at once, an inf --budget never ends, a nan --max-abs-error
+    failed every model)."""
+
+    def __init__(self, *, zero: bool) -> None:
+        super().__init__(min=0, min_open=not zero)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+POSITIVE = _Finite(zero=False)
+NON_NEGATIVE = _Finite(zero=True)
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 
 
@@ -118,32 +136,38 @@ def parse_size(text: str) -> int:
     return int(number * scale)
 
 
-def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+def parse_input_shape(text: str, option: str = "--input-shape") -> tuple[str, tuple[int, ...]]:
     name, sep, dims = text.rpartition(":")
     if not sep or not name:
-        raise UsageError(
-            f"--input-shape '{text}': expected NAME:D1xD2x... (e.g. input:1x3x224x224)"
-        )
+        raise UsageError(f"{option} '{text}': expected NAME:D1xD2x... (e.g. input:1x3x224x224)")
     try:
         shape = tuple(int(d) for d in dims.lower().split("x")) if dims else ()
     except ValueError:
-        raise UsageError(
-            f"--input-shape '{text}': dims must be integers separated by 'x'"
-        ) from None
+        raise UsageError(f"{option} '{text}': dims must be integers separated by 'x'") from None
     if any(d < 0 for d in shape):
-        raise UsageError(f"--input-shape '{text}': dims must not be negative")
+        raise UsageError(f"{option} '{text}': dims must not be negative")
     return name, shape
 
 
 def parse_dims(texts: tuple[str, ...]) -> dict[str, int]:
     """``("batch=8,seq=512", ...)`` -> {"batch": 8, "seq": 512}."""
-    dims: dict[str, int] = {}
+    pairs: list[tuple[str, int]] = []
     for part in (p for text in texts for p in _split(text)):
         name, sep, value = part.partition("=")
         if not sep or not name.strip() or not value.strip().isdigit():
             raise UsageError(f"--dim '{part}': expected NAME=SIZE (e.g. batch=8,seq=512)")
-        dims[name.strip()] = int(value)
-    return dims
+        pairs.append((name.strip(), int(value)))
+    return _once("--dim", pairs)
+
+
+def _once(option: str, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``pairs`` as a dict; a name given twice with two values is an error, not the last one wins."""
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if out.get(name, value) != value:
+            raise UsageError(f"{option} {name} is given twice ({out[name]} and {value})")
+        out[name] = value
+    return out
 
 
 def _split(text: str | None) -> list[str]:
@@ -174,7 +198,9 @@ def main(ctx: click.Context, config_path: Path | None) -> None:
         if path is None:
             return
         if not path.is_file():
-            raise UsageError(f"--config {path}: no such file")
+            raise UsageError(
+                f"--config {path}: {'is not a file' if path.exists() else 'no such file'}"
+            )
         commands = {
             name: [p.name for p in cmd.params if p.name] for name, cmd in main.commands.items()
         }
@@ -292,7 +318,7 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--run-timeout",
-            type=click.FloatRange(min=0, min_open=True),
+            type=POSITIVE,
             default=600.0,
             show_default=True,
             help="Stop one ONNX Runtime run of validation after this many seconds.",
@@ -316,12 +342,12 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--max-abs-error",
-            type=float,
+            type=NON_NEGATIVE,
             help="Fail (exit 1) when any output's max abs error is above this.",
         ),
         click.option(
             "--max-rel-error",
-            type=float,
+            type=NON_NEGATIVE,
             help="Fail (exit 1) when any output's max relative error is above this.",
         ),
         click.option(
@@ -330,7 +356,7 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--max-latency-ratio",
-            type=float,
+            type=POSITIVE,
             help="Fail (exit 1) when optimized/original latency is above this (runs a benchmark).",
         ),
         click.option(
@@ -450,6 +476,7 @@ def _optimize_command(
         out_dir,
         {"--memory-plan": memory_plan, "--junit": junit_path, "--markdown": markdown_path},
         overwrite,
+        {"--inputs": inputs_file, "--reference": reference_file},
     )
     if reference_file is not None and len(models) > 1:
         raise UsageError(
@@ -471,7 +498,7 @@ def _optimize_command(
         "opset": opset,
         "fold_limit_bytes": parse_size(fold_limit),
         "fold_may_grow": fold_may_grow,
-        "input_shapes": dict(parse_input_shape(s) for s in input_shapes),
+        "input_shapes": _once("--input-shape", [parse_input_shape(s) for s in input_shapes]),
         "check": not no_validate,
         "inputs": load_inputs(inputs_file) if inputs_file else None,
         "reference": reference_file if not no_validate else None,
@@ -562,14 +589,29 @@ def _check_output_paths(
     out_dir: Path | None,
     reports: dict[str, Path | None],
     overwrite: bool,
+    read_files: dict[str, Path | None],
 ) -> None:
-    """Refuse, before any work, a file to write that is a folder, lies in a missing folder or is an input."""
+    """Refuse, before any work, a file to write that is a folder or not a regular file, lies in a
+    missing or unwritable folder, is an input (the model, --inputs, --reference, MODEL.ref.npz)
+    or is another file this run writes."""
+    import stat
+
     from onnxopt.io import same_file
+    from onnxopt.reference import reference_path_for
 
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out-dir {out_dir}: exists and is not a folder")
-    targets = [("-o", output, overwrite), *((k, v, False) for k, v in reports.items())]
-    for option, path, may_be_input in targets:
+    if out_dir is not None and out_dir.is_dir():
+        _check_writable_folder("--out-dir", out_dir, out_dir)
+    inputs = [
+        *read_files.items(),
+        *(("the model's reference", reference_path_for(m)) for m in models),
+    ]
+    targets = [("-o", output), *reports.items()]
+    if output is not None and output.name:
+        targets.append(("-o's external data", output.with_name(output.name + ".data")))
+    written: list[tuple[str, Path]] = []
+    for option, path in targets:
         if path is None or str(path) == "-":
             continue
         if path.is_dir():
@@ -577,9 +619,39 @@ def _check_output_paths(
         folder = path.parent if str(path.parent) else Path(".")
         if not folder.is_dir():
             raise UsageError(f"{option} {path}: folder '{folder}' does not exist")
-        if not may_be_input and any(same_file(path, model) for model in models):
+        if option != "-o's external data":
+            try:
+                mode = path.lstat().st_mode
+            except OSError:
+                mode = None
+            if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                # The model is renamed into place: that would replace a device or a FIFO.
+                raise UsageError(f"{option} {path}: exists and is not a regular file")
+            _check_writable_folder(option, path, folder)
+        if not (option == "-o" and overwrite) and any(same_file(path, m) for m in models):
             hint = " (add --overwrite to allow it)" if option == "-o" else ""
             raise UsageError(f"{option} {path}: refusing to overwrite the input model{hint}")
+        for what, source in inputs:
+            if source is not None and same_file(path, source):
+                raise UsageError(f"{option} {path}: refusing to overwrite {what} '{source}'")
+        for other, earlier in written:
+            if same_file(path, earlier):
+                raise UsageError(f"{option} {path}: is also the file of {other}")
+        written.append((option, path))
+
+
+def _check_writable_folder(option: str, path: Path, folder: Path) -> None:
+    """A file can be made in ``folder`` (not so in a read-only mount, /proc, or past a quota):
+    found out now rather than after the optimized model was written."""
+    import os
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".onnxopt-", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot write in '{folder}' ({exc.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _write_file(option: str, path: Path, data: bytes) -> None:
@@ -1026,7 +1098,7 @@ def export_command(
 )
 @click.option(
     "--budget",
-    type=click.FloatRange(0, min_open=True),
+    type=POSITIVE,
     default=20.0,
     show_default=True,
     help="Seconds of interleaved timing per input size and provider.",
@@ -1034,7 +1106,7 @@ def export_command(
 @click.option(
     "--ci",
     "ci_target",
-    type=click.FloatRange(0, min_open=True),
+    type=POSITIVE,
     default=0.01,
     show_default=True,
     help="Stop early once every speed-up's 95% interval is within ±this fraction.",
@@ -1058,7 +1130,7 @@ def export_command(
 )
 @click.option(
     "--run-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     default=600.0,
     show_default=True,
     help="Stop a variant whose first ONNX Runtime run takes longer than this many seconds.",
@@ -1114,7 +1186,7 @@ def bench(
         providers=tuple(_split(provider)),
         threads=threads,
         ort_levels=tuple(_split(ort_level)),
-        shapes=dict(parse_input_shape(s) for s in shapes),
+        shapes=_once("--shape", [parse_input_shape(s, "--shape") for s in shapes]),
         sweeps=tuple(parse_sweep(s) for s in sweeps),
         inputs=load_inputs(inputs_file)[0] if inputs_file else None,
         budget_seconds=budget,

@@ -52,7 +52,9 @@ def _read(path: Path) -> dict[str, Any]:
 
 def load_config(path: Path) -> dict[str, Any]:
     data = _read(path)
-    table = data if path.name == "onnxopt.toml" else data.get("tool", {}).get("onnxopt", {})
+    # Any settings file but a pyproject.toml holds the settings at its top level (a --config
+    # my.toml once read [tool.onnxopt] only, so every setting in it was silently ignored).
+    table = data.get("tool", {}).get("onnxopt", {}) if path.name == "pyproject.toml" else data
     if not isinstance(table, dict):
         raise UsageError(f"{path}: [tool.onnxopt] must be a table")
     return table

@@ -9,16 +9,17 @@ External tensors are memory-mapped by onnx-ir, never copied into the process.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import mmap
 import os
 import stat
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 import onnx
@@ -407,6 +408,12 @@ def _check_external_data(
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {entry.key: entry.value for entry in tensor.external_data}
+        if len(info) != len(tensor.external_data):
+            # Readers disagree on which one counts (onnx takes the last, ORT refuses): the one
+            # checked here might not be the one read.
+            keys = [entry.key for entry in tensor.external_data]
+            twice = next(key for key in keys if keys.count(key) > 1)
+            raise UnsafeModelError(f"{where}: {label} gives its external data '{twice}' twice")
         location = info.get("location", "")
         if label in own_mapped and model_file is not None:
             # The loader's own view into the model file it was given (which may be a symlink to
@@ -753,6 +760,21 @@ def _check_attribute_types(
                 f"{where}: {node_label}: attribute '{attr.name}' is {names(attr.type)}; "
                 f"{node.op_type} takes {names(wanted)}"
             )
+        if (
+            wanted == onnx.AttributeProto.INT
+            and attr.name in _DATA_TYPE_ATTRIBUTES
+            and attr.i not in _DATA_TYPES
+        ):
+            raise ModelLoadError(
+                f"{where}: {node_label}: attribute '{attr.name}' is {attr.i}, which is no ONNX data type"
+            )
+
+
+# The standard ops' INT attributes that hold a TensorProto.DataType (Cast's 'to', EyeLike's
+# 'dtype', QuantizeLinear's 'output_dtype', the window ops' 'output_datatype', LayerNorm's
+# 'stash_type'): passes read them as ir.DataType, which an unknown number makes raise.
+_DATA_TYPE_ATTRIBUTES = frozenset({"to", "dtype", "output_dtype", "output_datatype", "stash_type"})
+_DATA_TYPES = frozenset(t.value for t in ir.DataType)  # 0 too: output_dtype's "infer it"
 
 
 def _check_text(where: str, what: str, text: str | bytes) -> None:
@@ -1372,6 +1394,11 @@ def _write_single_file(model: ir.Model, f: BinaryIO) -> None:
             f.write(piece)
 
 
+# copy_file_range errors that are the target's (a full disk, a quota, a file size limit), not
+# a sign the kernel cannot copy between the two files: those once read "external data ended early".
+_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
 def _copy_in_kernel(tensor: ir.ExternalTensor, f: BinaryIO) -> bool:
     """Copy an external tensor's bytes file to file without passing them through Python.
 
@@ -1388,8 +1415,10 @@ def _copy_in_kernel(tensor: ir.ExternalTensor, f: BinaryIO) -> bool:
         while remaining > 0:
             try:
                 done = copy(source.fileno(), f.fileno(), remaining, offset + copied)
-            except OSError:
-                done = 0
+            except OSError as exc:
+                if exc.errno in _WRITE_ERRORS:
+                    raise  # the target is full: save_model says so ("cannot write")
+                done = 0  # the kernel cannot copy between these files
             if done <= 0:
                 if copied == 0:
                     return False
@@ -1429,6 +1458,11 @@ def save_model(
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise ModelSaveError(f"{target}: folder '{folder}' does not exist")
+    with contextlib.suppress(FileNotFoundError):
+        mode = target.lstat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            # The temp file is renamed over the target: that would replace a device or a FIFO.
+            raise ModelSaveError(f"{target}: exists and is not a regular file")
     if external_data is None:
         # Keep weights external when they came that way, and whenever the protobuf limit demands it.
         use_external = (
@@ -1527,6 +1561,47 @@ def ort_model_source(model: ir.Model, *, mapped_in_memory: bool = False) -> Iter
         yield str(path)
 
 
+_T = TypeVar("_T")
+
+# Initializers past this many bytes travel to an onnx C++ call as typed inputs, without data.
+_ONNX_API_TENSOR_LIMIT = 1000
+
+
+def call_onnx_api(func: Callable[[onnx.ModelProto], _T], model: ir.Model) -> _T:
+    """``func`` on the model's protobuf with weights over 1 kB as typed inputs; the model is left
+    as it was.
+
+    onnx-ir's ``_c_api_utils.call_onnx_api`` does this too, but tests each initializer against the
+    input list: quadratic, 12 s per call for 20k initializers (a Concat of 20k constants), 4 calls
+    per shape inference round.
+    """
+    initializers = tuple(model.graph.initializers.values())
+    tensors = [v.const_value for v in initializers]
+    original_inputs = tuple(model.graph.inputs)
+    is_input = set(original_inputs)
+    for value in initializers:
+        tensor = value.const_value
+        if tensor is not None:
+            if value.shape is None:
+                value.shape = tensor.shape  # type: ignore[assignment]
+            if value.dtype is None:
+                value.dtype = tensor.dtype
+        if value not in is_input:
+            model.graph.inputs.append(value)
+        if tensor is None or tensor.nbytes > _ONNX_API_TENSOR_LIMIT:
+            value.const_value = None
+            model.graph.initializers.pop(str(value.name))
+    try:
+        return func(ir.serde.serialize_model(model))
+    finally:
+        for value, tensor in zip(initializers, tensors, strict=True):
+            value.const_value = tensor
+            if str(value.name) not in model.graph.initializers:
+                model.graph.initializers.add(value)
+        model.graph.inputs.clear()
+        model.graph.inputs.extend(original_inputs)
+
+
 def convert_opset(model: ir.Model, version: int) -> ir.Model:
     """The model with its default-domain opset raised to ``version`` by onnx.version_converter.
 
@@ -1536,7 +1611,6 @@ def convert_opset(model: ir.Model, version: int) -> ir.Model:
     opset or beyond what the installed onnx knows, or when the converter fails.
     """
     from onnx import version_converter
-    from onnx_ir.passes.common import _c_api_utils
 
     current = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
     if current is None:
@@ -1558,7 +1632,7 @@ def convert_opset(model: ir.Model, version: int) -> ir.Model:
         return version_converter.convert_version(proto, version)
 
     try:
-        converted_proto = _c_api_utils.call_onnx_api(convert, model)
+        converted_proto = call_onnx_api(convert, model)
     except Exception as exc:  # the converter raises assorted C++ errors
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(

@@ -82,3 +82,28 @@ def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
             return None
         dims.append(dim)
     return tuple(dims)
+
+
+def remove_nodes(graph: ir.Graph | ir.Function, nodes: ir.Node | list[ir.Node]) -> None:
+    """``graph.remove(nodes, safe=True)`` in time linear in the nodes' inputs.
+
+    onnx-ir detaches input *i* with ``replace_input_with``, which rebuilds the whole input tuple:
+    removing a Concat of 50k constants once folded took tens of minutes. The inputs are detached
+    here in one sweep instead; onnx-ir's own checks (no user left outside ``nodes``, no graph
+    output) still run, before anything is changed.
+    """
+    group = [nodes] if isinstance(nodes, ir.Node) else list(nodes)
+    members = set(group)
+    outputs = set(graph.outputs)
+    for node in group:
+        for out in node.outputs:
+            if out in outputs or any(use.node not in members for use in out.uses()):
+                raise ValueError(f"node '{node.name}' ({node.op_type}) still has users")
+    for node in group:
+        inputs = node.inputs
+        if len(inputs) > 64:
+            for index, value in enumerate(inputs):
+                if value is not None:
+                    value._remove_usage(node, index)
+            node._inputs = ()
+    graph.remove(group, safe=True)

@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -2443,6 +2444,1387 @@ def _(d: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------
+# Round 2: escapes in spellings the first round did not try (a case reading a file named
+# secret.bin is LEAKED in the table), output paths, CLI misuse, folding arithmetic
+
+
+def secret(folder: Path) -> Path:
+    path = folder / "secret.bin"
+    path.write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    return path
+
+
+def escaping(d: Path, location: str, **kw: int | None) -> list[str]:
+    secret(d)
+    model = external_model(d / "m", location, **kw)
+    return ["optimize", str(model), "-o", str(d / "out.onnx")]
+
+
+for _label, _location in [
+    ("a/../../secret.bin (a exists)", "a/../../secret.bin"),
+    ("a/../../secret.bin (a missing)", "zz/../../secret.bin"),
+    ("./../secret.bin", "./../secret.bin"),
+    ("file:// URL", "file://../secret.bin"),
+    ("http URL", "http://example.com/secret.bin"),
+    ("Windows drive C:\\secret.bin", "C:\\secret.bin"),
+    ("Windows drive-relative C:secret.bin", "C:secret.bin"),
+    ("UNC \\\\server\\share\\secret.bin", "\\\\server\\share\\secret.bin"),
+    ("backslash ..\\secret.bin", "..\\secret.bin"),
+    ("NUL inside: w.bin NUL ../secret.bin", "w.bin\x00../secret.bin"),
+    ("trailing slash secret.bin/", "../secret.bin/"),
+    ("~/ home spelling", "~/secret.bin"),
+    ("percent-encoded %2e%2e/secret.bin", "%2e%2e/secret.bin"),
+]:
+    case(f"external data location {_label}", "error")(
+        lambda d, loc=_location: (d / "m" / "a").mkdir(parents=True) or escaping(d, loc)
+    )
+
+
+@case("external data location a symlinked subfolder pointing outside", "error")
+def _(d: Path) -> list[str]:
+    secret(d)
+    model = external_model(d / "m", "sub/secret.bin")
+    (d / "m" / "sub").symlink_to(d)
+    return ["optimize", str(model), "-o", str(d / "out.onnx")]
+
+
+@case("symlinked model folder, data inside the real folder", "ok")
+def _(d: Path) -> list[str]:
+    external_model(d / "real", "w.bin")
+    (d / "real" / "w.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    (d / "link").symlink_to(d / "real")
+    return ["optimize", str(d / "link" / "model.onnx"), "-o", str(d / "out.onnx")]
+
+
+@case("model file is a symlink into another folder; data ../secret from there", "error")
+def _(d: Path) -> list[str]:
+    secret(d)
+    model = external_model(d / "a" / "m", "../../secret.bin")
+    (d / "b").mkdir()
+    (d / "b" / "model.onnx").symlink_to(model)
+    return ["optimize", str(d / "b" / "model.onnx"), "-o", str(d / "out.onnx")]
+
+
+@case("external data with 'location' given twice (inside, then outside)", "error")
+def _(d: Path) -> list[str]:
+    secret(d)
+    model_path = external_model(d / "m", "w.bin")
+    (d / "m" / "w.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    m = onnx.load(model_path, load_external_data=False)
+    e = m.graph.initializer[0].external_data.add()
+    e.key, e.value = "location", "../secret.bin"
+    save(m, model_path)
+    return ["optimize", str(model_path), "-o", str(d / "out.onnx")]
+
+
+@case("external data with 'location' given twice (outside, then inside)", "error")
+def _(d: Path) -> list[str]:
+    secret(d)
+    model_path = external_model(d / "m", "../secret.bin")
+    (d / "m" / "w.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    m = onnx.load(model_path, load_external_data=False)
+    e = m.graph.initializer[0].external_data.add()
+    e.key, e.value = "location", "w.bin"
+    save(m, model_path)
+    return ["optimize", str(model_path), "-o", str(d / "out.onnx")]
+
+
+@case("external data with an unknown key and a checksum", "either")
+def _(d: Path) -> list[str]:
+    model_path = external_model(d / "m", "w.bin")
+    (d / "m" / "w.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    m = onnx.load(model_path, load_external_data=False)
+    e = m.graph.initializer[0].external_data.add()
+    e.key, e.value = "checksum", "../secret.bin"
+    save(m, model_path)
+    return ["optimize", str(model_path), "-o", str(d / "out.onnx")]
+
+
+def _external_tensor(location: str) -> onnx.TensorProto:
+    w = onh.from_array(np.arange(4, dtype=np.float32), "w")
+    w.ClearField("raw_data")
+    w.data_location = T.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", "16")):
+        e = w.external_data.add()
+        e.key, e.value = key, value
+    return w
+
+
+@case("external data escaping in a local function's Constant", "error")
+def _(d: Path) -> list[str]:
+    secret(d)
+    body = [
+        oh.make_node("Constant", [], ["c"], value=_external_tensor("../secret.bin")),
+        oh.make_node("Add", ["a", "c"], ["b"]),
+    ]
+    f = oh.make_function("local", "f", ["a"], ["b"], body, [oh.make_opsetid("", 17)])
+    m = graph_model(
+        [oh.make_node("f", ["x"], ["y"], domain="local")],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    m.opset_import.append(oh.make_opsetid("local", 1))
+    m.functions.append(f)
+    (d / "m").mkdir()
+    return opt(d / "m", m)
+
+
+@case("external data escaping in ConstantOfShape's value", "error")
+def _(d: Path) -> list[str]:
+    secret(d)
+    value = _external_tensor("../secret.bin")
+    value.dims[:] = [1]
+    value.external_data[2].value = "4"
+    m = graph_model(
+        [
+            oh.make_node("Shape", ["x"], ["s"]),
+            oh.make_node("ConstantOfShape", ["s"], ["c"], value=value),
+            oh.make_node("Add", ["x", "c"], ["y"]),
+        ],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    (d / "m").mkdir()
+    return opt(d / "m", m)
+
+
+@case("external data escaping in a sparse initializer's values", "error")
+def _(d: Path) -> list[str]:
+    secret(d)
+    values = _external_tensor("../secret.bin")
+    values.name = "w_values"
+    indices = onh.from_array(np.arange(4, dtype=np.int64), "w_indices")
+    sparse = oh.make_sparse_tensor(values, indices, [4])
+    m = graph_model(
+        [oh.make_node("Add", ["x", "w_values"], ["y"])],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    m.graph.sparse_initializer.append(sparse)
+    (d / "m").mkdir()
+    return opt(d / "m", m)
+
+
+@case("external data escaping in training_info (dropped, never read)", "ok")
+def _(d: Path) -> list[str]:
+    secret(d)
+    m = relu()
+    info = m.training_info.add()
+    info.initialization.CopyFrom(
+        oh.make_graph([], "init", [], [], [_external_tensor("../secret.bin")])
+    )
+    (d / "m").mkdir()
+    return opt(d / "m", m)
+
+
+@case("external data escaping, inspect", "error")
+def _(d: Path) -> list[str]:
+    secret(d)
+    return ["inspect", str(external_model(d / "m", "../secret.bin"))]
+
+
+@case("external data escaping, check", "error")
+def _(d: Path) -> list[str]:
+    secret(d)
+    return ["check", str(external_model(d / "m", "../secret.bin"))]
+
+
+@case("external data escaping, bench", "error")
+def _(d: Path) -> list[str]:
+    secret(d)
+    return ["bench", str(external_model(d / "m", "../secret.bin")), "--budget", "1"]
+
+
+# Output paths, second round
+
+
+@case("-o the input with a trailing slash", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    return ["optimize", str(model), "-o", str(model) + "/"]
+
+
+@case("-o the input spelled a/../m.onnx", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    (d / "a").mkdir()
+    return ["optimize", str(model), "-o", str(d / "a" / ".." / "m.onnx")]
+
+
+@case("-o the input through a symlinked folder", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    (d / "alias").symlink_to(d)
+    return ["optimize", str(model), "-o", str(d / "alias" / "m.onnx")]
+
+
+@case("-o the input's external data file", "error")
+def _(d: Path) -> list[str]:
+    model = external_model(d / "m", "w.bin")
+    (d / "m" / "w.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    return ["optimize", str(model), "-o", str(d / "m" / "w.bin")]
+
+
+@case("-o the --inputs npz", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    np.savez(d / "in.npz", x=np.ones((2, 4), np.float32))
+    return ["optimize", str(model), "-o", str(d / "in.npz"), "--inputs", str(d / "in.npz")]
+
+
+@case("-o the model's own ref.npz", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    np.savez(d / "m.ref.npz", **{"input/x": np.ones((2, 4), np.float32)})
+    np.savez(
+        d / "m.ref.npz",
+        **{"input/x": np.ones((2, 4), np.float32), "output/y": np.ones((2, 4), np.float32)},
+    )
+    return ["optimize", str(model), "-o", str(d / "m.ref.npz")]
+
+
+@case("-o an existing FIFO (renaming over it would replace it)", "error")
+def _(d: Path) -> list[str]:
+    # Not /dev/null or /dev/full: run as root, a regression would replace the device itself.
+    model = save(relu(), d / "m.onnx")
+    os.mkfifo(d / "fifo")
+    return ["optimize", str(model), "-o", str(d / "fifo")]
+
+
+@case("--junit an existing FIFO (would block)", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    os.mkfifo(d / "fifo")
+    return ["optimize", str(model), "-o", str(d / "out.onnx"), "--junit", str(d / "fifo")]
+
+
+@case("-o '-' (stdout?)", "either")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    os.chdir(d)
+    return ["optimize", str(model), "-o", "-"]
+
+
+@case("-o empty string", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    return ["optimize", str(model), "-o", ""]
+
+
+LIMITS: dict[str, int] = {}  # per-case resource limits the runner applies (RLIMIT_FSIZE)
+
+
+@case("file size limit hit while writing (disk-full-like)", "error")
+def _(d: Path) -> list[str]:
+    LIMITS["fsize"] = 200_000
+    w = onh.from_array(np.arange(100_000, dtype=np.float32), "w")
+    m = graph_model(
+        [oh.make_node("Add", ["x", "w"], ["y"])],
+        [vi("x", T.FLOAT, [100_000])],
+        [vi("y", T.FLOAT, [100_000])],
+        [w],
+    )
+    return opt(d, m)
+
+
+@case("file size limit hit while writing external data (disk-full-like)", "error")
+def _(d: Path) -> list[str]:
+    LIMITS["fsize"] = 200_000
+    w = onh.from_array(np.arange(100_000, dtype=np.float32), "w")
+    m = graph_model(
+        [oh.make_node("Add", ["x", "w"], ["y"])],
+        [vi("x", T.FLOAT, [100_000])],
+        [vi("y", T.FLOAT, [100_000])],
+        [w],
+    )
+    return opt(d, m, "--external-data")
+
+
+@case("--memory-plan is a directory", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    return ["optimize", str(model), "-o", str(d / "out.onnx"), "--memory-plan", str(d)]
+
+
+@case("--memory-plan to /proc (unwritable)", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    return ["optimize", str(model), "-o", str(d / "out.onnx"), "--memory-plan", "/proc/plan.json"]
+
+
+@case("--memory-plan same path as -o", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    out = str(d / "out.onnx")
+    return ["optimize", str(model), "-o", out, "--memory-plan", out]
+
+
+@case("--out-dir two inputs with the same file name", "error")
+def _(d: Path) -> list[str]:
+    (d / "a").mkdir()
+    (d / "b").mkdir()
+    a = save(relu(), d / "a" / "m.onnx")
+    b = save(parse(RELU.replace("Relu(x)", "Neg(x)")), d / "b" / "m.onnx")
+    return ["optimize", str(a), str(b), "--out-dir", str(d / "out")]
+
+
+@case("--out-dir the same file given twice", "either")
+def _(d: Path) -> list[str]:
+    a = save(relu(), d / "m.onnx")
+    return ["optimize", str(a), str(a), "--out-dir", str(d / "out")]
+
+
+@case("--out-dir -j 2 mix of good and bad files", "error")
+def _(d: Path) -> list[str]:
+    good = save(relu(), d / "good.onnx")
+    (d / "bad.onnx").write_bytes(b"\x08\x07garbage")
+    cyc = save(
+        parse(
+            """
+            <ir_version: 8, opset_import: ["" : 17]>
+            cyc (float[4] x) => (float[4] z) {
+                a = Add(x, c)
+                c = Relu(a)
+                z = Identity(c)
+            }
+            """
+        ),
+        d / "cyc.onnx",
+    )
+    return [
+        "optimize",
+        str(good),
+        str(d / "bad.onnx"),
+        str(cyc),
+        "--out-dir",
+        str(d / "o"),
+        "-j",
+        "2",
+    ]
+
+
+@case("--out-dir -j 0", "error")
+def _(d: Path) -> list[str]:
+    good = save(relu(), d / "good.onnx")
+    return ["optimize", str(good), "--out-dir", str(d / "o"), "-j", "0"]
+
+
+@case("--out-dir -j -3", "error")
+def _(d: Path) -> list[str]:
+    good = save(relu(), d / "good.onnx")
+    return ["optimize", str(good), "--out-dir", str(d / "o"), "-j", "-3"]
+
+
+@case("--out-dir -j 1000000", "either")
+def _(d: Path) -> list[str]:
+    good = save(relu(), d / "good.onnx")
+    return ["optimize", str(good), "--out-dir", str(d / "o"), "-j", "1000000"]
+
+
+@case("-o together with two models", "error")
+def _(d: Path) -> list[str]:
+    a = save(relu(), d / "a.onnx")
+    b = save(relu(), d / "b.onnx")
+    return ["optimize", str(a), str(b), "-o", str(d / "out.onnx")]
+
+
+# CLI option garbage
+
+
+def _opt_args(d: Path, *extra: str) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    return ["optimize", str(model), "-o", str(d / "out.onnx"), *extra]
+
+
+for _label, _extra in [
+    ("--dim without =", ["--dim", "N"]),
+    ("--dim =3", ["--dim", "=3"]),
+    ("--dim N=-1", ["--dim", "N=-1"]),
+    ("--dim N=abc", ["--dim", "N=abc"]),
+    ("--dim N=1e30", ["--dim", "N=1e30"]),
+    ("--dim N=3,", ["--dim", "N=3,"]),
+    ("--dim unknown name", ["--dim", "nosuchdim=3"]),
+    ("--dim N=0", ["--dim", "N=0"]),
+    ("--input-shape x:1xax4", ["--input-shape", "x:1xax4"]),
+    ("--input-shape x:", ["--input-shape", "x:"]),
+    ("--input-shape :1x4", ["--input-shape", ":1x4"]),
+    ("--input-shape unknown input", ["--input-shape", "nosuch:1x4"]),
+    ("--input-shape wrong rank", ["--input-shape", "x:1x4x5"]),
+    ("--input-shape contradicts static dim", ["--input-shape", "x:2x5"]),
+    ("--input-shape x:-1x4", ["--input-shape", "x:-1x4"]),
+    ("--input-shape given twice, different", ["--input-shape", "x:2x4", "--input-shape", "x:3x4"]),
+    ("--passes unknown", ["--passes", "no-such-pass"]),
+    ("--passes empty", ["--passes", ""]),
+    ("--passes ,,,", ["--passes", ",,,"]),
+    ("--disable unknown", ["--disable", "no-such-pass"]),
+    ("--opset 1000000", ["--opset", "1000000"]),
+    ("--opset 0", ["--opset", "0"]),
+    ("--run-timeout 0", ["--run-timeout", "0"]),
+    ("--run-timeout -1", ["--run-timeout", "-1"]),
+    ("--run-timeout nan", ["--run-timeout", "nan"]),
+    ("--fold-limit 1e400", ["--fold-limit", "1e400"]),
+    ("--fold-limit 99999999999999999999TiB", ["--fold-limit", "99999999999999999999TiB"]),
+    ("--target garbage", ["--target", "tensorrt"]),
+    ("-O9", ["-O9"]),
+]:
+    case(f"optimize {_label}", "either")(lambda d, e=tuple(_extra): _opt_args(d, *e))
+
+
+@case("--config is a directory", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    return ["--config", str(d), "optimize", str(model), "-o", str(d / "out.onnx")]
+
+
+@case("--config with a wrong-typed value", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    (d / "c.toml").write_text('[optimize]\nlevel = "fast"\nfold_limit = [1, 2]\n')
+    return ["--config", str(d / "c.toml"), "optimize", str(model), "-o", str(d / "out.onnx")]
+
+
+# --inputs / --reference npz, second round
+
+
+def _npz_args(d: Path, option: str, arrays: dict[str, np.ndarray]) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    np.savez(d / "f.npz", **arrays)  # type: ignore[arg-type]
+    return ["optimize", str(model), "-o", str(d / "out.onnx"), option, str(d / "f.npz")]
+
+
+for _label, _option, _arrays in [
+    ("--inputs wrong rank", "--inputs", {"x": np.ones((4,), np.float32)}),
+    ("--inputs wrong static dim", "--inputs", {"x": np.ones((2, 5), np.float32)}),
+    ("--inputs float64 for float", "--inputs", {"x": np.ones((2, 4), np.float64)}),
+    ("--inputs empty npz", "--inputs", {}),
+    ("--inputs zero-size batch", "--inputs", {"x": np.ones((0, 4), np.float32)}),
+    ("--inputs member name ../x", "--inputs", {"../x": np.ones((2, 4), np.float32)}),
+    ("--inputs NaN values", "--inputs", {"x": np.full((2, 4), np.nan, np.float32)}),
+    ("--inputs structured dtype", "--inputs", {"x": np.zeros((2, 4), [("a", "f4"), ("b", "i4")])}),
+    ("--inputs bytes dtype", "--inputs", {"x": np.array([[b"ab"] * 4] * 2)}),
+    ("--reference wrong output name", "--reference", {"output/zz": np.ones((2, 4), np.float32)}),
+    (
+        "--reference output of the wrong shape",
+        "--reference",
+        {"input/x": np.ones((2, 4), np.float32), "output/y": np.ones((3, 3), np.float32)},
+    ),
+    (
+        "--reference output of the wrong dtype",
+        "--reference",
+        {"input/x": np.ones((2, 4), np.float32), "output/y": np.ones((2, 4), np.int64)},
+    ),
+    (
+        "--reference input of the wrong shape",
+        "--reference",
+        {"input/x": np.ones((3, 3), np.float32), "output/y": np.ones((3, 3), np.float32)},
+    ),
+    ("--reference with no inputs", "--reference", {"output/y": np.ones((2, 4), np.float32)}),
+    ("--reference plain names", "--reference", {"x": np.ones((2, 4), np.float32)}),
+]:
+    # Zero rows and NaNs are valid inputs; a reference the original model does not match is
+    # reported ("export over tol") and does not stop the optimized model, which matches the original.
+    _expect = "ok" if "zero-size" in _label or "NaN" in _label or "output of" in _label else "error"
+    case(f"{_label}", _expect)(lambda d, o=_option, a=_arrays: _npz_args(d, o, a))
+
+
+@case("--inputs npz whose member is a pickle file (not .npy)", "error")
+def _(d: Path) -> list[str]:
+    import pickle
+
+    model = save(relu(), d / "m.onnx")
+    with zipfile.ZipFile(d / "in.npz", "w") as archive:
+        archive.writestr("x.npy", pickle.dumps({"evil": 1}))
+    return ["optimize", str(model), "-o", str(d / "out.onnx"), "--inputs", str(d / "in.npz")]
+
+
+@case("--inputs npz that is a plain .npy", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    np.save(d / "in.npy", np.ones((2, 4), np.float32))
+    return ["optimize", str(model), "-o", str(d / "out.onnx"), "--inputs", str(d / "in.npy")]
+
+
+@case("--inputs npz with a corrupt member (CRC)", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    np.savez(d / "in.npz", x=np.ones((2, 4), np.float32))
+    data = bytearray((d / "in.npz").read_bytes())
+    data[120] ^= 0xFF
+    (d / "in.npz").write_bytes(bytes(data))
+    return ["optimize", str(model), "-o", str(d / "out.onnx"), "--inputs", str(d / "in.npz")]
+
+
+@case("--inputs npz with a fortran-order header lying about shape", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    with zipfile.ZipFile(d / "in.npz", "w") as archive, archive.open("x.npy", "w") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "<f4", "fortran_order": False, "shape": (2, 4)}
+        )
+        f.write(b"\0" * 12)
+    return ["optimize", str(model), "-o", str(d / "out.onnx"), "--inputs", str(d / "in.npz")]
+
+
+@case("bench --inputs npz with wrong names", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    np.savez(d / "in.npz", zz=np.ones((2, 4), np.float32))
+    return ["bench", str(model), "--budget", "1", "--inputs", str(d / "in.npz")]
+
+
+@case("check --inputs npz with a pickle", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    np.savez(d / "in.npz", x=np.array([{"a": 1}], dtype=object))
+    return ["check", str(model), "--inputs", str(d / "in.npz")]
+
+
+@case("bench --shape garbage", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    return ["bench", str(model), "--budget", "1", "--shape", "x:axb"]
+
+
+@case("bench --budget -1", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    return ["bench", str(model), "--budget", "-1"]
+
+
+@case("bench --optimized is garbage", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    (d / "o.onnx").write_bytes(b"junk")
+    return ["bench", str(model), "--budget", "1", "--optimized", str(d / "o.onnx")]
+
+
+@case("bench --optimized with different inputs", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    other = save(
+        parse(RELU.replace("x)", "z)").replace("x]", "z]").replace("x ", "z ")), d / "o.onnx"
+    )
+    return ["bench", str(model), "--budget", "1", "--optimized", str(other)]
+
+
+@case("inspect on a graph with no nodes, --json", "ok")
+def _(d: Path) -> list[str]:
+    m = graph_model([], [vi("x", T.FLOAT, [4])], [vi("x", T.FLOAT, [4])])
+    return ["inspect", str(save(m, d / "m.onnx")), "--json"]
+
+
+@case("inspect a 10**12-dim initializer with no data", "error")
+def _(d: Path) -> list[str]:
+    w = onnx.TensorProto(name="w", data_type=T.FLOAT, dims=[10**6, 10**6])
+    m = graph_model(
+        [oh.make_node("Add", ["x", "w"], ["y"])],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+        [w],
+    )
+    return ["inspect", str(save(m, d / "m.onnx"))]
+
+
+@case("check of a missing second file", "error")
+def _(d: Path) -> list[str]:
+    model = save(relu(), d / "m.onnx")
+    return ["check", str(model), str(d / "nope.onnx")]
+
+
+# Model-level fields
+
+
+for _label, _ir, _opset in [
+    ("ir_version 0", 0, 17),
+    ("ir_version 99", 99, 17),
+    ("ir_version -1", -1, 17),
+    ("default opset 0", 8, 0),
+    ("default opset 10**6", 8, 10**6),
+    ("default opset -5", 8, -5),
+]:
+    case(_label, "error")(
+        lambda d, i=_ir, o=_opset: opt(
+            d,
+            graph_model(
+                [oh.make_node("Relu", ["x"], ["y"])],
+                [vi("x", T.FLOAT, [4])],
+                [vi("y", T.FLOAT, [4])],
+                opset=o,
+                ir_version=i,
+            ),
+        )
+    )
+
+
+@case("two default-domain opset imports (17 and 13)", "either")
+def _(d: Path) -> list[str]:
+    m = relu()
+    m.opset_import.append(oh.make_opsetid("", 13))
+    return opt(d, m)
+
+
+@case("opset import for ai.onnx spelled out plus empty", "either")
+def _(d: Path) -> list[str]:
+    m = relu()
+    m.opset_import.append(oh.make_opsetid("ai.onnx", 13))
+    return opt(d, m)
+
+
+@case("Cast to an unknown enum (to = 999)", "error")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Cast", ["x"], ["y"], to=999)],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    return opt(d, m)
+
+
+@case("Cast of a constant to an unknown enum (to = 999), --no-validate", "error")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [
+            oh.make_node("Constant", [], ["c"], value_floats=[1.0, 2.0]),
+            oh.make_node("Cast", ["c"], ["d"], to=999),
+            oh.make_node("Identity", ["d"], ["y"]),
+        ],
+        [],
+        [vi("y", T.FLOAT, [2])],
+    )
+    return opt(d, m, "--no-validate")
+
+
+@case("Conv with kernel_shape as a float", "error")
+def _(d: Path) -> list[str]:
+    w = onh.from_array(np.ones((1, 1, 3, 3), np.float32), "w")
+    m = graph_model(
+        [oh.make_node("Conv", ["x", "w"], ["y"], kernel_shape=2.5)],
+        [vi("x", T.FLOAT, [1, 1, 5, 5])],
+        [vi("y", T.FLOAT, [1, 1, 3, 3])],
+        [w],
+    )
+    return opt(d, m)
+
+
+@case("Conv with kernel_shape disagreeing with the weight", "error")
+def _(d: Path) -> list[str]:
+    w = onh.from_array(np.ones((1, 1, 3, 3), np.float32), "w")
+    m = graph_model(
+        [oh.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[5, 5])],
+        [vi("x", T.FLOAT, [1, 1, 5, 5])],
+        [vi("y", T.FLOAT, [1, 1, 3, 3])],
+        [w],
+    )
+    return opt(d, m)
+
+
+@case("node attribute with an empty name", "error")
+def _(d: Path) -> list[str]:
+    node = oh.make_node("Relu", ["x"], ["y"])
+    node.attribute.append(oh.make_attribute("", 1))
+    m = graph_model([node], [vi("x", T.FLOAT, [4])], [vi("y", T.FLOAT, [4])])
+    return opt(d, m)
+
+
+@case("node with the same attribute twice", "error")
+def _(d: Path) -> list[str]:
+    node = oh.make_node("Softmax", ["x"], ["y"], axis=0)
+    node.attribute.append(oh.make_attribute("axis", -1))
+    m = graph_model([node], [vi("x", T.FLOAT, [2, 4])], [vi("y", T.FLOAT, [2, 4])])
+    return opt(d, m)
+
+
+@case("Relu with an unknown attribute", "error")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Relu", ["x"], ["y"], bogus=3)],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    return opt(d, m)
+
+
+@case("Add with three inputs", "error")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Add", ["x", "x", "x"], ["y"])],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    return opt(d, m)
+
+
+@case("Relu with two outputs", "error")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Relu", ["x"], ["y", "z"])], [vi("x", T.FLOAT, [4])], [vi("y", T.FLOAT, [4])]
+    )
+    return opt(d, m)
+
+
+@case("node reads its own output", "error")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Add", ["x", "y"], ["y"])], [vi("x", T.FLOAT, [4])], [vi("y", T.FLOAT, [4])]
+    )
+    return opt(d, m)
+
+
+@case("node output overwrites a graph input", "error")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Relu", ["x"], ["x"]), oh.make_node("Neg", ["x"], ["y"])],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    return opt(d, m)
+
+
+@case("graph with no nodes and no outputs", "error")
+def _(d: Path) -> list[str]:
+    return opt(d, graph_model([], [vi("x", T.FLOAT, [4])], []))
+
+
+@case("graph output listed twice, one is also an input", "either")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Relu", ["x"], ["y"])],
+        [vi("x", T.FLOAT, [4])],
+        [vi("x", T.FLOAT, [4]), vi("y", T.FLOAT, [4]), vi("x", T.FLOAT, [4])],
+    )
+    return opt(d, m)
+
+
+@case("1 MB long value name", "ok")
+def _(d: Path) -> list[str]:
+    long = "v" * 1_000_000
+    m = graph_model(
+        [oh.make_node("Relu", ["x"], [long]), oh.make_node("Neg", [long], ["y"])],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    return opt(d, m)
+
+
+@case("names that differ only by unicode normalization", "ok")
+def _(d: Path) -> list[str]:
+    a, b = "caf\u00e9", "cafe\u0301"
+    m = graph_model(
+        [
+            oh.make_node("Relu", ["x"], [a]),
+            oh.make_node("Neg", ["x"], [b]),
+            oh.make_node("Add", [a, b], ["y"]),
+        ],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    return opt(d, m)
+
+
+@case("value named like the name generator's output (x_1)", "ok")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [
+            oh.make_node("Relu", ["x"], ["x_1"], name="n"),
+            oh.make_node("Neg", ["x_1"], ["x_2"], name="n"),
+            oh.make_node("Abs", ["x_2"], ["y"], name="n_1"),
+        ],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    return opt(d, m)
+
+
+@case("node with 50k inputs (Concat of 50k constants)", "ok")
+def _(d: Path) -> list[str]:
+    n = 50_000
+    inits = [onh.from_array(np.array([i], np.float32), f"c{i}") for i in range(n)]
+    m = graph_model(
+        [
+            oh.make_node("Concat", [f"c{i}" for i in range(n)], ["cat"], axis=0),
+            oh.make_node("Add", ["x", "cat"], ["y"]),
+        ],
+        [vi("x", T.FLOAT, [n])],
+        [vi("y", T.FLOAT, [n])],
+        inits,
+    )
+    return opt(d, m)
+
+
+@case("node with 50k outputs (Split)", "ok")
+def _(d: Path) -> list[str]:
+    n = 50_000
+    m = graph_model(
+        [
+            oh.make_node("Split", ["x"], [f"s{i}" for i in range(n)], axis=0, num_outputs=n),
+            oh.make_node("Concat", [f"s{i}" for i in range(n - 1, -1, -1)], ["y"], axis=0),
+        ],
+        [vi("x", T.FLOAT, [n])],
+        [vi("y", T.FLOAT, [n])],
+        opset=18,
+    )
+    return opt(d, m)
+
+
+@case("two local functions calling each other", "error")
+def _(d: Path) -> list[str]:
+    opsets = [oh.make_opsetid("", 17), oh.make_opsetid("local", 1)]
+    f = oh.make_function(
+        "local", "f", ["a"], ["b"], [oh.make_node("g", ["a"], ["b"], domain="local")], opsets
+    )
+    g = oh.make_function(
+        "local", "g", ["a"], ["b"], [oh.make_node("f", ["a"], ["b"], domain="local")], opsets
+    )
+    m = graph_model(
+        [oh.make_node("f", ["x"], ["y"], domain="local")],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    m.opset_import.append(oh.make_opsetid("local", 1))
+    m.functions.extend([f, g])
+    return opt(d, m)
+
+
+@case("local function calling itself inside an If branch", "error")
+def _(d: Path) -> list[str]:
+    opsets = [oh.make_opsetid("", 17), oh.make_opsetid("local", 1)]
+    then = oh.make_graph(
+        [oh.make_node("f", ["a"], ["t"], domain="local")], "t", [], [vi("t", T.FLOAT, [4])]
+    )
+    els = oh.make_graph([oh.make_node("Identity", ["a"], ["e"])], "e", [], [vi("e", T.FLOAT, [4])])
+    f = oh.make_function(
+        "local",
+        "f",
+        ["a", "c"],
+        ["b"],
+        [oh.make_node("If", ["c"], ["b"], then_branch=then, else_branch=els)],
+        opsets,
+    )
+    m = graph_model(
+        [oh.make_node("f", ["x", "c"], ["y"], domain="local")],
+        [vi("x", T.FLOAT, [4]), vi("c", T.BOOL, [])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    m.opset_import.append(oh.make_opsetid("local", 1))
+    m.functions.append(f)
+    return opt(d, m)
+
+
+@case("two local functions with the same name", "error")
+def _(d: Path) -> list[str]:
+    opsets = [oh.make_opsetid("", 17)]
+    f1 = oh.make_function("local", "f", ["a"], ["b"], [oh.make_node("Neg", ["a"], ["b"])], opsets)
+    f2 = oh.make_function("local", "f", ["a"], ["b"], [oh.make_node("Relu", ["a"], ["b"])], opsets)
+    m = graph_model(
+        [oh.make_node("f", ["x"], ["y"], domain="local")],
+        [vi("x", T.FLOAT, [4])],
+        [vi("y", T.FLOAT, [4])],
+    )
+    m.opset_import.append(oh.make_opsetid("local", 1))
+    m.functions.extend([f1, f2])
+    return opt(d, m)
+
+
+@case("value_info declaring dims of 2**40", "either")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Relu", ["x"], ["r"]), oh.make_node("Neg", ["r"], ["y"])],
+        [vi("x", T.FLOAT, ["N", 4])],
+        [vi("y", T.FLOAT, ["N", 4])],
+    )
+    m.graph.value_info.append(vi("r", T.FLOAT, [2**40, 2**40]))
+    return opt(d, m, "--memory")
+
+
+@case("value_info dim of 2**63-1 with --memory-plan", "either")
+def _(d: Path) -> list[str]:
+    m = graph_model(
+        [oh.make_node("Relu", ["x"], ["r"]), oh.make_node("Neg", ["r"], ["y"])],
+        [vi("x", T.FLOAT, [2**63 - 1])],
+        [vi("y", T.FLOAT, [2**63 - 1])],
+    )
+    return opt(d, m, "--no-validate", "--memory-plan", str(d / "plan.json"))
+
+
+@case("validation: ORT raises at run time (Reshape of input to a fixed size)", "error")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N] x) => (float[3, 5] y) {
+            s = Constant<value = int64[2] {3, 5}>()
+            y = Reshape(x, s)
+        }
+        """
+    )
+    return opt(d, m)
+
+
+@case("validation: ORT raises at run time (Gather index from Shape out of range)", "error")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[4] y) {
+            i = Constant<value = int64 {7}>()
+            y = Gather<axis = 0>(x, i)
+        }
+        """
+    )
+    return opt(d, m)
+
+
+# Folding arithmetic bombs, second round. Each runs --no-validate: a node that cannot be folded
+# (a bad axis, -1 twice, an index out of range) stays as it is, and with validation ORT's refusal
+# of the original names it.
+
+for _label, _expect, _body, _reduced, _dtype in [
+    (
+        "ConstantOfShape [2**32, 2**32] (element count overflows int64 to 0)",
+        "ok",
+        """
+        s = Constant<value = int64[2] {4294967296, 4294967296}>()
+        big = ConstantOfShape<value = float[1] {1.0}>(s)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "ConstantOfShape [2**33, 2**31, 4] (count wraps to 0)",
+        "ok",
+        """
+        s = Constant<value = int64[3] {8589934592, 2147483648, 4}>()
+        big = ConstantOfShape<value = float[1] {1.0}>(s)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Expand to [2**32, 2**32]",
+        "ok",
+        """
+        one = Constant<value = float[1] {1.0}>()
+        s = Constant<value = int64[2] {4294967296, 4294967296}>()
+        big = Expand(one, s)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Tile reps [2**32, 2**32]",
+        "ok",
+        """
+        one = Constant<value = float[1, 1] {1.0}>()
+        reps = Constant<value = int64[2] {4294967296, 4294967296}>()
+        big = Tile(one, reps)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "ConstantOfShape with a negative dim",
+        "either",
+        """
+        s = Constant<value = int64[2] {-3, 4}>()
+        big = ConstantOfShape<value = float[1] {1.0}>(s)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Reshape constant with -1 twice",
+        "either",
+        """
+        a = Constant<value = float[4] {1.0, 2.0, 3.0, 4.0}>()
+        s = Constant<value = int64[2] {-1, -1}>()
+        big = Reshape(a, s)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Pad constant to 40 GB",
+        "ok",
+        """
+        a = Constant<value = float[1, 1] {1.0}>()
+        p = Constant<value = int64[4] {0, 0, 100000, 100000}>()
+        big = Pad(a, p)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Pad constant with pads 2**62",
+        "ok",
+        """
+        a = Constant<value = float[1] {1.0}>()
+        p = Constant<value = int64[2] {4611686018427387904, 4611686018427387904}>()
+        big = Pad(a, p)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Resize with sizes [1, 1, 100000, 100000] on constant",
+        "ok",
+        """
+        c = Constant<value = float[1, 1, 2, 2] {1.0, 2.0, 3.0, 4.0}>()
+        sz = Constant<value = int64[4] {1, 1, 100000, 100000}>()
+        big = Resize<mode = "nearest">(c, , , sz)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "OneHot with depth 10**10 on constants",
+        "ok",
+        """
+        i = Constant<value = int64[2] {0, 1}>()
+        dp = Constant<value = int64 {10000000000}>()
+        v = Constant<value = float[2] {0.0, 1.0}>()
+        big = OneHot(i, dp, v)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "int64 Mul overflow folded (2**62 * 4)",
+        "ok",
+        """
+        a = Constant<value = int64[1] {4611686018427387904}>()
+        b = Constant<value = int64[1] {4}>()
+        big = Mul(a, b)
+        """,
+        "big",
+        "int64",
+    ),
+    (
+        "int64 Add overflow folded (2**63-1 + 1)",
+        "ok",
+        """
+        a = Constant<value = int64[1] {9223372036854775807}>()
+        b = Constant<value = int64[1] {1}>()
+        big = Add(a, b)
+        """,
+        "big",
+        "int64",
+    ),
+    (
+        "int64 Div of INT64_MIN by -1 folded",
+        "either",
+        """
+        a = Constant<value = int64[1] {-9223372036854775808}>()
+        b = Constant<value = int64[1] {-1}>()
+        big = Div(a, b)
+        """,
+        "big",
+        "int64",
+    ),
+    (
+        "int64 Mod by zero folded",
+        "either",
+        """
+        a = Constant<value = int64[2] {5, 7}>()
+        b = Constant<value = int64[2] {0, 2}>()
+        big = Mod(a, b)
+        """,
+        "big",
+        "int64",
+    ),
+    (
+        "int32 Mod fmod=1 by zero folded",
+        "either",
+        """
+        a = Constant<value = int32[2] {5, 7}>()
+        b = Constant<value = int32[2] {0, 2}>()
+        m = Mod<fmod = 1>(a, b)
+        big = Cast<to = 7>(m)
+        """,
+        "big",
+        "int64",
+    ),
+    (
+        "Range int64 with delta 0",
+        "either",
+        """
+        s = Constant<value = int64 {0}>()
+        l = Constant<value = int64 {10}>()
+        dl = Constant<value = int64 {0}>()
+        big = Range(s, l, dl)
+        """,
+        "big",
+        "int64",
+    ),
+    (
+        "Range float with NaN limit",
+        "either",
+        """
+        s = Constant<value = float {0.0}>()
+        l = Constant<value = float {nan}>()
+        dl = Constant<value = float {1.0}>()
+        big = Range(s, l, dl)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Range float with Inf limit",
+        "either",
+        """
+        s = Constant<value = float {0.0}>()
+        l = Constant<value = float {inf}>()
+        dl = Constant<value = float {1.0}>()
+        big = Range(s, l, dl)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Cast NaN/Inf float to int64 folded",
+        "ok",
+        """
+        a = Constant<value = float[3] {nan, inf, -inf}>()
+        big = Cast<to = 7>(a)
+        """,
+        "big",
+        "int64",
+    ),
+    (
+        "Gather with index -2**63 on constant",
+        "either",
+        """
+        a = Constant<value = float[3] {1.0, 2.0, 3.0}>()
+        i = Constant<value = int64[1] {-9223372036854775808}>()
+        big = Gather(a, i)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Slice on constant with axes out of range",
+        "either",
+        """
+        a = Constant<value = float[3] {1.0, 2.0, 3.0}>()
+        st = Constant<value = int64[1] {0}>()
+        en = Constant<value = int64[1] {2}>()
+        ax = Constant<value = int64[1] {5}>()
+        big = Slice(a, st, en, ax)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Slice on constant with repeated axes",
+        "either",
+        """
+        a = Constant<value = float[3] {1.0, 2.0, 3.0}>()
+        st = Constant<value = int64[2] {0, 1}>()
+        en = Constant<value = int64[2] {2, 3}>()
+        ax = Constant<value = int64[2] {0, 0}>()
+        big = Slice(a, st, en, ax)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Unsqueeze constant with 2**31 axes value",
+        "either",
+        """
+        a = Constant<value = float[3] {1.0, 2.0, 3.0}>()
+        ax = Constant<value = int64[1] {2147483648}>()
+        big = Unsqueeze(a, ax)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Split constant into more parts than elements",
+        "either",
+        """
+        a = Constant<value = float[3] {1.0, 2.0, 3.0}>()
+        sp = Constant<value = int64[2] {5, -2}>()
+        big, b2 = Split(a, sp)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Transpose constant with repeated perm",
+        "either",
+        """
+        a = Constant<value = float[2, 2] {1.0, 2.0, 3.0, 4.0}>()
+        big = Transpose<perm = [0, 0]>(a)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Flatten constant with axis 99",
+        "either",
+        """
+        a = Constant<value = float[2, 2] {1.0, 2.0, 3.0, 4.0}>()
+        big = Flatten<axis = 99>(a)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "ReduceSum constant with axis out of range",
+        "either",
+        """
+        a = Constant<value = float[2, 2] {1.0, 2.0, 3.0, 4.0}>()
+        ax = Constant<value = int64[1] {7}>()
+        big = ReduceSum(a, ax)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "Einsum constant with a bad equation",
+        "either",
+        """
+        a = Constant<value = float[2, 2] {1.0, 2.0, 3.0, 4.0}>()
+        big = Einsum<equation = "ij,jk->ik">(a)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "CumSum constant with axis 5",
+        "either",
+        """
+        a = Constant<value = float[2, 2] {1.0, 2.0, 3.0, 4.0}>()
+        ax = Constant<value = int64 {5}>()
+        big = CumSum(a, ax)
+        """,
+        "big",
+        "float",
+    ),
+    (
+        "big initializer-like constant repeated by 40 Adds",
+        "ok",
+        """
+        s = Constant<value = int64[2] {2000, 2000}>()
+        a = ConstantOfShape<value = float[1] {1.0}>(s)
+        """
+        + "\n".join(
+            f"k{i} = Constant<value = float {{{i}.0}}>()\nb{i} = Add(a, k{i})" for i in range(40)
+        )
+        + "\nbig = Sum("
+        + ", ".join(f"b{i}" for i in range(40))
+        + ")",
+        "big",
+        "float",
+    ),
+]:
+    reduce_bomb(_label + ", --no-validate", _expect, _body, _reduced, _dtype)
+
+
+@case("Loop with trip count 2**62 and a constant-foldable body, --no-validate", "ok")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) {
+            n = Constant<value = int64 {4611686018427387904}>()
+            t = Constant<value = bool {1}>()
+            z = Constant<value = float[4] {0.0, 0.0, 0.0, 0.0}>()
+            acc = Loop(n, t, z) <
+                body = b (int64 i, bool cin, float[4] a) => (bool cout, float[4] a2) {
+                    cout = Identity(cin)
+                    one = Constant<value = float {1.0}>()
+                    a2 = Add(a, one)
+                }
+            >
+            y = Add(x, acc)
+        }
+        """
+    )
+    return opt(d, m, "--no-validate")
+
+
+@case("Loop growing a sequence 2**40 times (constant inputs), --no-validate", "ok")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[N] y) {
+            n = Constant<value = int64 {1099511627776}>()
+            t = Constant<value = bool {1}>()
+            seed = Constant<value = float[4] {1.0, 2.0, 3.0, 4.0}>()
+            empty = SequenceEmpty<dtype = 1>()
+            seq = Loop(n, t, empty) <
+                body = b (int64 i, bool cin, seq(float) s) => (bool cout, seq(float) s2) {
+                    cout = Identity(cin)
+                    s2 = SequenceInsert(s, seed)
+                }
+            >
+            cat = ConcatFromSequence<axis = 0>(seq)
+            y = Add(cat, x)
+        }
+        """
+    )
+    return opt(d, m, "--no-validate")
+
+
+@case("Loop with a scan output of 2**40 iterations (constant inputs), --no-validate", "ok")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[N, 4] y) {
+            n = Constant<value = int64 {1099511627776}>()
+            t = Constant<value = bool {1}>()
+            seed = Constant<value = float[4] {1.0, 2.0, 3.0, 4.0}>()
+            last, scan = Loop(n, t, seed) <
+                body = b (int64 i, bool cin, float[4] a) => (bool cout, float[4] a2, float[4] sc) {
+                    cout = Identity(cin)
+                    a2 = Identity(a)
+                    sc = Identity(a)
+                }
+            >
+            y = Add(scan, x)
+        }
+        """
+    )
+    return opt(d, m, "--no-validate")
+
+
+@case("shape arithmetic: Shape * 2**62 into Reshape, --no-validate", "either")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[M] y) {
+            s = Shape(x)
+            k = Constant<value = int64[1] {4611686018427387904}>()
+            big = Mul(s, k)
+            p = ReduceProd<keepdims = 1>(big)
+            y = Reshape(x, p)
+        }
+        """
+    )
+    return opt(d, m, "--no-validate")
+
+
+@case("shape arithmetic: Div of a Shape by 0, --no-validate", "either")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 4] x) => (float[M] y) {
+            s = Shape(x)
+            z = Constant<value = int64[2] {0, 1}>()
+            q = Div(s, z)
+            p = ReduceProd<keepdims = 1>(q)
+            y = Reshape(x, p)
+        }
+        """
+    )
+    return opt(d, m, "--no-validate")
+
+
+# ------------------------------------------------------------------------------------------------
 
 
 def _strict_json(constant: str) -> None:
@@ -2453,10 +3835,13 @@ def run_case(c: Case, timeout: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
         folder = Path(tmp)
         cwd = os.getcwd()
+        LIMITS.clear()
         try:
             args = c.build(folder)
         except Exception as exc:  # the probe itself failed to build the case
             return {"case": c.name, "verdict": "BUILD", "detail": repr(exc)}
+        files_before = {p for p in folder.rglob("*") if not p.is_dir()}
+        SECRETS_READ.clear()
         out = None
         if "-o" in args:
             out = Path(args[args.index("-o") + 1])
@@ -2472,6 +3857,10 @@ def run_case(c: Case, timeout: int) -> dict[str, object]:
         signal.alarm(timeout)
         start = time.perf_counter()
         escaped = None
+        fsize = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if "fsize" in LIMITS:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (LIMITS["fsize"], fsize[1]))
         try:
             result = CliRunner().invoke(main, args, catch_exceptions=True)
             code = result.exit_code
@@ -2484,6 +3873,7 @@ def run_case(c: Case, timeout: int) -> dict[str, object]:
             code, stderr, stdout = -1, "TIMEOUT", ""
         finally:
             signal.alarm(0)
+            resource.setrlimit(resource.RLIMIT_FSIZE, fsize)
             os.chdir(cwd)
             for p in folder.rglob("*"):
                 if p.is_dir() and not os.access(p, os.W_OK):
@@ -2495,6 +3885,12 @@ def run_case(c: Case, timeout: int) -> dict[str, object]:
             (line for line in lines if line.startswith("onnxopt: error:")),
             lines[-1] if lines else "",
         )
+        # An error leaves nothing behind: no output, no temp file, no half-written .data.
+        left = sorted(
+            str(p.relative_to(folder))
+            for p in folder.rglob("*")
+            if not p.is_dir() and p not in files_before
+        )
         json_ok = None
         if "--json" in args and code == 0:
             try:
@@ -2504,6 +3900,14 @@ def run_case(c: Case, timeout: int) -> dict[str, object]:
                 json_ok = False
         if escaped:
             verdict = "ESCAPED"
+        elif SECRETS_READ:
+            verdict = "LEAKED"
+        elif (
+            code not in (0, -1)
+            and left
+            and ("--out-dir" not in args or any(".tmp" in x for x in left))
+        ):
+            verdict = "LEFTOVER"  # (a batch writes the models that went well)
         elif code == -1:
             verdict = "TIMEOUT"
         elif code == 0:
@@ -2537,19 +3941,38 @@ def run_case(c: Case, timeout: int) -> dict[str, object]:
             "seconds": round(seconds, 2),
             "written": written,
             "stderr": escaped or first[:300],
+            **({"left": left} if code not in (0, -1) and left else {}),
+            **({"read": sorted(SECRETS_READ)} if SECRETS_READ else {}),
         }
+
+
+SECRETS_READ: set[str] = set()
+
+
+def _audit(event: str, args: tuple[object, ...]) -> None:
+    """Record every open of a file named secret.bin (planted outside the model's folder)."""
+    if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        name = os.path.basename(os.fsdecode(args[0]))  # type: ignore[arg-type]
+        if name == "secret.bin":
+            SECRETS_READ.add(os.fsdecode(args[0]))  # type: ignore[arg-type]
 
 
 def main_probe() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="")
+    parser.add_argument("--start", type=int, default=0, help="skip the first N cases")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--timeout", type=int, default=120)
     parser.add_argument("--memory-gib", type=float, default=8)
     args = parser.parse_args()
     limit = int(args.memory_gib * 1024**3)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    rows = [run_case(c, args.timeout) for c in CASES if args.only.lower() in c.name.lower()]
+    sys.addaudithook(_audit)
+    rows = [
+        run_case(c, args.timeout)
+        for c in CASES[args.start :]
+        if args.only.lower() in c.name.lower()
+    ]
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import ONNX_DOMAINS, static_shape
+from onnxopt.ops import ONNX_DOMAINS, remove_nodes, static_shape
 from onnxopt.passes._evaluate import (
     INFERENCE_DATA_ELEMENTS,
     NUMPY_OPS,
@@ -526,7 +526,7 @@ class _Folder:
             assert node.graph is not None
             by_graph.setdefault(node.graph, []).append(node)
         for graph, nodes in by_graph.items():
-            graph.remove(nodes, safe=True)
+            remove_nodes(graph, nodes)
         self.stats[STAT_FOLDED] += len(removed)
 
     def inline(self, node: ir.Node, condition: bool) -> None:
@@ -580,7 +580,7 @@ class _Folder:
                 identity.outputs[0].shape = old.shape
         if identities:
             graph.insert_before(node, identities)
-        graph.remove(node, safe=True)
+        remove_nodes(graph, node)
         self.stats[STAT_INLINED] += 1
 
 

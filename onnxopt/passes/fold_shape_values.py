@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import is_onnx_domain
+from onnxopt.ops import is_onnx_domain, remove_nodes
 from onnxopt.passes._evaluate import evaluate_numpy
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fold_constants import ConstantPool, replace_with_initializer
@@ -144,12 +144,10 @@ class _Tracker:
 
     def _op_Cast(self, node: ir.Node) -> ShapeVector | None:
         source = self.get(node.inputs[0])
-        to = ir.DataType(node.attributes.get_int("to", 0))
-        if source is None or to not in INT_TYPES:
+        to = next((t for t in INT_TYPES if t.value == node.attributes.get_int("to", 0)), None)
+        if source is None or to is None:
             return None
-        if to == ir.DataType.INT32 and any(
-            isinstance(e, int) and not -(2**31) <= e < 2**31 for e in source.elements
-        ):
+        if any(isinstance(e, int) and not _fits(e, to) for e in source.elements):
             return None
         return ShapeVector(source.elements, source.scalar, to)
 
@@ -246,10 +244,17 @@ class _Tracker:
         right = b.elements * size if len(b.elements) == 1 else b.elements
         out: list[Elem] = []
         for x, y in zip(left, right, strict=True):
-            out.append(_combine(node.op_type, x, y))
+            result = _combine(node.op_type, x, y)
+            # A result past the dtype's range is whatever the runtime's wrap-around makes it.
+            out.append(None if isinstance(result, int) and not _fits(result, a.dtype) else result)
         return ShapeVector(tuple(out), a.scalar and b.scalar, a.dtype)
 
     _op_Add = _op_Sub = _op_Mul = _op_Div = _op_Mod = _binary
+
+
+def _fits(value: int, dtype: ir.DataType) -> bool:
+    bits = 8 * dtype.itemsize
+    return -(2 ** (bits - 1)) <= value < 2 ** (bits - 1)
 
 
 def _combine(op: str, x: Elem, y: Elem) -> Elem:
@@ -449,4 +454,4 @@ def _remove_dead_producers(graphs: list[ir.Graph]) -> None:
             if not is_onnx_domain(node.domain) or not hasattr(_Tracker, f"_op_{node.op_type}"):
                 continue
             if all(not out.uses() and not out.is_graph_output() for out in node.outputs):
-                graph.remove(node, safe=True)
+                remove_nodes(graph, node)

@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 
 import onnx
 import onnx_ir as ir
-from onnx_ir.passes.common import _c_api_utils
 
+from onnxopt import io
 from onnxopt.passes._contrib_shapes import with_stand_ins
 from onnxopt.passes._refine_shapes import GENERATED_DIM_PREFIX, refine_shapes
 from onnxopt.passes.base import Pass, PassResult
@@ -388,7 +388,7 @@ class InferShapesPass(Pass):
             return inferred, afresh
 
         try:
-            inferred, afresh = _c_api_utils.call_onnx_api(infer_both, model)
+            inferred, afresh = io.call_onnx_api(infer_both, model)
         except (
             Exception
         ) as exc:  # inference is best-effort: a model it cannot handle stays as it is

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 
 import onnx_ir as ir
 
-from onnxopt.ops import is_op
+from onnxopt.ops import is_op, remove_nodes
 from onnxopt.passes.options import PassOptions
 from onnxopt.rewrite.rule import Match, Mismatch, Replacement, RewriteContext, Rule
 
@@ -142,7 +142,7 @@ def apply_replacement(
         if node.graph is body(graph) and all(
             not out.uses() and not out.is_graph_output() for out in node.outputs
         ):
-            graph.remove(node, safe=True)
+            remove_nodes(graph, node)
     return None
 
 
