@@ -101,7 +101,8 @@ def remove_nodes(graph: ir.Graph | ir.Function, nodes: ir.Node | list[ir.Node]) 
                 raise ValueError(f"node '{node.name}' ({node.op_type}) still has users")
     for node in group:
         inputs = node.inputs
-        if len(inputs) > 64:
+        # onnx-ir's private bookkeeping: a release without it takes the slow public path.
+        if len(inputs) > 64 and hasattr(ir.Value, "_remove_usage") and hasattr(node, "_inputs"):
             for index, value in enumerate(inputs):
                 if value is not None:
                     value._remove_usage(node, index)
