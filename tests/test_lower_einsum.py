@@ -54,6 +54,14 @@ def test_a_batched_matrix_product_becomes_matmul(
         ("ij,jk", "3, 4", "4, 5", "3, 5", "the equation has no explicit output"),
         ("ii,ij->ij", "3, 3", "3, 5", "3, 5", "a letter repeats within a term"),
         ("bijk,bkl->bijl", "B, 2, 3, 4", "B, 4, 5", "B, 2, 3, 5", "not one matrix product"),
+        # XLNet's position terms: MatMul + 2 Transposes for one Einsum, no attention behind
+        (
+            "ibnd,jbnd->bnij",
+            "S, B, 2, 4",
+            "T, B, 2, 4",
+            "B, 2, S, T",
+            "would need both operands transposed",
+        ),
     ],
 )
 def test_other_equations_are_left_alone(

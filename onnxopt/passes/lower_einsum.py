@@ -14,7 +14,8 @@ another summation order: float rounding may differ in the last bits). Then the a
 see their MatMuls, and merge-consecutive-ops folds the Transposes into the ones around them.
 
 Equations with an ellipsis, an implicit output, a repeated letter in one term, a letter summed in
-one operand only, or several letters on a side (which would need Reshapes) are left alone.
+one operand only, or several letters on a side (which would need Reshapes) are left alone, and so
+are those that need both operands transposed (the node count would grow where no fusion follows).
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch(f"Einsum '{equation}': {plan}")
     if any(v is None for v in node.inputs) or len(node.inputs) != 2:
         return Mismatch("the Einsum has a missing input")
+    if all(perm != list(range(len(perm))) for perm in (plan.a, plan.b)):
+        # Both operands moved (XLNet's and Funnel's 'ibnd,jbnd->bnij' position terms): a MatMul
+        # and two or three Transposes for one Einsum, more nodes where no attention fusion
+        # follows. The attention products move one operand at most (K^T, or V with the output
+        # in [B, S, H, d], which the heads' merge takes).
+        return Mismatch(f"Einsum '{equation}' would need both operands transposed")
     dtype = node.outputs[0].dtype
     if dtype not in _MATMUL_DTYPES:
         return Mismatch(f"Einsum in {dtype}: only float32 and float64 become MatMul")
