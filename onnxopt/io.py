@@ -254,21 +254,30 @@ def _opsets(proto: onnx.ModelProto) -> dict[str, int]:
 MAX_NODES = 2_000_000
 
 
-def _check_node_count(where: str, proto: onnx.ModelProto) -> None:
-    total = 0
-    stack = [proto.graph, *(f for f in proto.functions)]
+def _graph_protos(
+    *roots: onnx.GraphProto | onnx.FunctionProto,
+) -> Iterator[onnx.GraphProto | onnx.FunctionProto]:
+    """``roots`` and every subgraph below them (If/Loop/Scan bodies), without recursion (the
+    nesting may be deep in a hostile file); a graph is yielded before its subgraphs are read."""
+    stack = list(roots)
     while stack:
         current = stack.pop()
-        total += len(current.node)
-        if total > MAX_NODES:
-            raise ModelLoadError(
-                f"{where}: the model has over {MAX_NODES} nodes; onnxopt does not load models this large"
-            )
+        yield current
         for node in current.node:
             for attr in node.attribute:
                 if attr.HasField("g"):
                     stack.append(attr.g)
                 stack.extend(attr.graphs)
+
+
+def _check_node_count(where: str, proto: onnx.ModelProto) -> None:
+    total = 0
+    for current in _graph_protos(proto.graph, *proto.functions):
+        total += len(current.node)
+        if total > MAX_NODES:
+            raise ModelLoadError(
+                f"{where}: the model has over {MAX_NODES} nodes; onnxopt does not load models this large"
+            )
 
 
 # ONNX's shape inference and ONNX Runtime both stop at a function call depth of 100.
@@ -1196,9 +1205,8 @@ def _holds_map(kind: onnx.TypeProto) -> bool:
 
 def _check_no_maps(where: str, graph: onnx.GraphProto) -> None:
     """Name the first value of a map type: onnx-ir holds no map types, so onnxopt cannot load it."""
-    stack = [graph]
-    while stack:
-        current = stack.pop()
+    for current in _graph_protos(graph):
+        assert isinstance(current, onnx.GraphProto)
         for label, infos in (
             ("input", current.input),
             ("output", current.output),
@@ -1217,11 +1225,6 @@ def _check_no_maps(where: str, graph: onnx.GraphProto) -> None:
                         f"{where}: {label} '{info.name}' is a map or a sequence of maps; "
                         f"map types are not supported (onnx-ir holds none){hint}"
                     )
-        for node in current.node:
-            for attr in node.attribute:
-                if attr.HasField("g"):
-                    stack.append(attr.g)
-                stack.extend(attr.graphs)
 
 
 def _deserialize(where: str, proto: onnx.ModelProto) -> ir.Model:
