@@ -697,12 +697,17 @@ def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
 # (BLOOM's [B*H, ...] dims are unknown), so only the dynamo ones are proved today.
 
 
-def _unflattening(value: ir.Value | None) -> ir.Node | None:
-    """The Reshape making ``value`` [B, H, S, T] out of rank-3 scores, if it is one."""
+def _view_of_rank(value: ir.Value | None, rank: int, source_rank: int) -> ir.Node | None:
+    """The Reshape making ``value``, of ``rank``, out of a tensor of ``source_rank``, if it is one."""
     reshape = producer_of(value, "Reshape")
-    if reshape is None or value_rank(value) != 4 or value_rank(reshape.inputs[0]) != 3:
+    if reshape is None or value_rank(value) != rank or value_rank(reshape.inputs[0]) != source_rank:
         return None
     return reshape
+
+
+def _unflattening(value: ir.Value | None) -> ir.Node | None:
+    """The Reshape making ``value`` [B, H, S, T] out of rank-3 scores, if it is one."""
+    return _view_of_rank(value, 4, 3)
 
 
 def _view_entries(view: ir.Value) -> list[Entry | None] | None:
@@ -907,15 +912,6 @@ def _score_floor(value: ir.Value | None) -> tuple[ir.Node, ir.Value, float] | Mi
             )
         return node, operand, floor
     return None
-
-
-def _flat_softmax_input(value: ir.Value | None) -> ir.Node | None:
-    """The Reshape viewing [B, H, S, T] scores as [B*H, S, T] for a Softmax over T (fairseq-style
-    decoders add the mask to the [B, H, S, T] view, then view the scores back), if it is one."""
-    reshape = producer_of(value, "Reshape")
-    if reshape is None or value_rank(value) != 3 or value_rank(reshape.inputs[0]) != 4:
-        return None
-    return reshape
 
 
 @dataclass(frozen=True)
@@ -1249,7 +1245,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     windows: list[_WindowTerm] = []
     base: ir.Value | None = scores
     # XGLM and fairseq-style decoders: Softmax(Reshape(Max(scores4 + mask, lowest), [B*H, S, T])).
-    softmax_view = _flat_softmax_input(base)
+    softmax_view = _view_of_rank(base, 3, 4)
     if softmax_view is not None:
         nodes.append(softmax_view)
         base = softmax_view.inputs[0]
@@ -1403,9 +1399,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     if unflatten is not None:
         probs4: ir.Value
         if softmax_view is not None:
-            assert (
-                base_scores4 is not None
-            )  # the Reshape's input: _flat_softmax_input read its rank
+            assert base_scores4 is not None  # the Reshape's input: _view_of_rank read its rank
             # The Softmax ran on the [B*H, S, T] view: its rows are those of the 4-D scores.
             # XGLM views P as [B, H, S, T] and back before P@V: row-major views of views keep
             # the element order, so only the last one's shape matters.
