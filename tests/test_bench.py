@@ -294,3 +294,52 @@ def test_bench_torch_compile(tmp_path):
         eager["memory"]["error"] is None and eager["memory"]["peak_bytes"] > 0
     )  # in a child process
     assert math.isfinite(found["torch-compile"]["speedup"]["median"])
+
+
+# x is flattened through a Reshape whose target is computed from Shape(x), as exporters write
+# them: ONNX shape inference alone cannot size what follows, so the floor folds the shape first.
+OUTER_PRODUCT = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[b, s] x) => (float y) {
+    shape = Shape(x)
+    n = ReduceProd <keepdims = 1> (shape)
+    flat = Reshape(x, n)
+    zero = Constant <value = int64[1] {0}> ()
+    one = Constant <value = int64[1] {1}> ()
+    column = Unsqueeze(flat, one)
+    row = Unsqueeze(flat, zero)
+    outer = MatMul(column, row)
+    y = ReduceSum <keepdims = 0> (outer)
+}
+"""
+
+
+def test_run_floor_sizes_intermediates_behind_computed_reshapes():
+    from onnxopt.analysis.memory import run_floor
+
+    model = io.model_from_proto(onnx.parser.parse_model(OUTER_PRODUCT))
+    floor = run_floor(model, {"x": (4, 8)})
+    assert floor is not None
+    assert floor.largest == ("outer", (32, 32), 32 * 32 * 4)
+    # flat and its two views are one buffer; outer is live with it at the MatMul
+    assert floor.activation_bytes == 32 * 32 * 4 + 32 * 4 + 64 + 64  # shape and n, aligned to 64
+    assert floor.weight_bytes == 2 * 64  # the axes constants, lifted to initializers by folding
+    assert [str(v.shape) for v in model.graph.inputs] == ["[b,s]"]  # left untouched
+
+
+def test_bench_refuses_input_sizes_beyond_available_memory_before_running(tmp_path):
+    # At x 1024 x 1024 the outer product is 2^20 x 2^20 floats, 4 TiB: running it would only end
+    # with the process killed. bench says so in one line before any session is made.
+    path = tmp_path / "outer.onnx"
+    onnx.save(onnx.parser.parse_model(OUTER_PRODUCT), path)
+    result = CliRunner().invoke(
+        main, ["bench", str(path), "--shape", "x:1024x1024", "--budget", "0.2", "--no-memory"]
+    )
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onnxopt: error: at inputs x 1024x1024")
+    assert "need at least 16384.0 GiB" in lines[0]  # 2 models x 2 ORT levels x 4 TiB
+    assert "'outer' [1048576, 1048576] alone takes 4096.0 GiB" in lines[0]
+    # the same model at a size that fits is timed as usual
+    report = bench(str(path), "--shape", "x:4x8", "--budget", "0.2", "--no-memory")
+    assert variants(report)["optimized (all)"]["latency"]["runs"] > 0

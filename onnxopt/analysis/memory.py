@@ -734,3 +734,68 @@ def live_ranges(
     sizes = sizes if sizes is not None else sizes_from_shapes(graph)
     flow = build_dataflow(graph, sizes, order=order, alignment=alignment, inplace=inplace)
     return liveness_of(flow, inplace=inplace, alignment=alignment)
+
+
+# ----------------------------------------------------------------------------------------------
+# The least memory a run can take, before one is tried
+
+
+@dataclass(frozen=True)
+class RunFloor:
+    """A lower bound on the host memory one run of a model needs at given input shapes.
+
+    ``activation_bytes``: the intermediates live together at the model's worst step, in its node
+    order, each in its own buffer, or its outputs if they take more (a runtime that writes some outputs over their inputs needs
+    somewhat less; one that fuses, much less). ``weight_bytes``: its initializers.
+    ``largest``: the biggest intermediate (name, shape, bytes), which usually says why.
+    """
+
+    activation_bytes: int
+    weight_bytes: int
+    largest: tuple[str, tuple[int, ...], int] | None
+
+
+def run_floor(model: ir.Model, input_shapes: Mapping[str, tuple[int, ...]]) -> RunFloor | None:
+    """:class:`RunFloor` of ``model`` (not changed) on inputs of ``input_shapes`` (intermediates
+    that cannot be sized count as empty, so it stays a lower bound); None where sizing fails.
+
+    ONNX shape inference sizes most graphs once the inputs are pinned; where it cannot (shapes
+    computed from ``Shape`` values, as exporters write Reshape targets), the shape values are
+    folded first, on a copy, by onnxopt's own passes.
+    """
+    try:
+        sizes = tensor_sizes(model, input_shapes=input_shapes, infer=True)
+        live = live_ranges(model.graph, sizes)
+        if live.unknown:
+            from onnxopt import api
+
+            folded = api.optimize(
+                model, passes=_SIZING_PASSES, input_shapes=input_shapes, check=False
+            ).model
+            sizes = tensor_sizes(folded, input_shapes=input_shapes, infer=True)
+            live = live_ranges(folded.graph, sizes)
+    except Exception:  # an estimate only: a model that cannot be sized is not refused for it
+        return None
+    largest = max(
+        ((t.name, sizes.shapes[t.name], t.size) for t in live.tensors if t.name in sizes.shapes),
+        key=lambda item: item[2],
+        default=None,
+    )
+    # Outputs are not arena tensors; all of them are held when the run returns.
+    activations = max(live.lower_bound_bytes, live.graph_output_bytes)
+    return RunFloor(activations, live.initializer_bytes, largest)
+
+
+_SIZING_PASSES = ("infer-shapes", "fold-shape-values", "fold-constants", "infer-shapes")
+
+
+def available_memory() -> int | None:
+    """Bytes of host memory available to a new allocation now (Linux ``MemAvailable``), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
 
 from onnxopt import io
+from onnxopt.analysis import memory as run_memory
 from onnxopt.bench import memory, providers, timing
 from onnxopt.bench.report import (
     Agreement,
@@ -34,7 +36,7 @@ from onnxopt.bench.stats import LatencyStats, paired_speedup
 from onnxopt.errors import ModelLoadError, UsageError
 from onnxopt.input_sizes import DimSymbols, Relation, SizePlan
 from onnxopt.passes.levels import DEFAULT_LEVEL
-from onnxopt.report import ModelSummary
+from onnxopt.report import ModelSummary, format_bytes
 from onnxopt.validate import (
     InputSpec,
     compare_arrays,
@@ -221,6 +223,40 @@ def resolve_shapes(
             dims.append(size)
         shapes[spec.name] = tuple(dims)
     return shapes
+
+
+def _refuse_beyond_memory(
+    models: Mapping[str, ir.Model], sessions: int, shapes: Mapping[str, tuple[int, ...]]
+) -> None:
+    """Refuse input sizes at which the sessions timed together cannot fit in available memory.
+
+    Each of the ``sessions`` ONNX Runtime sessions per model keeps its peak activations (ORT's CPU
+    arena does not shrink), and the weights are held at least once: a diffusion UNet at bench's
+    default 128 x 128 latent makes 8 GiB attention scores per block. Run anyway, it is killed by the
+    kernel, or takes the machine down with it, instead of getting an answer.
+    """
+    available = run_memory.available_memory()
+    if available is None:
+        return
+    floors = {label: run_memory.run_floor(model, shapes) for label, model in models.items()}
+    known = {label: floor for label, floor in floors.items() if floor is not None}
+    if not known:
+        return
+    needed = sessions * sum(f.activation_bytes for f in known.values())
+    needed += max(f.weight_bytes for f in known.values())
+    if needed <= available:
+        return
+    sizes = ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in shapes.items())
+    label, floor = max(known.items(), key=lambda item: item[1].activation_bytes)
+    why = ""
+    if floor.largest is not None:
+        name, shape, size = floor.largest
+        why = f"; the {label} model's '{name}' {list(shape)} alone takes {format_bytes(size)}"
+    raise UsageError(
+        f"at inputs {sizes}, the {sessions * len(known)} ONNX Runtime sessions timed together "
+        f"need at least {format_bytes(needed)} of memory and {format_bytes(available)} is "
+        f"available{why}; choose smaller sizes with --shape NAME:AxB or --sweep DIM=N"
+    )
 
 
 def _feeds(
@@ -591,6 +627,8 @@ def run_bench(
                 f"original: empty trailing outputs of {source.trimmed_nodes} nodes dropped "
                 "(ONNX Runtime can crash on them) and timed so"
             )
+        # sized before each input size is timed (api.optimize left source.model untouched)
+        sized = {"original": source.model, "optimized": io.load_model(optimized_path).model}
         del source
         models = {"original": original_path, "optimized": optimized_path}
         for label, other in options.compare.items():
@@ -619,6 +657,8 @@ def run_bench(
                 if isinstance(d, str)
             }
             say("checking the input sizes")
+            # before the original is run to find them: not at sizes the timing cannot fit
+            _refuse_beyond_memory(sized, len(options.ort_levels), first)
             with shared_sessions():
                 relation = find_relation(path, specs, SizePlan(sizes, 1), seed=options.seed)
             if relation is not None:
@@ -631,6 +671,8 @@ def run_bench(
                 shapes = {k: tuple(v.shape) for k, v in feeds.items()}
             else:
                 shapes = resolve_shapes(specs, options.shapes, sweep, examples, relation)
+            _refuse_beyond_memory(sized, len(options.ort_levels), shapes)
+            if options.inputs is None:
                 feeds = _feeds(specs, shapes, options.seed)
             setup = _Setup(
                 models,
