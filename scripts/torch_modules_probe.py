@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,6 +44,8 @@ class Case:
     inputs: tuple[str, ...]
     dynamic: dict[str, dict[int, str]]  # input name -> {axis: dim name}
     bench: bool = False
+    # bench at the example inputs' sizes (realworld_probe.BENCH_INPUTS) instead of bench's defaults
+    bench_examples: bool = False
 
 
 CASES: list[Case] = []
@@ -51,10 +54,15 @@ SB = {0: "seq", 1: "batch"}
 
 
 def case(
-    name: str, inputs: tuple[str, ...], dynamic: dict[str, dict[int, str]], bench: bool = False
+    name: str,
+    inputs: tuple[str, ...],
+    dynamic: dict[str, dict[int, str]],
+    bench: bool = False,
+    cases: list[Case] = CASES,
+    bench_examples: bool = False,
 ) -> Callable[[Callable[[], tuple[Any, tuple[Any, ...]]]], None]:
     def register(make: Callable[[], tuple[Any, tuple[Any, ...]]]) -> None:
-        CASES.append(Case(name, make, inputs, dynamic, bench))
+        cases.append(Case(name, make, inputs, dynamic, bench, bench_examples))
 
     return register
 
@@ -564,6 +572,9 @@ def export(item: Case, dynamo: bool, target: Path) -> Path:
 
     model, args = item.make()
     outputs = model(*args)
+    if item.bench_examples:
+        arrays = {name: arg.detach().numpy() for name, arg in zip(item.inputs, args, strict=True)}
+        np.savez(target.with_suffix(realworld_probe.BENCH_INPUTS), **arrays)  # type: ignore[arg-type]
     count = len(outputs) if isinstance(outputs, tuple) else 1
     output_names = [f"out{i}" for i in range(count)]
     dynamic = {n: item.dynamic[n] for n in item.inputs if item.dynamic.get(n)}
@@ -641,19 +652,24 @@ def _explained() -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    return run(CASES, __doc__.splitlines()[0], "tm_probe_")
+
+
+def run(cases: list[Case], description: str, prefix: str) -> int:
+    """Export each case with both exporters and probe it; one row per export (the CLI)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--only", default="", help="Run the models whose name contains this.")
     parser.add_argument("--exporter", choices=("both", "torchscript", "dynamo"), default="both")
     parser.add_argument("--no-bench", action="store_true", help="Skip `onnxopt bench`.")
     parser.add_argument("--keep", type=Path, help="Build in this folder and keep the files.")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="tm_probe_")) if args.keep is None else args.keep
+    root = Path(tempfile.mkdtemp(prefix=prefix)) if args.keep is None else args.keep
     root.mkdir(parents=True, exist_ok=True)
     exporters = [e for e in ("torchscript", "dynamo") if args.exporter in ("both", e)]
     rows = []
     index = 0
     print(f"{'model':62} " + " ".join(f"{c:>9}" for c in COLUMNS), flush=True)
-    for item in CASES:
+    for item in cases:
         if args.only.lower() not in item.name.lower():
             continue
         for exporter in exporters:
