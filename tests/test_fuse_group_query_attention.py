@@ -305,3 +305,19 @@ def test_llama_tiny_exports_with_padding(exporter: str, tmp_path) -> None:  # ty
     )
     assert report.passed, report
     assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+def test_plain_multi_head_attention_is_no_candidate() -> None:
+    # K/V with all their heads (BERT, a UNet's cross-attention): not grouped-query attention, so
+    # --explain gives no line (and the fusions table no candidate) per such block.
+    model = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+        g (float[B, S, 32] q, float[B, T, 32] k, float[B, T, 32] v) => (float[B, S, 32] out) {
+            out = com.microsoft.MultiHeadAttention<num_heads: int = 4>(q, k, v)
+        }
+        """
+    )
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(model)
+    assert result.notes == [] and not result.stats
+    assert [n.op_type for n in model.graph] == ["MultiHeadAttention"]

@@ -529,6 +529,10 @@ def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mism
             "CUDA kernel, where half-precision models run, is always causal and takes no "
             "attention_bias)"
         )
+    if not (_is_repeat(key) or _is_repeat(value)):
+        # plain K/V heads (BERT, a UNet's cross-attention): not grouped-query attention at all,
+        # and not worth an --explain line per block
+        return Mismatch("K/V are not a repeat_kv expansion", candidate=False)
     grouped_k = _repeated_kv(key, heads)
     if isinstance(grouped_k, Mismatch):
         return grouped_k
