@@ -745,37 +745,30 @@ class RunFloor:
     """A lower bound on the host memory one run of a model needs at given input shapes.
 
     ``activation_bytes``: the intermediates live together at the model's worst step, in its node
-    order, each in its own buffer, or its outputs if they take more (a runtime that writes some outputs over their inputs needs
-    somewhat less; one that fuses, much less). ``weight_bytes``: its initializers.
-    ``largest``: the biggest intermediate (name, shape, bytes), which usually says why.
+    order, each in its own buffer, or its outputs if they take more (a runtime that writes some
+    outputs over their inputs needs somewhat less; one that fuses, much less). ``weight_bytes``:
+    its initializers. ``largest``: the biggest intermediate (name, shape, bytes), which usually
+    says why. ``unknown``: intermediates that could not be sized, counted as empty.
     """
 
     activation_bytes: int
     weight_bytes: int
     largest: tuple[str, tuple[int, ...], int] | None
+    unknown: int
 
 
 def run_floor(model: ir.Model, input_shapes: Mapping[str, tuple[int, ...]]) -> RunFloor | None:
-    """:class:`RunFloor` of ``model`` (not changed) on inputs of ``input_shapes`` (intermediates
-    that cannot be sized count as empty, so it stays a lower bound); None where sizing fails.
+    """:class:`RunFloor` of ``model`` (not changed: shapes are inferred on a copy) on inputs of
+    ``input_shapes``; None where shape inference fails.
 
-    ONNX shape inference sizes most graphs once the inputs are pinned; where it cannot (shapes
-    computed from ``Shape`` values, as exporters write Reshape targets), the shape values are
-    folded first, on a copy, by onnxopt's own passes.
+    Where ONNX shape inference cannot size what follows a Reshape whose target is computed from
+    ``Shape`` values (as exporters write them), ``unknown`` says so: fold the shape values first.
     """
     try:
         sizes = tensor_sizes(model, input_shapes=input_shapes, infer=True)
-        live = live_ranges(model.graph, sizes)
-        if live.unknown:
-            from onnxopt import api
-
-            folded = api.optimize(
-                model, passes=_SIZING_PASSES, input_shapes=input_shapes, check=False
-            ).model
-            sizes = tensor_sizes(folded, input_shapes=input_shapes, infer=True)
-            live = live_ranges(folded.graph, sizes)
     except Exception:  # an estimate only: a model that cannot be sized is not refused for it
         return None
+    live = live_ranges(model.graph, sizes)
     largest = max(
         ((t.name, sizes.shapes[t.name], t.size) for t in live.tensors if t.name in sizes.shapes),
         key=lambda item: item[2],
@@ -783,10 +776,7 @@ def run_floor(model: ir.Model, input_shapes: Mapping[str, tuple[int, ...]]) -> R
     )
     # Outputs are not arena tensors; all of them are held when the run returns.
     activations = max(live.lower_bound_bytes, live.graph_output_bytes)
-    return RunFloor(activations, live.initializer_bytes, largest)
-
-
-_SIZING_PASSES = ("infer-shapes", "fold-shape-values", "fold-constants", "infer-shapes")
+    return RunFloor(activations, live.initializer_bytes, largest, len(live.unknown))
 
 
 def available_memory() -> int | None:

@@ -238,7 +238,7 @@ def _refuse_beyond_memory(
     available = run_memory.available_memory()
     if available is None:
         return
-    floors = {label: run_memory.run_floor(model, shapes) for label, model in models.items()}
+    floors = {label: _run_floor(model, shapes) for label, model in models.items()}
     known = {label: floor for label, floor in floors.items() if floor is not None}
     if not known:
         return
@@ -257,6 +257,27 @@ def _refuse_beyond_memory(
         f"need at least {format_bytes(needed)} of memory and {format_bytes(available)} is "
         f"available{why}; choose smaller sizes with --shape NAME:AxB or --sweep DIM=N"
     )
+
+
+# What sizes the intermediates behind Reshapes whose targets are computed from Shape values.
+_SIZING_PASSES = ("infer-shapes", "fold-shape-values", "fold-constants", "infer-shapes")
+
+
+def _run_floor(
+    model: ir.Model, shapes: Mapping[str, tuple[int, ...]]
+) -> run_memory.RunFloor | None:
+    """The model's :class:`~onnxopt.analysis.memory.RunFloor`, its shape values folded (on a
+    copy) at those input shapes where ONNX shape inference alone leaves intermediates unsized."""
+    from onnxopt import api
+
+    floor = run_memory.run_floor(model, shapes)
+    if floor is None or not floor.unknown:
+        return floor
+    try:
+        folded = api.optimize(model, passes=_SIZING_PASSES, input_shapes=shapes, check=False)
+    except Exception:  # an estimate only: keep the one inference gave
+        return floor
+    return run_memory.run_floor(folded.model, shapes) or floor
 
 
 def _feeds(
