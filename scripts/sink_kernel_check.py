@@ -21,8 +21,9 @@ times), and ``causal=1`` with ``local_window_size`` around the window. Also the 
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 from onnx import TensorProto, helper
+
+from scripts.softcap_kernel_check import session  # ORT CPU, graph optimizations off
 
 B, S, H, NKV, D = 2, 7, 4, 2, 16
 WINDOW = 3
@@ -69,13 +70,6 @@ def gqa(q, k, v, mask, sinks, scale, causal, window=-1):
         [node], "g", graph_inputs, [helper.make_tensor_value_info("y", f, None)]
     )
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(
-        helper.make_model(graph, opset_imports=opsets).SerializeToString(),
-        options,
-        providers=["CPUExecutionProvider"],
-    )
     feeds = {
         "q": q.transpose(0, 2, 1, 3).reshape(B, S, H * D),
         "k": k.transpose(0, 2, 1, 3).reshape(B, S, NKV * D),
@@ -86,7 +80,7 @@ def gqa(q, k, v, mask, sinks, scale, causal, window=-1):
     }
     if sinks is not None:
         feeds["sinks"] = sinks
-    (y,) = session.run(None, feeds)
+    (y,) = session(graph, opsets).run(None, feeds)
     return y.reshape(B, S, H, D).transpose(0, 2, 1, 3)
 
 
