@@ -942,8 +942,7 @@ def deepseek_v3() -> Factory:
     return _decoder(DeepseekV3Model, cfg)
 
 
-@seeded
-def gpt_oss() -> Factory:
+def _tiny_gpt_oss(sliding_window: int) -> Factory:
     from transformers import GptOssConfig, GptOssModel
 
     # attention sinks, sliding/full layers, MoE with clamped SwiGLU
@@ -952,12 +951,69 @@ def gpt_oss() -> Factory:
             head_dim=16,
             num_local_experts=4,
             num_experts_per_tok=2,
-            sliding_window=8,
+            sliding_window=sliding_window,
             layer_types=["sliding_attention", "full_attention"],
             experts_implementation=EXPERTS,
         )
     )
     return _decoder(GptOssModel, cfg)
+
+
+@seeded
+def gpt_oss() -> Factory:
+    return _tiny_gpt_oss(sliding_window=8)
+
+
+def _learned_sinks(factory: Factory, std: float = 1.0) -> Factory:
+    """The factory's GPT-OSS with each layer's sinks drawn at the scale a trained model has (the
+    initialisation's std 0.02 leaves them near 0, where a sink barely changes a row); seeded by
+    the caller's ``@seeded``."""
+    import torch
+
+    module = factory[0]
+    with torch.no_grad():
+        for sub in module.modules():
+            if isinstance(getattr(sub, "sinks", None), torch.nn.Parameter):
+                sub.sinks.normal_(0.0, std)
+    return factory
+
+
+@seeded
+def gpt_oss_window4() -> Factory:
+    """GPT-OSS with a sliding window of 4, shorter than the sequences the tests validate, and
+    sinks of std 1; not a sweep family. ``onnxopt export benchmarks.arch_sweep:gpt_oss_window4
+    -o g.onnx``."""
+    return _learned_sinks(_tiny_gpt_oss(sliding_window=4))
+
+
+@seeded
+def gpt_oss_medium() -> Factory:
+    """GPT-OSS's attention at a size worth timing (4 layers, hidden 512, 8 query / 2 K/V heads of
+    64 as in gpt-oss-20b, sliding window 128 on every other layer, sinks of std 1); not a sweep
+    family. The experts are small (4 of width 64, top 2): the exportable batched_mm kernel gathers
+    each token's expert weights, which at width 512 took most of the run and hid attention.
+    ``onnxopt export benchmarks.arch_sweep:gpt_oss_medium -o g.onnx``."""
+    from transformers import GptOssConfig, GptOssModel
+
+    cfg = GptOssConfig(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=512,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=128,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            max_position_embeddings=4096,
+            use_cache=False,
+            experts_implementation=EXPERTS,
+        )
+    )
+    return _learned_sinks(_decoder(GptOssModel, cfg))
 
 
 @seeded

@@ -2,7 +2,8 @@
 
 ORT CPU, optimizations off. Caches [S, d/2] from LLaMA angles, RotaryEmbedding position_ids the
 one-element [0] offset form, seqlens_k = S-1 for every row, attention_bias with or without left
-padding, causal 0 and 1, interleaved 0 and 1. Prints the max abs difference of the output and of present_key (the
+padding, causal 0 and 1, interleaved 0 and 1, with and without a head_sink (input 11, GPT-OSS's
+attention sinks). Prints the max abs difference of the output and of present_key (the
 rotated keys, every token of every row) per case (must be 0.0 to fold).
 
     PYTHONPATH=. /work/main/.venv/bin/python scripts/gqa_rotary_check.py
@@ -28,6 +29,7 @@ def build(
     heads: int = HEADS,
     kv_heads: int = KV_HEADS,
     head: int = HEAD,
+    sinks: bool = False,
 ) -> onnx.ModelProto:
     inputs = [
         helper.make_tensor_value_info("q", F, ["B", "S", heads * head]),
@@ -39,6 +41,8 @@ def build(
         helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
         helper.make_tensor_value_info("total", TensorProto.INT32, []),
     ]
+    if sinks:
+        inputs.append(helper.make_tensor_value_info("sinks", F, [heads]))
     nodes = []
     inits = [helper.make_tensor("pos", TensorProto.INT64, [1], [0])]
     attrs = dict(num_heads=heads, kv_num_heads=kv_heads, causal=causal, scale=head**-0.5)
@@ -58,6 +62,8 @@ def build(
                 )
             )
         gqa_in = ["qr", "kr", "v", "", "", "seqlens_k", "total", "", "", "", "bias"]
+    if sinks:
+        gqa_in.append("sinks")
     nodes.append(
         helper.make_node(
             "GroupQueryAttention", gqa_in, ["y", "pk", "pv"], domain="com.microsoft", **attrs
@@ -94,6 +100,7 @@ def feeds(
         "bias": bias,
         "seqlens_k": np.full((batch,), seq - 1, dtype=np.int32),
         "total": np.array(seq, dtype=np.int32),
+        "sinks": rng.standard_normal(heads, dtype=np.float32),
     }
 
 
@@ -108,11 +115,13 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
 def main() -> None:
     rng = np.random.default_rng(0)
     worst = 0.0
-    for causal, interleaved in itertools.product((0, 1), (0, 1)):
-        ref = session(build(False, causal, interleaved))
-        new = session(build(True, causal, interleaved))
+    for causal, interleaved, sinks in itertools.product((0, 1), (0, 1), (False, True)):
+        ref = session(build(False, causal, interleaved, sinks=sinks))
+        new = session(build(True, causal, interleaved, sinks=sinks))
         for batch, seq, pad in itertools.product((1, 3), (1, 5, 16), (False, True)):
             f = feeds(batch, seq, pad, rng)
+            if not sinks:
+                del f["sinks"]
             a, a_key = ref.run(["y", "pk"], f)
             b, b_key = new.run(["y", "pk"], f)
             # present_key holds the rotated keys of every row, padded tokens included: equal
@@ -120,7 +129,8 @@ def main() -> None:
             diff = max(float(np.max(np.abs(a - b))), float(np.max(np.abs(a_key - b_key))))
             worst = max(worst, diff)
             print(
-                f"causal={causal} interleaved={interleaved} B={batch} S={seq:2d} pad={pad!s:5}: max |diff| = {diff:.3g}"
+                f"causal={causal} interleaved={interleaved} sinks={sinks!s:5} B={batch} "
+                f"S={seq:2d} pad={pad!s:5}: max |diff| = {diff:.3g}"
             )
     print("EXACT" if worst == 0.0 else f"DIFFERS (worst {worst:.3g})")
 

@@ -33,6 +33,7 @@ def _model(
     extra_output: str = "",
     seq_read: str = "q",
     heads: tuple[int, int] = (4, 2),
+    sinks: bool = False,
 ) -> ir.Model:
     """q [B, S, 4*16], k and v [B, S, 2*16]; both rotated as fuse-rotary-transposes leaves them,
     and GroupQueryAttention as fuse-group-query-attention writes it (seqlens_k = S - 1 per row,
@@ -53,7 +54,7 @@ def _model(
             scalar = Constant <value = int64[0] {{}}> ()
             total = Reshape (s32, scalar)
             y = com.microsoft.GroupQueryAttention <num_heads = {heads[0]}, kv_num_heads = {heads[1]}, causal = 1,
-                scale = 0.25> (qr, kr, v, , , seqlens, total, , , , bias)
+                scale = 0.25> (qr, kr, v, , , seqlens, total, , , , bias{", sinks" if sinks else ""})
             {extra}
         }}
     """
@@ -63,6 +64,8 @@ def _model(
     caches = {"cos": np.cos(angles), "sin": np.sin(angles)}
     if positions is not None:
         caches["pos"] = positions
+    if sinks:  # GPT-OSS's attention sinks, head_sink (input 11)
+        caches["sinks"] = np.array([1.5, -2.0, 0.5, 3.0], np.float32)
     return parse(text, **caches)
 
 
@@ -109,6 +112,20 @@ def test_rotaries_fold_into_group_query_attention(seq_read: str) -> None:
     ]  # bit-identical (scripts/gqa_rotary_check.py)
     _, stats, _ = _run(fused)
     assert stats == {}
+
+
+def test_rotaries_fold_into_group_query_attention_with_head_sinks() -> None:
+    original = _model(OFFSET, sinks=True)
+    fused, stats, _ = _run(original)
+    assert stats == {RULE: 1}
+    (gqa,) = [n for n in fused.graph if n.op_type == "GroupQueryAttention"]
+    assert gqa.attributes.get_int("do_rotary") == 1
+    sink = gqa.inputs[11]
+    assert len(gqa.inputs) == 12 and sink is not None and sink.name == "sinks"
+    rng = np.random.default_rng(0)
+    report = validate(original, fused, inputs=[_feeds(b, s, rng) for b, s in [(1, 1), (3, 16)]])
+    assert report.passed, report
+    assert [o.max_abs for o in report.outputs] == [0.0]  # scripts/gqa_rotary_check.py
 
 
 @pytest.mark.parametrize(

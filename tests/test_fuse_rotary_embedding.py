@@ -590,3 +590,113 @@ def test_rotary_range_end_not_start_plus_length_refused() -> None:
         text.replace("    pos3 =", cached + "    pos3 ="), inv_freq=_inv_freq(), **_slices()
     )
     _refuses(model, "cannot prove the cos table has one row per input position")
+
+
+# GPT-OSS rotates the halves of each head itself, with half-width tables scaled by YaRN's
+# attention_scaling: cos = Unsqueeze(Cos(f) * a, 1), f [1, S, 8] (no Concat(f, f)).
+HALF_TABLES = """c3 = Cos (f)
+    s3 = Sin (f)
+    cs = Mul (c3, scaling)
+    ss = Mul ({sin_factor})
+    ax1 = Constant <value = int64[1] {{1}}> ()
+    c = Unsqueeze (cs, ax1)
+    s = Unsqueeze (ss, ax1)"""
+ROPE_TABLES = """ff = Concat <axis = -1> (f, f)
+    c3 = Cos (ff)
+    s3 = Sin (ff)
+    ax1 = Constant <value = int64[1] {{1}}> ()
+    c = Unsqueeze (c3, ax1)
+    s = Unsqueeze (s3, ax1)"""
+# The halves by Split (dynamo) or two Slices (TorchScript); ``{first}`` and ``{second}`` are
+# GPT-OSS's x1 * cos - x2 * sin and x2 * cos + x1 * sin unless a test changes them.
+HALVES_ROTARY = {
+    "split": "{x}1, {x}2 = Split <axis = -1, num_outputs = 2> ({x})",
+    "slices": "{x}1 = Slice ({x}, starts_lo, ends_lo, last, step)\n"
+    "    {x}2 = Slice ({x}, starts_hi, ends_hi, last, step)",
+}
+HALVES_BODY = """
+    {x}_a = Mul ({x}1, c)
+    {x}_b = Mul ({x}2, s)
+    {x}_first = {first}
+    {x}_c = Mul ({x}2, c)
+    {x}_d = Mul (s, {x}1)
+    {x}_second = {second}
+    {x}r = Concat <axis = -1> ({x}_first, {x}_second)
+"""
+
+
+def _halves_model(
+    form: str = "split",
+    opset: int = 20,
+    second: str = "Add ({x}_d, {x}_c)",
+    sin_factor: str = "scaling, s3",
+    first: str = "Sub ({x}_a, {x}_b)",
+) -> ir.Model:
+    def rotary(x: str) -> str:
+        body = HALVES_BODY.format(x=x, first=first.format(x=x), second=second.format(x=x))
+        return "    " + HALVES_ROTARY[form].format(x=x) + body
+
+    assert ROPE_TABLES in ROPE
+    text = ROPE.replace(ROPE_TABLES, HALF_TABLES).format(
+        opset=opset,
+        positions="pos",
+        position_axes="axes02",
+        extra_input="",
+        extra_output="",
+        sin_factor=sin_factor,
+        rotary_q=rotary("q"),
+        rotary_k=rotary("k"),
+    )
+    scaling = np.array(1.3465736, np.float32)  # GPT-OSS's YaRN factor 32: 0.1 * ln(32) + 1
+    return parse(text, inv_freq=_inv_freq(), scaling=scaling, **_slices())
+
+
+@pytest.mark.parametrize("form", ["split", "slices"])
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_rotary_halves_with_scaled_tables(form: str, target: str) -> None:
+    """x1*cos - x2*sin, x2*cos + x1*sin is RotaryEmbedding(interleaved=0) of x with the tables as
+    its caches; the scaling is multiplied onto Cos/Sin of the shared angles, as the model does."""
+    model = _halves_model(form, opset=23 if target == "onnx" else 20)
+    options = PassOptions(target=target)
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass(options)(fused)
+    assert result.stats == {"rotary-halves->RotaryEmbedding": 2}
+    types = [t for t in op_types(fused) if t != "Constant"]
+    rotary = "com.microsoft::RotaryEmbedding" if target == "ort" else "RotaryEmbedding"
+    assert types.count(rotary) == 2 and "Split" not in types and "Slice" not in types
+    assert types.count("Cos") == types.count("Sin") == 1 and types.count("Mul") == 3
+    report = validate(model, fused, inputs=SIZES)
+    assert report.passed, report
+    assert max(o.max_abs for o in report.outputs) < 1e-5
+    assert not FuseRotaryEmbeddingPass(options)(fused).modified
+
+
+def test_rotary_halves_of_another_rotation_refused() -> None:
+    """x2 * cos + x1 * sin is the second half; x1 * cos + x2 * sin, or the first half's
+    difference taken the other way round, is another rotation."""
+    _refuses(
+        _halves_model(second="Add ({x}_a, {x}_b)"),
+        "the two halves are not multiplied by the same cos and sin tables",
+    )
+    _refuses(
+        _halves_model(first="Sub ({x}_b, {x}_a)"),
+        "the halves are not rotated as Concat(x1 * cos - x2 * sin, x2 * cos + x1 * sin) of one x",
+    )
+
+
+def test_rotary_halves_tables_scaled_differently_refused() -> None:
+    """cos and sin scaled by different factors: the Sin table is a product of another kind."""
+    _refuses(_halves_model(sin_factor="s3, c3"), "cos/sin is a product, not Cos/Sin(...) times")
+
+
+def test_rotary_rotate_half_with_scaled_tables() -> None:
+    """LLaMA-style rotate_half with YaRN's scaling on Cos/Sin(Concat(f, f)) fuses as well."""
+    text = _rope_text(20).replace(
+        "c = Unsqueeze (c3, ax1)", "c3s = Mul (c3, scaling)\n    c = Unsqueeze (c3s, ax1)"
+    )
+    text = text.replace(
+        "s = Unsqueeze (s3, ax1)", "s3s = Mul (scaling, s3)\n    s = Unsqueeze (s3s, ax1)"
+    )
+    model = parse(text, inv_freq=_inv_freq(), scaling=np.array(1.25, np.float32), **_slices())
+    fused = _fuse(model)
+    assert [t for t in op_types(fused) if t != "Constant"].count("Mul") == 3

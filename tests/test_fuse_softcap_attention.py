@@ -12,7 +12,7 @@ from onnxopt.passes.fuse_attention import FuseAttentionPass
 from onnxopt.passes.fuse_softcap_attention import FuseSoftcapAttentionPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.validate import validate
-from tests.fusion_util import op_types, parse, rng_array
+from tests.fusion_util import gqa_layer, key_from_another_sequence, op_types
 from tests.test_fuse_attention import _text_feeds
 
 LOWEST = float(np.finfo(np.float32).min)
@@ -45,65 +45,13 @@ def _model(form: str = "div", *, after_mask: bool = False, opset: int = 17) -> i
             {FORMS[form]}
             logits = Add(capped, mask)
         """
-    text = f"""
-        <ir_version: 8, opset_import: ["" : {opset}]>
-        g (float[B, S, 8] x, bool[B, S] keep, float c_in) => (float[B, S, 32] out) {{
-            q = MatMul(x, wq)
-            k = MatMul(x, wk)
-            v = MatMul(x, wv)
-            qr = Reshape(q, qsplit)
-            q4 = Transpose<perm=[0, 2, 1, 3]>(qr)
-            kr = Reshape(k, split)
-            k4 = Transpose<perm=[0, 2, 1, 3]>(kr)
-            vr = Reshape(v, split)
-            v4 = Transpose<perm=[0, 2, 1, 3]>(vr)
-            ku = Unsqueeze(k4, axis)
-            ke = Expand(ku, rep)
-            kh = Reshape(ke, merge)
-            vu = Unsqueeze(v4, axis)
-            ve = Expand(vu, rep)
-            vh = Reshape(ve, merge)
-            kt = Transpose<perm=[0, 1, 3, 2]>(kh)
-            scores = MatMul(q4, kt)
-            scaled = Mul(scores, scale)
-            sq = Shape<start=1, end=2>(x)
-            zero = Constant<value = int64 {{0}}>()
-            one = Constant<value = int64 {{1}}>()
-            sqs = Squeeze(sq)
-            qi = Range(zero, sqs, one)
-            kpos = Unsqueeze(qi, ax012)
-            qpos = Unsqueeze(qi, ax013)
-            causal = LessOrEqual(kpos, qpos)
-            pad = Unsqueeze(keep, ax12)
-            allowed = And(causal, pad)
-            mask = Where(allowed, zero_f, masked)
-            {cap_and_mask}
-            p = Softmax<axis=-1>(logits)
-            pv = MatMul(p, vh)
-            pt = Transpose<perm=[0, 2, 1, 3]>(pv)
-            out = Reshape(pt, outshape)
-        }}
-    """
-    return parse(
-        text,
-        wq=rng_array(8, 32, seed=1),
-        wk=rng_array(8, 16, seed=2),
-        wv=rng_array(8, 16, seed=3),
-        qsplit=np.array([0, 0, 4, 8], np.int64),
-        split=np.array([0, 0, 2, 8], np.int64),
-        merge=np.array([0, 4, -1, 8], np.int64),
-        rep=np.array([1, 1, 2, 1, 1], np.int64),
-        axis=np.array([2], np.int64),
-        outshape=np.array([0, 0, 32], np.int64),
-        ax012=np.array([0, 1, 2], np.int64),
-        ax013=np.array([0, 1, 3], np.int64),
-        ax12=np.array([1, 2], np.int64),
-        scale=np.array(0.7, np.float32),
+    return gqa_layer(
+        f"{cap_and_mask}\n        p = Softmax<axis=-1>(logits)",
+        opset=opset,
+        inputs=", float c_in",
         cap=np.array(CAP, np.float32),
         inverse=np.array(1 / CAP, np.float32),
         three=np.array(3.0, np.float32),
-        zero_f=np.array(0.0, np.float32),
-        masked=np.array(LOWEST, np.float32),
     )
 
 
@@ -211,10 +159,7 @@ def test_not_a_soft_cap_of_the_scores_is_not_fused(
 def test_group_query_attention_refusal_is_explained() -> None:
     # head size 8 is fine; make the key come from another sequence: GQA cannot be proved
     model = _model()
-    kproj = next(n for n in model.graph if n.op_type == "MatMul" and n.outputs[0].name == "k")
-    y = ir.Value(name="y", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["B", "T", 8]))
-    model.graph.inputs.append(y)
-    kproj.replace_input_with(0, y)
+    key_from_another_sequence(model)
     result = FuseSoftcapAttentionPass(PassOptions(explain=True))(model)
     assert not result.modified
     assert any(

@@ -229,6 +229,33 @@ def gathered_dim(gather: ir.Node | None, *, scalar: bool) -> Entry | None:
     return ("dim", shape_node.inputs[0], i)
 
 
+def peel_torch_expand_shape(value: ir.Value) -> ir.Value:
+    """TorchScript writes ``expand``'s target as ``Where(Equal(s, -1), ones, s)`` ("-1: keep the dim").
+
+    With ``s`` read as entries, -1 then means 1 under Expand's broadcasting, which keeps the dim
+    as well; so ``s`` can be read in its place (a -1 entry is treated as 1 by the caller).
+    """
+    where = value.producer()
+    if not is_op(where, "Where"):
+        return value
+    assert where is not None
+    cond, ones, shape = where.inputs[0], where.inputs[1], where.inputs[2]
+    equal = cond.producer() if cond is not None else None
+    ones_array = const_array(ones)
+    if (
+        not is_op(equal, "Equal")
+        or shape is None
+        or ones_array is None
+        or not (ones_array == 1).all()
+    ):
+        return value
+    assert equal is not None
+    minus_one = const_array(equal.inputs[1])
+    if equal.inputs[0] is not shape or minus_one is None or not (minus_one == -1).all():
+        return value
+    return shape
+
+
 def value_rank(value: ir.Value | None) -> int | None:
     if value is None:
         return None

@@ -54,6 +54,18 @@ fuse-softcap-attention (``--enable``) fuses them, with this module's matcher
 (:func:`match_attention_block`). A cap after the mask, a Tanh without the division, or a cap that
 is not one positive constant is not fused, and ``--explain`` says which.
 
+GPT-OSS adds attention sinks: one learned logit per head joins each row of the scores and its
+column is dropped after the softmax::
+
+    C = Concat(scores + mask, Expand(sinks [1, H, 1, 1], [B, H, S, 1]), axis=-1)
+    P = Softmax(C - ReduceMax(C, [-1], keepdims=1))[..., :-1]
+
+The subtraction is the stabilizer softmax applies itself (any per-row constant cancels), so it is
+matched only in exactly that form, and may be absent. The block is matched with its logits
+(``AttentionBlock.sinks``), a constant of one value per head (or one for all), the column one wide.
+MultiHeadAttention and ONNX Attention-23 have no sinks: this pass leaves the block and says so;
+fuse-group-query-attention fuses it into GroupQueryAttention with ``head_sink`` (--target ort).
+
 float32 and float16 blocks are fused (ORT 1.32 runs MultiHeadAttention and Attention-23 in both on
 CPU; CUDA, where half-precision models run, has float16 kernels). A float16 mask cannot hold the
 -1e30 floor, and Attention-23 zeroes rows masked with float16's lowest, so ``--target onnx``
@@ -80,6 +92,7 @@ from onnxopt.passes._attention_shapes import (
     keeps_leading_dims,
     last_dim,
     peel_scale,
+    peel_torch_expand_shape,
     piece_entries,
     producer_of,
     reshape_to_heads,
@@ -92,6 +105,7 @@ from onnxopt.passes._attention_shapes import (
     transpose_perm,
     value_rank,
 )
+from onnxopt.passes._shape_facts import slice_params
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.sort_topologically import sort_model
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
@@ -517,6 +531,9 @@ class AttentionBlock:
     window_terms: tuple[_WindowTerm, ...] = ()
     # A constant per-head factor of the scores ([H, 1, 1]), applied to the [B, H, S, d] query.
     query_factor: ir.Value | None = None
+    # [H]: attention sinks (GPT-OSS), one logit per head that joins each softmax row, its
+    # column dropped after; only GroupQueryAttention computes them (``head_sink``).
+    sinks: np.ndarray | None = None
 
 
 # T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
@@ -655,6 +672,117 @@ def has_soft_cap(softmax: ir.Node) -> bool:
         ):
             stack.extend((operand, depth + 1) for operand in node.inputs)
     return False
+
+
+@dataclass(frozen=True)
+class _Sinks:
+    """GPT-OSS's attention sinks: one learned logit per head joins each row of the scores,
+    ``Softmax(C - ReduceMax(C, [-1], keepdims=1))[..., :-1]`` with ``C = Concat(scores, column)``
+    (the subtraction optional: softmax ignores a per-row constant), ``column`` [B, H, S, 1] the
+    per-head constant broadcast to the rows."""
+
+    scores: ir.Value  # the [B, H, S, T] scores, their terms added
+    logits: np.ndarray  # [H], or [1]: one logit for every head
+    nodes: tuple[ir.Node, ...]  # Concat, then ReduceMax and Sub: they die with the block
+    column: ir.Node | None  # the Expand of the constant, removed with the block if unread
+
+
+def _sink_logits(value: ir.Value | None) -> _Sinks | Mismatch | None:
+    """The Softmax input as scores joined by a sink column; None when it is no Concat at all."""
+    node = value.producer() if value is not None else None
+    nodes: list[ir.Node] = []
+    joined = value
+    if is_op(node, "Sub") and node is not None and producer_of(node.inputs[0], "Concat"):
+        joined, peak = node.inputs[0], node.inputs[1]
+        reduce = producer_of(peak, "ReduceMax")
+        if reduce is None or reduce.inputs[0] is not joined or not _row_max(reduce, joined):
+            return Mismatch(
+                "the scores joined by a column have something other than their row max "
+                "(ReduceMax over the last axis, keepdims=1) subtracted; softmax ignores only "
+                "a constant per row"
+            )
+        nodes = [reduce, node]
+    concat = producer_of(joined, "Concat")
+    if concat is None:
+        return None
+    rank = value_rank(joined) or value_rank(concat.inputs[0])
+    axis = concat.attributes.get_int("axis", 0)
+    if rank != 4 or axis not in (-1, 3):
+        return Mismatch(
+            "the Softmax input is a Concat, but not of [B, H, S, T] scores along their last axis"
+        )
+    if len(concat.inputs) != 2 or concat.inputs[0] is None or concat.inputs[1] is None:
+        return Mismatch("the scores are joined by more than one column (attention sinks are one)")
+    logits = _sink_column(concat.inputs[1])
+    if isinstance(logits, Mismatch):
+        return logits
+    expand = producer_of(concat.inputs[1], "Expand")
+    return _Sinks(concat.inputs[0], logits, (concat, *nodes), expand)
+
+
+def _row_max(reduce: ir.Node, joined: ir.Value | None) -> bool:
+    """``reduce`` is ReduceMax over the last axis of the rank-4 ``joined``, keeping it."""
+    if reduce.attributes.get_int("keepdims", 1) != 1:
+        return False
+    if len(reduce.inputs) > 1 and reduce.inputs[1] is not None:
+        axes = const_array(reduce.inputs[1])
+        listed = None if axes is None else [int(a) for a in axes.reshape(-1)]
+    else:
+        attribute = reduce.attributes.get_ints("axes", None)  # opset < 18
+        listed = None if attribute is None else list(attribute)
+    return listed in ([-1], [3]) and value_rank(joined) == 4
+
+
+def _sink_column(value: ir.Value) -> np.ndarray | Mismatch:
+    """The logits of a sink column [B, H, S, 1]: a constant of one value per head (its other
+    dims 1, or equal along them), broadcast by an Expand whose last target entry keeps 1."""
+    expand = producer_of(value, "Expand")
+    source = expand.inputs[0] if expand is not None else value
+    array = const_array(source)
+    if array is None:
+        return Mismatch(
+            "the column joined to the scores is not a constant (attention sinks are one "
+            "learned logit per head)"
+        )
+    if expand is not None and static_dim(value, 3) != 1:
+        target = expand.inputs[1]
+        entries = target_entries(peel_torch_expand_shape(target)) if target is not None else None
+        if not entries or entries[-1] not in (1, -1) or (array.ndim and array.shape[-1] != 1):
+            return Mismatch("the column joined to the scores is not provably one column wide")
+    if array.dtype.kind != "f" or not 0 < array.ndim <= 4 or array.shape[-1] != 1:
+        return Mismatch(
+            f"the constant joined to the scores has shape {list(array.shape)}, not one float "
+            "logit per head [1, H, 1, 1]"
+        )
+    four = array.reshape((1,) * (4 - array.ndim) + array.shape)
+    per_head = four[:1, :, :1, :]
+    if not np.array_equal(np.broadcast_to(per_head, four.shape), four):
+        return Mismatch(
+            "the constant joined to the scores differs along the batch or sequence, not one "
+            "logit per head"
+        )
+    return np.ascontiguousarray(per_head.reshape(-1))
+
+
+def has_sinks(softmax: ir.Node) -> bool:
+    """Cheap pre-check: the Softmax input is a Concat, or a Concat minus something."""
+    node = softmax.inputs[0].producer() if softmax.inputs and softmax.inputs[0] else None
+    if is_op(node, "Sub") and node is not None:
+        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    return is_op(node, "Concat")
+
+
+def _drops_sink(slice_node: ir.Node | None, probs: ir.Value) -> bool:
+    """``slice_node`` is ``probs[..., :-1]``: the sink's (last) column dropped, nothing else."""
+    if not is_op(slice_node, "Slice") or slice_node is None or slice_node.inputs[0] is not probs:
+        return False
+    params = slice_params(slice_node)
+    return not isinstance(params, Mismatch) and (
+        list(params.starts),
+        list(params.ends),
+        [a % 4 for a in params.axes],
+        list(params.steps),
+    ) == ([0], [-1], [3], [1])
 
 
 def _is_scores_product(value: ir.Value) -> bool:
@@ -1196,8 +1324,23 @@ def _computed_from(value: ir.Value, nodes: set[int], budget: int = 2000) -> bool
     return False
 
 
+SINKS_LEFT = (
+    "attention sinks (a learned logit per head joins each softmax row, its column dropped after)"
+)
+
+
 def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Mismatch:
     found = match_attention_block(softmax, context)
+    if isinstance(found, Match) and found.bindings["block"].sinks is not None:
+        if context.options.target == "onnx":
+            return Mismatch(
+                f"{SINKS_LEFT}: ONNX Attention-23 has no sinks, so --target onnx leaves them "
+                "unfused"
+            )
+        return Mismatch(
+            f"{SINKS_LEFT}: MultiHeadAttention has none; fuse-group-query-attention fuses them "
+            "into GroupQueryAttention with head_sink"
+        )
     if isinstance(found, Match):
         cap = found.bindings["block"].softcap
         if cap:
@@ -1221,6 +1364,8 @@ def _match_softcap_onnx(softmax: ir.Node, context: RewriteContext) -> Match | Mi
         return Mismatch(found.reason, candidate=False)
     if not found.bindings["block"].softcap:
         return Mismatch("the scores are not soft-capped (fuse-attention's case)", False)
+    if found.bindings["block"].sinks is not None:
+        return Mismatch(f"{SINKS_LEFT}: ONNX Attention-23 has no sinks")
     return found
 
 
@@ -1244,6 +1389,13 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     fills: list[_MaskedFill] = []
     windows: list[_WindowTerm] = []
     base: ir.Value | None = scores
+    # GPT-OSS: Softmax(Concat(scores, sinks) - row max), the sinks' column dropped after.
+    sinks = _sink_logits(base)
+    if isinstance(sinks, Mismatch):
+        return sinks
+    if sinks is not None:
+        nodes.extend(sinks.nodes)
+        base = sinks.scores
     # XGLM and fairseq-style decoders: Softmax(Reshape(Max(scores4 + mask, lowest), [B*H, S, T])).
     softmax_view = _view_of_rank(base, 3, 4)
     if softmax_view is not None:
@@ -1376,6 +1528,16 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     query_heads = _split_heads(query_base)
     # Walk down: [IsNaN/Where guard] -> MatMul(P, V) -> Transpose -> Reshape
     probs = softmax.outputs[0]
+    sink_nodes: list[ir.Node] = []
+    if sinks is not None:
+        drop = _main_user(probs)
+        if drop is None or not _drops_sink(drop, probs):
+            return Mismatch(
+                "the scores are joined by a column of sinks, but the probabilities do not drop "
+                "that last column ([..., :-1]) alone"
+            )
+        sink_nodes.append(drop)
+        probs = drop.outputs[0]
     nan_guard = False
     # Shape reads of P (DeBERTa-v2's TorchScript views) are checked with the others (_dies_with)
     uses = [u.node for u in probs.uses() if not is_op(u.node, "Shape")]
@@ -1522,6 +1684,8 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
             f"attention in {scores.dtype.name}: only float32 and float16 blocks are fused "
             "(the fused kernels' CPU coverage)"
         )
+    if sinks is not None and sinks.logits.size not in (1, heads):
+        return Mismatch(f"the sink column holds {sinks.logits.size} logits for {heads} heads")
     for term in [*terms, *(fill.condition for fill in fills)]:
         problem = _check_bias(term, heads)
         if problem is not None:
@@ -1555,6 +1719,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         floor=clamp[2] if clamp is not None else None,
         window_terms=tuple(windows),
         query_factor=head_factor,
+        sinks=None if sinks is None else np.broadcast_to(sinks.logits, (heads,)).copy(),
     )
     target = context.options.target
     if target == "onnx" and context.opset() < ONNX_ATTENTION_OPSET:
@@ -1572,7 +1737,9 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         *reversed(scale_nodes),
         *cap_nodes,
         *nodes,
+        *([sinks.column] if sinks is not None and sinks.column is not None else []),
         softmax,
+        *sink_nodes,
         *guard_nodes,
         *pv_nodes,
         *out_nodes,
@@ -1583,6 +1750,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         *cap_nodes,
         *nodes,
         softmax,
+        *sink_nodes,
         *guard_nodes,
         *pv_nodes,
         *out_nodes[:-1],

@@ -13,7 +13,7 @@ past cache it places token s of every batch row at position ``s`` when ``seqlens
 ``total_sequence_length`` equals the query's length S, which is what the one-element ``[0]``
 position_ids (ONNX Runtime's offset form) means. scripts/gqa_rotary_check.py measures the two
 forms bit-identical on ORT 1.32 CPU (output and present_key, batch 1 and 3, S = 1, 5, 16, with
-and without left padding in attention_bias, causal 0 and 1).
+and without left padding in attention_bias, causal 0 and 1, with and without ``head_sink``).
 
 So the rewrite is made only when the GroupQueryAttention has no past cache, ``seqlens_k`` is
 ``Expand(Sub(t, 1), ...)`` and ``total_sequence_length`` is ``Reshape(t, ...)`` of the same ``t``,
@@ -33,7 +33,7 @@ from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, 
 
 # GroupQueryAttention inputs.
 _PAST = (3, 4)
-_SEQLENS_K, _TOTAL, _COS, _SIN, _POSITION_IDS, _ATTENTION_BIAS = 5, 6, 7, 8, 9, 10
+_SEQLENS_K, _TOTAL, _COS, _SIN, _POSITION_IDS, _ATTENTION_BIAS, _HEAD_SINK = range(5, 12)
 _ROTARY_ATTRIBUTES = {"interleaved", "num_heads", "rotary_embedding_dim", "scale"}
 # ORT 1.32's CPU kernel: "head_size shall be a multiple of 16" with do_rotary (GQA alone needs 8).
 _ROTARY_HEAD_MULTIPLE = 16
@@ -92,12 +92,16 @@ def _total_length(gqa: ir.Node) -> Mismatch | None:
 
 def _cache_width(cache: ir.Value | None) -> int | None:
     """The cache's static last dim: its shape's, or (fuse-rotary-embedding's caches, built after
-    shapes were inferred) the last entry of the constant shape of the Reshape under Cos / Sin."""
+    shapes were inferred) the last entry of the constant shape of the Reshape under Cos / Sin
+    (times a scalar constant: YaRN's scaled tables)."""
     if cache is None:
         return None
     if cache.shape is not None and len(cache.shape) == 2 and isinstance(cache.shape[1], int):
         return cache.shape[1]
     trig = cache.producer()
+    factor = const_array(trig.inputs[1]) if is_op(trig, "Mul") and trig is not None else None
+    if trig is not None and factor is not None and factor.size == 1:
+        trig = trig.inputs[0].producer() if trig.inputs[0] is not None else None
     if trig is None or not (is_op(trig, "Cos") or is_op(trig, "Sin")):
         return None
     reshape = trig.inputs[0].producer() if trig.inputs[0] is not None else None
@@ -116,11 +120,13 @@ def _match(gqa: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("GroupQueryAttention is an ONNX Runtime op (--target ort only)", False)
     if gqa.attributes.get_int("do_rotary", 0):
         return Mismatch("the GroupQueryAttention already rotates", candidate=False)
-    inputs = list(gqa.inputs) + [None] * (_ATTENTION_BIAS + 1 - len(gqa.inputs))
-    if len(gqa.inputs) > _ATTENTION_BIAS + 1 or any(
+    inputs = list(gqa.inputs) + [None] * (_HEAD_SINK + 1 - len(gqa.inputs))
+    if len(gqa.inputs) > _HEAD_SINK + 1 or any(
         inputs[i] is not None for i in (*_PAST, _COS, _SIN, _POSITION_IDS)
     ):
-        return Mismatch("the GroupQueryAttention has a past cache, caches or inputs after the bias")
+        return Mismatch(
+            "the GroupQueryAttention has a past cache, caches or inputs after the head sinks"
+        )
     query, key = _rotary(inputs[0], gqa, "query"), _rotary(inputs[1], gqa, "key")
     if isinstance(query, Mismatch):
         return query
@@ -161,12 +167,11 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     gqa = match.root
     query: ir.Node = match.bindings["query"]
     key: ir.Node = match.bindings["key"]
-    inputs = list(gqa.inputs) + [None] * (_ATTENTION_BIAS + 1 - len(gqa.inputs))
+    inputs = list(gqa.inputs) + [None] * (_HEAD_SINK + 1 - len(gqa.inputs))
     inputs[0], inputs[1] = query.inputs[0], key.inputs[0]
     inputs[_COS], inputs[_SIN] = query.inputs[2], query.inputs[3]
-    bias = inputs[_ATTENTION_BIAS]
-    if bias is None:
-        inputs = inputs[:_POSITION_IDS]
+    while inputs[-1] is None:  # the bias and head sinks (GPT-OSS) stay where they are
+        inputs.pop()
     attributes = {name: attr.value for name, attr in gqa.attributes.items()}
     attributes["do_rotary"] = 1
     attributes["rotary_interleaved"] = match.bindings["interleaved"]

@@ -42,6 +42,15 @@ layers keep their window in the mask, which stays attention_bias, so every windo
 ``local_window_size`` is not used (measured: local_window_size=w keeps keys i-w+1..i, the keys
 Gemma2's ``kv > q - w`` keeps, but it would only skip work the mask already zeroes).
 
+Attention sinks (GPT-OSS: a learned logit per head joins each softmax row, its column dropped
+after; see fuse_attention.py) have no MultiHeadAttention form either. ``SINK_GQA_RULES``
+(``sink-attention->gqa-causal`` / ``sink-attention->gqa``, run by this pass) match the block at
+its Softmax and emit ``GroupQueryAttention(..., attention_bias=mask, head_sink=logits)`` with the
+same K/V, one-sequence and causal proofs. ORT 1.32 CPU's kernel computes exactly GPT-OSS's eager
+attention there (2.4e-7, scripts/sink_kernel_check.py), the mask passed whole as attention_bias,
+so sliding windows stay exact; a row whose every key is masked gives zeros in the export (the sink
+takes the whole row) and in the kernel, so causal=1 needs no fix-up with sinks.
+
 ORT 1.32 CPU, one LLaMA layer (9 query / 3 KV heads of 64, B=1, 2 threads, process CPU time,
 benchmarks/gqa_micro.py), speed-up over Expands + MultiHeadAttention: causal=0 1.19x (S=128),
 1.08x (S=512); causal=1 with the fix-up 1.61x (S=128), 1.29x (S=512).
@@ -55,7 +64,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -67,6 +78,7 @@ from onnxopt.passes._attention_shapes import (
     Entry,
     int64_const,
     merges_heads,
+    peel_torch_expand_shape,
     reshape_to_heads,
     same_symbol,
     seq_len,
@@ -81,6 +93,7 @@ from onnxopt.passes.fuse_attention import (
     attention_bias,
     attention_query,
     finish_attention,
+    has_sinks,
     has_soft_cap,
     match_attention_block,
 )
@@ -135,33 +148,6 @@ def _shape_reads(
     return tuple(reads)
 
 
-def _peel_torch_expand_shape(value: ir.Value) -> ir.Value:
-    """TorchScript writes ``expand``'s target as ``Where(Equal(s, -1), ones, s)`` ("-1: keep the dim").
-
-    With ``s`` read as entries, -1 then means 1 under Expand's broadcasting, which keeps the dim
-    as well; so ``s`` can be read in its place (a -1 entry is treated as 1 by the caller).
-    """
-    where = value.producer()
-    if not is_op(where, "Where"):
-        return value
-    assert where is not None
-    cond, ones, shape = where.inputs[0], where.inputs[1], where.inputs[2]
-    equal = cond.producer() if cond is not None else None
-    ones_array = const_array(ones)
-    if (
-        not is_op(equal, "Equal")
-        or shape is None
-        or ones_array is None
-        or not (ones_array == 1).all()
-    ):
-        return value
-    assert equal is not None
-    minus_one = const_array(equal.inputs[1])
-    if equal.inputs[0] is not shape or minus_one is None or not (minus_one == -1).all():
-        return value
-    return shape
-
-
 def _keeps_dim(
     entry: Entry, out: ir.Value, out_axis: int, source: ir.Value, axis: int, copy_ok: bool
 ) -> bool:
@@ -207,7 +193,7 @@ def _repeated_kv(value: ir.Value | None, heads: int) -> _Grouped | Mismatch:
     rep = heads // kv_heads
     unsqueezed = expand.inputs[0]
     expanded = expand.outputs[0]
-    target = target_entries(_peel_torch_expand_shape(expand.inputs[1]))  # type: ignore[arg-type]
+    target = target_entries(peel_torch_expand_shape(expand.inputs[1]))  # type: ignore[arg-type]
     shape = expanded.shape
     # Expand broadcasts [B, Nkv, 1, T, d] against the target: output [B, Nkv, rep, T, d] exactly.
     if target is not None and len(target) == 5:
@@ -641,9 +627,12 @@ def _emit_gqa(
     bindings: dict[str, Any],
     scale: float,
     softcap: float = 0.0,
+    sinks: np.ndarray | None = None,
 ) -> ir.Value:
-    """GroupQueryAttention(query [B, S, H*d], key3/value3 [B, T, Nkv*d], attention_bias=bias) and,
-    for causal=1, the fix-up of fully masked rows; its [B, S, H*d] result."""
+    """GroupQueryAttention(query [B, S, H*d], key3/value3 [B, T, Nkv*d], attention_bias=bias,
+    head_sink=sinks) and, for causal=1 without sinks, the fix-up of fully masked rows; its
+    [B, S, H*d] result. With sinks a row whose every key is masked gives zeros in the export (the
+    sink takes the whole row) and in the kernel, causal or not (scripts/sink_kernel_check.py)."""
     query, key3, value3, bias = operands
     key: _Grouped = bindings["key"]
     opset = context.opset()
@@ -656,8 +645,10 @@ def _emit_gqa(
     total = tape.op("Reshape", [total1, int64_const(tape, [])])
     inputs: list[ir.Value | None] = [query, key3, value3, None, None]
     inputs += [seqlens_k, total]
-    if bias is not None:
+    if bias is not None or sinks is not None:
         inputs += [None, None, None, bias]
+    if sinks is not None:
+        inputs.append(tape.op("Constant", [], {"value": ir.tensor(sinks)}))
     causal: _CausalMask | None = bindings["causal"]
     heads: int = bindings["heads"]
     attributes: dict[str, int | float] = {
@@ -669,7 +660,7 @@ def _emit_gqa(
     if softcap:
         attributes["softcap"] = softcap
     result = tape.op("GroupQueryAttention", inputs, attributes, domain=MS_DOMAIN)
-    if causal is not None:
+    if causal is not None and sinks is None:
         assert bias is not None
         flags = _existing_row_flags(causal.source, anchor, context)
         if flags is None:
@@ -824,20 +815,34 @@ def _kv_three_d(tape: ir.tape.Tape, grouped: _Grouped) -> ir.Value:
     return _as_three_d(tape, grouped.source)
 
 
-def _match_softcap(softmax: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
+def _block_at(
+    softmax: ir.Node, context: RewriteContext, present: Callable[[ir.Node], bool], absent: str
+) -> Match | Mismatch:
+    """fuse-attention's match of the block at ``softmax``, for the rules of one kind of block
+    (``present``: its cheap pre-check; ``absent``: the reason when the Softmax is not of it)."""
     if context.options.target != "ort":
         return Mismatch("GroupQueryAttention is an ONNX Runtime op (--target ort only)", False)
-    if not has_soft_cap(softmax):
-        return Mismatch("the scores are not soft-capped (fuse-attention's case)", False)
+    if not present(softmax):
+        return Mismatch(absent, False)
     found = match_attention_block(softmax, context)
     if isinstance(found, Mismatch):  # fuse-attention's rule says why
         return Mismatch(found.reason, candidate=False)
+    return found
+
+
+_NOT_CAPPED = "the scores are not soft-capped (fuse-attention's case)"
+_NO_SINKS = "no attention sinks (fuse-attention's case)"
+
+
+def _match_softcap(softmax: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
+    found = _block_at(softmax, context, has_soft_cap, _NOT_CAPPED)
+    if isinstance(found, Mismatch):
+        return found
     block: AttentionBlock = found.bindings["block"]
-    heads: int = found.bindings["heads"]
     if not block.softcap:
-        return Mismatch("the scores are not soft-capped (fuse-attention's case)", False)
+        return Mismatch(_NOT_CAPPED, False)
     cap = f"{block.softcap:g}"
-    problem = _softcap_problem(block, heads, found, context, causal)
+    problem = _grouped_block(block, found.bindings["heads"], found, context, causal)
     if isinstance(problem, Mismatch):
         return Mismatch(
             f"soft-capped scores (tanh(s / {cap}) * {cap}): only GroupQueryAttention has "
@@ -846,9 +851,28 @@ def _match_softcap(softmax: ir.Node, context: RewriteContext, causal: bool) -> M
     return problem
 
 
-def _softcap_problem(
+def _match_sinks(softmax: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
+    found = _block_at(softmax, context, has_sinks, _NO_SINKS)
+    if isinstance(found, Mismatch):
+        return found
+    block: AttentionBlock = found.bindings["block"]
+    if block.sinks is None:
+        return Mismatch(_NO_SINKS, False)
+    if block.softcap:  # GroupQueryAttention(softcap) measured slower: opt-in, sinks and all
+        return Mismatch("soft-capped scores: left to the opt-in fuse-softcap-attention", False)
+    problem = _grouped_block(block, found.bindings["heads"], found, context, causal)
+    if isinstance(problem, Mismatch) and not causal:  # the causal rule says why not causal=1
+        return Mismatch(
+            f"attention sinks: only GroupQueryAttention has them (head_sink), and {problem.reason}"
+        )
+    return problem
+
+
+def _grouped_block(
     block: AttentionBlock, heads: int, found: Match, context: RewriteContext, causal: bool
 ) -> Match | Mismatch:
+    """A block fuse-attention matched (``found``) as GroupQueryAttention's: K/V heads, Q/K/V of
+    one sequence and, for ``causal``, a provably causal mask; else why not."""
     sides = (block.key.four_d, block.key.three_d)
     dtype = _element_type(block.output, *(v for v in sides if v is not None))
     if dtype is not None and dtype != ir.DataType.FLOAT:
@@ -894,7 +918,8 @@ def _softcap_problem(
     return Match([*group_nodes, *found.nodes], bindings, anchor=found.anchor)
 
 
-def _rewrite_softcap(match: Match, context: RewriteContext) -> Replacement:
+def _rewrite_block(match: Match, context: RewriteContext) -> Replacement:
+    """GroupQueryAttention for a block fuse-attention matched, with its softcap and sinks."""
     block: AttentionBlock = match.bindings["block"]
     heads: int = match.bindings["heads"]
     key: _Grouped = match.bindings["key"]
@@ -912,6 +937,7 @@ def _rewrite_softcap(match: Match, context: RewriteContext) -> Replacement:
         match.bindings,
         block.scale * factor,
         block.softcap,
+        block.sinks,
     )
     moved = _moved_shape_reads(tape, key, value)
     return finish_attention(tape, block, heads, opset, result, query, moved)
@@ -923,21 +949,23 @@ GQA_RULES = (
     Rule("mha->gqa-causal", "MultiHeadAttention", _match_causal, _rewrite, domain=MS_DOMAIN),
     Rule("mha->gqa", "MultiHeadAttention", _match_any_mask, _rewrite, domain=MS_DOMAIN),
 )
+
+
+def _softmax_rules(kind: str, match: Callable[..., Match | Mismatch]) -> tuple[Rule, Rule]:
+    """``{kind}-attention->gqa-causal`` then ``{kind}-attention->gqa``, rooted at the Softmax."""
+    return (
+        Rule(
+            f"{kind}-attention->gqa-causal", "Softmax", partial(match, causal=True), _rewrite_block
+        ),
+        Rule(f"{kind}-attention->gqa", "Softmax", partial(match, causal=False), _rewrite_block),
+    )
+
+
+# Attention sinks (GPT-OSS): only GroupQueryAttention has them (head_sink); from the Softmax, as
+# fuse-attention leaves them unfused. Tried in the same order.
+SINK_GQA_RULES = _softmax_rules("sink", _match_sinks)
 # For the opt-in fuse-softcap-attention, --target ort; tried in the same order.
-SOFTCAP_GQA_RULES = (
-    Rule(
-        "softcap-attention->gqa-causal",
-        "Softmax",
-        lambda node, context: _match_softcap(node, context, causal=True),
-        _rewrite_softcap,
-    ),
-    Rule(
-        "softcap-attention->gqa",
-        "Softmax",
-        lambda node, context: _match_softcap(node, context, causal=False),
-        _rewrite_softcap,
-    ),
-)
+SOFTCAP_GQA_RULES = _softmax_rules("softcap", _match_softcap)
 
 
 class FuseGroupQueryAttentionPass(Pass):
@@ -950,12 +978,13 @@ class FuseGroupQueryAttentionPass(Pass):
         # The driver only reports rules that left a candidate unfused; why a block got causal=0
         # (the mask not provably causal) is said here, before the rewrite.
         why_not_causal = self._why_not_causal(model) if self.options.explain else []
-        stats, notes = apply_rules(model, list(GQA_RULES), self.options)
+        stats, notes = apply_rules(model, [*GQA_RULES, *SINK_GQA_RULES], self.options)
         notes = [*why_not_causal, *notes]
         if stats:
             # The moved Shape reads are new nodes placed at the attention, after their consumer
             # (fuse-attention's mask Expand target): a stable sort puts them back in front of it.
             sort_model(model)
+            model.opset_imports.setdefault(MS_DOMAIN, 1)  # the sink rules start from a Softmax
         return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
 
     def _why_not_causal(self, model: ir.Model) -> list[str]:
@@ -963,11 +992,15 @@ class FuseGroupQueryAttentionPass(Pass):
         for graph in iter_graphs(model):
             context = RewriteContext(model, graph, self.options)
             for node in graph:
-                if not is_op(node, "MultiHeadAttention", MS_DOMAIN):
+                if is_op(node, "MultiHeadAttention", MS_DOMAIN):
+                    rules = GQA_RULES
+                elif is_op(node, "Softmax") and has_sinks(node):
+                    rules = SINK_GQA_RULES
+                else:
                     continue
-                causal = _match_causal(node, context)
+                causal = rules[0].match(node, context)
                 if isinstance(causal, Mismatch) and isinstance(
-                    _match_any_mask(node, context), Match
+                    rules[1].match(node, context), Match
                 ):
-                    notes.append(f"{GQA_RULES[0].name}: {describe(node)}: {causal.reason}")
+                    notes.append(f"{rules[0].name}: {describe(node)}: {causal.reason}")
         return notes

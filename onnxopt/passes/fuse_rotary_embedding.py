@@ -24,6 +24,18 @@ f[b, s]; the batch dim of f must provably be x's (B = 1 would broadcast). Target
 Target ``onnx``: RotaryEmbedding (opset 23) without position_ids, caches expanded to [B, S, H/2] as
 the standard op requires; older opsets are left alone (``--opset 23`` upgrades first).
 
+GPT-OSS rotates the two halves of each head itself (``_apply_rotary_emb``)::
+
+    x1, x2 = x[..., :H/2], x[..., H/2:]                  (Split, or two Slices)
+    y = Concat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)  (cos/sin [1, 1, S, H/2])
+
+which is the rotate-half form above term by term (its first half is x1*cos - x2*sin, its second
+x2*cos + x1*sin), with the half-width tables themselves as the caches (rule
+``rotary-halves->RotaryEmbedding``, rooted at the Concat). YaRN and LongRoPE scale the tables:
+``cos = Cos(f) * attention_scaling`` (1.3466 for GPT-OSS's factor 32). A scalar constant
+multiplying Cos/Sin (before any Cast) is taken with the table, in both forms, and the caches get
+the same product of the same Cos/Sin, shared by the layers.
+
 Partial rotary (Phi's ``partial_rotary_factor``, GPT-NeoX's ``rotary_pct``, StableLM): only the
 first ``r`` of the ``D`` dims of each head rotate,
 
@@ -43,7 +55,7 @@ Checked on ONNX Runtime 1.32 CPU: both ops rotate the first r dims and copy the 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -55,7 +67,13 @@ from onnxopt.passes._refine_shapes import _is_unknown
 from onnxopt.passes._shape_facts import cast_target, const_ints, int_param, slice_params
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
-from onnxopt.rewrite.patterns import ensure_opset, new_constant, other_input, producer_op
+from onnxopt.rewrite.patterns import (
+    ensure_opset,
+    new_constant,
+    other_input,
+    producer_op,
+    rank_of,
+)
 
 ROTARY_OPSET = 23
 ROTARY_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
@@ -71,6 +89,9 @@ class RotaryTable:
     constant: np.ndarray | None = None  # [S, H/2] half-width cache
     # Concat, Cos/Sin, Casts, Unsqueeze: shared by every layer, removed with the last user.
     nodes: tuple[ir.Node, ...] = ()
+    # The scalar constant Cos/Sin is multiplied by before any Cast (YaRN's and LongRoPE's
+    # ``attention_scaling``: ``emb.cos() * attention_scaling``); None: no factor.
+    factor: np.ndarray | None = None
 
     @property
     def batch(self) -> object:
@@ -263,16 +284,18 @@ def _batch_of(x: ir.Value) -> object:
     return _dim_through_head_split(x, 0, 0)
 
 
-def _table(value: ir.Value | None, head: int) -> RotaryTable | Mismatch:
-    """The cos/sin operand [1, 1, S, H] traced back to its half-width source."""
+def _table(value: ir.Value | None, head: int, half_width: bool = False) -> RotaryTable | Mismatch:
+    """The cos/sin operand [1, 1, S, H] traced back to its half-width source; with ``half_width``
+    the operand is itself [1, 1, S, H/2] (GPT-OSS multiplies each half of x by it)."""
+    width = head // 2 if half_width else head
     array = const_array(value)
     if array is not None:
-        if array.ndim < 2 or any(d != 1 for d in array.shape[:-2]) or array.shape[-1] != head:
+        if array.ndim < 2 or any(d != 1 for d in array.shape[:-2]) or array.shape[-1] != width:
             return Mismatch(
-                f"constant cos/sin has shape {list(array.shape)}, not [1, 1, S, {head}]"
+                f"constant cos/sin has shape {list(array.shape)}, not [1, 1, S, {width}]"
             )
-        rows = array.reshape(array.shape[-2], head)
-        if not np.array_equal(rows[:, : head // 2], rows[:, head // 2 :]):
+        rows = array.reshape(array.shape[-2], width)
+        if not half_width and not np.array_equal(rows[:, : head // 2], rows[:, head // 2 :]):
             return Mismatch("constant cos/sin halves differ (not rotate-half RoPE)")
         return RotaryTable(None, "", constant=np.ascontiguousarray(rows[:, : head // 2]))
     unsqueeze = producer_op(value, "Unsqueeze")
@@ -292,22 +315,52 @@ def _table(value: ir.Value | None, head: int) -> RotaryTable | Mismatch:
         casts.insert(0, to)
         chain.insert(0, node)
         node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    factor = None
+    if is_op(node, "Mul") and node is not None:
+        scaled = _scaled_trig(node)
+        if scaled is None:
+            return Mismatch("cos/sin is a product, not Cos/Sin(...) times a scalar constant")
+        trig_value, factor = scaled
+        chain.insert(0, node)
+        node = trig_value.producer()
     if node is None or not (is_op(node, "Cos") or is_op(node, "Sin")):
         return Mismatch("cos/sin is not computed by Cos/Sin")
-    concat = producer_op(node.inputs[0], "Concat")
-    if concat is None or len(concat.inputs) != 2 or concat.inputs[0] is not concat.inputs[1]:
-        return Mismatch(f"{node.op_type} input is not Concat(f, f) (both halves the same angles)")
-    freqs = concat.inputs[0]
+    trig = node
+    freqs = node.inputs[0]
+    nodes: tuple[ir.Node, ...] = (node, *chain)
+    if not half_width:
+        concat = producer_op(node.inputs[0], "Concat")
+        if concat is None or len(concat.inputs) != 2 or concat.inputs[0] is not concat.inputs[1]:
+            return Mismatch(
+                f"{node.op_type} input is not Concat(f, f) (both halves the same angles)"
+            )
+        if concat.attributes.get_int("axis", 0) not in (-1, 2):
+            return Mismatch("rotary angles are not concatenated on the last axis")
+        freqs = concat.inputs[0]
+        nodes = (concat, *nodes)
     assert freqs is not None
     if freqs.shape is None or len(freqs.shape) != 3:
         return Mismatch("rotary angles are not rank 3 [1, S, H/2]")
-    if concat.attributes.get_int("axis", 0) not in (-1, 2):
-        return Mismatch("rotary angles are not concatenated on the last axis")
     if freqs.shape[2] != head // 2:
         return Mismatch(
             f"rotary angles have {freqs.shape[2]} columns, not rotary width / 2 = {head // 2}"
         )
-    return RotaryTable(freqs, node.op_type, tuple(casts), nodes=(concat, node, *chain))
+    return RotaryTable(freqs, trig.op_type, tuple(casts), nodes=nodes, factor=factor)
+
+
+def _scaled_trig(mul: ir.Node) -> tuple[ir.Value, np.ndarray] | None:
+    """(Cos/Sin output, the factor) of ``Mul(Cos/Sin(f), a)``, a a one-element float constant."""
+    for trig, other in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
+        factor = const_array(other)
+        if (
+            trig is not None
+            and (producer_op(trig, "Cos") is not None or producer_op(trig, "Sin") is not None)
+            and factor is not None
+            and factor.size == 1
+            and factor.dtype.kind == "f"
+        ):
+            return trig, factor.reshape(())
+    return None
 
 
 def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node] | Mismatch:
@@ -394,6 +447,22 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return rotation
     cos = _table(other_input(cos_mul, x), head)
     sin = _table(other_input(sin_mul, rotated), head)
+    return _rotary_match(context, x, cos, sin, [cos_mul, *rotation, sin_mul, add])
+
+
+def _rotary_match(
+    context: RewriteContext,
+    x: ir.Value,
+    cos: RotaryTable | Mismatch,
+    sin: RotaryTable | Mismatch,
+    core: list[ir.Node],
+    inputs: Sequence[ir.Node] = (),
+) -> Match | Mismatch:
+    """The Match of a rotary of ``x`` [B, N, S, H] by the ``cos``/``sin`` tables that ``core``
+    computes (its last node the root), once the tables are proven to fit x; ``inputs`` (the
+    slices of x) go with it where nothing else reads them."""
+    assert x.shape is not None
+    head = x.shape[3]
     for name, table in (("cos", cos), ("sin", sin)):
         if isinstance(table, Mismatch):
             return table
@@ -406,16 +475,15 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
                 f"the {name} angles differ per batch row (a position_ids input): cannot prove "
                 "they have the input's batch size"
             )
-        if table.constant is not None and table.constant.shape[0] != shape[2]:
+        if table.constant is not None and table.constant.shape[0] != x.shape[2]:
             return Mismatch(
-                f"constant {name} has {table.constant.shape[0]} rows, input has {shape[2]} positions"
+                f"constant {name} has {table.constant.shape[0]} rows, input has {x.shape[2]} positions"
             )
     assert not isinstance(cos, Mismatch) and not isinstance(sin, Mismatch)
     if cos.per_row != sin.per_row:
         return Mismatch("one of cos and sin differs per batch row, the other does not")
     if x.dtype not in ROTARY_FLOATS:
         return Mismatch("rotary input is not float or float16")
-    core = [cos_mul, *rotation, sin_mul, add]
     for inner in core[:-1]:
         if inner.outputs[0].is_graph_output() or any(
             use.node not in core for use in inner.outputs[0].uses()
@@ -428,8 +496,78 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
             f"RotaryEmbedding needs opset {ROTARY_OPSET}, the model imports {context.opset()}"
         )
     # Producers first: the driver removes matched nodes last-to-first once they have no users.
-    shared = list(dict.fromkeys([*cos.nodes, *sin.nodes]))
+    shared = list(dict.fromkeys([*cos.nodes, *sin.nodes, *inputs]))
     return Match([*shared, *core], {"x": x, "cos": cos, "sin": sin, "head": head})
+
+
+def _half_of(value: ir.Value | None) -> tuple[ir.Value, int] | None:
+    """(x, 0) or (x, 1): ``value`` is the first or the second half of x's last axis."""
+    window = last_axis_window(value)
+    if window is None:
+        return None
+    assert window.source.shape is not None
+    width = window.source.shape[-1]
+    assert isinstance(width, int)  # last_axis_window reads only static widths
+    if width % 2:
+        return None
+    halves = {(0, width // 2): 0, (width // 2, width): 1}
+    half = halves.get((window.start, window.end))
+    return None if half is None else (window.source, half)
+
+
+def _half_product(value: ir.Value | None) -> tuple[ir.Node, ir.Value, int, ir.Value] | None:
+    """(Mul, x, which half, the other factor) of ``value = Mul(half of x, t)``, either order."""
+    mul = producer_op(value, "Mul")
+    if mul is None:
+        return None
+    for half, other in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
+        found = _half_of(half)
+        if found is not None and other is not None:
+            return mul, found[0], found[1], other
+    return None
+
+
+def _match_halves(concat: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """GPT-OSS's rotary, ``Concat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)`` on the last axis with
+    ``x1, x2`` the halves of x and cos/sin [1, 1, S, H/2]: the rotate-half RoPE with the
+    half-width tables as its caches (its first half is x1*cos - x2*sin, its second x2*cos + x1*sin)."""
+    rank = rank_of(concat.outputs[0])
+    first, second = [*concat.inputs, None, None][:2]
+    sub, add = producer_op(first, "Sub"), producer_op(second, "Add")
+    if len(concat.inputs) != 2 or sub is None or add is None:
+        return Mismatch("not a Concat of a difference and a sum", candidate=False)
+    if concat.attributes.get_int("axis", 0) not in (-1, 3) or rank not in (None, 4):
+        return Mismatch("the Concat is not on the last axis of a rank-4 tensor", candidate=False)
+    terms = [_half_product(v) for v in (*sub.inputs[:2], *add.inputs[:2])]
+    if any(term is None for term in terms):
+        return Mismatch("the difference and the sum are not of products of halves", False)
+    x1_cos, x2_sin, *sums = (term for term in terms if term is not None)
+    x2_cos, x1_sin = sums if sums[0][2] == 1 else sums[::-1]
+    x = x1_cos[1]
+    wanted = ((x1_cos, 0), (x2_sin, 1), (x2_cos, 1), (x1_sin, 0))
+    if any(term[1] is not x or term[2] != half for term, half in wanted):
+        return Mismatch(
+            "the halves are not rotated as Concat(x1 * cos - x2 * sin, x2 * cos + x1 * sin) "
+            "of one x"
+        )
+    cos_value, sin_value = x1_cos[3], x2_sin[3]
+    if x2_cos[3] is not cos_value or x1_sin[3] is not sin_value:
+        return Mismatch("the two halves are not multiplied by the same cos and sin tables")
+    if x.shape is None or len(x.shape) != 4:
+        return Mismatch("rotary input is not rank 4 [batch, heads, sequence, head_size]")
+    head = x.shape[3]
+    assert isinstance(head, int)  # _half_of read the halves of a static width
+    cos = _table(cos_value, head, half_width=True)
+    sin = _table(sin_value, head, half_width=True)
+    muls = [term[0] for term, _ in wanted]
+    core = [muls[0], muls[1], sub, muls[2], muls[3], add, concat]
+    slices = [
+        node
+        for term, _ in wanted
+        for v in term[0].inputs
+        if v is not None and (node := v.producer()) is not None and _half_of(v) is not None
+    ]
+    return _rotary_match(context, x, cos, sin, core, list(dict.fromkeys(slices)))
 
 
 def _existing(
@@ -460,23 +598,14 @@ def rotary_cache(
     angles = table.freqs
     if flat:
         shape = np.array([-1, head // 2], dtype=np.int64)
-        reshaped = _existing(
-            angles,
-            "Reshape",
-            lambda n: len(n.inputs) > 1 and const_ints(n.inputs[1]) == (-1, head // 2),
-        )
-        if reshaped is None:
-            shape_value = new_constant(shape, "rotary_cache_shape")
-            constants.append(shape_value)
-            node = ir.node("Reshape", [angles, shape_value])
-            nodes.append(node)
-            reshaped = node.outputs[0]
-        angles = reshaped
+        angles = _shared_op(angles, "Reshape", shape, "rotary_cache_shape", nodes, constants)
     result = _existing(angles, table.trig)
     if result is None:
         node = ir.node(table.trig, [angles])
         nodes.append(node)
         result = node.outputs[0]
+    if table.factor is not None:
+        result = _shared_op(result, "Mul", table.factor, "rotary_scaling", nodes, constants)
     for to in table.casts:
         cast = _existing(result, "Cast", partial(_casts_to, to))
         if cast is None:
@@ -485,6 +614,34 @@ def rotary_cache(
             cast = node.outputs[0]
         result = cast
     return result
+
+
+def _shared_op(
+    value: ir.Value,
+    op_type: str,
+    array: np.ndarray,
+    hint: str,
+    nodes: list[ir.Node],
+    constants: list[ir.Value],
+) -> ir.Value:
+    """``op_type(value, array)``: the node an earlier layer's rewrite made for it, else a new one."""
+
+    def same(node: ir.Node) -> bool:
+        other = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+        return (
+            other is not None
+            and other.dtype == array.dtype
+            and np.array_equal(other.reshape(-1), array.reshape(-1))
+        )
+
+    found = _existing(value, op_type, same)
+    if found is not None:
+        return found
+    constant = new_constant(array, hint)
+    constants.append(constant)
+    node = ir.node(op_type, [value, constant])
+    nodes.append(node)
+    return node.outputs[0]
 
 
 def _row_ids(freqs: ir.Value | None, nodes: list[ir.Node], constants: list[ir.Value]) -> ir.Value:
@@ -667,6 +824,7 @@ def _rewrite_partial(match: Match, context: RewriteContext) -> Replacement:
 
 RULES = (
     Rule("rotary->RotaryEmbedding", "Add", _match, _rewrite),
+    Rule("rotary-halves->RotaryEmbedding", "Concat", _match_halves, _rewrite),
     # After it in each round: the rotary of x[..., :r] is fused before the Concat that follows it.
     Rule("partial-rotary->RotaryEmbedding", "Concat", _match_partial, _rewrite_partial),
 )
