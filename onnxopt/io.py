@@ -150,17 +150,6 @@ def _check_versions(where: str, proto: onnx.ModelProto) -> None:
         )
 
 
-def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """Every node of ``graph`` and of its subgraphs (If/Loop/Scan bodies), depth first."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _nodes(attr.g)
-            for sub in attr.graphs:
-                yield from _nodes(sub)
-
-
 @functools.cache
 def _latest_opset(domain: str) -> int:
     """The newest opset of ``domain`` the installed onnx has schemas for (1 for com.microsoft)."""
@@ -206,9 +195,11 @@ def _drop_empty_trailing_outputs(proto: onnx.ModelProto) -> int:
     An empty output name means the optional output is absent, exactly as leaving it off the end
     of the list does. ONNX Runtime disagrees for BatchNormalization-7/9 (``y, "", "", "", ""``):
     it counts the outputs, runs in training mode and crashes the process writing the absent ones.
+    Every graph is repaired: the main one, local functions and the subgraphs below both (ORT
+    inlines a function at load, so an If branch inside one crashes it alike).
     """
     trimmed = 0
-    for node in (*_nodes(proto.graph), *(n for f in proto.functions for n in f.node)):
+    for node in _all_nodes(proto):
         keep = len(node.output)
         while keep and not node.output[keep - 1]:
             keep -= 1
@@ -227,7 +218,7 @@ def _import_implied_domains(proto: onnx.ModelProto) -> tuple[str, ...]:
     """
     imported = {o.domain for o in proto.opset_import}
     used: list[str] = []
-    for node in (*_nodes(proto.graph), *(n for f in proto.functions for n in f.node)):
+    for node in _all_nodes(proto):
         if (
             node.domain in _IMPLIED_DOMAINS
             and node.domain not in imported
@@ -268,6 +259,13 @@ def _graph_protos(
                 if attr.HasField("g"):
                     stack.append(attr.g)
                 stack.extend(attr.graphs)
+
+
+def _all_nodes(proto: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """Every node of the model: the main graph's, the local functions', and those of every
+    subgraph below either (an If branch inside a function too)."""
+    for current in _graph_protos(proto.graph, *proto.functions):
+        yield from current.node
 
 
 def _check_node_count(where: str, proto: onnx.ModelProto) -> None:
@@ -1214,7 +1212,10 @@ def _check_no_maps(where: str, graph: onnx.GraphProto) -> None:
         ):
             for info in infos:
                 if _holds_map(info.type):
-                    zipmap = next((n for n in _nodes(graph) if n.op_type == "ZipMap"), None)
+                    found = (
+                        n for g in _graph_protos(graph) for n in g.node if n.op_type == "ZipMap"
+                    )
+                    zipmap = next(found, None)
                     hint = (
                         f" (made by ZipMap '{zipmap.name or zipmap.output[0]}'; skl2onnx leaves it "
                         "out with options={id(model): {'zipmap': False}})"
