@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import onnx
@@ -875,12 +875,51 @@ _TENSOR_EXTERNAL_DATA = 13  # TensorProto.external_data
 _TENSOR_DATA_LOCATION = 14  # TensorProto.data_location
 
 
+class _FileMap:
+    """One read-only memory map of a file, made on first use, shared by the tensors stored in it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._map: mmap.mmap | None = None
+
+    def get(self) -> mmap.mmap:
+        if self._map is None:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return self._map
+
+
 class MappedTensor(ir.ExternalTensor):
     """An initializer stored inline in the source .onnx file, read through a memory map of it.
 
     To onnx-ir it is external data (the "external" file is the model file itself); to onnxopt it
     is an inline weight: saving writes it back inline, and ``has_external_tensors`` ignores it.
+
+    The tensors of one file share one map of it (``file_map``). onnx-ir maps the whole file once
+    per tensor, and each map holds a file descriptor: validating a model of 20k such weights
+    failed with "Too many open files" (at the common limit of 1024, past a thousand).
     """
+
+    def __init__(self, *args: Any, file_map: _FileMap, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.file_map = file_map
+
+    def _load(self) -> None:
+        if self.dtype.bitwidth < 8 or self.size == 0:
+            super()._load()  # packed 2/4/6-bit values are unpacked into a copy anyway
+            return
+        self._check_validity()
+        # The loader named the file itself (a regular file of one link, resolved): no containment
+        # check to repeat per tensor.
+        self.raw = self.file_map.get()
+        dtype = np.dtype(self.dtype.numpy()).newbyteorder("<")
+        array = np.frombuffer(self.raw, dtype=dtype, offset=self.offset or 0, count=self.size)
+        self._array = array.reshape(self.shape.numpy())
+
+    def release(self) -> None:
+        """Let go of the data; the shared map closes once no tensor or array uses it."""
+        self._array = None
+        self.raw = None
 
 
 class _NotMappable(Exception):
@@ -1024,6 +1063,7 @@ def _read_proto_mapped(path: Path) -> tuple[onnx.ModelProto, list[tuple[int, int
 def _adopt_mapped(model: ir.Model, source: Path) -> None:
     """Turn the initializers that point into the model file itself into ``MappedTensor``s."""
     resolved = source.resolve()
+    file_map = _FileMap(str(resolved))
     for value in model.graph.initializers.values():
         tensor = value.const_value
         if (
@@ -1041,6 +1081,7 @@ def _adopt_mapped(model: ir.Model, source: Path) -> None:
                 doc_string=tensor.doc_string,
                 metadata_props=dict(tensor.metadata_props),
                 base_dir=str(resolved.parent),
+                file_map=file_map,
             )
 
 
