@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import onnx
@@ -150,17 +150,6 @@ def _check_versions(where: str, proto: onnx.ModelProto) -> None:
         )
 
 
-def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """Every node of ``graph`` and of its subgraphs (If/Loop/Scan bodies), depth first."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _nodes(attr.g)
-            for sub in attr.graphs:
-                yield from _nodes(sub)
-
-
 @functools.cache
 def _latest_opset(domain: str) -> int:
     """The newest opset of ``domain`` the installed onnx has schemas for (1 for com.microsoft)."""
@@ -206,9 +195,11 @@ def _drop_empty_trailing_outputs(proto: onnx.ModelProto) -> int:
     An empty output name means the optional output is absent, exactly as leaving it off the end
     of the list does. ONNX Runtime disagrees for BatchNormalization-7/9 (``y, "", "", "", ""``):
     it counts the outputs, runs in training mode and crashes the process writing the absent ones.
+    Every graph is repaired: the main one, local functions and the subgraphs below both (ORT
+    inlines a function at load, so an If branch inside one crashes it alike).
     """
     trimmed = 0
-    for node in (*_nodes(proto.graph), *(n for f in proto.functions for n in f.node)):
+    for node in _all_nodes(proto):
         keep = len(node.output)
         while keep and not node.output[keep - 1]:
             keep -= 1
@@ -227,7 +218,7 @@ def _import_implied_domains(proto: onnx.ModelProto) -> tuple[str, ...]:
     """
     imported = {o.domain for o in proto.opset_import}
     used: list[str] = []
-    for node in (*_nodes(proto.graph), *(n for f in proto.functions for n in f.node)):
+    for node in _all_nodes(proto):
         if (
             node.domain in _IMPLIED_DOMAINS
             and node.domain not in imported
@@ -268,6 +259,13 @@ def _graph_protos(
                 if attr.HasField("g"):
                     stack.append(attr.g)
                 stack.extend(attr.graphs)
+
+
+def _all_nodes(proto: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """Every node of the model: the main graph's, the local functions', and those of every
+    subgraph below either (an If branch inside a function too)."""
+    for current in _graph_protos(proto.graph, *proto.functions):
+        yield from current.node
 
 
 def _check_node_count(where: str, proto: onnx.ModelProto) -> None:
@@ -877,12 +875,51 @@ _TENSOR_EXTERNAL_DATA = 13  # TensorProto.external_data
 _TENSOR_DATA_LOCATION = 14  # TensorProto.data_location
 
 
+class _FileMap:
+    """One read-only memory map of a file, made on first use, shared by the tensors stored in it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._map: mmap.mmap | None = None
+
+    def get(self) -> mmap.mmap:
+        if self._map is None:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return self._map
+
+
 class MappedTensor(ir.ExternalTensor):
     """An initializer stored inline in the source .onnx file, read through a memory map of it.
 
     To onnx-ir it is external data (the "external" file is the model file itself); to onnxopt it
     is an inline weight: saving writes it back inline, and ``has_external_tensors`` ignores it.
+
+    The tensors of one file share one map of it (``file_map``). onnx-ir maps the whole file once
+    per tensor, and each map holds a file descriptor: validating a model of 20k such weights
+    failed with "Too many open files" (at the common limit of 1024, past a thousand).
     """
+
+    def __init__(self, *args: Any, file_map: _FileMap, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.file_map = file_map
+
+    def _load(self) -> None:
+        if self.dtype.bitwidth < 8 or self.size == 0:
+            super()._load()  # packed 2/4/6-bit values are unpacked into a copy anyway
+            return
+        self._check_validity()
+        # The loader named the file itself (a regular file of one link, resolved): no containment
+        # check to repeat per tensor.
+        self.raw = self.file_map.get()
+        dtype = np.dtype(self.dtype.numpy()).newbyteorder("<")
+        array = np.frombuffer(self.raw, dtype=dtype, offset=self.offset or 0, count=self.size)
+        self._array = array.reshape(self.shape.numpy())
+
+    def release(self) -> None:
+        """Let go of the data; the shared map closes once no tensor or array uses it."""
+        self._array = None
+        self.raw = None
 
 
 class _NotMappable(Exception):
@@ -1026,6 +1063,7 @@ def _read_proto_mapped(path: Path) -> tuple[onnx.ModelProto, list[tuple[int, int
 def _adopt_mapped(model: ir.Model, source: Path) -> None:
     """Turn the initializers that point into the model file itself into ``MappedTensor``s."""
     resolved = source.resolve()
+    file_map = _FileMap(str(resolved))
     for value in model.graph.initializers.values():
         tensor = value.const_value
         if (
@@ -1043,6 +1081,7 @@ def _adopt_mapped(model: ir.Model, source: Path) -> None:
                 doc_string=tensor.doc_string,
                 metadata_props=dict(tensor.metadata_props),
                 base_dir=str(resolved.parent),
+                file_map=file_map,
             )
 
 
@@ -1214,7 +1253,10 @@ def _check_no_maps(where: str, graph: onnx.GraphProto) -> None:
         ):
             for info in infos:
                 if _holds_map(info.type):
-                    zipmap = next((n for n in _nodes(graph) if n.op_type == "ZipMap"), None)
+                    found = (
+                        n for g in _graph_protos(graph) for n in g.node if n.op_type == "ZipMap"
+                    )
+                    zipmap = next(found, None)
                     hint = (
                         f" (made by ZipMap '{zipmap.name or zipmap.output[0]}'; skl2onnx leaves it "
                         "out with options={id(model): {'zipmap': False}})"
@@ -1334,16 +1376,7 @@ def _write_single_file(model: ir.Model, f: BinaryIO) -> None:
         tensor = value.const_value
         assert tensor is not None
         tensors.append(tensor)
-        value.const_value = ir.ExternalTensor(
-            _PLACEHOLDER,
-            index,
-            None,
-            tensor.dtype,
-            shape=ir.Shape(list(tensor.shape.numpy())),
-            name=tensor.name or value.name or "",
-            doc_string=tensor.doc_string,
-            metadata_props=dict(tensor.metadata_props),
-        )
+        value.const_value = _reference_to(tensor, value, _PLACEHOLDER, index, None)
     try:
         proto = ir.serde.serialize_model(model)
     finally:
@@ -1374,9 +1407,7 @@ def _write_single_file(model: ir.Model, f: BinaryIO) -> None:
         if tensor is None:
             count, body = 0, len(header)
         else:
-            # An in-memory tensor knows its size; an external one is measured without reading it.
-            external = isinstance(tensor, ir.ExternalTensor)
-            count = tensor_bytes(tensor)[0] if external else tensor.nbytes
+            count = _raw_size(tensor)
             body = len(header) + len(raw_tag) + len(_varint(count)) + count
         entries.append((header, tensor, count, body))
         graph_length += len(init_tag) + len(_varint(body)) + body
@@ -1388,13 +1419,89 @@ def _write_single_file(model: ir.Model, f: BinaryIO) -> None:
             f.write(init_tag + _varint(body) + header)
             continue
         f.write(init_tag + _varint(body) + header + raw_tag + _varint(count))
-        if isinstance(tensor, ir.ExternalTensor) and _copy_in_kernel(tensor, f):
-            continue
-        size, pieces = tensor_bytes(tensor)
-        if size != count:
-            raise ModelSaveError(f"tensor '{tensor.name}': {size} bytes, expected {count}")
-        for piece in pieces:
-            f.write(piece)
+        _stream_tensor(tensor, f, count)
+
+
+def _reference_to(
+    tensor: ir.TensorProtocol, value: ir.Value, location: str, offset: int, length: int | None
+) -> ir.ExternalTensor:
+    """A stand-in for ``tensor`` (its type, name and metadata, no data) that serializes as a
+    reference to ``length`` bytes at ``offset`` of ``location``."""
+    return ir.ExternalTensor(
+        location,
+        offset,
+        length,
+        tensor.dtype,
+        shape=ir.Shape(list(tensor.shape.numpy())),
+        name=tensor.name or value.name or "",
+        doc_string=tensor.doc_string,
+        metadata_props=dict(tensor.metadata_props),
+    )
+
+
+def _raw_size(tensor: ir.TensorProtocol) -> int:
+    """The byte count of the tensor's raw data: an in-memory tensor knows it, an external one is
+    measured without reading it."""
+    return tensor_bytes(tensor)[0] if isinstance(tensor, ir.ExternalTensor) else tensor.nbytes
+
+
+def _stream_tensor(tensor: ir.TensorProtocol, f: BinaryIO, count: int) -> None:
+    """Write the tensor's ``count`` bytes of raw data at ``f``'s position, one bounded piece at a
+    time (file to file in the kernel where it can)."""
+    if isinstance(tensor, ir.ExternalTensor) and _copy_in_kernel(tensor, f):
+        return
+    size, pieces = tensor_bytes(tensor)
+    if size != count:
+        raise ModelSaveError(f"tensor '{tensor.name}': {size} bytes, expected {count}")
+    for piece in pieces:
+        f.write(piece)
+
+
+# Initializers over this many bytes go to the external data file (smaller ones stay inline, where
+# shape inference and folding read them).
+EXTERNAL_MIN_BYTES = 1024
+
+
+def _write_with_external_data(model: ir.Model, f: BinaryIO, data: BinaryIO, location: str) -> None:
+    """Write ``model`` to ``f`` and its initializers over ``EXTERNAL_MIN_BYTES`` to ``data``,
+    which the model names ``location`` (relative to the model's folder).
+
+    The tensors are streamed one at a time, packed in graph order (main graph, then subgraphs);
+    small tensors whose data is external are read in, so the written model needs no other file.
+    The model is left as it was.
+    """
+    values = [v for graph in model.graphs() for v in graph.initializers.values()]
+    tensors = [v.const_value for v in values]
+    offset = 0
+    try:
+        for value, tensor in zip(values, tensors, strict=True):
+            if tensor is None or tensor.dtype == ir.DataType.STRING:
+                continue
+            if tensor.nbytes > EXTERNAL_MIN_BYTES:
+                length = _raw_size(tensor)
+                _stream_tensor(tensor, data, length)
+                value.const_value = _reference_to(tensor, value, location, offset, length)
+                offset += length
+            elif isinstance(tensor, ir.ExternalTensor):
+                value.const_value = _read_in(tensor)
+        f.write(ir.serde.serialize_model(model).SerializeToString())
+    finally:
+        for value, tensor in zip(values, tensors, strict=True):
+            value.const_value = tensor
+
+
+def _read_in(tensor: ir.ExternalTensor) -> ir.TensorProtocol:
+    """A copy in memory of a (small) external tensor, read from its file rather than mapped: a
+    mapping per tensor holds a file descriptor each."""
+    _, pieces = tensor_bytes(tensor)
+    proto = onnx.TensorProto(
+        name=tensor.name or "",
+        data_type=tensor.dtype.value,
+        dims=list(tensor.shape.numpy()),
+        raw_data=b"".join(pieces),
+        doc_string=tensor.doc_string or "",
+    )
+    return ir.serde.deserialize_tensor(proto)
 
 
 # copy_file_range errors that are the target's (a full disk, a quota, a file size limit), not
@@ -1446,11 +1553,15 @@ def save_model(
     external_data: bool | None = None,
     protected: tuple[Path, ...] = (),
 ) -> Path:
-    """Write the model atomically: a temp file in the target folder, fsync, then rename.
+    """Write the model atomically: temp files in the target folder, fsync, then rename.
 
     ``external_data``: True always writes weights to ``<name>.data`` beside the model, False never
     does, None decides by size (past ~1.8 GB, the protobuf limit). ``protected`` lists files (the
     input model and its external data) that must never be overwritten.
+
+    With external data both files are written under temp names, synced, and renamed data first,
+    then model: a failure (a full disk, Ctrl-C) leaves neither a partial file nor a temp file,
+    and an earlier output pair as it was.
     """
     target = Path(path)
     for keep in protected:
@@ -1461,11 +1572,6 @@ def save_model(
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise ModelSaveError(f"{target}: folder '{folder}' does not exist")
-    with contextlib.suppress(FileNotFoundError):
-        mode = target.lstat().st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-            # The temp file is renamed over the target: that would replace a device or a FIFO.
-            raise ModelSaveError(f"{target}: exists and is not a regular file")
     if external_data is None:
         # Keep weights external when they came that way, and whenever the protobuf limit demands it.
         use_external = (
@@ -1474,51 +1580,96 @@ def save_model(
     else:
         use_external = external_data
     data_name = target.name + ".data"
+    data_target = folder / data_name
     if use_external:
         for keep in protected:
-            if same_file(folder / data_name, keep):
+            if same_file(data_target, keep):
                 raise UsageError(
                     f"{target}: its external data file '{data_name}' would overwrite an input file"
                 )
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    # mkstemp makes the file private (0600); the model should get the mode any new file gets.
-    os.chmod(tmp, 0o666 & ~_current_umask())
+    elif parameter_bytes(model) > EXTERNAL_DATA_AUTO_THRESHOLD:
+        raise ModelSaveError(
+            f"{target}: weights exceed the 2 GiB protobuf limit; external data is required"
+        )
+    renamed = [target, data_target] if use_external else [target]
+    for file in renamed:
+        with contextlib.suppress(FileNotFoundError):
+            mode = file.lstat().st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                # The temp file is renamed over it: that would replace a device or a FIFO.
+                raise ModelSaveError(f"{file}: exists and is not a regular file")
+    temps: list[Path] = []
     try:
+        tmp = _temp_file(folder, target.name, temps)
         if use_external:
-            ir.save(model, tmp, external_data=data_name, size_threshold_bytes=1024)
+            data_tmp = _temp_file(folder, data_name, temps)
+            with tmp.open("wb") as out, data_tmp.open("wb") as data:
+                _write_with_external_data(model, out, data, data_name)
+                _sync(data)
+                _sync(out)
         else:
-            if parameter_bytes(model) > EXTERNAL_DATA_AUTO_THRESHOLD:
-                raise ModelSaveError(
-                    f"{target}: weights exceed the 2 GiB protobuf limit; external data is required"
-                )
             with tmp.open("wb") as out:
                 _write_single_file(model, out)
-        with tmp.open("rb") as f:
-            os.fsync(f.fileno())
-        _pin_mapped_sources(model, target)
-        os.replace(tmp, target)
+                _sync(out)
+        _pin_mapped_sources(model, renamed)
+        # Data first: the model that names it appears only once it is complete.
+        for temp, file in reversed(list(zip(temps, renamed, strict=True))):
+            os.replace(temp, file)
+        _sync_folder(folder)
     except (OSError, ValueError) as exc:
         raise ModelSaveError(f"{target}: cannot write ({exc})") from exc
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        for temp in temps:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
     return target
 
 
-def _pin_mapped_sources(model: ir.Model, target: Path) -> None:
-    """Map now the weights that live in ``target``, which is about to be replaced (``--overwrite``).
+def _temp_file(folder: Path, name: str, made: list[Path]) -> Path:
+    """A new empty file ``.NAME.*.tmp`` in ``folder``, added to ``made`` (for the cleanup)."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    made.append(Path(tmp_name))
+    # mkstemp makes the file private (0600); the output should get the mode any new file gets.
+    os.chmod(tmp_name, 0o666 & ~_current_umask())
+    return Path(tmp_name)
+
+
+def _sync(f: BinaryIO) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make the renames durable (where the platform lets a folder be opened and synced)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _pin_mapped_sources(model: ir.Model, targets: list[Path]) -> None:
+    """Map now the weights that live in ``targets``, which are about to be replaced (``--overwrite``).
 
     A mapping keeps the old file's contents after the rename; a tensor mapped only later would
     read the new file at the old offsets.
     """
-    if not target.exists():
+    existing = [t for t in targets if t.exists()]
+    if not existing:
         return
-    for value in model.graph.initializers.values():
-        tensor = value.const_value
-        if isinstance(tensor, MappedTensor) and same_file(Path(tensor.path), target):
-            tensor.numpy()
+    replaced: dict[str, bool] = {}  # per source path: whether it is one of ``existing``
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if not isinstance(tensor, ir.ExternalTensor):
+                continue
+            source = tensor.path
+            if source not in replaced:
+                replaced[source] = any(same_file(Path(source), t) for t in existing)
+            if replaced[source]:
+                tensor.numpy()
 
 
 def _current_umask() -> int:
@@ -1557,7 +1708,8 @@ def ort_model_source(model: ir.Model, *, mapped_in_memory: bool = False) -> Iter
     with tempfile.TemporaryDirectory(prefix="onnxopt-") as tmp:
         path = Path(tmp) / "model.onnx"
         if external:
-            ir.save(model, path, external_data="model.onnx.data", size_threshold_bytes=1024)
+            with path.open("wb") as out, (path.parent / "model.onnx.data").open("wb") as data:
+                _write_with_external_data(model, out, data, "model.onnx.data")
         else:  # weights mapped from the source file: one streamed file, never a bytes copy
             with path.open("wb") as out:
                 _write_single_file(model, out)

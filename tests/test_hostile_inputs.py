@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import onnx.numpy_helper as onh
 import pytest
 
 from tests.test_bad_input import (
+    REPO,
     assert_clean_error,
     cli,
     external_model,
@@ -254,6 +257,48 @@ def test_write_error_is_named_as_such(tmp_path: Path) -> None:
         io.save_model(model, tmp_path / "out.onnx", external_data=False)
     assert "ended early" not in str(caught.value)
     assert not list(tmp_path.glob(".out.onnx.*"))
+
+
+def _weights_and_many_small_ones(start: int) -> onnx.ModelProto:
+    """y = x + w (20 kB: external data) and z = Concat of 200 inline 1 kB weights (200 kB)."""
+    w = onh.from_array(np.arange(start, start + 5000, dtype=np.float32), "w")
+    small = [onh.from_array(np.full(256, start + i, np.float32), f"s{i}") for i in range(200)]
+    return _graph_model(
+        [
+            oh.make_node("Add", ["x", "w"], ["y"]),
+            oh.make_node("Concat", [t.name for t in small], ["z"], axis=0),
+        ],
+        [_vi("x", T.FLOAT, [5000])],
+        [_vi("y", T.FLOAT, [5000]), _vi("z", T.FLOAT, [256 * 200])],
+        [w, *small],
+    )
+
+
+def test_disk_full_while_writing_the_model_keeps_the_earlier_output_pair(tmp_path: Path) -> None:
+    """A size limit the .data (20 kB) fits and the .onnx (200 kB) does not, as a disk that fills
+    up between the two: the .data was already renamed over the earlier output's, which its
+    .onnx then read. A real process under ``ulimit -f`` (SIGXFSZ ignored: the write fails)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    first, second = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    save(_weights_and_many_small_ones(0), first)
+    save(_weights_and_many_small_ones(7), second)
+    command = [sys.executable, "-m", "onnxopt", "optimize", "-O0", "--no-validate"]
+    command += ["--external-data", "-o", str(out / "m.onnx")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run([*command, str(first)], env=env, capture_output=True, check=False)
+    assert run.returncode == 0, run.stderr
+    earlier = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(earlier) == ["m.onnx", "m.onnx.data"]
+
+    limited = f"trap '' XFSZ; ulimit -f 100; exec {' '.join(command)} {second}"
+    run = subprocess.run(["bash", "-c", limited], env=env, capture_output=True, check=False)
+
+    assert run.returncode == 2, run.stderr
+    assert b"cannot write" in run.stderr and b"File too large" in run.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier
+    weights = onnx.load(str(out / "m.onnx")).graph.initializer
+    assert onh.to_array(next(t for t in weights if t.name == "s1"))[0] == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -10,7 +12,7 @@ import pytest
 from graphs import parse_model
 
 from onnxopt import io
-from onnxopt.errors import ModelLoadError, UnsafeModelError, UsageError
+from onnxopt.errors import ModelLoadError, ModelSaveError, UnsafeModelError, UsageError
 
 WEIGHTS = ",".join(str(i) for i in range(256))
 TEXT = (
@@ -65,6 +67,47 @@ def test_external_data_can_be_inlined_on_request(tmp_path: Path) -> None:
     assert not (tmp_path / "inline.onnx.data").exists()
     proto = onnx.load(str(out), load_external_data=False)
     assert proto.graph.initializer[0].data_location == onnx.TensorProto.DEFAULT
+
+
+def _two_weights(start: int) -> ir.Model:
+    """``y = x + w1 + w2``, each weight 2 kB (external data), its values counting from ``start``."""
+    values = [",".join(str(start + k * 512 + i) for i in range(512)) for k in range(2)]
+    return parse_model(
+        '<ir_version: 8, opset_import: ["" : 17]>\n'
+        f"g (float[512] x) => (float[512] y) <float[512] w1 = {{{values[0]}}}, "
+        f"float[512] w2 = {{{values[1]}}}> {{ a = Add(x, w1) y = Add(a, w2) }}"
+    )
+
+
+@pytest.mark.parametrize(
+    "failure", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()]
+)
+def test_a_failure_mid_data_leaves_no_files_and_the_earlier_output_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException
+) -> None:
+    """The .onnx was renamed into place, but onnx-ir replaced the .data before the model was
+    written: a full disk after it left the earlier .onnx reading the new weights."""
+    io.save_model(_two_weights(0), tmp_path / "out.onnx", external_data=True)
+    earlier = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(earlier) == ["out.onnx", "out.onnx.data"]
+    write = io._stream_tensor
+
+    def full_at_the_second_tensor(tensor: ir.TensorProtocol, f: BinaryIO, count: int) -> None:
+        if f.tell() == 0:
+            write(tensor, f, count)
+            return
+        f.write(b"\0" * (count // 2))
+        raise failure
+
+    monkeypatch.setattr(io, "_stream_tensor", full_at_the_second_tensor)
+    expected = ModelSaveError if isinstance(failure, OSError) else KeyboardInterrupt
+    for name in ("out.onnx", "new.onnx"):
+        with pytest.raises(expected):
+            io.save_model(_two_weights(5000), tmp_path / name, external_data=True)
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == earlier  # no temp file
+    monkeypatch.undo()
+    weights = io.load_model(tmp_path / "out.onnx").model.graph.initializers
+    assert weights["w2"].const_value.numpy()[0] == 512  # type: ignore[union-attr]
 
 
 def _with_location(tmp_path: Path, location: str) -> Path:

@@ -139,3 +139,42 @@ def test_a_model_reached_through_a_symlink_elsewhere_loads_and_optimizes(tmp_pat
 
     result = api.optimize(link)
     assert result.validated
+
+
+def test_many_mapped_weights_share_one_map_and_validate_under_a_low_file_limit(
+    tmp_path: Path,
+) -> None:
+    """onnx-ir maps the whole file once per tensor, each map holding a file descriptor: a model of
+    20k weights of 4 kB failed validation with "Too many open files" (here 1500 at a limit of
+    1024, the common default). The file's tensors now share one map, handed to ORT as buffers."""
+    import resource
+
+    count = 1500
+    weights = [np.full(1024, i, np.float32) for i in range(count)]  # 4 kB each: mapped
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Concat", ["x", *(f"w{i}" for i in range(count))], ["y"], axis=0)],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1024])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1024 * (count + 1)])],
+        [onnx.numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)],
+    )
+    source = tmp_path / "m.onnx"
+    onnx.save(
+        onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), source
+    )
+    loaded = io.load_model(source)
+    tensors = [v.const_value for v in loaded.model.graph.initializers.values()]
+    assert all(isinstance(t, io.MappedTensor) for t in tensors)
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    try:
+        open_before = len(os.listdir("/proc/self/fd"))
+        arrays = io.mapped_arrays(loaded.model)
+        assert len(os.listdir("/proc/self/fd")) <= open_before + 1  # one map of the one file
+        report = validate(loaded.model, loaded.model)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert report.passed, report.errors
+    assert np.array_equal(arrays["w1499"], weights[1499])
+    assert len({id(t.file_map) for t in tensors if isinstance(t, io.MappedTensor)}) == 1

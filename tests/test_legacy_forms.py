@@ -142,6 +142,18 @@ def test_a_batch_norm_listing_its_statistics_outputs_is_training_mode_and_not_fo
         )
 
 
+def _optimize_in_a_process(source: Path, target: Path) -> subprocess.CompletedProcess[str]:
+    """``onnxopt optimize`` in a process of its own: an ORT crash must not take pytest with it."""
+    return subprocess.run(
+        [sys.executable, "-m", "onnxopt", "optimize", str(source), "-o", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=False,
+    )
+
+
 def test_empty_trailing_outputs_are_dropped_so_ort_does_not_crash(tmp_path: Path) -> None:
     """``BatchNormalization-7 (..) -> (y, "", "", "", "")`` makes ORT count five outputs, run in
     training mode and crash the process; an empty name means an absent output, so they go at load.
@@ -162,20 +174,76 @@ def test_empty_trailing_outputs_are_dropped_so_ort_does_not_crash(tmp_path: Path
     source, target = tmp_path / "bn.onnx", tmp_path / "out.onnx"
     onnx.save(proto, str(source))
 
-    done = subprocess.run(
-        [sys.executable, "-m", "onnxopt", "optimize", str(source), "-o", str(target)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        check=False,
-    )
+    done = _optimize_in_a_process(source, target)
 
     assert done.returncode == 0, done.stderr
     assert "1 nodes ended their outputs with empty names" in done.stdout
     assert [list(n.output) for n in onnx.load(str(target)).graph.node] == [["y"]]
     assert load_model(source).trimmed_nodes == 1
     assert not load_model(source).runs_as_is
+
+
+def test_empty_trailing_outputs_inside_a_local_function_branch_are_dropped(tmp_path: Path) -> None:
+    """The repair walked the main graph's subgraphs and the functions' top-level nodes only: an If
+    inside a local function kept ``BatchNormalization -> (y, "", "", "", "")``, and ORT, which
+    inlines the function at load, crashed validating the original (exit 139)."""
+    f32 = onnx.TensorProto.FLOAT
+    opsets = [oh.make_opsetid("", 9)]
+
+    def branch(node: onnx.NodeProto) -> onnx.GraphProto:
+        name = node.output[0]
+        return oh.make_graph([node], name, [], [oh.make_tensor_value_info(name, f32, None)])
+
+    norm = oh.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["t", "", "", "", ""])
+    dropout = oh.make_node("Dropout", ["x"], ["e", ""])  # (output, mask): the mask absent
+
+    params = ["x", "c", "g", "b", "m", "v"]
+    function = oh.make_function(
+        "local",
+        "f",
+        params,
+        ["y"],
+        [oh.make_node("If", ["c"], ["y"], then_branch=branch(norm), else_branch=branch(dropout))],
+        opsets,
+    )
+    graph = oh.make_graph(
+        [oh.make_node("f", params, ["y"], domain="local")],
+        "g",
+        [
+            oh.make_tensor_value_info("x", f32, ["N", 3, 4, 4]),
+            oh.make_tensor_value_info("c", onnx.TensorProto.BOOL, []),
+        ],
+        [oh.make_tensor_value_info("y", f32, ["N", 3, 4, 4])],
+        [
+            onh.from_array(np.array(values, np.float32), name)
+            for name, values in (
+                ("g", [1, 2, 3]),
+                ("b", [0, 1, 2]),
+                ("m", [0.5] * 3),
+                ("v", [2] * 3),
+            )
+        ],
+    )
+    proto = oh.make_model(
+        graph,
+        opset_imports=[*opsets, oh.make_opsetid("local", 1)],
+        functions=[function],
+        ir_version=8,
+    )
+    onnx.checker.check_model(proto)
+    source, target = tmp_path / "bn.onnx", tmp_path / "out.onnx"
+    onnx.save(proto, str(source))
+
+    done = _optimize_in_a_process(source, target)
+
+    assert done.returncode == 0, done.stderr
+    assert "2 nodes ended their outputs with empty names" in done.stdout
+    assert "c[]" in done.stdout  # the flag ran both ways: both branches were compared
+    assert load_model(source).trimmed_nodes == 2
+    assert not load_model(source).runs_as_is
+    written = onnx.load(str(target))
+    branches = [a.g for n in written.graph.node for a in n.attribute if a.HasField("g")]
+    assert sorted(list(n.output) for b in branches for n in b.node) == [["e"], ["t"]]
 
 
 def test_a_zipmap_output_is_refused_with_the_converter_option_that_leaves_it_out(
