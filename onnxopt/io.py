@@ -1722,9 +1722,17 @@ _T = TypeVar("_T")
 _ONNX_API_TENSOR_LIMIT = 1000
 
 
-def call_onnx_api(func: Callable[[onnx.ModelProto], _T], model: ir.Model) -> _T:
+def call_onnx_api(
+    func: Callable[[onnx.ModelProto], _T], model: ir.Model, *, vectors_without_data: bool = False
+) -> _T:
     """``func`` on the model's protobuf with weights over 1 kB as typed inputs; the model is left
     as it was.
+
+    ``vectors_without_data`` (for shape inference): such a weight that is 1-D and not of an
+    integer type goes in as an initializer with its dims and no data instead. ONNX's data
+    propagation turns every 1-D *input* an Add, Mul, Concat... reads into a shape of that many
+    unknown dims (about 80 bytes each): 20k biases of 512 floats took 800 MB. It never reads a
+    float initializer's data, and a float vector is never a shape.
 
     onnx-ir's ``_c_api_utils.call_onnx_api`` does this too, but tests each initializer against the
     input list: quadratic, 12 s per call for 20k initializers (a Concat of 20k constants), 4 calls
@@ -1734,6 +1742,7 @@ def call_onnx_api(func: Callable[[onnx.ModelProto], _T], model: ir.Model) -> _T:
     tensors = [v.const_value for v in initializers]
     original_inputs = tuple(model.graph.inputs)
     is_input = set(original_inputs)
+    dataless: list[onnx.TensorProto] = []
     for value in initializers:
         tensor = value.const_value
         if tensor is not None:
@@ -1741,13 +1750,29 @@ def call_onnx_api(func: Callable[[onnx.ModelProto], _T], model: ir.Model) -> _T:
                 value.shape = tensor.shape  # type: ignore[assignment]
             if value.dtype is None:
                 value.dtype = tensor.dtype
-        if value not in is_input:
+        large = tensor is None or tensor.nbytes > _ONNX_API_TENSOR_LIMIT
+        if (
+            vectors_without_data
+            and large
+            and tensor is not None
+            and value not in is_input
+            and len(tensor.shape) == 1
+            and not tensor.dtype.is_integer()
+        ):
+            dataless.append(
+                onnx.TensorProto(
+                    name=value.name, data_type=tensor.dtype.value, dims=list(tensor.shape.numpy())
+                )
+            )
+        elif value not in is_input:
             model.graph.inputs.append(value)
-        if tensor is None or tensor.nbytes > _ONNX_API_TENSOR_LIMIT:
+        if large:
             value.const_value = None
             model.graph.initializers.pop(str(value.name))
     try:
-        return func(ir.serde.serialize_model(model))
+        proto = ir.serde.serialize_model(model)
+        proto.graph.initializer.extend(dataless)
+        return func(proto)
     finally:
         for value, tensor in zip(initializers, tensors, strict=True):
             value.const_value = tensor

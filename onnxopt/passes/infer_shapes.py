@@ -97,27 +97,30 @@ def _value_infos(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
     return found
 
 
-# ONNX's data propagation keeps every element of a 1-D tensor as a dim (~200 bytes each) whatever
-# its dtype: a [50_000_000] float input took 8 GB and a minute. Shape tensors are far smaller.
+# ONNX's data propagation holds every element of a 1-D tensor value it meets (not an initializer)
+# as a dim (80-200 bytes each) whatever its dtype: a [50_000_000] float input took 8 GB and a
+# minute, and 20k [512] values 800 MB. Shape tensors are far smaller than either limit.
 MAX_DATA_PROP_ELEMENTS = 65536
+MAX_DATA_PROP_TOTAL = 1 << 21
 _NO_DATA_PROP = (
-    f"shape inference ran without data propagation: a 1-D tensor has over {MAX_DATA_PROP_ELEMENTS} "
-    "elements, and ONNX's propagation would hold each as a dim"
+    f"shape inference ran without data propagation: the model's 1-D tensors have over "
+    f"{MAX_DATA_PROP_ELEMENTS} elements in one or {MAX_DATA_PROP_TOTAL} in all, and ONNX's "
+    "propagation would hold each as a dim"
 )
 
 
-def _longest_vector(proto: onnx.ModelProto) -> int:
-    """The largest static size of a 1-D tensor value in ``proto`` (inferred without data propagation)."""
-    longest = 0
+def _vector_sizes(proto: onnx.ModelProto) -> tuple[int, int]:
+    """The largest and the total static size of the 1-D tensor values in ``proto`` (inferred
+    without data propagation). Initializers are left out: propagation reads only an integer
+    one's data, and those travel inline only up to 1 kB."""
+    longest = total = 0
     for graph in _graph_protos(proto.graph):
         for info in (*graph.input, *graph.value_info, *graph.output):
             dims = info.type.tensor_type.shape.dim
             if len(dims) == 1 and dims[0].HasField("dim_value"):
                 longest = max(longest, dims[0].dim_value)
-        for tensor in graph.initializer:
-            if len(tensor.dims) == 1:
-                longest = max(longest, tensor.dims[0])
-    return longest
+                total += dims[0].dim_value
+    return longest, total
 
 
 # An outer-scope initializer at most this large is copied into a branch inferred on its own (its
@@ -366,13 +369,15 @@ class InferShapesPass(Pass):
             # ORT's ops are unknown to ONNX inference: shape-preserving ones become Identity here
             # (this proto is a throwaway copy), so the values after them keep their shapes.
             with_stand_ins(proto)
-            longest = _longest_vector(
+            longest, total = _vector_sizes(
                 onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False)
             )
-            if longest > MAX_DATA_PROP_ELEMENTS:
+            if longest > MAX_DATA_PROP_ELEMENTS or total > MAX_DATA_PROP_TOTAL:
                 data_prop = False
                 logger.info(
-                    "a 1-D tensor of %d elements: shape inference runs without data propagation",
+                    "1-D tensors of %d elements (%d in one): shape inference runs without "
+                    "data propagation",
+                    total,
                     longest,
                 )
             inferred = infer(proto)
@@ -388,7 +393,7 @@ class InferShapesPass(Pass):
             return inferred, afresh
 
         try:
-            inferred, afresh = io.call_onnx_api(infer_both, model)
+            inferred, afresh = io.call_onnx_api(infer_both, model, vectors_without_data=True)
         except (
             Exception
         ) as exc:  # inference is best-effort: a model it cannot handle stays as it is
