@@ -209,6 +209,38 @@ def _drop_empty_trailing_outputs(proto: onnx.ModelProto) -> int:
     return trimmed
 
 
+def _minus_one_dims_unknown(proto: onnx.ModelProto) -> int:
+    """Make each type dim written as -1 an unknown dim; return how many values had one.
+
+    PaddlePaddle's converter (paddle2onnx) and some older ones write a dynamic dim as
+    ``dim_value: -1`` rather than leaving it unset; ONNX Runtime reads it as unknown (None), and
+    so does onnxopt now. Other negative dims stay an error.
+    """
+
+    def clear(type_proto: onnx.TypeProto) -> bool:
+        found = False
+        while True:
+            kind = type_proto.WhichOneof("value")
+            if kind in ("tensor_type", "sparse_tensor_type"):
+                for dim in getattr(type_proto, kind).shape.dim:
+                    if dim.HasField("dim_value") and dim.dim_value == -1:
+                        dim.ClearField("dim_value")
+                        found = True
+                return found
+            if kind in ("sequence_type", "optional_type"):
+                type_proto = getattr(type_proto, kind).elem_type
+                continue
+            return found
+
+    changed = 0
+    for graph in _graph_protos(proto.graph, *proto.functions):
+        values = [*graph.value_info]
+        if isinstance(graph, onnx.GraphProto):
+            values += [*graph.input, *graph.output]
+        changed += sum(clear(value.type) for value in values)
+    return changed
+
+
 def _import_implied_domains(proto: onnx.ModelProto) -> tuple[str, ...]:
     """Import ai.onnx.ml / com.microsoft where nodes use them but the model does not import them.
 
@@ -1100,6 +1132,12 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     _check_versions(where, proto)
     _check_node_count(where, proto)
     repairs += _import_implied_domains(proto)
+    unknown = _minus_one_dims_unknown(proto)
+    if unknown:
+        repairs += (
+            f"{unknown} values have dims written as -1 (paddle2onnx's and some older converters' "
+            "way to say unknown): read as unknown dims, as ONNX Runtime reads them",
+        )
     trimmed = _drop_empty_trailing_outputs(proto)
     if trimmed:
         repairs += (
@@ -1138,6 +1176,7 @@ def model_from_proto(proto: onnx.ModelProto, where: str = "<model>") -> ir.Model
     _check_versions(where, proto)
     _check_node_count(where, proto)
     _import_implied_domains(proto)
+    _minus_one_dims_unknown(proto)
     _drop_empty_trailing_outputs(proto)
     _check_external_data(where, proto, None)
     _densify_sparse(where, proto)

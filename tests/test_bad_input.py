@@ -604,6 +604,29 @@ def test_zero_or_negative_dims(tmp_path: Path, dim: int) -> None:
         assert_clean_error(outcome, "m.onnx", "'x'", str(dim), output=out)
 
 
+def test_minus_one_dim_reads_as_unknown(tmp_path: Path) -> None:
+    """paddle2onnx writes a dynamic dim as -1 (RapidOCR's text classifier: x [-1, 3, ?, ?]); ONNX
+    Runtime reads it as unknown. So does onnxopt: validated at more than one size, written as an
+    unknown dim, and a warning says so. Other negative dims stay an error (above)."""
+    proto = relu_model()
+    for value in (proto.graph.input[0], proto.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_value = -1
+    proto.graph.value_info.append(
+        oh.make_tensor_value_info("y_seen", onnx.TensorProto.FLOAT, [-1, 4])
+    )
+    path = save(proto, tmp_path / "m.onnx")
+    out = tmp_path / "out.onnx"
+    outcome = cli("optimize", path, "-o", out)
+    assert outcome.exit_code == 0, outcome
+    assert "3 values have dims written as -1" in outcome.stdout, outcome.stdout
+    tried = next(line for line in outcome.stdout.splitlines() if line.startswith("inputs tried"))
+    assert tried.count("x[") == 2 and len(set(tried.split(";"))) == 2, tried
+    written = onnx.load(str(out)).graph
+    for value in (written.input[0], written.output[0]):
+        dim = value.type.tensor_type.shape.dim[0]
+        assert not dim.HasField("dim_value"), value
+
+
 def test_negative_dim_in_value_info(tmp_path: Path) -> None:
     proto = parse(
         """
