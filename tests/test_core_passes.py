@@ -168,13 +168,14 @@ def test_shape_inference_keeps_symbolic_dims() -> None:
 
 
 def test_placeholder_dims_are_renamed_once_a_rewrite_proves_them() -> None:
-    # m = Reshape(mask, [0, -1]) hides the sequence dim from inference: it gets a made-up name,
-    # recorded on m, c and d. Once the Reshape is gone (as eliminate-noops removes it), inference
-    # without the recorded names proves the dims are [batch, seq]; ONNX alone would keep "unk__".
+    # m = Reshape(mask, t), t a runtime value, hides the dims from inference: they get made-up
+    # names, recorded on m, c and d. Once the Reshape is gone (as eliminate-noops removes one it
+    # proves a no-op), inference without the recorded names proves the dims are [batch, seq];
+    # ONNX alone would keep "unk__".
     model = parse_model(
         """
         <ir_version: 8, opset_import: ["" : 17]>
-        g (int64[batch, seq] mask) => (float[batch, seq] d) <int64[2] t = {0, -1}> {
+        g (int64[batch, seq] mask, int64[2] t) => (float[batch, seq] d) {
             m = Reshape(mask, t)
             c = Cast<to = 1>(m)
             d = Relu(c)

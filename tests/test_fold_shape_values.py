@@ -275,3 +275,41 @@ def test_different_symbols_and_unnamed_dims_are_not_shared() -> None:
         .replace("float[B, T, 4] y", "float[?, ?, 4] y")
     )
     assert not FoldShapeValuesPass()(unnamed.clone()).modified
+
+
+# A CRNN head (RapidOCR's and ddddocr's text recognisers, TorchScript): the sequence length T is
+# the width a strided Conv computes (ONNX names it "unk__N"); the head flattens [T, 1, C] to
+# [-1, C] for its Gemm and rebuilds [T, 1, -1] from Shape(...)[0].
+CRNN_HEAD = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 1, W] x, float[2, 1, 3] k, float[2, 5] w) => (float[?, 1, 5] y) <int64[2] flat = {-1, 2}, int64 zero = {0}, int64[1] axes = {0}, int64[1] one = {1}, int64[1] rest = {-1}> {
+    c = Conv<strides = [2]>(x, k)
+    seq = Transpose<perm = [2, 0, 1]>(c)
+    f = Reshape(seq, flat)
+    m = MatMul(f, w)
+    s = Shape(seq)
+    t = Gather<axis = 0>(s, zero)
+    tu = Unsqueeze(t, axes)
+    target = Concat<axis = 0>(tu, one, rest)
+    y = Reshape(m, target)
+}
+"""
+
+
+def test_reshape_minus_one_is_the_dim_the_others_leave() -> None:
+    """ONNX names a Reshape's -1 afresh; [T, 1, 2] -> [-1, 2] is T itself, so the Gemm output is
+    [T, 5], and the head's rebuilt target [T, 1, -1] is the constant [0, 1, -1]."""
+    model = parse_model(CRNN_HEAD)
+    InferShapesPass()(model)
+    values = {str(o.name): o for node in model.graph for o in node.outputs}
+    seq_dim = values["seq"].shape[0]
+    assert not isinstance(seq_dim, int)
+    assert list(values["f"].shape) == [seq_dim, 2]
+    assert list(values["m"].shape) == [seq_dim, 5]
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats.get("Reshape targets made constant") == 1, result.stats
+    target = result.model.graph.node(-1).inputs[1]
+    assert target is not None and target.const_value is not None
+    assert target.const_value.numpy().tolist() == [0, 1, -1]
+    report = validate(model, result.model)
+    assert report.passed and len(report.trials) == 2

@@ -246,6 +246,21 @@ POSITIVE = [
         1,
     ),
     (
+        # An LSTM's [T, directions, batch, H] output at batch 1 turned to [T, batch, directions,
+        # H] before a Reshape (RapidOCR's and ddddocr's CRNN heads): the Transpose moves a size-1
+        # axis only, so the Reshape reads x itself; its 0 still copies T (perm keeps axis 0).
+        "reshape-of-size-1-transpose",
+        model(
+            "<int64[3] s = {0, 0, -1}> { a = Transpose <perm = [0, 2, 1, 3]> (x)\n"
+            " b = Reshape(a, s)\n y = Relu(b) }",
+            inputs="float[T,2,1,4] x",
+            outputs="float[T,1,8] y",
+        ),
+        {"Reshape∘Transpose": 1},
+        ["Reshape", "Relu"],
+        2,
+    ),
+    (
         "concat-concat",
         model(
             "{ a = Concat <axis = 1> (x, x)\n b = Concat <axis = -2> (x, a, x)\n y = Relu(b) }",
@@ -306,6 +321,16 @@ NEGATIVE = [
             outputs="float[M,K] y",
         ),
         "not a constant",
+    ),
+    (
+        "reshape-of-reordering-transpose",
+        model(
+            "<int64[2] s = {-1, 4}> { a = Transpose <perm = [1, 0, 2]> (x)\n"
+            " b = Reshape(a, s)\n y = Relu(b) }",
+            inputs="float[2,3,4] x",
+            outputs="float[6,4] y",
+        ),
+        "reorders axes that are not provably of size 1",
     ),
     (
         "slice-negative-on-symbolic",

@@ -1,5 +1,9 @@
 """Dims that ONNX shape inference leaves unknown although an op provably copies them from its input.
 
+Reshape's -1 is another: ONNX names it afresh ("unk__3") unless every input dim is a number,
+yet ``[T, 1, 1024] -> [-1, 1024]`` is T whatever T is (the input's dims, cancelled against the
+target's, leave T alone). Such a placeholder is then renamed to T wherever ONNX propagated it.
+
 ONNX infers nothing but the rank of a Slice whose starts or ends are not constant, yet every axis
 the Slice does not touch keeps its input dim. TorchScript exports slice buffers by the sequence
 length (``position_ids[:, :seq]``), so the untouched dims (often a static 1) would otherwise stay
@@ -12,18 +16,107 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
-from onnxopt.passes._shape_facts import int_param, normalize_axes, optional_input
+from onnxopt.passes._shape_facts import const_ints, int_param, normalize_axes, optional_input
 from onnxopt.rewrite import Mismatch
 
 
 def refine_shapes(model: ir.Model) -> int:
     """Fill in provably copied dims (never replacing a known one); the number of values improved."""
     improved = 0
+    renamed: dict[str, int | ir.SymbolicDim] = {}  # placeholder -> the dim it provably is
     for graph in model.graphs():
         for node in graph:
             if is_op(node, "Slice"):
                 improved += _refine_slice(node)
+            elif is_op(node, "Reshape"):
+                improved += _refine_reshape(node, renamed)
+    if renamed:
+        improved += _rename_dims(model, renamed)
     return improved
+
+
+def _rename_dims(model: ir.Model, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+    changed = 0
+    for graph in model.graphs():
+        values = [*graph.inputs, *(o for node in graph for o in node.outputs)]
+        for value in values:
+            shape = value.shape
+            if shape is None:
+                continue
+            dims = [_renamed(d, renamed) for d in shape]
+            if dims != list(shape):
+                value.shape = ir.Shape(dims)
+                changed += 1
+    return changed
+
+
+def _renamed(dim: object, renamed: dict[str, int | ir.SymbolicDim]) -> int | ir.SymbolicDim | None:
+    if isinstance(dim, int) or dim is None:
+        return dim
+    name = getattr(dim, "value", None)
+    target = renamed.get(str(name)) if name else None
+    return target if target is not None else dim  # type: ignore[return-value]
+
+
+def _refine_reshape(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+    """The dim a Reshape's -1 stands for, where the input's dims cancel against the target's to
+    one named dim (or a number); and the dims its 0s copy."""
+    data, out = node.inputs[0] if node.inputs else None, node.outputs[0]
+    target = const_ints(optional_input(node, 1))
+    if data is None or data.shape is None or target is None or target.count(-1) > 1:
+        return 0
+    if node.attributes.get_int("allowzero", 0) or any(t < -1 for t in target):
+        return 0
+    source = [_renamed(d, renamed) for d in data.shape]
+    # A placeholder name (ONNX's "unk__3") stands for one dim wherever ONNX propagated it, so it
+    # cancels against itself; a dim without a name cannot.
+    if any(d is None or not getattr(d, "value", 1) for d in source) or 0 in source:
+        return 0
+    dims: list[int | ir.SymbolicDim | None] = []
+    for axis, wanted in enumerate(target):
+        if wanted == 0:
+            if axis >= len(source):
+                return 0
+            dims.append(source[axis])
+        else:
+            dims.append(wanted if wanted > 0 else None)
+    if -1 in target:
+        left = [d for d in source if not isinstance(d, int)]
+        static = 1
+        for d in source:
+            static *= d if isinstance(d, int) else 1
+        for d in dims:
+            if isinstance(d, int):
+                static, rest = divmod(static, d)
+                if rest:
+                    return 0
+            elif d is not None:
+                match = next((i for i, s in enumerate(left) if str(s) == str(d)), None)
+                if match is None:
+                    return 0
+                del left[match]
+        if not left:
+            inferred: int | ir.SymbolicDim = static
+        elif len(left) == 1 and static == 1:
+            inferred = left[0]  # type: ignore[assignment]
+        else:
+            return 0
+        dims[target.index(-1)] = inferred
+    current = list(out.shape) if out.shape is not None else [None] * len(dims)
+    if len(current) != len(dims):
+        return 0
+    merged = list(current)
+    for axis, (known, found) in enumerate(zip(current, dims, strict=True)):
+        if found is None or isinstance(known, int) or not _is_unknown(known):
+            continue
+        merged[axis] = found
+        name = getattr(known, "value", None)
+        if name and str(name).startswith(GENERATED_DIM_PREFIX):
+            renamed.setdefault(str(name), found)
+    if merged == current:
+        return 0
+    out.shape = ir.Shape(merged)
+    return 1
 
 
 # ONNX inference names the dims it cannot tell "unk__0", "unk__1", ...: placeholders, not facts.

@@ -1,6 +1,7 @@
 """Merge chains of the same op into one: Transpose, Reshape, Squeeze, Unsqueeze, Cast, Slice, Concat.
 
-A Reshape also absorbs a Flatten, Squeeze or Unsqueeze before it (all keep the element order).
+A Reshape also absorbs a Flatten, Squeeze or Unsqueeze before it (all keep the element order), and
+a Transpose that only moves axes of size 1 past others (it keeps the element order too).
 
 The outer op is rewritten to read the inner op's input directly; the inner op goes away when
 nothing else uses it (when something does, it stays and the chain is still one op shorter).
@@ -211,6 +212,10 @@ def _match_reshape_of(node: ir.Node, inner_type: str) -> Match | Mismatch:
     inner = producer_op(node, inner_type)
     if isinstance(inner, Mismatch):
         return inner
+    if inner_type == "Transpose":
+        moved = _moves_data(inner)
+        if moved is not None:
+            return Mismatch(moved)
     inner_out = inner.outputs[0]
     if inner_out.is_graph_output() or any(use.node is not node for use in inner_out.uses()):
         # The inner op stays for its other users, so merging removes nothing; it would only hide
@@ -231,10 +236,14 @@ def _match_reshape_of(node: ir.Node, inner_type: str) -> Match | Mismatch:
     if 0 not in target:
         return Match([inner, node], {"target": None})
     middle = dims_of(inner.outputs[0])
+    perm = inner.attributes.get_ints("perm", None) if inner_type == "Transpose" else None
     resolved = []
     for axis, want in enumerate(target):
         if want == 0:
             dim = middle[axis] if middle is not None and axis < len(middle) else None
+            if dim is None and perm is not None and axis < len(perm) and perm[axis] == axis:
+                resolved.append(0)  # the Transpose keeps this axis: 0 copies the same dim
+                continue
             if dim is None:
                 return Mismatch(
                     f"the outer target copies dim {axis} of the inner result, which is not known"
@@ -242,6 +251,26 @@ def _match_reshape_of(node: ir.Node, inner_type: str) -> Match | Mismatch:
             want = dim
         resolved.append(want)
     return Match([inner, node], {"target": tuple(resolved), "attribute_form": attribute_form})
+
+
+def _moves_data(transpose: ir.Node) -> str | None:
+    """Why the Transpose may move elements (None: it keeps their order, as a Reshape does).
+
+    It keeps the order when the axes it moves past each other are all of size 1: the axes that
+    are not provably 1 stay in increasing order in ``perm``. An LSTM's [T, directions, batch, H]
+    output turned to [T, batch, directions, H] at batch 1 is such a one.
+    """
+    dims = dims_of(transpose.inputs[0])
+    if dims is None:
+        return "the Transpose's input rank is not known"
+    perm = transpose.attributes.get_ints("perm", None)
+    order = list(perm) if perm is not None else list(range(len(dims)))[::-1]
+    if sorted(order) != list(range(len(dims))):
+        return "the Transpose's perm is not a permutation of its input's axes"
+    kept = [axis for axis in order if dims[axis] != 1]
+    if kept != sorted(kept):
+        return "the Transpose reorders axes that are not provably of size 1"
+    return None
 
 
 def _rewrite_reshapes(match: Match, context: RewriteContext) -> Replacement:
@@ -534,7 +563,7 @@ RULES: tuple[Rule, ...] = (
     ),
     *(
         _rule(f"Reshape∘{inner}", "Reshape", _reshape_of(inner), _rewrite_reshapes)
-        for inner in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+        for inner in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
     ),
     _rule("Unsqueeze∘Unsqueeze", "Unsqueeze", _match_unsqueezes, _rewrite_axes_merge),
     _rule("Squeeze∘Squeeze", "Squeeze", _match_squeezes, _rewrite_axes_merge),
