@@ -761,6 +761,40 @@ def find_relation(
     return None
 
 
+# Tried by :func:`sizes_that_run` in this order: a benchmark wants realistic sizes, so the larger
+# ones come first, and every dim at 1 last.
+_BENCH_FALLBACK_SIZES = (128, 224, 64, 256, 32, 16, 8, 2)
+
+
+def sizes_that_run(
+    model: Path,
+    specs: Sequence[InputSpec],
+    *,
+    seed: int = 0,
+    run_timeout: float = DEFAULT_RUN_TIMEOUT,
+) -> dict[str, tuple[int, ...]] | None:
+    """Input shapes ``model`` runs at (optimizations off), for when a benchmark's defaults do not:
+    every dynamic dim at one size (unnamed dims too, which a benchmark sizes apart), larger
+    sizes first, then distinct sizes per name, then 1; None when none runs."""
+    symbols = DimSymbols.of(specs)
+    session = _session(model)
+    names = [o.name for o in session.get_outputs()]
+    rng = np.random.default_rng(seed)
+    plans = [symbols.constant(size) for size in _BENCH_FALLBACK_SIZES]
+    plans += [symbols.distinct(), symbols.one_batch(symbols.distinct()), symbols.constant(1)]
+    for plan in plans:
+        shapes = symbols.shapes(specs, plan)
+        feeds = inputs_of_shapes(specs, shapes, rng) if shapes is not None else None
+        if shapes is None or feeds is None:
+            continue
+        try:
+            _run_bounded(session, names, feeds, run_timeout)
+        except Exception:
+            continue
+        return {spec.name: shape for spec, shape in zip(specs, shapes, strict=True)}
+    return None
+
+
 @dataclass(frozen=True)
 class ReferenceReport:
     """The exported model (``export``) and the optimized one (``optimized``) against eager PyTorch outputs.

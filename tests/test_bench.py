@@ -346,3 +346,31 @@ def test_bench_refuses_input_sizes_beyond_available_memory_before_running(tmp_pa
     # the same model at a size that fits is timed as usual
     report = bench(str(path), "--shape", "x:4x8", "--budget", "0.2", "--no-memory")
     assert variants(report)["optimized (all)"]["latency"]["runs"] > 0
+
+
+# silero-vad's state [2, ?, 128] shares its unnamed middle dim with the audio's unnamed batch;
+# bench's defaults size unnamed dims apart (batch 1, the rest 128), so the original fails there.
+UNNAMED_BUT_EQUAL = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[?, 8] x, float[2, ?, 8] h) => (float[?, 16] y) <int64 zero = {0}> {
+    first = Gather<axis = 0>(h, zero)
+    y = Concat<axis = 1>(x, first)
+}
+"""
+
+
+def test_bench_finds_sizes_the_original_runs_at_when_its_defaults_do_not(tmp_path):
+    path = tmp_path / "state.onnx"
+    onnx.save(onnx.parser.parse_model(UNNAMED_BUT_EQUAL), path)
+    report = bench(str(path), "--budget", "0.2", "--no-memory", "--clock", "cpu")
+    assert report["points"][0]["shapes"] == {"x": [128, 8], "h": [2, 128, 8]}
+    assert any(n.startswith("timed at x 128x8, h 2x128x8: the original") for n in report["notes"])
+    assert variants(report)["optimized (all)"]["latency"]["runs"] > 0
+    # Sizes the user chose are kept, and the failure is reported as before.
+    result = CliRunner().invoke(
+        main, ["bench", str(path), "--shape", "x:1x8", "--shape", "h:2x3x8", "--budget", "0.2"]
+    )
+    assert result.exit_code == 2, result.output
+    assert (
+        "the original model fails on ONNX Runtime (cpu) with the generated inputs" in result.stderr
+    )

@@ -44,6 +44,7 @@ from onnxopt.validate import (
     input_specs,
     make_inputs,
     shared_sessions,
+    sizes_that_run,
 )
 
 logger = logging.getLogger(__name__)
@@ -136,6 +137,10 @@ def _threads(requested: int) -> int:
     import psutil
 
     return int(psutil.cpu_count(logical=False) or psutil.cpu_count() or 1)
+
+
+class OriginalFailsOnInputs(ModelLoadError):
+    """The original model fails on the inputs bench generated (the optimized one is not at fault)."""
 
 
 def _sweep_points(sweeps: Sequence[tuple[str, tuple[int, ...]]]) -> list[dict[str, int]]:
@@ -397,7 +402,8 @@ def _load_group(provider: str, setup: _Setup) -> list[_Loaded]:
                         f"{path}: one run of the {name} model took over --run-timeout "
                         f"({options.run_timeout:g} s) on ONNX Runtime ({provider})"
                     ) from error
-                raise ModelLoadError(
+                failure = OriginalFailsOnInputs if name == "original" else ModelLoadError
+                raise failure(
                     f"{path}: the {name} model fails on ONNX Runtime ({provider}) with the "
                     f"generated inputs ({_first_line(error)}); pass --inputs FILE.npz"
                 ) from error
@@ -695,6 +701,11 @@ def run_bench(
                 notes.append(
                     f"input sizes chosen with {relation} (the model did not run otherwise)"
                 )
+        # Sizes bench chose itself (no --inputs, --shape, --sweep or example inputs) may be ones
+        # the model cannot run at: batch 1 and 128 are guesses, and unnamed dims are sized apart.
+        own_sizes = (
+            options.inputs is None and not options.shapes and not options.sweeps and not examples
+        )
         for sweep in sweeps:
             if options.inputs is not None:
                 feeds = {k: np.asarray(v) for k, v in options.inputs.items()}
@@ -704,18 +715,42 @@ def run_bench(
             refuse_beyond_memory(shapes)
             if options.inputs is None:
                 feeds = _feeds(specs, shapes, options.seed)
-            setup = _Setup(
-                models,
-                options,
-                threads,
-                feeds,
-                torch_model,
-                input_names,
-                output_names,
-                say,
-                unloadable,
-            )
-            groups = [_run_group(provider, setup) for provider in options.providers]
+
+            def timed(feeds: Mapping[str, Any]) -> list[GroupResult]:
+                setup = _Setup(
+                    models,
+                    options,
+                    threads,
+                    feeds,
+                    torch_model,
+                    input_names,
+                    output_names,
+                    say,
+                    unloadable,
+                )
+                return [_run_group(provider, setup) for provider in options.providers]
+
+            try:
+                groups = timed(feeds)
+            except OriginalFailsOnInputs as failure:
+                if not own_sizes or relation is not None:
+                    raise
+                say("the original does not run at the default sizes: looking for sizes it runs at")
+                with shared_sessions():
+                    found = sizes_that_run(path, specs, seed=options.seed)
+                if found is None:
+                    raise failure from None
+                shapes = found
+                refuse_beyond_memory(shapes)
+                chosen = ", ".join(
+                    f"{k} {'x'.join(map(str, v)) or 'scalar'}" for k, v in shapes.items()
+                )
+                notes.append(
+                    f"timed at {chosen}: the original model does not run at bench's default sizes "
+                    "(batch 1, other dynamic dims 128, unnamed dims each apart); choose sizes "
+                    "with --shape or --sweep"
+                )
+                groups = timed(_feeds(specs, shapes, options.seed))
             points.append(PointResult(shapes, tuple(groups)))
     for name, why in unloadable.items():
         notes.append(f"{name} was not timed: ONNX Runtime cannot load it ({why})")
