@@ -1762,7 +1762,11 @@ _ONNX_API_TENSOR_LIMIT = 1000
 
 
 def call_onnx_api(
-    func: Callable[[onnx.ModelProto], _T], model: ir.Model, *, vectors_without_data: bool = False
+    func: Callable[[onnx.ModelProto], _T],
+    model: ir.Model,
+    *,
+    vectors_without_data: bool = False,
+    subgraph_weights: bool = False,
 ) -> _T:
     """``func`` on the model's protobuf with weights over 1 kB as typed inputs; the model is left
     as it was.
@@ -1773,16 +1777,21 @@ def call_onnx_api(
     unknown dims (about 80 bytes each): 20k biases of 512 floats took 800 MB. It never reads a
     float initializer's data, and a float vector is never a shape.
 
+    ``subgraph_weights`` (for shape inference): a large initializer of an If/Loop body goes in
+    the same way, as one of the main graph (the body sees it as an outer-scope value), so that
+    a branch's weights are not copied into the protobuf either.
+
     onnx-ir's ``_c_api_utils.call_onnx_api`` does this too, but tests each initializer against the
     input list: quadratic, 12 s per call for 20k initializers (a Concat of 20k constants), 4 calls
     per shape inference round.
     """
-    initializers = tuple(model.graph.initializers.values())
-    tensors = [v.const_value for v in initializers]
+    graphs = [model.graph, *model.graph.subgraphs()] if subgraph_weights else [model.graph]
+    initializers = [(graph, value) for graph in graphs for value in graph.initializers.values()]
+    tensors = [v.const_value for _, v in initializers]
     original_inputs = tuple(model.graph.inputs)
     is_input = set(original_inputs)
     dataless: list[onnx.TensorProto] = []
-    for value in initializers:
+    for graph, value in initializers:
         tensor = value.const_value
         if tensor is not None:
             if value.shape is None:
@@ -1790,6 +1799,11 @@ def call_onnx_api(
             if value.dtype is None:
                 value.dtype = tensor.dtype
         large = tensor is None or tensor.nbytes > _ONNX_API_TENSOR_LIMIT
+        if graph is not model.graph and not large:
+            continue  # small ones stay in their body, with their data
+        if large:
+            value.const_value = None
+            graph.initializers.pop(str(value.name))
         if (
             vectors_without_data
             and large
@@ -1805,20 +1819,17 @@ def call_onnx_api(
             )
         elif value not in is_input:
             model.graph.inputs.append(value)
-        if large:
-            value.const_value = None
-            model.graph.initializers.pop(str(value.name))
     try:
         proto = ir.serde.serialize_model(model)
         proto.graph.initializer.extend(dataless)
         return func(proto)
     finally:
-        for value, tensor in zip(initializers, tensors, strict=True):
-            value.const_value = tensor
-            if str(value.name) not in model.graph.initializers:
-                model.graph.initializers.add(value)
         model.graph.inputs.clear()
         model.graph.inputs.extend(original_inputs)
+        for (graph, value), tensor in zip(initializers, tensors, strict=True):
+            value.const_value = tensor
+            if str(value.name) not in graph.initializers:
+                graph.initializers.add(value)
 
 
 def convert_opset(model: ir.Model, version: int) -> ir.Model:

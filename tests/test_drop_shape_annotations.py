@@ -54,9 +54,10 @@ def test_enable_puts_a_pass_where_all_passes_orders_it() -> None:
     model = parse_model(TEXT.replace(', "custom" : 1', "").replace("    c = custom.Thing(x)\n", ""))
     result = optimize(model, enable=["fuse-skip-layer-norm", "merge-qkv-projections"])
     ran = list(result.report.passes_run)
-    assert ran[-4:] == [
+    assert ran[-5:] == [
         "fuse-skip-layer-norm",
         "keep-layer-norm-unfused",  # finds nothing left once the pairs are fused
+        "localize-initializers",
         "reorder-for-memory",
         "drop-shape-annotations",
     ]

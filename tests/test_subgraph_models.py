@@ -10,8 +10,10 @@ import onnx.helper as oh
 import onnx.numpy_helper as onh
 import onnx_ir as ir
 import onnxruntime as ort
+from click.testing import CliRunner
 
 from onnxopt import api
+from onnxopt.cli import main
 from onnxopt.io import load_model, model_from_proto, to_proto, unique_value_names
 from onnxopt.passes.base import Pass, PassResult, Pipeline
 from onnxopt.passes.infer_shapes import InferShapesPass
@@ -217,3 +219,112 @@ def test_sibling_branches_sharing_names_load_without_a_warning(tmp_path: Path) -
     assert len(names) == len(set(names))
     result = api.optimize(path)
     assert result.validated
+
+
+def _two_rate_model(width: int = 8) -> onnx.ModelProto:
+    """silero-vad's shape: one branch per sample rate, each with weights of its own, a weight
+    both branches read, and one the main graph reads; a Loop body with a weight of its own."""
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return onh.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    def branch(name: str, own: str) -> onnx.GraphProto:
+        nodes = [
+            oh.make_node("MatMul", ["x2", own], [f"{name}_h"]),
+            oh.make_node("Add", [f"{name}_h", "shared"], [f"{name}_out"]),
+        ]
+        out = oh.make_tensor_value_info(f"{name}_out", FLOAT, None)
+        return oh.make_graph(nodes, name, [], [out])
+
+    body = oh.make_graph(
+        [
+            oh.make_node("Identity", ["cond_in"], ["cond_out"]),
+            oh.make_node("Mul", ["acc_in", "step"], ["acc_out"]),
+        ],
+        "body",
+        [
+            oh.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+            oh.make_tensor_value_info("cond_in", onnx.TensorProto.BOOL, []),
+            oh.make_tensor_value_info("acc_in", FLOAT, None),
+        ],
+        [
+            oh.make_tensor_value_info("cond_out", onnx.TensorProto.BOOL, []),
+            oh.make_tensor_value_info("acc_out", FLOAT, None),
+        ],
+    )
+    nodes = [
+        oh.make_node("Mul", ["x", "scale"], ["x2"]),
+        oh.make_node("Equal", ["sr", "rate16k"], ["is16k"]),
+        oh.make_node(
+            "If",
+            ["is16k"],
+            ["y"],
+            then_branch=branch("then", "w16k"),
+            else_branch=branch("else", "w8k"),
+        ),
+        oh.make_node("Loop", ["trips", "true", "y"], ["z"], body=body),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [
+            oh.make_tensor_value_info("x", FLOAT, ["B", width]),
+            oh.make_tensor_value_info("sr", onnx.TensorProto.INT64, []),
+        ],
+        [oh.make_tensor_value_info("z", FLOAT, ["B", 4])],
+        [
+            weight("scale", width),
+            weight("w16k", width, 4),
+            weight("w8k", width, 4),
+            weight("shared", 4),
+            weight("step", 4),
+            onh.from_array(np.array(16000, np.int64), "rate16k"),
+            onh.from_array(np.array(3, np.int64), "trips"),
+            onh.from_array(np.array(True), "true"),
+        ],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+
+
+def test_weights_only_one_body_reads_move_into_it() -> None:
+    """ORT sets up every outer-scope value a body reads as an implicit input on each run (each
+    Loop iteration); a weight of the body is a session constant. Each branch's own weight and the
+    Loop's step move in; the one both branches read and the main graph's stay."""
+    from onnxopt.passes.localize_initializers import LocalizeInitializersPass
+
+    model = model_from_proto(_two_rate_model())
+    original = model_from_proto(_two_rate_model())
+    result = LocalizeInitializersPass()(model)
+    assert result.stats == {"initializers moved into a body": 3}
+    assert set(model.graph.initializers) == {"scale", "shared", "rate16k", "trips", "true"}
+    bodies = {g.name: set(g.initializers) for g in model.graph.subgraphs()}
+    assert bodies == {"then": {"w16k"}, "else": {"w8k"}, "body": {"step"}}
+    x = np.random.default_rng(1).standard_normal((3, 8)).astype(np.float32)
+    for rate in (16000, 8000):
+        inputs = [{"x": x, "sr": np.array(rate, np.int64)}]
+        assert validate(original, model, inputs=inputs).passed
+    assert not LocalizeInitializersPass()(model).modified
+    # In the default pipeline, and ONNX Runtime loads and runs the written file.
+    optimized = api.optimize(model_from_proto(_two_rate_model())).model
+    assert {g.name: set(g.initializers) for g in optimized.graph.subgraphs()}["then"] == {"w16k"}
+    session = ort.InferenceSession(
+        to_proto(optimized).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    assert session.run(None, {"x": x, "sr": np.array(8000, np.int64)})[0].shape == (3, 4)
+
+
+def test_mapped_weights_moved_into_a_body_are_written_and_validated(tmp_path: Path) -> None:
+    """Weights of 1 MiB are mapped from the model file, which ONNX Runtime is handed for the main
+    graph only: moved into a branch, they are read into memory first, so validation's session and
+    the written file hold them."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_two_rate_model(width=65536), path)
+    out = tmp_path / "out.onnx"
+    result = CliRunner().invoke(main, ["optimize", str(path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "initializers moved into a body: 3" in result.output
+    x = np.random.default_rng(1).standard_normal((2, 65536)).astype(np.float32)
+    feeds = {"x": x, "sr": np.array(16000, np.int64)}
+    run = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (path, out)]
+    np.testing.assert_allclose(*(s.run(None, feeds)[0] for s in run), rtol=1e-5, atol=1e-4)

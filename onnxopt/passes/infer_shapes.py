@@ -393,7 +393,9 @@ class InferShapesPass(Pass):
             return inferred, afresh
 
         try:
-            inferred, afresh = io.call_onnx_api(infer_both, model, vectors_without_data=True)
+            inferred, afresh = io.call_onnx_api(
+                infer_both, model, vectors_without_data=True, subgraph_weights=True
+            )
         except (
             Exception
         ) as exc:  # inference is best-effort: a model it cannot handle stays as it is

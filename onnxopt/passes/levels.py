@@ -33,6 +33,7 @@ from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.inline_functions import InlineFunctionsPass
 from onnxopt.passes.keep_layer_norm_unfused import KeepLayerNormUnfusedPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
+from onnxopt.passes.localize_initializers import LocalizeInitializersPass
 from onnxopt.passes.lower_einsum import LowerEinsumPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.merge_qkv_projections import MergeQkvProjectionsPass
@@ -129,6 +130,7 @@ ALL_PASSES: list[PassClass] = [
     *FUSIONS[_AFTER_GQA:],
     *OPT_IN_FUSIONS,
     KeepLayerNormUnfusedPass,
+    LocalizeInitializersPass,
     ReorderForMemoryPass,
     DropShapeAnnotationsPass,
 ]
@@ -192,6 +194,7 @@ LEVELS: dict[int, LevelSpec] = {
             EliminateDeadCodePass,
         ),
         KeepLayerNormUnfusedPass,
+        LocalizeInitializersPass,
         ReorderForMemoryPass,
         DropShapeAnnotationsPass,
     ],
@@ -210,6 +213,7 @@ LEVELS: dict[int, LevelSpec] = {
         CLEANUP,
         EliminateDeadCodePass,
         KeepLayerNormUnfusedPass,
+        LocalizeInitializersPass,
         ReorderForMemoryPass,
         DropShapeAnnotationsPass,
     ],
