@@ -22,6 +22,17 @@ def is_op(node: ir.Node | None, op_type: str, domain: str = "") -> bool:
     return node.domain == domain
 
 
+def node_subgraphs(node: ir.Node) -> list[ir.Graph]:
+    """The graphs ``node`` holds as attributes (If branches, Loop/Scan bodies), in order."""
+    out: list[ir.Graph] = []
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            out.append(attr.as_graph())
+        elif attr.type == ir.AttributeType.GRAPHS:
+            out.extend(attr.as_graphs())
+    return out
+
+
 def const_array(value: ir.Value | None) -> np.ndarray | None:
     """The value's constant contents as numpy, or None when it is not a known constant.
 

@@ -33,6 +33,8 @@ from typing import Any, TypeVar
 
 import onnx_ir as ir
 
+from onnxopt.ops import node_subgraphs
+
 DEFAULT_ALIGNMENT = 64
 # Symbolic dims nobody bound are given this size when a pass needs concrete sizes.
 DEFAULT_SYMBOLIC_DIM = 64
@@ -323,16 +325,6 @@ def _owner_map(graph: ir.Graph, nodes: Sequence[ir.Node]) -> dict[int, int]:
     return owners
 
 
-def _subgraphs(node: ir.Node) -> list[ir.Graph]:
-    out: list[ir.Graph] = []
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            out.append(attr.as_graph())
-        elif attr.type == ir.AttributeType.GRAPHS:
-            out.extend(attr.as_graphs())
-    return out
-
-
 @without_gc
 def build_dataflow(
     graph: ir.Graph,
@@ -483,7 +475,7 @@ def build_dataflow(
 
     workspace = [0] * len(nodes)
     for i, node in enumerate(nodes):
-        for sub in _subgraphs(node):
+        for sub in node_subgraphs(node):
             workspace[i] = max(workspace[i], _subgraph_arena(sub, sizes, alignment, inplace))
 
     input_bytes = sum(

@@ -6,6 +6,7 @@ from collections import Counter
 
 import onnx_ir as ir
 
+from onnxopt.ops import node_subgraphs
 from onnxopt.passes.base import Pass, PassResult
 
 # Weights in a body are held in memory (onnxopt's writers stream main-graph weights only, and ORT
@@ -13,16 +14,9 @@ from onnxopt.passes.base import Pass, PassResult
 MAX_LOADED_BYTES = 64 << 20
 
 
-def _bodies(graph: ir.Graph | ir.Function) -> list[ir.Graph]:
+def _bodies(graph: ir.Graph) -> list[ir.Graph]:
     """The subgraphs held by ``graph``'s own nodes (not those nested deeper)."""
-    found = []
-    for node in graph:
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.GRAPH:
-                found.append(attr.as_graph())
-            elif attr.type == ir.AttributeType.GRAPHS:
-                found.extend(attr.as_graphs())
-    return found
+    return [body for node in graph for body in node_subgraphs(node)]
 
 
 def _reads(body: ir.Graph) -> set[ir.Value]:
