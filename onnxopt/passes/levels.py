@@ -28,6 +28,7 @@ from onnxopt.passes.fuse_pad import FusePadPass
 from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.fuse_rotary_embedding import FuseRotaryEmbeddingPass
 from onnxopt.passes.fuse_rotary_transposes import FuseRotaryTransposesPass
+from onnxopt.passes.fuse_silu import FuseSiluPass
 from onnxopt.passes.fuse_softcap_attention import FuseSoftcapAttentionPass
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.inline_functions import InlineFunctionsPass
@@ -68,6 +69,8 @@ FUSIONS: list[PassClass] = [
     # Bit-identical on ORT 1.32 CPU (scripts/gqa_rotary_check.py); two nodes fewer per layer.
     FuseGqaRotaryPass,
     FuseGeluPass,
+    # Bit-identical on ORT 1.32 CPU; the same op ORT makes of the pair at ENABLE_EXTENDED+.
+    FuseSiluPass,
     FuseMatMulPass,  # attention patterns need to see their Transpose + MatMul unfused
     # After fuse-matmul, which turns a 2-D MatMul + bias into one Gemm (the Add is gone either way).
     # BiasGelu: one node fewer per pair, the same kernel at ORT_ENABLE_ALL (ORT fuses Add + Gelu
