@@ -328,3 +328,30 @@ def test_mapped_weights_moved_into_a_body_are_written_and_validated(tmp_path: Pa
     feeds = {"x": x, "sr": np.array(16000, np.int64)}
     run = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (path, out)]
     np.testing.assert_allclose(*(s.run(None, feeds)[0] for s in run), rtol=1e-5, atol=1e-4)
+
+
+def test_a_weight_one_branch_returns_as_it_is_is_read_by_that_branch() -> None:
+    """The else branch returns the outer weight itself (no node reads it; onnx-ir holds the
+    output as a value of its own, tied by name only): moving it into the then branch, its only
+    node reader, would leave the else branch returning an unknown name. (ONNX Runtime and onnx's
+    checker refuse this form, asking for an Identity; a model is not made worse than it came.)"""
+    from onnxopt.passes.localize_initializers import LocalizeInitializersPass
+
+    then = oh.make_graph(
+        [oh.make_node("Neg", ["w"], ["t_out"])],
+        "then",
+        [],
+        [oh.make_tensor_value_info("t_out", FLOAT, [4])],
+    )
+    other = oh.make_graph([], "else", [], [oh.make_tensor_value_info("w", FLOAT, [4])])
+    graph = oh.make_graph(
+        [oh.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+        "g",
+        [oh.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])],
+        [oh.make_tensor_value_info("y", FLOAT, [4])],
+        [onh.from_array(np.arange(4, dtype=np.float32), "w")],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    model = model_from_proto(proto)
+    assert not LocalizeInitializersPass()(model).modified
+    assert set(model.graph.initializers) == {"w"}

@@ -27,6 +27,16 @@ def _reads(body: ir.Graph) -> set[ir.Value]:
     return read
 
 
+def _returned_names(body: ir.Graph) -> set[str]:
+    """The output names of ``body`` and of the bodies nested in it. A branch may return an outer
+    value as it is; onnx-ir then holds a value of its own under that name, tied only by it."""
+    names = {str(v.name) for v in body.outputs if v.name}
+    for node in ir.traversal.RecursiveGraphIterator(body):
+        for nested in node_subgraphs(node):
+            names.update(str(v.name) for v in nested.outputs if v.name)
+    return names
+
+
 class LocalizeInitializersPass(Pass):
     """An initializer that only one subgraph reads (its nodes, or bodies nested in it) moves there.
 
@@ -56,10 +66,11 @@ class LocalizeInitializersPass(Pass):
             if not graph.initializers:
                 continue
             reads = [_reads(body) for body in bodies]
+            returned = set().union(*(_returned_names(body) for body in bodies))
             here = {v for node in graph for v in node.inputs if v is not None}
             keep = set(graph.inputs) | set(graph.outputs) | here
             for name, value in list(graph.initializers.items()):
-                if value in keep:
+                if value in keep or name in returned:
                     continue
                 readers = [body for body, read in zip(bodies, reads, strict=True) if value in read]
                 tensor = value.const_value
