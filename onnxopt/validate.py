@@ -736,19 +736,12 @@ def find_relation(
     """
     symbols = DimSymbols.of(specs)
     session = _session(model)
-    names = [o.name for o in session.get_outputs()]
     rng = np.random.default_rng(seed)
 
-    def runs(candidate: SizePlan | None) -> bool:
-        shapes = symbols.shapes(specs, candidate) if candidate is not None else None
-        feeds = inputs_of_shapes(specs, shapes, rng) if shapes is not None else None
-        if feeds is None:
+    def runs(candidate: SizePlan | None) -> bool:  # None: a relation no sizes satisfy
+        if candidate is None:
             return False
-        try:
-            _run_bounded(session, names, feeds, run_timeout)
-        except Exception:
-            return False
-        return True
+        return _shapes_if_it_runs(session, specs, symbols, candidate, rng, run_timeout) is not None
 
     if runs(plan):
         return None
@@ -778,21 +771,34 @@ def sizes_that_run(
     sizes first, then distinct sizes per name, then 1; None when none runs."""
     symbols = DimSymbols.of(specs)
     session = _session(model)
-    names = [o.name for o in session.get_outputs()]
     rng = np.random.default_rng(seed)
     plans = [symbols.constant(size) for size in _BENCH_FALLBACK_SIZES]
     plans += [symbols.distinct(), symbols.one_batch(symbols.distinct()), symbols.constant(1)]
     for plan in plans:
-        shapes = symbols.shapes(specs, plan)
-        feeds = inputs_of_shapes(specs, shapes, rng) if shapes is not None else None
-        if shapes is None or feeds is None:
-            continue
-        try:
-            _run_bounded(session, names, feeds, run_timeout)
-        except Exception:
-            continue
-        return {spec.name: shape for spec, shape in zip(specs, shapes, strict=True)}
+        shapes = _shapes_if_it_runs(session, specs, symbols, plan, rng, run_timeout)
+        if shapes is not None:
+            return {spec.name: shape for spec, shape in zip(specs, shapes, strict=True)}
     return None
+
+
+def _shapes_if_it_runs(
+    session: Any,
+    specs: Sequence[InputSpec],
+    symbols: DimSymbols,
+    plan: SizePlan,
+    rng: np.random.Generator,
+    run_timeout: float,
+) -> list[tuple[int, ...]] | None:
+    """The input shapes ``plan`` gives, if the session runs on inputs of those shapes."""
+    shapes = symbols.shapes(specs, plan)
+    feeds = inputs_of_shapes(specs, shapes, rng) if shapes is not None else None
+    if shapes is None or feeds is None:
+        return None
+    try:
+        _run_bounded(session, [o.name for o in session.get_outputs()], feeds, run_timeout)
+    except Exception:
+        return None
+    return shapes
 
 
 @dataclass(frozen=True)

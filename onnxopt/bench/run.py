@@ -706,6 +706,21 @@ def run_bench(
         own_sizes = (
             options.inputs is None and not options.shapes and not options.sweeps and not examples
         )
+
+        def timed(feeds: Mapping[str, Any]) -> list[GroupResult]:
+            setup = _Setup(
+                models,
+                options,
+                threads,
+                feeds,
+                torch_model,
+                input_names,
+                output_names,
+                say,
+                unloadable,
+            )
+            return [_run_group(provider, setup) for provider in options.providers]
+
         for sweep in sweeps:
             if options.inputs is not None:
                 feeds = {k: np.asarray(v) for k, v in options.inputs.items()}
@@ -715,21 +730,6 @@ def run_bench(
             refuse_beyond_memory(shapes)
             if options.inputs is None:
                 feeds = _feeds(specs, shapes, options.seed)
-
-            def timed(feeds: Mapping[str, Any]) -> list[GroupResult]:
-                setup = _Setup(
-                    models,
-                    options,
-                    threads,
-                    feeds,
-                    torch_model,
-                    input_names,
-                    output_names,
-                    say,
-                    unloadable,
-                )
-                return [_run_group(provider, setup) for provider in options.providers]
-
             try:
                 groups = timed(feeds)
             except OriginalFailsOnInputs as failure:

@@ -19,22 +19,17 @@ def _bodies(graph: ir.Graph) -> list[ir.Graph]:
     return [body for node in graph for body in node_subgraphs(node)]
 
 
-def _reads(body: ir.Graph) -> set[ir.Value]:
-    """Every value a node of ``body`` or of a body nested in it reads."""
+def _uses(body: ir.Graph) -> tuple[set[ir.Value], set[str]]:
+    """The values a node of ``body`` or of a body nested in it reads, and the output names of
+    those bodies. A branch may return an outer value as it is; onnx-ir then holds a value of its
+    own under that name, tied to the outer one by the name only."""
     read: set[ir.Value] = set()
+    returned = {str(v.name) for v in body.outputs if v.name}
     for node in ir.traversal.RecursiveGraphIterator(body):
         read.update(v for v in node.inputs if v is not None)
-    return read
-
-
-def _returned_names(body: ir.Graph) -> set[str]:
-    """The output names of ``body`` and of the bodies nested in it. A branch may return an outer
-    value as it is; onnx-ir then holds a value of its own under that name, tied only by it."""
-    names = {str(v.name) for v in body.outputs if v.name}
-    for node in ir.traversal.RecursiveGraphIterator(body):
         for nested in node_subgraphs(node):
-            names.update(str(v.name) for v in nested.outputs if v.name)
-    return names
+            returned.update(str(v.name) for v in nested.outputs if v.name)
+    return read, returned
 
 
 class LocalizeInitializersPass(Pass):
@@ -65,8 +60,9 @@ class LocalizeInitializersPass(Pass):
             pending.extend(bodies)
             if not graph.initializers:
                 continue
-            reads = [_reads(body) for body in bodies]
-            returned = set().union(*(_returned_names(body) for body in bodies))
+            uses = [_uses(body) for body in bodies]
+            reads = [read for read, _ in uses]
+            returned = set().union(*(names for _, names in uses))
             here = {v for node in graph for v in node.inputs if v is not None}
             keep = set(graph.inputs) | set(graph.outputs) | here
             for name, value in list(graph.initializers.items()):
