@@ -13,7 +13,9 @@ import inspect
 import logging
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -213,7 +215,12 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def _export_dynamo(
-    model: Exportable, path: Path, output_names: list[str], opset: int | None, dynamic: bool
+    model: Exportable,
+    path: Path,
+    output_names: list[str],
+    opset: int | None,
+    dynamic: bool,
+    big: bool,
 ) -> None:
     import torch
 
@@ -243,9 +250,6 @@ def _export_dynamo(
         verbose=False,
     )
     assert program is not None
-    big = (
-        sum(p.numel() * p.element_size() for p in model.module.parameters()) > _EXTERNAL_DATA_BYTES
-    )
     program.save(str(path), external_data=big)
 
 
@@ -270,7 +274,12 @@ def _error_summary(exc: BaseException) -> str:
 
 
 def _export_torchscript(
-    model: Exportable, path: Path, output_names: list[str], opset: int | None, dynamic: bool
+    model: Exportable,
+    path: Path,
+    output_names: list[str],
+    opset: int | None,
+    dynamic: bool,
+    big: bool,
 ) -> None:
     import torch
 
@@ -314,21 +323,31 @@ def export(
     big = (
         sum(p.numel() * p.element_size() for p in model.module.parameters()) > _EXTERNAL_DATA_BYTES
     )
-    # Weights past protobuf's limit go to external files named after the model: write in place.
-    partial = target if big else target.with_name(target.stem + ".partial.onnx")
+    # Exporters write weights past protobuf's limit as files of their own names beside the model
+    # (TorchScript: one per tensor), so a big export goes into a private folder first and is then
+    # saved as the usual OUTPUT + OUTPUT.data pair, atomically; a small one to a temp name.
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.stem}.export-", dir=target.parent))
+    partial = scratch / target.name
     run = _export_dynamo if exporter == "dynamo" else _export_torchscript
     try:
-        with _stdout_to_stderr(), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            run(model, partial, list(outputs), opset, dynamic)
-        for warning in caught:
-            logger.debug("%s export: %s", exporter, warning.message)
-    except Exception as exc:
-        if partial != target:
-            partial.unlink(missing_ok=True)
-        raise ExportFailed(f"{exporter} export of '{spec}' failed: {_error_summary(exc)}") from exc
-    if partial != target:
-        os.replace(partial, target)
+        try:
+            with _stdout_to_stderr(), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                run(model, partial, list(outputs), opset, dynamic, big)
+            for warning in caught:
+                logger.debug("%s export: %s", exporter, warning.message)
+        except Exception as exc:
+            raise ExportFailed(
+                f"{exporter} export of '{spec}' failed: {_error_summary(exc)}"
+            ) from exc
+        if big:
+            from onnxopt.io import load_model, save_model
+
+            save_model(load_model(partial).model, target, external_data=True)
+        else:
+            os.replace(partial, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.perf_counter() - start
 
     import onnx

@@ -113,6 +113,45 @@ def test_export_dynamic_axes_accept_other_sizes(tmp_path: Path) -> None:
     assert ort.InferenceSession(static.output).get_inputs()[0].shape == [4, 16]
 
 
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_export_past_the_protobuf_limit_writes_one_data_file_and_no_scratch(
+    exporter: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exporters write a big model's weights as files of their own naming (TorchScript: one per
+    tensor) beside it; export goes through a private folder and leaves OUT + OUT.data only."""
+    pytest.importorskip("torch")
+    import onnxruntime as ort
+
+    import onnxopt.export as export_module
+
+    monkeypatch.setattr(export_module, "_EXTERNAL_DATA_BYTES", 0)  # every model counts as big
+    (tmp_path / "mlp.onnx").write_bytes(b"an earlier output")
+    result = export_module.export("mlp-tiny", tmp_path / "mlp.onnx", exporter=exporter)  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "mlp.onnx",
+        "mlp.onnx.data",
+        "mlp.ref.npz",
+    ]
+    session = ort.InferenceSession(result.output, providers=["CPUExecutionProvider"])
+    reference = load_reference(tmp_path / "mlp.ref.npz")
+    (out,) = session.run(None, reference.inputs)
+    np.testing.assert_allclose(out, next(iter(reference.outputs.values())), rtol=1e-5, atol=1e-6)
+
+    def broken_export(*args: object) -> None:
+        Path(str(args[1]) + ".data").write_bytes(b"half of the weights")
+        raise RuntimeError("the exporter ran out of memory")
+
+    monkeypatch.setattr(export_module, "_export_torchscript", broken_export)
+    monkeypatch.setattr(export_module, "_export_dynamo", broken_export)
+    with pytest.raises(export_module.ExportFailed, match="ran out of memory"):
+        export_module.export("mlp-tiny", tmp_path / "other.onnx", exporter=exporter)  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "mlp.onnx",
+        "mlp.onnx.data",
+        "mlp.ref.npz",
+    ]
+
+
 USER_FACTORIES = """
 import torch
 
