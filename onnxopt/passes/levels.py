@@ -39,6 +39,7 @@ from onnxopt.passes.lower_einsum import LowerEinsumPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.merge_qkv_projections import MergeQkvProjectionsPass
 from onnxopt.passes.options import PassOptions
+from onnxopt.passes.promote_conv1d import PromoteConv1dPass
 from onnxopt.passes.remove_initializer_inputs import RemoveInitializerInputsPass
 from onnxopt.passes.reorder_for_memory import ReorderForMemoryPass
 from onnxopt.passes.simplify_index_grids import SimplifyIndexGridsPass
@@ -53,6 +54,9 @@ LevelSpec = Sequence[PassClass | tuple[PassClass, ...]]
 FUSIONS: list[PassClass] = [
     FusePadPass,
     FuseConvBnPass,
+    # ort: wide 1-D Convs as 2-D ones (ORT's NCHWc kernels); before fuse-conv-activation, which
+    # then fuses the 2-D Conv with the activation the Squeeze was moved past.
+    PromoteConv1dPass,
     FuseConvActivationPass,
     FuseLayerNormPass,
     FuseRmsNormPass,
