@@ -22,6 +22,10 @@ from typing import Protocol
 
 # Sizes tried for every symbolic dim at once, after 1 and the distinct-per-dim plan.
 FALLBACK_SIZES = (2, 8, 16, 32, 64, 128, 224)
+# Then, for a signal's length (a dim only float inputs of rank <= 3 carry past their batch dim:
+# raw audio [batch, samples], features [batch, mels, frames]): wav2vec2's front end needs >= 400
+# samples. Each plan sizes only those dims; the others stay at 1.
+SIGNAL_SIZES = (1000, 1600, 4000, 16000)
 # Relations tried at most (each costs one run of the original model that may fail).
 MAX_RELATIONS = 64
 # No dim is generated larger than this (an expression like ``seq * 100000000`` is not a plan).
@@ -227,6 +231,15 @@ class DimSymbols:
         plans += [self.constant(1), self.distinct(), self.one_batch(self.distinct())]
         plans += [self.constant(s) for s in FALLBACK_SIZES]
         return plans
+
+    def signal_plans(self, signal: Iterable[str]) -> list[SizePlan]:
+        """The :data:`SIGNAL_SIZES` for the ``signal`` names, every other name at 1."""
+        names = [a for a in self.atoms if a in set(signal)]
+        if not names:
+            return []
+        return [
+            SizePlan({a: size if a in names else 1 for a in self.atoms}, 1) for size in SIGNAL_SIZES
+        ]
 
     def relations(self, hints: Iterable[str] = ()) -> list[Relation]:
         """Candidate relations, likeliest first, at most :data:`MAX_RELATIONS`.

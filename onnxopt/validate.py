@@ -24,7 +24,7 @@ import onnx_ir as ir
 
 from onnxopt import io
 from onnxopt.errors import OnnxoptError, UsageError
-from onnxopt.input_sizes import DimSymbols, Relation, SizePlan
+from onnxopt.input_sizes import FALLBACK_SIZES, SIGNAL_SIZES, DimSymbols, Relation, SizePlan
 from onnxopt.ops import MS_DOMAIN, is_op
 
 logger = logging.getLogger(__name__)
@@ -640,6 +640,19 @@ def validate(
                     if not short():
                         break
                     attempt(plan.with_relation(relation))
+        signal = _signal_dims(specs, symbols)
+        if short() and len(runs) == len(extra_inputs) and signal:
+            # Nothing generated ran: a signal may need to be longer than any size tried so far.
+            for plan in symbols.signal_plans(signal):
+                if not short():
+                    break
+                attempt(plan)
+            if len(runs) > len(extra_inputs):
+                notes.append(
+                    f"input sizes chosen with {', '.join(signal)} from "
+                    f"{', '.join(map(str, SIGNAL_SIZES))} (the model did not run at "
+                    f"{max(FALLBACK_SIZES)} or less)"
+                )
         if not runs and too_big and not last_failure:
             raise CannotValidate(
                 f"the inputs are too large to generate (over {MAX_TRIAL_ELEMENTS} elements in all); "
@@ -752,6 +765,24 @@ def find_relation(
         if runs(plan.with_relation(relation)) and runs(other.with_relation(relation)):
             return relation
     return None
+
+
+def _signal_dims(specs: Sequence[InputSpec], symbols: DimSymbols) -> list[str]:
+    """Names only float inputs of rank <= 3 carry past their first dim: a signal's length
+    (raw audio [batch, samples], features [batch, mels, frames]); names any other input carries,
+    and batch dims, are not."""
+    signal: dict[str, None] = {}
+    elsewhere: set[str] = set()
+    for spec in specs:
+        is_signal = spec.kind == "tensor" and spec.dtype.kind == "f" and len(spec.dims) <= 3
+        for axis, dim in enumerate(spec.dims):
+            if not isinstance(dim, str) or dim not in symbols.atoms:
+                continue
+            if is_signal and axis > 0:
+                signal.setdefault(dim, None)
+            elif axis > 0 or dim not in symbols.batch:
+                elsewhere.add(dim)
+    return [name for name in signal if name not in elsewhere and name not in symbols.batch]
 
 
 # Tried by :func:`sizes_that_run` in this order: a benchmark wants realistic sizes, so the larger

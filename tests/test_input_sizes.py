@@ -246,3 +246,43 @@ def test_fallback_sizes_keep_the_batch_at_one() -> None:
     assert symbols.constant(2).sizes == {"B": 2, "S": 2}
     report = validate(model, model)
     assert report.passed and report.trials == ({"x": (1, 16)},)
+
+
+def _waveform_model(taps: int = 400, stride: int = 320) -> onnx.ModelProto:
+    """wav2vec2's first layer: a 1-D Conv over [batch, samples] that needs >= ``taps`` samples."""
+    weight = onnx.numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((8, 1, taps)).astype(np.float32), "w"
+    )
+    graph = oh.make_graph(
+        [
+            oh.make_node("Unsqueeze", ["x", "one"], ["x3"]),
+            oh.make_node("Conv", ["x3", "w"], ["y"], strides=[stride]),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "samples"])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [weight, oh.make_tensor("one", onnx.TensorProto.INT64, [1], [1])],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_a_waveform_longer_than_the_fallback_sizes_is_tried_at_signal_lengths() -> None:
+    """Before: 'the original model does not run on ONNX Runtime with generated inputs' unless
+    the user gave --dim samples=16000; now the signal's length is tried at 1000 and 1600."""
+    model = io.model_from_proto(_waveform_model())
+    report = validate(model, model.clone())
+    assert report.passed
+    assert report.trials == ({"x": (1, 1000)}, {"x": (1, 1600)})
+    assert any("samples from 1000, 1600, 4000, 16000" in note for note in report.notes)
+
+
+def test_signal_lengths_are_not_tried_for_token_ids_or_images() -> None:
+    ids = InputSpec("ids", np.dtype(np.int64), ("batch", "seq"))
+    image = InputSpec("image", np.dtype(np.float32), ("batch", 3, "height", "width"))
+    audio = InputSpec("audio", np.dtype(np.float32), ("batch", "samples"))
+    from onnxopt.validate import _signal_dims
+
+    symbols = DimSymbols.of([ids, image, audio])
+    assert _signal_dims([ids, image, audio], symbols) == ["samples"]
+    shared = InputSpec("mask", np.dtype(np.int64), ("batch", "samples"))
+    assert _signal_dims([audio, shared], DimSymbols.of([audio, shared])) == []
