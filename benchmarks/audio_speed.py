@@ -1,0 +1,132 @@
+"""Speech encoders with a convolutional front end (wav2vec2, HuBERT): export, optimize, time.
+
+    nice .venv/bin/python benchmarks/audio_speed.py --workdir audio --budget 40
+
+Each model is built from its transformers config (the base size: 12 layers, hidden 768, seven
+1-D Convs of 512 channels over the waveform and a 128-tap positional Conv in 16 groups) with
+seeded random weights, exported by both PyTorch exporters with dynamic batch and sample count,
+optimized by ``onnxopt optimize`` (validated; ``--dim samples=16000``, since the front end needs
+at least 400 samples) and again with ``--disable promote-conv1d``, and then the original and both
+outputs are timed in the same interleaved rounds of one ``onnxopt bench`` run at 1 x 16000
+samples (one second of 16 kHz audio), ORT_ENABLE_ALL, 2 threads, process CPU time. Cells: median
+of per-round speed-ups over the export, 95% interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ("wav2vec2", "hubert")
+EXPORTERS = ("torchscript", "dynamo")
+
+
+def build(name: str) -> Any:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config, model = {
+        "wav2vec2": (transformers.Wav2Vec2Config, transformers.Wav2Vec2Model),
+        "hubert": (transformers.HubertConfig, transformers.HubertModel),
+    }[name]
+    return model(config()).eval()
+
+
+def export(name: str, exporter: str, path: Path) -> None:
+    """Export with dynamic batch and sample count; the exporters' progress goes to stderr."""
+    with contextlib.redirect_stdout(sys.stderr):
+        _export(name, exporter, path)
+
+
+def _export(name: str, exporter: str, path: Path) -> None:
+    import torch
+
+    module = build(name)
+    samples = torch.randn(1, 16000)
+    if exporter == "dynamo":
+        dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("samples", min=400)}
+        torch.onnx.export(
+            module,
+            (samples,),
+            str(path),
+            dynamo=True,
+            input_names=["input_values"],
+            dynamic_shapes=(dims,),
+        )
+    else:
+        torch.onnx.export(
+            module,
+            (samples,),
+            str(path),
+            dynamo=False,
+            input_names=["input_values"],
+            dynamic_axes={"input_values": {0: "batch", 1: "samples"}},
+        )
+
+
+def onnxopt(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "onnxopt", *args], capture_output=True, text=True, cwd=ROOT
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workdir", type=Path, default=Path("audio"))
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--exporters", default=",".join(EXPORTERS))
+    parser.add_argument("--budget", type=float, default=40.0, help="seconds of timing per model")
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    print("| model | exporter | nodes | onnxopt | without promote-conv1d |")
+    print("|---|---|---:|---:|---:|")
+    for name in args.models.split(","):
+        for exporter in args.exporters.split(","):
+            source = args.workdir / f"{name}.{exporter}.onnx"
+            if not source.exists():
+                print(f"exporting {source} ...", file=sys.stderr, flush=True)
+                export(name, exporter, source)
+            outputs = {}
+            for label, flags in (("onnxopt", []), ("without", ["--disable", "promote-conv1d"])):
+                out = args.workdir / f"{name}.{exporter}.{label}.onnx"
+                done = onnxopt("optimize", str(source), "-o", str(out), "--dim", "samples=16000",
+                               "--json", *flags)  # fmt: skip
+                if done.returncode != 0:
+                    raise SystemExit(f"{source}: {done.stderr.strip().splitlines()[-1]}")
+                outputs[label] = (out, json.loads(done.stdout))
+            bench = onnxopt(
+                "bench", str(source), "--optimized", str(outputs["onnxopt"][0]),
+                "--compare", f"without={outputs['without'][0]}",
+                "--shape", "input_values:1x16000", "--ort-level", "all", "--threads", "2",
+                "--budget", str(args.budget), "--clock", "cpu", "--no-memory", "--json",
+            )  # fmt: skip
+            if bench.returncode != 0:
+                raise SystemExit(f"bench {source}: {bench.stderr.strip().splitlines()[-1]}")
+            variants = json.loads(bench.stdout)["points"][0]["groups"][0]["variants"]
+            cells = {}
+            for variant in variants:
+                ratio = variant.get("speedup")
+                if ratio:
+                    cells[variant["name"]] = (
+                        f"{ratio['median']:.3f} [{ratio['low']:.2f}, {ratio['high']:.2f}]"
+                    )
+            report = outputs["onnxopt"][1]
+            nodes = f"{report['before']['nodes']} → {report['after']['nodes']}"
+            print(
+                f"| {name} | {exporter} | {nodes} | {cells.get('optimized', '-')} "
+                f"| {cells.get('without', '-')} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
