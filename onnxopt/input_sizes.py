@@ -234,8 +234,8 @@ class DimSymbols:
 
     def signal_plans(self, signal: Iterable[str]) -> list[SizePlan]:
         """The :data:`SIGNAL_SIZES` for the ``signal`` names, every other name at 1."""
-        names = [a for a in self.atoms if a in set(signal)]
-        if not names:
+        names = set(signal)
+        if not names.intersection(self.atoms):
             return []
         return [
             SizePlan({a: size if a in names else 1 for a in self.atoms}, 1) for size in SIGNAL_SIZES

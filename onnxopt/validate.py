@@ -640,8 +640,8 @@ def validate(
                     if not short():
                         break
                     attempt(plan.with_relation(relation))
-        signal = _signal_dims(specs, symbols)
-        if short() and len(runs) == len(extra_inputs) and signal:
+        signal = _signal_dims(specs, symbols) if len(runs) == len(extra_inputs) else []
+        if short() and signal:
             # Nothing generated ran: a signal may need to be longer than any size tried so far.
             for plan in symbols.signal_plans(signal):
                 if not short():
@@ -799,11 +799,13 @@ def sizes_that_run(
 ) -> dict[str, tuple[int, ...]] | None:
     """Input shapes ``model`` runs at (optimizations off), for when a benchmark's defaults do not:
     every dynamic dim at one size (unnamed dims too, which a benchmark sizes apart), larger
-    sizes first, then distinct sizes per name, then 1; None when none runs."""
+    sizes first, then a signal's length at validation's signal sizes, then distinct sizes per
+    name, then 1; None when none runs."""
     symbols = DimSymbols.of(specs)
     session = _session(model)
     rng = np.random.default_rng(seed)
     plans = [symbols.constant(size) for size in _BENCH_FALLBACK_SIZES]
+    plans += symbols.signal_plans(_signal_dims(specs, symbols))
     plans += [symbols.distinct(), symbols.one_batch(symbols.distinct()), symbols.constant(1)]
     for plan in plans:
         shapes = _shapes_if_it_runs(session, specs, symbols, plan, rng, run_timeout)

@@ -374,3 +374,14 @@ def test_bench_finds_sizes_the_original_runs_at_when_its_defaults_do_not(tmp_pat
     assert (
         "the original model fails on ONNX Runtime (cpu) with the generated inputs" in result.stderr
     )
+
+
+def test_bench_times_a_waveform_model_at_a_signal_length_it_runs_at(tmp_path):
+    """wav2vec2's front end needs >= 400 samples; bench's defaults (<= 256) do not run it."""
+    from tests.test_input_sizes import _waveform_model
+
+    path = tmp_path / "wave.onnx"
+    onnx.save(_waveform_model(), path)
+    report = bench(str(path), "--budget", "0.2", "--no-memory", "--clock", "cpu")
+    assert report["points"][0]["shapes"] == {"x": [1, 1000]}
+    assert variants(report)["optimized (all)"]["latency"]["runs"] > 0
