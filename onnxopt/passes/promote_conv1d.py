@@ -28,9 +28,10 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op
+from onnxopt.passes._shape_facts import axes_param
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
-from onnxopt.rewrite.patterns import int64_constant, new_constant, only_user
+from onnxopt.rewrite.patterns import new_constant, only_user, squeeze_op
 
 # Below these the 2-D kernels measured slower (see the module docstring).
 MIN_CHANNELS = 256
@@ -95,22 +96,13 @@ def _match_conv(conv: ir.Node, context: RewriteContext) -> Match | Mismatch:
     return Match([conv], {"weight": weight})
 
 
-def _axes_inputs(value: ir.Value, context: RewriteContext) -> tuple[list[ir.Value], dict]:
-    """Unsqueeze/Squeeze on axis 2: axes as an input from opset 13, an attribute before."""
-    if context.opset() >= 13:
-        axes = int64_constant([2])
-        return [value, axes], {}
-    return [value], {"axes": [2]}
-
-
 def _rewrite_conv(match: Match, context: RewriteContext) -> Replacement:
     (conv,) = match.nodes
     x = conv.inputs[0]
     assert x is not None
     weight = match.bindings["weight"]
     weight_4d = new_constant(weight[:, :, None, :], conv.inputs[1].name if conv.inputs[1] else None)
-    unsqueeze_inputs, unsqueeze_attrs = _axes_inputs(x, context)
-    unsqueeze = ir.node("Unsqueeze", unsqueeze_inputs, unsqueeze_attrs)
+    unsqueeze, unsqueeze_axes = squeeze_op("Unsqueeze", x, [2], context.opset())
     unsqueeze.outputs[0].shape = _unsqueezed(x.shape)
     unsqueeze.outputs[0].type = x.type
     attributes: list[ir.Attr] = []
@@ -127,13 +119,11 @@ def _rewrite_conv(match: Match, context: RewriteContext) -> Replacement:
     )
     new_conv.outputs[0].shape = _unsqueezed(conv.outputs[0].shape)
     new_conv.outputs[0].type = conv.outputs[0].type
-    squeeze_inputs, squeeze_attrs = _axes_inputs(new_conv.outputs[0], context)
-    squeeze = ir.node("Squeeze", squeeze_inputs, squeeze_attrs)
-    constants = [weight_4d] + [v for v in (*unsqueeze_inputs[1:], *squeeze_inputs[1:]) if v]
+    squeeze, squeeze_axes = squeeze_op("Squeeze", new_conv.outputs[0], [2], context.opset())
     return Replacement(
         [unsqueeze, new_conv, squeeze],
         [(conv.outputs[0], squeeze.outputs[0])],
-        constants=constants,
+        constants=[weight_4d, *unsqueeze_axes, *squeeze_axes],
     )
 
 
@@ -142,12 +132,7 @@ def _promoted_squeeze(value: ir.Value | None) -> ir.Node | None:
     squeeze = None if value is None else value.producer()
     if not is_op(squeeze, "Squeeze") or squeeze is None or squeeze.inputs[0] is None:
         return None
-    axes = (
-        const_array(squeeze.inputs[1])
-        if len(squeeze.inputs) > 1
-        else np.asarray(squeeze.attributes.get_ints("axes", []))
-    )
-    if axes is None or [int(a) for a in np.asarray(axes).reshape(-1)] != [2]:
+    if axes_param(squeeze, 4) != (2,):
         return None
     conv = squeeze.inputs[0].producer()
     if conv is None or not (is_op(conv, "Conv") or is_op(conv, "FusedConv", MS_DOMAIN)):
@@ -172,7 +157,7 @@ def _match_sink(op: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("input is not the Squeeze after a promoted 1-D Conv", candidate=False)
     if not only_user(squeeze.outputs[0]):
         return Mismatch("the squeezed Conv output has other users")
-    return Match([squeeze, op], {"squeeze": squeeze})
+    return Match([squeeze, op])
 
 
 def _rewrite_sink(match: Match, context: RewriteContext) -> Replacement:
@@ -184,12 +169,9 @@ def _rewrite_sink(match: Match, context: RewriteContext) -> Replacement:
     )
     moved.outputs[0].type = op.outputs[0].type
     moved.outputs[0].shape = _unsqueezed(op.outputs[0].shape)
-    squeeze_inputs, squeeze_attrs = _axes_inputs(moved.outputs[0], context)
-    new_squeeze = ir.node("Squeeze", squeeze_inputs, squeeze_attrs)
+    new_squeeze, axes = squeeze_op("Squeeze", moved.outputs[0], [2], context.opset())
     return Replacement(
-        [moved, new_squeeze],
-        [(op.outputs[0], new_squeeze.outputs[0])],
-        constants=[v for v in squeeze_inputs[1:] if v],
+        [moved, new_squeeze], [(op.outputs[0], new_squeeze.outputs[0])], constants=axes
     )
 
 

@@ -40,7 +40,7 @@ from onnxopt.passes._attention_shapes import (
 from onnxopt.passes._shape_facts import axes_param, const_ints
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
-from onnxopt.rewrite.patterns import int64_constant
+from onnxopt.rewrite.patterns import squeeze_op
 
 # Element-wise ops whose output shape is the broadcast of their inputs' shapes.
 _BROADCASTING = frozenset({"Max", "Min", "Add", "Sub", "Mul", "And", "Or", "Equal", "Less"})
@@ -192,13 +192,7 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     gather = match.root
     if not axes:
         return Replacement((), ((gather.outputs[0], data),))
-    if context.opset() < 13:
-        node = ir.node("Unsqueeze", [data], {"axes": axes})
-        constants: tuple[ir.Value, ...] = ()
-    else:
-        constant = int64_constant(axes)
-        node = ir.node("Unsqueeze", [data, constant])
-        constants = (constant,)
+    node, constants = squeeze_op("Unsqueeze", data, axes, context.opset())
     return Replacement([node], [(gather.outputs[0], node.outputs[0])], constants)
 
 

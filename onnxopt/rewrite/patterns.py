@@ -70,6 +70,17 @@ def int64_constant(values: Sequence[int]) -> ir.Value:
     )
 
 
+def squeeze_op(
+    op_type: str, data: ir.Value, axes: Sequence[int], opset: int
+) -> tuple[ir.Node, tuple[ir.Value, ...]]:
+    """An Unsqueeze or Squeeze of ``data`` on ``axes``: an attribute before opset 13, an input
+    from it. Returns the node and the constants to pass in ``Replacement.constants``."""
+    if opset < 13:
+        return ir.node(op_type, [data], {"axes": list(axes)}), ()
+    constant = int64_constant(axes)
+    return ir.node(op_type, [data, constant]), (constant,)
+
+
 def rank_of(value: ir.Value | None) -> int | None:
     if value is None or value.shape is None:
         return None
