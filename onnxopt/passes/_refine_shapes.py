@@ -1,5 +1,10 @@
 """Dims that ONNX shape inference leaves unknown although an op provably copies them from its input.
 
+Range(0, n, 1) is another: its length is n, and when n is one dim of a tensor's shape
+(``Range(0, Gather(Shape(x), 1), 1)``, how both exporters number the positions of a sequence) its
+output has that dim, which ONNX names afresh. Positions added to embeddings then hide the
+sequence's name from everything downstream (GPT-2's Q/K/V, whose causal mask is proved against it).
+
 Reshape's -1 is another: ONNX names it afresh ("unk__3") unless every input dim is a number,
 yet ``[T, 1, 1024] -> [-1, 1024]`` is T whatever T is (the input's dims, cancelled against the
 target's, leave T alone). Such a placeholder is then renamed to T wherever ONNX propagated it.
@@ -16,6 +21,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
+from onnxopt.passes._attention_shapes import target_entries
 from onnxopt.passes._shape_facts import const_ints, int_param, normalize_axes, optional_input
 from onnxopt.rewrite import Mismatch
 
@@ -30,6 +36,8 @@ def refine_shapes(model: ir.Model) -> int:
                 improved += _refine_slice(node)
             elif is_op(node, "Reshape"):
                 improved += _refine_reshape(node, renamed)
+            elif is_op(node, "Range"):
+                improved += _refine_range(node, renamed)
     if renamed:
         improved += _rename_dims(model, renamed)
     return improved
@@ -63,7 +71,9 @@ def _refine_reshape(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> 
     one named dim (or a number); and the dims its 0s copy."""
     data, out = node.inputs[0] if node.inputs else None, node.outputs[0]
     target = const_ints(optional_input(node, 1))
-    if data is None or data.shape is None or target is None or target.count(-1) > 1:
+    if target is None:
+        return _refine_reshape_reads(node, renamed)
+    if data is None or data.shape is None or target.count(-1) > 1:
         return 0
     if node.attributes.get_int("allowzero", 0) or any(t < -1 for t in target):
         return 0
@@ -113,6 +123,86 @@ def _refine_reshape(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> 
         name = getattr(known, "value", None)
         if name and str(name).startswith(GENERATED_DIM_PREFIX):
             renamed.setdefault(str(name), found)
+    if merged == current:
+        return 0
+    out.shape = ir.Shape(merged)
+    return 1
+
+
+def _scalar_dim(value: ir.Value | None) -> int | ir.SymbolicDim | None:
+    """The dim a scalar reads off a tensor's shape: ``Gather(Shape(x), i)`` with a scalar index,
+    or ``Squeeze(Shape(x, start=i, end=i + 1))``; None when unknown or a placeholder."""
+    node = value.producer() if value is not None else None
+    if node is None or not node.inputs or node.inputs[0] is None:
+        return None
+    axis: int | None = None
+    shape_node = node.inputs[0].producer()
+    if is_op(node, "Gather") and node.attributes.get_int("axis", 0) == 0:
+        index = const_ints(optional_input(node, 1))
+        index_value = optional_input(node, 1)
+        scalar = index_value is not None and index_value.shape is not None and not index_value.shape
+        if index is not None and len(index) == 1 and scalar:
+            axis = index[0]
+            start = shape_node.attributes.get_int("start", 0) if shape_node is not None else 0
+            if start != 0:
+                return None
+    elif is_op(node, "Squeeze") and shape_node is not None:
+        start = shape_node.attributes.get_int("start", 0)
+        end = shape_node.attributes.get_int("end", start + 2)
+        if end == start + 1 and start >= 0:
+            axis = start
+    if axis is None or not is_op(shape_node, "Shape") or shape_node is None:
+        return None
+    source = shape_node.inputs[0]
+    if source is None or source.shape is None or not -len(source.shape) <= axis < len(source.shape):
+        return None
+    dim = source.shape[axis]
+    return None if _is_unknown(dim) else dim
+
+
+def _refine_range(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+    """``Range(0, n, 1)`` has n elements: n's dim when n is read off a shape."""
+    start, delta = const_ints(optional_input(node, 0)), const_ints(optional_input(node, 2))
+    if start != (0,) or delta != (1,):
+        return 0
+    dim = _scalar_dim(optional_input(node, 1))
+    out = node.outputs[0]
+    if dim is None or (
+        out.shape is not None and (len(out.shape) != 1 or not _is_unknown(out.shape[0]))
+    ):
+        return 0
+    known = out.shape[0] if out.shape is not None else None
+    name = getattr(known, "value", None)
+    if name and str(name).startswith(GENERATED_DIM_PREFIX):
+        renamed.setdefault(str(name), dim)
+    out.shape = ir.Shape([dim])
+    return 1
+
+
+def _refine_reshape_reads(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+    """A Reshape whose target is assembled from shape reads (``Concat(Shape(x)[0:2], [768])``,
+    how TorchScript rebuilds [B, S, D] after a 2-D Gemm): each entry read off a dim of x is
+    that dim. ONNX propagates such targets only when they fold to constants."""
+    entries = target_entries(optional_input(node, 1))
+    out = node.outputs[0]
+    if entries is None or (out.shape is not None and len(out.shape) != len(entries)):
+        return 0
+    current = list(out.shape) if out.shape is not None else [None] * len(entries)
+    merged = list(current)
+    for axis, entry in enumerate(entries):
+        if not isinstance(entry, tuple) or not _is_unknown(current[axis]):
+            continue
+        _, source, index = entry
+        dims = source.shape
+        if dims is None or not -len(dims) <= index < len(dims):
+            continue
+        found = _renamed(dims[index], renamed)
+        if _is_unknown(found) or found == 0:  # a 0 entry would copy the input's dim instead
+            continue
+        merged[axis] = found
+        name = getattr(current[axis], "value", None)
+        if name and str(name).startswith(GENERATED_DIM_PREFIX):
+            renamed.setdefault(str(name), found)  # type: ignore[arg-type]
     if merged == current:
         return 0
     out.shape = ir.Shape(merged)

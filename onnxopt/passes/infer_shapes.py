@@ -22,10 +22,13 @@ def _known_dims(shape: ir.Shape | None) -> int:
 
 
 def _precision(dim: int | ir.SymbolicDim) -> int:
-    """2 for a size, 1 for a named dim, 0 for an unknown one."""
+    """3 for a size, 2 for a named dim, 1 for ONNX's placeholder name ("unk__3": a dim it could
+    not tell, whose name a later inference may find), 0 for an unknown one."""
     if isinstance(dim, int):
-        return 2
-    return 1 if dim.value is not None else 0
+        return 3
+    if dim.value is None:
+        return 0
+    return 1 if str(dim.value).startswith(GENERATED_DIM_PREFIX) else 2
 
 
 def _more_precise(old: ir.Shape | None, new: ir.Shape) -> ir.Shape | None:
