@@ -21,13 +21,18 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gqa_inputs import gqa_lengths
 
 MS = "com.microsoft"
 
@@ -101,15 +106,9 @@ def build(variant: str, S: int, D: int, H: int, bias_zero: bool, mask: bool = Tr
     elif variant in ("gqa", "gqa-packed"):
         # GroupQueryAttention with kv_num_heads == num_heads and causal=0: MHA's math (the mask
         # alone decides); seqlens_k / total_sequence_length read from the input's shape.
-        init += [nh.from_array(np.array([1], np.int32), "one32")]
-        nodes += [
-            h.make_node("Shape", ["x"], ["batch"], start=0, end=1),
-            h.make_node("Shape", ["x"], ["total64"], start=1, end=2),
-            h.make_node("Cast", ["total64"], ["total1"], to=TP.INT32),
-            h.make_node("Sub", ["total1", "one32"], ["last"]),
-            h.make_node("Expand", ["last", "batch"], ["seqlens_k"]),
-            h.make_node("Squeeze", ["total1"], ["total"]),
-        ]
+        lengths, constants = gqa_lengths("x")
+        init += constants
+        nodes += lengths
         if variant == "gqa":
             for name, wi, bi in zip("qkv", w, b, strict=True):
                 init += [nh.from_array(wi, f"w{name}"), nh.from_array(bi, f"b{name}")]

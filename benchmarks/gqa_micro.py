@@ -28,13 +28,18 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gqa_inputs import gqa_lengths
 
 MS = "com.microsoft"
 LOWEST = float(np.finfo(np.float32).min)
@@ -89,12 +94,7 @@ def build(variant: str, H: int, Nkv: int, d: int) -> bytes:
         nodes = [
             h.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1, 3]),
             h.make_node("Reshape", ["kt", "merge"], ["k3"]),
-            h.make_node("Shape", ["k3"], ["batch"], start=0, end=1),
-            h.make_node("Shape", ["k3"], ["total64"], start=1, end=2),
-            h.make_node("Cast", ["total64"], ["total1"], to=TP.INT32),
-            h.make_node("Sub", ["total1", "one32"], ["last"]),
-            h.make_node("Expand", ["last", "batch"], ["seqlens_k"]),
-            h.make_node("Squeeze", ["total1"], ["total"]),
+            *gqa_lengths("k3")[0],  # its constant "one32" is among the initializers
             h.make_node(
                 "GroupQueryAttention",
                 ["q", "k3", "v", "", "", "seqlens_k", "total", "", "", "", "mask"],

@@ -61,11 +61,13 @@ def test_enable_puts_a_pass_where_all_passes_orders_it() -> None:
         "reorder-for-memory",
         "drop-shape-annotations",
     ]
-    # (after the dead-code sweep that follows attention fusion, before packed attention)
+    # (after the dead-code sweep and shape inference that follow attention fusion, before packed
+    # attention)
     at = ran.index("merge-qkv-projections")
-    assert ran[at - 2 : at + 2] == [
+    assert ran[at - 3 : at + 2] == [
         "fuse-attention",
         "eliminate-dead-code",
+        "infer-shapes",
         "merge-qkv-projections",
         "fuse-packed-attention",
     ]

@@ -18,6 +18,19 @@ from tests.test_fuse_attention import _text_feeds
 LOWEST = float(np.finfo(np.float32).min)
 
 
+# Positions 0..S-1 of x's and keep's sequences, as the exporters number them for the mask.
+_RANGES = """
+            sq = Shape<start=1, end=2>(x)
+            sk = Shape<start=1, end=2>(keep)
+            zero = Constant<value = int64 {0}>()
+            one = Constant<value = int64 {1}>()
+            sqs = Squeeze(sq)
+            sks = Squeeze(sk)
+            qi = Range(zero, sqs, one)
+            ki = Range(zero, sks, one)
+"""
+
+
 def _model(
     *,
     cross: bool = False,
@@ -79,14 +92,7 @@ def _model(
             vu = Unsqueeze(v4, axis)
             ve = Expand(vu, rep)
             vh = Reshape(ve, {"qs" if merge_form == "query-shape" else "merge"})
-            sq = Shape<start=1, end=2>(x)
-            sk = Shape<start=1, end=2>(keep)
-            zero = Constant<value = int64 {{0}}>()
-            one = Constant<value = int64 {{1}}>()
-            sqs = Squeeze(sq)
-            sks = Squeeze(sk)
-            qi = Range(zero, sqs, one)
-            ki = Range(zero, sks, one)
+            {_RANGES}
             {positions}
             pad = Unsqueeze(keep, ax12)
             allowed = And(causal, pad)
@@ -139,6 +145,14 @@ def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
     return {"x": x, "y": x, "keep": keep}
 
 
+def _validated_fixed_point(model: ir.Model, fused: ir.Model, inputs: list) -> None:  # type: ignore[type-arg]
+    """ORT agrees on the (padded) inputs, closely, and the pass finds nothing more."""
+    report = validate(model, fused, inputs=inputs)
+    assert report.passed, report
+    assert max(o.max_abs for o in report.outputs) < 1e-5
+    assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
 def test_causal_mask_runs_causal_and_fully_masked_rows_still_average() -> None:
     model = _model()
     fused = model.clone()
@@ -147,16 +161,15 @@ def test_causal_mask_runs_causal_and_fully_masked_rows_still_average() -> None:
     types = op_types(fused)
     assert "com.microsoft::GroupQueryAttention" in types
     assert "com.microsoft::MultiHeadAttention" not in types
-    # seqlens_k's and the mean of V's (repeated to 4 heads); the two K/V repeats are gone
-    assert types.count("Expand") == 2
+    # seqlens_k's, the row of 1/T that averages V and that mean's (repeated to 4 heads); the two
+    # K/V repeats are gone
+    assert types.count("Expand") == 3
+    assert "ReduceMean" not in types  # V's mean is a MatMul (ORT's ReduceMean over axis 1 is slow)
     assert types.count("Where") == 2  # the mask's and the fully-masked-row fix-up
     _assert_sorted(fused)
     gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
     assert gqa.attributes.get_int("causal") == 1
-    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
-    assert report.passed, report
-    assert max(o.max_abs for o in report.outputs) < 1e-5
-    assert not FuseGroupQueryAttentionPass()(fused).modified
+    _validated_fixed_point(model, fused, [_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
 
 
 def test_projection_biases_added_first_still_prove_one_sequence() -> None:
@@ -321,3 +334,147 @@ def test_plain_multi_head_attention_is_no_candidate() -> None:
     result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(model)
     assert result.notes == [] and not result.stats
     assert [n.op_type for n in model.graph] == ["MultiHeadAttention"]
+
+
+def _plain_model(
+    *, packed: bool = True, causal: bool = True, head_size: int = 8, kv_heads_first: bool = False
+) -> ir.Model:
+    """GPT-2's self-attention on x[B,S,8]: 4 heads of ``head_size``, Q/K/V from one projection and
+    a Split (``packed``) or three, MHA with all its K/V heads and a causal + padding mask from
+    keep[B,S] as the exporters build it (``causal=False``: the padding alone).
+    ``kv_heads_first``: K and V reach the MHA as [B, 4, S, d] (GPT-NeoX, after its rotary)."""
+    width = 4 * head_size
+    kv = "k, v"
+    if kv_heads_first:
+        kv = "k4, v4"
+        projections_kv = """
+            kr = Reshape(k, heads_split)
+            k4 = Transpose<perm=[0, 2, 1, 3]>(kr)
+            vr = Reshape(v, heads_split)
+            v4 = Transpose<perm=[0, 2, 1, 3]>(vr)
+        """
+    else:
+        projections_kv = ""
+    if packed:
+        projections = """
+            qkv0 = MatMul(x, wqkv)
+            qkv = Add(qkv0, bqkv)
+            q, k, v = Split<axis=2, num_outputs=3>(qkv)
+        """
+    else:
+        projections = """
+            q = MatMul(x, wq)
+            k = MatMul(x, wk)
+            v = MatMul(x, wv)
+        """
+    text = f"""
+        <ir_version: 8, opset_import: ["" : 18, "com.microsoft" : 1]>
+        g (float[B, S, 8] x, bool[B, S] keep) => (float[B, S, {width}] out) {{
+            {projections}
+            {projections_kv}
+            {_RANGES}
+            kpos = Unsqueeze(ki, ax012)
+            qpos = Unsqueeze(qi, ax013)
+            causal = LessOrEqual(kpos, qpos)
+            pad = Unsqueeze(keep, ax12)
+            allowed = {"And(causal, pad)" if causal else "Identity(pad)"}
+            mask = Where(allowed, zero_f, masked)
+            out = com.microsoft.MultiHeadAttention<num_heads=4, scale=0.35>(q, {kv}, , , mask)
+        }}
+    """
+    return parse(
+        text,
+        wqkv=rng_array(8, 3 * width, seed=1),
+        bqkv=rng_array(3 * width, seed=2),
+        wq=rng_array(8, width, seed=3),
+        wk=rng_array(8, width, seed=4),
+        wv=rng_array(8, width, seed=5),
+        ax012=np.array([0, 1, 2], np.int64),
+        ax013=np.array([0, 1, 3], np.int64),
+        ax12=np.array([1, 2], np.int64),
+        zero_f=np.array(0.0, np.float32),
+        masked=np.array(LOWEST, np.float32),
+        heads_split=np.array([0, 0, 4, head_size], np.int64),
+    )
+
+
+def _plain_feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    feeds = _feeds(batch, seq, seed)
+    return {"x": feeds["x"], "keep": feeds["keep"]}
+
+
+_PLAIN_INPUTS = [_plain_feeds(3, 5, 0), _plain_feeds(1, 1, 1), _plain_feeds(2, 9, 2)]
+
+
+def test_causal_attention_with_all_its_heads_reads_the_packed_projection() -> None:
+    # GPT-2: GroupQueryAttention(causal=1) with kv_num_heads = num_heads skips the keys after each
+    # query (and the denormal probabilities the masked ones give ORT's softmax); it reads the
+    # projection whole, so the Split goes, and the fully-masked-row fix-up needs no head split.
+    model = _plain_model()
+    fused = model.clone()
+    result = FuseGroupQueryAttentionPass()(fused)
+    assert result.stats == {"mha->gqa-causal": 1}
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.attributes.get_int("causal") == 1
+    assert gqa.attributes.get_int("num_heads") == gqa.attributes.get_int("kv_num_heads") == 4
+    assert gqa.inputs[0] is not None and gqa.inputs[0].name == "qkv"
+    assert gqa.inputs[1] is None and gqa.inputs[2] is None
+    types = op_types(fused)
+    assert "Split" not in types and "ReduceMean" not in types
+    assert types.count("Reshape") == 1  # total_sequence_length as a scalar; no head split
+    assert types.count("Where") == 2  # the mask's and the fix-up
+    _assert_sorted(fused)
+    _validated_fixed_point(model, fused, _PLAIN_INPUTS)
+
+
+def test_causal_attention_with_three_projections_reads_them() -> None:
+    model = _plain_model(packed=False)
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert [v.name if v is not None else None for v in gqa.inputs[:3]] == ["q", "k", "v"]
+    _validated_fixed_point(model, fused, _PLAIN_INPUTS)
+
+
+def test_causal_attention_with_heads_first_k_and_v_reads_them_as_three_d() -> None:
+    model = _plain_model(packed=False, kv_heads_first=True)
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    # the [B, 4, S, d] K/V are read back as the [B, S, 4*d] they were split from
+    assert [v.name if v is not None else None for v in gqa.inputs[:3]] == ["q", "k", "v"]
+    _validated_fixed_point(model, fused, _PLAIN_INPUTS)
+
+
+def test_attention_with_all_its_heads_and_no_causal_mask_is_left_alone() -> None:
+    # BERT's padding mask: GroupQueryAttention(causal=0) is no faster than MultiHeadAttention or
+    # packed Attention (benchmarks/attention_layouts_micro.py), so no rule takes it.
+    model = _plain_model(causal=False)
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified and result.notes == []
+
+
+def test_head_size_not_a_multiple_of_8_keeps_all_heads_attention() -> None:
+    model = _plain_model(head_size=4)
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert any("head size 4" in note for note in result.notes), result.notes
+
+
+@pytest.mark.parametrize("disabled", [(), ("fuse-group-query-attention",)])
+def test_pipeline_leaves_causal_attention_to_gqa_unless_it_is_disabled(
+    disabled: tuple[str, ...],
+) -> None:
+    from onnxopt.api import optimize
+
+    model = _plain_model()
+    result = optimize(model.clone(), disable=list(disabled), check=False)
+    types = op_types(result.model)
+    if disabled:  # fuse-packed-attention fuses it as before
+        assert "com.microsoft::Attention" in types
+        assert "com.microsoft::GroupQueryAttention" not in types
+    else:
+        assert "com.microsoft::GroupQueryAttention" in types
+        assert "com.microsoft::Attention" not in types
+    report = validate(model, result.model, inputs=_PLAIN_INPUTS)
+    assert report.passed, report

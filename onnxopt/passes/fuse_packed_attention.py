@@ -47,6 +47,7 @@ from onnxopt.passes._attention_shapes import (
     transpose_perm,
 )
 from onnxopt.passes.base import Pass, PassResult
+from onnxopt.passes.fuse_group_query_attention import causal_gqa_match
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import new_constant
 
@@ -713,10 +714,18 @@ def _check_weights(qkv: _Qkv) -> tuple[int, int, int] | Mismatch:
     return (widths[0] // 3,) * 3
 
 
-def _match_attention(mha: ir.Node, context: RewriteContext, kind: str) -> Match | Mismatch:
+def _match_attention(
+    mha: ir.Node, context: RewriteContext, kind: str, defer_causal: bool = False
+) -> Match | Mismatch:
     """``kind``: where Q, K and V come from, "split" (one projection and a Split), "separate"
     (three projections), "interleaved" (one projection viewed as [B, S, H, 3, d]) or "blocked"
-    (one viewed as [B, S, 3, H, d] and permuted to [3, B, H, S, d])."""
+    (one viewed as [B, S, 3, H, d] and permuted to [3, B, H, S, d]). With ``defer_causal`` a
+    block fuse-group-query-attention would make GroupQueryAttention(causal=1) is left to it."""
+    if defer_causal and isinstance(causal_gqa_match(mha, context), Match):
+        return Mismatch(
+            "a causal mask: left to fuse-group-query-attention (GroupQueryAttention, causal=1)",
+            candidate=False,
+        )
     inputs = list(mha.inputs)
     if len(inputs) < 3 or any(v is None for v in inputs[:3]):
         return Mismatch("MultiHeadAttention has no separate Q, K and V")
@@ -843,21 +852,26 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement:
 SHAPE_RULE = Rule("shape-of-qkv-slice->shape-of-input", "Shape", _match_shape, _rewrite_shape)
 
 
-def _attention_rule(name: str, kind: str) -> Rule:
+def _attention_rule(name: str, kind: str, defer_causal: bool = False) -> Rule:
     """The MultiHeadAttention -> Attention rule for Q/K/V of ``kind`` (see _match_attention)."""
     return Rule(
         name,
         "MultiHeadAttention",
-        lambda node, context: _match_attention(node, context, kind),
+        lambda node, context: _match_attention(node, context, kind, defer_causal),
         _rewrite_attention,
         domain=MS_DOMAIN,
     )
 
 
-PACKED_RULE = _attention_rule("qkv-matmul+split+mha->attention", "split")
-SEPARATE_RULE = _attention_rule("q,k,v-matmuls+mha->attention", "separate")
-INTERLEAVED_RULE = _attention_rule("interleaved-qkv-matmul+mha->attention", "interleaved")
-BLOCKED_RULE = _attention_rule("blocked-qkv-matmul+mha->attention", "blocked")
+_KINDS = {
+    "qkv-matmul+split+mha->attention": "split",
+    "q,k,v-matmuls+mha->attention": "separate",
+    "interleaved-qkv-matmul+mha->attention": "interleaved",
+    "blocked-qkv-matmul+mha->attention": "blocked",
+}
+PACKED_RULE, SEPARATE_RULE, INTERLEAVED_RULE, BLOCKED_RULE = (
+    _attention_rule(name, kind) for name, kind in _KINDS.items()
+)
 
 
 class FusePackedAttentionPass(Pass):
@@ -869,9 +883,15 @@ class FusePackedAttentionPass(Pass):
         "fold Q/K/V projections + MultiHeadAttention into one Attention op (ort; masked or short)"
     )
 
+    # Set when fuse-group-query-attention runs later in the same pipeline (levels.build_steps):
+    # causal self-attention is then left to it, measured faster as GroupQueryAttention(causal=1)
+    # (see fuse_group_query_attention.py); run alone, this pass fuses it as before.
+    defer_causal: bool = False
+
     def call(self, model: ir.Model) -> PassResult:
         if self.options.target != "ort":
             return PassResult(model, modified=False)
-        rules = [SHAPE_RULE, PACKED_RULE, SEPARATE_RULE, INTERLEAVED_RULE, BLOCKED_RULE]
+        rules = [SHAPE_RULE]
+        rules += [_attention_rule(name, kind, self.defer_causal) for name, kind in _KINDS.items()]
         stats, notes = apply_rules(model, rules, self.options)
         return PassResult(model, modified=bool(stats), stats=stats, notes=notes)

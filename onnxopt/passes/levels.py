@@ -105,10 +105,15 @@ _AFTER_GQA = FUSIONS.index(FuseGroupQueryAttentionPass) + 1
 # projections.
 # fuse-interleaved-rotary first: GPT-J rotates between the head split and the Transpose, which
 # hides the head split from fuse-attention until the rotary is one op on the rank-3 tensor.
+# Shapes inferred again before fuse-packed-attention: the fused MultiHeadAttention gives its output
+# the query's [B, S] where the exported scores lost them (a TorchScript mask broadcast), and the
+# causal proof that decides between packed Attention and GroupQueryAttention compares each
+# layer's sequence with the mask's positions by those names.
 ATTENTION: list[PassClass] = [
     FuseInterleavedRotaryPass,
     FuseAttentionPass,
     EliminateDeadCodePass,
+    InferShapesPass,
     FusePackedAttentionPass,
 ]
 
@@ -280,4 +285,15 @@ def build_steps(
             len(steps),
         )
         steps.insert(at, cls(options))
+    _defer_causal_attention(steps)
     return steps
+
+
+def _defer_causal_attention(steps: Sequence[Step]) -> None:
+    """fuse-packed-attention leaves causal blocks to a later fuse-group-query-attention."""
+    flat = [p for s in steps for p in (s.passes if isinstance(s, FixedPoint) else [s])]
+    for index, step in enumerate(flat):
+        if isinstance(step, FusePackedAttentionPass):
+            step.defer_causal = any(
+                isinstance(later, FuseGroupQueryAttentionPass) for later in flat[index + 1 :]
+            )
