@@ -31,7 +31,7 @@ Two forms, tried in this order:
 - ``mha->gqa`` (``causal=0``): any other mask, used exactly as MultiHeadAttention uses it
   (bit-identical outputs in benchmarks/gqa_micro.py, padded and fully masked rows included).
 
-Causal self-attention with all its K/V heads (GPT-2, GPT-Neo, OPT, Phi: no repeat_kv) takes the
+Causal self-attention with all its K/V heads (GPT-2, OPT, GPT-NeoX, GPT-J: no repeat_kv) takes the
 ``mha->gqa-causal`` form too, with ``kv_num_heads = num_heads``, when its mask is proved causal as
 above; any other mask leaves such a block to MultiHeadAttention or packed Attention (as fast: no
 candidate, no --explain line). When Q, K and V are the three equal parts of one [B, S, 3*W]
@@ -40,11 +40,13 @@ form) and the Split goes; with one mask head the fix-up needs no head split. Why
 1.32 CPU: the kernel softmaxes only the keys up to each query, where Attention and
 MultiHeadAttention run the whole row and turn every masked score into a denormal probability
 (exp of about -88 or less), which makes their softmax and P@V slow (with ORT's
-``session.set_denormal_as_zero`` the masked and unmasked kernels run within 3%). Twelve GPT-2
-layers (/tmp micro-benchmark, process CPU time, 2 threads): 1.09x at S=128 without the fix-up,
-1.07x with it; whole GPT-2 over packed Attention, ``onnxopt bench``: 1.04 vs 1.02x at 128 tokens,
-1.12 vs 1.04x at 512 (README, "Fusions"). fuse-packed-attention leaves these blocks to this pass
-when both run (levels.build_steps).
+``session.set_denormal_as_zero`` the masked and unmasked kernels run within 3%, and packed
+Attention is the faster one). Twelve GPT-2 layers against packed Attention
+(benchmarks/causal_attention_micro.py, process CPU time, 2 threads): 1.09x at S=128 without the
+fix-up, 1.05x with it, 1.29x at S=512; whole GPT-2 over the export, ``onnxopt bench``: 1.03-1.04x
+against packed Attention's 1.02-1.03x at 128 tokens, 1.12-1.15x against 1.03-1.06x at 512 (README,
+"Fusions"). fuse-packed-attention leaves these blocks to this pass when both run
+(levels.build_steps).
 
 Soft-capped attention (Gemma2: ``tanh(s / c) * c`` on the scaled scores, before the mask) has no
 MultiHeadAttention form, so fuse-attention leaves it unfused; ``SOFTCAP_GQA_RULES``
@@ -950,10 +952,6 @@ def _reduce(
     return tape.op(op, [value], {"axes": axes, "keepdims": keepdims})
 
 
-def _match_causal(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    return _match(node, context, causal=True)
-
-
 def causal_gqa_match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """Whether ``mha->gqa-causal`` takes this MultiHeadAttention (fuse-packed-attention leaves
     such blocks to it when both run)."""
@@ -1139,7 +1137,7 @@ def _rewrite_block(match: Match, context: RewriteContext) -> Replacement:
 # Tried in order: causal=1 (with the fully-masked-row fix-up) where the mask is provably causal,
 # else causal=0 (the mask alone decides, exactly as in MultiHeadAttention).
 GQA_RULES = (
-    Rule("mha->gqa-causal", "MultiHeadAttention", _match_causal, _rewrite, domain=MS_DOMAIN),
+    Rule("mha->gqa-causal", "MultiHeadAttention", causal_gqa_match, _rewrite, domain=MS_DOMAIN),
     Rule("mha->gqa", "MultiHeadAttention", _match_any_mask, _rewrite, domain=MS_DOMAIN),
 )
 
