@@ -478,3 +478,16 @@ def test_pipeline_leaves_causal_attention_to_gqa_unless_it_is_disabled(
         assert "com.microsoft::Attention" not in types
     report = validate(model, result.model, inputs=_PLAIN_INPUTS)
     assert report.passed, report
+
+
+def test_packed_attention_defers_causal_blocks_only_to_a_later_gqa_pass() -> None:
+    from onnxopt.passes.fuse_packed_attention import FusePackedAttentionPass
+
+    def packed(steps: list) -> FusePackedAttentionPass:  # type: ignore[type-arg]
+        return next(s for s in steps if isinstance(s, FusePackedAttentionPass))
+
+    assert packed(build_steps(2)).defer_causal
+    custom = ["fuse-attention", "fuse-packed-attention", "fuse-group-query-attention"]
+    assert packed(build_steps(passes=custom)).defer_causal
+    assert not packed(build_steps(passes=custom[:2])).defer_causal
+    assert not packed(build_steps(2, disable=["fuse-group-query-attention"])).defer_causal

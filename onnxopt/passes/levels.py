@@ -256,7 +256,9 @@ def build_steps(
         pass_by_name(name)  # unknown names are an error, not silently ignored
     dropped = set(disable)
     if passes is not None:
-        return [pass_by_name(n)(options) for n in passes if n not in dropped]
+        chosen: list[Step] = [pass_by_name(n)(options) for n in passes if n not in dropped]
+        _defer_causal_attention(chosen)
+        return chosen
     if level not in LEVELS:
         raise UsageError(f"unknown level {level} (levels: {', '.join(map(str, LEVELS))})")
     steps: list[Step] = []
