@@ -29,7 +29,8 @@ CASES = [
     ("phi", "dynamo", "eager", "gqa 2 rotary 4"),  # partial rotary (half of each head)
     ("phi", "torchscript", "sdpa", "gqa 2 rotary 4"),
     ("stablelm", "torchscript", "eager", "gqa 2 rotary 4"),  # a quarter of each head rotates
-    ("gpt-neox", "dynamo", "eager", "mha 2 rotary 4"),  # rotary of chunks of one packed Q/K/V
+    # rotary of chunks of one packed Q/K/V; causal, all heads: GroupQueryAttention
+    ("gpt-neox", "dynamo", "eager", "gqa 2 rotary 4"),
     ("gpt-neo", "dynamo", "eager", "attn 2"),  # causal masked_fill Where(keep, scores, lowest)
     ("gpt-neo", "torchscript", "eager", "attn 2"),  # S read as Gather(Shape(q_proj), 1)
     # heads flattened into the batch (bmm), ALiBi; Q/K/V interleaved per head: packed Attention
@@ -48,16 +49,16 @@ CASES = [
     ("phi3", "torchscript", "eager", "gqa 2"),
     # Interleaved rotary on 8 of 16 dims between the head split and the Transpose: GatherND +
     # Expand tables (dynamo), Gather + Tile (TorchScript).
-    ("gptj", "dynamo", "eager", "mha 2 rotary 4"),
-    ("gptj", "torchscript", "eager", "mha 2 rotary 4"),
+    ("gptj", "dynamo", "eager", "gqa 2 rotary 4"),
+    ("gptj", "torchscript", "eager", "gqa 2 rotary 4"),
     ("cohere", "dynamo", "eager", "gqa 2"),  # interleaved rotary, folded into GQA's do_rotary
     (
         "codegen",
         "torchscript",
         "eager",
-        "mha 2 rotary 4",
+        "gqa 2 rotary 4",
     ),  # GPT-J's rotary on heads of a packed Q/K/V
-    ("codegen", "dynamo", "eager", "mha 2 rotary 4"),  # K split from rank 3, V a moved Q/K/V chunk
+    ("codegen", "dynamo", "eager", "gqa 2 rotary 4"),  # K split from rank 3, V a moved Q/K/V chunk
     # fairseq-style bmm: mask added to a [B, H, S, T] view, clamped at float32's lowest, the
     # Softmax on the [B*H, S, T] view again, P viewed as [B, H, S, T] and back
     ("xglm", "dynamo", "eager", "attn 2"),
