@@ -229,6 +229,20 @@ def gathered_dim(gather: ir.Node | None, *, scalar: bool) -> Entry | None:
     return ("dim", shape_node.inputs[0], i)
 
 
+def scalar_dim_read(value: ir.Value | None) -> tuple[ir.Value, int] | None:
+    """``value`` = one dim of a tensor's shape as a scalar: Gather(Shape(x), i) or
+    Squeeze(Shape(x)[i:i+1]); returns (x, i)."""
+    node = value.producer() if value is not None else None
+    if is_op(node, "Squeeze") and node is not None and node.inputs[0] is not None:
+        entries = target_entries(node.inputs[0])
+    else:
+        dim = gathered_dim(node, scalar=True)
+        entries = None if dim is None else [dim]
+    if entries is None or len(entries) != 1 or not isinstance(entries[0], tuple):
+        return None
+    return entries[0][1], entries[0][2]
+
+
 def peel_torch_expand_shape(value: ir.Value) -> ir.Value:
     """TorchScript writes ``expand``'s target as ``Where(Equal(s, -1), ones, s)`` ("-1: keep the dim").
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
-from onnxopt.passes._attention_shapes import target_entries
+from onnxopt.passes._attention_shapes import scalar_dim_read, target_entries
 from onnxopt.passes._shape_facts import const_ints, int_param, normalize_axes, optional_input
 from onnxopt.rewrite import Mismatch
 
@@ -130,33 +130,13 @@ def _refine_reshape(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> 
 
 
 def _scalar_dim(value: ir.Value | None) -> int | ir.SymbolicDim | None:
-    """The dim a scalar reads off a tensor's shape: ``Gather(Shape(x), i)`` with a scalar index,
-    or ``Squeeze(Shape(x, start=i, end=i + 1))``; None when unknown or a placeholder."""
-    node = value.producer() if value is not None else None
-    if node is None or not node.inputs or node.inputs[0] is None:
+    """The dim a scalar reads off a tensor's shape (``Gather(Shape(x), i)``, ``Squeeze`` of a
+    one-dim slice); None when unknown or a placeholder."""
+    read = scalar_dim_read(value)
+    dims = read[0].shape if read is not None else None
+    if read is None or dims is None or not 0 <= read[1] < len(dims):
         return None
-    axis: int | None = None
-    shape_node = node.inputs[0].producer()
-    if is_op(node, "Gather") and node.attributes.get_int("axis", 0) == 0:
-        index = const_ints(optional_input(node, 1))
-        index_value = optional_input(node, 1)
-        scalar = index_value is not None and index_value.shape is not None and not index_value.shape
-        if index is not None and len(index) == 1 and scalar:
-            axis = index[0]
-            start = shape_node.attributes.get_int("start", 0) if shape_node is not None else 0
-            if start != 0:
-                return None
-    elif is_op(node, "Squeeze") and shape_node is not None:
-        start = shape_node.attributes.get_int("start", 0)
-        end = shape_node.attributes.get_int("end", start + 2)
-        if end == start + 1 and start >= 0:
-            axis = start
-    if axis is None or not is_op(shape_node, "Shape") or shape_node is None:
-        return None
-    source = shape_node.inputs[0]
-    if source is None or source.shape is None or not -len(source.shape) <= axis < len(source.shape):
-        return None
-    dim = source.shape[axis]
+    dim = dims[read[1]]
     return None if _is_unknown(dim) else dim
 
 

@@ -99,6 +99,7 @@ from onnxopt.passes._attention_shapes import (
     peel_torch_expand_shape,
     reshape_to_heads,
     same_symbol,
+    scalar_dim_read,
     seq_len,
     static_dim,
     target_entries,
@@ -391,33 +392,6 @@ def _peel_broadcasts(value: ir.Value) -> ir.Value:
         return value
 
 
-def _scalar_dim_read(value: ir.Value | None) -> tuple[ir.Value, int] | None:
-    """``value`` = one dim of a tensor's shape as a scalar: Gather(Shape(x), i) or
-    Squeeze(Shape(x)[i:i+1]); returns (x, i)."""
-    node = value.producer() if value is not None else None
-    if is_op(node, "Squeeze") and node is not None and node.inputs[0] is not None:
-        entries = target_entries(node.inputs[0])
-        if entries is not None and len(entries) == 1 and isinstance(entries[0], tuple):
-            return entries[0][1], entries[0][2]
-        return None
-    if is_op(node, "Gather") and node is not None:
-        index = const_array(node.inputs[1])
-        shape_node = node.inputs[0].producer() if node.inputs[0] is not None else None
-        if index is None or index.size != 1 or index.ndim != 0 or not is_op(shape_node, "Shape"):
-            return None
-        assert shape_node is not None and shape_node.inputs[0] is not None
-        if shape_node.attributes.get_int("start", 0) != 0 or "end" in shape_node.attributes:
-            return None
-        axis = int(index)
-        if axis < 0:
-            rank = value_rank(shape_node.inputs[0])
-            if rank is None:
-                return None
-            axis += rank
-        return shape_node.inputs[0], axis
-    return None
-
-
 def _positions(
     value: ir.Value | None, axis: int, length_of: tuple[ir.Value, int]
 ) -> ir.Node | None:
@@ -441,7 +415,7 @@ def _positions(
         return None
     if float(start.reshape(-1)[0]) != 0 or float(delta.reshape(-1)[0]) != 1:
         return None
-    read = _scalar_dim_read(range_node.inputs[1])
+    read = scalar_dim_read(range_node.inputs[1])
     if read is None or not same_symbol(read[0], read[1], length_of[0], length_of[1]):
         return None
     return range_node

@@ -721,11 +721,6 @@ def _match_attention(
     (three projections), "interleaved" (one projection viewed as [B, S, H, 3, d]) or "blocked"
     (one viewed as [B, S, 3, H, d] and permuted to [3, B, H, S, d]). With ``defer_causal`` a
     block fuse-group-query-attention would make GroupQueryAttention(causal=1) is left to it."""
-    if defer_causal and isinstance(causal_gqa_match(mha, context), Match):
-        return Mismatch(
-            "a causal mask: left to fuse-group-query-attention (GroupQueryAttention, causal=1)",
-            candidate=False,
-        )
     inputs = list(mha.inputs)
     if len(inputs) < 3 or any(v is None for v in inputs[:3]):
         return Mismatch("MultiHeadAttention has no separate Q, K and V")
@@ -755,6 +750,12 @@ def _match_attention(
         return Mismatch("left to another packed-attention rule", candidate=False)
     if kind not in viewed and is_op(split, "Split") != (kind == "split"):
         return Mismatch("left to the other packed-attention rule", candidate=False)
+    # Only the one rule of this block's kind gets here: the proof runs once per block.
+    if defer_causal and isinstance(causal_gqa_match(mha, context), Match):
+        return Mismatch(
+            "a causal mask: left to fuse-group-query-attention (GroupQueryAttention, causal=1)",
+            candidate=False,
+        )
     if kind in viewed:
         qkv = viewed[kind]
     elif split is not None and kind == "split":
