@@ -885,8 +885,9 @@ def _average_fully_masked_rows(
     ``mean`` V's mean over the keys, [B, 1, Nkv*d], and ``masked`` the flags per head."""
     rep = heads // kv.kv_heads
     d = kv.head_size
-    mean = tape.op("Reshape", [mean, int64_const(tape, [0, 1, kv.kv_heads, 1, d])])
-    mean = tape.op("Expand", [mean, int64_const(tape, [1, 1, 1, rep, 1])])
+    if rep > 1:  # each K/V head's mean serves its rep query heads
+        mean = tape.op("Reshape", [mean, int64_const(tape, [0, 1, kv.kv_heads, 1, d])])
+        mean = tape.op("Expand", [mean, int64_const(tape, [1, 1, 1, rep, 1])])
     mean = tape.op("Reshape", [mean, int64_const(tape, [0, 1, heads, d])])  # [B, 1, H, d]
     split = tape.op("Reshape", [output, int64_const(tape, [0, 0, heads, d])])
     fixed = tape.op("Where", [masked, mean, split])

@@ -197,11 +197,14 @@ LEVELS: dict[int, LevelSpec] = {
         # [B, H, S, T] with S read at run time) can be a no-op once shapes are inferred again:
         # else a second optimize run removes it and the output is not a fixed point (BEiT).
         # Repeated until nothing changes: merging two shape reads can make two more equal
-        # (Phi-3 TorchScript: else a second optimize run shares one more Shape).
+        # (Phi-3 TorchScript: else a second optimize run shares one more Shape). A fusion's last
+        # Reshape can meet the graph's next one (GroupQueryAttention's fully-masked-row fix-up
+        # before TorchScript GPT-2's 2-D output projection): merged here, not by a second run.
         (
             InferShapesPass,
             FoldShapeValuesPass,
             EliminateNoopsPass,
+            MergeConsecutiveOpsPass,
             EliminateCommonSubexpressionsPass,
             EliminateDeadCodePass,
         ),
