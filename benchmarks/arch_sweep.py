@@ -549,6 +549,27 @@ def gptj_medium() -> Factory:
     return _decoder(GPTJModel, cfg)
 
 
+@seeded
+def gpt_neox_medium() -> Factory:
+    """GPT-NeoX (Pythia) at a size worth timing: 4 layers, hidden 768, 12 heads of 64, a quarter
+    of each head rotating, K/V reaching attention as [B, H, T, d]; not in the sweep's families.
+    ``onnxopt export benchmarks.arch_sweep:gpt_neox_medium -o nm.onnx``."""
+    from transformers import GPTNeoXConfig, GPTNeoXModel
+
+    cfg = GPTNeoXConfig(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=4,
+            num_attention_heads=12,
+            max_position_embeddings=2048,
+            use_cache=False,
+        )
+    )
+    return _decoder(GPTNeoXModel, cfg)
+
+
 def _codegen(
     heads: int, rotary_dim: int, width: int = 64, layers: int = 2, positions: int = 256
 ) -> Factory:
