@@ -74,9 +74,10 @@ def _feeds(session: Any, sequence: int) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _dense_nodes(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
+def _dense_nodes(
+    model: onnx.ModelProto, weights: dict[str, onnx.TensorProto]
+) -> list[tuple[onnx.NodeProto, str]]:
     """(node, weight name) of every dense weight product in the main graph."""
-    weights = {t.name: t for t in model.graph.initializer}
     found: list[tuple[onnx.NodeProto, str]] = []
     for node in model.graph.node:
         key = (node.domain or "", node.op_type)
@@ -93,7 +94,10 @@ def _dense_nodes(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
 
 
 def _activation_shapes(
-    model: onnx.ModelProto, dense: list[tuple[onnx.NodeProto, str]], feeds: dict[str, np.ndarray]
+    model: onnx.ModelProto,
+    dense: list[tuple[onnx.NodeProto, str]],
+    feeds: dict[str, np.ndarray],
+    weights: dict[str, onnx.TensorProto],
 ) -> dict[str, tuple[tuple[int, ...], int]]:
     """Shape and element type of each dense node's activation input, from one run of the model."""
     import onnxruntime as ort
@@ -101,10 +105,8 @@ def _activation_shapes(
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     declared = {o.name for o in probe.graph.output}
-    weights = {t.name: t.data_type for t in model.graph.initializer}
-    wanted = {
-        node.input[0]: weights[weight] for node, weight in dense
-    }  # an activation's type is its weight's
+    # an activation's type is its weight's
+    wanted = {node.input[0]: weights[weight].data_type for node, weight in dense}
     for name in sorted(set(wanted) - declared - set(feeds)):
         probe.graph.output.append(helper.make_tensor_value_info(name, wanted[name], None))
     options = session_options("disable", 2)  # the shapes only; the run's speed does not matter
@@ -121,13 +123,13 @@ def _activation_shapes(
 
 def floor_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
     """The optimized model's dense weight products alone, each on the activation shape it sees."""
-    dense = _dense_nodes(model)
+    weights = {t.name: t for t in model.graph.initializer}
+    dense = _dense_nodes(model, weights)
     if not dense:
         raise ValueError(
             "no dense weight products (MatMul / Gemm / Attention / Conv with a weight)"
         )
-    shapes = _activation_shapes(model, dense, feeds)
-    weights = {t.name: t for t in model.graph.initializer}
+    shapes = _activation_shapes(model, dense, feeds, weights)
     inputs: dict[tuple[tuple[int, ...], int], str] = {}
     nodes: list[onnx.NodeProto] = []
     used: set[str] = set()
@@ -141,7 +143,7 @@ def floor_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.Mo
             nodes.append(helper.make_node("MatMul", [source, weight], [out]))
             used.add(weight)
         else:
-            rest = [name for name in node.input[1:]]
+            rest = list(node.input[1:])
             nodes.append(
                 helper.make_node(
                     node.op_type,

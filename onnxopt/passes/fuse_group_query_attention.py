@@ -531,7 +531,7 @@ def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mism
             # per block
             return Mismatch("K/V are not a repeat_kv expansion", candidate=False)
         pair = _plain_kv(query, key, value, heads)
-        packed = _packed_qkv(node, query, key, value)
+        packed = None if isinstance(pair, Mismatch) else _packed_qkv(node, query, key, value)
     else:
         pair = _grouped_kv(node, key, value, heads)
         packed = None
