@@ -313,3 +313,29 @@ def test_reshape_minus_one_is_the_dim_the_others_leave() -> None:
     assert target.const_value.numpy().tolist() == [0, 1, -1]
     report = validate(model, result.model)
     assert report.passed and len(report.trials) == 2
+
+
+def test_torchscript_expand_minus_one_test_is_tracked() -> None:
+    # TorchScript writes expand(..., -1, ...) as Where(Equal(target, -1), 1, target): a dim read
+    # off a shape is never -1, so only the literal -1 becomes 1 and the Reshape target folds.
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S, 8] x) => (float[B, S, 1, 8] y) <int64[1] m1 = {-1}, int64[1] eight = {8}, int64[4] m1s = {-1, -1, -1, -1}, int64[4] ones = {1, 1, 1, 1}> {
+            bs = Shape<start = 0, end = 2>(x)
+            t = Concat<axis = 0>(bs, m1, eight)
+            eq = Equal(t, m1s)
+            w = Where(eq, ones, t)
+            y = Reshape(x, w)
+        }
+        """
+    )
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats["Reshape targets made constant"] == 1
+    assert op_types(result.model) == ["Reshape"]
+    target = result.model.graph.node(0).inputs[1]
+    assert target is not None and target.const_value is not None
+    assert target.const_value.numpy().tolist() == [0, 0, 1, 8]
+    report = validate(model, result.model)
+    assert report.passed, report
+    assert not FoldShapeValuesPass()(result.model).modified

@@ -244,7 +244,8 @@ def scalar_dim_read(value: ir.Value | None) -> tuple[ir.Value, int] | None:
 
 
 def peel_torch_expand_shape(value: ir.Value) -> ir.Value:
-    """TorchScript writes ``expand``'s target as ``Where(Equal(s, -1), ones, s)`` ("-1: keep the dim").
+    """TorchScript writes ``expand``'s target as ``Where(Equal(s, -1), ones, s)`` ("-1: keep the dim"),
+    or, once fold-shape-values has folded the Equal, ``Where(flags, ones, s)``.
 
     With ``s`` read as entries, -1 then means 1 under Expand's broadcasting, which keeps the dim
     as well; so ``s`` can be read in its place (a -1 entry is treated as 1 by the caller).
@@ -256,12 +257,19 @@ def peel_torch_expand_shape(value: ir.Value) -> ir.Value:
     cond, ones, shape = where.inputs[0], where.inputs[1], where.inputs[2]
     equal = cond.producer() if cond is not None else None
     ones_array = const_array(ones)
-    if (
-        not is_op(equal, "Equal")
-        or shape is None
-        or ones_array is None
-        or not (ones_array == 1).all()
-    ):
+    if shape is None or ones_array is None or not (ones_array == 1).all():
+        return value
+    flags = const_array(cond)
+    if flags is not None and flags.dtype == np.bool_:
+        # the Equal folded (fold-shape-values: a dim read off a shape is never -1): true
+        # exactly where ``s`` holds a literal -1
+        entries = target_entries(shape)
+        if entries is None or flags.ndim != 1 or flags.size != len(entries):
+            return value
+        if any(bool(f) != (e == -1) for f, e in zip(flags, entries, strict=True)):
+            return value
+        return shape
+    if not is_op(equal, "Equal"):
         return value
     assert equal is not None
     minus_one = const_array(equal.inputs[1])

@@ -3,7 +3,8 @@
 Every small integer vector computed from shapes is tracked element by element: an element is a known
 ``int``, a reference to "dim *i* of value *v*" (a symbolic dim, kept symbolic), or unknown. Tracked ops:
 Shape (with start/end), Size, Gather, Slice, Concat, Unsqueeze/Squeeze, Reshape to 1-D, Cast to an
-integer type, Identity, and integer Add/Sub/Mul/Div/Mod. A vector whose elements are all known ints is
+integer type, Identity, integer Add/Sub/Mul/Div/Mod, and Equal / Where (TorchScript's ``expand(-1)``
+test; a dim never equals a negative int). A vector whose elements are all known ints is
 replaced by an initializer, even when other dims of the same tensor are symbolic: ``Shape(x)[1]`` folds
 when dim 1 is a known int.
 
@@ -250,6 +251,56 @@ class _Tracker:
         return ShapeVector(tuple(out), a.scalar and b.scalar, a.dtype)
 
     _op_Add = _op_Sub = _op_Mul = _op_Div = _op_Mod = _binary
+
+    def _broadcast(self, *values: ir.Value | None) -> list[tuple[Elem, ...]] | None:
+        """The operands' elements, one-element vectors repeated to the common length."""
+        vectors = [self.get(v) for v in values]
+        if any(v is None for v in vectors):
+            return None
+        lengths = {len(v.elements) for v in vectors if v is not None} - {1}
+        if len(lengths) > 1:
+            return None
+        size = lengths.pop() if lengths else 1
+        return [
+            v.elements * size if len(v.elements) == 1 else v.elements
+            for v in vectors
+            if v is not None
+        ]
+
+    def _op_Equal(self, node: ir.Node) -> ShapeVector | None:
+        """TorchScript's ``expand(-1)`` handling compares the target with -1: a dim never is."""
+        a, b = self.get(node.inputs[0]), self.get(node.inputs[1])
+        operands = self._broadcast(node.inputs[0], node.inputs[1])
+        if a is None or b is None or a.dtype != b.dtype or operands is None:
+            return None
+        out: list[Elem] = []
+        for x, y in zip(*operands, strict=True):
+            if isinstance(x, int) and isinstance(y, int):
+                out.append(int(x == y))
+            elif isinstance(x, DimOf) and isinstance(y, DimOf) and x == y:
+                out.append(1)
+            elif (isinstance(x, DimOf) and isinstance(y, int) and y < 0) or (
+                isinstance(y, DimOf) and isinstance(x, int) and x < 0
+            ):
+                out.append(0)
+            else:
+                out.append(None)
+        return ShapeVector(tuple(out), a.scalar and b.scalar, ir.DataType.BOOL)
+
+    def _op_Where(self, node: ir.Node) -> ShapeVector | None:
+        cond, x, y = (self.get(v) for v in node.inputs[:3])
+        operands = self._broadcast(*node.inputs[:3])
+        if cond is None or x is None or y is None or operands is None:
+            return None
+        if cond.dtype != ir.DataType.BOOL or x.dtype != y.dtype:
+            return None
+        out: list[Elem] = []
+        for c, a, b in zip(*operands, strict=True):
+            if isinstance(c, int):
+                out.append(a if c else b)
+            else:
+                out.append(a if a == b and a is not None else None)
+        return ShapeVector(tuple(out), cond.scalar and x.scalar and y.scalar, x.dtype)
 
 
 def _fits(value: int, dtype: ir.DataType) -> bool:
