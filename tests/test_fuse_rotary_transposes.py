@@ -75,6 +75,36 @@ def test_rotary_runs_on_the_merged_tensor_and_shape_reads_follow(original: ir.Mo
     assert stats == {}
 
 
+def test_heads_not_split_by_a_reshape_are_viewed_as_three_d_first() -> None:
+    """Qwen3 / OLMo2 / Persimmon normalize each head of [B, S, N, d] before the rotary: that
+    tensor, viewed as [B, S, N*d] by a new Reshape, is rotated instead."""
+    text = """
+        <ir_version: 10, opset_import: ["" : 20, "com.microsoft" : 1]>
+        g (float[B, S, 4, 8] x) => (float[B, S, 32] y) {
+            h = LayerNormalization <axis = -1> (x, scale)
+            t = Transpose <perm = [0, 2, 1, 3]> (h)
+            r = com.microsoft.RotaryEmbedding <interleaved = 0> (t, pos, cos, sin)
+            b = Transpose <perm = [0, 2, 1, 3]> (r)
+            merged = Constant <value = int64[3] {0, 0, -1}> ()
+            y = Reshape (b, merged)
+        }
+    """
+    rng = np.random.default_rng(0)
+    cos, sin = (rng.standard_normal((64, 4)).astype(np.float32) for _ in range(2))
+    scale = rng.standard_normal(8).astype(np.float32)
+    original = parse(text, pos=np.zeros(1, dtype=np.int64), cos=cos, sin=sin, scale=scale)
+    fused, stats, _ = _run(original)
+    assert stats == {RULE: 1}
+    assert "Transpose" not in op_types(fused)
+    rotary = next(n for n in fused.graph if n.op_type == "RotaryEmbedding")
+    view = rotary.inputs[0].producer()
+    assert view is not None and view.op_type == "Reshape"
+    assert rotary.attributes.get_int("num_heads") == 4
+    report = validate(original, fused)
+    assert report.passed, report
+    assert not _run(fused)[1]
+
+
 def test_standard_rotary_embedding_at_opset_23() -> None:
     positions = """
             zero = Constant <value = int64 {0}> ()

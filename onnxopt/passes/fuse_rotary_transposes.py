@@ -28,7 +28,9 @@ from onnxopt.passes._attention_shapes import (
     merges_heads,
     producer_of,
     reshape_to_heads,
+    static_dim,
     transpose_perm,
+    value_rank,
 )
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
@@ -71,9 +73,25 @@ def _match(rotary: ir.Node, context: RewriteContext) -> Match | Mismatch:
         )
     assert heads_first is not None
     split = reshape_to_heads(heads_first.inputs[0])
-    if split is None:
-        return Mismatch("the rotated heads are not a Reshape of a 3-D [B, S, N*d] tensor")
-    source, heads, head_size, reshape = split
+    heads_last = heads_first.inputs[0]
+    reshape: ir.Node | None = None
+    if split is not None:
+        source, heads, head_size, reshape = split
+    elif (
+        heads_last is not None
+        and value_rank(heads_last) == 4
+        and static_dim(heads_last, 2)
+        and static_dim(heads_last, 3)
+    ):
+        # [B, S, N, d] made otherwise (Persimmon: picked out of [B, S, N, 3, d] and normalized
+        # per head): its [B, S, N*d] view is a new Reshape
+        source = heads_last
+        heads, head_size = static_dim(heads_last, 2) or 0, static_dim(heads_last, 3) or 0
+    else:
+        return Mismatch(
+            "the rotated heads are neither a Reshape of a 3-D [B, S, N*d] tensor nor [B, S, N, d] "
+            "with static N and d"
+        )
     if rotary.attributes.get_int("is_packed_batching", 0):
         return Mismatch("packed batching reads its input as tokens, not [B, S, N*d]")
     declared = rotary.attributes.get_int("num_heads", 0)
@@ -97,9 +115,15 @@ def _match(rotary: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("the Transpose back is not merged into [B, S, N*d] by a Reshape")
     # Producers first: the driver drops matched nodes last to first once nothing reads them.
     nodes = [heads_first, rotary, *(read for read, _ in reads), back, merge]
-    if only_user(reshape.outputs[0]) and only_user(heads_first.outputs[0]):
+    if reshape is not None and only_user(reshape.outputs[0]) and only_user(heads_first.outputs[0]):
         nodes.insert(0, reshape)
-    bindings = {"source": source, "heads": heads, "head_size": head_size, "rotary": rotary}
+    bindings = {
+        "source": source,
+        "heads": heads,
+        "head_size": head_size,
+        "rotary": rotary,
+        "view": reshape is None,  # the source is [B, S, N, d]: viewed as [B, S, N*d] first
+    }
     # The new nodes go where the rotary was: the Shape reads' users may come before the merge.
     return Match(nodes, {**bindings, "reads": reads}, anchor=rotary)
 
@@ -107,18 +131,29 @@ def _match(rotary: ir.Node, context: RewriteContext) -> Match | Mismatch:
 def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     rotary: ir.Node = match.bindings["rotary"]
     attributes = {name: attr.value for name, attr in rotary.attributes.items()}
-    attributes["num_heads"] = match.bindings["heads"]
-    inputs = [match.bindings["source"], *rotary.inputs[1:]]
+    heads, head_size = match.bindings["heads"], match.bindings["head_size"]
+    attributes["num_heads"] = heads
+    source: ir.Value = match.bindings["source"]
+    nodes: list[ir.Node] = []
+    constants: list[ir.Value] = []
+    if match.bindings["view"]:
+        target = new_constant(np.array([0, 0, heads * head_size], dtype=np.int64), "rotary_view")
+        constants.append(target)
+        nodes.append(ir.node("Reshape", [source, target]))
+        view = nodes[-1].outputs[0]
+        view.type = source.type
+        if source.shape is not None:
+            view.shape = ir.Shape([source.shape[0], source.shape[1], heads * head_size])
+        source = view
+    inputs = [source, *rotary.inputs[1:]]
     flat = ir.node("RotaryEmbedding", inputs, attributes, domain=rotary.domain, name=rotary.name)
     # The same shape as its input: recorded, since shape inference does not know the contrib op,
     # and the attention fusions' sequence-length reads of it are shared across layers through it.
-    flat.outputs[0].type = match.bindings["source"].type
-    flat.outputs[0].shape = match.bindings["source"].shape
-    nodes = [flat]
+    flat.outputs[0].type = source.type
+    flat.outputs[0].shape = source.shape
+    nodes.append(flat)
     moved = [(match.root.outputs[0], flat.outputs[0])]
-    constants = []
-    source: ir.Value = match.bindings["source"]
-    fixed = {1: match.bindings["heads"], 3: match.bindings["head_size"]}
+    fixed = {1: heads, 3: head_size}
     for read, dims in match.bindings["reads"]:  # [B, N, S, d]: B, S read off [B, S, N*d]
         pieces = []
         for dim in dims:
