@@ -873,15 +873,27 @@ def qwen2_moe() -> Factory:
 
 @seeded
 def gpt_bigcode() -> Factory:
+    return _gpt_bigcode(width=64, layers=2, heads=4, positions=256)
+
+
+@seeded
+def gpt_bigcode_medium() -> Factory:
+    """GPT-BigCode (SantaCoder / StarCoder's multi-query layout) at a size worth timing: 4 layers,
+    hidden 768, 12 query heads sharing one K/V head of 64; not in the sweep's families.
+    ``onnxopt export benchmarks.arch_sweep:gpt_bigcode_medium -o bm.onnx``."""
+    return _gpt_bigcode(width=768, layers=4, heads=12, positions=2048)
+
+
+def _gpt_bigcode(width: int, layers: int, heads: int, positions: int) -> Factory:
     from transformers import GPTBigCodeConfig, GPTBigCodeModel
 
     cfg = GPTBigCodeConfig(
         **_attn(
             vocab_size=1000,
-            n_embd=64,
-            n_layer=2,
-            n_head=4,
-            n_positions=256,
+            n_embd=width,
+            n_layer=layers,
+            n_head=heads,
+            n_positions=positions,
             multi_query=True,
             use_cache=False,
         )
@@ -938,6 +950,26 @@ def persimmon() -> Factory:
     from transformers import PersimmonConfig, PersimmonModel
 
     cfg = PersimmonConfig(**_llama_like(num_key_value_heads=4, qk_layernorm=True))
+    return _decoder(PersimmonModel, cfg)
+
+
+@seeded
+def persimmon_medium() -> Factory:
+    """Persimmon (Fuyu's language model) at a size worth timing: 4 layers, hidden 768, 12 heads of
+    64 normalized per head, half of each rotating; not in the sweep's families."""
+    from transformers import PersimmonConfig, PersimmonModel
+
+    cfg = PersimmonConfig(
+        **_llama_like(
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=4,
+            num_attention_heads=12,
+            num_key_value_heads=12,
+            max_position_embeddings=2048,
+            qk_layernorm=True,
+        )
+    )
     return _decoder(PersimmonModel, cfg)
 
 

@@ -16,6 +16,7 @@ from tests.fusion_util import op_types, parse, rng_array
 from tests.test_fuse_attention import _text_feeds
 
 LOWEST = float(np.finfo(np.float32).min)
+GQA = "com.microsoft::GroupQueryAttention"
 
 
 # Positions 0..S-1 of x's and keep's sequences, as the exporters number them for the mask.
@@ -42,6 +43,7 @@ def _model(
     norm_axis: int | None = None,
     merge_form: str = "constant",
     kv_split: bool = False,
+    qkv_split: bool = False,
 ) -> ir.Model:
     """x[B,S,8] -> 4 query heads and 2 K/V heads of ``head_size``, K/V repeated as the exporters do, MHA with a
     causal + padding mask built from keep[B,S] as the exporters do (positions unsqueezed to rank 4;
@@ -50,7 +52,7 @@ def _model(
     ``norm_axis``: Q normalized per token and K per head (OLMo2, Qwen3) over that axis.
     ``merge_form="query-shape"``: the repeated K/V reshaped to the query's [B, 4, S, d] read off
     it, as SDPA's enable_gqa is exported by dynamo. ``kv_split``: K and V the halves of one
-    projection (``kv(x).chunk(2, -1)``)."""
+    projection (``kv(x).chunk(2, -1)``); ``qkv_split``: Q, K and V the three parts of one."""
     if causal_form == "exported":
         positions = """
             kpos = Unsqueeze(ki, ax012)
@@ -70,10 +72,12 @@ def _model(
     text = f"""
         <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
         g (float[B, S, 8] x, float[B, T, 8] y, bool[B, {"T" if cross else "S"}] keep) => (float[B, S, {4 * head_size}] out) {{
-            {"q0" if bias_first else ("qp" if norm_axis is not None else "q")} = MatMul(x, wq)
+            {"qkvp = MatMul(x, wqkv)" if qkv_split else ""}
+            {"q, k, v = Split<axis=2>(qkvp, qkv_sizes)" if qkv_split else ""}
+            {"" if qkv_split else ("q0" if bias_first else ("qp" if norm_axis is not None else "q")) + " = MatMul(x, wq)"}
             {"kvp = MatMul(" + kv_input + ", wkv)" if kv_split else ""}
-            {"k, v = Split<axis=2>(kvp)" if kv_split else ("k0" if bias_first else "k") + " = MatMul(" + kv_input + ", wk)"}
-            {"" if kv_split else ("v0" if bias_first else "v") + " = MatMul(" + kv_input + ", wv)"}
+            {"k, v = Split<axis=2>(kvp)" if kv_split else "" if qkv_split else ("k0" if bias_first else "k") + " = MatMul(" + kv_input + ", wk)"}
+            {"" if kv_split or qkv_split else ("v0" if bias_first else "v") + " = MatMul(" + kv_input + ", wv)"}
             {"q = Add(bq, q0)" if bias_first else ""}
             {"k = Add(bk, k0)" if bias_first else ""}
             {"v = Add(bv, v0)" if bias_first else ""}
@@ -106,6 +110,8 @@ def _model(
         wk=rng_array(8, 2 * head_size, seed=2),
         wv=rng_array(8, 2 * head_size, seed=3),
         wkv=rng_array(8, 4 * head_size, seed=9),
+        wqkv=rng_array(8, 8 * head_size, seed=10),
+        qkv_sizes=np.array([4 * head_size, 2 * head_size, 2 * head_size], np.int64),
         bq=rng_array(4 * head_size, seed=4),
         bk=rng_array(2 * head_size, seed=5),
         bv=rng_array(2 * head_size, seed=6),
@@ -234,6 +240,22 @@ def test_kv_repeated_to_the_query_shape_read_off_it_is_grouped(kv_split: bool) -
     assert not FuseGroupQueryAttentionPass()(fused).modified
 
 
+def test_grouped_kv_split_from_one_projection_with_the_query_is_read_packed() -> None:
+    # Q, K and V the parts [32 | 16 | 16] of one projection, K/V split into 2 heads and moved
+    # ahead of the sequence: GroupQueryAttention reads the projection whole (each K/V head's
+    # values in the projection's order), the Split and the Transposes go.
+    model = _model(qkv_split=True)
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.inputs[0] is not None and gqa.inputs[0].name == "qkvp"
+    assert gqa.attributes.get_int("kv_num_heads") == 2
+    types = op_types(fused)
+    assert "Split" not in types and "Transpose" not in types[: types.index(GQA)]
+    _assert_sorted(fused)
+    _validated_fixed_point(model, fused, [_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+
+
 def test_why_the_mask_is_not_causal_is_explained() -> None:
     result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(_model(causal_form="flat"))
     assert result.stats == {"mha->gqa": 1}
@@ -337,15 +359,34 @@ def test_plain_multi_head_attention_is_no_candidate() -> None:
 
 
 def _plain_model(
-    *, packed: bool = True, causal: bool = True, head_size: int = 8, kv_heads_first: bool = False
+    *,
+    packed: bool = True,
+    causal: bool = True,
+    head_size: int = 8,
+    kv_heads_first: bool = False,
+    heads_packed: bool = False,
 ) -> ir.Model:
     """GPT-2's self-attention on x[B,S,8]: 4 heads of ``head_size``, Q/K/V from one projection and
     a Split (``packed``) or three, MHA with all its K/V heads and a causal + padding mask from
     keep[B,S] as the exporters build it (``causal=False``: the padding alone).
-    ``kv_heads_first``: K and V reach the MHA as [B, 4, S, d] (GPT-NeoX, after its rotary)."""
+    ``kv_heads_first``: K and V reach the MHA as [B, 4, S, d] (GPT-NeoX, after its rotary).
+    ``heads_packed``: Persimmon's ``view(B, S, 4, 3, d)[..., i, :]`` picks Q, K and V out of one
+    projection, K and V moved ahead of the sequence."""
     width = 4 * head_size
     kv = "k, v"
-    if kv_heads_first:
+    if heads_packed:
+        kv = "k4, v4"
+        projections_kv = """
+            qkv0 = MatMul(x, wqkv)
+            qkv5 = Reshape(qkv0, five)
+            qh = Gather<axis=3>(qkv5, i0)
+            kh = Gather<axis=3>(qkv5, i1)
+            vh = Gather<axis=3>(qkv5, i2)
+            q = Reshape(qh, merged)
+            k4 = Transpose<perm=[0, 2, 1, 3]>(kh)
+            v4 = Transpose<perm=[0, 2, 1, 3]>(vh)
+        """
+    elif kv_heads_first:
         kv = "k4, v4"
         projections_kv = """
             kr = Reshape(k, heads_split)
@@ -355,7 +396,9 @@ def _plain_model(
         """
     else:
         projections_kv = ""
-    if packed:
+    if heads_packed:
+        projections = ""
+    elif packed:
         projections = """
             qkv0 = MatMul(x, wqkv)
             qkv = Add(qkv0, bqkv)
@@ -395,6 +438,11 @@ def _plain_model(
         zero_f=np.array(0.0, np.float32),
         masked=np.array(LOWEST, np.float32),
         heads_split=np.array([0, 0, 4, head_size], np.int64),
+        five=np.array([0, 0, 4, 3, head_size], np.int64),
+        merged=np.array([0, 0, width], np.int64),
+        i0=np.array(0, np.int64),
+        i1=np.array(1, np.int64),
+        i2=np.array(2, np.int64),
     )
 
 
@@ -446,6 +494,15 @@ def test_causal_attention_with_heads_first_k_and_v_reads_them_as_three_d() -> No
     _validated_fixed_point(model, fused, _PLAIN_INPUTS)
 
 
+def test_q_k_v_picked_out_of_one_head_packed_projection_prove_one_sequence() -> None:
+    # The [B, S, 96] -> [B, S, 4, 3, 8] view keeps B and S (the shapes say so), and each Gather of
+    # one index on axis 3 drops an axis after them.
+    model = _plain_model(heads_packed=True)
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    _validated_fixed_point(model, fused, _PLAIN_INPUTS)
+
+
 def test_attention_with_all_its_heads_and_no_causal_mask_is_left_alone() -> None:
     # BERT's padding mask: GroupQueryAttention(causal=0) is no faster than MultiHeadAttention or
     # packed Attention (benchmarks/attention_layouts_micro.py), so no rule takes it.
@@ -491,3 +548,68 @@ def test_packed_attention_defers_causal_blocks_only_to_a_later_gqa_pass() -> Non
     assert packed(build_steps(passes=custom)).defer_causal
     assert not packed(build_steps(passes=custom[:2])).defer_causal
     assert not packed(build_steps(2, disable=["fuse-group-query-attention"])).defer_causal
+
+
+def _multi_query_model() -> ir.Model:
+    """GPT-BigCode's multi-query self-attention on x[B,S,8]: one projection to 4 query heads and
+    one K/V head of 8, ``c_attn(x).unsqueeze(1).split((32, 8, 8), dim=3)``, the query viewed
+    back to [B, S, 32], K/V repeated to the 4 heads; a causal + padding mask from keep[B,S]."""
+    text = f"""
+        <ir_version: 8, opset_import: ["" : 18, "com.microsoft" : 1]>
+        g (float[B, S, 8] x, bool[B, S] keep) => (float[B, S, 32] out) {{
+            qkv0 = MatMul(x, wqkv)
+            qkv = Add(qkv0, bqkv)
+            qkv4 = Unsqueeze(qkv, ax1)
+            q1, k1, v1 = Split<axis=3>(qkv4, sizes)
+            bs = Shape<start=0, end=2>(x)
+            qtarget = Concat<axis=0>(bs, width)
+            q = Reshape(q1, qtarget)
+            ku = Unsqueeze(k1, ax2)
+            ke = Expand(ku, rep)
+            kh = Reshape(ke, merge)
+            vu = Unsqueeze(v1, ax2)
+            ve = Expand(vu, rep)
+            vh = Reshape(ve, merge)
+            {_RANGES}
+            kpos = Unsqueeze(ki, ax012)
+            qpos = Unsqueeze(qi, ax013)
+            causal = LessOrEqual(kpos, qpos)
+            pad = Unsqueeze(keep, ax12)
+            allowed = And(causal, pad)
+            mask = Where(allowed, zero_f, masked)
+            out = com.microsoft.MultiHeadAttention<num_heads=4, scale=0.35>(q, kh, vh, , , mask)
+        }}
+    """
+    return parse(
+        text,
+        wqkv=rng_array(8, 48, seed=1),
+        bqkv=rng_array(48, seed=2),
+        sizes=np.array([32, 8, 8], np.int64),
+        width=np.array([32], np.int64),
+        merge=np.array([0, 4, -1, 8], np.int64),
+        rep=np.array([1, 1, 4, 1, 1], np.int64),
+        ax1=np.array([1], np.int64),
+        ax2=np.array([2], np.int64),
+        ax012=np.array([0, 1, 2], np.int64),
+        ax013=np.array([0, 1, 3], np.int64),
+        ax12=np.array([1, 2], np.int64),
+        zero_f=np.array(0.0, np.float32),
+        masked=np.array(LOWEST, np.float32),
+    )
+
+
+def test_multi_query_attention_reads_its_packed_projection() -> None:
+    # The query's view [B, 1, S, 32] -> [B, S, 32] and the Unsqueeze before the Split keep B and
+    # S (one sequence); the one K/V head and the query are parts of one projection, which
+    # GroupQueryAttention(kv_num_heads=1) reads whole; V's mean is tiled over the 4 query heads.
+    model = _multi_query_model()
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.attributes.get_int("kv_num_heads") == 1
+    assert gqa.inputs[0] is not None and gqa.inputs[0].name == "qkv"
+    assert gqa.inputs[1] is None and gqa.inputs[2] is None
+    types = op_types(fused)
+    assert "Split" not in types and "Tile" in types
+    _assert_sorted(fused)
+    _validated_fixed_point(model, fused, _PLAIN_INPUTS)

@@ -423,6 +423,38 @@ def same_dim(entry: Entry, source: ir.Value, index: int) -> bool:
     )
 
 
+def _dims_product(dims: Sequence[int | ir.SymbolicDim]) -> tuple[int, tuple[str, ...]] | None:
+    """The product of ``dims`` as (static factor, sorted symbols); None if a dim is unnamed."""
+    factor, symbols = 1, []
+    for dim in dims:
+        if isinstance(dim, int):
+            factor *= dim
+        elif dim.value is None:
+            return None
+        else:
+            symbols.append(dim.value)
+    return factor, tuple(sorted(symbols))
+
+
+def reshaped_axis(output: ir.Value, source: ir.Value, axis: int) -> int | None:
+    """The axis of ``source`` that ``output`` = Reshape(``source``) keeps as its ``axis``, by the
+    shapes: the same dim, with equal products of the dims before it (row-major order then maps
+    every index along one onto the same index along the other). [B, 1, S, D] -> [B, S, H, d] keeps
+    S at axis 2 -> 1. None when the shapes do not prove it."""
+    if output.shape is None or source.shape is None or not 0 <= axis < len(output.shape):
+        return None
+    before = _dims_product(list(output.shape)[:axis])
+    if before is None:
+        return None
+    for index in range(len(source.shape)):
+        if _dims_product(list(source.shape)[:index]) == before and (
+            same_symbol(output, axis, source, index)
+            or (static_dim(output, axis) == static_dim(source, index) is not None)
+        ):
+            return index
+    return None
+
+
 def int64_const(tape: ir.tape.Tape, values: Sequence[int]) -> ir.Value:
     return tape.op("Constant", [], {"value": ir.tensor(np.array(values, dtype=np.int64))})
 

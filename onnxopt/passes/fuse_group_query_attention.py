@@ -95,9 +95,11 @@ from onnxopt.passes._attention_shapes import (
     MASK_FLOOR,
     Entry,
     int64_const,
+    last_dim,
     merges_heads,
     peel_torch_expand_shape,
     reshape_to_heads,
+    reshaped_axis,
     same_symbol,
     scalar_dim_read,
     seq_len,
@@ -304,11 +306,27 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
         if _selects_elsewhere(node, batch, seq):
             value = source  # Falcon: Q, K and V sliced / gathered out of one [B, S, H+2, d]
             continue
-        if node.op_type == "Reshape" and (batch, seq) == (0, 1):
-            if reshape_to_heads(value) is not None or merges_heads(node):
+        if node.op_type == "Reshape":
+            if (batch, seq) == (0, 1) and (
+                reshape_to_heads(value) is not None or merges_heads(node)
+            ):
                 value = source
                 continue
-            break
+            # any other view that provably keeps both dims (GPT-BigCode's multi-query
+            # [B, 1, S, D] -> [B, S, H, d])
+            kept_batch = reshaped_axis(value, source, batch)
+            kept_seq = reshaped_axis(value, source, seq)
+            if kept_batch is None or kept_seq is None:
+                break
+            batch, seq, value = kept_batch, kept_seq, source
+            continue
+        unsqueezed = _unsqueezed_axes(node)
+        if unsqueezed is not None and not {batch, seq} & unsqueezed:
+            # an inserted axis before B or S shifts it (GPT-BigCode: c_attn(x).unsqueeze(1))
+            batch -= sum(1 for a in unsqueezed if a < batch)
+            seq -= sum(1 for a in unsqueezed if a < seq)
+            value = source
+            continue
         if node.op_type in ("MatMul", "Add") and len(node.inputs) == 2:
             other = node.inputs[1]
             if node.op_type == "Add" and const_array(source) is not None and other is not None:
@@ -329,6 +347,18 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
     return value, batch, seq
 
 
+def _unsqueezed_axes(node: ir.Node) -> set[int] | None:
+    """The output axes an Unsqueeze with constant axes inserts."""
+    if node.op_type != "Unsqueeze":
+        return None
+    rank = value_rank(node.outputs[0])
+    axes = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    listed = node.attributes.get_ints("axes", None) if axes is None else axes.reshape(-1)
+    if rank is None or listed is None:
+        return None
+    return {int(a) % rank for a in listed}
+
+
 def _selects_elsewhere(node: ir.Node, batch: int, seq: int) -> bool:
     """A Slice, Split, Gather or GatherND (constant indices, rank kept) along axes other than
     ``batch`` and ``seq``: the output keeps those dims, at the same positions."""
@@ -338,6 +368,8 @@ def _selects_elsewhere(node: ir.Node, batch: int, seq: int) -> bool:
     if node.op_type == "Gather":
         index = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
         axis = node.attributes.get_int("axis", 0) % rank
+        if index is not None and index.ndim == 0:  # the axis goes: only after B and S
+            return axis > max(batch, seq)  # (Persimmon: q, k, v = view [B, S, H, 3, d][..., i, :])
         return index is not None and index.ndim == 1 and axis not in (batch, seq)
     if node.op_type == "GatherND" and len(node.inputs) > 1:
         # indices [n, 1]: n slices along axis 0 (dynamo's Falcon, heads moved first)
@@ -531,10 +563,8 @@ def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mism
             # per block
             return Mismatch("K/V are not a repeat_kv expansion", candidate=False)
         pair = _plain_kv(query, key, value, heads)
-        packed = None if isinstance(pair, Mismatch) else _packed_qkv(node, query, key, value)
     else:
         pair = _grouped_kv(node, key, value, heads)
-        packed = None
     if isinstance(pair, Mismatch):
         return pair
     grouped_k, grouped_v = pair
@@ -552,10 +582,10 @@ def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mism
             "cannot prove the query, key and value come from one sequence (GroupQueryAttention "
             "without a past cache needs the key as long as the query)"
         )
-    # the driver drops those left without users
-    nodes = [*grouped_k.nodes, *grouped_k.shape_reads, *grouped_v.nodes, *grouped_v.shape_reads]
-    if packed is not None:
-        nodes += [*packed.shape_reads, packed.split]
+    packed = _packed_qkv(node, query, grouped_k, grouped_v, heads)
+    # the driver drops those left without users, last to first: producers before their users
+    nodes = [] if packed is None else [packed.split, *packed.views, *packed.shape_reads]
+    nodes += [*grouped_k.nodes, *grouped_k.shape_reads, *grouped_v.nodes, *grouped_v.shape_reads]
     bindings = {
         "key": grouped_k,
         "value": grouped_v,
@@ -620,36 +650,80 @@ def _plain_kv(
 
 @dataclass(frozen=True)
 class _PackedQkv:
-    """Q, K and V as the three equal parts of one [B, S, 3*W] tensor (GPT-2's c_attn + Split):
-    GroupQueryAttention reads that tensor whole (its packed-QKV form), so the Split goes."""
+    """Q, K and V as the three parts of one [B, S, (H + 2*Nkv)*d] tensor (GPT-2's c_attn + Split,
+    GPT-BigCode's multi-query c_attn): GroupQueryAttention reads that tensor whole (its packed-QKV
+    form), so the Split goes."""
 
     source: ir.Value
     split: ir.Node
-    width: int
+    views: tuple[ir.Node, ...]  # from the parts to Q and the K/V sources, producers first
     shape_reads: tuple[ir.Node, ...]  # Shape reads of B / S of the parts, moved to the source
 
 
+_VIEWS = ("Reshape", "Unsqueeze", "Squeeze")
+
+
+def _view_chain(value: ir.Value) -> tuple[ir.Value, list[ir.Node]]:
+    """``value`` followed back through views (Reshape, Unsqueeze, Squeeze: the same elements in
+    the same order): where it starts, and the views, producers first."""
+    chain: list[ir.Node] = []
+    for _ in range(8):
+        node = value.producer()
+        if node is None or node.op_type not in _VIEWS or node.domain not in ONNX_DOMAINS:
+            break
+        if node.inputs[0] is None:
+            break
+        chain.insert(0, node)
+        value = node.inputs[0]
+    return value, chain
+
+
+def _token_major(side: _Grouped) -> tuple[ir.Value, list[ir.Node]]:
+    """What holds ``side``'s Nkv heads in the packed tensor's element order, [.., T, Nkv*d], and
+    the ops from it to ``side.source``: views, and the Transpose of a [B, T, Nkv, d] head split
+    when the source is [B, Nkv, T, d] with several heads (one head needs no Transpose)."""
+    source = side.source
+    moved: list[ir.Node] = []
+    if value_rank(source) == 4 and side.kv_heads > 1:
+        transpose = source.producer()
+        if transpose is None or transpose_perm(transpose) != [0, 2, 1, 3]:
+            return source, []
+        assert transpose.inputs[0] is not None
+        source, moved = transpose.inputs[0], [transpose]
+    start, views = _view_chain(source)
+    return start, [*views, *moved]
+
+
 def _packed_qkv(
-    attention: ir.Node, query: ir.Value, key: ir.Value, value: ir.Value
+    attention: ir.Node, query: ir.Value, key: _Grouped, value: _Grouped, heads: int
 ) -> _PackedQkv | None:
-    split = query.producer()
+    """Q, K and V read, through views, out of one Split of a [B, S, (H + 2*Nkv)*d] tensor along
+    its last axis (the one-sequence proof has shown they share B and S)."""
+    part, views = _view_chain(query)
+    split = part.producer()
     if not is_op(split, "Split") or split is None or split.inputs[0] is None:
         return None
     parts = list(split.outputs)
-    if len(parts) != 3 or any(a is not b for a, b in zip(parts, (query, key, value), strict=True)):
+    if len(parts) != 3 or parts[0] is not part:
         return None
-    source = split.inputs[0]
-    width = static_dim(query, 2)
-    if (
-        value_rank(source) != 3
-        or width is None
-        or split.attributes.get_int("axis", 0) not in (2, -1)
-    ):
+    for side, expected_part in ((key, parts[1]), (value, parts[2])):
+        origin, ops = _token_major(side)
+        if origin is not expected_part:
+            return None
+        views += ops
+    rank = value_rank(split.inputs[0])
+    if rank is None or split.attributes.get_int("axis", 0) % rank != rank - 1:
         return None
+    source, _ = _view_chain(split.inputs[0])
+    d, kv_heads = key.head_size, key.kv_heads
+    total = last_dim(split.inputs[0])
+    if value_rank(source) != 3 or total is None or last_dim(source) != total:
+        return None
+    expected = [heads * d, kv_heads * d, kv_heads * d]
     sizes = _int_list(split, "split", 1)
-    if sizes is not None and sizes != [width] * 3:
-        return None
-    if sizes is None and split.attributes.get_int("num_outputs", 3) != 3:
+    if sizes is None and split.attributes.get_int("num_outputs", 3) == 3 and kv_heads == heads:
+        sizes = [total // 3] * 3
+    if sizes != expected:
         return None
     reads: list[ir.Node] = []
     for part in parts:
@@ -657,14 +731,14 @@ def _packed_qkv(
             return None
         for use in part.uses():
             user = use.node
-            if user is attention:
-                continue
+            if user is attention or (user.op_type in (*_VIEWS, "Transpose") and part is not query):
+                continue  # the views to the attention (dropped when it goes)
             start = user.attributes.get_int("start", 0) if is_op(user, "Shape") else -1
             end = user.attributes.get_int("end", 3) if is_op(user, "Shape") else 3
-            if not 0 <= start < end <= 2:  # only B and S: the same in the packed tensor
-                return None
+            if value_rank(part) != 3 or not 0 <= start < end <= 2:
+                return None  # only B and S: the same in the packed tensor
             reads.append(user)
-    return _PackedQkv(source, split, width, tuple(reads))
+    return _PackedQkv(source, split, tuple(views), tuple(reads))
 
 
 def _as_three_d(tape: ir.tape.Tape, value: ir.Value) -> ir.Value:
@@ -784,9 +858,10 @@ def _emit_gqa(
     if causal is not None and sinks is None:
         assert bias is not None
         mask = causal.source or bias
-        # One flag per (batch, query) when the mask has one head and K/V are not grouped: the
-        # fix-up then works on [B, S, H*d] as it is, with no head split.
-        per_row = key.kv_heads == heads and static_dim(mask, 1) == 1
+        # One flag per (batch, query) when the mask has one head: the fix-up then works on
+        # [B, S, H*d] as it is, with no head split (V's mean, [B, 1, Nkv*d], is spread over
+        # the query heads instead).
+        per_row = static_dim(mask, 1) == 1
         steps = 3 if per_row else 4
         flags = _existing_row_flags(causal.source, anchor, context, steps)
         if flags is None:
@@ -799,6 +874,7 @@ def _emit_gqa(
         else:
             mean = _mean_over_keys(tape, mask, value3, opset)
         if per_row:
+            mean = _mean_per_query_head(tape, mean, key, heads)
             result = tape.op("Where", [flags, mean, result])
         else:
             result = _average_fully_masked_rows(tape, result, flags, mean, key, heads)
@@ -869,6 +945,20 @@ def _existing_row_flags(
         if node is not None:
             return node.outputs[0]
     return None
+
+
+def _mean_per_query_head(tape: ir.tape.Tape, mean: ir.Value, kv: _Grouped, heads: int) -> ir.Value:
+    """V's mean [B, 1, Nkv*d] laid out as the output's [B, 1, H*d]: each K/V head's part repeated
+    for its rep query heads (heads h*rep .. h*rep+rep-1 read K/V head h)."""
+    rep = heads // kv.kv_heads
+    if rep == 1:
+        return mean
+    if kv.kv_heads == 1:  # multi-query: the one head's mean, H times
+        return tape.op("Tile", [mean, int64_const(tape, [1, 1, rep])])
+    d = kv.head_size
+    mean = tape.op("Reshape", [mean, int64_const(tape, [0, 1, kv.kv_heads, 1, d])])
+    mean = tape.op("Expand", [mean, int64_const(tape, [1, 1, 1, rep, 1])])
+    return tape.op("Reshape", [mean, int64_const(tape, [0, 1, heads * d])])
 
 
 def _average_fully_masked_rows(
