@@ -365,13 +365,15 @@ def _plain_model(
     head_size: int = 8,
     kv_heads_first: bool = False,
     heads_packed: bool = False,
+    flat_gemm: bool = False,
 ) -> ir.Model:
     """GPT-2's self-attention on x[B,S,8]: 4 heads of ``head_size``, Q/K/V from one projection and
     a Split (``packed``) or three, MHA with all its K/V heads and a causal + padding mask from
     keep[B,S] as the exporters build it (``causal=False``: the padding alone).
     ``kv_heads_first``: K and V reach the MHA as [B, 4, S, d] (GPT-NeoX, after its rotary).
     ``heads_packed``: Persimmon's ``view(B, S, 4, 3, d)[..., i, :]`` picks Q, K and V out of one
-    projection, K and V moved ahead of the sequence."""
+    projection, K and V moved ahead of the sequence. ``flat_gemm``: the packed projection is a Gemm
+    of x flattened to 2-D, viewed back as [B, S, 3*W] (GPT-2's dynamo export)."""
     width = 4 * head_size
     kv = "k, v"
     if heads_packed:
@@ -398,6 +400,15 @@ def _plain_model(
         projections_kv = ""
     if heads_packed:
         projections = ""
+    elif packed and flat_gemm:
+        projections = """
+            x2 = Reshape(x, flat)
+            qkv2 = Gemm(x2, wqkv, bqkv)
+            bs = Shape<start=0, end=2>(x)
+            qkv_shape = Concat<axis=0>(bs, qkv_width)
+            qkv = Reshape(qkv2, qkv_shape)
+            q, k, v = Split<axis=2, num_outputs=3>(qkv)
+        """
     elif packed:
         projections = """
             qkv0 = MatMul(x, wqkv)
@@ -439,6 +450,8 @@ def _plain_model(
         masked=np.array(LOWEST, np.float32),
         heads_split=np.array([0, 0, 4, head_size], np.int64),
         five=np.array([0, 0, 4, 3, head_size], np.int64),
+        flat=np.array([-1, 8], np.int64),
+        qkv_width=np.array([3 * width], np.int64),
         merged=np.array([0, 0, width], np.int64),
         i0=np.array(0, np.int64),
         i1=np.array(1, np.int64),
@@ -454,11 +467,13 @@ def _plain_feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
 _PLAIN_INPUTS = [_plain_feeds(3, 5, 0), _plain_feeds(1, 1, 1), _plain_feeds(2, 9, 2)]
 
 
-def test_causal_attention_with_all_its_heads_reads_the_packed_projection() -> None:
+@pytest.mark.parametrize("flat_gemm", [False, True])
+def test_causal_attention_with_all_its_heads_reads_the_packed_projection(flat_gemm: bool) -> None:
     # GPT-2: GroupQueryAttention(causal=1) with kv_num_heads = num_heads skips the keys after each
     # query (and the denormal probabilities the masked ones give ORT's softmax); it reads the
     # projection whole, so the Split goes, and the fully-masked-row fix-up needs no head split.
-    model = _plain_model()
+    # The [B, S, 3*W] tensor is read as it is, also when it is a view of a 2-D Gemm (dynamo).
+    model = _plain_model(flat_gemm=flat_gemm)
     fused = model.clone()
     result = FuseGroupQueryAttentionPass()(fused)
     assert result.stats == {"mha->gqa-causal": 1}
@@ -469,7 +484,8 @@ def test_causal_attention_with_all_its_heads_reads_the_packed_projection() -> No
     assert gqa.inputs[1] is None and gqa.inputs[2] is None
     types = op_types(fused)
     assert "Split" not in types and "ReduceMean" not in types
-    assert types.count("Reshape") == 1  # total_sequence_length as a scalar; no head split
+    # total_sequence_length as a scalar; no head split (and the Gemm's flatten and view back)
+    assert types.count("Reshape") == 1 + 2 * flat_gemm
     assert types.count("Where") == 2  # the mask's and the fix-up
     _assert_sorted(fused)
     _validated_fixed_point(model, fused, _PLAIN_INPUTS)

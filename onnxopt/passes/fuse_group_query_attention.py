@@ -714,7 +714,11 @@ def _packed_qkv(
     rank = value_rank(split.inputs[0])
     if rank is None or split.attributes.get_int("axis", 0) % rank != rank - 1:
         return None
-    source, _ = _view_chain(split.inputs[0])
+    # the packed operand: the split tensor itself when it is [B, S, W], else the [B, S, W] it
+    # is a view of (GPT-BigCode splits c_attn(x).unsqueeze(1))
+    source = split.inputs[0]
+    if value_rank(source) != 3:
+        source, _ = _view_chain(source)
     d, kv_heads = key.head_size, key.kv_heads
     total = last_dim(split.inputs[0])
     if value_rank(source) != 3 or total is None or last_dim(source) != total:
