@@ -13,7 +13,8 @@ for every batch row, both read from K's shape at run time (no dynamic dim become
 
 Without a past cache the op needs the key as long as the query, so the rewrite is made only when
 the query and the key provably come from one [B, S, D] tensor (followed back through
-projections, head splits and rotary embeddings); the op also needs a head size that is a
+projections, head splits, views the shapes prove keep B and S, Unsqueezes, per-head norms, picks
+of one index on a later axis and rotary embeddings); the op also needs a head size that is a
 multiple of 8. Otherwise the MultiHeadAttention stays, and ``--explain`` says why.
 
 Two forms, tried in this order:
@@ -34,9 +35,11 @@ Two forms, tried in this order:
 Causal self-attention with all its K/V heads (GPT-2, OPT, GPT-NeoX, GPT-J: no repeat_kv) takes the
 ``mha->gqa-causal`` form too, with ``kv_num_heads = num_heads``, when its mask is proved causal as
 above; any other mask leaves such a block to MultiHeadAttention or packed Attention (as fast: no
-candidate, no --explain line). When Q, K and V are the three equal parts of one [B, S, 3*W]
-projection (GPT-2's c_attn + Split) GroupQueryAttention reads that tensor whole (its packed-QKV
-form) and the Split goes; with one mask head the fix-up needs no head split. Why it pays, on ORT
+candidate, no --explain line). When Q, K and V are the parts [H*d | Nkv*d | Nkv*d] of one
+[B, S, W] projection split along its last axis (GPT-2's c_attn + Split; GPT-BigCode's multi-query
+c_attn, unsqueezed first; reached through views and, for several K/V heads, their head split's
+Transpose) GroupQueryAttention reads that tensor whole (its packed-QKV form) and the Split goes;
+with one mask head the fix-up needs no head split (V's mean is spread over the query heads). Why it pays, on ORT
 1.32 CPU: the kernel softmaxes only the keys up to each query, where Attention and
 MultiHeadAttention run the whole row and turn every masked score into a denormal probability
 (exp of about -88 or less), which makes their softmax and P@V slow (with ORT's
