@@ -774,13 +774,35 @@ def _attribute_types(op_type: str, domain: str, version: int) -> dict[str, int]:
     }
 
 
+@functools.lru_cache(maxsize=1024)
+def _required_first_input(op_type: str, domain: str, version: int) -> str | None:
+    """The name of the op's first input when its schema requires one (None for ops onnx does not
+    know). Only the first: exporters leave some later required inputs empty (Resize-11's roi)
+    and ONNX Runtime runs those models."""
+    try:
+        schema = onnx.defs.get_schema(op_type, version, domain)
+    except onnx.defs.SchemaError:
+        return None
+    if not schema.inputs:
+        return None
+    first = schema.inputs[0]
+    optional = first.option == onnx.defs.OpSchema.FormalParameterOption.Optional
+    return None if optional or schema.min_input == 0 else first.name
+
+
 def _check_attribute_types(
     where: str, node_label: str, node: onnx.NodeProto, opsets: Mapping[str, int]
 ) -> None:
-    """An attribute of a standard op with another type than its schema's would crash a pass."""
+    """An attribute of a standard op with another type than its schema's would crash a pass, as
+    would a required first input left out (an empty name means "absent")."""
     domain = "" if node.domain == "ai.onnx" else node.domain
     if domain not in ("", "ai.onnx.ml") or domain not in opsets:
         return
+    first = _required_first_input(node.op_type, domain, opsets[domain])
+    if first is not None and (not node.input or not node.input[0]):
+        raise ModelLoadError(
+            f"{where}: {node_label}: its first input ('{first}') is required and missing"
+        )
     if node.op_type == "Constant" and domain == "" and len(node.attribute) != 1:
         raise ModelLoadError(
             f"{where}: {node_label}: a Constant needs exactly one value attribute; it has "

@@ -1027,6 +1027,18 @@ def test_node_without_op_type(tmp_path: Path) -> None:
     )
 
 
+def test_node_whose_required_first_input_is_empty(tmp_path: Path) -> None:
+    """An empty input name means "absent": Neg reading "" used to crash promote-conv1d."""
+    proto = relu_model()
+    proto.graph.node.append(oh.make_node("Neg", [""], ["z"]))
+    optimize_bad(
+        tmp_path,
+        save(proto, tmp_path / "m.onnx"),
+        "node #1 (Neg): its first input ('X') is required and missing",
+        extra=("--no-validate",),
+    )
+
+
 def test_millions_of_empty_nodes(tmp_path: Path) -> None:
     """A 4 MB file of 2.1M empty NodeProtos: onnx-ir alone would need ~1 GB and a minute."""
     graph = relu_model().graph.SerializeToString() + b"\x0a\x00" * 2_100_000  # node {}
