@@ -339,3 +339,22 @@ def test_torchscript_expand_minus_one_test_is_tracked() -> None:
     report = validate(model, result.model)
     assert report.passed, report
     assert not FoldShapeValuesPass()(result.model).modified
+
+
+def test_a_dim_less_itself_is_zero() -> None:
+    # GPT-Neo's TorchScript export slices its causal buffer from key_length - query_length, both
+    # read off one shape: 0 whatever the length
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S, 8] x) => (int64[1] start) {
+            s = Shape<start = 1, end = 2>(x)
+            start = Sub(s, s)
+        }
+        """
+    )
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats == {"shape values folded": 1}
+    assert op_types(result.model) == []
+    report = validate(model, result.model)
+    assert report.passed, report

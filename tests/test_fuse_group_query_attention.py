@@ -366,6 +366,8 @@ def _plain_model(
     kv_heads_first: bool = False,
     heads_packed: bool = False,
     flat_gemm: bool = False,
+    second_mask: float | None = None,
+    buffer: np.ndarray | None = None,
 ) -> ir.Model:
     """GPT-2's self-attention on x[B,S,8]: 4 heads of ``head_size``, Q/K/V from one projection and
     a Split (``packed``) or three, MHA with all its K/V heads and a causal + padding mask from
@@ -373,7 +375,10 @@ def _plain_model(
     ``kv_heads_first``: K and V reach the MHA as [B, 4, S, d] (GPT-NeoX, after its rotary).
     ``heads_packed``: Persimmon's ``view(B, S, 4, 3, d)[..., i, :]`` picks Q, K and V out of one
     projection, K and V moved ahead of the sequence. ``flat_gemm``: the packed projection is a Gemm
-    of x flattened to 2-D, viewed back as [B, S, 3*W] (GPT-2's dynamo export)."""
+    of x flattened to 2-D, viewed back as [B, S, 3*W] (GPT-2's dynamo export). ``second_mask``: a
+    second mask added, ``Where(buffer[:, :, :S, :S], 0, second_mask)`` with ``buffer`` a lower
+    triangle of 16 x 16 unless given (GPT-Neo's causal buffer's masked_fill, then its causal +
+    padding mask)."""
     width = 4 * head_size
     kv = "k, v"
     if heads_packed:
@@ -432,12 +437,20 @@ def _plain_model(
             causal = LessOrEqual(kpos, qpos)
             pad = Unsqueeze(keep, ax12)
             allowed = {"And(causal, pad)" if causal else "Identity(pad)"}
-            mask = Where(allowed, zero_f, masked)
+            {"mask" if second_mask is None else "first"} = Where(allowed, zero_f, masked)
+            {"" if second_mask is None else "sqsq = Concat<axis=0>(sq, sq)"}
+            {"" if second_mask is None else "band = Slice(buffer, zeros2, sqsq, ax23)"}
+            {"" if second_mask is None else "second = Where(band, zero_f, masked2)"}
+            {"" if second_mask is None else "mask = Add(first, second)"}
             out = com.microsoft.MultiHeadAttention<num_heads=4, scale=0.35>(q, {kv}, , , mask)
         }}
     """
     return parse(
         text,
+        masked2=np.array(second_mask or 0.0, np.float32),
+        buffer=buffer if buffer is not None else np.tril(np.ones((1, 1, 16, 16), bool)),
+        zeros2=np.zeros(2, np.int64),
+        ax23=np.array([2, 3], np.int64),
         wqkv=rng_array(8, 3 * width, seed=1),
         bqkv=rng_array(3 * width, seed=2),
         wq=rng_array(8, width, seed=3),
@@ -517,6 +530,36 @@ def test_q_k_v_picked_out_of_one_head_packed_projection_prove_one_sequence() -> 
     fused = model.clone()
     assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
     _validated_fixed_point(model, fused, _PLAIN_INPUTS)
+
+
+def test_two_masks_whose_sum_overflows_run_causal_without_the_fix_up() -> None:
+    # GPT-Neo: every key after the query is LOWEST + LOWEST = -inf in the export, so a fully
+    # padded row averages only the keys up to the query there, as causal=1 does: no fix-up.
+    model = _plain_model(second_mask=LOWEST)
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    types = op_types(fused)
+    assert "ReduceMax" not in types and types.count("Where") == 2  # the two masks'
+    _validated_fixed_point(model, fused, _PLAIN_INPUTS)
+
+
+def test_two_masks_whose_sum_stays_finite_are_not_run_causal() -> None:
+    # -1e30 + LOWEST is finite: keys after the query tie with the masked ones before it in a fully
+    # padded row, which causal=1 would not average
+    model = _plain_model(second_mask=-1e30)
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(model.clone())
+    assert "mha->gqa-causal" not in result.stats
+    assert any("do not add to -inf" in note for note in result.notes), result.notes
+
+
+def test_a_second_mask_that_may_mask_a_querys_own_key_is_not_run_causal() -> None:
+    # a row could then be -inf throughout: NaN in the export, something else under causal=1
+    buffer = np.tril(np.ones((1, 1, 16, 16), bool))
+    buffer[..., 3, 3] = False
+    model = _plain_model(second_mask=LOWEST, buffer=buffer)
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(model.clone())
+    assert "mha->gqa-causal" not in result.stats
+    assert any("its own key" in note for note in result.notes), result.notes
 
 
 def test_attention_with_all_its_heads_and_no_causal_mask_is_left_alone() -> None:

@@ -322,6 +322,8 @@ def _combine(op: str, x: Elem, y: Elem) -> Elem:
             quotient = abs(x) // abs(y)
             return quotient if (x >= 0) == (y > 0) else -quotient
         return x % y  # Mod with fmod=0 on ints follows the divisor's sign, like Python
+    if op == "Sub" and isinstance(x, DimOf) and x == y:
+        return 0  # key_length - query_length of one sequence (GPT-Neo's causal buffer slice)
     if op in ("Mul", "Div") and y == 1:
         return x
     if op == "Mul" and x == 1:

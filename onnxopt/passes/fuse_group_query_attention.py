@@ -28,7 +28,11 @@ Two forms, tried in this order:
   whose every key is masked (left padding): there each score is the masked constant, the export's
   softmax is uniform and gives the mean of all V rows, while causal=1 would average only the
   keys up to the query. Those rows get the mean of V back (Where on the mask's row max; the row
-  flags are computed once from the mask all layers share).
+  flags are computed once from the mask all layers share). Two such masks added (GPT-Neo: its
+  causal buffer's masked_fill, then the causal + padding mask) are causal too when the second's
+  constant buffer allows each query its own key and the two masked constants add to -inf: every
+  key after the query is then -inf in the export, whose fully masked rows average only the keys
+  up to the query, as causal=1 does, so they need no fix-up.
 - ``mha->gqa`` (``causal=0``): any other mask, used exactly as MultiHeadAttention uses it
   (bit-identical outputs in benchmarks/gqa_micro.py, padded and fully masked rows included).
 
@@ -414,6 +418,10 @@ class _CausalMask:
     # The Where itself when it is of rank 4: every layer's mask is the same Where, so the fix-up's
     # row flags read it (not the per-layer broadcast) and later layers reuse the first one's.
     source: ir.Value | None
+    # Whether rows whose every key is masked need their mean of V back (see _emit_gqa): not when
+    # every key after the query is -inf in the export (two masks whose sum overflows), where the
+    # export's softmax of such a row already averages only the keys up to the query.
+    fixup: bool = True
 
 
 def _peel_broadcasts(value: ir.Value) -> ir.Value:
@@ -457,10 +465,13 @@ def _positions(
 
 
 def _compares_positions(bias: ir.Value | None) -> bool:
-    """A cheap look before the proof: the mask is a Where whose condition holds a LessOrEqual or
-    GreaterOrEqual (the causal comparison of positions, if anything is)."""
+    """A cheap look before the proof: the mask is a Where (or a sum of two) whose condition holds a
+    LessOrEqual or GreaterOrEqual (the causal comparison of positions, if anything is)."""
     where = _peel_broadcasts(bias).producer() if bias is not None else None
-    pending = [where.inputs[0]] if is_op(where, "Where") and where is not None else []
+    wheres = [where]
+    if is_op(where, "Add") and where is not None:  # two masks added (GPT-Neo)
+        wheres = [_peel_broadcasts(v).producer() for v in where.inputs if v is not None]
+    pending = [w.inputs[0] for w in wheres if is_op(w, "Where") and w is not None]
     for _ in range(16):
         if not pending:
             return False
@@ -498,6 +509,78 @@ def _causal_mask(bias: ir.Value | None, sequence: tuple[ir.Value, int]) -> _Caus
         return Mismatch("there is no mask to prove causal")
     if _out_rank(bias) != 4:
         return Mismatch("the mask is not of rank 4")
+    total = _peel_broadcasts(bias).producer()
+    if is_op(total, "Add") and total is not None:
+        return _summed_causal_masks(total, sequence)
+    return _causal_where(bias, sequence)
+
+
+def _summed_causal_masks(add: ir.Node, sequence: tuple[ir.Value, int]) -> _CausalMask | Mismatch:
+    """Two masks added (GPT-Neo: its causal buffer's masked_fill, then the causal + padding mask):
+    one provably causal, the other any ``Where(cond, allowed, masked)`` between constants whose
+    masked value added to the first one's overflows to -inf. Every key after the query is then
+    -inf in the export, so a row whose every key is masked averages only the keys up to the query
+    there too, as causal=1 does: no fix-up."""
+    first, second = (_peel_broadcasts(v) if v is not None else None for v in add.inputs)
+    if first is None or second is None:
+        return Mismatch("the mask is an Add without two inputs")
+    for causal_term, other in ((first, second), (second, first)):
+        proof = _causal_where(causal_term, sequence)
+        if isinstance(proof, Mismatch):
+            continue
+        where = other.producer()
+        if not is_op(where, "Where") or where is None:
+            return Mismatch("the mask's second term is not a Where between constants")
+        masked, allowed = const_array(where.inputs[2]), const_array(where.inputs[1])
+        if masked is None or allowed is None or masked.size != 1:
+            return Mismatch("the mask's second term is not a Where between constants")
+        if not (np.isfinite(allowed).all() and (allowed > MASK_FLOOR).all()):
+            return Mismatch("the mask's second term allows keys with non-finite values")
+        if not _keeps_diagonal(where.inputs[0]):
+            # else a row could be -inf throughout (NaN in the export)
+            return Mismatch(
+                "the mask's second term is not provably allowing each query its own key (a Slice "
+                "from 0 of a constant whose diagonal is all true)"
+            )
+        with np.errstate(over="ignore"):
+            summed = np.float32(proof.masked) + np.float32(masked.reshape(-1)[0])
+        if summed != -np.inf:
+            return Mismatch(
+                "the mask's two terms do not add to -inf where both mask: a fully masked row "
+                "would average other keys than causal=1 does"
+            )
+        return _CausalMask(proof.masked, None, fixup=False)
+    return Mismatch("neither of the mask's two terms is provably causal")
+
+
+def _keeps_diagonal(cond: ir.Value | None) -> bool:
+    """``cond[..., i, i]`` holds for every i: Slices from 0, step 1, on the last two axes of a
+    constant whose diagonal is all true (GPT-Neo's causal or local-window buffer,
+    ``bias[:, :, 0:S, 0:T]``)."""
+    value = _peel_broadcasts(cond) if cond is not None else None
+    for _ in range(4):
+        node = value.producer() if value is not None else None
+        if node is None:
+            break
+        rank = value_rank(node.inputs[0])
+        if not is_op(node, "Slice") or rank is None or len(node.inputs) < 4:
+            return False
+        starts, axes = const_array(node.inputs[1]), const_array(node.inputs[3])
+        steps = const_array(node.inputs[4]) if len(node.inputs) > 4 else None
+        if starts is None or axes is None or (starts != 0).any():
+            return False
+        if steps is not None and (steps != 1).any():
+            return False
+        if not {int(a) % rank for a in axes.reshape(-1)} <= {rank - 2, rank - 1}:
+            return False
+        value = node.inputs[0]
+    array = const_array(value) if value is not None else None
+    if array is None or array.dtype != np.bool_ or array.ndim < 2:
+        return False
+    return bool(np.diagonal(array, axis1=-2, axis2=-1).all())
+
+
+def _causal_where(bias: ir.Value, sequence: tuple[ir.Value, int]) -> _CausalMask | Mismatch:
     where = _peel_broadcasts(bias).producer()
     if not is_op(where, "Where") or where is None:
         return Mismatch("the mask is not a Where between constants")
@@ -862,7 +945,7 @@ def _emit_gqa(
     if softcap:
         attributes["softcap"] = softcap
     result = tape.op("GroupQueryAttention", inputs, attributes, domain=MS_DOMAIN)
-    if causal is not None and sinks is None:
+    if causal is not None and sinks is None and causal.fixup:
         assert bias is not None
         mask = causal.source or bias
         # One flag per (batch, query) when the mask has one head: the fix-up then works on
