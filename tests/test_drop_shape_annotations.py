@@ -61,11 +61,12 @@ def test_enable_puts_a_pass_where_all_passes_orders_it() -> None:
         "reorder-for-memory",
         "drop-shape-annotations",
     ]
-    # (after the dead-code sweep and shape inference that follow attention fusion, before packed
-    # attention)
+    # (after the shape-value folding, dead-code sweep and shape inference that follow attention
+    # fusion, before packed attention)
     at = ran.index("merge-qkv-projections")
-    assert ran[at - 3 : at + 2] == [
+    assert ran[at - 4 : at + 2] == [
         "fuse-attention",
+        "fold-shape-values",
         "eliminate-dead-code",
         "infer-shapes",
         "merge-qkv-projections",

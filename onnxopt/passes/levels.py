@@ -105,6 +105,10 @@ _AFTER_GQA = FUSIONS.index(FuseGroupQueryAttentionPass) + 1
 # projections.
 # fuse-interleaved-rotary first: GPT-J rotates between the head split and the Transpose, which
 # hides the head split from fuse-attention until the rotary is one op on the rank-3 tensor.
+# Shape values folded again after fuse-attention: below opset 15 the dims it reads off the fused
+# op's query are whole-Shape reads of the Q/K projections, which would count as other consumers
+# until folded into the earlier reads of the same dims (BERT at opset 12 packed only on a second
+# run: no fixed point).
 # Shapes inferred again before fuse-packed-attention: the fused MultiHeadAttention gives its output
 # the query's [B, S] where the exported scores lost them (a TorchScript mask broadcast), and the
 # causal proof that decides between packed Attention and GroupQueryAttention compares each
@@ -112,6 +116,7 @@ _AFTER_GQA = FUSIONS.index(FuseGroupQueryAttentionPass) + 1
 ATTENTION: list[PassClass] = [
     FuseInterleavedRotaryPass,
     FuseAttentionPass,
+    FoldShapeValuesPass,
     EliminateDeadCodePass,
     InferShapesPass,
     FusePackedAttentionPass,
