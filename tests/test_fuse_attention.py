@@ -407,6 +407,19 @@ def test_softmax_over_another_axis_is_not_fused() -> None:
     assert any("Softmax is over axis 2" in note for note in result.notes)
 
 
+@pytest.mark.parametrize(("opset", "fused"), [(17, True), (12, False)])
+def test_softmax_without_an_axis_takes_its_opsets_default(opset: int, fused: bool) -> None:
+    # before opset 13 the default axis is 1: the scores' dims from 1 on, flattened together
+    model = _model()
+    softmax = next(n for n in model.graph if n.op_type == "Softmax")
+    del softmax.attributes["axis"]
+    model.opset_imports[""] = opset
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert result.modified is fused
+    if not fused:
+        assert any("Softmax is over axis 1" in note for note in result.notes), result.notes
+
+
 def test_onnx_target_needs_opset_23() -> None:
     model = _model()
     result = FuseAttentionPass(PassOptions(target="onnx", explain=True))(model)

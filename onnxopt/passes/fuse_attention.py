@@ -1374,7 +1374,8 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
 
     Also for fuse-group-query-attention, which fuses soft-capped blocks (no MultiHeadAttention
     form) into GroupQueryAttention itself."""
-    axis = softmax.attributes.get_int("axis", -1)
+    # Softmax's default axis is 1 before opset 13 (the dims from it on, flattened), -1 after
+    axis = softmax.attributes.get_int("axis", -1 if context.opset() >= 13 else 1)
     scores = softmax.inputs[0]
     if scores is None:
         return Mismatch("Softmax has no input")
