@@ -115,6 +115,7 @@ from onnxopt.passes._attention_shapes import (
     transpose_perm,
     value_rank,
 )
+from onnxopt.passes._shape_facts import axes_param
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fuse_attention import (
     AttentionBlock,
@@ -358,12 +359,8 @@ def _unsqueezed_axes(node: ir.Node) -> set[int] | None:
     """The output axes an Unsqueeze with constant axes inserts."""
     if node.op_type != "Unsqueeze":
         return None
-    rank = value_rank(node.outputs[0])
-    axes = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
-    listed = node.attributes.get_ints("axes", None) if axes is None else axes.reshape(-1)
-    if rank is None or listed is None:
-        return None
-    return {int(a) % rank for a in listed}
+    axes = axes_param(node, value_rank(node.outputs[0]))
+    return None if axes is None or isinstance(axes, Mismatch) else set(axes)
 
 
 def _selects_elsewhere(node: ir.Node, batch: int, seq: int) -> bool:
@@ -528,22 +525,18 @@ def _summed_causal_masks(add: ir.Node, sequence: tuple[ir.Value, int]) -> _Causa
         proof = _causal_where(causal_term, sequence)
         if isinstance(proof, Mismatch):
             continue
-        where = other.producer()
-        if not is_op(where, "Where") or where is None:
-            return Mismatch("the mask's second term is not a Where between constants")
-        masked, allowed = const_array(where.inputs[2]), const_array(where.inputs[1])
-        if masked is None or allowed is None or masked.size != 1:
-            return Mismatch("the mask's second term is not a Where between constants")
-        if not (np.isfinite(allowed).all() and (allowed > MASK_FLOOR).all()):
-            return Mismatch("the mask's second term allows keys with non-finite values")
-        if not _keeps_diagonal(where.inputs[0]):
+        found = _constant_where(other, "the mask's second term")
+        if isinstance(found, Mismatch):
+            return found
+        cond, masked = found
+        if not _keeps_diagonal(cond):
             # else a row could be -inf throughout (NaN in the export)
             return Mismatch(
                 "the mask's second term is not provably allowing each query its own key (a Slice "
                 "from 0 of a constant whose diagonal is all true)"
             )
         with np.errstate(over="ignore"):
-            summed = np.float32(proof.masked) + np.float32(masked.reshape(-1)[0])
+            summed = np.float32(proof.masked) + np.float32(masked)
         if summed != -np.inf:
             return Mismatch(
                 "the mask's two terms do not add to -inf where both mask: a fully masked row "
@@ -580,27 +573,36 @@ def _keeps_diagonal(cond: ir.Value | None) -> bool:
     return bool(np.diagonal(array, axis1=-2, axis2=-1).all())
 
 
-def _causal_where(bias: ir.Value, sequence: tuple[ir.Value, int]) -> _CausalMask | Mismatch:
-    where = _peel_broadcasts(bias).producer()
+def _constant_where(value: ir.Value, what: str) -> tuple[ir.Value, float] | Mismatch:
+    """``value`` = ``Where(cond, allowed, masked)`` through broadcasts, ``masked`` one constant and
+    ``allowed`` constants that are finite and above MASK_FLOOR: (cond, masked)."""
+    where = _peel_broadcasts(value).producer()
     if not is_op(where, "Where") or where is None:
-        return Mismatch("the mask is not a Where between constants")
+        return Mismatch(f"{what} is not a Where between constants")
     cond, allowed, masked = where.inputs
     allowed_array, masked_array = const_array(allowed), const_array(masked)
     if cond is None or allowed_array is None or masked_array is None or masked_array.size != 1:
-        return Mismatch("the mask is not a Where between constants")
-    masked_value = float(masked_array.reshape(-1)[0])
+        return Mismatch(f"{what} is not a Where between constants")
+    if not (np.isfinite(allowed_array).all() and (allowed_array > MASK_FLOOR).all()):
+        return Mismatch(f"{what}'s allowed values are not finite and above the masked value")
+    return cond, float(masked_array.reshape(-1)[0])
+
+
+def _causal_where(bias: ir.Value, sequence: tuple[ir.Value, int]) -> _CausalMask | Mismatch:
+    found = _constant_where(bias, "the mask")
+    if isinstance(found, Mismatch):
+        return found
+    cond, masked_value = found
     if not (np.isfinite(masked_value) and masked_value <= MASK_FLOOR):
         return Mismatch(
             f"the mask's masked value {masked_value:g} is not finite and <= {MASK_FLOOR:g}"
         )
-    if not (np.isfinite(allowed_array).all() and (allowed_array > MASK_FLOOR).all()):
-        return Mismatch("the mask's allowed values are not finite and above the masked value")
     if not _is_causal(cond, sequence):
         return Mismatch(
             "the mask is not provably causal (And with LessOrEqual of key and query positions "
             "0..S-1); GroupQueryAttention runs with causal=0"
         )
-    mask = where.outputs[0]
+    mask = _peel_broadcasts(bias)
     return _CausalMask(masked_value, mask if value_rank(mask) == 4 else None)
 
 
@@ -864,12 +866,10 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     query: ir.Value | None = attention.inputs[0]
     key3: ir.Value | None = None
     value3: ir.Value | None = None
-    moved = []
+    moved: list[tuple[ir.Value, ir.Value]] = []
     if packed is not None:
         query = packed.source
-        for read in packed.shape_reads:
-            attrs = {k: a.value for k, a in read.attributes.items()}
-            moved.append((read.outputs[0], tape.op("Shape", [packed.source], attrs)))
+        moved = _reread(tape, packed.shape_reads, packed.source)
     else:
         key3 = _kv_three_d(tape, key)
         value3 = _kv_three_d(tape, value)
@@ -894,11 +894,21 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
 def _moved_shape_reads(
     tape: ir.tape.Tape, key: _Grouped, value: _Grouped
 ) -> list[tuple[ir.Value, ir.Value]]:
+    # B, T and d are the same in the source
+    return [
+        *_reread(tape, key.shape_reads, key.source),
+        *_reread(tape, value.shape_reads, value.source),
+    ]
+
+
+def _reread(
+    tape: ir.tape.Tape, reads: tuple[ir.Node, ...], source: ir.Value
+) -> list[tuple[ir.Value, ir.Value]]:
+    """Each Shape read in ``reads``, the same dims read off ``source`` instead."""
     moved = []
-    for grouped in (key, value):
-        for read in grouped.shape_reads:  # B, T and d are the same in the source
-            attrs = {k: a.value for k, a in read.attributes.items()}
-            moved.append((read.outputs[0], tape.op("Shape", [grouped.source], attrs)))
+    for read in reads:
+        attrs = {k: a.value for k, a in read.attributes.items()}
+        moved.append((read.outputs[0], tape.op("Shape", [source], attrs)))
     return moved
 
 
@@ -1037,18 +1047,21 @@ def _existing_row_flags(
     return None
 
 
-def _mean_per_query_head(tape: ir.tape.Tape, mean: ir.Value, kv: _Grouped, heads: int) -> ir.Value:
-    """V's mean [B, 1, Nkv*d] laid out as the output's [B, 1, H*d]: each K/V head's part repeated
-    for its rep query heads (heads h*rep .. h*rep+rep-1 read K/V head h)."""
-    rep = heads // kv.kv_heads
+def _mean_per_query_head(
+    tape: ir.tape.Tape, mean: ir.Value, kv: _Grouped, heads: int, split: bool = False
+) -> ir.Value:
+    """V's mean [B, 1, Nkv*d] laid out as the output's [B, 1, H*d] (``split``: [B, 1, H, d]):
+    each K/V head's part repeated for its rep query heads (heads h*rep .. h*rep+rep-1 read K/V
+    head h)."""
+    rep, d = heads // kv.kv_heads, kv.head_size
+    target = [0, 1, heads, d] if split else [0, 1, heads * d]
     if rep == 1:
-        return mean
-    if kv.kv_heads == 1:  # multi-query: the one head's mean, H times
+        return tape.op("Reshape", [mean, int64_const(tape, target)]) if split else mean
+    if kv.kv_heads == 1 and not split:  # multi-query: the one head's mean, H times
         return tape.op("Tile", [mean, int64_const(tape, [1, 1, rep])])
-    d = kv.head_size
     mean = tape.op("Reshape", [mean, int64_const(tape, [0, 1, kv.kv_heads, 1, d])])
     mean = tape.op("Expand", [mean, int64_const(tape, [1, 1, 1, rep, 1])])
-    return tape.op("Reshape", [mean, int64_const(tape, [0, 1, heads * d])])
+    return tape.op("Reshape", [mean, int64_const(tape, target)])
 
 
 def _average_fully_masked_rows(
@@ -1063,12 +1076,8 @@ def _average_fully_masked_rows(
     masked constant), so it gives the mean of V over all keys; causal=1 would average only the
     keys up to the query. Put the mean back: Where(rowmax(bias) <= floor, mean(V), output), with
     ``mean`` V's mean over the keys, [B, 1, Nkv*d], and ``masked`` the flags per head."""
-    rep = heads // kv.kv_heads
     d = kv.head_size
-    if rep > 1:  # each K/V head's mean serves its rep query heads
-        mean = tape.op("Reshape", [mean, int64_const(tape, [0, 1, kv.kv_heads, 1, d])])
-        mean = tape.op("Expand", [mean, int64_const(tape, [1, 1, 1, rep, 1])])
-    mean = tape.op("Reshape", [mean, int64_const(tape, [0, 1, heads, d])])  # [B, 1, H, d]
+    mean = _mean_per_query_head(tape, mean, kv, heads, split=True)  # [B, 1, H, d]
     split = tape.op("Reshape", [output, int64_const(tape, [0, 0, heads, d])])
     fixed = tape.op("Where", [masked, mean, split])
     return tape.op("Reshape", [fixed, int64_const(tape, [0, 0, heads * d])])

@@ -870,9 +870,6 @@ _KINDS = {
     "interleaved-qkv-matmul+mha->attention": "interleaved",
     "blocked-qkv-matmul+mha->attention": "blocked",
 }
-PACKED_RULE, SEPARATE_RULE, INTERLEAVED_RULE, BLOCKED_RULE = (
-    _attention_rule(name, kind) for name, kind in _KINDS.items()
-)
 
 
 class FusePackedAttentionPass(Pass):
