@@ -112,17 +112,27 @@ def _refine_reshape(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> 
         else:
             return 0
         dims[target.index(-1)] = inferred
-    current = list(out.shape) if out.shape is not None else [None] * len(dims)
-    if len(current) != len(dims):
+    return _merge_dims(out, dims, renamed)
+
+
+def _merge_dims(
+    out: ir.Value,
+    found: list[int | ir.SymbolicDim | None],
+    renamed: dict[str, int | ir.SymbolicDim],
+) -> int:
+    """Give ``out`` the ``found`` dims (None: not found) where its own are unknown; a placeholder
+    replaced is recorded in ``renamed``. 1 if ``out`` improved, else 0."""
+    current = list(out.shape) if out.shape is not None else [None] * len(found)
+    if len(current) != len(found):
         return 0
     merged = list(current)
-    for axis, (known, found) in enumerate(zip(current, dims, strict=True)):
-        if found is None or isinstance(known, int) or not _is_unknown(known):
+    for axis, (known, dim) in enumerate(zip(current, found, strict=True)):
+        if dim is None or not _is_unknown(known):
             continue
-        merged[axis] = found
+        merged[axis] = dim
         name = getattr(known, "value", None)
         if name and str(name).startswith(GENERATED_DIM_PREFIX):
-            renamed.setdefault(str(name), found)
+            renamed.setdefault(str(name), dim)
     if merged == current:
         return 0
     out.shape = ir.Shape(merged)
@@ -145,18 +155,7 @@ def _refine_range(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> in
     start, delta = const_ints(optional_input(node, 0)), const_ints(optional_input(node, 2))
     if start != (0,) or delta != (1,):
         return 0
-    dim = _scalar_dim(optional_input(node, 1))
-    out = node.outputs[0]
-    if dim is None or (
-        out.shape is not None and (len(out.shape) != 1 or not _is_unknown(out.shape[0]))
-    ):
-        return 0
-    known = out.shape[0] if out.shape is not None else None
-    name = getattr(known, "value", None)
-    if name and str(name).startswith(GENERATED_DIM_PREFIX):
-        renamed.setdefault(str(name), dim)
-    out.shape = ir.Shape([dim])
-    return 1
+    return _merge_dims(node.outputs[0], [_scalar_dim(optional_input(node, 1))], renamed)
 
 
 def _refine_reshape_reads(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
@@ -164,29 +163,17 @@ def _refine_reshape_reads(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim
     how TorchScript rebuilds [B, S, D] after a 2-D Gemm): each entry read off a dim of x is
     that dim. ONNX propagates such targets only when they fold to constants."""
     entries = target_entries(optional_input(node, 1))
-    out = node.outputs[0]
-    if entries is None or (out.shape is not None and len(out.shape) != len(entries)):
+    if entries is None:
         return 0
-    current = list(out.shape) if out.shape is not None else [None] * len(entries)
-    merged = list(current)
-    for axis, entry in enumerate(entries):
-        if not isinstance(entry, tuple) or not _is_unknown(current[axis]):
-            continue
-        _, source, index = entry
-        dims = source.shape
-        if dims is None or not -len(dims) <= index < len(dims):
-            continue
-        found = _renamed(dims[index], renamed)
-        if _is_unknown(found) or found == 0:  # a 0 entry would copy the input's dim instead
-            continue
-        merged[axis] = found
-        name = getattr(current[axis], "value", None)
-        if name and str(name).startswith(GENERATED_DIM_PREFIX):
-            renamed.setdefault(str(name), found)  # type: ignore[arg-type]
-    if merged == current:
-        return 0
-    out.shape = ir.Shape(merged)
-    return 1
+    found: list[int | ir.SymbolicDim | None] = []
+    for entry in entries:
+        dims = entry[1].shape if isinstance(entry, tuple) else None
+        dim = None
+        if isinstance(entry, tuple) and dims is not None and -len(dims) <= entry[2] < len(dims):
+            dim = _renamed(dims[entry[2]], renamed)
+        # a 0 entry would copy the input's dim instead
+        found.append(None if _is_unknown(dim) or dim == 0 else dim)
+    return _merge_dims(node.outputs[0], found, renamed)
 
 
 # ONNX inference names the dims it cannot tell "unk__0", "unk__1", ...: placeholders, not facts.

@@ -236,15 +236,11 @@ class _Tracker:
 
     def _binary(self, node: ir.Node) -> ShapeVector | None:
         a, b = self.get(node.inputs[0]), self.get(node.inputs[1])
-        if a is None or b is None or a.dtype != b.dtype:
+        operands = self._broadcast(node.inputs[0], node.inputs[1])
+        if a is None or b is None or a.dtype != b.dtype or operands is None:
             return None
-        if len(a.elements) != len(b.elements) and 1 not in (len(a.elements), len(b.elements)):
-            return None
-        size = max(len(a.elements), len(b.elements))
-        left = a.elements * size if len(a.elements) == 1 else a.elements
-        right = b.elements * size if len(b.elements) == 1 else b.elements
         out: list[Elem] = []
-        for x, y in zip(left, right, strict=True):
+        for x, y in zip(*operands, strict=True):
             result = _combine(node.op_type, x, y)
             # A result past the dtype's range is whatever the runtime's wrap-around makes it.
             out.append(None if isinstance(result, int) and not _fits(result, a.dtype) else result)
