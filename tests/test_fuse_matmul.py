@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import numpy as np
+import onnx_ir as ir
+
 from onnxopt.passes.fuse_matmul import FuseMatMulPass
 from onnxopt.passes.options import PassOptions
 from tests.fusion_util import op_types, parse, rng_array, run_checked
@@ -60,3 +63,90 @@ def test_matmul_add_to_gemm_2d_only() -> None:
     assert result.stats == {"matmul+add->gemm": 1}
     assert op_types(result.model) == ["Gemm", "MatMul", "Add"]
     assert result.notes == []  # 3-D linear layers are not near-misses
+
+
+# A linear layer as exporters write nn.Linear / GPT-2's Conv1D on a rank-3 x: flatten to [-1, K],
+# Gemm, and view the [B*S, N] result back as [B, S, N] with B, S read off x.
+FLATTENED_GEMM = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[B, S, 5] x) => (float[{out}] y) {{
+        flat = Reshape(x, to2d)
+        gm = Gemm{attrs}(flat, w{bias})
+        bs = Shape<start = 0, end = 2>(x)
+        b0 = Shape<start = 0, end = 1>(x)
+        s0 = Shape<start = 1, end = 2>(x)
+        target = Concat<axis = 0>({pieces})
+        y = Reshape(gm, target)
+    }}
+"""
+
+
+def _flattened_gemm(
+    *,
+    out: str = "B, S, 4",
+    attrs: str = "",
+    bias: str = ", b",
+    pieces: str = "bs, n",
+    w_shape: tuple[int, int] = (5, 4),
+    b: np.ndarray | None = None,
+) -> ir.Model:
+    text = FLATTENED_GEMM.format(out=out, attrs=attrs, bias=bias, pieces=pieces)
+    return parse(
+        text,
+        to2d=np.array([-1, 5], np.int64),
+        n=np.array([4], np.int64),
+        minus1=np.array([-1], np.int64),
+        w=rng_array(*w_shape),
+        b=rng_array(4, seed=3) if b is None else b,
+    )
+
+
+def _products(model: ir.Model) -> list[str]:
+    """The ops left once the (now unread) shape reads are gone."""
+    return [op for op in op_types(model) if op not in ("Shape", "Concat")]
+
+
+def test_gemm_between_views_becomes_matmul() -> None:
+    result = run_checked(FuseMatMulPass(), _flattened_gemm())
+    assert result.stats == {"reshape+gemm+reshape->matmul": 1}
+    assert _products(result.model) == ["MatMul", "Add"]
+    # No bias, weight stored [N, K] (transB=1, torch's addmm(b, x, W.t())): one MatMul on W^T.
+    result = run_checked(
+        FuseMatMulPass(), _flattened_gemm(attrs="<transB = 1>", bias="", w_shape=(4, 5))
+    )
+    assert _products(result.model) == ["MatMul"]
+    # A [1, N] C broadcasts over the rows the same way; B, S read one by one, N as -1; both
+    # targets (MatMul is standard ONNX).
+    model = _flattened_gemm(b=rng_array(1, 4, seed=4), pieces="b0, s0, minus1")
+    result = run_checked(FuseMatMulPass(PassOptions(target="onnx")), model)
+    assert _products(result.model) == ["MatMul", "Add"]
+
+
+def test_gemm_between_views_needs_the_same_rows() -> None:
+    # Viewed back as [S, B, N]: the same numbers in another order, not x @ W.
+    swapped = _flattened_gemm(out="S, B, 4", pieces="s0, b0, n")
+    result = FuseMatMulPass(PassOptions(explain=True))(swapped)
+    assert not result.modified
+    assert any("does not restore" in note for note in result.notes), result.notes
+    # alpha and beta scale what MatMul would not; a per-row C does not broadcast over B and S.
+    for attrs, reason in (("<alpha = 2.0>", "scales A"), ("<beta = 0.5>", "beta")):
+        result = FuseMatMulPass(PassOptions(explain=True))(_flattened_gemm(attrs=attrs))
+        assert not result.modified and any(reason in note for note in result.notes), result.notes
+    assert not FuseMatMulPass()(_flattened_gemm(b=rng_array(6, 4))).modified
+    # Rank 2 stays a Gemm: matmul+add->gemm would only turn it back.
+    flat = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 5] x) => (float[N, 4] y) {
+        f = Reshape(x, to2d)
+        gm = Gemm(f, w, b)
+        y = Reshape(gm, back)
+    }
+    """
+    model = parse(
+        flat,
+        to2d=np.array([-1, 5], np.int64),
+        back=np.array([-1, 4], np.int64),
+        w=rng_array(5, 4),
+        b=rng_array(4),
+    )
+    assert not FuseMatMulPass()(model).modified

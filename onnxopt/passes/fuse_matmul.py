@@ -5,6 +5,11 @@
   (target ort): the GEMM reads the operand transposed instead of materializing it.
 - ``MatMul(A, W) + b`` with A of rank 2, W a constant matrix and b a constant vector -> ``Gemm``:
   the bias is added inside the GEMM kernel.
+- ``Reshape(Gemm(Reshape(x, [-1, K]), W, c), [*x.shape[:-1], N])`` with x of rank >= 3 ->
+  ``MatMul(x, W) (+ c)``: a linear layer written as addmm between views (GPT-2's Conv1D) is the
+  same product row for row, and ORT's MatMul multiplies a rank-3 x by a 2-D W as one GEMM of
+  [B*S, K] x [K, N] on the same prepacked weight. Two views and a Gemm become one MatMul (an Add
+  when c is given); a constant W with transB=1 is stored transposed.
 """
 
 from __future__ import annotations
@@ -14,9 +19,16 @@ from collections import Counter
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array
+from onnxopt.passes._attention_shapes import (
+    Entry,
+    same_dim,
+    static_dim,
+    target_entries,
+    value_rank,
+)
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
-from onnxopt.rewrite.patterns import ensure_opset, other_input, producer_op, users
+from onnxopt.rewrite.patterns import ensure_opset, new_constant, other_input, producer_op, users
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE)
 
@@ -121,19 +133,103 @@ def _rewrite_matmul_add(match: Match, context: RewriteContext) -> Replacement:
     return Replacement([new], [(match.root.outputs[0], new.outputs[0])])
 
 
+def _gemm_output_width(gemm: ir.Node) -> int | None:
+    weight = gemm.inputs[1]
+    if weight is None or weight.shape is None or len(weight.shape) != 2:
+        return None
+    width = weight.shape[0 if gemm.attributes.get_int("transB", 0) else 1]
+    return width if isinstance(width, int) else None
+
+
+def _flattens_rows(flatten: ir.Node, source: ir.Value, rank: int) -> bool:
+    """``flatten`` = Reshape(source, [-1, K]) with K source's last dim: row i of the result is
+    the i-th row of source in row-major order."""
+    entries = target_entries(flatten.inputs[1])
+    if entries is None or len(entries) != 2:
+        return False
+    first, last = entries
+    return first == -1 and same_dim(last, source, rank - 1)
+
+
+def _restores_rows(entries: list[Entry] | None, source: ir.Value, rank: int, width: int) -> bool:
+    """A Reshape target [*source.shape[:-1], width]: each leading entry is source's dim (read off
+    it, the same symbol, or its static size), the last is width (as a constant or read off a dim of
+    that static size); at most one entry is -1, the rest pinned."""
+    if entries is None or len(entries) != rank:
+        return False
+    last = entries[-1]
+    pinned = [same_dim(entry, source, i) for i, entry in enumerate(entries[:-1])] + [
+        last == width or (isinstance(last, tuple) and static_dim(last[1], last[2]) == width)
+    ]
+    free = [entry == -1 for entry in entries]
+    return sum(free) <= 1 and all(p or f for p, f in zip(pinned, free, strict=True))
+
+
+def _match_flattened_gemm(reshape: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    gemm = producer_op(reshape.inputs[0], "Gemm")
+    flatten = producer_op(gemm.inputs[0], "Reshape") if gemm is not None else None
+    if gemm is None or flatten is None:
+        return Mismatch("not a Gemm between two Reshapes", candidate=False)
+    source = flatten.inputs[0]
+    rank = value_rank(source)
+    if source is None or rank is None or rank < 3:
+        return Mismatch("the Gemm's input is not a flattened tensor of known rank >= 3")
+    attributes = gemm.attributes
+    if attributes.get_int("transA", 0) or attributes.get_float("alpha", 1.0) != 1.0:
+        return Mismatch("the Gemm transposes or scales A")
+    if users(gemm.outputs[0]) != 1:
+        return Mismatch("the Gemm's output has other consumers")
+    width = _gemm_output_width(gemm)
+    if width is None:
+        return Mismatch("the Gemm's weight is not a matrix of known width")
+    weight = gemm.inputs[1]
+    if attributes.get_int("transB", 0) and const_array(weight) is None:
+        return Mismatch("the Gemm reads a transposed weight that is not a constant")
+    bias = gemm.inputs[2] if len(gemm.inputs) > 2 else None
+    if bias is not None:
+        if attributes.get_float("beta", 1.0) != 1.0:
+            return Mismatch("the Gemm scales its C input (beta != 1)")
+        if bias.shape is None or len(bias.shape) > 2 or any(d != 1 for d in bias.shape[:-1]):
+            return Mismatch("the Gemm's C is not known to be a row vector")
+    if not _flattens_rows(flatten, source, rank):
+        return Mismatch("the first Reshape is not [-1, K] of its input's last dim K")
+    if not _restores_rows(target_entries(reshape.inputs[1]), source, rank, width):
+        return Mismatch("the second Reshape does not restore the input's leading dims")
+    return Match([flatten, gemm, reshape], {"source": source, "bias": bias})
+
+
+def _rewrite_flattened_gemm(match: Match, context: RewriteContext) -> Replacement:
+    _, gemm, reshape = match.nodes
+    weight = gemm.inputs[1]
+    assert weight is not None
+    constants = []
+    if gemm.attributes.get_int("transB", 0):
+        array = const_array(weight)
+        assert array is not None
+        weight = new_constant(array.T, weight.name)
+        constants.append(weight)
+    nodes = [ir.node("MatMul", [match.bindings["source"], weight], name=gemm.name)]
+    if match.bindings["bias"] is not None:
+        nodes.append(ir.node("Add", [nodes[0].outputs[0], match.bindings["bias"]]))
+    return Replacement(nodes, [(reshape.outputs[0], nodes[-1].outputs[0])], constants=constants)
+
+
 RULES = (
     Rule("transpose+gemm->gemm", "Gemm", _match_gemm, _rewrite_gemm),
     Rule("matmul+add->gemm", "Add", _match_matmul_add, _rewrite_matmul_add),
     Rule("transpose+matmul->FusedMatMul", "MatMul", _match_matmul, _rewrite_matmul),
+    Rule("reshape+gemm+reshape->matmul", "Reshape", _match_flattened_gemm, _rewrite_flattened_gemm),
 )
 
 
 class FuseMatMulPass(Pass):
-    """Transpose into Gemm/MatMul (FusedMatMul for ort), 2-D MatMul + constant bias into Gemm."""
+    """Transpose into Gemm/MatMul (FusedMatMul for ort), 2-D MatMul + constant bias into Gemm, a
+    Gemm between a flattening and an unflattening Reshape into MatMul."""
 
     name = "fuse-matmul"
     summary = (
-        "fold Transpose into Gemm (transA/B) and MatMul (ort FusedMatMul); 2-D MatMul+Add -> Gemm"
+        "fold Transpose into Gemm (transA/B) and MatMul (ort FusedMatMul); 2-D MatMul+Add -> Gemm;"
+        " Reshape+Gemm+Reshape (addmm between views) -> MatMul"
     )
 
     def call(self, model: ir.Model) -> PassResult:
