@@ -358,3 +358,31 @@ def test_a_dim_less_itself_is_zero() -> None:
     assert op_types(result.model) == []
     report = validate(model, result.model)
     assert report.passed, report
+
+
+def test_torchscript_expand_keeps_the_dims_it_provably_has() -> None:
+    # TorchScript's causal mask: expand(B, -1, S, T) of a [B, 1, S, ?] mask, the target written
+    # as Where(Equal(t, -1), 1, t). ONNX infers only the rank; the mask's head dim is the input's
+    # static 1 (what lets GroupQueryAttention's fix-up skip the head split), B and S are the
+    # dims read, and the last stays unknown (the input's may be 1 or T).
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (bool[B, 1, S, K] m, float[B, S, 8] x, float[B, T, 8] kv) => (bool[?, ?, ?, ?] y) <int64[1] m1 = {-1}, int64[4] m1s = {-1, -1, -1, -1}, int64[4] ones = {1, 1, 1, 1}> {
+            b = Shape<start = 0, end = 1>(x)
+            s = Shape<start = 1, end = 2>(x)
+            t = Shape<start = 1, end = 2>(kv)
+            target = Concat<axis = 0>(b, m1, s, t)
+            eq = Equal(target, m1s)
+            w = Where(eq, ones, target)
+            e = Expand(m, w)
+            y = Identity(e)
+        }
+        """
+    )
+    InferShapesPass()(model)
+    e = model.graph.node(-2).outputs[0]
+    assert e.shape is not None
+    dims = [d if isinstance(d, int) else d.value for d in e.shape]
+    assert dims[:3] == ["B", 1, "S"], dims
+    assert dims[3] is None or str(dims[3]).startswith("unk__"), dims

@@ -21,7 +21,11 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
-from onnxopt.passes._attention_shapes import scalar_dim_read, target_entries
+from onnxopt.passes._attention_shapes import (
+    peel_torch_expand_shape,
+    scalar_dim_read,
+    target_entries,
+)
 from onnxopt.passes._shape_facts import const_ints, int_param, normalize_axes, optional_input
 from onnxopt.rewrite import Mismatch
 
@@ -38,6 +42,8 @@ def refine_shapes(model: ir.Model) -> int:
                 improved += _refine_reshape(node, renamed)
             elif is_op(node, "Range"):
                 improved += _refine_range(node, renamed)
+            elif is_op(node, "Expand"):
+                improved += _refine_expand(node, renamed)
     if renamed:
         improved += _rename_dims(model, renamed)
     return improved
@@ -173,6 +179,44 @@ def _refine_reshape_reads(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim
             dim = _renamed(dims[entry[2]], renamed)
         # a 0 entry would copy the input's dim instead
         found.append(None if _is_unknown(dim) or dim == 0 else dim)
+    return _merge_dims(node.outputs[0], found, renamed)
+
+
+def _refine_expand(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+    """Expand to a target assembled from shape reads (TorchScript's causal mask,
+    ``expand(B, -1, S, T)``): each output dim is the broadcast of the input's dim with the
+    target's, where that is provable: a 1 (TorchScript's -1) keeps the input's dim, a number > 1
+    is itself, a dim read is itself over an input dim of 1, and equal dims stay. ONNX infers
+    nothing but the rank when the target is not a constant."""
+    data, target = node.inputs[0] if node.inputs else None, optional_input(node, 1)
+    if data is None or data.shape is None or target is None:
+        return 0
+    peeled = peel_torch_expand_shape(target)
+    entries = target_entries(peeled)
+    if entries is None:
+        return 0
+    keep = (1, -1) if peeled is not target else (1,)  # -1: "keep the dim" in TorchScript's form
+    rank = max(len(entries), len(data.shape))
+    have_dims: list[object] = [1] * (rank - len(data.shape))
+    have_dims += [_renamed(d, renamed) for d in data.shape]
+    wanted: list[object] = [1] * (rank - len(entries)) + list(entries)
+    found: list[int | ir.SymbolicDim | None] = []
+    for have, entry in zip(have_dims, wanted, strict=True):
+        dim: object = None
+        if entry in keep:
+            dim = have
+        elif isinstance(entry, int):
+            dim = entry if entry > 1 else None  # the input's dim is 1 or entry, or Expand fails
+        elif isinstance(entry, tuple):
+            dims = entry[1].shape
+            read = (
+                _renamed(dims[entry[2]], renamed)
+                if dims is not None and -len(dims) <= entry[2] < len(dims)
+                else None
+            )
+            if have == 1 or (not _is_unknown(have) and str(have) == str(read)):
+                dim = read
+        found.append(None if _is_unknown(dim) or dim == 0 else dim)  # type: ignore[arg-type]
     return _merge_dims(node.outputs[0], found, renamed)
 
 
