@@ -167,9 +167,10 @@ def test_causal_mask_runs_causal_and_fully_masked_rows_still_average() -> None:
     types = op_types(fused)
     assert "com.microsoft::GroupQueryAttention" in types
     assert "com.microsoft::MultiHeadAttention" not in types
-    # seqlens_k's, the row of 1/T that averages V and that mean's (repeated to 4 heads); the two
-    # K/V repeats are gone
-    assert types.count("Expand") == 3
+    # seqlens_k's and the row of 1/T that averages V (that mean is gathered for the 4 query
+    # heads); the two K/V repeats are gone
+    assert types.count("Expand") == 2
+    assert types.count("Gather") == 1
     assert "ReduceMean" not in types  # V's mean is a MatMul (ORT's ReduceMean over axis 1 is slow)
     assert types.count("Where") == 2  # the mask's and the fully-masked-row fix-up
     _assert_sorted(fused)
@@ -660,7 +661,7 @@ def _multi_query_model() -> ir.Model:
 def test_multi_query_attention_reads_its_packed_projection() -> None:
     # The query's view [B, 1, S, 32] -> [B, S, 32] and the Unsqueeze before the Split keep B and
     # S (one sequence); the one K/V head and the query are parts of one projection, which
-    # GroupQueryAttention(kv_num_heads=1) reads whole; V's mean is tiled over the 4 query heads.
+    # GroupQueryAttention(kv_num_heads=1) reads whole; V's mean is gathered for the 4 query heads.
     model = _multi_query_model()
     fused = model.clone()
     assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
@@ -669,6 +670,6 @@ def test_multi_query_attention_reads_its_packed_projection() -> None:
     assert gqa.inputs[0] is not None and gqa.inputs[0].name == "qkv"
     assert gqa.inputs[1] is None and gqa.inputs[2] is None
     types = op_types(fused)
-    assert "Split" not in types and "Tile" in types
+    assert "Split" not in types and "Gather" in types
     _assert_sorted(fused)
     _validated_fixed_point(model, fused, _PLAIN_INPUTS)

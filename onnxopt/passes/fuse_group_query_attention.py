@@ -1052,16 +1052,15 @@ def _mean_per_query_head(
 ) -> ir.Value:
     """V's mean [B, 1, Nkv*d] laid out as the output's [B, 1, H*d] (``split``: [B, 1, H, d]):
     each K/V head's part repeated for its rep query heads (heads h*rep .. h*rep+rep-1 read K/V
-    head h)."""
+    head h), one Gather along the last axis (a copy, exact)."""
     rep, d = heads // kv.kv_heads, kv.head_size
-    target = [0, 1, heads, d] if split else [0, 1, heads * d]
-    if rep == 1:
-        return tape.op("Reshape", [mean, int64_const(tape, target)]) if split else mean
-    if kv.kv_heads == 1 and not split:  # multi-query: the one head's mean, H times
-        return tape.op("Tile", [mean, int64_const(tape, [1, 1, rep])])
-    mean = tape.op("Reshape", [mean, int64_const(tape, [0, 1, kv.kv_heads, 1, d])])
-    mean = tape.op("Expand", [mean, int64_const(tape, [1, 1, 1, rep, 1])])
-    return tape.op("Reshape", [mean, int64_const(tape, target)])
+    if rep > 1:
+        # query head q reads K/V head q // rep: output column q*d + j is input column (q//rep)*d + j
+        columns = (np.arange(heads)[:, None] // rep * d + np.arange(d)[None, :]).reshape(-1)
+        mean = tape.op("Gather", [mean, int64_const(tape, columns.tolist())], {"axis": 2})
+    if split:
+        return tape.op("Reshape", [mean, int64_const(tape, [0, 1, heads, d])])
+    return mean
 
 
 def _average_fully_masked_rows(
