@@ -110,11 +110,16 @@ def test_gemm_between_views_becomes_matmul() -> None:
     result = run_checked(FuseMatMulPass(), _flattened_gemm())
     assert result.stats == {"reshape+gemm+reshape->matmul": 1}
     assert _products(result.model) == ["MatMul", "Add"]
-    # No bias, weight stored [N, K] (transB=1, torch's addmm(b, x, W.t())): one MatMul on W^T.
-    result = run_checked(
-        FuseMatMulPass(), _flattened_gemm(attrs="<transB = 1>", bias="", w_shape=(4, 5))
-    )
+    # No bias, weight stored [N, K] (transB=1, torch's addmm(b, x, W.t())): ORT's FusedMatMul
+    # reads it as it is; the onnx target stores W^T, unless that copy would exceed --fold-limit.
+    transposed = _flattened_gemm(attrs="<transB = 1>", bias="", w_shape=(4, 5))
+    result = run_checked(FuseMatMulPass(), transposed)
+    assert _products(result.model) == ["com.microsoft::FusedMatMul"]
+    result = run_checked(FuseMatMulPass(PassOptions(target="onnx")), transposed)
     assert _products(result.model) == ["MatMul"]
+    tight = FuseMatMulPass(PassOptions(target="onnx", fold_limit_bytes=64, explain=True))
+    result = tight(transposed.clone())
+    assert not result.modified and any("fold-limit" in n for n in result.notes), result.notes
     # A [1, N] C broadcasts over the rows the same way; B, S read one by one, N as -1; both
     # targets (MatMul is standard ONNX).
     model = _flattened_gemm(b=rng_array(1, 4, seed=4), pieces="b0, s0, minus1")

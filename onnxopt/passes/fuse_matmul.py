@@ -9,7 +9,8 @@
   ``MatMul(x, W) (+ c)``: a linear layer written as addmm between views (GPT-2's Conv1D) is the
   same product row for row, and ORT's MatMul multiplies a rank-3 x by a 2-D W as one GEMM of
   [B*S, K] x [K, N] on the same prepacked weight. Two views and a Gemm become one MatMul (an Add
-  when c is given); a constant W with transB=1 is stored transposed.
+  when c is given). With transB=1 the ort target reads W as it is through FusedMatMul(transB=1);
+  the onnx target stores a transposed constant (within --fold-limit).
 """
 
 from __future__ import annotations
@@ -182,9 +183,9 @@ def _match_flattened_gemm(reshape: ir.Node, context: RewriteContext) -> Match | 
     width = _gemm_output_width(gemm)
     if width is None:
         return Mismatch("the Gemm's weight is not a matrix of known width")
-    weight = gemm.inputs[1]
-    if attributes.get_int("transB", 0) and const_array(weight) is None:
-        return Mismatch("the Gemm reads a transposed weight that is not a constant")
+    transposed = _transposed_weight(gemm, context)
+    if isinstance(transposed, Mismatch):
+        return transposed
     bias = gemm.inputs[2] if len(gemm.inputs) > 2 else None
     if bias is not None:
         if attributes.get_float("beta", 1.0) != 1.0:
@@ -195,22 +196,54 @@ def _match_flattened_gemm(reshape: ir.Node, context: RewriteContext) -> Match | 
         return Mismatch("the first Reshape is not [-1, K] of its input's last dim K")
     if not _restores_rows(target_entries(reshape.inputs[1]), source, rank, width):
         return Mismatch("the second Reshape does not restore the input's leading dims")
-    return Match([flatten, gemm, reshape], {"source": source, "bias": bias})
+    return Match(
+        [flatten, gemm, reshape], {"source": source, "bias": bias, "transposed": transposed}
+    )
+
+
+def _transposed_weight(gemm: ir.Node, context: RewriteContext) -> str | Mismatch | None:
+    """How the MatMul reads a weight the Gemm reads transposed (transB=1, torch's
+    ``addmm(b, x, W.t())``): ``"fused"``, ORT's FusedMatMul(transB=1), which prepacks it the same
+    way (equal bits and speed measured); ``"copy"``, a transposed constant, for the onnx target
+    and within --fold-limit. None when the weight is not transposed."""
+    if not gemm.attributes.get_int("transB", 0):
+        return None
+    dtype = gemm.outputs[0].dtype
+    if context.options.target == "ort" and dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+        return "fused"
+    array = const_array(gemm.inputs[1])
+    if array is None:
+        return Mismatch("the Gemm reads a transposed weight that is not a constant")
+    if array.nbytes > context.options.fold_limit_bytes:
+        return Mismatch(
+            f"the Gemm reads its weight transposed and a transposed copy ({array.nbytes} bytes)"
+            " would exceed --fold-limit"
+        )
+    return "copy"
 
 
 def _rewrite_flattened_gemm(match: Match, context: RewriteContext) -> Replacement:
     _, gemm, reshape = match.nodes
     weight = gemm.inputs[1]
     assert weight is not None
+    source = match.bindings["source"]
     constants = []
-    if gemm.attributes.get_int("transB", 0):
-        array = const_array(weight)
-        assert array is not None
-        weight = new_constant(array.T, weight.name)
-        constants.append(weight)
-    nodes = [ir.node("MatMul", [match.bindings["source"], weight], name=gemm.name)]
+    if match.bindings["transposed"] == "fused":
+        attributes = {"alpha": 1.0, "transA": 0, "transB": 1}
+        product = ir.node(
+            "FusedMatMul", [source, weight], attributes, domain=MS_DOMAIN, name=gemm.name
+        )
+        ensure_opset(context.model, MS_DOMAIN, 1)
+    else:
+        if match.bindings["transposed"] == "copy":
+            array = const_array(weight)
+            assert array is not None
+            weight = new_constant(array.T, weight.name)
+            constants.append(weight)
+        product = ir.node("MatMul", [source, weight], name=gemm.name)
+    nodes = [product]
     if match.bindings["bias"] is not None:
-        nodes.append(ir.node("Add", [nodes[0].outputs[0], match.bindings["bias"]]))
+        nodes.append(ir.node("Add", [product.outputs[0], match.bindings["bias"]]))
     return Replacement(nodes, [(reshape.outputs[0], nodes[-1].outputs[0])], constants=constants)
 
 
