@@ -23,6 +23,7 @@ import onnx_ir as ir
 from onnxopt.ops import is_op
 from onnxopt.passes._attention_shapes import (
     peel_torch_expand_shape,
+    piece_entries,
     scalar_dim_read,
     target_entries,
 )
@@ -34,10 +35,14 @@ def refine_shapes(model: ir.Model) -> int:
     """Fill in provably copied dims (never replacing a known one); the number of values improved."""
     improved = 0
     renamed: dict[str, int | ir.SymbolicDim] = {}  # placeholder -> the dim it provably is
+    bounded: dict[str, ir.SymbolicDim] = {}  # placeholder -> the dim X it is min(X, L) of
     for graph in model.graphs():
         for node in graph:
             if is_op(node, "Slice"):
-                improved += _refine_slice(node)
+                improved += _refine_slice(node, renamed)
+                _record_prefix_slices(node, bounded)
+            elif node.op_type in _BROADCASTING and is_op(node, node.op_type):
+                improved += _refine_broadcast(node, bounded, renamed)
             elif is_op(node, "Reshape"):
                 improved += _refine_reshape(node, renamed)
             elif is_op(node, "Range"):
@@ -182,6 +187,68 @@ def _refine_reshape_reads(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim
     return _merge_dims(node.outputs[0], found, renamed)
 
 
+_BROADCASTING = ("Add", "Sub", "Mul", "Div")
+
+
+def _record_prefix_slices(node: ir.Node, bounded: dict[str, ir.SymbolicDim]) -> None:
+    """``Slice(data, 0, n)`` along an axis of static length L, n read off a named dim X
+    (TorchScript's ``position_ids[:, :seq]``): the result's length there is min(X, L), which ONNX
+    names afresh. Its placeholder is recorded: broadcast against X it gives X (when X <= L it is
+    X; when X > L it is L, and the op fails unless L is 1, which broadcasts to X too)."""
+    data, out = node.inputs[0] if node.inputs else None, node.outputs[0]
+    if data is None or data.shape is None or out.shape is None or "starts" in node.attributes:
+        return
+    rank = len(data.shape)
+    starts = const_ints(optional_input(node, 1))
+    ends = piece_entries(optional_input(node, 2))
+    axes = const_ints(optional_input(node, 3)) if optional_input(node, 3) is not None else None
+    steps = const_ints(optional_input(node, 4)) if optional_input(node, 4) is not None else None
+    if starts is None or ends is None or len(ends) != len(starts) or len(out.shape) != rank:
+        return
+    axes = normalize_axes(axes if axes is not None else range(len(starts)), rank)
+    if axes is None or len(axes) != len(starts) or (steps is not None and set(steps) != {1}):
+        return
+    for axis, start, end in zip(axes, starts, ends, strict=True):
+        if start != 0 or not isinstance(end, tuple) or not isinstance(data.shape[axis], int):
+            continue
+        dims = end[1].shape
+        read = dims[end[2]] if dims is not None and -len(dims) <= end[2] < len(dims) else None
+        placeholder = out.shape[axis]
+        if isinstance(read, ir.SymbolicDim) and not _is_unknown(read) and _is_unknown(placeholder):
+            name = getattr(placeholder, "value", None)
+            if name:
+                bounded[str(name)] = read
+
+
+def _refine_broadcast(
+    node: ir.Node, bounded: dict[str, ir.SymbolicDim], renamed: dict[str, int | ir.SymbolicDim]
+) -> int:
+    """An element-wise op broadcasting X against a prefix slice's min(X, L) (recorded by
+    _record_prefix_slices) gives X: embeddings + position embeddings keep the sequence's name.
+    X against a 1 that refinement found (ONNX saw a placeholder there) gives X too."""
+    out = node.outputs[0]
+    shapes = [v.shape if v is not None else None for v in node.inputs[:2]]
+    if out.shape is None or any(s is None for s in shapes) or not bounded:
+        return 0
+    rank = len(out.shape)
+    padded: list[list[object]] = [[1] * (rank - len(s)) + [*s] for s in shapes if s is not None]
+    if any(len(p) != rank for p in padded):
+        return 0
+    found: list[int | ir.SymbolicDim | None] = []
+    for a, b in zip(*padded, strict=True):
+        a, b = _renamed(a, renamed), _renamed(b, renamed)
+        dim = None
+        for named, other in ((a, b), (b, a)):
+            if _is_unknown(named):
+                continue
+            name = getattr(other, "value", None)
+            bound = bounded.get(str(name)) if name else None
+            if other == 1 or (bound is not None and bound.value == getattr(named, "value", None)):
+                dim = named
+        found.append(dim)
+    return _merge_dims(out, found, renamed)
+
+
 def _refine_expand(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
     """Expand to a target assembled from shape reads (TorchScript's causal mask,
     ``expand(B, -1, S, T)``): each output dim is the broadcast of the input's dim with the
@@ -248,7 +315,7 @@ def _sliced_axes(node: ir.Node, rank: int) -> tuple[int, ...] | None:
     return normalize_axes(axes, rank)
 
 
-def _refine_slice(node: ir.Node) -> int:
+def _refine_slice(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
     data, out = node.inputs[0] if node.inputs else None, node.outputs[0]
     if data is None or data.shape is None:
         return 0
@@ -258,16 +325,8 @@ def _refine_slice(node: ir.Node) -> int:
     sliced = _sliced_axes(node, rank)
     if sliced is None:
         return 0
-    current = list(out.shape) if out.shape is not None else [None] * rank
-    dims = list(current)
+    found: list[int | ir.SymbolicDim | None] = []
     for axis in range(rank):
-        known = current[axis]
-        if axis in sliced or isinstance(known, int):
-            continue
         source = data.shape[axis]
-        if _is_unknown(known) and not _is_unknown(source):
-            dims[axis] = source
-    if dims == current:
-        return 0
-    out.shape = ir.Shape(dims)
-    return 1
+        found.append(None if axis in sliced or _is_unknown(source) else source)
+    return _merge_dims(out, found, renamed)
