@@ -106,3 +106,44 @@ def test_conv_silu_blocks_optimize_bit_identically() -> None:
     assert np.array_equal(runs[0], runs[1])
     again = api.optimize(result.model).model
     assert to_proto(again).SerializeToString() == to_proto(result.model).SerializeToString()
+
+
+def test_scaled_sigmoid_becomes_quick_gelu_with_its_alpha_bit_identically() -> None:
+    # CLIP's quick_gelu: x * sigmoid(1.702 * x), the factor on either side of the Mul.
+    for scale in ("c = Mul(x, k)", "c = Mul(k, x)"):
+        body = (
+            "<float k = {1.702}> { " + scale + "\n s = Sigmoid(c)\n m = Mul(x, s)\n y = Relu(m) }"
+        )
+        fused = assert_rewrites(
+            FuseSiluPass,
+            model(body, inputs="float[N,3,4] x", outputs="float[N,3,4] y"),
+            {RULE: 1},
+            ["QuickGelu", "Relu"],
+            2,
+        )
+        alpha = fused.graph.node(0).attributes.get_float("alpha")
+        assert alpha == float(np.float32(1.702))
+    proto = load(model(body, inputs="float[N,3,4] x", outputs="float[N,3,4] y"))
+    x = np.random.default_rng(0).standard_normal((5, 3, 4)).astype(np.float32) * 6
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    runs = [
+        ort.InferenceSession(
+            to_proto(m).SerializeToString(), options, providers=["CPUExecutionProvider"]
+        ).run(None, {"x": x})[0]
+        for m in (proto, fused)
+    ]
+    assert np.array_equal(runs[0], runs[1])
+
+
+def test_scaled_sigmoid_refusals_say_why() -> None:
+    shared = (
+        "<float k = {1.702}> { c = Mul(x, k)\n s = Sigmoid(c)\n m = Mul(x, s)\n y = Add(m, c) }"
+    )
+    assert_refuses(FuseSiluPass, model(shared), "the scaled input of the Sigmoid is used elsewhere")
+    wide = "<double k = {1.702}> { c = Mul(x, k)\n s = Sigmoid(c)\n m = Mul(x, s)\n y = Relu(m) }"
+    assert_refuses(
+        FuseSiluPass,
+        model(wide, inputs="double[N,3,4] x", outputs="double[N,3,4] y"),
+        "float32 only",
+    )
