@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx_ir as ir
 from graphs import assert_numerically_equal, op_types, parse_model
 
 from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
@@ -388,28 +389,43 @@ def test_torchscript_expand_keeps_the_dims_it_provably_has() -> None:
     assert dims[3] is None or str(dims[3]).startswith("unk__"), dims
 
 
+EMBEDDINGS = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (int64[B, S] ids{extra}) => (float[?, ?, 4] y) <float[10, 4] words = {WORDS}, float[16, 4] table = {TABLE}, int64[1, 16] positions = {POSITIONS}, int64[1] zero = {{0}}, int64[1] one = {{1}}> {{
+        w = Gather<axis = 0>(words, ids)
+        s = Shape<start = 1, end = 2>(w)
+        p = Slice(positions, zero, s, one{step})
+        e = Gather<axis = 0>(table, p)
+        sum = Add(w, e)
+        y = Identity(sum)
+    }}
+"""
+
+
+def _embeddings(extra: str = "", step: str = "") -> dict[str, ir.Value]:
+    text = EMBEDDINGS.format(
+        extra=extra,
+        step=step,
+        WORDS="{" + ", ".join(["0.5"] * 40) + "}",
+        TABLE="{" + ", ".join(["0.25"] * 64) + "}",
+        POSITIONS="{" + ", ".join(str(i) for i in range(16)) + "}",
+    )
+    model = parse_model(text)
+    InferShapesPass()(model)
+    return {str(o.name): o for node in model.graph for o in node.outputs}
+
+
 def test_embeddings_plus_sliced_positions_keep_the_sequence_name() -> None:
     # TorchScript's BERT-family embeddings: position_ids[:, :S] of a [1, 16] buffer, S read off
     # the word embeddings. The slice is min(S, 16) long, which ONNX names afresh; added to the
     # [B, S, D] embeddings it is S (or the Add fails), so the sum keeps S's name (and the slice's
     # untouched dim 0 is 1).
-    model = parse_model(
-        """
-        <ir_version: 8, opset_import: ["" : 17]>
-        g (int64[B, S] ids) => (float[?, ?, 4] y) <float[10, 4] words = {WORDS}, float[16, 4] table = {TABLE}, int64[1, 16] positions = {POSITIONS}, int64[1] zero = {0}, int64[1] one = {1}> {
-            w = Gather<axis = 0>(words, ids)
-            s = Shape<start = 1, end = 2>(w)
-            p = Slice(positions, zero, s, one)
-            e = Gather<axis = 0>(table, p)
-            sum = Add(w, e)
-            y = Identity(sum)
-        }
-        """.replace("{WORDS}", "{" + ", ".join(["0.5"] * 40) + "}")
-        .replace("{TABLE}", "{" + ", ".join(["0.25"] * 64) + "}")
-        .replace("{POSITIONS}", "{" + ", ".join(str(i) for i in range(16)) + "}")
-    )
-    InferShapesPass()(model)
-    values = {str(o.name): o for node in model.graph for o in node.outputs}
-    dims = [d if isinstance(d, int) else d.value for d in values["sum"].shape]
-    assert dims == ["B", "S", 4], dims
-    assert values["e"].shape is not None and values["e"].shape[0] == 1
+    values = _embeddings()
+    summed, positions = values["sum"].shape, values["e"].shape
+    assert summed is not None and positions is not None
+    assert [d if isinstance(d, int) else d.value for d in summed] == ["B", "S", 4], summed
+    assert positions[0] == 1
+    # A step that is not a constant may skip positions: the slice is no prefix, nothing is claimed.
+    values = _embeddings(extra=", int64[1] step", step=", step")
+    summed = values["sum"].shape
+    assert summed is not None and getattr(summed[1], "value", None) != "S", summed

@@ -201,8 +201,10 @@ def _record_prefix_slices(node: ir.Node, bounded: dict[str, ir.SymbolicDim]) -> 
     rank = len(data.shape)
     starts = const_ints(optional_input(node, 1))
     ends = piece_entries(optional_input(node, 2))
-    axes = const_ints(optional_input(node, 3)) if optional_input(node, 3) is not None else None
-    steps = const_ints(optional_input(node, 4)) if optional_input(node, 4) is not None else None
+    given = [optional_input(node, i) for i in (3, 4)]
+    axes, steps = (const_ints(v) for v in given)
+    if any(v is not None and c is None for v, c in zip(given, (axes, steps), strict=True)):
+        return  # axes or steps given but not constant
     if starts is None or ends is None or len(ends) != len(starts) or len(out.shape) != rank:
         return
     axes = normalize_axes(axes if axes is not None else range(len(starts)), rank)
