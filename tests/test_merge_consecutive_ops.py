@@ -270,6 +270,20 @@ POSITIVE = [
         ["Concat", "Relu"],
         1,
     ),
+    (
+        # TorchScript's dim read: x.size(-2) as a one-element vector, here of a Shape from 1 on
+        "dim-read",
+        model(
+            "<int64 i = {-2}, int64[1] z = {0}> { s = Shape <start = 1> (x)\n"
+            " g = Gather(s, i)\n u = Unsqueeze(g, z)\n y = Concat <axis = 0> (u, u) }",
+            inputs="float[N,T,4] x",
+            outputs="int64[2] y",
+            opset=17,
+        ),
+        {"Unsqueeze∘Gather∘Shape->Shape": 1},
+        ["Shape", "Concat"],
+        2,
+    ),
 ]
 
 
@@ -383,6 +397,27 @@ NEGATIVE = [
             outputs="float[1,1,2,3,4] y",
         ),
         "axes input 'k' is not a constant",
+    ),
+    (
+        "dim-read-before-opset-15",
+        model(
+            "<int64 i = {1}, int64[1] z = {0}> { s = Shape(x)\n g = Gather(s, i)\n"
+            " u = Unsqueeze(g, z)\n y = Concat <axis = 0> (u, u) }",
+            inputs="float[N,T,4] x",
+            outputs="int64[2] y",
+        ),
+        "need opset 15",
+    ),
+    (
+        "dim-read-scalar-used-elsewhere",
+        model(
+            "<int64 i = {1}, int64[1] z = {0}> { s = Shape(x)\n g = Gather(s, i)\n"
+            " u = Unsqueeze(g, z)\n c = Concat <axis = 0> (u, u)\n y = Add(c, g) }",
+            inputs="float[N,T,4] x",
+            outputs="int64[2] y",
+            opset=17,
+        ),
+        "other users",
     ),
 ]
 

@@ -14,6 +14,9 @@ larger than a dying input); it pays where the moved Transpose meets its inverse 
 ConvNeXt's residual stream does: ``Add(T(ln), T(mlp))`` per block, then ``T⁻¹`` before the next
 stage's LayerNorm (both Transposes of that pair go).
 
+A dim read the TorchScript way, ``Unsqueeze(Gather(Shape(x), i), [0])``, is the one node
+``Shape(x, start=i, end=i+1)`` from opset 15 on (what the dynamo exporter writes).
+
 Cast chains are merged only where exact: ``Cast(Cast(x, B), C) == Cast(x, C)`` holds when every
 value of x's type A is exactly representable in B (``EXACT_WIDENING``), since then the second cast
 sees the very value the first one was given. When C == A too, both casts go.
@@ -367,6 +370,52 @@ def _rewrite_axes_merge(match: Match, context: RewriteContext) -> Replacement:
     return _replace_with(match, _same_op_on(outer, source, [constant]), [constant])
 
 
+# Unsqueeze∘Gather∘Shape -------------------------------------------------------------------------
+
+
+def _match_dim_read(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    gather = producer_op(node, "Gather")
+    if isinstance(gather, Mismatch):
+        return Mismatch("not a dim read", candidate=False)
+    shape = producer_op(gather, "Shape")
+    index = const_ints(gather.inputs[1]) if len(gather.inputs) > 1 else None
+    index_value = gather.inputs[1] if len(gather.inputs) > 1 else None
+    if isinstance(shape, Mismatch) or index is None or index_value is None:
+        return Mismatch("not a dim read", candidate=False)
+    if (
+        index_value.shape is None
+        or len(index_value.shape) != 0
+        or gather.attributes.get_int("axis", 0) != 0
+    ):
+        return Mismatch("the Gather does not read one dim as a scalar", candidate=False)
+    if context.opset() < 15:
+        return Mismatch("Shape's start/end need opset 15")
+    if axes_param(node, 1) != (0,):
+        return Mismatch("the Unsqueeze does not make the scalar a one-element vector")
+    gathered = gather.outputs[0]
+    if gathered.is_graph_output() or any(use.node is not node for use in gathered.uses()):
+        return Mismatch("the scalar dim has other users; merging would remove nothing")
+    source = shape.inputs[0]
+    rank = _rank(source)
+    if rank is None:
+        return Mismatch("the Shape's input has no known rank")
+    start = shape.attributes.get_int("start", 0)
+    end = shape.attributes.get_int("end", None)
+    lo = max(0, min(rank, start + rank if start < 0 else start))
+    hi = rank if end is None else max(0, min(rank, end + rank if end < 0 else end))
+    (i,) = index
+    if not -(hi - lo) <= i < hi - lo:
+        return Mismatch("the index is out of the Shape's range")
+    axis = lo + (i + (hi - lo) if i < 0 else i)
+    return Match([shape, gather, node], {"source": source, "axis": axis})
+
+
+def _rewrite_dim_read(match: Match, context: RewriteContext) -> Replacement:
+    axis = match.bindings["axis"]
+    read = ir.node("Shape", [match.bindings["source"]], {"start": axis, "end": axis + 1})
+    return _replace_with(match, read)
+
+
 # Cast∘Cast -------------------------------------------------------------------------------------
 
 
@@ -566,6 +615,7 @@ RULES: tuple[Rule, ...] = (
         for inner in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
     ),
     _rule("Unsqueeze∘Unsqueeze", "Unsqueeze", _match_unsqueezes, _rewrite_axes_merge),
+    _rule("Unsqueeze∘Gather∘Shape->Shape", "Unsqueeze", _match_dim_read, _rewrite_dim_read),
     _rule("Squeeze∘Squeeze", "Squeeze", _match_squeezes, _rewrite_axes_merge),
     _rule("Cast∘Cast", "Cast", _match_casts, _rewrite_casts),
     _rule("Slice∘Slice", "Slice", _match_slices, _rewrite_slices),
@@ -576,7 +626,8 @@ RULES: tuple[Rule, ...] = (
 class MergeConsecutiveOpsPass(Pass):
     """Merge Transpose∘Transpose (composed perm), Reshape∘(Reshape|Flatten|Squeeze|Unsqueeze), Squeeze∘Squeeze,
     Unsqueeze∘Unsqueeze (merged axes), exact Cast∘Cast, Slice∘Slice and Concat∘Concat into one op;
-    move a Transpose past Add/Sub/Mul/Div of two same-perm Transposes (toward its inverse).
+    a dim read Unsqueeze(Gather(Shape(x), i)) into Shape(x, start, end) (opset 15+); move a
+    Transpose past Add/Sub/Mul/Div of two same-perm Transposes (toward its inverse).
     """
 
     name = "merge-consecutive-ops"
