@@ -18,6 +18,8 @@ value as the input's (a symbolic dim keeps its name); nothing is ever guessed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
@@ -190,6 +192,11 @@ def _refine_reshape_reads(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim
 _BROADCASTING = ("Add", "Sub", "Mul", "Div")
 
 
+def _right_aligned(dims: Sequence[object], rank: int) -> list[object]:
+    """``dims`` as broadcasting lines them up against ``rank`` dims: 1s in front."""
+    return [1] * (rank - len(dims)) + list(dims)
+
+
 def _record_prefix_slices(node: ir.Node, bounded: dict[str, ir.SymbolicDim]) -> None:
     """``Slice(data, 0, n)`` along an axis of static length L, n read off a named dim X
     (TorchScript's ``position_ids[:, :seq]``): the result's length there is min(X, L), which ONNX
@@ -233,7 +240,7 @@ def _refine_broadcast(
     if out.shape is None or any(s is None for s in shapes) or not bounded:
         return 0
     rank = len(out.shape)
-    padded: list[list[object]] = [[1] * (rank - len(s)) + [*s] for s in shapes if s is not None]
+    padded = [_right_aligned([*s], rank) for s in shapes if s is not None]
     if any(len(p) != rank for p in padded):
         return 0
     found: list[int | ir.SymbolicDim | None] = []
@@ -266,9 +273,8 @@ def _refine_expand(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> i
         return 0
     keep = (1, -1) if peeled is not target else (1,)  # -1: "keep the dim" in TorchScript's form
     rank = max(len(entries), len(data.shape))
-    have_dims: list[object] = [1] * (rank - len(data.shape))
-    have_dims += [_renamed(d, renamed) for d in data.shape]
-    wanted: list[object] = [1] * (rank - len(entries)) + list(entries)
+    have_dims = _right_aligned([_renamed(d, renamed) for d in data.shape], rank)
+    wanted = _right_aligned(entries, rank)
     found: list[int | ir.SymbolicDim | None] = []
     for have, entry in zip(have_dims, wanted, strict=True):
         dim: object = None

@@ -32,6 +32,7 @@ from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, 
 from onnxopt.rewrite.patterns import ensure_opset, new_constant, other_input, producer_op, users
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE)
+_FUSED_MATMUL_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16)  # com.microsoft FusedMatMul's
 
 
 def _perm(node: ir.Node) -> list[int] | None:
@@ -80,7 +81,7 @@ def _match_matmul(matmul: ir.Node, context: RewriteContext) -> Match | Mismatch:
             flips[index] = transpose
     if not flips:
         return Mismatch("no operand is a Transpose of the last two axes", candidate=False)
-    if matmul.outputs[0].dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+    if matmul.outputs[0].dtype not in _FUSED_MATMUL_TYPES:
         return Mismatch("FusedMatMul on ORT CPU runs float only")
     return Match([*flips.values(), matmul], {"flips": flips})
 
@@ -208,8 +209,7 @@ def _transposed_weight(gemm: ir.Node, context: RewriteContext) -> str | Mismatch
     and within --fold-limit. None when the weight is not transposed."""
     if not gemm.attributes.get_int("transB", 0):
         return None
-    dtype = gemm.outputs[0].dtype
-    if context.options.target == "ort" and dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+    if context.options.target == "ort" and gemm.outputs[0].dtype in _FUSED_MATMUL_TYPES:
         return "fused"
     array = const_array(gemm.inputs[1])
     if array is None:

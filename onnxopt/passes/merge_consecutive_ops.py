@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
+from onnxopt.passes._attention_shapes import piece_entries
 from onnxopt.passes._shape_facts import (
     INT64_MAX,
     SliceParams,
@@ -396,18 +397,15 @@ def _match_dim_read(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if gathered.is_graph_output() or any(use.node is not node for use in gathered.uses()):
         return Mismatch("the scalar dim has other users; merging would remove nothing")
     source = shape.inputs[0]
-    rank = _rank(source)
-    if rank is None:
+    if _rank(source) is None:
         return Mismatch("the Shape's input has no known rank")
-    start = shape.attributes.get_int("start", 0)
-    end = shape.attributes.get_int("end", None)
-    lo = max(0, min(rank, start + rank if start < 0 else start))
-    hi = rank if end is None else max(0, min(rank, end + rank if end < 0 else end))
+    dims = piece_entries(shape.outputs[0])  # ("dim", source, axis) for each dim the Shape reads
     (i,) = index
-    if not -(hi - lo) <= i < hi - lo:
+    if dims is None or not -len(dims) <= i < len(dims):
         return Mismatch("the index is out of the Shape's range")
-    axis = lo + (i + (hi - lo) if i < 0 else i)
-    return Match([shape, gather, node], {"source": source, "axis": axis})
+    dim = dims[i]
+    assert isinstance(dim, tuple)
+    return Match([shape, gather, node], {"source": source, "axis": dim[2]})
 
 
 def _rewrite_dim_read(match: Match, context: RewriteContext) -> Replacement:
