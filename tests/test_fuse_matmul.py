@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnxopt.passes.fuse_gelu import FuseBiasGeluPass
 from onnxopt.passes.fuse_matmul import FuseMatMulPass
 from onnxopt.passes.options import PassOptions
 from tests.fusion_util import op_types, parse, rng_array, run_checked
@@ -125,6 +126,35 @@ def test_gemm_between_views_becomes_matmul() -> None:
     model = _flattened_gemm(b=rng_array(1, 4, seed=4), pieces="b0, s0, minus1")
     result = run_checked(FuseMatMulPass(PassOptions(target="onnx")), model)
     assert _products(result.model) == ["MatMul", "Add"]
+
+
+def test_gemm_between_views_then_bias_gelu() -> None:
+    # GPT-1/GPT-2's MLP: Conv1D (addmm between views), then Gelu. The new MatMul's result keeps
+    # the Reshape's dtype and shape, so fuse-bias-gelu, which runs next, takes the new Add + Gelu
+    # in the same optimize run (before, only a second run did: the output was not a fixed point).
+    text = """
+    <ir_version: 8, opset_import: ["" : 20]>
+    g (float[B, S, 5] x) => (float[B, S, 4] y) {
+        flat = Reshape(x, to2d)
+        gm = Gemm(flat, w, b)
+        bs = Shape<start = 0, end = 2>(x)
+        target = Concat<axis = 0>(bs, n)
+        h = Reshape(gm, target)
+        y = Gelu<approximate = "tanh">(h)
+    }
+    """
+    model = parse(
+        text,
+        to2d=np.array([-1, 5], np.int64),
+        n=np.array([4], np.int64),
+        w=rng_array(5, 4),
+        b=rng_array(4, seed=3),
+    )
+    flattened = run_checked(FuseMatMulPass(), model)
+    (matmul,) = [node for node in flattened.model.graph if node.op_type == "MatMul"]
+    assert matmul.outputs[0].dtype == ir.DataType.FLOAT
+    result = run_checked(FuseBiasGeluPass(), flattened.model)
+    assert _products(result.model) == ["MatMul", "com.microsoft::FastGelu"]
 
 
 def test_gemm_between_views_needs_the_same_rows() -> None:

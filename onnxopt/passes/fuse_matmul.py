@@ -241,6 +241,12 @@ def _rewrite_flattened_gemm(match: Match, context: RewriteContext) -> Replacemen
             weight = new_constant(array.T, weight.name)
             constants.append(weight)
         product = ir.node("MatMul", [source, weight], name=gemm.name)
+    # The product has the Reshape's dtype and shape (a row-vector bias broadcasts without growing
+    # it): later fusions read them (fuse-bias-gelu's dtype check on the Add's other operand).
+    result = reshape.outputs[0]
+    product.outputs[0].type = result.type
+    if result.shape is not None:
+        product.outputs[0].shape = ir.Shape(list(result.shape))
     nodes = [product]
     if match.bindings["bias"] is not None:
         nodes.append(ir.node("Add", [product.outputs[0], match.bindings["bias"]]))
