@@ -235,6 +235,30 @@ def test_placeholders_inferred_alike_become_one_name() -> None:
     assert not InferShapesPass()(model).modified
 
 
+def test_shape_inference_keeps_batch_through_dynamo_reshape_and_repeat() -> None:
+    # SigLIP's dynamo export: the patches flattened by Reshape(allowzero=1, [-1, 64, 16]) and the
+    # pooling head's probe.repeat(B, 1, 1). ONNX names both batch dims afresh; the exporter's
+    # value_info had "batch". Without it (a second optimize run, the ort target having dropped
+    # the annotations), tensor sizes differed and reorder-for-memory chose another order: the
+    # output was not a fixed point.
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 64, 4, 4] x, float[1, 1, 64] probe) => (y, z)
+            <int64[3] t = {-1, 64, 16}, int64[2] ones = {1, 1}> {
+            y = Reshape<allowzero = 1>(x, t)
+            b = Shape<start = 0, end = 1>(x)
+            reps = Concat<axis = 0>(b, ones)
+            z = Tile(probe, reps)
+        }
+        """
+    )
+    InferShapesPass()(model)
+    assert [str(d) for d in model.graph.node(0).outputs[0].shape] == ["batch", "64", "16"]
+    assert [str(d) for d in model.graph.node(3).outputs[0].shape] == ["batch", "1", "64"]
+    assert not InferShapesPass()(model).modified
+
+
 def test_input_shape_pinning() -> None:
     model = parse_model(
         """

@@ -51,6 +51,8 @@ def refine_shapes(model: ir.Model) -> int:
                 improved += _refine_range(node, renamed)
             elif is_op(node, "Expand"):
                 improved += _refine_expand(node, renamed)
+            elif is_op(node, "Tile"):
+                improved += _refine_tile(node, renamed)
     if renamed:
         improved += _rename_dims(model, renamed)
     return improved
@@ -88,7 +90,8 @@ def _refine_reshape(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> 
         return _refine_reshape_reads(node, renamed)
     if data is None or data.shape is None or target.count(-1) > 1:
         return 0
-    if node.attributes.get_int("allowzero", 0) or any(t < -1 for t in target):
+    # allowzero=1 (the dynamo exporter's form) reads a 0 as a 0 but changes nothing else.
+    if (node.attributes.get_int("allowzero", 0) and 0 in target) or any(t < -1 for t in target):
         return 0
     source = [_renamed(d, renamed) for d in data.shape]
     # A placeholder name (ONNX's "unk__3") stands for one dim wherever ONNX propagated it, so it
@@ -291,6 +294,29 @@ def _refine_expand(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> i
             )
             if have == 1 or (not _is_unknown(have) and str(have) == str(read)):
                 dim = read
+        found.append(None if _is_unknown(dim) or dim == 0 else dim)  # type: ignore[arg-type]
+    return _merge_dims(node.outputs[0], found, renamed)
+
+
+def _refine_tile(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+    """Tile by repeats assembled from shape reads (the dynamo exporter's ``probe.repeat(B, 1, 1)``
+    of a learned [1, 1, D] query): a repeat of 1 keeps the input's dim, and an input dim of 1
+    repeated by a read dim is that dim."""
+    data, repeats = node.inputs[0] if node.inputs else None, optional_input(node, 1)
+    entries = target_entries(repeats)
+    if data is None or data.shape is None or entries is None or len(entries) != len(data.shape):
+        return 0
+    found: list[int | ir.SymbolicDim | None] = []
+    for have, entry in zip([_renamed(d, renamed) for d in data.shape], entries, strict=True):
+        dim: object = None
+        if entry == 1:
+            dim = have
+        elif have == 1 and isinstance(entry, int) and entry > 0:
+            dim = entry
+        elif have == 1 and isinstance(entry, tuple):
+            dims = entry[1].shape
+            if dims is not None and -len(dims) <= entry[2] < len(dims):
+                dim = _renamed(dims[entry[2]], renamed)
         found.append(None if _is_unknown(dim) or dim == 0 else dim)  # type: ignore[arg-type]
     return _merge_dims(node.outputs[0], found, renamed)
 
