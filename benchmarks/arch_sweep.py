@@ -216,10 +216,11 @@ def clip_text() -> Factory:
 # ---------------------------------------------------------------------------- seq2seq
 
 
-def _bart_config() -> Any:
+def _bart_config(config_cls: Any = None) -> Any:
+    """A tiny BART-shaped config (also Pegasus, mBART, M2M100, Blenderbot: the same fields)."""
     from transformers import BartConfig
 
-    return BartConfig(
+    return (config_cls or BartConfig)(
         **_attn(
             vocab_size=1000,
             d_model=64,
@@ -1288,6 +1289,360 @@ def sew() -> Factory:
     return _audio(SEWModel, cfg)
 
 
+# ---------------------------------------------------------------------------- more families
+# Text encoders, decoders, seq2seq, vision and audio families added at the 15th stop.
+
+ENC = dict(**SMALL, intermediate_size=128, vocab_size=1000)
+
+
+def _family(name: str, factory: Callable[[], Factory]) -> Callable[[], Factory]:
+    factory.__name__ = factory.__qualname__ = name  # FAMILIES and export() find it by this name
+    return seeded(factory)
+
+
+def _encoder_family(name: str, prefix: str, **extra: Any) -> Callable[[], Factory]:
+    """A BERT-shaped encoder: transformers' ``<prefix>Config`` / ``<prefix>Model`` at ENC's size."""
+
+    def factory() -> Factory:
+        import transformers
+
+        cfg = getattr(transformers, f"{prefix}Config")(**_attn(**ENC, **extra))
+        return _text(getattr(transformers, f"{prefix}Model"), cfg)
+
+    return _family(name, factory)
+
+
+def _decoder_family(name: str, prefix: str, **extra: Any) -> Callable[[], Factory]:
+    """A LLaMA-shaped decoder (``_llama_like(**extra)``): ``<prefix>Config`` / ``<prefix>Model``."""
+
+    def factory() -> Factory:
+        import transformers
+
+        cfg = getattr(transformers, f"{prefix}Config")(**_llama_like(**extra))
+        return _decoder(getattr(transformers, f"{prefix}Model"), cfg)
+
+    return _family(name, factory)
+
+
+def _seq2seq_family(name: str, prefix: str) -> Callable[[], Factory]:
+    """A BART-shaped encoder-decoder: ``<prefix>Config`` / ``<prefix>Model``, full forward."""
+
+    def factory() -> Factory:
+        import transformers
+
+        cfg = _bart_config(getattr(transformers, f"{prefix}Config"))
+        return _seq2seq(getattr(transformers, f"{prefix}Model"), cfg)
+
+    return _family(name, factory)
+
+
+megatron_bert = _encoder_family("megatron_bert", "MegatronBert")
+ibert = _encoder_family("ibert", "IBert")  # quant_mode off: float LayerNorm, GELU, softmax
+ernie = _encoder_family("ernie", "Ernie")
+xlm_roberta_xl = _encoder_family("xlm_roberta_xl", "XLMRobertaXL")  # pre-norm layers
+rembert = _encoder_family("rembert", "RemBert", input_embedding_size=32, output_embedding_size=32)
+luke = _encoder_family("luke", "Luke", entity_vocab_size=100, entity_emb_size=32)
+deberta = _encoder_family(  # DeBERTa v1: disentangled attention without buckets
+    "deberta",
+    "Deberta",
+    relative_attention=True,
+    pos_att_type=["c2p", "p2c"],
+    max_relative_positions=32,
+)
+big_bird = _encoder_family("big_bird", "BigBird", attention_type="original_full")
+olmo = _decoder_family("olmo", "Olmo")  # LayerNorm without parameters
+# Interleaved rotary of the first half of rotate_half's Cos/Sin tables (partial in GLM)
+glm = _decoder_family("glm", "Glm", head_dim=16, pad_token_id=0)
+glm4 = _decoder_family("glm4", "Glm4", head_dim=16, pad_token_id=0)
+helium = _decoder_family("helium", "Helium", head_dim=16)
+ernie4_5 = _decoder_family("ernie4_5", "Ernie4_5", head_dim=16)
+smollm3 = _decoder_family("smollm3", "SmolLM3", pad_token_id=0)  # NoPE on some layers
+apertus = _decoder_family("apertus", "Apertus")  # xIELU activation, QK norm
+seed_oss = _decoder_family("seed_oss", "SeedOss", head_dim=16)
+diffllama = _decoder_family("diffllama", "DiffLlama")  # differential attention: two softmaxes
+exaone4 = _decoder_family(
+    "exaone4", "Exaone4", head_dim=16, sliding_window=None, layer_types=["full_attention"] * 2
+)
+cohere2 = _decoder_family("cohere2", "Cohere2", sliding_window=4)  # interleaved rotary, windows
+lfm2 = _decoder_family("lfm2", "Lfm2", layer_types=["conv", "full_attention"])  # a conv layer
+pegasus = _seq2seq_family("pegasus", "Pegasus")  # sinusoidal positions
+mbart = _seq2seq_family("mbart", "MBart")
+m2m100 = _seq2seq_family("m2m100", "M2M100")
+blenderbot = _seq2seq_family("blenderbot", "Blenderbot")
+
+
+@seeded
+def flaubert() -> Factory:
+    from transformers import FlaubertConfig, FlaubertModel
+
+    cfg = FlaubertConfig(**_attn(vocab_size=1000, emb_dim=64, n_layers=2, n_heads=4))
+    return _text(FlaubertModel, cfg)
+
+
+@seeded
+def xlm() -> Factory:
+    from transformers import XLMConfig, XLMModel
+
+    cfg = XLMConfig(**_attn(vocab_size=1000, emb_dim=64, n_layers=2, n_heads=4))
+    return _text(XLMModel, cfg)
+
+
+@seeded
+def openai_gpt() -> Factory:
+    from transformers import OpenAIGPTConfig, OpenAIGPTModel
+
+    cfg = OpenAIGPTConfig(**_attn(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=128))
+    return _decoder(OpenAIGPTModel, cfg)
+
+
+@seeded
+def ctrl() -> Factory:
+    from transformers import CTRLConfig, CTRLModel
+
+    cfg = CTRLConfig(
+        **_attn(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, dff=128, n_positions=128)
+    )
+    return _decoder(CTRLModel, cfg)
+
+
+@seeded
+def umt5() -> Factory:
+    from transformers import UMT5Config, UMT5Model
+
+    cfg = UMT5Config(
+        **_attn(
+            vocab_size=1000,
+            d_model=64,
+            d_kv=16,
+            d_ff=128,
+            num_layers=2,
+            num_heads=4,
+            use_cache=False,
+        )
+    )
+    return _seq2seq(UMT5Model, cfg)
+
+
+@seeded
+def levit() -> Factory:
+    from transformers import LevitConfig, LevitModel
+
+    cfg = LevitConfig(
+        image_size=64,
+        hidden_sizes=[32, 48, 64],
+        num_attention_heads=[2, 2, 2],
+        depths=[1, 1, 1],
+        key_dim=[8, 8, 8],
+    )
+    return _pixels(LevitModel, cfg, 64)
+
+
+@seeded
+def poolformer() -> Factory:
+    from transformers import PoolFormerConfig, PoolFormerModel
+
+    cfg = PoolFormerConfig(hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1])
+    return _pixels(PoolFormerModel, cfg, 64)
+
+
+@seeded
+def mobilenet_v2_hf() -> Factory:
+    from transformers import MobileNetV2Config, MobileNetV2Model
+
+    return _pixels(MobileNetV2Model, MobileNetV2Config(image_size=64, depth_multiplier=0.35), 64)
+
+
+@seeded
+def mobilevit_v2() -> Factory:
+    from transformers import MobileViTV2Config, MobileViTV2Model
+
+    return _pixels(MobileViTV2Model, MobileViTV2Config(image_size=64, width_multiplier=0.5), 64)
+
+
+@seeded
+def yolos() -> Factory:
+    from transformers import YolosConfig, YolosModel
+
+    cfg = YolosConfig(
+        **_attn(
+            **SMALL,
+            intermediate_size=128,
+            image_size=[64, 64],
+            patch_size=16,
+            num_detection_tokens=5,
+        )
+    )
+    return _pixels(YolosModel, cfg, 64)
+
+
+@seeded
+def dpt() -> Factory:
+    from transformers import DPTConfig, DPTModel
+
+    cfg = DPTConfig(
+        **_attn(
+            num_hidden_layers=4,
+            hidden_size=64,
+            num_attention_heads=4,
+            intermediate_size=128,
+            image_size=64,
+            patch_size=16,
+            backbone_out_indices=[0, 1, 2, 3],
+            neck_hidden_sizes=[16, 32, 64, 64],
+            fusion_hidden_size=32,
+        )
+    )
+    return _pixels(DPTModel, cfg, 64)
+
+
+@seeded
+def dinov2_registers() -> Factory:
+    from transformers import Dinov2WithRegistersConfig, Dinov2WithRegistersModel
+
+    cfg = Dinov2WithRegistersConfig(
+        **_attn(**SMALL, image_size=64, patch_size=16, num_register_tokens=4)
+    )
+    return _pixels(Dinov2WithRegistersModel, cfg, 64)
+
+
+@seeded
+def hiera() -> Factory:
+    from transformers import HieraConfig, HieraModel
+
+    cfg = HieraConfig(
+        embed_dim=16,
+        image_size=[64, 64],
+        patch_size=[7, 7],
+        patch_stride=[4, 4],
+        depths=[1, 1, 1, 1],
+        num_heads=[1, 2, 4, 8],
+        query_stride=[2, 2],
+        masked_unit_size=[8, 8],
+    )
+    return _pixels(HieraModel, cfg, 64)
+
+
+@seeded
+def focalnet() -> Factory:
+    from transformers import FocalNetConfig, FocalNetModel
+
+    cfg = FocalNetConfig(image_size=64, embed_dim=16, depths=[1, 1, 1, 1])
+    return _pixels(FocalNetModel, cfg, 64)
+
+
+@seeded
+def siglip_vision() -> Factory:
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+
+    cfg = SiglipVisionConfig(**_attn(**SMALL, intermediate_size=128, image_size=64, patch_size=16))
+    return _pixels(SiglipVisionModel, cfg, 64, ("last_hidden_state", "pooler_output"))
+
+
+@seeded
+def siglip_text() -> Factory:
+    from transformers import SiglipTextConfig, SiglipTextModel
+
+    cfg = SiglipTextConfig(**_attn(**ENC, max_position_embeddings=64))
+    return _text(SiglipTextModel, cfg, ("last_hidden_state", "pooler_output"))
+
+
+@seeded
+def convnext() -> Factory:
+    from transformers import ConvNextConfig, ConvNextModel
+
+    cfg = ConvNextConfig(hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1])
+    return _pixels(ConvNextModel, cfg, 64)
+
+
+@seeded
+def ijepa() -> Factory:
+    from transformers import IJepaConfig, IJepaModel
+
+    cfg = IJepaConfig(**_attn(**SMALL, intermediate_size=128, image_size=64, patch_size=16))
+    return _pixels(IJepaModel, cfg, 64)
+
+
+def _w2v(cfg_cls: Any, **extra: Any) -> Any:
+    return cfg_cls(
+        **_attn(
+            **SMALL,
+            intermediate_size=128,
+            conv_dim=(32, 32),
+            conv_stride=(5, 2),
+            conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+            **extra,
+        )
+    )
+
+
+@seeded
+def wavlm() -> Factory:
+    from transformers import WavLMConfig, WavLMModel
+
+    return _audio(WavLMModel, _w2v(WavLMConfig, num_buckets=32, max_bucket_distance=64))
+
+
+@seeded
+def unispeech() -> Factory:
+    from transformers import UniSpeechConfig, UniSpeechModel
+
+    return _audio(UniSpeechModel, _w2v(UniSpeechConfig))
+
+
+@seeded
+def w2v2_conformer() -> Factory:
+    from transformers import Wav2Vec2ConformerConfig, Wav2Vec2ConformerModel
+
+    return _audio(
+        Wav2Vec2ConformerModel,
+        _w2v(
+            Wav2Vec2ConformerConfig, position_embeddings_type="rotary", conv_depthwise_kernel_size=7
+        ),
+    )
+
+
+@seeded
+def w2v2_conformer_rel() -> Factory:
+    from transformers import Wav2Vec2ConformerConfig, Wav2Vec2ConformerModel
+
+    return _audio(
+        Wav2Vec2ConformerModel,
+        _w2v(
+            Wav2Vec2ConformerConfig,
+            position_embeddings_type="relative",
+            conv_depthwise_kernel_size=7,
+        ),
+    )
+
+
+@seeded
+def ast() -> Factory:
+    import torch
+    from transformers import ASTConfig, ASTModel
+
+    from onnxopt.zoo.transformers_models import _Outputs
+
+    cfg = ASTConfig(
+        **_attn(
+            **SMALL,
+            intermediate_size=128,
+            max_length=64,
+            num_mel_bins=32,
+            patch_size=16,
+            frequency_stride=10,
+            time_stride=10,
+        )
+    )
+    inputs = {"input_values": torch.randn(2, 64, 32)}
+    return _finish(
+        _Outputs(ASTModel(cfg), ("input_values",), ("last_hidden_state",)),
+        inputs,
+        {"input_values": {0: "batch"}},
+    )
+
+
 FAMILIES: dict[str, Callable[[], Factory]] = {
     f.__name__.replace("_", "-"): f
     for f in (
@@ -1361,6 +1716,53 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         pvt_v2,
         data2vec_audio,
         sew,
+        megatron_bert,
+        rembert,
+        ibert,
+        flaubert,
+        xlm,
+        luke,
+        ernie,
+        deberta,
+        xlm_roberta_xl,
+        big_bird,
+        olmo,
+        glm,
+        glm4,
+        helium,
+        exaone4,
+        smollm3,
+        cohere2,
+        openai_gpt,
+        ctrl,
+        apertus,
+        lfm2,
+        seed_oss,
+        ernie4_5,
+        diffllama,
+        pegasus,
+        mbart,
+        m2m100,
+        blenderbot,
+        umt5,
+        levit,
+        poolformer,
+        mobilenet_v2_hf,
+        mobilevit_v2,
+        yolos,
+        dpt,
+        dinov2_registers,
+        hiera,
+        focalnet,
+        siglip_vision,
+        siglip_text,
+        convnext,
+        ijepa,
+        wavlm,
+        unispeech,
+        w2v2_conformer,
+        w2v2_conformer_rel,
+        ast,
     )
 }
 
