@@ -13,6 +13,24 @@ from onnxopt.rewrite.driver import iter_graphs
 _ORT_KNOWN_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
 
 
+def dropped_annotations(model: ir.Model) -> list[ir.Value]:
+    """The annotated values whose type and shape target ort leaves out of the file: intermediate
+    outputs of ops ORT can infer (a custom op's output types may exist nowhere else)."""
+    values: list[ir.Value] = []
+    for graph in iter_graphs(model):
+        interface = {id(v) for v in (*graph.inputs, *graph.outputs)}
+        for node in graph:
+            if node.domain not in _ORT_KNOWN_DOMAINS:
+                continue
+            values.extend(
+                value
+                for value in node.outputs
+                if id(value) not in interface
+                and (value.type is not None or value.shape is not None)
+            )
+    return values
+
+
 class DropShapeAnnotationsPass(Pass):
     """Target ort: clear the type and shape of intermediate values (the file's value_info).
 
@@ -31,16 +49,9 @@ class DropShapeAnnotationsPass(Pass):
         if self.options.target != "ort":
             return PassResult(model, modified=False)
         cleared = 0
-        for graph in iter_graphs(model):
-            interface = {id(v) for v in (*graph.inputs, *graph.outputs)}
-            for node in graph:
-                if node.domain not in _ORT_KNOWN_DOMAINS:
-                    continue  # a custom op's output types may exist nowhere else
-                for value in node.outputs:
-                    if id(value) in interface or (value.type is None and value.shape is None):
-                        continue
-                    value.type = None
-                    value.shape = None
-                    cleared += 1
+        for value in dropped_annotations(model):
+            value.type = None
+            value.shape = None
+            cleared += 1
         stats = Counter({"shapes dropped": cleared}) if cleared else Counter()
         return PassResult(model, modified=bool(cleared), stats=stats)

@@ -6,9 +6,11 @@ from collections import Counter
 
 import onnx_ir as ir
 
-from onnxopt.analysis.memory import DEFAULT_SYMBOLIC_DIM, build_dataflow, tensor_sizes
+from onnxopt.analysis.memory import DEFAULT_SYMBOLIC_DIM, TensorSizes, build_dataflow, tensor_sizes
 from onnxopt.analysis.schedule import is_topological, schedule_for_memory
 from onnxopt.passes.base import Pass, PassResult
+from onnxopt.passes.drop_shape_annotations import dropped_annotations
+from onnxopt.passes.infer_shapes import InferShapesPass
 
 
 def apply_order(graph: ir.Graph, order: list[ir.Node]) -> None:
@@ -33,17 +35,46 @@ class ReorderForMemoryPass(Pass):
     name = "reorder-for-memory"
     summary = "reorder nodes to lower peak activation memory (never raises it)"
 
+    def _sizes(self, model: ir.Model) -> TensorSizes:
+        """Each tensor's size in bytes. For target ort, from shapes inferred afresh, as a second
+        optimize run will see them: the file keeps no intermediate shapes (drop-shape-annotations),
+        and an exporter's annotations can know dims inference cannot derive (wav2vec2's
+        ``samples // 320 - 1``). Sized from those, this run and the next could choose different
+        orders, and optimizing the output again would change it."""
+
+        def measure() -> TensorSizes:
+            return tensor_sizes(
+                model,
+                self.options.dims,
+                input_shapes=self.options.input_shapes or None,
+                default_dim=DEFAULT_SYMBOLIC_DIM,
+            )
+
+        if self.options.target != "ort":
+            return measure()
+        annotated = [
+            v
+            for graph in model.graphs()
+            for v in (*graph.inputs, *graph.outputs, *(o for node in graph for o in node.outputs))
+        ]
+        saved = [(v, v.type, v.shape) for v in annotated]
+        try:
+            for value in dropped_annotations(model):
+                value.type = None
+                value.shape = None
+            InferShapesPass(self.options)(model)
+            return measure()
+        finally:
+            for value, type_, shape in saved:
+                value.type = type_
+                value.shape = shape
+
     def call(self, model: ir.Model) -> PassResult:
         stats: Counter[str] = Counter()
         graph = model.graph
         if len(graph) < 3:
             return PassResult(model, modified=False)
-        sizes = tensor_sizes(
-            model,
-            self.options.dims,
-            input_shapes=self.options.input_shapes or None,
-            default_dim=DEFAULT_SYMBOLIC_DIM,
-        )
+        sizes = self._sizes(model)
         unknown = [
             str(value.name)
             for node in graph
