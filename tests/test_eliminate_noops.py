@@ -283,6 +283,20 @@ POSITIVE = [
         ["Relu"],
         1,
     ),
+    (
+        # TorchScript's masked_fill(mask.expand_as(scores)) and x + pos.expand_as(x): the Where
+        # and the Add broadcast the unexpanded tensor against the same partner.
+        "expand-as-partner",
+        model(
+            "<float f = {-9.0}> { s = Shape(x)\n e = Expand(m, s)\n w = Where(e, f, x)\n"
+            " p = Expand(b, s)\n a = Add(p, x)\n y = Mul(a, w) }",
+            inputs="float[N,3,4] x, bool[N,1,4] m, float[4] b",
+            outputs="float[N,3,4] y",
+        ),
+        {"Expand removed": 2},
+        ["Shape", "Where", "Add", "Mul"],
+        2,
+    ),
 ]
 
 
@@ -493,6 +507,30 @@ NEGATIVE = [
             inputs="float[3,4] x",
         ),
         "the unused branch has rank 3 > 2",
+    ),
+    (
+        "expand-as-other-tensor",
+        model(
+            "{ s = Shape(z)\n e = Expand(m, s)\n y = Add(e, x) }",
+            inputs="float[2,3,4] x, float[1,1,4] m, float[2,3,4] z",
+        ),
+        "which Add does not also take",
+    ),
+    (
+        "expand-as-read-by-relu",
+        model(
+            "{ s = Shape(x)\n e = Expand(m, s)\n a = Add(e, x)\n r = Relu(e)\n y = Add(a, r) }",
+            inputs="float[2,3,4] x, float[1,1,4] m",
+        ),
+        "read by Relu",
+    ),
+    (
+        "expand-as-part-of-shape",
+        model(
+            "{ s = Shape <start = 1> (x)\n e = Expand(m, s)\n y = Add(e, x) }",
+            inputs="float[2,3,4] x, float[1,4] m",
+        ),
+        "not a constant",
     ),
 ]
 

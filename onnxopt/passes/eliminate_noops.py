@@ -134,6 +134,40 @@ def _transpose(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     return _keep(node, node.inputs[0])
 
 
+# Ops whose inputs broadcast against one another (multidirectionally) into the result's shape.
+_BROADCASTING = frozenset(
+    {
+        "Add", "Sub", "Mul", "Div", "Pow", "Mod", "And", "Or", "Xor", "Equal", "Less",
+        "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "Max", "Min", "Sum", "Mean",
+    }
+)  # fmt: skip
+
+
+def _expand_to_partner(node: ir.Node, context: RewriteContext) -> Mismatch | None:
+    """``Expand(c, Shape(x))`` read only by broadcasting ops that also take x (TorchScript's
+    ``expand_as``, e.g. a mask expanded to the scores it fills): each op broadcasts c against x
+    into the same shape and values without the Expand. None when that holds."""
+    shape = optional_input(node, 1)
+    producer = shape.producer() if shape is not None else None
+    partner = producer.inputs[0] if producer is not None and is_op(producer, "Shape") else None
+    if partner is None or not is_whole_shape_of(shape, partner):
+        return Mismatch("the target shape is not a constant")
+    if context.opset() < 9:
+        return Mismatch("before opset 9 not every op broadcasts its inputs")
+    result = node.outputs[0]
+    if result.is_graph_output() or not result.uses():
+        return Mismatch("the expanded tensor is a graph output or unused")
+    for use in result.uses():
+        user = use.node
+        if user.domain != "" or user.op_type not in _BROADCASTING:
+            return Mismatch(f"it is expanded to Shape({partner.name}) and read by {user.op_type}")
+        if not any(v is partner for i, v in enumerate(user.inputs) if i != use.idx):
+            return Mismatch(
+                f"it is expanded to Shape({partner.name}), which {user.op_type} does not also take"
+            )
+    return None
+
+
 def _expand(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     data, shape = node.inputs[0], optional_input(node, 1)
     data_dims = dims_of(data)
@@ -141,7 +175,8 @@ def _expand(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return _keep(node, data)
     target = const_ints(shape)
     if target is None:
-        return Mismatch("the target shape is not a constant")
+        problem = _expand_to_partner(node, context)
+        return problem if problem is not None else _keep(node, data)
     if data_dims is None:
         return Mismatch("the input rank is unknown")
     problem = broadcast_keeps(data_dims, target, f"the target shape {list(target)}")
@@ -406,7 +441,8 @@ RULES: tuple[Rule, ...] = (
 
 class EliminateNoopsPass(Pass):
     """Remove ops proven to return their input: Identity, inference Dropout, same-dtype Cast,
-    shape-preserving Reshape/Expand/Flatten, identity Transpose, zero Pad, whole-axis Slice,
+    shape-preserving Reshape/Expand/Flatten, Expand to the shape of the tensor it is combined with,
+    identity Transpose, zero Pad, whole-axis Slice,
     one-input Concat/Sum/Mean/Max/Min, one-output Split, Tile by ones, Unsqueeze/Squeeze pairs,
     ReduceSum/Mean/Max/Min/Prod over nothing or over kept size-1 dims,
     x+0, x-0, x*1, x/1, x and true, x or false, Where with a constant condition.
