@@ -70,6 +70,9 @@ CASES = [
     ("gpt-oss", "torchscript", "eager", "gqa 2"),
     # masked_fill(mask.expand_as(scores)): the Expand to Shape(scores) dropped (84 -> 49 nodes)
     ("xlm", "torchscript", "eager", "attn 2"),
+    # GLM / Helium / ERNIE 4.5: interleaved rotary of the first half of rotate_half's tables
+    ("glm", "dynamo", "eager", "gqa 2"),
+    ("helium", "dynamo", "eager", "gqa 2"),
     # Conv1D + Gelu: the bias Gelu fused in the first run (it took a second one before)
     ("openai-gpt", "dynamo", "eager", "fastgelu 2"),
     ("siglip-vision", "dynamo", "eager", "attn 2"),  # probe.repeat(B, 1, 1) keeps B's name

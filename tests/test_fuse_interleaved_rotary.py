@@ -330,3 +330,54 @@ def _cohere(opset: int = 20) -> ir.Model:
         head_shape=np.array([0, 0, HEADS, HEAD]),
         pairs_shape=np.array([0, HEADS, 0, HEAD]),
     )
+
+
+# GLM / Helium / ERNIE 4.5: the usual rotate_half tables Cos/Sin(Concat(f, f)) get the heads axis
+# first, and then their first half is repeat_interleave'd (``cos[..., : d // 2]``): Cos(f) paired.
+GLM_TABLES = """
+    f2 = Add (f, f)
+    emb = Concat <axis = -1> (f, {second})
+    c3 = Cos (emb)
+    s3 = Sin (emb)
+    cu = Unsqueeze (c3, ax1)
+    su = Unsqueeze (s3, ax1)
+    ch = Slice (cu, {window}, ax3)
+    sh = Slice (su, {window}, ax3)
+    c5 = Unsqueeze (ch, ax4)
+    s5 = Unsqueeze (sh, ax4)
+    c5r = Expand (c5, reps5)
+    s5r = Expand (s5, reps5)
+    cos = Reshape <allowzero = 1> (c5r, rep_shape4)
+    sin = Reshape <allowzero = 1> (s5r, rep_shape4)
+"""
+
+
+def _glm(second: str = "f", window: str = "zero1, half1") -> ir.Model:
+    start = COHERE.index("    f4 = Unsqueeze")
+    end = COHERE.index("    q4 = Reshape")
+    text = COHERE[:start] + GLM_TABLES.format(second=second, window=window) + COHERE[end:]
+    model = _cohere()
+    return parse(
+        text,
+        **{
+            v.name: v.const_value.numpy()  # type: ignore[union-attr]
+            for v in model.graph.initializers.values()
+            if v.name not in ("reps", "rep_shape")
+        },
+        ax4=np.array([4]),
+        half1=np.array([HEAD // 2]),
+        end1=np.array([HEAD]),
+        reps5=np.array([1, 1, 1, 1, 2]),
+        rep_shape4=np.array([1, 1, -1, HEAD]),
+    )
+
+
+def test_halved_rotate_half_tables() -> None:
+    fused = _fuse(_glm(), "interleaved-rotary->RotaryEmbedding")
+    rotary = next(n for n in fused.graph if n.op_type == "RotaryEmbedding")
+    assert rotary.attributes["interleaved"].value == 1
+    assert [rotary.inputs[i].producer().op_type for i in (2, 3)] == ["Cos", "Sin"]  # type: ignore[union-attr]
+    # The second half of Concat(f, f) is f too, but a repeat of it is not what the graph shows
+    # (refused, not assumed); nor is the half of Concat(f, 2f).
+    _refuses(_glm(window="half1, end1"), "a slice other than its first half")
+    _refuses(_glm(second="f2"), "not Concat(f, f)")

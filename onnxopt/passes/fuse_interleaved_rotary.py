@@ -20,7 +20,9 @@ The half tables ``c``/``s`` come from
   (which half is cos is read off the graph, not assumed), read with position offset 0;
 - or ``Cos``/``Sin`` of the in-graph angles ``f = positions * inv_freq`` [1, S, r/2] (Cohere), the
   trig before or after the repeat (elementwise, so the same values); the caches are built from
-  ``f`` once per model, as fuse-rotary-embedding does.
+  ``f`` once per model, as fuse-rotary-embedding does. GLM, Helium and ERNIE 4.5 repeat the first
+  half of rotate_half's tables, ``Cos(Concat(f, f))[..., : r/2]`` with the heads axis added
+  before: that half is ``Cos(f)``.
 
 Layouts: [B, S, H, d] (GPT-J rotates right after the head split ``Reshape(x3, [0, 0, H, d])``) is
 the 3-D [B, S, H*d] the contrib op takes with ``num_heads``: the op reads ``x3`` and a Reshape puts
@@ -207,9 +209,34 @@ def _table(value: ir.Value | None, layout: str, positions: object) -> RotaryTabl
     trig = ""
     casts: list[ir.DataType] = []
     repeat: _Repeat | None = None
+    halved = False  # GLM / Helium: cos[..., : r // 2] of Cos(Concat(f, f)) is Cos(f)
     while value is not None:
         node = value.producer()
-        if is_op(node, "Cast") and node is not None:
+        if is_op(node, "Unsqueeze") and node is not None and repeat is not None:
+            # The heads axis added before the repeat ([1, S, r] -> [1, 1, S, r]), not after it.
+            axes = int_param(node, "axes", 1)
+            if heads_axis is not None or repeat.extra or axes not in ((1,), (2,), (-3,), (-2,)):
+                return Mismatch(
+                    f"the cos/sin table's Unsqueeze axes are {axes}, not one heads axis"
+                )
+            assert isinstance(axes, tuple)
+            heads_axis = axes[0] % 4
+        elif is_op(node, "Slice") and node is not None and repeat is not None and not halved:
+            window = last_axis_window(value)
+            width = window.source.shape[-1] if window is not None and window.source.shape else None
+            if window is None or window.start != 0 or width != 2 * window.end:
+                return Mismatch("the repeated cos/sin table is a slice other than its first half")
+            halved = True
+        elif is_op(node, "Concat") and node is not None and halved and trig:
+            # The halved table was Cos/Sin(Concat(f, f)) along the last axis: its half is f's.
+            parts = node.inputs
+            rank = len(value.shape) if value.shape is not None else 0
+            if len(parts) != 2 or parts[0] is not parts[1] or rank == 0:
+                return Mismatch("the halved cos/sin angles are not Concat(f, f)")
+            if node.attributes.get_int("axis", 0) % rank != rank - 1:
+                return Mismatch("the halved cos/sin angles are not concatenated on the last axis")
+            halved = False
+        elif is_op(node, "Cast") and node is not None:
             if trig:
                 return Mismatch("the rotary angles are cast before Cos/Sin (not fused)")
             to = cast_target(node)
@@ -232,6 +259,8 @@ def _table(value: ir.Value | None, layout: str, positions: object) -> RotaryTabl
         value = node.inputs[0]
     if repeat is None or value is None:
         return Mismatch("the cos/sin table is not repeat_interleave'd (not interleaved RoPE)")
+    if halved:
+        return Mismatch("the halved cos/sin table is not Cos/Sin of Concat(f, f)")
     if heads_axis is None:
         if len(repeat.extra) != 1:
             return Mismatch("the repeated cos/sin table does not broadcast over one heads axis")
