@@ -57,6 +57,13 @@ BASES: dict[str, str] = {
     "olmo2": "benchmarks.arch_sweep:olmo2",
     "cohere": "benchmarks.arch_sweep:cohere",
     "gptj": "benchmarks.arch_sweep:gptj",
+    "glm": "benchmarks.arch_sweep:glm",
+    "helium": "benchmarks.arch_sweep:helium",
+    "ernie4-5": "benchmarks.arch_sweep:ernie4_5",
+    "smollm3": "benchmarks.arch_sweep:smollm3",
+    "exaone4": "benchmarks.arch_sweep:exaone4",
+    "olmo": "benchmarks.arch_sweep:olmo",
+    "seed-oss": "benchmarks.arch_sweep:seed_oss",
 }
 EXAMPLE = (2, 5, 3)  # B, P, S of the export's example inputs
 # Validation sizes (B, P, S): the example, a prompt (no past), two decode steps.

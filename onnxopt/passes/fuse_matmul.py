@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array
@@ -193,6 +194,9 @@ def _match_flattened_gemm(reshape: ir.Node, context: RewriteContext) -> Match | 
             return Mismatch("the Gemm scales its C input (beta != 1)")
         if bias.shape is None or len(bias.shape) > 2 or any(d != 1 for d in bias.shape[:-1]):
             return Mismatch("the Gemm's C is not known to be a row vector")
+        zeros = const_array(bias)
+        if zeros is not None and zeros.size and not np.any(zeros):
+            bias = None  # adding 0 changes nothing (as eliminate-noops removes x + 0)
     if not _flattens_rows(flatten, source, rank):
         return Mismatch("the first Reshape is not [-1, K] of its input's last dim K")
     if not _restores_rows(target_entries(reshape.inputs[1]), source, rank, width):
