@@ -259,6 +259,26 @@ def test_shape_inference_keeps_batch_through_dynamo_reshape_and_repeat() -> None
     assert not InferShapesPass()(model).modified
 
 
+def test_shape_inference_expands_a_prefix_slice_to_the_dim_it_was_cut_to() -> None:
+    # BERT's TorchScript token_type_ids: buffer[:, :S] is min(S, 512) long, and expanded to
+    # Shape(input_ids) it is S (or the Expand fails): [batch, sequence], as the word embeddings.
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int64[batch, sequence] ids) => (y)
+            <int64[1] zero1 = {0}, int64[1] one1 = {1}, int64[2] full = {1, 512}> {
+            buffer = ConstantOfShape(full)
+            shp = Shape(ids)
+            s = Shape <start = 1, end = 2> (ids)
+            sl = Slice(buffer, zero1, s, one1)
+            y = Expand(sl, shp)
+        }
+        """
+    )
+    InferShapesPass()(model)
+    assert [str(d) for d in model.graph.node(4).outputs[0].shape] == ["batch", "sequence"]
+
+
 def test_input_shape_pinning() -> None:
     model = parse_model(
         """

@@ -95,3 +95,53 @@ def test_a_static_grid_with_a_constant_shape() -> None:
 )
 def test_refuses_grids_it_cannot_prove(variant: dict[str, str], reason: str) -> None:
     assert_refuses(SimplifyIndexGridsPass, _mask_model(**variant), reason)
+
+
+def _token_types(add: str = "y = Add(w, t)", fill: str = "1, 1, 1, 1, 1, 1, 1, 1") -> str:
+    """BERT's TorchScript embeddings: token_type_ids defaults to a buffer of one value, sliced to
+    the sequence and expanded to [B, S], then gathered from the token-type table."""
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int64[B, S] ids) => (float[B, S, 4] y) <
+            int64[1, 8] buffer = {{{fill}}}, int64[1] zero1 = {{0}}, int64[1] one1 = {{1}},
+            float[10, 4] words = {{{", ".join(str(i / 8) for i in range(40))}}},
+            float[3, 4] types = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}}, float[4] bias = {{1, 1, 1, 1}},
+            float[B, S] ex_f, float[B, S, 4] w, float[B, S, 4] t> {{
+            shp = Shape(ids)
+            s = Shape <start = 1, end = 2> (ids)
+            sl = Slice(buffer, zero1, s, one1)
+            ex = Expand(sl, shp)
+            w = Gather(words, ids)
+            t = Gather(types, ex)
+            {add}
+        }}
+    """
+
+
+def test_a_gather_at_one_index_becomes_the_row_its_partner_broadcasts() -> None:
+    # Every index is 1: the gathered [B, S, 4] is row 1 of the table wherever it is read, and w
+    # already has its shape, so w + row 1 is the same sum.
+    rewritten = assert_rewrites(
+        SimplifyIndexGridsPass,
+        _token_types(),
+        {"Gather(table, one index)->row": 1},
+        ["Shape", "Shape", "Slice", "Expand", "Gather", "Add"],
+        trials=2,
+    )
+    add = next(n for n in rewritten.graph if n.op_type == "Add")
+    assert add.inputs[1].const_value.numpy().tolist() == [5, 6, 7, 8]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("add", "fill", "reason"),
+    [
+        # the [4] bias does not have the gathered [B, S, 4] shape: the sum would shrink
+        ("y = Add(t, bias)", "1, 1, 1, 1, 1, 1, 1, 1", "other operand has the gathered rows"),
+        ("y = Relu(t)", "1, 1, 1, 1, 1, 1, 1, 1", "read by Relu"),
+        ("y = Add(w, t)", "9, 9, 9, 9, 9, 9, 9, 9", "out of the table's 3 rows"),
+    ],
+)
+def test_a_gather_at_one_index_needs_a_partner_of_its_shape(
+    add: str, fill: str, reason: str
+) -> None:
+    assert_refuses(SimplifyIndexGridsPass, _token_types(add, fill), reason)

@@ -50,7 +50,7 @@ def refine_shapes(model: ir.Model) -> int:
             elif is_op(node, "Range"):
                 improved += _refine_range(node, renamed)
             elif is_op(node, "Expand"):
-                improved += _refine_expand(node, renamed)
+                improved += _refine_expand(node, bounded, renamed)
             elif is_op(node, "Tile"):
                 improved += _refine_tile(node, renamed)
     if renamed:
@@ -261,12 +261,15 @@ def _refine_broadcast(
     return _merge_dims(out, found, renamed)
 
 
-def _refine_expand(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+def _refine_expand(
+    node: ir.Node, bounded: dict[str, ir.SymbolicDim], renamed: dict[str, int | ir.SymbolicDim]
+) -> int:
     """Expand to a target assembled from shape reads (TorchScript's causal mask,
     ``expand(B, -1, S, T)``): each output dim is the broadcast of the input's dim with the
     target's, where that is provable: a 1 (TorchScript's -1) keeps the input's dim, a number > 1
-    is itself, a dim read is itself over an input dim of 1, and equal dims stay. ONNX infers
-    nothing but the rank when the target is not a constant."""
+    is itself, a dim read is itself over an input dim of 1, over the same dim, or over a prefix
+    slice's min(X, L) of that dim X (BERT's buffered token_type_ids[:, :S] expanded to [B, S]).
+    ONNX infers nothing but the rank when the target is not a constant."""
     data, target = node.inputs[0] if node.inputs else None, optional_input(node, 1)
     if data is None or data.shape is None or target is None:
         return 0
@@ -292,7 +295,13 @@ def _refine_expand(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> i
                 if dims is not None and -len(dims) <= entry[2] < len(dims)
                 else None
             )
-            if have == 1 or (not _is_unknown(have) and str(have) == str(read)):
+            name = getattr(have, "value", None)
+            bound = bounded.get(str(name)) if name else None
+            if (
+                have == 1
+                or (not _is_unknown(have) and str(have) == str(read))
+                or (bound is not None and str(bound) == str(read))
+            ):
                 dim = read
         found.append(None if _is_unknown(dim) or dim == 0 else dim)  # type: ignore[arg-type]
     return _merge_dims(node.outputs[0], found, renamed)

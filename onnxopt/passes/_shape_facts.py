@@ -24,6 +24,15 @@ SLICE_TO_END = 2**31 - 1
 INT64_MAX = 2**63 - 1
 
 
+# Ops whose inputs broadcast against one another (multidirectionally) into the result's shape.
+MULTIDIRECTIONAL = frozenset(
+    {
+        "Add", "Sub", "Mul", "Div", "Pow", "Mod", "And", "Or", "Xor", "Equal", "Less",
+        "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "Max", "Min", "Sum", "Mean",
+    }
+)  # fmt: skip
+
+
 def dims_of(value: ir.Value | None) -> Dims | None:
     """The value's dims (None for symbolic/unknown ones), or None when even the rank is unknown."""
     if value is None or value.shape is None:

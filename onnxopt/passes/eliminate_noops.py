@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from onnxopt.ops import const_array, is_op
 from onnxopt.passes._shape_facts import (
+    MULTIDIRECTIONAL,
     SLICE_TO_END,
     broadcast_keeps,
     cast_target,
@@ -134,15 +135,6 @@ def _transpose(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     return _keep(node, node.inputs[0])
 
 
-# Ops whose inputs broadcast against one another (multidirectionally) into the result's shape.
-_BROADCASTING = frozenset(
-    {
-        "Add", "Sub", "Mul", "Div", "Pow", "Mod", "And", "Or", "Xor", "Equal", "Less",
-        "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "Max", "Min", "Sum", "Mean",
-    }
-)  # fmt: skip
-
-
 def _expand_to_partner(node: ir.Node, context: RewriteContext) -> Mismatch | None:
     """``Expand(c, Shape(x))`` read only by broadcasting ops that also take x (TorchScript's
     ``expand_as``, e.g. a mask expanded to the scores it fills): each op broadcasts c against x
@@ -159,7 +151,7 @@ def _expand_to_partner(node: ir.Node, context: RewriteContext) -> Mismatch | Non
         return Mismatch("the expanded tensor is a graph output or unused")
     for use in result.uses():
         user = use.node
-        if user.domain != "" or user.op_type not in _BROADCASTING:
+        if user.domain != "" or user.op_type not in MULTIDIRECTIONAL:
             return Mismatch(f"it is expanded to Shape({partner.name}) and read by {user.op_type}")
         if not any(v is partner for i, v in enumerate(user.inputs) if i != use.idx):
             return Mismatch(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import const_array, is_op
@@ -35,12 +36,14 @@ from onnxopt.passes._attention_shapes import (
     gathered_dim,
     piece_entries,
     same_dim,
+    same_symbol,
+    static_dim,
     value_rank,
 )
-from onnxopt.passes._shape_facts import axes_param, const_ints
+from onnxopt.passes._shape_facts import MULTIDIRECTIONAL, axes_param, const_ints
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
-from onnxopt.rewrite.patterns import squeeze_op
+from onnxopt.rewrite.patterns import new_constant, squeeze_op
 
 # Element-wise ops whose output shape is the broadcast of their inputs' shapes.
 _BROADCASTING = frozenset({"Max", "Min", "Add", "Sub", "Mul", "And", "Or", "Equal", "Less"})
@@ -196,7 +199,82 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     return Replacement([node], [(gather.outputs[0], node.outputs[0])], constants)
 
 
-RULES = (Rule("GatherND(index grid)->Unsqueeze", "GatherND", _match, _rewrite),)
+# Ops whose output elements are all elements of their first input: a tensor of one repeated value
+# stays that value through them.
+_SELECTING = frozenset(
+    {"Expand", "Slice", "Reshape", "Unsqueeze", "Squeeze", "Transpose", "Tile", "Identity",
+     "Flatten", "Gather", "GatherElements", "GatherND"}
+)  # fmt: skip
+
+
+def _uniform_int(value: ir.Value | None, depth: int = 0) -> int | None:
+    """The integer every element of ``value`` provably equals (a constant of one value, moved or
+    selected from), or None."""
+    array = const_array(value)
+    if array is not None:
+        if array.size == 0 or not np.issubdtype(array.dtype, np.integer):
+            return None
+        first = array.reshape(-1)[0]
+        return int(first) if bool(np.all(array == first)) else None
+    node = value.producer() if value is not None else None
+    if (
+        node is None
+        or depth > 16
+        or not is_op(node, node.op_type)
+        or node.op_type not in _SELECTING
+    ):
+        return None
+    return _uniform_int(node.inputs[0], depth + 1)
+
+
+def _covers(partner: ir.Value | None, gathered: ir.Value) -> bool:
+    """``partner`` has every dim of ``gathered`` (right-aligned), so broadcasting against it gives
+    the same shape whether or not ``gathered`` takes part."""
+    rank, other = value_rank(gathered), value_rank(partner)
+    if rank is None or other is None or other < rank:
+        return False
+    offset = other - rank
+    return all(
+        static_dim(gathered, i) == 1 or same_symbol(partner, i + offset, gathered, i)
+        for i in range(rank)
+    )
+
+
+def _match_uniform_gather(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    table = const_array(node.inputs[0])
+    if table is None or table.ndim == 0:
+        return Mismatch("the gathered table is not a constant", candidate=False)
+    index = _uniform_int(node.inputs[1] if len(node.inputs) > 1 else None)
+    if index is None:
+        return Mismatch("the indices are not all one constant", candidate=False)
+    if node.attributes.get_int("axis", 0) % table.ndim != 0:
+        return Mismatch("gathered along another axis than the first")
+    if not -table.shape[0] <= index < table.shape[0]:
+        return Mismatch(f"the index {index} is out of the table's {table.shape[0]} rows")
+    result = node.outputs[0]
+    if result.is_graph_output() or not result.uses():
+        return Mismatch("the gathered rows are a graph output or unused")
+    for use in result.uses():
+        user = use.node
+        if not is_op(user, user.op_type) or user.op_type not in MULTIDIRECTIONAL:
+            return Mismatch(f"the gathered rows are read by {user.op_type}")
+        if not any(_covers(v, result) for i, v in enumerate(user.inputs) if i != use.idx):
+            return Mismatch(
+                f"cannot prove {user.op_type}'s other operand has the gathered rows' shape"
+            )
+    return Match([node], {"row": table[index]})
+
+
+def _rewrite_uniform_gather(match: Match, context: RewriteContext) -> Replacement:
+    gather = match.root
+    row = new_constant(match.bindings["row"], gather.inputs[0].name)  # type: ignore[union-attr]
+    return Replacement((), [(gather.outputs[0], row)], constants=[row])
+
+
+RULES = (
+    Rule("GatherND(index grid)->Unsqueeze", "GatherND", _match, _rewrite),
+    Rule("Gather(table, one index)->row", "Gather", _match_uniform_gather, _rewrite_uniform_gather),
+)
 
 
 class SimplifyIndexGridsPass(Pass):
