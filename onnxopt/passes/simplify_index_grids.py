@@ -207,9 +207,21 @@ _SELECTING = frozenset(
 )  # fmt: skip
 
 
+_INTEGERS = frozenset(
+    {ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64,
+     ir.DataType.UINT8, ir.DataType.UINT16, ir.DataType.UINT32, ir.DataType.UINT64}
+)  # fmt: skip
+
+
 def _uniform_int(value: ir.Value | None, depth: int = 0) -> int | None:
     """The integer every element of ``value`` provably equals (a constant of one value, moved or
-    selected from), or None."""
+    selected from), or None. Constants over 2**20 elements are not read (a buffer of token types
+    has one element per position)."""
+    if value is None or value.dtype not in _INTEGERS:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is not None and tensor.size > 1 << 20:
+        return None
     array = const_array(value)
     if array is not None:
         if array.size == 0 or not np.issubdtype(array.dtype, np.integer):
@@ -241,12 +253,14 @@ def _covers(partner: ir.Value | None, gathered: ir.Value) -> bool:
 
 
 def _match_uniform_gather(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    table = const_array(node.inputs[0])
-    if table is None or table.ndim == 0:
-        return Mismatch("the gathered table is not a constant", candidate=False)
+    # The indices first: the table (a word embedding can be gigabytes) is read only for a
+    # Gather at one index, and only the row is kept.
     index = _uniform_int(node.inputs[1] if len(node.inputs) > 1 else None)
     if index is None:
         return Mismatch("the indices are not all one constant", candidate=False)
+    table = const_array(node.inputs[0])
+    if table is None or table.ndim == 0:
+        return Mismatch("the gathered table is not a constant", candidate=False)
     if node.attributes.get_int("axis", 0) % table.ndim != 0:
         return Mismatch("gathered along another axis than the first")
     if not -table.shape[0] <= index < table.shape[0]:
@@ -262,7 +276,7 @@ def _match_uniform_gather(node: ir.Node, context: RewriteContext) -> Match | Mis
             return Mismatch(
                 f"cannot prove {user.op_type}'s other operand has the gathered rows' shape"
             )
-    return Match([node], {"row": table[index]})
+    return Match([node], {"row": np.array(table[index])})
 
 
 def _rewrite_uniform_gather(match: Match, context: RewriteContext) -> Replacement:
