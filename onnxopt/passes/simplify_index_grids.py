@@ -45,9 +45,6 @@ from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import new_constant, squeeze_op
 
-# Element-wise ops whose output shape is the broadcast of their inputs' shapes.
-_BROADCASTING = frozenset({"Max", "Min", "Add", "Sub", "Mul", "And", "Or", "Equal", "Less"})
-
 
 def _scalar_int(value: ir.Value | None) -> int | None:
     ints = const_ints(value)
@@ -114,7 +111,7 @@ def _grid_indices(shape: ir.Value | None, rank: int) -> list[ir.Value] | Mismatc
     while pending:
         value = pending.pop()
         producer = value.producer()
-        if producer is not None and producer.op_type in _BROADCASTING and producer.domain == "":
+        if producer is not None and producer.op_type in MULTIDIRECTIONAL and producer.domain == "":
             if len(leaves) + len(pending) > 16:
                 return Mismatch("the grid's shape is built from too many tensors")
             pending.extend(v for v in producer.inputs if v is not None)
@@ -228,7 +225,7 @@ def _uniform_int(value: ir.Value | None, depth: int = 0) -> int | None:
             return None
         first = array.reshape(-1)[0]
         return int(first) if bool(np.all(array == first)) else None
-    node = value.producer() if value is not None else None
+    node = value.producer()
     if (
         node is None
         or depth > 16
