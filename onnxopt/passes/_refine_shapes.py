@@ -166,6 +166,18 @@ def _scalar_dim(value: ir.Value | None) -> int | ir.SymbolicDim | None:
     return None if _is_unknown(dim) else dim
 
 
+def _read_dim(
+    entry: object, renamed: dict[str, int | ir.SymbolicDim]
+) -> int | ir.SymbolicDim | None:
+    """The dim a target entry reads off a tensor's shape (``(kind, tensor, axis)``), or None."""
+    if not isinstance(entry, tuple):
+        return None
+    dims = entry[1].shape
+    if dims is None or not -len(dims) <= entry[2] < len(dims):
+        return None
+    return _renamed(dims[entry[2]], renamed)
+
+
 def _refine_range(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
     """``Range(0, n, 1)`` has n elements: n's dim when n is read off a shape."""
     start, delta = const_ints(optional_input(node, 0)), const_ints(optional_input(node, 2))
@@ -183,10 +195,7 @@ def _refine_reshape_reads(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim
         return 0
     found: list[int | ir.SymbolicDim | None] = []
     for entry in entries:
-        dims = entry[1].shape if isinstance(entry, tuple) else None
-        dim = None
-        if isinstance(entry, tuple) and dims is not None and -len(dims) <= entry[2] < len(dims):
-            dim = _renamed(dims[entry[2]], renamed)
+        dim = _read_dim(entry, renamed)
         # a 0 entry would copy the input's dim instead
         found.append(None if _is_unknown(dim) or dim == 0 else dim)
     return _merge_dims(node.outputs[0], found, renamed)
@@ -289,12 +298,7 @@ def _refine_expand(
         elif isinstance(entry, int):
             dim = entry if entry > 1 else None  # the input's dim is 1 or entry, or Expand fails
         elif isinstance(entry, tuple):
-            dims = entry[1].shape
-            read = (
-                _renamed(dims[entry[2]], renamed)
-                if dims is not None and -len(dims) <= entry[2] < len(dims)
-                else None
-            )
+            read = _read_dim(entry, renamed)
             name = getattr(have, "value", None)
             bound = bounded.get(str(name)) if name else None
             if (
@@ -323,9 +327,7 @@ def _refine_tile(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int
         elif have == 1 and isinstance(entry, int) and entry > 0:
             dim = entry
         elif have == 1 and isinstance(entry, tuple):
-            dims = entry[1].shape
-            if dims is not None and -len(dims) <= entry[2] < len(dims):
-                dim = _renamed(dims[entry[2]], renamed)
+            dim = _read_dim(entry, renamed)
         found.append(None if _is_unknown(dim) or dim == 0 else dim)  # type: ignore[arg-type]
     return _merge_dims(node.outputs[0], found, renamed)
 
