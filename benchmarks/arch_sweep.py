@@ -807,7 +807,7 @@ def _audio(model_cls: Any, cfg: Any) -> Factory:
     return _finish(wrapped, inputs, {"input_values": {0: "batch", 1: "samples"}})
 
 
-def _wav2vec2_like(cfg_cls: Any) -> Any:
+def _wav2vec2_like(cfg_cls: Any, **extra: Any) -> Any:
     return cfg_cls(
         **_attn(
             **SMALL,
@@ -818,6 +818,7 @@ def _wav2vec2_like(cfg_cls: Any) -> Any:
             num_conv_pos_embeddings=16,
             num_conv_pos_embedding_groups=4,
             do_stable_layer_norm=False,
+            **extra,
         )
     )
 
@@ -1295,45 +1296,58 @@ def sew() -> Factory:
 ENC = dict(**SMALL, intermediate_size=128, vocab_size=1000)
 
 
-def _family(name: str, factory: Callable[[], Factory]) -> Callable[[], Factory]:
-    factory.__name__ = factory.__qualname__ = name  # FAMILIES and export() find it by this name
+def _hf_family(
+    name: str, prefix: str, config: Callable[[Any], Any], build: Callable[[Any, Any], Factory]
+) -> Callable[[], Factory]:
+    """The family ``name`` of transformers' ``<prefix>Model`` with ``config(<prefix>Config)``,
+    exported as ``build(model class, config)`` (``_text``, ``_decoder``, ...); FAMILIES and
+    export() find it by ``name``."""
+
+    def factory() -> Factory:
+        import transformers
+
+        cfg = config(getattr(transformers, f"{prefix}Config"))
+        return build(getattr(transformers, f"{prefix}Model"), cfg)
+
+    factory.__name__ = factory.__qualname__ = name
     return seeded(factory)
 
 
 def _encoder_family(name: str, prefix: str, **extra: Any) -> Callable[[], Factory]:
-    """A BERT-shaped encoder: transformers' ``<prefix>Config`` / ``<prefix>Model`` at ENC's size."""
-
-    def factory() -> Factory:
-        import transformers
-
-        cfg = getattr(transformers, f"{prefix}Config")(**_attn(**ENC, **extra))
-        return _text(getattr(transformers, f"{prefix}Model"), cfg)
-
-    return _family(name, factory)
+    """A BERT-shaped encoder at ENC's size."""
+    return _hf_family(name, prefix, lambda cls: cls(**_attn(**ENC, **extra)), _text)
 
 
 def _decoder_family(name: str, prefix: str, **extra: Any) -> Callable[[], Factory]:
-    """A LLaMA-shaped decoder (``_llama_like(**extra)``): ``<prefix>Config`` / ``<prefix>Model``."""
-
-    def factory() -> Factory:
-        import transformers
-
-        cfg = getattr(transformers, f"{prefix}Config")(**_llama_like(**extra))
-        return _decoder(getattr(transformers, f"{prefix}Model"), cfg)
-
-    return _family(name, factory)
+    """A LLaMA-shaped decoder (``_llama_like(**extra)``)."""
+    return _hf_family(name, prefix, lambda cls: cls(**_llama_like(**extra)), _decoder)
 
 
 def _seq2seq_family(name: str, prefix: str) -> Callable[[], Factory]:
-    """A BART-shaped encoder-decoder: ``<prefix>Config`` / ``<prefix>Model``, full forward."""
+    """A BART-shaped encoder-decoder, full forward."""
+    return _hf_family(name, prefix, _bart_config, _seq2seq)
 
-    def factory() -> Factory:
-        import transformers
 
-        cfg = _bart_config(getattr(transformers, f"{prefix}Config"))
-        return _seq2seq(getattr(transformers, f"{prefix}Model"), cfg)
+def _vision_family(
+    name: str,
+    prefix: str,
+    *,
+    attention: bool = False,
+    outputs: tuple[str, ...] = ("last_hidden_state",),
+    **fields: Any,
+) -> Callable[[], Factory]:
+    """A vision model on 64 x 64 pixels; ``attention``: its config takes the attention setting."""
+    return _hf_family(
+        name,
+        prefix,
+        lambda cls: cls(**_attn(**fields)) if attention else cls(**fields),
+        lambda model, cfg: _pixels(model, cfg, 64, outputs),
+    )
 
-    return _family(name, factory)
+
+def _audio_family(name: str, prefix: str, **extra: Any) -> Callable[[], Factory]:
+    """A wav2vec2-shaped audio encoder (``_wav2vec2_like(**extra)``)."""
+    return _hf_family(name, prefix, lambda cls: _wav2vec2_like(cls, **extra), _audio)
 
 
 megatron_bert = _encoder_family("megatron_bert", "MegatronBert")
@@ -1423,119 +1437,98 @@ def umt5() -> Factory:
     return _seq2seq(UMT5Model, cfg)
 
 
-@seeded
-def levit() -> Factory:
-    from transformers import LevitConfig, LevitModel
-
-    cfg = LevitConfig(
-        image_size=64,
-        hidden_sizes=[32, 48, 64],
-        num_attention_heads=[2, 2, 2],
-        depths=[1, 1, 1],
-        key_dim=[8, 8, 8],
-    )
-    return _pixels(LevitModel, cfg, 64)
-
-
-@seeded
-def poolformer() -> Factory:
-    from transformers import PoolFormerConfig, PoolFormerModel
-
-    cfg = PoolFormerConfig(hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1])
-    return _pixels(PoolFormerModel, cfg, 64)
-
-
-@seeded
-def mobilenet_v2_hf() -> Factory:
-    from transformers import MobileNetV2Config, MobileNetV2Model
-
-    return _pixels(MobileNetV2Model, MobileNetV2Config(image_size=64, depth_multiplier=0.35), 64)
-
-
-@seeded
-def mobilevit_v2() -> Factory:
-    from transformers import MobileViTV2Config, MobileViTV2Model
-
-    return _pixels(MobileViTV2Model, MobileViTV2Config(image_size=64, width_multiplier=0.5), 64)
-
-
-@seeded
-def yolos() -> Factory:
-    from transformers import YolosConfig, YolosModel
-
-    cfg = YolosConfig(
-        **_attn(
-            **SMALL,
-            intermediate_size=128,
-            image_size=[64, 64],
-            patch_size=16,
-            num_detection_tokens=5,
-        )
-    )
-    return _pixels(YolosModel, cfg, 64)
-
-
-@seeded
-def dpt() -> Factory:
-    from transformers import DPTConfig, DPTModel
-
-    cfg = DPTConfig(
-        **_attn(
-            num_hidden_layers=4,
-            hidden_size=64,
-            num_attention_heads=4,
-            intermediate_size=128,
-            image_size=64,
-            patch_size=16,
-            backbone_out_indices=[0, 1, 2, 3],
-            neck_hidden_sizes=[16, 32, 64, 64],
-            fusion_hidden_size=32,
-        )
-    )
-    return _pixels(DPTModel, cfg, 64)
-
-
-@seeded
-def dinov2_registers() -> Factory:
-    from transformers import Dinov2WithRegistersConfig, Dinov2WithRegistersModel
-
-    cfg = Dinov2WithRegistersConfig(
-        **_attn(**SMALL, image_size=64, patch_size=16, num_register_tokens=4)
-    )
-    return _pixels(Dinov2WithRegistersModel, cfg, 64)
-
-
-@seeded
-def hiera() -> Factory:
-    from transformers import HieraConfig, HieraModel
-
-    cfg = HieraConfig(
-        embed_dim=16,
-        image_size=[64, 64],
-        patch_size=[7, 7],
-        patch_stride=[4, 4],
-        depths=[1, 1, 1, 1],
-        num_heads=[1, 2, 4, 8],
-        query_stride=[2, 2],
-        masked_unit_size=[8, 8],
-    )
-    return _pixels(HieraModel, cfg, 64)
-
-
-@seeded
-def focalnet() -> Factory:
-    from transformers import FocalNetConfig, FocalNetModel
-
-    cfg = FocalNetConfig(image_size=64, embed_dim=16, depths=[1, 1, 1, 1])
-    return _pixels(FocalNetModel, cfg, 64)
-
-
-@seeded
-def siglip_vision() -> Factory:
-    from transformers import SiglipVisionConfig, SiglipVisionModel
-
-    cfg = SiglipVisionConfig(**_attn(**SMALL, intermediate_size=128, image_size=64, patch_size=16))
-    return _pixels(SiglipVisionModel, cfg, 64, ("last_hidden_state", "pooler_output"))
+levit = _vision_family(  # V's head size differs from K's
+    "levit",
+    "Levit",
+    image_size=64,
+    hidden_sizes=[32, 48, 64],
+    num_attention_heads=[2, 2, 2],
+    depths=[1, 1, 1],
+    key_dim=[8, 8, 8],
+)
+poolformer = _vision_family(
+    "poolformer", "PoolFormer", hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1]
+)
+mobilenet_v2_hf = _vision_family(
+    "mobilenet_v2_hf", "MobileNetV2", image_size=64, depth_multiplier=0.35
+)
+mobilevit_v2 = _vision_family("mobilevit_v2", "MobileViTV2", image_size=64, width_multiplier=0.5)
+yolos = _vision_family(
+    "yolos",
+    "Yolos",
+    attention=True,
+    **SMALL,
+    intermediate_size=128,
+    image_size=[64, 64],
+    patch_size=16,
+    num_detection_tokens=5,
+)
+dpt = _vision_family(
+    "dpt",
+    "DPT",
+    attention=True,
+    num_hidden_layers=4,
+    hidden_size=64,
+    num_attention_heads=4,
+    intermediate_size=128,
+    image_size=64,
+    patch_size=16,
+    backbone_out_indices=[0, 1, 2, 3],
+    neck_hidden_sizes=[16, 32, 64, 64],
+    fusion_hidden_size=32,
+)
+dinov2_registers = _vision_family(
+    "dinov2_registers",
+    "Dinov2WithRegisters",
+    attention=True,
+    **SMALL,
+    image_size=64,
+    patch_size=16,
+    num_register_tokens=4,
+)
+hiera = _vision_family(  # attention within mask units, on 5-D heads
+    "hiera",
+    "Hiera",
+    embed_dim=16,
+    image_size=[64, 64],
+    patch_size=[7, 7],
+    patch_stride=[4, 4],
+    depths=[1, 1, 1, 1],
+    num_heads=[1, 2, 4, 8],
+    query_stride=[2, 2],
+    masked_unit_size=[8, 8],
+)
+focalnet = _vision_family("focalnet", "FocalNet", image_size=64, embed_dim=16, depths=[1, 1, 1, 1])
+siglip_vision = _vision_family(  # a pooling head: probe.repeat(B, 1, 1) and nn.MultiheadAttention
+    "siglip_vision",
+    "SiglipVision",
+    attention=True,
+    outputs=("last_hidden_state", "pooler_output"),
+    **SMALL,
+    intermediate_size=128,
+    image_size=64,
+    patch_size=16,
+)
+convnext = _vision_family(
+    "convnext", "ConvNext", hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1]
+)
+ijepa = _vision_family(
+    "ijepa", "IJepa", attention=True, **SMALL, intermediate_size=128, image_size=64, patch_size=16
+)
+wavlm = _audio_family("wavlm", "WavLM", num_buckets=32, max_bucket_distance=64)  # gated rel. bias
+unispeech = _audio_family("unispeech", "UniSpeech")
+w2v2_conformer = _audio_family(
+    "w2v2_conformer",
+    "Wav2Vec2Conformer",
+    position_embeddings_type="rotary",
+    conv_depthwise_kernel_size=7,
+)
+w2v2_conformer_rel = _audio_family(
+    "w2v2_conformer_rel",
+    "Wav2Vec2Conformer",
+    position_embeddings_type="relative",
+    conv_depthwise_kernel_size=7,
+)
 
 
 @seeded
@@ -1544,77 +1537,6 @@ def siglip_text() -> Factory:
 
     cfg = SiglipTextConfig(**_attn(**ENC, max_position_embeddings=64))
     return _text(SiglipTextModel, cfg, ("last_hidden_state", "pooler_output"))
-
-
-@seeded
-def convnext() -> Factory:
-    from transformers import ConvNextConfig, ConvNextModel
-
-    cfg = ConvNextConfig(hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1])
-    return _pixels(ConvNextModel, cfg, 64)
-
-
-@seeded
-def ijepa() -> Factory:
-    from transformers import IJepaConfig, IJepaModel
-
-    cfg = IJepaConfig(**_attn(**SMALL, intermediate_size=128, image_size=64, patch_size=16))
-    return _pixels(IJepaModel, cfg, 64)
-
-
-def _w2v(cfg_cls: Any, **extra: Any) -> Any:
-    return cfg_cls(
-        **_attn(
-            **SMALL,
-            intermediate_size=128,
-            conv_dim=(32, 32),
-            conv_stride=(5, 2),
-            conv_kernel=(10, 3),
-            num_conv_pos_embeddings=16,
-            num_conv_pos_embedding_groups=4,
-            **extra,
-        )
-    )
-
-
-@seeded
-def wavlm() -> Factory:
-    from transformers import WavLMConfig, WavLMModel
-
-    return _audio(WavLMModel, _w2v(WavLMConfig, num_buckets=32, max_bucket_distance=64))
-
-
-@seeded
-def unispeech() -> Factory:
-    from transformers import UniSpeechConfig, UniSpeechModel
-
-    return _audio(UniSpeechModel, _w2v(UniSpeechConfig))
-
-
-@seeded
-def w2v2_conformer() -> Factory:
-    from transformers import Wav2Vec2ConformerConfig, Wav2Vec2ConformerModel
-
-    return _audio(
-        Wav2Vec2ConformerModel,
-        _w2v(
-            Wav2Vec2ConformerConfig, position_embeddings_type="rotary", conv_depthwise_kernel_size=7
-        ),
-    )
-
-
-@seeded
-def w2v2_conformer_rel() -> Factory:
-    from transformers import Wav2Vec2ConformerConfig, Wav2Vec2ConformerModel
-
-    return _audio(
-        Wav2Vec2ConformerModel,
-        _w2v(
-            Wav2Vec2ConformerConfig,
-            position_embeddings_type="relative",
-            conv_depthwise_kernel_size=7,
-        ),
-    )
 
 
 @seeded
