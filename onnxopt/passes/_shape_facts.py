@@ -24,6 +24,14 @@ SLICE_TO_END = 2**31 - 1
 INT64_MAX = 2**63 - 1
 
 
+# Ops whose result elements are all copies of their first input's elements (so a tensor of one
+# repeated value stays that value through them).
+ELEMENT_MOVES = frozenset(
+    {"Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Tile", "Transpose",
+     "Slice", "Gather"}
+)  # fmt: skip
+
+
 # Ops whose inputs broadcast against one another (multidirectionally) into the result's shape.
 MULTIDIRECTIONAL = frozenset(
     {

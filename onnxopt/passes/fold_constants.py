@@ -56,6 +56,7 @@ from onnxopt.passes._evaluate import (
     infer_output_types,
     tensor_type_of,
 )
+from onnxopt.passes._shape_facts import ELEMENT_MOVES
 from onnxopt.passes.base import Pass, PassResult
 
 logger = logging.getLogger(__name__)
@@ -584,23 +585,6 @@ class _Folder:
         self.stats[STAT_INLINED] += 1
 
 
-# Ops whose result elements are all copies of their first input's elements.
-_UNIFORM_MOVES = frozenset(
-    {
-        "Identity",
-        "Reshape",
-        "Unsqueeze",
-        "Squeeze",
-        "Flatten",
-        "Expand",
-        "Tile",
-        "Transpose",
-        "Slice",
-        "Gather",
-    }
-)
-
-
 def _alias_of(value: ir.Value, folded: set[ir.Node]) -> ir.Value | None:
     """The existing constant an Identity of a constant forwards, when its users can read it directly."""
     producer = value.producer()
@@ -627,7 +611,7 @@ def _uniform_fill(
             if attr is None
             else attr.as_tensor().numpy().reshape(-1)[0:1].reshape(())
         )
-    elif node.op_type in _UNIFORM_MOVES and first is not None:
+    elif node.op_type in ELEMENT_MOVES and first is not None:
         fill = first.fill
     elif (
         node.op_type == "Concat"

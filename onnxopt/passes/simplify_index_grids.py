@@ -40,7 +40,7 @@ from onnxopt.passes._attention_shapes import (
     static_dim,
     value_rank,
 )
-from onnxopt.passes._shape_facts import MULTIDIRECTIONAL, axes_param, const_ints
+from onnxopt.passes._shape_facts import ELEMENT_MOVES, MULTIDIRECTIONAL, axes_param, const_ints
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import new_constant, squeeze_op
@@ -196,12 +196,9 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     return Replacement([node], [(gather.outputs[0], node.outputs[0])], constants)
 
 
-# Ops whose output elements are all elements of their first input: a tensor of one repeated value
-# stays that value through them.
-_SELECTING = frozenset(
-    {"Expand", "Slice", "Reshape", "Unsqueeze", "Squeeze", "Transpose", "Tile", "Identity",
-     "Flatten", "Gather", "GatherElements", "GatherND"}
-)  # fmt: skip
+# Element moves, and the gathers that select from their first input: a tensor of one repeated
+# value stays that value through them.
+_SELECTING = ELEMENT_MOVES | {"GatherElements", "GatherND"}
 
 
 _INTEGERS = frozenset(
