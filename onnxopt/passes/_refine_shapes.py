@@ -241,6 +241,12 @@ def _record_prefix_slices(node: ir.Node, bounded: dict[str, ir.SymbolicDim]) -> 
                 bounded[str(name)] = read
 
 
+def _bound_of(dim: object, bounded: dict[str, ir.SymbolicDim]) -> ir.SymbolicDim | None:
+    """The dim X when ``dim`` is the placeholder of a prefix slice's min(X, L), else None."""
+    name = getattr(dim, "value", None)
+    return bounded.get(str(name)) if name else None
+
+
 def _refine_broadcast(
     node: ir.Node, bounded: dict[str, ir.SymbolicDim], renamed: dict[str, int | ir.SymbolicDim]
 ) -> int:
@@ -262,8 +268,7 @@ def _refine_broadcast(
         for named, other in ((a, b), (b, a)):
             if _is_unknown(named):
                 continue
-            name = getattr(other, "value", None)
-            bound = bounded.get(str(name)) if name else None
+            bound = _bound_of(other, bounded)
             if other == 1 or (bound is not None and bound.value == getattr(named, "value", None)):
                 dim = named
         found.append(dim)
@@ -299,8 +304,7 @@ def _refine_expand(
             dim = entry if entry > 1 else None  # the input's dim is 1 or entry, or Expand fails
         elif isinstance(entry, tuple):
             read = _read_dim(entry, renamed)
-            name = getattr(have, "value", None)
-            bound = bounded.get(str(name)) if name else None
+            bound = _bound_of(have, bounded)
             if (
                 have == 1
                 or (not _is_unknown(have) and str(have) == str(read))
