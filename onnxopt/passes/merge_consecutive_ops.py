@@ -379,8 +379,8 @@ def _match_dim_read(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if isinstance(gather, Mismatch):
         return Mismatch("not a dim read", candidate=False)
     shape = producer_op(gather, "Shape")
-    index = const_ints(gather.inputs[1]) if len(gather.inputs) > 1 else None
     index_value = gather.inputs[1] if len(gather.inputs) > 1 else None
+    index = const_ints(index_value)
     if isinstance(shape, Mismatch) or index is None or index_value is None:
         return Mismatch("not a dim read", candidate=False)
     if (
