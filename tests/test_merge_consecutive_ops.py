@@ -667,3 +667,72 @@ def test_transpose_moves_past_an_elementwise_op(
 )
 def test_transpose_stays_before_an_elementwise_op(text: str, reason: str) -> None:
     assert_refuses(MergeConsecutiveOpsPass, text, reason)
+
+
+ROUND_TRIP = "Transpose∘row-wise ops∘Transpose"
+_PROJECTION = "<float[4,5] w = {WEIGHTS}, float[5] b = {1, 2, 3, 4, 5}>".replace(
+    "WEIGHTS", ", ".join(str(v) for v in range(20))
+)
+
+
+def test_transposes_around_a_projection_and_its_bias_cancel() -> None:
+    # torch's sequence-first attention output: [B, S, D] moved to [S, B, D], projected, moved back
+    text = model(
+        _PROJECTION + " { a = Transpose <perm = [1, 0, 2]> (x)\n m = MatMul(a, w)\n"
+        " c = Add(b, m)\n y = Transpose <perm = [1, 0, 2]> (c) }",
+        inputs="float[N,T,4] x",
+        outputs="float[N,T,5] y",
+    )
+    assert_rewrites(MergeConsecutiveOpsPass, text, {ROUND_TRIP: 1}, ["MatMul", "Add"], 2)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (
+            "{ a = Transpose <perm = [0, 2, 1]> (x)\n m = MatMul(a, w)\n"
+            " y = Transpose <perm = [0, 2, 1]> (m) }",
+            "moves the last axis",
+        ),
+        (
+            "{ a = Transpose <perm = [1, 0, 2]> (x)\n m = MatMul(a, w)\n"
+            " y = Transpose <perm = [1, 2, 0]> (m) }",
+            "does not undo the first",
+        ),
+    ],
+    ids=["last-axis-moved", "not-inverse"],
+)
+def test_transposes_around_a_projection_stay(body: str, reason: str) -> None:
+    outputs = "float[4,T,5] y" if "[1, 0, 2]> (x)" in body else "float[4,5,T] y"
+    text = model(
+        "<float[4,4] w = {" + ", ".join(["0.5"] * 16) + "}> " + body,
+        inputs="float[4,T,4] x",
+        outputs=outputs if "1, 2, 0" not in body else "float[T,4,4] y",
+    )
+    assert_refuses(MergeConsecutiveOpsPass, text, reason)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # the bias differs per row: moving the rows would move it too
+        "<float[4,4] w = {W}, float[2,1,4] r = {R}> { a = Transpose <perm = [1, 0, 2]> (x)\n"
+        " m = MatMul(a, w)\n c = Add(m, r)\n y = Transpose <perm = [1, 0, 2]> (c) }",
+        # the projection's result has a second reader, which wants the moved rows
+        "<float[4,4] w = {W}, float[2,1,4] r = {R}> { a = Transpose <perm = [1, 0, 2]> (x)\n"
+        " m = MatMul(a, w)\n t = Transpose <perm = [1, 0, 2]> (m)\n y = Add(t, m) }",
+    ],
+    ids=["per-row-bias", "shared-result"],
+)
+def test_transposes_around_other_ops_stay(body: str) -> None:
+    weights = ", ".join(["0.5"] * 16)
+    text = model(
+        body.replace("{W}", "{" + weights + "}").replace("{R}", "{1, 2, 3, 4, 5, 6, 7, 8}"),
+        inputs="float[2,2,4] x",
+        outputs="float[2,2,4] y",
+    )
+    before = load(text)
+    ops = [node.op_type for node in before.graph]
+    result = MergeConsecutiveOpsPass()(before)
+    assert ROUND_TRIP not in result.stats
+    assert [node.op_type for node in result.model.graph] == ops

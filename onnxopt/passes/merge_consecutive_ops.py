@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
 
-from onnxopt.ops import is_op
+from onnxopt.ops import MS_DOMAIN, is_op
 from onnxopt.passes._attention_shapes import piece_entries
 from onnxopt.passes._shape_facts import (
     INT64_MAX,
@@ -198,6 +198,91 @@ def _rewrite_transpose_past(match: Match, context: RewriteContext) -> Replacemen
         inner.outputs[0].shape = ir.Shape(dims)
     transpose = ir.Node("", "Transpose", [inner.outputs[0]], [ir.AttrInt64s("perm", list(perm))])
     return Replacement((inner, transpose), ((result, transpose.outputs[0]),))
+
+
+# A Transpose and its inverse around row-wise ops ------------------------------------------------
+
+# How many row-wise ops may stand between the two Transposes (a projection, its bias, a scale).
+_MAX_ROW_OPS = 4
+
+
+def _row_operand(node: ir.Node, rank: int) -> int | None:
+    """The input through which ``node`` works row by row on a rank-``rank`` tensor, if it does:
+    each output row (the last axis) is computed from the same row of that input alone, the same
+    way for every row. MatMul (or ORT's FusedMatMul without batch transposes) by a 2-D matrix;
+    Add/Sub/Mul/Div with a constant-per-column operand (rank <= 1, or leading dims all 1)."""
+    if len(node.inputs) != 2 or any(value is None for value in node.inputs):
+        return None
+    first, second = node.inputs
+    assert first is not None and second is not None
+    if is_op(node, "MatMul") or (node.op_type == "FusedMatMul" and node.domain == MS_DOMAIN):
+        attrs = node.attributes
+        if any(attrs.get_int(name, 0) for name in ("transA", "transBatchA", "transBatchB")):
+            return None
+        return 0 if dims_of(second) is not None and len(dims_of(second) or ()) == 2 else None
+    if node.op_type not in ELEMENTWISE_BINARY or node.domain not in ("", "ai.onnx"):
+        return None
+    for index, other in ((0, second), (1, first)):
+        dims = dims_of(other)
+        # the same values for every row (broadcast along the last axis only)
+        if dims is not None and len(dims) <= rank and all(d == 1 for d in dims[:-1]):
+            return index
+    return None
+
+
+def _match_transpose_round_trip(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``Transpose(f(Transpose(x, p)), q)`` with q undoing p, p keeping the last axis, and f a chain
+    of row-wise ops (:func:`_row_operand`): f works on rows, which p only reorders, so the result
+    is f(x) and both Transposes go. (torch's sequence-first attention: the fused op's output is
+    moved to [S, B, D] for the output projection and its bias, then back to [B, S, D].)"""
+    outer_perm = node.attributes.get_ints("perm", None)
+    if outer_perm is None:
+        return Mismatch("the Transpose reverses all axes", candidate=False)
+    rank = len(outer_perm)
+    chain: list[tuple[ir.Node, int]] = []
+    value = node.inputs[0]
+    while value is not None and len(chain) <= _MAX_ROW_OPS:
+        producer = value.producer()
+        if producer is None or value.is_graph_output() or len(value.uses()) != 1:
+            return Mismatch("no row-wise chain of single-use values leads to it", candidate=False)
+        if is_op(producer, "Transpose"):
+            break
+        index = _row_operand(producer, rank)
+        if index is None:
+            return Mismatch("an op before it does not work row by row", candidate=False)
+        chain.append((producer, index))
+        value = producer.inputs[index]
+    else:
+        return Mismatch("no Transpose within reach of the row-wise chain", candidate=False)
+    inner = value.producer() if value is not None else None
+    if not chain or inner is None:
+        return Mismatch("no row-wise op between two Transposes", candidate=False)
+    inner_perm = inner.attributes.get_ints("perm", None)
+    if inner_perm is None or len(inner_perm) != rank or inner_perm[-1] != rank - 1:
+        return Mismatch("the first Transpose moves the last axis")
+    if [inner_perm[i] for i in outer_perm] != list(range(rank)):
+        return Mismatch("the second Transpose does not undo the first")
+    return Match([inner, *[n for n, _ in reversed(chain)], node], {"chain": chain[::-1]})
+
+
+def _rewrite_transpose_round_trip(match: Match, context: RewriteContext) -> Replacement:
+    inner, outer = match.nodes[0], match.root
+    perm = list(outer.attributes.get_ints("perm", ()))
+    current = inner.inputs[0]
+    assert current is not None
+    nodes = []
+    for node, index in match.bindings["chain"]:
+        inputs = list(node.inputs)
+        inputs[index] = current
+        copy = ir.Node(node.domain, node.op_type, inputs, list(node.attributes.values()))
+        result = node.outputs[0]
+        copy.outputs[0].dtype = result.dtype
+        if result.shape is not None and len(result.shape) == len(perm):
+            # the rows as the outer Transpose lays them out: its axis i is this value's perm[i]
+            copy.outputs[0].shape = ir.Shape([result.shape[axis] for axis in perm])
+        nodes.append(copy)
+        current = copy.outputs[0]
+    return Replacement(tuple(nodes), ((outer.outputs[0], current),))
 
 
 # Reshape∘Reshape (and Reshape after the other order-keeping shape ops) ---------------------------
@@ -599,6 +684,12 @@ def _rule(
 
 RULES: tuple[Rule, ...] = (
     _rule("Transpose∘Transpose", "Transpose", _match_transposes, _rewrite_transposes),
+    _rule(
+        "Transpose∘row-wise ops∘Transpose",
+        "Transpose",
+        _match_transpose_round_trip,
+        _rewrite_transpose_round_trip,
+    ),
     *(
         _rule(
             f"{op}(Transpose, Transpose)->Transpose({op})",
