@@ -235,7 +235,9 @@ def _transformer() -> tuple[Any, tuple[Any, ...]]:
 # ---------------------------------------------------------------- nn.MultiheadAttention
 
 
-def _mha(batch_first: bool, mask: str, need_weights: bool, cross: bool) -> Any:
+def _mha(batch_first: bool, mask: str, need_weights: bool, cross: bool, used: bool = True) -> Any:
+    """``used=False``: the weights are computed (need_weights, the default) but not returned,
+    ``y, _ = attn(q, k, v)``: torch then takes its bmm path, heads flattened into the batch."""
     torch = _torch()
     nn = torch.nn
 
@@ -260,7 +262,7 @@ def _mha(batch_first: bool, mask: str, need_weights: bool, cross: bool) -> Any:
                 seq = x.shape[1]
                 kwargs["attn_mask"] = torch.ones(seq, seq, dtype=torch.bool).triu(1)
             y, w = self.attn(q, k, v, **kwargs)
-            return (y, w) if need_weights else y
+            return (y, w) if need_weights and used else y
 
     x = torch.randn(2, 7, 32)
     args: tuple[Any, ...] = (x,)
@@ -273,13 +275,16 @@ def _mha(batch_first: bool, mask: str, need_weights: bool, cross: bool) -> Any:
     return Model().eval(), args
 
 
-for _bf, _mask, _nw, _cross in (
-    (True, "padmask", False, False),
-    (False, "padmask", True, False),
-    (True, "float", False, False),
-    (True, "bool", False, False),
-    (False, "none", False, True),
-    (True, "padmask", True, True),
+for _bf, _mask, _nw, _cross, _used in (
+    (True, "padmask", False, False, True),
+    (False, "padmask", True, False, True),
+    (True, "float", False, False, True),
+    (True, "bool", False, False, True),
+    (False, "none", False, True, True),
+    (True, "padmask", True, True, True),
+    (True, "padmask", True, False, False),
+    (False, "float", True, False, False),
+    (False, "none", True, True, False),
 ):
     _names = (
         "x",
@@ -288,7 +293,8 @@ for _bf, _mask, _nw, _cross in (
     )
     case(
         f"mha {'batch_first' if _bf else 'seq_first'} {_mask}"
-        f"{' weights' if _nw else ''}{' kdim/vdim' if _cross else ''}",
+        f"{(' weights' if _used else ' weights unused') if _nw else ''}"
+        f"{' kdim/vdim' if _cross else ''}",
         _names,
         {
             "x": dict(BS),
@@ -297,7 +303,7 @@ for _bf, _mask, _nw, _cross in (
             "m": dict(BS) if _mask == "padmask" else {0: "seq", 1: "seq"},
         },
         bench=True,
-    )(lambda a=_bf, b=_mask, c=_nw, d=_cross: _mha(a, b, c, d))
+    )(lambda a=_bf, b=_mask, c=_nw, d=_cross, e=_used: _mha(a, b, c, d, e))
 
 
 # ---------------------------------------------------------------- SDPA and hand-written attention

@@ -9,15 +9,13 @@ P@V viewed as [B, H, S, d] before the heads merge. The dynamo exporter records t
 from __future__ import annotations
 
 import numpy as np
-import onnx
-import onnx.parser
 import onnx_ir as ir
 import pytest
 
 from onnxopt.passes.fuse_attention import FuseAttentionPass
-from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.validate import validate
+from tests.fusion_util import parse
 
 D, H, HEAD = 8, 2, 4
 LOWEST = "-3.4028234663852886e38"
@@ -99,11 +97,7 @@ def _model(*, alibi_rows: str = "BH", query_view: str = "S", recorded: bool = Tr
             y = Reshape(pt, merged)
         }}
     """
-    proto = onnx.parser.parse_model(text)
-    onnx.checker.check_model(proto)
-    model = ir.serde.deserialize_model(proto)
-    InferShapesPass()(model)
-    return model
+    return parse(text)
 
 
 def _feeds(batch: int, seq: int, seed: int, shared: bool = False) -> dict[str, np.ndarray]:
@@ -122,6 +116,20 @@ def _feeds(batch: int, seq: int, seed: int, shared: bool = False) -> dict[str, n
     return {"x": x, "alibi": alibi, "mask": mask}
 
 
+def _fused_once(model: ir.Model) -> ir.Model:
+    """A copy of ``model`` with its one block fused into MultiHeadAttention (scale 0.5): the
+    three projections are the only MatMuls left."""
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(explain=True))(fused)
+    assert result.stats == {"attention->mha": 1}, result.notes
+    types = [node.op_type for node in fused.graph]
+    assert "Softmax" not in types and types.count("MultiHeadAttention") == 1
+    assert types.count("MatMul") == 3
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    assert mha.attributes.get_float("scale") == pytest.approx(0.5)
+    return fused
+
+
 @pytest.mark.parametrize(
     ("alibi_rows", "recorded"), [("BH", True), ("1", True), ("BH", False), ("N", True)]
 )
@@ -129,14 +137,7 @@ def test_flattened_heads_and_alibi_fuse_into_multi_head_attention(
     alibi_rows: str, recorded: bool
 ) -> None:
     model = _model(alibi_rows=alibi_rows, recorded=recorded)
-    fused = model.clone()
-    result = FuseAttentionPass(PassOptions(explain=True))(fused)
-    assert result.stats == {"attention->mha": 1}, result.notes
-    types = [node.op_type for node in fused.graph]
-    assert "Softmax" not in types and types.count("MultiHeadAttention") == 1
-    assert types.count("MatMul") == 3  # the projections only
-    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
-    assert mha.attributes.get_float("scale") == pytest.approx(0.5)
+    fused = _fused_once(model)
     sizes = ((3, 5), (1, 1), (4, 7))
     shared = alibi_rows == "1"
     # N rows: 1 or B*H (both fed), so the term is expanded to B*H rows first
@@ -289,11 +290,7 @@ def _torchscript_model(*, alibi_factor: int = H, views: str = "bloom") -> ir.Mod
             y = Reshape(pt, merge)
         }}
     """
-    proto = onnx.parser.parse_model(text)
-    onnx.checker.check_model(proto)
-    model = ir.serde.deserialize_model(proto)
-    InferShapesPass()(model)
-    return model
+    return parse(text)
 
 
 def _torchscript_feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
@@ -328,3 +325,67 @@ def test_torchscript_alibi_view_that_may_have_one_row_is_expanded_first() -> Non
     assert result.stats == {"attention->mha": 1}, result.notes
     expand = next(n for n in model.graph if n.op_type == "Expand" and n.inputs[0].name == "alibi")
     assert "Reshape" in [use.node.op_type for use in expand.outputs[0].uses()]
+
+
+def _seq_first_model(*, weights_out: bool = False) -> ir.Model:
+    """torch's multi_head_attention_forward on need_weights' bmm path: x [S, B, 8] sequence-first,
+    heads flattened as ``Transpose(Reshape(q, [S, B*H, d]), [1, 0, 2])`` (K^T: [1, 2, 0]), the
+    key padding mask [B*H, 1, S] added to the [B*H, S, S] scores, P@V merged as
+    ``Reshape(Transpose(P@V, [1, 0, 2]), [-1, 8])``. ``weights_out``: the probabilities are an
+    output too, so nothing may fuse."""
+    extra = ", float[BH, S, S] probs" if weights_out else ""
+    text = f"""
+        <ir_version: 9, opset_import: ["" : 17]>
+        agraph (float[S, B, 8] x, float[BH, 1, S] pad) => (float[M, 8] y{extra}) <
+            {_weights(1)},
+            int64[3] split = {{0, -1, 4}},
+            int64[2] merged = {{-1, 8}},
+            float quarter = {{0.5}}
+        > {{
+            q = MatMul(x, wq)
+            k = MatMul(x, wk)
+            v = MatMul(x, wv)
+            qs = Reshape(q, split)
+            q3 = Transpose<perm=[1,0,2]>(qs)
+            scaled = Mul(q3, quarter)
+            ks = Reshape(k, split)
+            kt3 = Transpose<perm=[1,2,0]>(ks)
+            vs = Reshape(v, split)
+            v3 = Transpose<perm=[1,0,2]>(vs)
+            raw = MatMul(scaled, kt3)
+            masked = Add(pad, raw)
+            probs = Softmax<axis=-1>(masked)
+            pv3 = MatMul(probs, v3)
+            pt = Transpose<perm=[1,0,2]>(pv3)
+            y = Reshape(pt, merged)
+        }}
+    """
+    return parse(text)
+
+
+def _seq_first_feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    """Row 1 padded after its first key (torch's -inf mask, expanded over the heads)."""
+    rng = np.random.default_rng(seed)
+    pad = np.zeros((batch, 1, seq), dtype=np.float32)
+    if batch > 1:
+        pad[1, 0, 1:] = -np.inf
+    pad = np.repeat(pad, H, axis=0)
+    return {"x": rng.standard_normal((seq, batch, D)).astype(np.float32), "pad": pad}
+
+
+def test_torch_sequence_first_bmm_attention_fuses() -> None:
+    model = _seq_first_model()
+    fused = _fused_once(model)
+    feeds = [_seq_first_feeds(b, s, i) for i, (b, s) in enumerate(((3, 5), (1, 1), (2, 7)))]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_torch_sequence_first_bmm_attention_left_exactly_when_not_fused() -> None:
+    model = _seq_first_model(weights_out=True)
+    before = ir.to_proto(model).SerializeToString()
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert any("not multiplied by V" in note for note in result.notes), result.notes
+    assert ir.to_proto(model).SerializeToString() == before  # the stand-ins were taken back

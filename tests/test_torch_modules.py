@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -35,28 +36,84 @@ def test_multihead_attention_torchscript_export_fuses(batch_first: bool, tmp_pat
     # nn.MultiheadAttention merges its heads sequence-first ([S, B, H, d] viewed as [S*B, D]).
     # TorchScript bakes the key's length into a view, so the export runs at the traced length only.
     torch = pytest.importorskip("torch")
+    module = _multihead_module(batch_first, need_weights=False, return_weights=False)
+    path = tmp_path / "mha.onnx"
+    args = (torch.randn(2, 7, 16), torch.zeros(2, 7, dtype=torch.bool))
+    axes = {"x": {0: "batch"}, "pad": {0: "batch"}, "y": {0: "batch"}}
+    torch.onnx.export(module, args, str(path), input_names=["x", "pad"],
+                      output_names=["y"], dynamic_axes=axes, dynamo=False)  # fmt: skip
+    inputs = [_padded(3, 7, 0), _padded(1, 7, 1), _padded(4, 7, 2)]
+    result = onnxopt.optimize(path, inputs=inputs)
+    assert result.report.validation is not None and result.report.validation.passed
+    ops = _ops(result.model)
+    assert ops["Attention"] == 1 and ops["Softmax"] == 0, ops
+
+
+def _multihead_module(batch_first: bool, need_weights: bool, return_weights: bool) -> Any:
+    """nn.MultiheadAttention self-attention with a key padding mask, then a Linear. With
+    ``need_weights`` (torch's default, whether or not the weights are returned) torch takes its
+    bmm path (heads flattened into the batch, sequence-first), else its SDPA path."""
+    torch = pytest.importorskip("torch")
     torch.manual_seed(0)
 
     class Model(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=batch_first)
+            self.proj = torch.nn.Linear(16, 16)
 
         def forward(self, x, pad):  # type: ignore[no-untyped-def]
             q = x if batch_first else x.transpose(0, 1)
-            y = self.attn(q, q, q, key_padding_mask=pad, need_weights=False)[0]
-            return y if batch_first else y.transpose(0, 1)
+            y, w = self.attn(q, q, q, key_padding_mask=pad, need_weights=need_weights)
+            y = self.proj(y if batch_first else y.transpose(0, 1))
+            return (y, w) if return_weights else y
 
-    path = tmp_path / "mha.onnx"
+    return Model().eval()
+
+
+def _multihead_weights_export(batch_first: bool, return_weights: bool, path: Path) -> None:
+    """``y, w = attn(q, k, v, key_padding_mask=pad)`` (need_weights on), dynamo, dynamic dims."""
+    torch = pytest.importorskip("torch")
+    module = _multihead_module(batch_first, need_weights=True, return_weights=return_weights)
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+    shapes = ({0: batch, 1: seq}, {0: batch, 1: seq})
     args = (torch.randn(2, 7, 16), torch.zeros(2, 7, dtype=torch.bool))
-    axes = {"x": {0: "batch"}, "pad": {0: "batch"}, "y": {0: "batch"}}
-    torch.onnx.export(Model().eval(), args, str(path), input_names=["x", "pad"],
-                      output_names=["y"], dynamic_axes=axes, dynamo=False)  # fmt: skip
-    inputs = [_padded(3, 7, 0), _padded(1, 7, 1), _padded(4, 7, 2)]
+    with torch.no_grad():
+        torch.onnx.export(module, args, str(path), input_names=["x", "pad"],
+                          dynamic_shapes=shapes, dynamo=True)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_bmm_path_fuses(batch_first: bool, tmp_path: Path) -> None:
+    path = tmp_path / "mha.onnx"
+    _multihead_weights_export(batch_first, False, path)
+    inputs = [_padded(3, 5, 0), _padded(1, 1, 1), _padded(4, 9, 2)]
     result = onnxopt.optimize(path, inputs=inputs)
     assert result.report.validation is not None and result.report.validation.passed
     ops = _ops(result.model)
-    assert ops["MultiHeadAttention"] == 1 and ops["Softmax"] == 0
+    # torch's packed in-projection runs on the batch-first input again, so the layer packs into
+    # one Attention; the fused output's move to [S, B, D] and back around the output projection
+    # cancel (and so does the user's pair of transposes in the sequence-first model).
+    assert ops["Attention"] == 1 and ops["Softmax"] == 0, ops
+    assert ops["Transpose"] == 0, ops
+    again = onnxopt.optimize(result.model, check=False)
+    assert _ops(again.model) == ops
+
+
+@pytest.mark.slow
+def test_multihead_attention_bmm_path_left_exactly_when_weights_are_returned(
+    tmp_path: Path,
+) -> None:
+    # The weights are an output: nothing fuses, and the respelled operands are taken back.
+    path = tmp_path / "mha.onnx"
+    _multihead_weights_export(True, True, path)
+    fused = onnxopt.optimize(path, check=False)
+    unfused = onnxopt.optimize(path, check=False, disable=["fuse-attention"])
+    assert _ops(fused.model)["Softmax"] == 1
+    assert ir.to_proto(fused.model).SerializeToString() == (
+        ir.to_proto(unfused.model).SerializeToString()
+    )
 
 
 @pytest.mark.slow
@@ -92,7 +149,7 @@ def test_transformer_encoder_dynamo_export_fuses_with_a_padding_mask(
         assert result.report.validation is not None and result.report.validation.passed, target
         if target == "ort":
             ops = _ops(result.model)
-            assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == 0
+            assert ops["Attention"] == 2 and ops["Softmax"] == 0, ops
 
 
 @pytest.mark.slow

@@ -199,6 +199,30 @@ def _sliced_entries(node: ir.Node) -> list[Entry] | None:
     return entries[int(start.reshape(-1)[0]) : int(end.reshape(-1)[0])]
 
 
+def view_entries(view: ir.Value) -> list[Entry | None] | None:
+    """The entries of the Reshape target ``view`` was made with; None for an entry that cannot be
+    read (when the piece's length is known)."""
+    reshape = producer_of(view, "Reshape")
+    target = reshape.inputs[1] if reshape is not None and len(reshape.inputs) > 1 else None
+    whole = target_entries(target)
+    if whole is not None or target is None:
+        return list(whole) if whole is not None else None
+    concat = producer_of(target, "Concat")
+    if concat is None:
+        return None
+    entries: list[Entry | None] = []
+    for piece in concat.inputs:
+        part = piece_entries(piece)
+        length = static_dim(piece, 0) if value_rank(piece) == 1 else None
+        if part is not None:
+            entries.extend(part)
+        elif length is not None:
+            entries.extend([None] * length)
+        else:
+            return None
+    return entries
+
+
 def gathered_dim(gather: ir.Node | None, *, scalar: bool) -> Entry | None:
     """``Gather(Shape(src), i)`` (``scalar``) or ``Gather(Shape(src), [i])`` as dim i of src."""
     if not is_op(gather, "Gather"):

@@ -12,8 +12,9 @@ Only these cases are claimed (each is the op's documented output shape):
 - element-wise or normalizing ops (RotaryEmbedding, BiasGelu, FastGelu, QuickGelu, Gelu,
   SkipLayerNormalization, (Skip)SimplifiedLayerNormalization; the dropped ImageScaler, Affine,
   ScaledTanh, ParametricSoftplus and ThresholdedRelu-1): output 0 has input 0's shape;
-- MultiHeadAttention and GroupQueryAttention with separate 3-D query, key and value: output 0 is
-  [B, S, hidden of V] (GroupQueryAttention: of Q), the query's shape when V's hidden size is Q's;
+- MultiHeadAttention and GroupQueryAttention with separate 3-D query, key and value (K and V
+  may be [B, N, T, d] for MultiHeadAttention): output 0 is [B, S, hidden of V] (GroupQueryAttention:
+  of Q), the query's shape when V's hidden size (N*d) is Q's;
 - packed Attention: [B, S, v] with v its third ``qkv_hidden_sizes`` or a third of the weight's
   width, the input's shape when v is the input's own width.
 
@@ -78,6 +79,11 @@ def _same_shape_input(node: onnx.NodeProto, infos: dict[str, onnx.ValueInfoProto
         if not key_ or not value:
             return None  # packed Q/K/V: the output width is not the query's
         width_q, width_v = _width(infos, query, 3), _width(infos, value, 3)
+        heads_v = _dims(infos.get(value))
+        if width_v is None and heads_v is not None and len(heads_v) == 4:
+            # V as [B, N, T, dv]: the output is [B, S, N*dv]
+            count, size = heads_v[1], heads_v[3]
+            width_v = count * size if count and size else None
         if node.op_type == "GroupQueryAttention" and width_q is not None:
             return query  # output: [B, S, num_heads * head_size], head_size = width_q / num_heads
         return query if width_q is not None and width_q == width_v else None

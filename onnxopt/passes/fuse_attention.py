@@ -83,6 +83,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, single_consumer
+from onnxopt.passes import _seq_first_heads as seq_first_heads
 from onnxopt.passes._attention_shapes import (
     ATTENTION_DTYPES,
     MASK_FLOOR,
@@ -93,7 +94,6 @@ from onnxopt.passes._attention_shapes import (
     last_dim,
     peel_scale,
     peel_torch_expand_shape,
-    piece_entries,
     producer_of,
     reshape_to_heads,
     same_dim,
@@ -104,6 +104,7 @@ from onnxopt.passes._attention_shapes import (
     target_entries,
     transpose_perm,
     value_rank,
+    view_entries,
 )
 from onnxopt.passes._shape_facts import slice_params
 from onnxopt.passes.base import Pass, PassResult
@@ -355,7 +356,7 @@ def _merged_heads(value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]) -> _Me
 def _merge_fixed_by_count(reshape: ir.Node, heads4: ir.Value) -> bool:
     """``Reshape(heads4 [B, S, H, d], [x, S, H*d])`` with S and H*d proved and x unreadable
     (TorchScript's BLOOM computes B as Shape(P@V)[0] / H): the element count fixes x = B."""
-    entries = _view_entries(reshape.outputs[0])
+    entries = view_entries(reshape.outputs[0])
     heads, size = static_dim(heads4, 2), static_dim(heads4, 3)
     if entries is None or len(entries) != 3 or heads is None or size is None:
         return False
@@ -363,6 +364,27 @@ def _merge_fixed_by_count(reshape: ir.Node, heads4: ir.Value) -> bool:
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
     seq_proved = (seq == 0 and not allowzero) or (seq is not None and same_dim(seq, heads4, 1))
     return seq_proved and width == heads * size and heads * size > 0
+
+
+def _flat_seq_first_merge(transpose: ir.Node | None) -> _Merge | None:
+    """P@V [B*H, S, dv] merged as torch's multi_head_attention_forward does:
+    ``Reshape(Transpose(P@V, [1, 0, 2]), target)``, [S, B*H, dv] viewed as [S*B, H*dv] (or
+    [S, B, H*dv]). Row-major, that view holds the fused [S, B, H*dv] output's elements in order,
+    so the fused output is transposed sequence-first and viewed by the same target. The target may
+    not copy (0) any dim but S: the two tensors share only that one."""
+    if transpose_perm(transpose) != [1, 0, 2]:
+        return None
+    assert transpose is not None
+    reshape = _main_user(transpose.outputs[0])
+    if not is_op(reshape, "Reshape") or reshape is None or len(reshape.inputs) < 2:
+        return None
+    if reshape.inputs[0] is not transpose.outputs[0]:
+        return None
+    entries = view_entries(reshape.outputs[0])
+    copies = not reshape.attributes.get_int("allowzero", 0)
+    if entries is None or any(entry is None or (copies and entry == 0) for entry in entries[1:]):
+        return None
+    return _Merge(reshape.outputs[0], [transpose, reshape], reshape.inputs[1], seq_first=True)
 
 
 _SHAPE_OPS = (
@@ -838,30 +860,6 @@ def _unflattening(value: ir.Value | None) -> ir.Node | None:
     return _view_of_rank(value, 4, 3)
 
 
-def _view_entries(view: ir.Value) -> list[Entry | None] | None:
-    """The entries of the Reshape target ``view`` was made with; None for an entry that cannot be
-    read (when the piece's length is known)."""
-    reshape = producer_of(view, "Reshape")
-    target = reshape.inputs[1] if reshape is not None and len(reshape.inputs) > 1 else None
-    whole = target_entries(target)
-    if whole is not None or target is None:
-        return list(whole) if whole is not None else None
-    concat = producer_of(target, "Concat")
-    if concat is None:
-        return None
-    entries: list[Entry | None] = []
-    for piece in concat.inputs:
-        part = piece_entries(piece)
-        length = static_dim(piece, 0) if value_rank(piece) == 1 else None
-        if part is not None:
-            entries.extend(part)
-        elif length is not None:
-            entries.extend([None] * length)
-        else:
-            return None
-    return entries
-
-
 def _dim_is(view: ir.Value, axis: int, entry: Entry | None, source: ir.Value, index: int) -> bool:
     """Dim ``axis`` of ``view`` is dim ``index`` of ``source``: the same symbol or size, or the
     target entry reads it."""
@@ -879,7 +877,7 @@ def _view_proved(
     but at most one. With ``flat_of`` ([B, H, ...]), dim 0 may also be proved B*H of it."""
     if value_rank(view) != len(dims):
         return False
-    entries = _view_entries(view)
+    entries = view_entries(view)
     if entries is not None and len(entries) != len(dims):
         entries = None
     unproven = 0
@@ -893,7 +891,7 @@ def _view_proved(
 
 
 def _first_entry(view: ir.Value) -> Entry | None:
-    entries = _view_entries(view) if producer_of(view, "Reshape") is not None else None
+    entries = view_entries(view) if producer_of(view, "Reshape") is not None else None
     return entries[0] if entries else None
 
 
@@ -1469,17 +1467,20 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         return Mismatch("Q@K^T has a missing input")
     query_base, query_scale, query_nodes = peel_scale(matmul.inputs[0])
     query4 = matmul.inputs[0]
-    # Whisper's and BART's encoders as older transformers wrote them, without a mask: the
-    # whole block on [B*H, ...] heads, Softmax(Q3 @ K3^T) @ V3.
+    # Whisper's and BART's encoders as older transformers wrote them, and torch's
+    # multi_head_attention_forward (baddbmm with its [B*H, 1|S, T] mask): the whole block on
+    # [B*H, ...] heads, Softmax(Q3 @ K3^T + terms) @ V3, the terms those of the flat scores.
     all_flat = (
         unflatten is None
         and capped is None
-        and not terms
+        and clamp is None
         and not fills
         and not windows
         and value_rank(scores_mm) == 3
         and value_rank(query_base) == 3
     )
+    if all_flat:
+        flat_terms, terms = terms, []
     flat_heads = unflatten is not None or all_flat
     if flat_heads:
         flat_query = _flattened_from(query_base)
@@ -1511,17 +1512,17 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         ]
         if not _view_proved(scores4, scores_dims):
             return Mismatch("the [B*H, S, T] scores are not provably viewed as [B, H, S, T]")
-        for term in flat_terms:
-            rank = value_rank(term)
-            if rank is None or rank > 3:
-                return Mismatch("a term of the [B*H, S, T] scores is not of rank 3 or less")
-            if (
-                rank == 3
-                and static_dim(term, 0) != 1
-                and not same_symbol(term, 0, base, 0)
-                and not _batch_times_heads(term, _first_entry(term), query_base, any_batch=True)
-            ):
-                unproven_rows.append(term)
+    for term in flat_terms:
+        rank = value_rank(term)
+        if rank is None or rank > 3:
+            return Mismatch("a term of the [B*H, S, T] scores is not of rank 3 or less")
+        if (
+            rank == 3
+            and static_dim(term, 0) != 1
+            and not same_symbol(term, 0, base, 0)
+            and not _batch_times_heads(term, _first_entry(term), query_base, any_batch=True)
+        ):
+            unproven_rows.append(term)
     key = flat_key if flat_heads else _key_transposed(matmul.inputs[1])
     if isinstance(key, Mismatch):
         return key
@@ -1591,6 +1592,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     pv_nodes.append(pv)
     value4 = pv.inputs[1]
     pv_out = pv.outputs[0]
+    merged: _Merge | None = None
     if flat_heads:
         flat_value = _flattened_from(value4)
         if flat_value is None:
@@ -1599,18 +1601,21 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
             )
         value4, value_reshape = flat_value
         unflatten_pv = _main_user(pv_out)
-        if not is_op(unflatten_pv, "Reshape") or unflatten_pv is None:
-            return Mismatch("P@V as [B*H, S, d] is not viewed back as [B, H, S, d]")
-        pv_out = unflatten_pv.outputs[0]
-        pv_dims = [
-            [(query_base, 0)],
-            [(query_base, 1)],
-            [(query_base, 2), *([(probs4, 2)] if unflatten is not None else [])],
-            [(value4, 3)],
-        ]
-        if not _view_proved(pv_out, pv_dims):
-            return Mismatch("the view of P@V is not provably [B, H, S, d]")
-        pv_nodes.append(unflatten_pv)
+        # torch's multi_head_attention_forward merges P@V [B*H, S, d] sequence-first
+        merged = _flat_seq_first_merge(unflatten_pv)
+        if merged is None:
+            if not is_op(unflatten_pv, "Reshape") or unflatten_pv is None:
+                return Mismatch("P@V as [B*H, S, d] is not viewed back as [B, H, S, d]")
+            pv_out = unflatten_pv.outputs[0]
+            pv_dims = [
+                [(query_base, 0)],
+                [(query_base, 1)],
+                [(query_base, 2), *([(probs4, 2)] if unflatten is not None else [])],
+                [(value4, 3)],
+            ]
+            if not _view_proved(pv_out, pv_dims):
+                return Mismatch("the view of P@V is not provably [B, H, S, d]")
+            pv_nodes.append(unflatten_pv)
     block_values = [pv_out, query4, query_base, value4]
     by_axis = (
         block_values,
@@ -1618,7 +1623,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         [pv_out, query4, query_base],
         [pv_out, value4],
     )
-    merged = _merged_heads(pv_out, by_axis)
+    merged = merged or _merged_heads(pv_out, by_axis)
     if merged is None:
         return Mismatch(
             "the attention output is not merged back to [B, S, H*d] (or nn.MultiheadAttention's "
@@ -1756,6 +1761,9 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         *pv_nodes,
         *out_nodes[:-1],
     ]
+    if output_target is not None and _computed_from(output_target, {id(n) for n in heavy}):
+        # re-applied to the fused output, the target may not read the tensors that go
+        return Mismatch("the output's view reads its shape off the attention tensors")
     meanings = _dim_meanings(heavy, out_nodes)
 
     def meaning(node: ir.Node) -> str | None:
@@ -1846,6 +1854,7 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
     scale = block.scale
     key: ir.Value | None
     value: ir.Value | None
+    packed = None
     if block.kv_repeat > 1:
         assert block.key.head_size is not None
         key, value = (
@@ -1862,10 +1871,14 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
         key, factor = _unscaled(block.key.three_d)
         scale *= factor
         value, kv_axis = block.value.three_d, 1
+    elif (packed := _torch_packed(block)) is not None:
+        query, key, value = _batch_first_split(tape, packed, opset)
+        kv_axis = 1
     else:
         key, value, kv_axis = _kv_one_layout(tape, block.key, block.value)
-    query, factor = attention_query(tape, block)
-    scale *= factor
+    if packed is None:
+        query, factor = attention_query(tape, block)
+        scale *= factor
     assert key is not None and value is not None
     bias = attention_bias(tape, block, heads, opset, query, key, kv_axis)
     inputs: list[ir.Value | None] = [query, key, value]
@@ -1880,6 +1893,48 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement | M
     return finish_attention(tape, block, heads, opset, attention, query)
 
 
+def _torch_packed(block: AttentionBlock) -> seq_first_heads.PackedProjection | None:
+    """torch's packed self-attention in-projection, when Q, K and V are its three parts."""
+    sides = (block.query, block.key, block.value)
+    if block.query_factor is not None or any(side.four_d is None for side in sides):
+        return None
+    sources = [seq_first_heads.source_of(side.four_d) for side in sides if side.four_d is not None]
+    if any(source is None for source in sources):
+        return None
+    return seq_first_heads.packed_projection([s for s in sources if s is not None])
+
+
+def _batch_first_split(
+    tape: ir.tape.Tape, packed: seq_first_heads.PackedProjection, opset: int
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """Q, K and V as [B, S, D]: torch's packed projection computed on the batch-first input (the
+    Transpose it was moved sequence-first by, undone) and split along its columns, [Q | K | V].
+    The moved rows are the same rows, so each part holds the same values; fuse-packed-attention
+    then folds the projection into one Attention."""
+    inputs = packed.inputs
+    before = inputs.producer()
+    if transpose_perm(before) == [1, 0, 2] and before is not None and before.inputs[0] is not None:
+        batch_first = before.inputs[0]
+    else:
+        batch_first = tape.op("Transpose", [inputs], {"perm": [1, 0, 2]})
+    product = tape.op("MatMul", [batch_first, packed.weight])
+    if packed.bias is not None:
+        product = tape.op("Add", [product, packed.bias])
+    width = packed.width
+    if opset >= 13:
+        sizes = int64_const(tape, [width] * 3)
+        parts = tape.op_multi_out("Split", [product, sizes], {"axis": -1}, num_outputs=3)
+    else:
+        parts = tape.op_multi_out(
+            "Split", [product], {"axis": -1, "split": [width] * 3}, num_outputs=3
+        )
+    dims = list(inputs.shape) if inputs.shape is not None else [None, None, None]
+    _annotate(product, inputs, [dims[1], dims[0], 3 * width])
+    for part in parts:
+        _annotate(part, inputs, [dims[1], dims[0], width])
+    return parts[0], parts[1], parts[2]
+
+
 def attention_query(tape: ir.tape.Tape, block: AttentionBlock) -> tuple[ir.Value, float]:
     """The block's query as [B, S, H*d], and a scalar factor taken off it (for the op's scale)."""
     if block.query_factor is not None:
@@ -1889,6 +1944,9 @@ def attention_query(tape: ir.tape.Tape, block: AttentionBlock) -> tuple[ir.Value
     if block.query.three_d is not None:
         return _unscaled(block.query.three_d)
     assert block.query.four_d is not None
+    seq_first = seq_first_heads.source_of(block.query.four_d)
+    if seq_first is not None:
+        return tape.op("Transpose", [seq_first], {"perm": [1, 0, 2]}), 1.0
     # [B, S, H, d] back from [B, H, S, d]: the tensor the query was moved from, if it was
     # (BLOOM's head split is a Gather out of a [B, S, H, 3, d] view, not a Reshape)
     moved = _moved_heads(block.query.four_d) or tape.op(
@@ -1922,6 +1980,7 @@ def finish_attention(
 ) -> Replacement:
     """The replacement of ``block`` by the fused op's [B, S, H*dv] output ``attention``: SDPA's
     NaN guard and the output's own Reshape re-applied, dim reads re-pointed to ``query``."""
+    _annotate_output(attention, block, heads)
     result = attention
     if block.nan_guard:
         result = _nan_guard(tape, attention, block.output)
@@ -1931,6 +1990,23 @@ def finish_attention(
         result = tape.op("Reshape", [result, block.output_target])
     reads = _repointed_reads(tape, block.dim_reads, query, {"batch": 0, "seq": 1}, heads, opset)
     return Replacement(tape.nodes, [(block.output, result), *reads, *more])
+
+
+def _annotate_output(attention: ir.Value, block: AttentionBlock, heads: int) -> None:
+    """Record the fused op's [B, S, H*dv] output shape, B and S as the query's (ONNX shape
+    inference does not know the contrib op; the output projection's fusions read the width)."""
+    query = block.query
+    if query.four_d is not None and value_rank(query.four_d) == 4:
+        assert query.four_d.shape is not None
+        batch, length = query.four_d.shape[0], query.four_d.shape[2]
+    elif query.three_d is not None and value_rank(query.three_d) == 3:
+        assert query.three_d.shape is not None
+        batch, length = query.three_d.shape[0], query.three_d.shape[1]
+    else:
+        return
+    size = block.value.head_size
+    if attention.shape is None and size is not None:
+        _annotate(attention, block.output, [batch, length, heads * size])
 
 
 def _moved_heads(four_d: ir.Value) -> ir.Value | None:
@@ -1959,6 +2035,12 @@ def _kv_one_layout(
     from the projection.
     """
     if key.four_d is not None and value.four_d is not None:
+        # torch's sequence-first heads (_seq_first_heads): [T, B, H*d] moved batch-first, the
+        # layout the op reads without a transpose of its own (measured faster than [B, H, T, d])
+        sources = [seq_first_heads.source_of(side) for side in (key.four_d, value.four_d)]
+        if sources[0] is not None and sources[1] is not None:
+            key3, value3 = (tape.op("Transpose", [x], {"perm": [1, 0, 2]}) for x in sources)
+            return key3, value3, 1
         return key.four_d, value.four_d, 2
     assert key.three_d is not None and value.four_d is not None
     moved = _moved_heads(value.four_d)
@@ -2256,7 +2338,9 @@ class FuseAttentionPass(Pass):
 
     def call(self, model: ir.Model) -> PassResult:
         squeezes = _unfold_key_squeezes(model)
+        seq_first = seq_first_heads.unfold(model)
         stats, notes = apply_rules(model, [ATTENTION_RULE], self.options)
+        seq_first_heads.restore(seq_first)
         _drop_unused_squeezes(squeezes)
         if stats:
             # A block whose dim reads were re-pointed got its new nodes at the first read, which
