@@ -77,6 +77,20 @@ def onnxopt(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def speedup_cells(bench_json: str) -> dict[str, str]:
+    """Each timed variant's speed-up over the export in ``onnxopt bench --json`` output, as
+    "median [low, high]" (the first point's first group)."""
+    variants = json.loads(bench_json)["points"][0]["groups"][0]["variants"]
+    cells = {}
+    for variant in variants:
+        ratio = variant.get("speedup")
+        if ratio:
+            cells[variant["name"]] = (
+                f"{ratio['median']:.3f} [{ratio['low']:.2f}, {ratio['high']:.2f}]"
+            )
+    return cells
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -111,14 +125,7 @@ def main() -> None:
             )  # fmt: skip
             if bench.returncode != 0:
                 raise SystemExit(f"bench {source}: {bench.stderr.strip().splitlines()[-1]}")
-            variants = json.loads(bench.stdout)["points"][0]["groups"][0]["variants"]
-            cells = {}
-            for variant in variants:
-                ratio = variant.get("speedup")
-                if ratio:
-                    cells[variant["name"]] = (
-                        f"{ratio['median']:.3f} [{ratio['low']:.2f}, {ratio['high']:.2f}]"
-                    )
+            cells = speedup_cells(bench.stdout)
             report = outputs["onnxopt"][1]
             nodes = f"{report['before']['nodes']} → {report['after']['nodes']}"
             print(

@@ -13,7 +13,13 @@ into the batch, sequence-first::
 the spelling fuse-attention proves for BLOOM's bmm form, with the [B, H, S, d] tensor the fused op
 reads. :func:`unfold` puts that spelling in place of each such operand (the same values, the same
 shape) before the attention rule runs; :func:`restore` takes it back wherever no block was fused,
-so an unfused graph is exactly the graph that came in.
+so an unfused graph is exactly the graph that came in. The SDPA path (``need_weights=False``)
+views q3 as [B, H, S, d] for its attention: that view is stood in for by the heads themselves.
+
+:func:`packed_projection` recognises Q, K and V as the three parts of torch's packed
+self-attention in-projection, ``x @ W + b`` cut by ``unflatten(-1, (3, D)).unsqueeze(0)
+.transpose(0, -2).squeeze(-2)``, which fuse-attention then computes batch-first and splits along
+the columns, the form fuse-packed-attention folds into one Attention.
 """
 
 from __future__ import annotations
@@ -150,7 +156,9 @@ def _feeds_matmul(value: ir.Value) -> bool:
 
 
 def unfold(model: ir.Model) -> list[Unfolded]:
-    """Respell every flattened sequence-first operand of a MatMul (see the module docstring)."""
+    """Respell every flattened sequence-first operand of a MatMul (see the module docstring), and
+    every [B, H, L, d] view of one (torch's SDPA path views q3 so before its attention), whose
+    stand-in is then the heads themselves."""
     opset = model.opset_imports.get("", 0)
     done: list[Unfolded] = []
     for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):

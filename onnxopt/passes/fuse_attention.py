@@ -25,7 +25,13 @@ after the op, turns into the zeros the original produces.
 BLOOM's (and DeBERTa's) bmm form, heads flattened into the batch, is the same block: Q/K/V viewed as
 [B*H, S, d], the scores as [B*H, S, T] plus a term of their own (ALiBi [B*H, 1, T], viewed as
 [B, H, 1, T] into the bias; DeBERTa-v3's relative-position terms, expanded to B*H rows first when
-their rows may be 1), viewed back as [B, H, S, T] for the mask; the views are proved.
+their rows may be 1), viewed back as [B, H, S, T] for the mask; the views are proved. torch's
+``multi_head_attention_forward`` (nn.MultiheadAttention with its weights on) flattens its heads
+sequence-first and adds its mask to the flat scores: _seq_first_heads.py respells its operands
+in BLOOM's form while the rule runs, and P@V [B*H, S, d] merged by ``Transpose [1, 0, 2]`` and a
+view is the fused output moved sequence-first and viewed the same way. Where Q, K and V are the
+parts of torch's packed in-projection, the rewrite computes it on the batch-first input and splits
+it ([Q | K | V]), which fuse-packed-attention folds into one Attention.
 
 Multi-query attention (Falcon: K/V with one head, which the two MatMuls broadcast against the H
 query heads) is fused with K/V repeated H times in repeat_kv's spelling; fuse-group-query-attention
