@@ -1479,7 +1479,6 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     all_flat = (
         unflatten is None
         and capped is None
-        and clamp is None
         and not fills
         and not windows
         and value_rank(scores_mm) == 3
@@ -2002,12 +2001,12 @@ def _annotate_output(attention: ir.Value, block: AttentionBlock, heads: int) -> 
     """Record the fused op's [B, S, H*dv] output shape, B and S as the query's (ONNX shape
     inference does not know the contrib op; the output projection's fusions read the width)."""
     query = block.query
-    if query.four_d is not None and value_rank(query.four_d) == 4:
-        assert query.four_d.shape is not None
-        batch, length = query.four_d.shape[0], query.four_d.shape[2]
-    elif query.three_d is not None and value_rank(query.three_d) == 3:
-        assert query.three_d.shape is not None
-        batch, length = query.three_d.shape[0], query.three_d.shape[1]
+    four = query.four_d.shape if query.four_d is not None else None
+    three = query.three_d.shape if query.three_d is not None else None
+    if four is not None and len(four) == 4:
+        batch, length = four[0], four[2]
+    elif three is not None and len(three) == 3:
+        batch, length = three[0], three[1]
     else:
         return
     size = block.value.head_size
@@ -2041,8 +2040,8 @@ def _kv_one_layout(
     from the projection.
     """
     if key.four_d is not None and value.four_d is not None:
-        # torch's sequence-first heads (_seq_first_heads): [T, B, H*d] moved batch-first, the
-        # layout the op reads without a transpose of its own (measured faster than [B, H, T, d])
+        # torch's sequence-first heads (_seq_first_heads): [T, B, H*d] moved batch-first, one
+        # Transpose each (the same copy as the [B, H, T, d] split, one node less)
         sources = [seq_first_heads.source_of(side) for side in (key.four_d, value.four_d)]
         if sources[0] is not None and sources[1] is not None:
             key3, value3 = (tape.op("Transpose", [x], {"perm": [1, 0, 2]}) for x in sources)

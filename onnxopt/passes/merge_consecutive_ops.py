@@ -222,12 +222,15 @@ def _row_operand(node: ir.Node, rank: int) -> int | None:
         return 0 if dims_of(second) is not None and len(dims_of(second) or ()) == 2 else None
     if node.op_type not in ELEMENTWISE_BINARY or node.domain not in ("", "ai.onnx"):
         return None
-    for index, other in ((0, second), (1, first)):
-        dims = dims_of(other)
-        # the same values for every row (broadcast along the last axis only)
-        if dims is not None and len(dims) <= rank and all(d == 1 for d in dims[:-1]):
-            return index
-    return None
+    # the other operand holds the same values for every row (broadcasts along the last axis
+    # only); when both could, which one carries the rows is not known: none is taken
+    per_column = [
+        dims is not None and len(dims) <= rank and all(d == 1 for d in dims[:-1])
+        for dims in (dims_of(first), dims_of(second))
+    ]
+    if per_column.count(True) != 1:
+        return None
+    return per_column.index(False)
 
 
 def _match_transpose_round_trip(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
