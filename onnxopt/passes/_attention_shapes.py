@@ -483,6 +483,25 @@ def int64_const(tape: ir.tape.Tape, values: Sequence[int]) -> ir.Value:
     return tape.op("Constant", [], {"value": ir.tensor(np.array(values, dtype=np.int64))})
 
 
+def annotate(value: ir.Value, like: ir.Value, dims: Sequence[int | ir.SymbolicDim | None]) -> None:
+    """Record a rewrite's new value's shape, with ``like``'s dtype."""
+    if like.dtype is not None:
+        value.dtype = like.dtype
+    value.shape = ir.Shape(list(dims))
+
+
+def split_last_axis(
+    tape: ir.tape.Tape, value: ir.Value, widths: Sequence[int], opset: int
+) -> Sequence[ir.Value]:
+    """``Split(value, widths, axis=-1)``: the sizes as an input from opset 13, else an attribute."""
+    if opset >= 13:
+        inputs = [value, int64_const(tape, widths)]
+        return tape.op_multi_out("Split", inputs, {"axis": -1}, num_outputs=len(widths))
+    return tape.op_multi_out(
+        "Split", [value], {"axis": -1, "split": list(widths)}, num_outputs=len(widths)
+    )
+
+
 def seq_len(tape: ir.tape.Tape, value: ir.Value, axis: int, opset: int) -> ir.Value:
     if opset >= 15:
         return tape.op("Shape", [value], {"start": axis, "end": axis + 1})

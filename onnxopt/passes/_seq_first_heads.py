@@ -31,6 +31,8 @@ import onnx_ir as ir
 
 from onnxopt.ops import const_array, is_op
 from onnxopt.passes._attention_shapes import (
+    Entry,
+    annotate,
     int64_const,
     last_dim,
     producer_of,
@@ -42,6 +44,7 @@ from onnxopt.passes._attention_shapes import (
     value_rank,
     view_entries,
 )
+from onnxopt.passes._shape_facts import int_param
 
 # The flattened operand's layout after the Transpose: rows [B*H, L, d], or the key's [B*H, d, L].
 _ROWS, _KEY_T = [1, 0, 2], [1, 2, 0]
@@ -75,17 +78,22 @@ def _flattened_seq_first(transpose: ir.Node) -> tuple[ir.Value, int, int] | None
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
     if not isinstance(size, int) or size <= 0 or width % size:
         return None
-    # L read off the source, or computed elsewhere (wav2vec2-style audio lengths) where the
-    # recorded shapes give the view's dim 0 the source's symbol
-    length_kept = (
-        (length == 0 and not allowzero)
-        or (length is not None and length != -1 and same_dim(length, source, 0))
-        or same_symbol(reshape.outputs[0], 0, source, 0)
+    length_kept = (length == 0 and not allowzero) or _is_length(
+        reshape.outputs[0], 0, length, source
     )
     # [L, rows, d] of [L, B, H*d]: the element count makes rows B*H (a literal 0 would copy B)
     if not length_kept or rows == 0:
         return None
     return source, width // size, size
+
+
+def _is_length(view: ir.Value, axis: int, entry: Entry | None, source: ir.Value) -> bool:
+    """Dim ``axis`` of ``view`` (a Reshape's output, ``entry`` its target's entry there) is L,
+    dim 0 of the sequence-first ``source``: read off it, or computed elsewhere (wav2vec2-style
+    audio lengths) where the recorded shapes give the view's dim the source's symbol."""
+    return (entry is not None and entry not in (0, -1) and same_dim(entry, source, 0)) or (
+        same_symbol(view, axis, source, 0)
+    )
 
 
 def _heads(tape: ir.tape.Tape, source: ir.Value, heads: int, size: int) -> ir.Value:
@@ -95,8 +103,8 @@ def _heads(tape: ir.tape.Tape, source: ir.Value, heads: int, size: int) -> ir.Va
     heads4 = tape.op("Transpose", [split], {"perm": [1, 2, 0, 3]})
     dims = list(source.shape) if source.shape is not None else [None, None, None]
     length, batch = dims[0], dims[1]
-    _annotate(split, source, [length, batch, heads, size])
-    _annotate(heads4, source, [batch, heads, length, size])
+    annotate(split, source, [length, batch, heads, size])
+    annotate(heads4, source, [batch, heads, length, size])
     return heads4
 
 
@@ -113,11 +121,11 @@ def _stand_in(
     )
     flat = tape.op("Reshape", [heads4, target])
     length = heads4.shape[2] if heads4.shape is not None else None
-    _annotate(flat, source, [None, length, size])
+    annotate(flat, source, [None, length, size])
     result = flat
     if transpose_perm(transpose) == _KEY_T:
         result = tape.op("Transpose", [flat], {"perm": [0, 2, 1]})
-        _annotate(result, source, [None, size, length])
+        annotate(result, source, [None, size, length])
     return result, list(tape.nodes)
 
 
@@ -130,16 +138,7 @@ def _heads_view(reshape: ir.Node, source: ir.Value, heads: int, size: int) -> bo
     entries = view_entries(reshape.outputs[0])
     if entries is None or len(entries) != 4 or entries[1] != heads or entries[3] != size:
         return False
-    length = entries[2]
-    return (length is not None and length not in (0, -1) and same_dim(length, source, 0)) or (
-        same_symbol(reshape.outputs[0], 2, source, 0)
-    )
-
-
-def _annotate(value: ir.Value, like: ir.Value, dims: Sequence[int | ir.SymbolicDim | None]) -> None:
-    if like.dtype is not None:
-        value.dtype = like.dtype
-    value.shape = ir.Shape(list(dims))
+    return _is_length(reshape.outputs[0], 2, entries[2], source)
 
 
 def _feeds_matmul(value: ir.Value) -> bool:
@@ -282,13 +281,13 @@ def packed_projection(parts: Sequence[ir.Value]) -> PackedProjection | None:
     squeeze = found[0][1] if found[0] else None
     if squeeze is None or any(item is None or item[1] is not squeeze for item in found):
         return None
-    axes = _axes(squeeze)
+    axes = int_param(squeeze, "axes", 1)
     transpose = squeeze.inputs[0].producer() if squeeze.inputs[0] is not None else None
-    if axes not in ([3], [-2]) or transpose_perm(transpose) != [3, 1, 2, 0, 4]:
+    if axes not in ((3,), (-2,)) or transpose_perm(transpose) != [3, 1, 2, 0, 4]:
         return None
     assert transpose is not None
     unsqueeze = producer_of(transpose.inputs[0], "Unsqueeze")
-    if unsqueeze is None or _axes(unsqueeze) != [0]:
+    if unsqueeze is None or int_param(unsqueeze, "axes", 1) != (0,):
         return None
     reshape = producer_of(unsqueeze.inputs[0], "Reshape")
     width = last_dim(parts[0])
@@ -296,15 +295,6 @@ def packed_projection(parts: Sequence[ir.Value]) -> PackedProjection | None:
     if reshape is None or width is None or entries is None or entries[2:] != [3, width]:
         return None
     return _projection(reshape.inputs[0], width)
-
-
-def _axes(node: ir.Node) -> list[int] | None:
-    """A Squeeze's or Unsqueeze's axes, from its input (opset 13+) or attribute."""
-    if len(node.inputs) > 1:
-        array = const_array(node.inputs[1])
-        return None if array is None else [int(a) for a in array.reshape(-1)]
-    attribute = node.attributes.get_ints("axes", None)
-    return None if attribute is None else list(attribute)
 
 
 def _projection(packed: ir.Value | None, width: int) -> PackedProjection | None:

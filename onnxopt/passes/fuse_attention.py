@@ -94,6 +94,7 @@ from onnxopt.passes._attention_shapes import (
     ATTENTION_DTYPES,
     MASK_FLOOR,
     Entry,
+    annotate,
     gathered_dim,
     int64_const,
     keeps_leading_dims,
@@ -106,6 +107,7 @@ from onnxopt.passes._attention_shapes import (
     same_symbol,
     scalar_factor,
     seq_len,
+    split_last_axis,
     static_dim,
     target_entries,
     transpose_perm,
@@ -1926,17 +1928,11 @@ def _batch_first_split(
     if packed.bias is not None:
         product = tape.op("Add", [product, packed.bias])
     width = packed.width
-    if opset >= 13:
-        sizes = int64_const(tape, [width] * 3)
-        parts = tape.op_multi_out("Split", [product, sizes], {"axis": -1}, num_outputs=3)
-    else:
-        parts = tape.op_multi_out(
-            "Split", [product], {"axis": -1, "split": [width] * 3}, num_outputs=3
-        )
+    parts = split_last_axis(tape, product, [width] * 3, opset)
     dims = list(inputs.shape) if inputs.shape is not None else [None, None, None]
-    _annotate(product, inputs, [dims[1], dims[0], 3 * width])
+    annotate(product, inputs, [dims[1], dims[0], 3 * width])
     for part in parts:
-        _annotate(part, inputs, [dims[1], dims[0], width])
+        annotate(part, inputs, [dims[1], dims[0], width])
     return parts[0], parts[1], parts[2]
 
 
@@ -2011,7 +2007,7 @@ def _annotate_output(attention: ir.Value, block: AttentionBlock, heads: int) -> 
         return
     size = block.value.head_size
     if attention.shape is None and size is not None:
-        _annotate(attention, block.output, [batch, length, heads * size])
+        annotate(attention, block.output, [batch, length, heads * size])
 
 
 def _moved_heads(four_d: ir.Value) -> ir.Value | None:
@@ -2056,7 +2052,7 @@ def _kv_one_layout(
     if shape is not None and len(shape) == 4:
         heads, size = shape[2], shape[3]
         width = heads * size if isinstance(heads, int) and isinstance(size, int) else None
-        _annotate(merged, moved, [shape[0], shape[1], width])
+        annotate(merged, moved, [shape[0], shape[1], width])
     return key.three_d, merged, 1
 
 
@@ -2070,14 +2066,8 @@ def _heads_first(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
     moved = tape.op("Transpose", [split], {"perm": [0, 2, 1, 3]})
     shape = side.three_d.shape
     if shape is not None and len(shape) == 3 and side.heads is not None:
-        _annotate(moved, side.three_d, [shape[0], side.heads, shape[1], side.head_size])
+        annotate(moved, side.three_d, [shape[0], side.heads, shape[1], side.head_size])
     return moved
-
-
-def _annotate(value: ir.Value, like: ir.Value, dims: Sequence[int | ir.SymbolicDim | None]) -> None:
-    if like.dtype is not None:
-        value.dtype = like.dtype
-    value.shape = ir.Shape(list(dims))
 
 
 def _repeat_heads(
@@ -2095,9 +2085,9 @@ def _repeat_heads(
     shape = single.shape
     if shape is not None and len(shape) == 4:
         batch, length = shape[0], shape[2]
-        _annotate(unsqueezed, single, [batch, 1, 1, length, head_size])
-        _annotate(expanded, single, [batch, 1, repeat, length, head_size])
-        _annotate(repeated, single, [batch, repeat, length, head_size])
+        annotate(unsqueezed, single, [batch, 1, 1, length, head_size])
+        annotate(expanded, single, [batch, 1, repeat, length, head_size])
+        annotate(repeated, single, [batch, repeat, length, head_size])
     return repeated
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import const_array, is_op, single_consumer
+from onnxopt.passes._attention_shapes import split_last_axis
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 
@@ -113,24 +114,9 @@ def _rewrite_with(
             bias = tape.op("Constant", [], {"value": ir.tensor(np.concatenate(bias_values))})
             merged = tape.op("Add", [merged, bias])
         widths = [int(p.weight.shape[1]) for p in projections]
-        outputs = [ir.Value(name=None) for _ in projections]
-        if context.opset() >= 13:
-            sizes = tape.op("Constant", [], {"value": ir.tensor(np.array(widths, dtype=np.int64))})
-            split_inputs: list[ir.Value | None] = [merged, sizes]
-            attributes = {"axis": -1}
-        else:
-            split_inputs = [merged]
-            attributes = {"axis": -1, "split": widths}  # type: ignore[dict-item]
-        split = ir.Node(
-            "",
-            "Split",
-            split_inputs,
-            ir.convenience.convert_attributes(attributes),
-            outputs=outputs,
-        )
-        nodes = [*tape.nodes, split]
+        outputs = split_last_axis(tape, merged, widths, context.opset())
         return Replacement(
-            nodes, [(p.output, out) for p, out in zip(projections, outputs, strict=True)]
+            tape.nodes, [(p.output, out) for p, out in zip(projections, outputs, strict=True)]
         )
 
     return rewrite
