@@ -279,6 +279,36 @@ def test_if_with_constant_condition_is_inlined() -> None:
     assert not FoldConstantsPass()(result.model).modified
 
 
+IF_READS_FOLDED = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4] x, bool c) => (float[N, 4] y) <float[4] w = {1, 4, 9, 16}> {
+    s = Sqrt(w)
+    y = If(c) <
+        then_branch = then_g () => (float[N, 4] t_out) {
+            t1 = Mul(s, s)
+            t_out = Add(x, t1)
+        },
+        else_branch = else_g () => (float[N, 4] e_out) {
+            e_out = Neg(x)
+        }
+    >
+}
+"""
+
+
+def test_a_folded_value_read_only_by_folded_branch_nodes_goes_with_them() -> None:
+    """VitDet's TorchScript export: an If branch folds a node that reads a value the outer graph
+    folds too, and nothing else reads that value. The branch's node goes first."""
+    model = parse_model(IF_READS_FOLDED)
+    result = FoldConstantsPass()(model.clone())
+    assert result.stats == {"nodes folded": 2}
+    assert op_types(result.model) == ["If", "Add", "Neg"]  # the Sqrt and the branch's Mul went
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    feeds = [{"x": x, "c": np.array(flag)} for flag in (True, False)]
+    assert validate(model, result.model, inputs=feeds).passed
+    assert not FoldConstantsPass()(result.model).modified
+
+
 def test_if_inlining_keeps_names_unique() -> None:
     # Duplicate names across scopes are refused by the loader, so build the clash in the IR directly.
     model = parse_model(IF_CONST)

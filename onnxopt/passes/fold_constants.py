@@ -526,7 +526,11 @@ class _Folder:
         for node in removed:
             assert node.graph is not None
             by_graph.setdefault(node.graph, []).append(node)
-        for graph, nodes in by_graph.items():
+        # Subgraphs before the graphs that hold them: a folded node of an If branch may read a
+        # folded value of the outer graph (VitDet's TorchScript rel-pos length), and a producer
+        # goes only once no node reads it.
+        order = {graph: index for index, graph in enumerate(_graphs(self.model))}
+        for graph, nodes in sorted(by_graph.items(), key=lambda item: -order.get(item[0], 0)):
             remove_nodes(graph, nodes)
         self.stats[STAT_FOLDED] += len(removed)
 
