@@ -145,13 +145,19 @@ _VALUE_PRESERVING = frozenset(
 
 @dataclass(frozen=True)
 class _Heads:
-    """A [B, H, S, d] operand: the [B, S, H*d] tensor it was split from (if any) and its head count/size."""
+    """A [B, H, S, d] operand: the [B, S, H*d] tensor it was split from (if any) and its head count/size.
+
+    ``rows``: the [B, S, H, d] tensor the heads were moved first from, where the graph has the key
+    only as that (SAM2's TorchScript K^T is ``Transpose(unbind(qkv5)[1], [0, 2, 3, 1])``); its
+    view ``Reshape(rows, [0, 0, -1])`` is the [B, S, H*d] tensor.
+    """
 
     four_d: ir.Value | None
     three_d: ir.Value | None
     heads: int | None
     head_size: int | None
     nodes: tuple[ir.Node, ...]
+    rows: ir.Value | None = None
 
 
 def _split_heads(value4: ir.Value) -> _Heads:
@@ -172,7 +178,8 @@ def _split_heads(value4: ir.Value) -> _Heads:
 def _key_transposed(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mismatch:
     """Resolve K^T ([B, H, d, T]) to K, as one of the exporters' spellings.
 
-    1. ``Transpose(Reshape(k, [B, T, H, d]), [0, 2, 3, 1])``        (TorchScript)
+    1. ``Transpose(Reshape(k, [B, T, H, d]), [0, 2, 3, 1])``        (TorchScript; or of any
+       [B, T, H, d] tensor: the key is then known as those rows)
     2. ``Transpose(K4, [0, 1, 3, 2])``
     3. ``Reshape(Transpose(Reshape(K4, [-1, T, d]), [0, 2, 1]), [B, H, d, T])``  (dynamo), the dims read
        from ``Shape(K4)`` at run time.
@@ -184,7 +191,14 @@ def _key_transposed(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mi
         assert producer is not None
         split = reshape_to_heads(producer.inputs[0])
         if split is None:
-            return Mismatch("the key's head split is not Reshape([B, T, H, d]) of a rank-3 tensor")
+            rows = producer.inputs[0]
+            heads, head_size = static_dim(rows, 2), static_dim(rows, 3)
+            if value_rank(rows) != 4 or heads is None or head_size is None:
+                return Mismatch(
+                    "the transposed key is not the [B, T, H, d] heads (a 4-D tensor of known H "
+                    "and d)"
+                )
+            return _Heads(None, None, heads, head_size, (), rows), factor, [producer, *nodes]
         three_d, heads, head_size, reshape = split
         return _Heads(None, three_d, heads, head_size, (reshape,)), factor, [producer, *nodes]
     if perm == [0, 1, 3, 2]:
@@ -212,6 +226,9 @@ def _key_transposed(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mi
             if flat is None or back is None:
                 return Mismatch("the key transpose reshapes to shapes that cannot be read")
             if not _is_flat_key(flat, key4) or not _is_unflat_key(back, key4):
+                single = _single_head_key(reshape_flat.outputs[0], back)
+                if single is not None:
+                    return single, factor, [transpose, reshape_back, *nodes]
                 return Mismatch(
                     "the key transpose's reshapes are not [-1, T, d] and [B, H, d, T] of the key"
                 )
@@ -232,6 +249,24 @@ def _is_flat_key(entries: Sequence[Entry], key4: ir.Value) -> bool:
         and same_dim(entries[1], key4, 2)
         and same_dim(entries[2], key4, 3)
     )
+
+
+def _single_head_key(flat: ir.Value, back: Sequence[Entry]) -> _Heads | None:
+    """One head: K^T as ``Reshape(Transpose(flat, [0, 2, 1]), [B, 1, d, T])`` where ``flat`` is
+    [B, T, d] but was not reshaped from a [B, 1, T, d] key (SAM2's one-head stage: the exporter's
+    Squeeze and the head Transpose over a dim of 1 fold into the flattening Reshape). With one head
+    the flat key is the [B, T, H*d] key itself; the element count fixes B."""
+    head_size = static_dim(flat, 2)
+    if (
+        len(back) != 4
+        or back[1] != 1
+        or value_rank(flat) != 3
+        or head_size is None
+        or not same_dim(back[2], flat, 2)
+        or not same_dim(back[3], flat, 1)
+    ):
+        return None
+    return _Heads(None, flat, 1, head_size, ())
 
 
 def _is_unflat_key(entries: Sequence[Entry], key4: ir.Value) -> bool:
@@ -301,8 +336,9 @@ class _Merge:
 def _merged_heads(value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]) -> _Merge | None:
     """P@V's Transpose [0,2,1,3] and Reshape to [B, S, H*dv].
 
-    A Reshape to a constant shape without copy markers (GPT-2 dynamo: [-1, D]) is re-applied to the
-    fused [B, S, H*dv] output: both hold the same elements in the same order.
+    A Reshape to a constant shape (GPT-2 dynamo: [-1, D]) is re-applied to the fused [B, S, H*dv]
+    output: both hold the same elements in the same order (a copy marker 0 only at dims 0 and 1,
+    which the two share).
     nn.MultiheadAttention works sequence-first: ``permute(2, 0, 1, 3)`` to [S, B, H, dv], then a
     view to [S*B, H*dv]. That merge is the fused output transposed to [S, B, H*dv], then the
     same Reshape (the same elements in the same order again).
@@ -316,6 +352,8 @@ def _merged_heads(value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]) -> _Me
     ):
         nodes.append(transpose)  # TorchScript's SDPA reshapes P@V to its own shape first
         transpose = _main_user(transpose.outputs[0])
+    if is_op(transpose, "Reshape") and transpose is not None:
+        return _single_head_merge(transpose, nodes)
     perm = transpose_perm(transpose)
     if perm not in ([0, 2, 1, 3], [2, 0, 1, 3]):
         return None
@@ -350,7 +388,11 @@ def _merged_heads(value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]) -> _Me
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
     constant = const_array(reshape.inputs[1])
     if len(entries) != 3 or not keeps_leading_dims(entries, allowzero, transpose.outputs[0]):
-        if constant is not None and 0 not in entries and entries.count(-1) <= 1:
+        # a 0 copies a dim; dims 0 and 1 are the same in the [B, S, H, dv] heads and the fused
+        # [B, S, H*dv] output (SAM2 views its windows back as [B, h, w, C]: [0, h, w, -1])
+        copies = [axis for axis, entry in enumerate(entries) if entry == 0]
+        copies_kept = not copies or (not allowzero and max(copies) < 2)
+        if constant is not None and copies_kept and entries.count(-1) <= 1:
             return replace(merge, target=reshape.inputs[1])
         return None
     last = entries[2]
@@ -359,6 +401,29 @@ def _merged_heads(value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]) -> _Me
     if not (isinstance(last, int) and (last == -1 or last > 0)):
         return None
     return merge
+
+
+def _single_head_merge(reshape: ir.Node, nodes: list[ir.Node]) -> _Merge | None:
+    """One head: P@V [B, 1, S, dv] viewed by a constant target with no Transpose (the move of a dim
+    of 1 is a view, which the cleanup folded into the Reshape). Row-major, [B, 1, S, dv] holds the
+    fused [B, S, dv] output's elements in order, so the target is re-applied to it; it may copy
+    (0) dim 0 alone, the only dim the two share by position."""
+    source = reshape.inputs[0]
+    entries = target_entries(reshape.inputs[1]) if len(reshape.inputs) > 1 else None
+    if (
+        source is None
+        or static_dim(source, 1) != 1
+        or value_rank(source) != 4
+        or entries is None
+        or const_array(reshape.inputs[1]) is None
+        or entries.count(-1) > 1
+    ):
+        return None
+    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
+    copies = [axis for axis, entry in enumerate(entries) if entry == 0]
+    if copies and (allowzero or copies != [0]):
+        return None
+    return _Merge(reshape.outputs[0], [*nodes, reshape], reshape.inputs[1], seq_first=False)
 
 
 def _merge_fixed_by_count(reshape: ir.Node, heads4: ir.Value) -> bool:
@@ -1001,7 +1066,7 @@ def _flat_bias(
         result = tape.op("Reshape", [term, target])
         result.shape = ir.Shape([None, heads, *dims[1:]])
     else:
-        result = tape.op("Unsqueeze", [term, int64_const(tape, list(range(4 - rank)))])
+        result = _rank4(tape, term, rank)
         result.shape = ir.Shape([*([1] * (4 - rank)), *dims])
     if term.dtype is not None:
         result.dtype = term.dtype
@@ -1687,10 +1752,21 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         and query_heads.head_size != key_heads.head_size
     ):
         return Mismatch("Q and K have different head sizes")
-    if key_heads.head_size != value_heads.head_size or key_heads.head_size is None:
-        # The fused ops take one head size for K and V (MultiHeadAttention: same K/V shapes).
+    target = context.options.target
+    if key_heads.head_size is None or value_heads.head_size is None:
         return Mismatch(
-            f"K and V head sizes are not provably equal ({key_heads.head_size} vs {value_heads.head_size})"
+            f"K and V head sizes are not provably known ({key_heads.head_size} vs "
+            f"{value_heads.head_size})"
+        )
+    if key_heads.head_size != value_heads.head_size and not (
+        target == "onnx" or (kv_repeat == 1 and _flat_kv(key_heads) and _flat_kv(value_heads))
+    ):
+        # LeViT: V's heads are wider than K's. Attention-23 takes that; MultiHeadAttention only
+        # with K and V as [B, T, H*d] (it refuses [B, H, T, d] K/V of two sizes).
+        return Mismatch(
+            f"K and V head sizes differ ({key_heads.head_size} vs {value_heads.head_size}) and "
+            "they are not both available as [B, T, H*d], the only layout MultiHeadAttention "
+            "takes them in"
         )
     if scores.dtype is not None and scores.dtype not in ATTENTION_DTYPES:
         return Mismatch(
@@ -1734,13 +1810,10 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         query_factor=head_factor,
         sinks=None if sinks is None else np.broadcast_to(sinks.logits, (heads,)).copy(),
     )
-    target = context.options.target
     if target == "onnx" and context.opset() < ONNX_ATTENTION_OPSET:
         return Mismatch(
             f"--target onnx: ONNX Attention needs opset {ONNX_ATTENTION_OPSET}, the model has {context.opset()}"
         )
-    if target == "onnx" and key_heads.four_d is None and key_heads.three_d is None:
-        return Mismatch("the key is not available as [B, H, T, d]")
     ordered = [
         *reversed(value_nodes),
         *reversed(key_nodes),
@@ -2029,12 +2102,15 @@ def _kv_one_layout(
     V is always known as the [B, H, T, d] tensor P@V reads; K may be known only as the [B, T, H*d]
     tensor its heads were split from (TorchScript's ``Transpose(Reshape(k, [B, T, H, d]),
     [0, 2, 3, 1])``: CodeGen's K after the interleaved rotary, while its V is a chunk of the
-    packed Q/K/V moved by a Transpose). When V was moved from a [B, T, H, d] x, V is passed as
+    packed Q/K/V moved by a Transpose), or as its [B, T, H, d] rows (SAM2's unbind of a packed
+    [B, T, 3, H, d] projection, viewed as [B, T, H*d]). When V was moved from a [B, T, H, d] x, V is passed as
     ``Reshape(x, [0, 0, -1])``: x's own head order, head h at columns h*d..(h+1)*d. Else K is split
     to [B, H, T, d] as the graph splits it. Either way head h of K meets head h of V, as in the
     two MatMuls: the heads are dim 1 of the operands they read, never a column range guessed
     from the projection.
     """
+    if key.head_size != value.head_size:  # as the matcher proved possible (_flat_kv)
+        return _kv_rows(tape, key), _kv_rows(tape, value), 1
     if key.four_d is not None and value.four_d is not None:
         # torch's sequence-first heads (_seq_first_heads): [T, B, H*d] moved batch-first, one
         # Transpose each (the same copy as the [B, H, T, d] split, one node less)
@@ -2043,17 +2119,45 @@ def _kv_one_layout(
             key3, value3 = (tape.op("Transpose", [x], {"perm": [1, 0, 2]}) for x in sources)
             return key3, value3, 1
         return key.four_d, value.four_d, 2
-    assert key.three_d is not None and value.four_d is not None
+    assert value.four_d is not None
     moved = _moved_heads(value.four_d)
     if moved is None:
         return _heads_first(tape, key), value.four_d, 2
-    merged = tape.op("Reshape", [moved, int64_const(tape, [0, 0, -1])])
-    shape = moved.shape
+    if key.three_d is not None:
+        return key.three_d, _merged_rows(tape, moved), 1
+    assert key.rows is not None
+    return _merged_rows(tape, key.rows), _merged_rows(tape, moved), 1
+
+
+def _flat_kv(side: _Heads) -> bool:
+    """K or V is available as [B, T, H*d]: split from it, or moved first from [B, T, H, d] rows."""
+    return (
+        side.three_d is not None
+        or side.rows is not None
+        or (side.four_d is not None and _moved_heads(side.four_d) is not None)
+    )
+
+
+def _kv_rows(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
+    """K or V as [B, T, H*d] (see _flat_kv)."""
+    if side.three_d is not None:
+        return side.three_d
+    rows = side.rows
+    if rows is None and side.four_d is not None:
+        rows = _moved_heads(side.four_d)
+    assert rows is not None
+    return _merged_rows(tape, rows)
+
+
+def _merged_rows(tape: ir.tape.Tape, rows: ir.Value) -> ir.Value:
+    """[B, T, H, d] heads viewed as [B, T, H*d] (its shape recorded where known)."""
+    merged = tape.op("Reshape", [rows, int64_const(tape, [0, 0, -1])])
+    shape = rows.shape
     if shape is not None and len(shape) == 4:
         heads, size = shape[2], shape[3]
         width = heads * size if isinstance(heads, int) and isinstance(size, int) else None
-        annotate(merged, moved, [shape[0], shape[1], width])
-    return key.three_d, merged, 1
+        annotate(merged, rows, [shape[0], shape[1], width])
+    return merged
 
 
 def _heads_first(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
@@ -2061,6 +2165,8 @@ def _heads_first(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
     shape recorded: fuse-group-query-attention reads N and d off it)."""
     if side.four_d is not None:
         return side.four_d
+    if side.rows is not None:
+        return tape.op("Transpose", [side.rows], {"perm": [0, 2, 1, 3]})
     assert side.three_d is not None and side.head_size is not None
     split = tape.op("Reshape", [side.three_d, int64_const(tape, [0, 0, -1, side.head_size])])
     moved = tape.op("Transpose", [split], {"perm": [0, 2, 1, 3]})
@@ -2115,9 +2221,13 @@ def _full_bias(
         return None
     rank = value_rank(bias)
     assert rank is not None
-    full = rank == 4 and same_symbol(bias, 2, query, q_axis) and same_symbol(bias, 3, key, kv_axis)
+    full = (
+        rank >= 2
+        and same_symbol(bias, rank - 2, query, q_axis)
+        and same_symbol(bias, rank - 1, key, kv_axis)
+    )
     if rank < 4:
-        bias = tape.op("Unsqueeze", [bias, int64_const(tape, list(range(4 - rank)))])
+        bias = _rank4(tape, bias, rank)
     if full:
         return bias
     target = tape.op(
@@ -2130,6 +2240,19 @@ def _full_bias(
         {"axis": 0},
     )
     return tape.op("Expand", [bias, target])
+
+
+def _rank4(tape: ir.tape.Tape, value: ir.Value, rank: int) -> ir.Value:
+    """``value`` (of rank < 4) with leading dims of 1 up to rank 4: a constant of that shape when
+    it is one (LeViT's learned [H, S, T] position bias), so that no Unsqueeze is left for a
+    second run to fold; else an Unsqueeze."""
+    constant = value.const_value
+    if constant is not None:
+        array = constant.numpy()
+        return tape.op(
+            "Constant", [], {"value": ir.tensor(array.reshape((1,) * (4 - rank) + array.shape))}
+        )
+    return tape.op("Unsqueeze", [value, int64_const(tape, list(range(4 - rank)))])
 
 
 def _nan_guard(tape: ir.tape.Tape, value: ir.Value, like: ir.Value) -> ir.Value:

@@ -1152,7 +1152,9 @@ def _kv_of_block(side: Any, heads: int, fused: frozenset[int]) -> _Grouped | Mis
             return reads
         return dataclasses.replace(grouped, shape_reads=reads)
     source = side.four_d if side.four_d is not None else side.three_d
-    if source is None or side.head_size is None:
+    if source is None:
+        return Mismatch("K/V are known only as [B, T, H, d] rows, not as GroupQueryAttention's K/V")
+    if side.head_size is None:
         return Mismatch("the K/V head size is unknown")
     if side.head_size % 8:
         return Mismatch(
