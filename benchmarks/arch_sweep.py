@@ -1565,6 +1565,328 @@ def ast() -> Factory:
     )
 
 
+# ---------------------------------------------------------------------------- more families
+# Detection, depth and promptable-segmentation vision models, a layout-aware encoder, MoE and
+# state-space decoders, recent decoder LLMs and an encoder-decoder speech model.
+
+
+@seeded
+def detr() -> Factory:
+    import torch
+    from transformers import DetrConfig, DetrModel, ResNetConfig
+
+    from onnxopt.zoo.transformers_models import _Outputs
+
+    backbone = ResNetConfig(
+        embedding_size=16,
+        hidden_sizes=[16, 32, 64],
+        depths=[1, 1, 1],
+        layer_type="basic",
+        out_features=["stage3"],  # stride 16: 4 x 4 features, the padded quarter masked
+    )
+    cfg = DetrConfig(
+        **_attn(
+            use_timm_backbone=False,
+            use_pretrained_backbone=False,
+            backbone_config=backbone,
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            num_queries=10,
+        )
+    )  # frozen-BN ResNet, sine positions from the pixel mask's cumsum, object queries
+    pixel_mask = torch.ones(2, 64, 64, dtype=torch.int64)
+    pixel_mask[1, :, 48:] = 0  # one padded image, so the mask matters
+    inputs = {"pixel_values": torch.randn(2, 3, 64, 64), "pixel_mask": pixel_mask}
+    wrapped = _Outputs(DetrModel(cfg), tuple(inputs), ("last_hidden_state",))
+    return _finish(wrapped, inputs, dict.fromkeys(inputs, BATCH))
+
+
+@seeded
+def rt_detr() -> Factory:
+    import torch
+    from transformers import RTDetrConfig, RTDetrModel, RTDetrResNetConfig
+
+    backbone = RTDetrResNetConfig(
+        embedding_size=16,
+        hidden_sizes=[16, 32, 48, 64],
+        depths=[1, 1, 1, 1],
+        layer_type="basic",
+        out_features=["stage2", "stage3", "stage4"],
+    )
+    cfg = RTDetrConfig(
+        **_attn(
+            backbone_config=backbone,
+            use_pretrained_backbone=False,
+            encoder_in_channels=[32, 48, 64],
+            encoder_hidden_dim=32,
+            encoder_ffn_dim=64,
+            encoder_attention_heads=4,
+            d_model=32,
+            decoder_in_channels=[32, 32, 32],
+            decoder_ffn_dim=64,
+            decoder_layers=2,
+            decoder_attention_heads=4,
+            num_queries=10,
+            initializer_range=0.1,
+        )
+    )  # hybrid encoder, top-k query selection, multi-scale deformable attention (grid_sample)
+    model = RTDetrModel(cfg)
+    for module in model.modules():  # transformers draws BatchNorm scales ~ N(0, 0.1): the
+        if isinstance(module, torch.nn.BatchNorm2d):  # encoder's output ignored the image
+            module.reset_parameters()
+    return _pixels(lambda _: model, cfg, 64)
+
+
+@seeded
+def depth_anything() -> Factory:
+    from transformers import DepthAnythingConfig, DepthAnythingForDepthEstimation, Dinov2Config
+
+    backbone = Dinov2Config(
+        num_hidden_layers=4,
+        hidden_size=32,
+        num_attention_heads=4,
+        mlp_ratio=2,
+        image_size=56,
+        patch_size=14,
+        out_indices=[1, 2, 3, 4],
+        reshape_hidden_states=False,
+    )
+    cfg = DepthAnythingConfig(
+        # only the backbone has attention (the head has no SDPA path)
+        attn_implementation={"backbone_config": ATTENTION["implementation"]},
+        backbone_config=backbone,
+        patch_size=14,
+        reassemble_hidden_size=32,
+        neck_hidden_sizes=[16, 32, 64, 64],
+        fusion_hidden_size=32,
+        head_hidden_size=16,
+        initializer_range=0.05,  # at 0.02 the depth map hardly depends on the image
+    )  # DINOv2 features reassembled at four scales, a DPT-style fusion neck and depth head
+    return _pixels(DepthAnythingForDepthEstimation, cfg, 56, ("predicted_depth",))
+
+
+sam_vision = _vision_family(  # windowed and global attention with decomposed rel-pos, conv neck
+    "sam_vision",
+    "SamVision",
+    attention=True,
+    hidden_size=32,
+    output_channels=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    mlp_dim=64,
+    image_size=64,
+    patch_size=8,
+    window_size=4,
+    global_attn_indexes=[1],
+    initializer_range=0.02,  # the default, 1e-10, leaves the output at the neck's biases
+)
+
+
+@seeded
+def sam2_vision() -> Factory:
+    from transformers import Sam2HieraDetConfig, Sam2VisionConfig, Sam2VisionModel
+
+    backbone = Sam2HieraDetConfig(
+        hidden_size=16,
+        blocks_per_stage=[1, 2, 3, 1],
+        embed_dim_per_stage=[16, 32, 64, 128],
+        num_attention_heads_per_stage=[1, 2, 4, 8],
+        window_size_per_stage=[4, 4, 4, 4],
+        global_attention_blocks=[4],
+        image_size=[128, 128],
+        window_positional_embedding_background_size=[4, 4],
+    )  # Hiera: one head first, windows unbound from a packed Q/K/V, Q pooled at stage changes
+    cfg = Sam2VisionConfig(
+        backbone_config=backbone, fpn_hidden_size=32, backbone_channel_list=[128, 64, 32, 16]
+    )
+    return _pixels(Sam2VisionModel, cfg, 128)
+
+
+@seeded
+def layoutlm() -> Factory:
+    import torch
+    from transformers import LayoutLMConfig, LayoutLMModel
+
+    from onnxopt.zoo.transformers_models import _Outputs, _tokens
+
+    cfg = LayoutLMConfig(**_attn(**ENC))
+    inputs = _tokens(1000)
+    corners = torch.randint(0, 1001, (2, 16, 2, 2)).sort(dim=2).values  # x0 <= x1, y0 <= y1
+    inputs["bbox"] = corners.reshape(2, 16, 4)  # (x0, y0, x1, y1)
+    wrapped = _Outputs(LayoutLMModel(cfg), tuple(inputs), ("last_hidden_state",))
+    return _finish(wrapped, inputs, dict.fromkeys(inputs, TOKENS))  # 2-D position embeddings
+
+
+@seeded
+def qwen3_moe() -> Factory:
+    from transformers import Qwen3MoeConfig, Qwen3MoeModel
+
+    cfg = Qwen3MoeConfig(
+        **_llama_like(
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            experts_implementation=EXPERTS,
+        )
+    )  # Qwen3's per-head Q/K RMSNorm, top-2 of 4 experts without a shared expert
+    return _decoder(Qwen3MoeModel, cfg)
+
+
+@seeded
+def olmoe() -> Factory:
+    from transformers import OlmoeConfig, OlmoeModel
+
+    cfg = OlmoeConfig(
+        **_llama_like(
+            intermediate_size=64,
+            num_experts=4,
+            num_experts_per_tok=2,
+            pad_token_id=0,
+            experts_implementation=EXPERTS,
+        )
+    )  # RMSNorm over all heads' Q and K, top-2 of 4 experts
+    return _decoder(OlmoeModel, cfg)
+
+
+@seeded
+def mamba2() -> Factory:
+    from transformers import Mamba2Config, Mamba2Model
+
+    cfg = Mamba2Config(
+        vocab_size=1000,
+        hidden_size=64,
+        num_heads=8,
+        head_dim=16,
+        state_size=8,
+        n_groups=1,
+        chunk_size=8,
+        num_hidden_layers=2,
+        pad_token_id=0,
+        use_cache=False,
+    )  # chunked SSD scan in torch (no CUDA kernels), gated RMSNorm
+    return _decoder(Mamba2Model, cfg)
+
+
+@seeded
+def llama4_text() -> Factory:
+    from transformers import Llama4TextConfig, Llama4TextModel
+
+    cfg = Llama4TextConfig(
+        **_llama_like(
+            head_dim=16,
+            intermediate_size=64,
+            intermediate_size_mlp=128,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+            no_rope_layer_interval=2,
+            attention_chunk_size=8,
+        )
+    )  # chunked attention with complex rotary, then a NoPE layer with temperature tuning; MoE
+    return _decoder(Llama4TextModel, cfg)
+
+
+vitdet = _vision_family(  # window attention with decomposed relative positions on one layer
+    "vitdet",
+    "VitDet",
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    mlp_ratio=2,
+    image_size=64,
+    pretrain_image_size=64,
+    patch_size=8,
+    window_block_indices=[0],
+    use_relative_position_embeddings=True,
+    window_size=4,
+)
+cvt = _vision_family(  # convolutional Q/K/V projections (depthwise conv + BN), strided K/V
+    "cvt",
+    "Cvt",
+    embed_dim=[16, 32, 64],
+    num_heads=[1, 2, 4],
+    depth=[1, 2, 3],  # CvtStage indexes its layers' drop-path rates by stage: depth[i] > i
+    mlp_ratio=[2.0, 2.0, 2.0],
+    drop_path_rate=[0.0, 0.0, 0.0],
+)
+data2vec_vision = _vision_family(  # BEiT's relative position bias, layer scale, mean pooling
+    "data2vec_vision",
+    "Data2VecVision",
+    attention=True,
+    **SMALL,
+    intermediate_size=128,
+    image_size=64,
+    patch_size=16,
+    use_relative_position_bias=True,
+)
+swin2sr = _vision_family(  # Swin V2 attention on every pixel (patch 1), windows of 4
+    "swin2sr",
+    "Swin2SR",
+    image_size=64,
+    patch_size=1,
+    embed_dim=16,
+    depths=[1, 1],
+    num_heads=[2, 2],
+    window_size=4,
+)
+
+
+@seeded
+def moonshine() -> Factory:
+    """The whole Moonshine forward: a conv front end on raw audio, a rotary encoder and decoder."""
+    import torch
+    from transformers import MoonshineConfig, MoonshineModel
+
+    from onnxopt.zoo.transformers_models import _Outputs
+
+    cfg = MoonshineConfig(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=64,
+            intermediate_size=128,
+            encoder_num_hidden_layers=2,
+            decoder_num_hidden_layers=2,
+            encoder_num_attention_heads=4,
+            decoder_num_attention_heads=4,
+            max_position_embeddings=256,
+            pad_token_id=0,
+            use_cache=False,
+        )
+    )
+    inputs = {
+        "input_values": torch.randn(2, 4000),
+        "decoder_input_ids": torch.randint(0, 1000, (2, 8)),
+    }
+    wrapped = _Outputs(
+        MoonshineModel(cfg), tuple(inputs), ("last_hidden_state", "encoder_last_hidden_state")
+    )
+    dynamic = {
+        "input_values": {0: "batch", 1: "samples"},
+        "decoder_input_ids": {0: "batch", 1: "decoder_sequence"},
+    }
+    return _finish(wrapped, inputs, dynamic)
+
+
+olmo3 = _decoder_family(  # Olmo2's norms, a sliding-window layer then a full one
+    "olmo3",
+    "Olmo3",
+    pad_token_id=0,
+    sliding_window=8,
+    layer_types=["sliding_attention", "full_attention"],
+)
+vaultgemma = _decoder_family(  # Gemma2's soft-capping and sliding windows, no post-norms
+    "vaultgemma", "VaultGemma", head_dim=16, query_pre_attn_scalar=16, sliding_window=8
+)
+bitnet = _decoder_family("bitnet", "BitNet")  # sub-norms before o_proj and down_proj, relu2
+doge = _decoder_family("doge", "Doge")  # a dynamic mask from the values added to the scores
+
+
 FAMILIES: dict[str, Callable[[], Factory]] = {
     f.__name__.replace("_", "-"): f
     for f in (
@@ -1685,6 +2007,25 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         w2v2_conformer,
         w2v2_conformer_rel,
         ast,
+        detr,
+        rt_detr,
+        depth_anything,
+        sam_vision,
+        sam2_vision,
+        layoutlm,
+        qwen3_moe,
+        olmoe,
+        mamba2,
+        llama4_text,
+        vitdet,
+        cvt,
+        data2vec_vision,
+        swin2sr,
+        moonshine,
+        olmo3,
+        vaultgemma,
+        bitnet,
+        doge,
     )
 }
 
