@@ -77,6 +77,21 @@ def onnxopt(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def optimize_variants(
+    source: Path, variants: dict[str, list[str]], *common: str
+) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """``onnxopt optimize`` of ``source`` once per variant (label: its flags, plus ``common``),
+    written next to it as SOURCE.LABEL.onnx: {label: (output path, the --json report)}."""
+    outputs = {}
+    for label, flags in variants.items():
+        out = source.with_suffix(f".{label}.onnx")
+        done = onnxopt("optimize", str(source), "-o", str(out), "--json", *common, *flags)
+        if done.returncode != 0:
+            raise SystemExit(f"{source}: {done.stderr.strip().splitlines()[-1]}")
+        outputs[label] = (out, json.loads(done.stdout))
+    return outputs
+
+
 def speedup_cells(bench_json: str) -> dict[str, str]:
     """Each timed variant's speed-up over the export in ``onnxopt bench --json`` output, as
     "median [low, high]" (the first point's first group)."""
@@ -109,14 +124,8 @@ def main() -> None:
             if not source.exists():
                 print(f"exporting {source} ...", file=sys.stderr, flush=True)
                 export(name, exporter, source)
-            outputs = {}
-            for label, flags in (("onnxopt", []), ("without", ["--disable", "promote-conv1d"])):
-                out = args.workdir / f"{name}.{exporter}.{label}.onnx"
-                done = onnxopt("optimize", str(source), "-o", str(out), "--dim", "samples=16000",
-                               "--json", *flags)  # fmt: skip
-                if done.returncode != 0:
-                    raise SystemExit(f"{source}: {done.stderr.strip().splitlines()[-1]}")
-                outputs[label] = (out, json.loads(done.stdout))
+            variants = {"onnxopt": [], "without": ["--disable", "promote-conv1d"]}
+            outputs = optimize_variants(source, variants, "--dim", "samples=16000")
             bench = onnxopt(
                 "bench", str(source), "--optimized", str(outputs["onnxopt"][0]),
                 "--compare", f"without={outputs['without'][0]}",

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from audio_speed import onnxopt, speedup_cells
+from audio_speed import onnxopt, optimize_variants, speedup_cells
 
 FORMS = ("weights", "no-weights", "seq-first")
 SHAPES = ("1x256", "4x128")
@@ -96,13 +95,7 @@ def main() -> None:
         if not source.exists():
             print(f"exporting {source} ...", file=sys.stderr, flush=True)
             export(form, source)
-        outputs = {}
-        for label, flags in (("onnxopt", []), ("unfused", ["--disable", UNFUSED])):
-            out = args.workdir / f"{form}.{label}.onnx"
-            done = onnxopt("optimize", str(source), "-o", str(out), "--json", *flags)
-            if done.returncode != 0:
-                raise SystemExit(f"{source}: {done.stderr.strip().splitlines()[-1]}")
-            outputs[label] = (out, json.loads(done.stdout))
+        outputs = optimize_variants(source, {"onnxopt": [], "unfused": ["--disable", UNFUSED]})
         report = outputs["onnxopt"][1]
         nodes = f"{report['before']['nodes']} → {report['after']['nodes']}"
         nodes += f" ({outputs['unfused'][1]['after']['nodes']})"
