@@ -19,6 +19,7 @@ import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -106,16 +107,24 @@ def speedup_cells(bench_json: str) -> dict[str, str]:
     return cells
 
 
-def main() -> None:
+def model_args(
+    doc: str | None, workdir: str, models: Iterable[str], budget: float
+) -> argparse.Namespace:
+    """The options these scripts share: --workdir (created), --models, --exporters, --budget."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--workdir", type=Path, default=Path("audio"))
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--workdir", type=Path, default=Path(workdir))
+    parser.add_argument("--models", default=",".join(models))
     parser.add_argument("--exporters", default=",".join(EXPORTERS))
-    parser.add_argument("--budget", type=float, default=40.0, help="seconds of timing per model")
+    parser.add_argument("--budget", type=float, default=budget, help="seconds of timing per model")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main() -> None:
+    args = model_args(__doc__, "audio", MODELS, 40.0)
     print("| model | exporter | nodes | onnxopt | without promote-conv1d |")
     print("|---|---|---:|---:|---:|")
     for name in args.models.split(","):
