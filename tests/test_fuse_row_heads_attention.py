@@ -235,3 +235,46 @@ def test_values_wider_than_keys_in_four_d_only_are_not_fused() -> None:
     result = FuseAttentionPass(PassOptions(explain=True))(model)
     assert not result.modified
     assert any("head sizes differ (4 vs 8)" in note for note in result.notes), result.notes
+
+
+def test_three_projections_with_wider_values_become_one_attention() -> None:
+    """Separate Q/K/V projections, V twice as wide, over 6 tokens (packed Attention is the
+    faster op there): the whole pipeline packs them into one com.microsoft.Attention with
+    ``qkv_hidden_sizes`` (validated by optimize itself)."""
+    from onnxopt.api import optimize
+
+    rng = np.random.default_rng(3)
+    text = f"""
+        <ir_version: 9, opset_import: ["" : 18]>
+        agraph (float[B, 6, {C}] x) => (float[B, 6, 16] y) <
+            int64[4] heads4 = {{0, 0, 2, 4}},
+            int64[4] heads8 = {{0, 0, 2, 8}},
+            int64[3] merged = {{0, 0, 16}},
+            float root = {{0.5}}
+        > {{
+            q = MatMul(x, wq)
+            k = MatMul(x, wk)
+            v = MatMul(x, wv)
+            qh = Reshape(q, heads4)
+            kh = Reshape(k, heads4)
+            vh = Reshape(v, heads8)
+            q4 = Transpose<perm=[0, 2, 1, 3]>(qh)
+            k4 = Transpose<perm=[0, 2, 1, 3]>(kh)
+            v4 = Transpose<perm=[0, 2, 1, 3]>(vh)
+            kt = Transpose<perm=[0, 1, 3, 2]>(k4)
+            qk = MatMul(q4, kt)
+            scores = Mul(qk, root)
+            probs = Softmax<axis=-1>(scores)
+            pv = MatMul(probs, v4)
+            pt = Transpose<perm=[0, 2, 1, 3]>(pv)
+            y = Reshape(pt, merged)
+        }}
+    """
+    weights = {
+        name: (rng.standard_normal((C, width)) * 0.7).astype(np.float32)
+        for name, width in (("wq", 8), ("wk", 8), ("wv", 16))
+    }
+    result = optimize(parse(text, **weights))
+    assert result.report.validation is not None and result.report.validation.passed
+    (attention,) = (node for node in result.model.graph if node.op_type == "Attention")
+    assert list(attention.attributes["qkv_hidden_sizes"].value) == [8, 8, 16]
