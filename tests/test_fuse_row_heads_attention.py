@@ -278,3 +278,50 @@ def test_three_projections_with_wider_values_become_one_attention() -> None:
     assert result.report.validation is not None and result.report.validation.passed
     (attention,) = (node for node in result.model.graph if node.op_type == "Attention")
     assert list(attention.attributes["qkv_hidden_sizes"].value) == [8, 8, 16]
+
+
+def test_two_window_blocks_optimize_to_a_fixed_point() -> None:
+    """Static shapes: each fused block's output view back to windows meets the next view after
+    the fusion, and the merged Reshapes get equal static targets. They are shared in the same run
+    (else a second optimize run shared them and the output was not a fixed point; SAM2's full
+    model exported at fixed shapes)."""
+    from onnxopt.api import optimize
+
+    rng = np.random.default_rng(4)
+    blocks = []
+    for i in (1, 2):
+        blocks.append(f"""
+            qkv{i} = MatMul(x{i}, w{i})
+            qkv5{i} = Reshape(qkv{i}, parts)
+            qs{i}, ks{i}, vs{i} = Split<axis=2>(qkv5{i}, thirds)
+            q{i} = Squeeze(qs{i}, two1)
+            k{i} = Squeeze(ks{i}, two1)
+            v{i} = Squeeze(vs{i}, two1)
+            q4{i} = Transpose<perm=[0, 2, 1, 3]>(q{i})
+            kt{i} = Transpose<perm=[0, 2, 3, 1]>(k{i})
+            v4{i} = Transpose<perm=[0, 2, 1, 3]>(v{i})
+            scores{i} = MatMul(q4{i}, kt{i})
+            probs{i} = Softmax<axis=-1>(scores{i})
+            pv{i} = MatMul(probs{i}, v4{i})
+            pt{i} = Transpose<perm=[0, 2, 1, 3]>(pv{i})
+            win{i} = Reshape(pt{i}, windows)
+            x{i + 1} = Reshape(win{i}, tokens)""")
+    text = f"""
+        <ir_version: 9, opset_import: ["" : 18]>
+        agraph (float[3, {T}, {C}] x1) => (float[3, {T}, {C}] x3) <
+            int64[5] parts = {{0, {T}, 3, 2, -1}},
+            int64[3] thirds = {{1, 1, 1}},
+            int64[1] two1 = {{2}},
+            int64[4] windows = {{0, {SIDE}, {SIDE}, -1}},
+            int64[3] tokens = {{0, {T}, {C}}}
+        > {{{"".join(blocks)}
+        }}
+    """
+    weights = {f"w{i}": (rng.standard_normal((C, 3 * C)) * 0.5).astype(np.float32) for i in (1, 2)}
+    first = optimize(parse(text, **weights))
+    assert first.report.validation is not None and first.report.validation.passed
+    assert op_types(first.model).count("com.microsoft::MultiHeadAttention") == 2
+    again = optimize(first.model, check=False)
+    assert (
+        ir.to_proto(again.model).SerializeToString() == ir.to_proto(first.model).SerializeToString()
+    )

@@ -205,11 +205,14 @@ LEVELS: dict[int, LevelSpec] = {
         # (Phi-3 TorchScript: else a second optimize run shares one more Shape). A fusion's last
         # Reshape can meet the graph's next one (GroupQueryAttention's fully-masked-row fix-up
         # before TorchScript GPT-2's 2-D output projection): merged here, not by a second run.
+        # Merged Reshapes get static targets as new initializers, often equal (SAM2's window
+        # views after its fused attention): shared here, else a second run renames them.
         (
             InferShapesPass,
             FoldShapeValuesPass,
             EliminateNoopsPass,
             MergeConsecutiveOpsPass,
+            DeduplicateInitializersPass,
             EliminateCommonSubexpressionsPass,
             EliminateDeadCodePass,
         ),
