@@ -1687,9 +1687,8 @@ sam_vision = _vision_family(  # windowed and global attention with decomposed re
 )
 
 
-@seeded
-def sam2_vision() -> Factory:
-    from transformers import Sam2HieraDetConfig, Sam2VisionConfig, Sam2VisionModel
+def _sam2_vision_config() -> Any:
+    from transformers import Sam2HieraDetConfig, Sam2VisionConfig
 
     backbone = Sam2HieraDetConfig(
         hidden_size=16,
@@ -1701,10 +1700,47 @@ def sam2_vision() -> Factory:
         image_size=[128, 128],
         window_positional_embedding_background_size=[4, 4],
     )  # Hiera: one head first, windows unbound from a packed Q/K/V, Q pooled at stage changes
-    cfg = Sam2VisionConfig(
-        backbone_config=backbone, fpn_hidden_size=32, backbone_channel_list=[128, 64, 32, 16]
+    return Sam2VisionConfig(
+        backbone_config=backbone,
+        fpn_hidden_size=32,
+        backbone_channel_list=[128, 64, 32, 16],
+        backbone_feature_sizes=[[32, 32], [16, 16], [8, 8]],
     )
-    return _pixels(Sam2VisionModel, cfg, 128)
+
+
+@seeded
+def sam2_vision() -> Factory:
+    from transformers import Sam2VisionModel
+
+    return _pixels(Sam2VisionModel, _sam2_vision_config(), 128)
+
+
+@seeded
+def sam2() -> Factory:
+    """The whole Sam2Model on one image and one point prompt, at fixed shapes (as SAM2 is
+    usually exported): Hiera encoder, prompt encoder, two-way mask decoder."""
+    import torch
+    from transformers import Sam2Config, Sam2Model
+
+    from onnxopt.zoo.transformers_models import _Outputs
+
+    cfg = Sam2Config(
+        vision_config=_sam2_vision_config(),
+        prompt_encoder_config={"hidden_size": 32, "image_size": 128, "patch_size": 16},
+        mask_decoder_config={
+            "hidden_size": 32,
+            "num_attention_heads": 2,
+            "mlp_dim": 64,
+            "iou_head_hidden_dim": 32,
+        },
+    )
+    inputs = {
+        "pixel_values": torch.randn(1, 3, 128, 128),
+        "input_points": torch.tensor([[[[40.0, 60.0]]]]),
+        "input_labels": torch.tensor([[[1]]]),
+    }
+    wrapped = _Outputs(Sam2Model(cfg), tuple(inputs), ("pred_masks", "iou_scores"))
+    return _finish(wrapped, inputs, {})
 
 
 @seeded
@@ -2012,6 +2048,7 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         depth_anything,
         sam_vision,
         sam2_vision,
+        sam2,
         layoutlm,
         qwen3_moe,
         olmoe,
