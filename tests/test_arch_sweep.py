@@ -76,6 +76,14 @@ CASES = [
     # Conv1D + Gelu: the bias Gelu fused in the first run (it took a second one before)
     ("openai-gpt", "dynamo", "eager", "fastgelu 2"),
     ("siglip-vision", "dynamo", "eager", "attn 2"),  # probe.repeat(B, 1, 1) keeps B's name
+    # SAM2's Hiera: K^T of the unbound [B, T, H, d] rows, windows viewed back with [0, h, w, -1]
+    ("sam2-vision", "torchscript", "eager", "mha 7"),
+    ("sam2-vision", "dynamo", "eager", "mha 7"),  # one head: no key tensor, no merge Transpose
+    # the whole model at fixed shapes: equal static view targets shared in the same run
+    ("sam2", "torchscript", "eager", "mha 14"),
+    ("levit", "dynamo", "eager", "mha 3"),  # V's heads wider than K's: [B, T, H*d] K and V
+    # a folded node inside an If branch reads a folded value of the main graph
+    ("vitdet", "torchscript", "eager", "biasgelu 2"),
 ]
 
 
