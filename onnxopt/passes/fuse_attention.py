@@ -386,13 +386,10 @@ def _merged_heads(value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]) -> _Me
             return merge
         return None
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
-    constant = const_array(reshape.inputs[1])
     if len(entries) != 3 or not keeps_leading_dims(entries, allowzero, transpose.outputs[0]):
-        # a 0 copies a dim; dims 0 and 1 are the same in the [B, S, H, dv] heads and the fused
-        # [B, S, H*dv] output (SAM2 views its windows back as [B, h, w, C]: [0, h, w, -1])
-        copies = [axis for axis, entry in enumerate(entries) if entry == 0]
-        copies_kept = not copies or (not allowzero and max(copies) < 2)
-        if constant is not None and copies_kept and entries.count(-1) <= 1:
+        # dims 0 and 1 are the same in the [B, S, H, dv] heads and the fused [B, S, H*dv] output
+        # (SAM2 views its windows back as [B, h, w, C]: [0, h, w, -1])
+        if _reapplicable(reshape, entries, shared=2):
             return replace(merge, target=reshape.inputs[1])
         return None
     last = entries[2]
@@ -415,15 +412,21 @@ def _single_head_merge(reshape: ir.Node, nodes: list[ir.Node]) -> _Merge | None:
         or static_dim(source, 1) != 1
         or value_rank(source) != 4
         or entries is None
-        or const_array(reshape.inputs[1]) is None
-        or entries.count(-1) > 1
+        or not _reapplicable(reshape, entries, shared=1)
     ):
         return None
-    allowzero = bool(reshape.attributes.get_int("allowzero", 0))
-    copies = [axis for axis, entry in enumerate(entries) if entry == 0]
-    if copies and (allowzero or copies != [0]):
-        return None
     return _Merge(reshape.outputs[0], [*nodes, reshape], reshape.inputs[1], seq_first=False)
+
+
+def _reapplicable(reshape: ir.Node, entries: Sequence[Entry], shared: int) -> bool:
+    """The Reshape's target can be re-applied to the fused output: a constant with at most one -1
+    whose copy markers (0) fall only on its first ``shared`` dims, the ones P@V's layout and the
+    fused output share (none with allowzero, where a 0 is a size)."""
+    if const_array(reshape.inputs[1]) is None or entries.count(-1) > 1:
+        return False
+    copies = [axis for axis, entry in enumerate(entries) if entry == 0]
+    allowzero = reshape.attributes.get_int("allowzero", 0)
+    return not copies or (not allowzero and max(copies) < shared)
 
 
 def _merge_fixed_by_count(reshape: ir.Node, heads4: ir.Value) -> bool:
