@@ -41,34 +41,44 @@ def _feeds(channels: int) -> list[dict[str, np.ndarray]]:
     ]
 
 
+# The constants _rows_block reads (with a ``merged`` view target of the caller's own).
+ROWS_CONSTANTS = f"""
+            int64[5] parts = {{0, {T}, 3, 2, -1}},
+            int64[3] thirds = {{1, 1, 1}},
+            int64[1] two1 = {{2}},
+            float root = {{0.7071067811865476}},"""
+
+
+def _rows_block(x: str, y: str, i: str = "") -> str:
+    """One block of two heads of 4 in TorchScript's spelling, x -> y (viewed by ``merged``);
+    ``i`` suffixes its values' names."""
+    return f"""
+            qkv{i} = MatMul({x}, w{i})
+            qkv5{i} = Reshape(qkv{i}, parts)
+            qs{i}, ks{i}, vs{i} = Split<axis=2>(qkv5{i}, thirds)
+            q{i} = Squeeze(qs{i}, two1)
+            k{i} = Squeeze(ks{i}, two1)
+            v{i} = Squeeze(vs{i}, two1)
+            q4{i} = Transpose<perm=[0, 2, 1, 3]>(q{i})
+            kt{i} = Transpose<perm=[0, 2, 3, 1]>(k{i})
+            v4{i} = Transpose<perm=[0, 2, 1, 3]>(v{i})
+            qscaled{i} = Mul(q4{i}, root)
+            kscaled{i} = Mul(kt{i}, root)
+            scores{i} = MatMul(qscaled{i}, kscaled{i})
+            probs{i} = Softmax<axis=-1>(scores{i})
+            pv{i} = MatMul(probs{i}, v4{i})
+            pt{i} = Transpose<perm=[0, 2, 1, 3]>(pv{i})
+            {y} = Reshape(pt{i}, merged)"""
+
+
 def _rows_model(*, merge: str = f"0, {SIDE}, {SIDE}, -1", opset: int = 18) -> ir.Model:
     """Two heads of 4, TorchScript's spelling; ``merge``: the output view's target."""
     rng = np.random.default_rng(0)
     text = f"""
         <ir_version: 9, opset_import: ["" : {opset}]>
-        agraph (float[B, {SIDE}, {SIDE}, {C}] x) => (float[B, {SIDE}, {SIDE}, {C}] y) <
-            int64[5] parts = {{0, {T}, 3, 2, -1}},
-            int64[3] thirds = {{1, 1, 1}},
-            int64[1] two1 = {{2}},
-            int64[4] merged = {{{merge}}},
-            float root = {{0.7071067811865476}}
-        > {{
-            qkv = MatMul(x, w)
-            qkv5 = Reshape(qkv, parts)
-            qs, ks, vs = Split<axis=2>(qkv5, thirds)
-            q = Squeeze(qs, two1)
-            k = Squeeze(ks, two1)
-            v = Squeeze(vs, two1)
-            q4 = Transpose<perm=[0, 2, 1, 3]>(q)
-            kt = Transpose<perm=[0, 2, 3, 1]>(k)
-            v4 = Transpose<perm=[0, 2, 1, 3]>(v)
-            qscaled = Mul(q4, root)
-            kscaled = Mul(kt, root)
-            scores = MatMul(qscaled, kscaled)
-            probs = Softmax<axis=-1>(scores)
-            pv = MatMul(probs, v4)
-            pt = Transpose<perm=[0, 2, 1, 3]>(pv)
-            y = Reshape(pt, merged)
+        agraph (float[B, {SIDE}, {SIDE}, {C}] x) => (float[B, {SIDE}, {SIDE}, {C}] y) <{ROWS_CONSTANTS}
+            int64[4] merged = {{{merge}}}
+        > {{{_rows_block("x", "y")}
         }}
     """
     return parse(text, w=(rng.standard_normal((C, 3 * C)) * 0.5).astype(np.float32))
@@ -288,31 +298,15 @@ def test_two_window_blocks_optimize_to_a_fixed_point() -> None:
     from onnxopt.api import optimize
 
     rng = np.random.default_rng(4)
-    blocks = []
-    for i in (1, 2):
-        blocks.append(f"""
-            qkv{i} = MatMul(x{i}, w{i})
-            qkv5{i} = Reshape(qkv{i}, parts)
-            qs{i}, ks{i}, vs{i} = Split<axis=2>(qkv5{i}, thirds)
-            q{i} = Squeeze(qs{i}, two1)
-            k{i} = Squeeze(ks{i}, two1)
-            v{i} = Squeeze(vs{i}, two1)
-            q4{i} = Transpose<perm=[0, 2, 1, 3]>(q{i})
-            kt{i} = Transpose<perm=[0, 2, 3, 1]>(k{i})
-            v4{i} = Transpose<perm=[0, 2, 1, 3]>(v{i})
-            scores{i} = MatMul(q4{i}, kt{i})
-            probs{i} = Softmax<axis=-1>(scores{i})
-            pv{i} = MatMul(probs{i}, v4{i})
-            pt{i} = Transpose<perm=[0, 2, 1, 3]>(pv{i})
-            win{i} = Reshape(pt{i}, windows)
-            x{i + 1} = Reshape(win{i}, tokens)""")
+    blocks = [
+        _rows_block(f"x{i}", f"win{i}", str(i))
+        + f"\n            x{i + 1} = Reshape(win{i}, tokens)"
+        for i in (1, 2)
+    ]
     text = f"""
         <ir_version: 9, opset_import: ["" : 18]>
-        agraph (float[3, {T}, {C}] x1) => (float[3, {T}, {C}] x3) <
-            int64[5] parts = {{0, {T}, 3, 2, -1}},
-            int64[3] thirds = {{1, 1, 1}},
-            int64[1] two1 = {{2}},
-            int64[4] windows = {{0, {SIDE}, {SIDE}, -1}},
+        agraph (float[3, {T}, {C}] x1) => (float[3, {T}, {C}] x3) <{ROWS_CONSTANTS}
+            int64[4] merged = {{0, {SIDE}, {SIDE}, -1}},
             int64[3] tokens = {{0, {T}, {C}}}
         > {{{"".join(blocks)}
         }}
