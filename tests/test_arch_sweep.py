@@ -84,8 +84,12 @@ CASES = [
     # the whole model at fixed shapes: equal static view targets shared in the same run
     ("sam2", "torchscript", "eager", "mha 14"),
     ("levit", "dynamo", "eager", "mha 3"),  # V's heads wider than K's: [B, T, H*d] K and V
-    # a folded node inside an If branch reads a folded value of the main graph
-    ("vitdet", "torchscript", "eager", "biasgelu 2"),
+    # a folded node inside an If branch reads a folded value of the main graph; heads flattened
+    # into the batch out of the stacked [3, B*H, T, d] view, relative positions added to a
+    # [B*H, h, w, h, w] view of the scores, P@V back on the grid as [B, H, h, w, d]
+    ("vitdet", "torchscript", "eager", "mha 2"),
+    ("vitdet", "dynamo", "eager", "mha 2"),
+    ("sam-vision", "torchscript", "eager", "mha 2"),  # SAM adds the terms' sum flat
 ]
 
 

@@ -253,6 +253,32 @@ def gathered_dim(gather: ir.Node | None, *, scalar: bool) -> Entry | None:
     return ("dim", shape_node.inputs[0], i)
 
 
+def scaled_dim_reads(piece: ir.Value | None) -> list[tuple[Entry, int]]:
+    """(dim read b, constant c) for a one-element target piece ``Mul(b, c)``, b a read of one dim
+    (TorchScript's ``batch_size * num_heads``: ``Unsqueeze(Mul(Gather(Shape(x), 0), H))``); both
+    operand orders, so at most two pairs, none when the piece is anything else."""
+    if piece is None or value_rank(piece) != 1 or static_dim(piece, 0) != 1:
+        return []
+    product = piece.producer()
+    if is_op(product, "Unsqueeze") or is_op(product, "Reshape"):
+        assert product is not None
+        inner = product.inputs[0]
+        product = inner.producer() if inner is not None and value_rank(inner) == 0 else None
+    if not is_op(product, "Mul") or product is None or len(product.inputs) != 2:
+        return []
+    found: list[tuple[Entry, int]] = []
+    for read, factor in (product.inputs, product.inputs[::-1]):
+        constant = const_array(factor)
+        if read is None or constant is None or constant.size != 1:
+            continue
+        if not np.issubdtype(constant.dtype, np.integer):
+            continue
+        dim = gathered_dim(read.producer(), scalar=value_rank(read) == 0)
+        if dim is not None:
+            found.append((dim, int(constant.reshape(-1)[0])))
+    return found
+
+
 def scalar_dim_read(value: ir.Value | None) -> tuple[ir.Value, int] | None:
     """``value`` = one dim of a tensor's shape as a scalar: Gather(Shape(x), i) or
     Squeeze(Shape(x)[i:i+1]); returns (x, i)."""

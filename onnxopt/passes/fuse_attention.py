@@ -90,6 +90,7 @@ import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, single_consumer
 from onnxopt.passes import _seq_first_heads as seq_first_heads
+from onnxopt.passes import _stacked_heads as stacked_heads
 from onnxopt.passes._attention_shapes import (
     ATTENTION_DTYPES,
     MASK_FLOOR,
@@ -106,6 +107,7 @@ from onnxopt.passes._attention_shapes import (
     same_dim,
     same_symbol,
     scalar_factor,
+    scaled_dim_reads,
     seq_len,
     split_last_axis,
     static_dim,
@@ -429,6 +431,47 @@ def _reapplicable(reshape: ir.Node, entries: Sequence[Entry], shared: int) -> bo
     return not copies or (not allowzero and max(copies) < shared)
 
 
+def _spatial_merge(view: ir.Node, query4: ir.Value, value4: ir.Value) -> _Merge | None:
+    """P@V [B*H, S, dv] merged back onto an image grid (SAM's and ViTDet's attention)::
+
+        Reshape(Transpose(Reshape(P@V, [B, H, h, w, dv]), [0, 2, 3, 1, 4]), [B, h, w, H*dv])
+
+    With h*w = S (static) and H the query's head count, row-major, the first view is P@V as
+    [B, H, S, dv] with S split in two, and the Transpose moves the heads next to dv as [0, 2, 1, 3]
+    would: the last view holds the fused [B, S, H*dv] output's elements in order. So the fused
+    output is viewed by the same target, which may copy (0) dim 0 alone, the one both share. B or
+    dv must be proved (the element count then fixes the other)."""
+    out = view.outputs[0]
+    entries = view_entries(out)
+    heads, length = static_dim(query4, 1), static_dim(query4, 2)
+    if value_rank(out) != 5 or entries is None or len(entries) != 5 or not heads or not length:
+        return None
+
+    def size(axis: int) -> int | None:
+        entry = entries[axis]
+        return entry if isinstance(entry, int) and entry > 0 else static_dim(out, axis)
+
+    height, width = size(2), size(3)
+    if size(1) != heads or height is None or width is None or height * width != length:
+        return None
+    batch = entries[0]
+    batch_proved = (isinstance(batch, tuple) and same_dim(batch, query4, 0)) or same_symbol(
+        out, 0, query4, 0
+    )
+    if not batch_proved and not (size(4) is not None and size(4) == static_dim(value4, 3)):
+        return None
+    transpose = _main_user(out)
+    if transpose_perm(transpose) != [0, 2, 3, 1, 4] or transpose is None:
+        return None
+    merge = _main_user(transpose.outputs[0])
+    if not is_op(merge, "Reshape") or merge is None or merge.inputs[0] is not transpose.outputs[0]:
+        return None
+    target = target_entries(merge.inputs[1])
+    if target is None or not _reapplicable(merge, target, shared=1):
+        return None
+    return _Merge(merge.outputs[0], [view, transpose, merge], merge.inputs[1], seq_first=False)
+
+
 def _merge_fixed_by_count(reshape: ir.Node, heads4: ir.Value) -> bool:
     """``Reshape(heads4 [B, S, H, d], [x, S, H*d])`` with S and H*d proved and x unreadable
     (TorchScript's BLOOM computes B as Shape(P@V)[0] / H): the element count fixes x = B."""
@@ -627,6 +670,9 @@ class AttentionBlock:
     # Terms added to the scores while they were viewed as [B, W, H, S, T] (Swin's shifted-window
     # mask, one row of windows per image), each as [1, W|1, H|1, S|1, T|1].
     window_terms: tuple[_WindowTerm, ...] = ()
+    # Terms added to the flat [B*H, S, T] scores while viewed at rank 5 (ViTDet's relative
+    # positions), each summed and viewed back as a [B*H, S, T] term.
+    view_terms: tuple[_ViewTerms, ...] = ()
     # A constant per-head factor of the scores ([H, 1, 1]), applied to the [B, H, S, d] query.
     query_factor: ir.Value | None = None
     # [H]: attention sinks (GPT-OSS), one logit per head that joins each softmax row, its
@@ -988,29 +1034,12 @@ def _batch_times_heads(
         return batch is not None and entry > 0 and entry == batch * heads
     reshape = producer_of(view, "Reshape")
     concat = producer_of(reshape.inputs[1], "Concat") if reshape is not None else None
-    if concat is None or not concat.inputs or concat.inputs[0] is None:
+    if concat is None or not concat.inputs:
         return False
-    piece = concat.inputs[0]
-    if value_rank(piece) != 1 or static_dim(piece, 0) != 1:
-        return False
-    product = piece.producer()
-    if is_op(product, "Unsqueeze") or is_op(product, "Reshape"):
-        assert product is not None
-        inner = product.inputs[0]
-        product = inner.producer() if inner is not None and value_rank(inner) == 0 else None
-    if not is_op(product, "Mul") or product is None or len(product.inputs) != 2:
-        return False
-    for read, factor in (product.inputs, product.inputs[::-1]):
-        constant = const_array(factor)
-        if read is None or constant is None or constant.size != 1:
-            continue
-        if not np.issubdtype(constant.dtype, np.integer) or int(constant.reshape(-1)[0]) != heads:
-            continue
-        reader = read.producer()
-        dim = gathered_dim(reader, scalar=value_rank(read) == 0)
-        if dim is not None and (any_batch or same_dim(dim, source, 0)):
-            return True
-    return False
+    return any(
+        factor == heads and (any_batch or same_dim(read, source, 0))
+        for read, factor in scaled_dim_reads(concat.inputs[0])
+    )
 
 
 def _flattened_from(value3: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
@@ -1164,10 +1193,11 @@ def _window_view(value: ir.Value | None) -> tuple[ir.Node, ir.Node] | None:
 
 
 def _rank_change(value: ir.Value | None) -> ir.Node | None:
-    """The Reshape making ``value`` out of a tensor of rank 4 or 5, the other one of the two."""
+    """The Reshape making ``value`` out of a tensor of rank 4 or 5, the other one of the two; or
+    between ranks 3 and 5 (ViTDet's [B*H, h, w, h, w] view of its flat scores)."""
     reshape = producer_of(value, "Reshape")
     ranks = {value_rank(value), value_rank(reshape.inputs[0]) if reshape is not None else None}
-    return reshape if ranks == {4, 5} else None
+    return reshape if ranks in ({4, 5}, {3, 5}) else None
 
 
 def _window_term(term: ir.Value, five: Sequence[int | None]) -> _WindowTerm | Mismatch:
@@ -1188,17 +1218,12 @@ def _window_term(term: ir.Value, five: Sequence[int | None]) -> _WindowTerm | Mi
     return _WindowTerm(term, windows, (int(dims[2]), int(dims[3]), int(dims[4])))
 
 
-def _window_step(
-    value: ir.Value | None,
-) -> tuple[list[_WindowTerm], list[ir.Node], ir.Value] | Mismatch | None:
-    """One step up from the Softmax through Swin's windowed mask: (terms, nodes, the scores).
-    The terms are the operands of the rank-5 Adds between the two views (Hugging Face's Swin-V2
-    adds its mask twice)."""
-    found = _window_view(value)
-    if found is None:
-        return None
-    add, back = found
-    nodes: list[ir.Node] = [back]
+def _rank5_terms(
+    add: ir.Node, source_rank: int
+) -> tuple[list[ir.Value], list[ir.Node], ir.Node] | Mismatch:
+    """Down a chain of rank-5 Adds from ``add`` to the rank-5 view of the scores (a Reshape from
+    rank ``source_rank``): (the terms added, the Adds, the view's Reshape)."""
+    nodes: list[ir.Node] = []
     terms: list[ir.Value] = []
     while True:
         nodes.append(add)
@@ -1207,14 +1232,15 @@ def _window_step(
         ]
         split = next(
             (
-                (producer_of(v, "Reshape"), v, t)
+                (reshape, t)
                 for v, t in sides
-                if _rank_change(v) is not None and value_rank(v) == 5 and _leads_to_scores(v)
+                if (reshape := _view_of_rank(v, 5, source_rank)) is not None and _leads_to_scores(v)
             ),
             None,
         )
         if split is not None:
-            break
+            terms.append(split[1])
+            return terms, nodes, split[0]
         inner = next(
             (
                 (producer_of(v, "Add"), t)
@@ -1227,9 +1253,24 @@ def _window_step(
             return Mismatch("the Softmax input is a rank-5 Add without a view of Q@K^T")
         terms.append(inner[1])
         add = inner[0]
-    reshape, view, last = split
-    assert reshape is not None and reshape.inputs[0] is not None
-    terms.append(last)
+
+
+def _window_step(
+    value: ir.Value | None,
+) -> tuple[list[_WindowTerm], list[ir.Node], ir.Value] | Mismatch | None:
+    """One step up from the Softmax through Swin's windowed mask: (terms, nodes, the scores).
+    The terms are the operands of the rank-5 Adds between the two views (Hugging Face's Swin-V2
+    adds its mask twice)."""
+    found = _window_view(value)
+    if found is None:
+        return None
+    add, back = found
+    walked = _rank5_terms(add, 4)
+    if isinstance(walked, Mismatch):
+        return walked
+    terms, adds, reshape = walked
+    view = reshape.outputs[0]
+    assert reshape.inputs[0] is not None
     scores = reshape.inputs[0]
     inner_dims = [static_dim(scores, axis) for axis in (1, 2, 3)]
     five = [static_dim(view, axis) for axis in (1, 2, 3, 4)]
@@ -1245,16 +1286,92 @@ def _window_step(
         if isinstance(window, Mismatch):
             return window
         windows.append(window)
-    return windows, [*nodes, reshape], scores
+    return windows, [back, *adds, reshape], scores
+
+
+@dataclass(frozen=True)
+class _ViewTerms:
+    """Terms added to the flat [N, S, T] scores while they are viewed at rank 5 (ViTDet's and
+    segment-anything's decomposed relative positions: ``(attn.view(N, h, w, h, w) + rel_h[..., None]
+    + rel_w[..., None, :]).view(N, S, T)``).
+
+    The view back gives the scores their own shape, so, row-major, the sum is the scores plus the
+    terms' sum viewed the same way: ``Reshape(Expand(t1 + t2, full), back)``, once the terms' sum
+    has the view's full shape (``expand``: the Expand's target, 1 where the terms already have the
+    dim; None where they have every one)."""
+
+    terms: tuple[ir.Value, ...]
+    back: ir.Value  # the target of the Reshape back to [N, S, T]
+    expand: tuple[int, ...] | None
+    shape: ir.Shape | None  # the scores'
+
+
+@dataclass(frozen=True)
+class _ViewStep:
+    terms: _ViewTerms
+    nodes: list[ir.Node]
+    scores: ir.Value
+
+
+def _view_step(value: ir.Value | None) -> _ViewStep | Mismatch | None:
+    """One step up from the Softmax through a rank-5 view of the flat scores (see _ViewTerms)."""
+    back = _view_of_rank(value, 3, 5)
+    add = producer_of(back.inputs[0], "Add") if back is not None else None
+    if back is None or add is None or value is None or len(back.inputs) < 2:
+        return None
+    walked = _rank5_terms(add, 3)
+    if isinstance(walked, Mismatch):
+        return walked
+    terms, adds, reshape = walked
+    view, scores = reshape.outputs[0], reshape.inputs[0]
+    assert scores is not None and back.inputs[1] is not None
+    if not _view_proved(value, [[(scores, 0)], [(scores, 1)], [(scores, 2)]]):
+        return Mismatch(
+            "the flat scores are viewed at rank 5 for a term and back, but the view back is not "
+            "provably their own shape [N, S, T]"
+        )
+    entries = view_entries(view)
+    target: list[int] = []
+    for axis in range(5):
+        if any(_covers(term, axis, view) for term in terms):
+            target.append(1)
+            continue
+        entry = entries[axis] if entries is not None and len(entries) == 5 else None
+        size = entry if isinstance(entry, int) and entry > 0 else static_dim(view, axis)
+        if axis == 0 or size is None:
+            return Mismatch(
+                "the terms added to the rank-5 view of the flat scores do not provably span "
+                f"its dim {axis}"
+            )
+        target.append(size)
+    expand = tuple(target) if any(size != 1 for size in target) else None
+    view_terms = _ViewTerms(tuple(terms), back.inputs[1], expand, scores.shape)
+    return _ViewStep(view_terms, [back, *adds, reshape], scores)
+
+
+def _covers(term: ir.Value, axis: int, view: ir.Value) -> bool:
+    """Dim ``axis`` of the rank-5 ``view`` is the term's own (right-aligned): the same symbol or
+    static size, or a read of it."""
+    rank = value_rank(term)
+    if rank is None or rank + axis < 5:
+        return False
+    index = axis - (5 - rank)
+    if same_symbol(term, index, view, axis):
+        return True
+    size = static_dim(term, index)
+    return size is not None and size == static_dim(view, axis) and size > 0
 
 
 def _scores_step(
     value: ir.Value | None,
-) -> _BiasStep | tuple[list[_WindowTerm], list[ir.Node], ir.Value] | Mismatch | None:
-    """One step up from the Softmax: a bias term or masked_fill (:func:`_bias_step`), else a term
-    added to the windowed view of the scores (:func:`_window_step`)."""
+) -> _BiasStep | tuple[list[_WindowTerm], list[ir.Node], ir.Value] | _ViewStep | Mismatch | None:
+    """One step up from the Softmax: a bias term or masked_fill (:func:`_bias_step`), else terms
+    added to the windowed view of the scores (:func:`_window_step`) or to a rank-5 view of the
+    flat ones (:func:`_view_step`)."""
     step = _bias_step(value)
-    return _window_step(value) if step is None else step
+    if step is None:
+        return _window_step(value) or _view_step(value)
+    return step
 
 
 def _window_bias(
@@ -1353,6 +1470,10 @@ def _summed_bias(
         *(_fill_bias(tape, fill) for fill in block.fills),
         *(_flat_bias(tape, term, block, heads, opset) for term in block.flat_terms),
         *(_window_bias(tape, window, block, opset) for window in block.window_terms),
+        *(
+            _flat_bias(tape, _view_bias(tape, view), block, heads, opset)
+            for view in block.view_terms
+        ),
     ]
     if not terms:
         return None  # a floor of the bare scores clamps nothing (s >= -1e30 > floor)
@@ -1368,6 +1489,20 @@ def _summed_bias(
             bias.dtype = terms[0].dtype
         bias.shape = _broadcast_shape(terms)
     return bias
+
+
+def _view_bias(tape: ir.tape.Tape, view: _ViewTerms) -> ir.Value:
+    """The terms of the rank-5 view as one [B*H, S, T] term (see _ViewTerms)."""
+    total = view.terms[0]
+    for term in view.terms[1:]:
+        total = tape.op("Add", [total, term])
+    if view.expand is not None:
+        total = tape.op("Expand", [total, int64_const(tape, list(view.expand))])
+    result = tape.op("Reshape", [total, view.back])
+    result.shape = view.shape
+    if view.terms[0].dtype is not None:
+        result.dtype = view.terms[0].dtype
+    return result
 
 
 def _fill_bias(tape: ir.tape.Tape, fill: _MaskedFill) -> ir.Value:
@@ -1463,6 +1598,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     terms: list[ir.Value] = []
     fills: list[_MaskedFill] = []
     windows: list[_WindowTerm] = []
+    views: list[_ViewTerms] = []
     base: ir.Value | None = scores
     # GPT-OSS: Softmax(Concat(scores, sinks) - row max), the sinks' column dropped after.
     sinks = _sink_logits(base)
@@ -1486,10 +1622,15 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     while (step := _scores_step(base)) is not None:
         if isinstance(step, Mismatch):
             return step
-        if len(terms) + len(fills) + len(windows) == MAX_BIAS_TERMS:
+        if len(terms) + len(fills) + len(windows) + len(views) == MAX_BIAS_TERMS:
             return Mismatch(f"the scores get more than {MAX_BIAS_TERMS} additive terms")
+        if isinstance(step, _ViewStep):
+            views.append(step.terms)
+            nodes.extend(step.nodes)
+            base = step.scores
+            continue
         if isinstance(step, tuple):
-            if len(terms) + len(fills) + len(windows) + len(step[0]) > MAX_BIAS_TERMS:
+            if len(terms) + len(fills) + len(windows) + len(views) + len(step[0]) > MAX_BIAS_TERMS:
                 return Mismatch(f"the scores get more than {MAX_BIAS_TERMS} additive terms")
             windows.extend(step[0])
             nodes.extend(step[1])
@@ -1556,6 +1697,10 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     )
     if all_flat:
         flat_terms, terms = terms, []
+    elif views:
+        return Mismatch(
+            "terms are added to a rank-5 view of scores that are not the flat [B*H, S, T] ones"
+        )
     flat_heads = unflatten is not None or all_flat
     if flat_heads:
         flat_query = _flattened_from(query_base)
@@ -1681,6 +1826,14 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         if merged is None:
             if not is_op(unflatten_pv, "Reshape") or unflatten_pv is None:
                 return Mismatch("P@V as [B*H, S, d] is not viewed back as [B, H, S, d]")
+            merged = _spatial_merge(unflatten_pv, query_base, value4)
+            if merged is None and value_rank(unflatten_pv.outputs[0]) == 5:
+                return Mismatch(
+                    "P@V is viewed on an image grid, but not provably as [B, H, h, w, d] with "
+                    "h*w = S, moved by [0, 2, 3, 1, 4] and viewed back as [B, h, w, H*d]"
+                )
+        if merged is None:
+            assert unflatten_pv is not None
             pv_out = unflatten_pv.outputs[0]
             pv_dims = [
                 [(query_base, 0)],
@@ -1810,6 +1963,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         softcap=capped.cap if capped is not None else 0.0,
         floor=clamp[2] if clamp is not None else None,
         window_terms=tuple(windows),
+        view_terms=tuple(views),
         query_factor=head_factor,
         sinks=None if sinks is None else np.broadcast_to(sinks.logits, (heads,)).copy(),
     )
@@ -1847,6 +2001,8 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     if output_target is not None and _computed_from(output_target, {id(n) for n in heavy}):
         # re-applied to the fused output, the target may not read the tensors that go
         return Mismatch("the output's view reads its shape off the attention tensors")
+    if any(_computed_from(view.back, {id(n) for n in heavy}) for view in views):
+        return Mismatch("the view of the scores back from rank 5 reads its shape off them")
     meanings = _dim_meanings(heavy, out_nodes)
 
     def meaning(node: ir.Node) -> str | None:
@@ -2329,6 +2485,10 @@ def _rewrite_onnx(block: AttentionBlock, opset: int, heads: int) -> Replacement 
         return Mismatch(
             "--target onnx: a term added to the windowed [B, W, H, S, T] scores is not fused"
         )
+    if block.view_terms:
+        return Mismatch(
+            "--target onnx: a term added to the [B*H, h, w, h, w] view of the scores is not fused"
+        )
     values = _mask_values(mask) if mask is not None else None
     if values is not None and block.fills:  # the fill's bias holds 0 besides the fill
         values = replace(values, lowest_finite=min(values.lowest_finite, 0.0))
@@ -2460,7 +2620,9 @@ class FuseAttentionPass(Pass):
     def call(self, model: ir.Model) -> PassResult:
         squeezes = _unfold_key_squeezes(model)
         seq_first = seq_first_heads.unfold(model)
+        stacked = stacked_heads.unfold(model)
         stats, notes = apply_rules(model, [ATTENTION_RULE], self.options)
+        stacked_heads.restore(stacked)
         seq_first_heads.restore(seq_first)
         _drop_unused_squeezes(squeezes)
         if stats:

@@ -1257,7 +1257,13 @@ def _grouped_block(
         )
     proof: _CausalMask | Mismatch | None = None
     if causal:
-        if block.more_bias or block.fills or block.flat_terms or block.window_terms:
+        if (
+            block.more_bias
+            or block.fills
+            or block.flat_terms
+            or block.window_terms
+            or block.view_terms
+        ):
             return Mismatch("the scores get several additive terms; causal=1 is not proved")
         proof = _causal_mask(block.bias, (origins[0][0], origins[0][2]))
         if isinstance(proof, Mismatch):
