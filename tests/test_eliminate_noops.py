@@ -297,6 +297,19 @@ POSITIVE = [
         ["Shape", "Where", "Add", "Mul"],
         2,
     ),
+    (
+        # the same, expanded to the shape of another tensor of the partner's shape (Swin-V2's
+        # normalized key, once fold-shape-values shares the query's equal shape read)
+        "expand-as-tensor-of-partner-shape",
+        model(
+            "{ s = Shape(z)\n e = Expand(m, s)\n y = Add(e, x) }",
+            inputs="float[N,3,4] x, float[1,1,4] m, float[N,3,4] z",
+            outputs="float[N,3,4] y",
+        ),
+        {"Expand removed": 1},
+        ["Shape", "Add"],
+        2,
+    ),
 ]
 
 
@@ -512,7 +525,8 @@ NEGATIVE = [
         "expand-as-other-tensor",
         model(
             "{ s = Shape(z)\n e = Expand(m, s)\n y = Add(e, x) }",
-            inputs="float[2,3,4] x, float[1,1,4] m, float[2,3,4] z",
+            inputs="float[3,4] x, float[1,1,4] m, float[2,3,4] z",
+            outputs="float[2,3,4] y",
         ),
         "which Add does not also take",
     ),

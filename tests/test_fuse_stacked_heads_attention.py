@@ -40,7 +40,12 @@ SLICE_PARTS = """
             q = Squeeze(qs, zero1)
             k = Squeeze(ks, zero1)
             v = Squeeze(vs, zero1)"""
-# The relative-position terms, then the scores with them: ViTDet's rank-5 view and back ...
+# The decomposed relative positions computed from q: rh5 [N, h, w, h, 1] and rw5 [N, h, w, 1, w].
+RELATIVE = """
+            rq = Reshape(q, grid)
+            rh = Einsum<equation="bhwc,hkc->bhwk">(rq, relh)
+            rw = Einsum<equation="bhwc,wkc->bhwk">(rq, relw)"""
+# The scores with those terms: ViTDet's rank-5 view and back ...
 VIEW_TERMS = """
             s5 = Reshape(scores, five)
             a1 = Add(s5, rh5)
@@ -65,7 +70,6 @@ def _model(
     ``perm``: P@V's move on the grid; ``stacked``: the target of the [3, B*H, T, d] view;
     ``rows``: a suffix of the relative-position terms' names, whose "1" versions are their mean
     over the rows (one row each)."""
-    rng = np.random.default_rng(0)
     text = f"""
         <ir_version: 9, opset_import: ["" : 18]>
         agraph (float[B, {SIDE}, {SIDE}, {C}] x) => (float[B, {SIDE}, {SIDE}, {C}] y) <
@@ -90,10 +94,7 @@ def _model(
             flat = Reshape(p, stacked){parts}
             qscaled = Mul(q, half)
             kt = Transpose<perm=[0, 2, 1]>(k)
-            scores = MatMul(qscaled, kt)
-            rq = Reshape(q, grid)
-            rh = Einsum<equation="bhwc,hkc->bhwk">(rq, relh)
-            rw = Einsum<equation="bhwc,wkc->bhwk">(rq, relw)
+            scores = MatMul(qscaled, kt){RELATIVE}
             rh1 = ReduceMean<keepdims=1>(rh, zero1)
             rw1 = ReduceMean<keepdims=1>(rw, zero1)
             rh5 = Unsqueeze(rh{rows}, four1)
@@ -105,6 +106,12 @@ def _model(
             y = Reshape(pt, merged)
         }}
     """
+    return _parse(text, seed=0)
+
+
+def _parse(text: str, seed: int) -> ir.Model:
+    """The model with seeded weights: the packed projection and the relative-position tables."""
+    rng = np.random.default_rng(seed)
     weights = {
         "w": rng.standard_normal((C, 3 * C)) * 0.6,
         "relh": rng.standard_normal((SIDE, SIDE, D)),
@@ -166,3 +173,82 @@ def test_single_row_terms_added_flat_fuse() -> None:
     result = FuseAttentionPass(PassOptions(explain=True))(fused)
     assert result.stats == {"attention->mha": 1}, result.notes
     assert validate(model, fused, inputs=_feeds()).passed
+
+
+def _sdpa_model() -> ir.Model:
+    """SAM's SDPA path as TorchScript writes it: the stacked view's B*H is ``Mul(B, H)`` read at
+    run time beside a -1, each part viewed as [B, H, T, -1] for the attention, the terms' sum
+    viewed as a [B, H, S, T] mask, and P@V [B, H, S, d] put back on the grid."""
+    text = f"""
+        <ir_version: 9, opset_import: ["" : 18]>
+        agraph (float[B, {SIDE}, {SIDE}, {C}] x) => (float[B, {SIDE}, {SIDE}, {C}] y) <
+            int64[5] parts5 = {{0, {T}, 3, {HEADS}, -1}},
+            int64 zero = {{0}},
+            int64 heads = {{{HEADS}}},
+            int64[1] zero1 = {{0}},
+            int64[1] three1 = {{3}},
+            int64[1] four1 = {{4}},
+            int64[1] heads1 = {{{HEADS}}},
+            int64[1] tokens1 = {{{T}}},
+            int64[1] minus1 = {{-1}},
+            int64[3] ones3 = {{1, 1, 1}},
+            int64[4] grid = {{-1, {SIDE}, {SIDE}, {D}}},
+            int64[4] mask4 = {{-1, {HEADS}, {T}, {T}}},
+            int64[5] grid5 = {{0, {HEADS}, {SIDE}, {SIDE}, -1}},
+            int64[4] merged = {{0, {SIDE}, {SIDE}, -1}},
+            float half = {{0.5}}
+        > {{
+            shape = Shape(x)
+            b0 = Gather(shape, zero)
+            bh0 = Mul(b0, heads)
+            b = Unsqueeze(b0, zero1)
+            bh = Unsqueeze(bh0, zero1)
+            stacked = Concat<axis=0>(three1, bh, tokens1, minus1)
+            view4 = Concat<axis=0>(b, heads1, tokens1, minus1)
+            qkv = MatMul(x, w)
+            qkv5 = Reshape(qkv, parts5)
+            p = Transpose<perm=[2, 0, 3, 1, 4]>(qkv5)
+            flat = Reshape(p, stacked){SPLIT_PARTS}
+            q4 = Reshape(q, view4)
+            k4 = Reshape(k, view4)
+            v4 = Reshape(v, view4)
+            qscaled = Mul(q4, half)
+            kt = Transpose<perm=[0, 1, 3, 2]>(k4)
+            scores = MatMul(qscaled, kt){RELATIVE}
+            rh5 = Unsqueeze(rh, four1)
+            rw5 = Unsqueeze(rw, three1)
+            rel = Add(rh5, rw5)
+            rel4 = Reshape(rel, mask4)
+            biased = Add(scores, rel4)
+            probs = Softmax<axis=-1>(biased)
+            pv = MatMul(probs, v4)
+            pv5 = Reshape(pv, grid5)
+            pt = Transpose<perm=[0, 2, 3, 1, 4]>(pv5)
+            y = Reshape(pt, merged)
+        }}
+    """
+    return _parse(text, seed=1)
+
+
+def test_a_minus_one_beside_batch_times_heads_is_inferred() -> None:
+    """``reshape(3, B*H, T, -1)`` with B*H = Mul(B, H) read at run time: the product cancels
+    against the input's B and H, so the -1 is d, and ``view(B, H, T, -1)`` of a part is d again
+    (the exporter's SDPA scale, 1/sqrt of that dim, then folds to a constant)."""
+    model = _sdpa_model()
+    values = {v.name: v for node in model.graph for v in node.outputs}
+    assert values["q"].shape is not None and values["q"].shape[2] == D
+    shape = values["q4"].shape
+    assert shape is not None and list(shape)[1:] == [HEADS, T, D]
+    assert getattr(shape[0], "value", None) == "B"
+
+
+def test_the_sdpa_spelling_fuses() -> None:
+    model = _sdpa_model()
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(explain=True))(fused)
+    assert result.stats == {"attention->mha": 1}, result.notes
+    types = op_types(fused)
+    assert "Softmax" not in types and "Split" not in types
+    report = validate(model, fused, inputs=_feeds())
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified

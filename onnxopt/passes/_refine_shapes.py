@@ -19,6 +19,7 @@ value as the input's (a symbolic dim keeps its name); nothing is ever guessed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import onnx_ir as ir
 
@@ -27,6 +28,7 @@ from onnxopt.passes._attention_shapes import (
     peel_torch_expand_shape,
     piece_entries,
     scalar_dim_read,
+    scaled_dim_reads,
     target_entries,
 )
 from onnxopt.passes._shape_facts import const_ints, int_param, normalize_axes, optional_input
@@ -38,6 +40,7 @@ def refine_shapes(model: ir.Model) -> int:
     improved = 0
     renamed: dict[str, int | ir.SymbolicDim] = {}  # placeholder -> the dim it provably is
     bounded: dict[str, ir.SymbolicDim] = {}  # placeholder -> the dim X it is min(X, L) of
+    products: dict[str, _Product] = {}  # placeholder -> the product of dims it provably is
     for graph in model.graphs():
         for node in graph:
             if is_op(node, "Slice"):
@@ -46,7 +49,7 @@ def refine_shapes(model: ir.Model) -> int:
             elif node.op_type in _BROADCASTING and is_op(node, node.op_type):
                 improved += _refine_broadcast(node, bounded, renamed)
             elif is_op(node, "Reshape"):
-                improved += _refine_reshape(node, renamed)
+                improved += _refine_reshape(node, renamed, products)
             elif is_op(node, "Range"):
                 improved += _refine_range(node, renamed)
             elif is_op(node, "Expand"):
@@ -81,13 +84,15 @@ def _renamed(dim: object, renamed: dict[str, int | ir.SymbolicDim]) -> int | ir.
     return target if target is not None else dim  # type: ignore[return-value]
 
 
-def _refine_reshape(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+def _refine_reshape(
+    node: ir.Node, renamed: dict[str, int | ir.SymbolicDim], products: dict[str, _Product]
+) -> int:
     """The dim a Reshape's -1 stands for, where the input's dims cancel against the target's to
     one named dim (or a number); and the dims its 0s copy."""
     data, out = node.inputs[0] if node.inputs else None, node.outputs[0]
     target = const_ints(optional_input(node, 1))
     if target is None:
-        return _refine_reshape_reads(node, renamed)
+        return _refine_reshape_reads(node, renamed, products)
     if data is None or data.shape is None or target.count(-1) > 1:
         return 0
     # allowzero=1 (the dynamo exporter's form) reads a 0 as a 0 but changes nothing else.
@@ -186,19 +191,119 @@ def _refine_range(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> in
     return _merge_dims(node.outputs[0], [_scalar_dim(optional_input(node, 1))], renamed)
 
 
-def _refine_reshape_reads(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+def _refine_reshape_reads(
+    node: ir.Node, renamed: dict[str, int | ir.SymbolicDim], products: dict[str, _Product]
+) -> int:
     """A Reshape whose target is assembled from shape reads (``Concat(Shape(x)[0:2], [768])``,
     how TorchScript rebuilds [B, S, D] after a 2-D Gemm): each entry read off a dim of x is
-    that dim. ONNX propagates such targets only when they fold to constants."""
-    entries = target_entries(optional_input(node, 1))
+    that dim. ONNX propagates such targets only when they fold to constants.
+
+    TorchScript's ``batch_size * num_heads`` (``Mul(Gather(Shape(x), 0), H)``) is a product of
+    dims: it cancels against the input's dims as B and H do, so a -1 beside it is known
+    (SAM's and ViTDet's ``reshape(3, B*H, T, -1)`` is d), and the output dim's placeholder is
+    recorded as that product for the views of it after (``view(B, H, T, -1)``)."""
+    entries = _product_entries(optional_input(node, 1), renamed)
     if entries is None:
         return 0
     found: list[int | ir.SymbolicDim | None] = []
     for entry in entries:
-        dim = _read_dim(entry, renamed)
         # a 0 entry would copy the input's dim instead
-        found.append(None if _is_unknown(dim) or dim == 0 else dim)
-    return _merge_dims(node.outputs[0], found, renamed)
+        dim = entry if isinstance(entry, int | ir.SymbolicDim) and entry != 0 else None
+        found.append(None if _is_unknown(dim) or dim == -1 else dim)
+    if entries.count(-1) == 1 and 0 not in entries:
+        inferred = _cancelled(node.inputs[0], entries, renamed, products)
+        if inferred is not None:
+            found[entries.index(-1)] = inferred
+    out = node.outputs[0]
+    for axis, entry in enumerate(entries):
+        if isinstance(entry, _Product) and out.shape is not None and axis < len(out.shape):
+            name = getattr(out.shape[axis], "value", None)
+            if name and str(name).startswith(GENERATED_DIM_PREFIX):
+                products.setdefault(str(name), entry)
+    return _merge_dims(out, found, renamed)
+
+
+@dataclass(frozen=True)
+class _Product:
+    """A dim that is a constant times named dims (``B * H``)."""
+
+    factor: int
+    names: tuple[str, ...]
+
+
+def _product_entries(
+    target: ir.Value | None, renamed: dict[str, int | ir.SymbolicDim]
+) -> list[int | ir.SymbolicDim | _Product | None] | None:
+    """The target's entries: constants, the dims read (None where unknown), and ``Mul(read, c)``
+    pieces as products; None when a piece is none of those."""
+    whole = target_entries(target)
+    concat = target.producer() if target is not None else None
+    pieces = (
+        list(concat.inputs)
+        if whole is None and is_op(concat, "Concat") and concat is not None
+        else [target]
+    )
+    entries: list[int | ir.SymbolicDim | _Product | None] = []
+    for piece in pieces:
+        part = target_entries(piece)
+        if part is not None:
+            for entry in part:
+                entries.append(entry if isinstance(entry, int) else _read_dim(entry, renamed))
+            continue
+        scaled = [
+            (dim, factor)
+            for read, factor in scaled_dim_reads(piece)
+            if isinstance(dim := _read_dim(read, renamed), ir.SymbolicDim) and dim.value
+        ]
+        if not scaled:
+            return None
+        dim, factor = scaled[0]
+        entries.append(_Product(factor, (str(dim.value),)))
+    return entries
+
+
+def _cancelled(
+    data: ir.Value | None,
+    entries: Sequence[int | ir.SymbolicDim | _Product | None],
+    renamed: dict[str, int | ir.SymbolicDim],
+    products: dict[str, _Product],
+) -> int | ir.SymbolicDim | None:
+    """The dim the -1 among ``entries`` stands for: the input's dims (recorded products expanded)
+    cancelled against the other entries, when they leave a number or one named dim."""
+    if data is None or data.shape is None:
+        return None
+    static, left = 1, list[str]()
+    for dim in (_renamed(d, renamed) for d in data.shape):
+        name = getattr(dim, "value", None)
+        if isinstance(dim, int):
+            static *= dim
+        elif name and str(name) in products:
+            static *= products[str(name)].factor
+            left.extend(products[str(name)].names)
+        elif name:
+            left.append(str(name))
+        else:
+            return None
+    for entry in entries:
+        names: tuple[str, ...]
+        if entry == -1:
+            continue
+        if isinstance(entry, int):
+            factor, names = entry, ()
+        elif isinstance(entry, _Product):
+            factor, names = entry.factor, entry.names
+        elif isinstance(entry, ir.SymbolicDim) and entry.value:
+            factor, names = 1, (str(entry.value),)
+        else:
+            return None
+        if factor <= 0 or static % factor or any(name not in left for name in names):
+            return None
+        static //= factor
+        for name in names:
+            left.remove(name)
+    if not left:
+        return static
+    return ir.SymbolicDim(left[0]) if len(left) == 1 and static == 1 else None
 
 
 _BROADCASTING = ("Add", "Sub", "Mul", "Div")

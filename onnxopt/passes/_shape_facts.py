@@ -147,6 +147,20 @@ def same_known_dims(a: Dims | None, b: Dims | None) -> bool:
     return a is not None and b is not None and None not in a and a == b
 
 
+def same_dims(a: ir.Shape | None, b: ir.Shape | None) -> bool:
+    """Provably the same shape: equal ranks, equal ints, symbolic dims with the same name (ONNX
+    gives one dim one name wherever it propagates it)."""
+    if a is None or b is None or len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, int) or isinstance(y, int):
+            if x != y:
+                return False
+        elif x.value is None or x.value != y.value:
+            return False
+    return True
+
+
 def is_whole_shape_of(shape: ir.Value | None, data: ir.Value | None) -> bool:
     """True when ``shape`` is ``Shape(data)`` over all of data's dims."""
     producer = shape.producer() if shape is not None else None

@@ -28,6 +28,7 @@ from onnxopt.passes._shape_facts import (
     normalize_axes,
     optional_input,
     producer_op,
+    same_dims,
     same_known_dims,
     slice_params,
 )
@@ -137,8 +138,10 @@ def _transpose(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
 
 def _expand_to_partner(node: ir.Node, context: RewriteContext) -> Mismatch | None:
     """``Expand(c, Shape(x))`` read only by broadcasting ops that also take x (TorchScript's
-    ``expand_as``, e.g. a mask expanded to the scores it fills): each op broadcasts c against x
-    into the same shape and values without the Expand. None when that holds."""
+    ``expand_as``, e.g. a mask expanded to the scores it fills), or a tensor of x's shape (once
+    fold-shape-values shares equal shape reads, Swin-V2's normalized key reads the query's): each
+    op broadcasts c against it into the same shape and values without the Expand. None when that
+    holds."""
     shape = optional_input(node, 1)
     producer = shape.producer() if shape is not None else None
     partner = producer.inputs[0] if producer is not None and is_op(producer, "Shape") else None
@@ -153,7 +156,11 @@ def _expand_to_partner(node: ir.Node, context: RewriteContext) -> Mismatch | Non
         user = use.node
         if user.domain != "" or user.op_type not in MULTIDIRECTIONAL:
             return Mismatch(f"it is expanded to Shape({partner.name}) and read by {user.op_type}")
-        if not any(v is partner for i, v in enumerate(user.inputs) if i != use.idx):
+        if not any(
+            v is partner or (v is not None and same_dims(v.shape, partner.shape))
+            for i, v in enumerate(user.inputs)
+            if i != use.idx
+        ):
             return Mismatch(
                 f"it is expanded to Shape({partner.name}), which {user.op_type} does not also take"
             )

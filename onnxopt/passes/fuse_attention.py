@@ -432,7 +432,8 @@ def _reapplicable(reshape: ir.Node, entries: Sequence[Entry], shared: int) -> bo
 
 
 def _spatial_merge(view: ir.Node, query4: ir.Value, value4: ir.Value) -> _Merge | None:
-    """P@V [B*H, S, dv] merged back onto an image grid (SAM's and ViTDet's attention)::
+    """P@V [B*H, S, dv] (or [B, H, S, dv], SAM's SDPA path) merged back onto an image grid
+    (SAM's and ViTDet's attention)::
 
         Reshape(Transpose(Reshape(P@V, [B, H, h, w, dv]), [0, 2, 3, 1, 4]), [B, h, w, H*dv])
 
@@ -1851,6 +1852,9 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         [pv_out, query4, query_base],
         [pv_out, value4],
     )
+    grid = _main_user(pv_out)
+    if merged is None and is_op(grid, "Reshape") and value_rank(pv_out) == 4 and grid is not None:
+        merged = _spatial_merge(grid, query_base, value4)
     merged = merged or _merged_heads(pv_out, by_axis)
     if merged is None:
         return Mismatch(

@@ -39,6 +39,7 @@ from onnxopt.passes._shape_facts import (
     dims_of,
     normalize_axes,
     producer_op,
+    same_dims,
     slice_params,
 )
 from onnxopt.passes.base import Pass, PassResult
@@ -122,19 +123,6 @@ def _rewrite_transposes(match: Match, context: RewriteContext) -> Replacement:
 ELEMENTWISE_BINARY = ("Add", "Sub", "Mul", "Div")
 
 
-def _same_dims(a: ir.Shape | None, b: ir.Shape | None) -> bool:
-    """Provably the same shape: equal ranks, equal ints, symbolic dims with the same name."""
-    if a is None or b is None or len(a) != len(b):
-        return False
-    for x, y in zip(a, b, strict=True):
-        if isinstance(x, int) or isinstance(y, int):
-            if x != y:
-                return False
-        elif x.value is None or x.value != y.value:
-            return False
-    return True
-
-
 def _match_transpose_past(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if len(node.inputs) != 2 or any(value is None for value in node.inputs):
         return Mismatch("it does not have two inputs", candidate=False)
@@ -170,7 +158,7 @@ def _match_transpose_past(node: ir.Node, context: RewriteContext) -> Match | Mis
     ]
     if not dying:
         return Mismatch("both input Transposes have other users: moving would add a node")
-    if not any(_same_dims(t.outputs[0].shape, node.outputs[0].shape) for t in dying):
+    if not any(same_dims(t.outputs[0].shape, node.outputs[0].shape) for t in dying):
         return Mismatch(
             "the result may be larger than the Transposes it replaces (broadcast or unknown shape)"
         )
