@@ -90,6 +90,9 @@ CASES = [
     ("vitdet", "torchscript", "eager", "mha 2"),
     ("vitdet", "dynamo", "eager", "mha 2"),
     ("sam-vision", "torchscript", "eager", "mha 2"),  # SAM adds the terms' sum flat
+    # SDPA: [3, B*H, T, -1] with B*H = Mul(B, H) read at run time, then views [B, H, T, -1]; the
+    # -1s are d once the product cancels, and the exporter's 1/sqrt(d) scale folds
+    ("sam-vision", "torchscript", "sdpa", "mha 2"),
 ]
 
 
