@@ -208,8 +208,10 @@ def _refine_reshape_reads(
     found: list[int | ir.SymbolicDim | None] = []
     for entry in entries:
         # a 0 entry would copy the input's dim instead
-        dim = entry if isinstance(entry, int | ir.SymbolicDim) and entry != 0 else None
-        found.append(None if _is_unknown(dim) or dim == -1 else dim)
+        dim: int | ir.SymbolicDim | None = None
+        if (isinstance(entry, int) and entry > 0) or isinstance(entry, ir.SymbolicDim):
+            dim = entry
+        found.append(None if _is_unknown(dim) else dim)
     if entries.count(-1) == 1 and 0 not in entries:
         inferred = _cancelled(node.inputs[0], entries, renamed, products)
         if inferred is not None:

@@ -31,7 +31,12 @@ sequence-first and adds its mask to the flat scores: _seq_first_heads.py respell
 in BLOOM's form while the rule runs, and P@V [B*H, S, d] merged by ``Transpose [1, 0, 2]`` and a
 view is the fused output moved sequence-first and viewed the same way. Where Q, K and V are the
 parts of torch's packed in-projection, the rewrite computes it on the batch-first input and splits
-it ([Q | K | V]), which fuse-packed-attention folds into one Attention.
+it ([Q | K | V]), which fuse-packed-attention folds into one Attention. SAM's and ViTDet's image
+encoders unbind Q, K and V from one stacked [3, B*H, T, d] view: _stacked_heads.py respells each
+part the same way. Their decomposed relative positions are added to a [B*H, h, w, h, w] view of
+the flat scores (a term of their own once viewed back, _ViewTerms), and P@V goes back onto the
+image grid as [B, H, h, w, d] moved by [0, 2, 3, 1, 4]: the fused output viewed by the same
+target (_spatial_merge).
 
 Multi-query attention (Falcon: K/V with one head, which the two MatMuls broadcast against the H
 query heads) is fused with K/V repeated H times in repeat_kv's spelling; fuse-group-query-attention
