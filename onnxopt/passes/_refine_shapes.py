@@ -112,25 +112,9 @@ def _refine_reshape(
         else:
             dims.append(wanted if wanted > 0 else None)
     if -1 in target:
-        left = [d for d in source if not isinstance(d, int)]
-        static = 1
-        for d in source:
-            static *= d if isinstance(d, int) else 1
-        for d in dims:
-            if isinstance(d, int):
-                static, rest = divmod(static, d)
-                if rest:
-                    return 0
-            elif d is not None:
-                match = next((i for i, s in enumerate(left) if str(s) == str(d)), None)
-                if match is None:
-                    return 0
-                del left[match]
-        if not left:
-            inferred: int | ir.SymbolicDim = static
-        elif len(left) == 1 and static == 1:
-            inferred = left[0]  # type: ignore[assignment]
-        else:
+        # no products here: a constant target's dims cancel the input's as they are named
+        inferred = _cancelled(data, [-1 if d is None else d for d in dims], renamed, {})
+        if inferred is None:
             return 0
         dims[target.index(-1)] = inferred
     return _merge_dims(out, dims, renamed)

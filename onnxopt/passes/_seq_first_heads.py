@@ -199,19 +199,24 @@ def restore(unfolded: Sequence[Unfolded]) -> None:
     for item in unfolded:
         if item.stand_in.uses():
             item.stand_in.replace_all_uses_with(item.original)
-        _drop_unread(item.nodes[::-1])
+        drop_unread(item.nodes[::-1])
         # the original spelling: its view (if the 4-D one was stood in for), Transpose, Reshape
-        node = item.original.producer()
-        for _ in range(3):
-            if node is None:
-                break
-            above = node.inputs[0].producer() if node.inputs and node.inputs[0] else None
-            if not _drop_unread([node]):
-                break
-            node = above
+        drop_unread_upward(item.original, steps=3)
 
 
-def _drop_unread(nodes: Sequence[ir.Node]) -> bool:
+def drop_unread_upward(value: ir.Value, steps: int | None = None) -> None:
+    """Remove ``value``'s producer when nothing reads it, then its data input's, and so on (at
+    most ``steps`` nodes): a respelling's original chain, once its readers have gone."""
+    node = value.producer()
+    while node is not None and (steps is None or steps > 0):
+        above = node.inputs[0].producer() if node.inputs and node.inputs[0] else None
+        if not drop_unread([node]):
+            return
+        node = above
+        steps = None if steps is None else steps - 1
+
+
+def drop_unread(nodes: Sequence[ir.Node]) -> bool:
     """Remove each node (in order: readers first) whose outputs nothing reads; whether the last
     one went."""
     gone = False

@@ -43,7 +43,9 @@ from onnxopt.passes._attention_shapes import (
     value_rank,
     view_entries,
 )
-from onnxopt.passes._shape_facts import int_param
+from onnxopt.passes._seq_first_heads import drop_unread, drop_unread_upward
+from onnxopt.passes._shape_facts import int_param, slice_params
+from onnxopt.rewrite import Mismatch
 
 _STACKED = [2, 0, 3, 1, 4]  # [B, T, n, H, d] -> [n, B, H, T, d]
 
@@ -147,15 +149,11 @@ def _parts(view: ir.Value, count: int) -> list[tuple[int, ir.Value]] | None:
 
 def _unit_slice(node: ir.Node) -> int | None:
     """i when ``node`` is ``Slice(x, [i], [i + 1], [0])`` (step 1)."""
-    inputs = [*node.inputs, None, None, None][:5]
-    starts, ends = const_array(inputs[1]), const_array(inputs[2])
-    axes = const_array(inputs[3]) if inputs[3] is not None else np.array([0])
-    steps = const_array(inputs[4]) if inputs[4] is not None else np.array([1])
-    arrays = (starts, ends, axes, steps)
-    if any(a is None or a.size != 1 for a in arrays):
+    params = slice_params(node)
+    if isinstance(params, Mismatch) or len(params.starts) != 1 or params.axes != (0,):
         return None
-    start, end, axis, step = (int(a.reshape(-1)[0]) for a in arrays if a is not None)
-    if axis != 0 or step != 1 or start < 0 or end != start + 1:
+    start, end = params.starts[0], params.ends[0]
+    if params.steps != (1,) or start < 0 or end != start + 1:
         return None
     return start
 
@@ -259,26 +257,7 @@ def restore(unfolded: Sequence[Unfolded]) -> None:
                             reader.replace_input_with(index, original)
             item.stand_in.replace_all_uses_with(item.original)
         for original, _ in item.views:
-            _drop_upward(original)
-        _drop_unread(item.nodes[::-1])
+            drop_unread_upward(original)
+        drop_unread(item.nodes[::-1])
         if fused:
-            _drop_upward(item.original)
-
-
-def _drop_unread(nodes: Sequence[ir.Node]) -> None:
-    """Remove each node (readers first) whose outputs nothing reads."""
-    for node in nodes:
-        graph = node.graph
-        if graph is not None and not any(o.uses() or o.is_graph_output() for o in node.outputs):
-            graph.remove(node, safe=True)
-
-
-def _drop_upward(value: ir.Value) -> None:
-    """Remove ``value``'s producer when nothing reads it, then its data input's, and so on."""
-    node = value.producer()
-    while node is not None and node.graph is not None:
-        if any(out.uses() or out.is_graph_output() for out in node.outputs):
-            return
-        data = node.inputs[0] if node.inputs else None
-        node.graph.remove(node, safe=True)
-        node = data.producer() if data is not None else None
+            drop_unread_upward(item.original)
