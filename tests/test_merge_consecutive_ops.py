@@ -736,3 +736,63 @@ def test_transposes_around_other_ops_stay(body: str) -> None:
     result = MergeConsecutiveOpsPass()(before)
     assert ROUND_TRIP not in result.stats
     assert [node.op_type for node in result.model.graph] == ops
+
+
+# Concat of same-perm Transposes ------------------------------------------------------------
+
+CONCAT_PAST = "Concat(Transposes)->Transpose(Concat)"
+
+
+@pytest.mark.parametrize(
+    ("body", "outputs", "stats", "ops"),
+    [
+        (
+            "{ a = Transpose <perm = [0, 2, 1]> (x)\n b = Transpose <perm = [0, 2, 1]> (u)\n"
+            " c = Concat <axis = 1> (a, b)\n y = Relu(c) }",
+            "float[2,9,3] y",
+            {CONCAT_PAST: 1},
+            ["Concat", "Transpose", "Relu"],
+        ),
+        (  # a negative axis, and the moved Transpose meets its inverse
+            "{ a = Transpose <perm = [2, 0, 1]> (x)\n b = Transpose <perm = [2, 0, 1]> (u)\n"
+            " c = Concat <axis = -3> (a, b)\n y = Transpose <perm = [1, 2, 0]> (c) }",
+            "float[2,3,9] y",
+            {CONCAT_PAST: 1, T: 1},
+            ["Concat"],
+        ),
+    ],
+    ids=["moves", "meets-inverse"],
+)
+def test_transpose_moves_past_a_concat(
+    body: str, outputs: str, stats: dict[str, int], ops: list[str]
+) -> None:
+    text = model(body, "float[2,3,4] x, float[2,3,5] u", outputs)
+    assert_rewrites(MergeConsecutiveOpsPass, text, stats, ops)
+
+
+@pytest.mark.parametrize(
+    ("body", "outputs", "reason"),
+    [
+        (
+            "{ a = Transpose <perm = [0, 2, 1]> (x)\n b = Transpose <perm = [0, 1, 2]> (u)\n"
+            " c = Concat <axis = 2> (a, b)\n y = Relu(c) }",
+            "float[2,4,7] y",
+            "input Transposes have different perms",
+        ),
+        (
+            "{ a = Transpose <perm = [0, 2, 1]> (x)\n b = Transpose <perm = [0, 2, 1]> (x)\n"
+            " c = Concat <axis = 2> (a, b)\n y = Relu(c)\n z = Relu(b) }",
+            "float[2,4,6] y, float[2,4,3] z",
+            "has other users: moving would add a node",
+        ),
+        (
+            "{ a = Transpose <perm = [0, 2, 1]> (x)\n c = Concat <axis = 2> (a, a)\n y = Relu(c) }",
+            "float[2,4,6] y",
+            "fewer than two Transposes",
+        ),
+    ],
+    ids=["perms-differ", "shared-transpose", "one-transpose-twice"],
+)
+def test_transposes_into_a_concat_stay(body: str, outputs: str, reason: str) -> None:
+    text = model(body, "float[2,3,4] x, float[2,4,4] u", outputs)
+    assert_refuses(MergeConsecutiveOpsPass, text, reason)

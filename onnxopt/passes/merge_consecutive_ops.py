@@ -14,6 +14,14 @@ larger than a dying input); it pays where the moved Transpose meets its inverse 
 ConvNeXt's residual stream does: ``Add(T(ln), T(mlp))`` per block, then ``T⁻¹`` before the next
 stage's LayerNorm (both Transposes of that pair go).
 
+The same move applies to a Concat whose inputs are all Transposes with one perm:
+``Concat(T(a, p), T(b, p), axis=k) == T(Concat(a, b, axis=p[k]), p)``, when every one of those
+Transposes dies with it.
+Together with simplify-index-grids' ScatterND rule this takes torch.export's slice assignment into
+a fresh tensor apart (DeepSeek-V3's key, ``k = new_empty(...); k[..., :a] = k_nope; k[..., a:] =
+k_rot``): the sliced axis is moved first by Transposes, the rows are scattered (a Concat once
+every row is written), and the Transposes then move past the Concat and cancel.
+
 A dim read the TorchScript way, ``Unsqueeze(Gather(Shape(x), i), [0])``, is the one node
 ``Shape(x, start=i, end=i+1)`` from opset 15 on (what the dynamo exporter writes).
 
@@ -123,15 +131,23 @@ def _rewrite_transposes(match: Match, context: RewriteContext) -> Replacement:
 ELEMENTWISE_BINARY = ("Add", "Sub", "Mul", "Div")
 
 
-def _match_transpose_past(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    if len(node.inputs) != 2 or any(value is None for value in node.inputs):
-        return Mismatch("it does not have two inputs", candidate=False)
+def _input_transposes(node: ir.Node) -> list[ir.Node] | None:
+    """The Transposes (with an input) producing every input of ``node``, or None."""
     transposes: list[ir.Node] = []
     for value in node.inputs:
         producer = value.producer() if value is not None else None
         if producer is None or not is_op(producer, "Transpose") or producer.inputs[0] is None:
-            return Mismatch("not both inputs come from a Transpose", candidate=False)
+            return None
         transposes.append(producer)
+    return transposes
+
+
+def _match_transpose_past(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if len(node.inputs) != 2 or any(value is None for value in node.inputs):
+        return Mismatch("it does not have two inputs", candidate=False)
+    transposes = _input_transposes(node)
+    if transposes is None:
+        return Mismatch("not both inputs come from a Transpose", candidate=False)
     first, second = transposes
     perm = first.attributes.get_ints("perm", None)
     other_perm = second.attributes.get_ints("perm", None)
@@ -167,17 +183,24 @@ def _match_transpose_past(node: ir.Node, context: RewriteContext) -> Match | Mis
 
 def _rewrite_transpose_past(match: Match, context: RewriteContext) -> Replacement:
     node = match.root
-    sources = []
+    inner = ir.Node(node.domain, node.op_type, _untransposed(node), [])
+    return _then_transpose(inner, node.outputs[0], match.bindings["perm"])
+
+
+def _untransposed(node: ir.Node) -> list[ir.Value | None]:
+    """What the Transposes feeding ``node`` read."""
+    sources: list[ir.Value | None] = []
     for value in node.inputs:
-        assert value is not None
-        producer = value.producer()
+        producer = value.producer() if value is not None else None
         assert producer is not None
         sources.append(producer.inputs[0])
-    inner = ir.Node(node.domain, node.op_type, sources, [])
-    result = node.outputs[0]
+    return sources
+
+
+def _then_transpose(inner: ir.Node, result: ir.Value, perm: Sequence[int]) -> Replacement:
+    """``inner`` followed by a Transpose by ``perm`` stands for ``result``."""
     if result.dtype is not None:
         inner.outputs[0].dtype = result.dtype
-    perm = match.bindings["perm"]
     if result.shape is not None and len(result.shape) == len(perm):
         # T(y)[i] = y[perm[i]], so y's axis perm[i] is the result's axis i.
         dims: list[int | ir.SymbolicDim | None] = [None] * len(perm)
@@ -664,6 +687,46 @@ def _rewrite_concats(match: Match, context: RewriteContext) -> Replacement:
     return _replace_with(match, merged)
 
 
+# Concat of same-perm Transposes ----------------------------------------------------------------
+
+
+def _match_concat_of_transposes(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``Concat(T(a, p), T(b, p), axis=k) == T(Concat(a, b, axis=p[k]), p)``: axis k of T(a) is
+    axis p[k] of a. Every input Transpose must die with the move (it then transposes the same
+    elements once, and saves a node per input but one)."""
+    transposes = _input_transposes(node)
+    if transposes is None:
+        return Mismatch("not every input comes from a Transpose", candidate=False)
+    perms = {
+        tuple(p) if (p := t.attributes.get_ints("perm", None)) is not None else None
+        for t in transposes
+    }
+    if len(perms) != 1:
+        return Mismatch("its input Transposes have different perms")
+    perm = perms.pop()
+    if perm is None:
+        return Mismatch("the input Transposes reverse axes of an unknown rank")
+    axis = node.attributes.get_int("axis", 1 if context.opset() < 4 else None)
+    if axis is None or not -len(perm) <= axis < len(perm):
+        return Mismatch("its axis is missing or out of range")
+    axis %= len(perm)
+    for value in node.inputs:
+        assert value is not None
+        if value.is_graph_output() or any(use.node is not node for use in value.uses()):
+            return Mismatch("an input Transpose has other users: moving would add a node")
+    unique = list(dict.fromkeys(transposes))
+    if len(unique) < 2:
+        return Mismatch("it joins fewer than two Transposes: moving would save no node")
+    return Match([*unique, node], {"perm": perm, "axis": perm[axis]})
+
+
+def _rewrite_concat_of_transposes(match: Match, context: RewriteContext) -> Replacement:
+    node = match.root
+    axis = ir.AttrInt64("axis", match.bindings["axis"])
+    inner = ir.Node("", "Concat", _untransposed(node), [axis])
+    return _then_transpose(inner, node.outputs[0], match.bindings["perm"])
+
+
 def _rule(
     name: str,
     op_type: str,
@@ -700,6 +763,12 @@ RULES: tuple[Rule, ...] = (
     _rule("Cast∘Cast", "Cast", _match_casts, _rewrite_casts),
     _rule("Slice∘Slice", "Slice", _match_slices, _rewrite_slices),
     _rule("Concat∘Concat", "Concat", _match_concats, _rewrite_concats),
+    _rule(
+        "Concat(Transposes)->Transpose(Concat)",
+        "Concat",
+        _match_concat_of_transposes,
+        _rewrite_concat_of_transposes,
+    ),
 )
 
 
@@ -707,13 +776,14 @@ class MergeConsecutiveOpsPass(Pass):
     """Merge Transpose∘Transpose (composed perm), Reshape∘(Reshape|Flatten|Squeeze|Unsqueeze), Squeeze∘Squeeze,
     Unsqueeze∘Unsqueeze (merged axes), exact Cast∘Cast, Slice∘Slice and Concat∘Concat into one op;
     a dim read Unsqueeze(Gather(Shape(x), i)) into Shape(x, start, end) (opset 15+); move a
-    Transpose past Add/Sub/Mul/Div of two same-perm Transposes (toward its inverse).
+    Transpose past Add/Sub/Mul/Div of two same-perm Transposes, or past a Concat of same-perm
+    Transposes (toward its inverse).
     """
 
     name = "merge-consecutive-ops"
     summary = (
         "merge Transpose, Reshape, (Un)Squeeze, exact Cast, Slice and Concat chains into one op;"
-        " move a Transpose past Add/Sub/Mul/Div of two same-perm Transposes"
+        " move a Transpose past Add/Sub/Mul/Div or Concat of same-perm Transposes"
     )
 
     def call(self, model: ir.Model) -> PassResult:
