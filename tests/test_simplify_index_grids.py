@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
+from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.simplify_index_grids import SimplifyIndexGridsPass
+from onnxopt.validate import validate
 from tests._pass_check import assert_refuses, assert_rewrites, load, op_types
 
 RULE = "GatherND(index grid)->Unsqueeze"
@@ -145,3 +147,243 @@ def test_a_gather_at_one_index_needs_a_partner_of_its_shape(
     add: str, fill: str, reason: str
 ) -> None:
     assert_refuses(SimplifyIndexGridsPass, _token_types(add, fill), reason)
+
+
+# A chain of ScatterNDs that overwrites every element -> Concat ----------------------------------
+
+SCATTERS = "ScatterND blocks->Concat"
+ROW_INPUTS = "float[4,2,3] x, float[1,2,3] u, float[3,2,3] v"
+
+
+def _scatter_model(body: str, inputs: str = ROW_INPUTS, outputs: str = "float[4,2,3] y") -> str:
+    return f'<ir_version: 8, opset_import: ["" : 16]>\ng ({inputs}) => ({outputs}) {body}'
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "<int64[3,1] i = {1, 2, 3}, int64[1,1] j = {0}>"
+        " { s = ScatterND(x, i, v)\n t = ScatterND(s, j, u)\n y = Relu(t) }",
+        # negative rows, and the order of writing is not the order of the rows
+        "<int64[3,1] i = {-3, -2, -1}, int64[1,1] j = {-4}>"
+        " { s = ScatterND(x, j, u)\n t = ScatterND(s, i, v)\n y = Relu(t) }",
+    ],
+    ids=["rows", "negative-rows"],
+)
+def test_scatters_over_every_row_become_a_concat(body: str) -> None:
+    # x, the tensor written to, is never read: its values (random on ORT) do not reach y.
+    optimized = assert_rewrites(
+        SimplifyIndexGridsPass, _scatter_model(body), {SCATTERS: 1}, ["Concat", "Relu"]
+    )
+    concat = next(node for node in optimized.graph if node.op_type == "Concat")
+    assert [value.name for value in concat.inputs] == ["u", "v"]
+    assert concat.attributes.get_int("axis") == 0
+
+
+def _column_grid(update: str, name: str) -> str:
+    """TorchScript's index grid for ``x[..., columns] = update`` on [B, 2, 3, 6]: the batch a
+    Range reshaped to [-1, 1, 1, 1], the heads a folded constant, the rows a Range to 3."""
+    return f"""
+            {name}_shape = Shape({update})
+            {name}_b = Expand(batch4, {name}_shape)
+            {name}_h = Expand(heads, {name}_shape)
+            {name}_r = Expand(rows2, {name}_shape)
+            {name}_c = Expand({name}_cols, {name}_shape)
+            {name}_0 = Unsqueeze({name}_b, last)
+            {name}_1 = Unsqueeze({name}_h, last)
+            {name}_2 = Unsqueeze({name}_r, last)
+            {name}_3 = Unsqueeze({name}_c, last)
+            {name} = Concat <axis = -1> ({name}_0, {name}_1, {name}_2, {name}_3)"""
+
+
+def _column_model(
+    first: str = "0, 1, 2, 3",
+    second: str = "4, 5",
+    batch: str = "u",
+    rows: str = "three",
+    heads: str = "int64[2, 1, 1] heads = {0, 1}",
+) -> str:
+    return f"""
+        <ir_version: 8, opset_import: ["" : 16]>
+        g (float[B, 2, 3, 6] x, float[B, 2, 3, 4] u, float[B, 2, 3, 2] v, float[C] w)
+            => (float[B, 2, 3, 6] y) <
+            int64 zero = {{0}}, int64 one = {{1}}, int64 three = {{3}}, int64 two = {{2}},
+            int64[1] last = {{-1}}, int64[4] to_batch = {{-1, 1, 1, 1}}, int64[2] to_rows = {{-1, 1}},
+            {heads}, int64[4] a_cols = {{{first}}}, int64[2] b_cols = {{{second}}}
+        > {{
+            b1 = Shape <start = 0, end = 1> ({batch})
+            nb = Squeeze(b1)
+            batch1 = Range(zero, nb, one)
+            batch4 = Reshape(batch1, to_batch)
+            rows1 = Range(zero, {rows}, one)
+            rows2 = Reshape(rows1, to_rows)
+            {_column_grid("u", "a")}
+            {_column_grid("v", "b")}
+            s = ScatterND(x, a, u)
+            t = ScatterND(s, b, v)
+            y = Relu(t)
+        }}
+    """
+
+
+def test_torchscript_column_scatters_become_a_concat_on_the_last_axis() -> None:
+    rewritten = assert_rewrites(
+        SimplifyIndexGridsPass,
+        _column_model(),
+        {SCATTERS: 1},
+        [
+            *[op for op in op_types(load(_column_model())) if op != "ScatterND"][:-1],
+            "Concat",
+            "Relu",
+        ],
+        trials=2,
+    )
+    EliminateDeadCodePass()(rewritten)
+    assert op_types(rewritten) == ["Concat", "Relu"]
+    (concat, _) = list(rewritten.graph)
+    assert [value.name for value in concat.inputs] == ["u", "v"]
+    assert concat.attributes.get_int("axis") == 3
+
+
+@pytest.mark.parametrize(
+    ("variant", "reason"),
+    [
+        ({"second": "3, 4"}, "write the same elements"),
+        ({"first": "0, 1, 3, 2"}, "not a run of consecutive columns"),
+        ({"rows": "two"}, "does not count the data's dim 2"),
+        ({"batch": "w"}, "not provably dim 0 of the data"),
+        # the heads counted along the rows' axis: a transposed write, not a block
+        ({"heads": "int64[2, 1] heads = {0, 1}"}, "does not count the update's dim 1 in order"),
+    ],
+    ids=["overlap", "unordered", "short-rows", "batch-of-another-input", "heads-on-rows"],
+)
+def test_column_scatters_it_cannot_prove_stay(variant: dict[str, str], reason: str) -> None:
+    assert_refuses(SimplifyIndexGridsPass, _column_model(**variant), reason)
+
+
+_TWO_SCATTERS = """
+    <ir_version: 8, opset_import: ["" : 16]>
+    g (float[{rows}, 3] x, float[2, 2] u, float[2, 1] v) => (float[{rows}, 3] y) <
+        int64 zero = {{0}}, int64 one = {{1}}, int64[2] to_rows = {{-1, 1}},
+        int64[{u_count}] u_cols = {{{u_cols}}}, int64[1] v_cols = {{2}}, int64[1] last = {{-1}}
+    > {{
+        n = Shape <start = 0, end = 1> (x)
+        n0 = Squeeze(n)
+        counted = Range(zero, n0, one)
+        rows = Reshape(counted, to_rows)
+        us = Shape(u)
+        ur = Expand(rows, us)
+        uc = Expand(u_cols, us)
+        ur1 = Unsqueeze(ur, last)
+        uc1 = Unsqueeze(uc, last)
+        ui = Concat <axis = -1> (ur1, uc1)
+        vs = Shape(v)
+        vr = Expand(rows, vs)
+        vc = Expand(v_cols, vs)
+        vr1 = Unsqueeze(vr, last)
+        vc1 = Unsqueeze(vc, last)
+        vi = Concat <axis = -1> (vr1, vc1)
+        s = ScatterND(x, ui, u)
+        y = ScatterND(s, vi, v)
+    }}
+"""
+
+
+@pytest.mark.parametrize(
+    ("rows", "u_count", "u_cols", "reason"),
+    [
+        # u's one column index, expanded to its two columns, writes column 0 twice: the
+        # scatters write x's three columns, but u and v hold three columns between them
+        (2, 1, "0", "not a run of consecutive columns"),
+        # x's one row index, expanded to u's two rows, writes row 0 twice
+        (1, 2, "0, 1", "does not count the update's dim 0 in order"),
+    ],
+    ids=["column-written-twice", "row-written-twice"],
+)
+def test_an_index_broadcast_over_several_elements_stays(
+    rows: int, u_count: int, u_cols: str, reason: str
+) -> None:
+    text = _TWO_SCATTERS.format(rows=rows, u_count=u_count, u_cols=u_cols)
+    assert_refuses(SimplifyIndexGridsPass, text, reason)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (
+            "<int64[3,1] i = {1, 2, 3}> { t = ScatterND(x, i, v)\n y = Relu(t) }",
+            "do not cover the whole tensor",
+        ),
+        (
+            "<int64[3,1] i = {1, 2, 3}, int64[3,1] j = {0, 1, 2}>"
+            " { s = ScatterND(x, j, v)\n t = ScatterND(s, i, v)\n y = Relu(t) }",
+            "write the same elements",
+        ),
+        (
+            "<int64[3,1] i = {1, 3, 2}, int64[1,1] j = {0}>"
+            " { s = ScatterND(x, i, v)\n t = ScatterND(s, j, u)\n y = Relu(t) }",
+            "not a constant run of consecutive whole rows",
+        ),
+        (
+            "<int64[3,1] i = {1, 2, 3}, int64[1,1] j = {0}>"
+            ' { s = ScatterND <reduction = "add"> (x, i, v)\n t = ScatterND(s, j, u)\n y = Relu(t) }',
+            "combines (reduction)",
+        ),
+        (
+            "<int64[3,1] i = {1, 2, 3}, int64[1,1] j = {0}>"
+            " { s = ScatterND(x, i, v)\n t = ScatterND(s, j, u)\n y = Add(t, s) }",
+            "partly written tensor of the chain is read other than for its shape",
+        ),
+    ],
+    ids=["partial", "overlap", "unordered", "reduction", "shared-partial"],
+)
+def test_row_scatters_that_keep_some_of_their_data_stay(body: str, reason: str) -> None:
+    assert_refuses(SimplifyIndexGridsPass, _scatter_model(body), reason)
+
+
+def test_row_scatters_of_an_unknown_row_count_stay() -> None:
+    body = (
+        "<int64[3,1] i = {1, 2, 3}, int64[1,1] j = {0}>"
+        " { s = ScatterND(x, i, v)\n t = ScatterND(s, j, u)\n y = Relu(t) }"
+    )
+    text = _scatter_model(body, "float[N,2,3] x, float[1,2,3] u, float[3,2,3] v", "float[N,2,3] y")
+    assert_refuses(SimplifyIndexGridsPass, text, "rows")
+
+
+def test_deepseek_key_scattered_into_a_fresh_tensor_becomes_a_concat() -> None:
+    """DeepSeek-V3's key as torch.export writes ``k = new_empty(...); k[..., :4] = k_nope;
+    k[..., 4:] = k_rot``: the last axis moved first, rows scattered, moved back. The scatters
+    become a Concat (this pass), whose Transposes then cancel (merge-consecutive-ops)."""
+    body = (
+        "<int64[4] shape = {2, 3, 5, 6}, int64[4,1] i = {0, 1, 2, 3}, int64[2,1] j = {4, 5}>"
+        " { e = ConstantOfShape(shape)\n te = Transpose <perm = [3, 1, 2, 0]> (e)\n"
+        " ta = Transpose <perm = [3, 1, 2, 0]> (a)\n s = ScatterND(te, i, ta)\n"
+        " tb = Transpose <perm = [3, 1, 2, 0]> (b)\n t = ScatterND(s, j, tb)\n"
+        " y = Transpose <perm = [3, 1, 2, 0]> (t) }"
+    )
+    text = _scatter_model(body, "float[2,3,5,4] a, float[2,3,5,2] b", "float[2,3,5,6] y")
+    original = load(text)
+    optimized = SimplifyIndexGridsPass()(original.clone()).model
+    merged = MergeConsecutiveOpsPass()(optimized)
+    assert dict(merged.stats) == {
+        "Concat(Transposes)->Transpose(Concat)": 1,
+        "Transpose∘Transpose": 1,
+    }
+    EliminateDeadCodePass()(optimized)
+    assert op_types(optimized) == ["Concat"]
+    assert validate(original, optimized).passed
+
+
+def test_shape_reads_of_a_partly_written_tensor_move_to_the_first_data() -> None:
+    """TorchScript reads the shape of the slice a ``copy_`` writes to: such reads see the shape
+    only, which the tensor written to has too."""
+    body = (
+        "<int64[3,1] i = {1, 2, 3}, int64[1,1] j = {0}, int64[1] a = {0}, int64[1] b = {2}>"
+        " { s = ScatterND(x, i, v)\n part = Slice(s, a, b)\n n = Shape(part)\n"
+        " whole = Shape(s)\n t = ScatterND(s, j, u)\n y = Relu(t) }"
+    )
+    text = _scatter_model(body, outputs="float[4,2,3] y, int64[3] n, int64[3] whole")
+    optimized = assert_rewrites(
+        SimplifyIndexGridsPass, text, {SCATTERS: 1}, ["Slice", "Shape", "Shape", "Concat", "Relu"]
+    )
+    assert [node.inputs[0].name for node in optimized.graph][:3] == ["x", "part", "x"]

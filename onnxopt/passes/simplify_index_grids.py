@@ -40,10 +40,38 @@ from onnxopt.passes._attention_shapes import (
     static_dim,
     value_rank,
 )
+from onnxopt.passes._evaluate import evaluate_numpy
 from onnxopt.passes._shape_facts import ELEMENT_MOVES, MULTIDIRECTIONAL, axes_param, const_ints
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import new_constant, squeeze_op
+
+# A constant index left unfolded (folding it would grow the file: TorchScript's ``Slice(Range(0, 96,
+# 1), 0, 64)``) is computed here, up to this many elements, by the exact integer kernels.
+_SMALL_INDEX = 1 << 12
+
+
+def _small_index(value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
+    """``value`` as an integer array when it is a constant, or computed from constants by a few
+    index ops, and holds at most ``_SMALL_INDEX`` elements."""
+    array = const_array(value)
+    if array is not None or value is None or depth > 4:
+        return array if array is not None and array.size <= _SMALL_INDEX else None
+    node = value.producer()
+    if node is None or node.op_type not in _INDEX_OPS or not is_op(node, node.op_type):
+        return None
+    inputs = [None if v is None else _small_index(v, depth + 1) for v in node.inputs]
+    if any(a is None for v, a in zip(node.inputs, inputs, strict=True) if v is not None):
+        return None
+    if any(a is not None and not np.issubdtype(a.dtype, np.integer) for a in inputs):
+        return None
+    results = evaluate_numpy(node, inputs)
+    if not results or results[0].size > _SMALL_INDEX:
+        return None
+    return results[0]
+
+
+_INDEX_OPS = frozenset({"Range", "Slice", "Reshape", "Unsqueeze", "Squeeze", "Concat", "Cast"})
 
 
 def _scalar_int(value: ir.Value | None) -> int | None:
@@ -69,19 +97,40 @@ def _dim_read(value: ir.Value | None) -> Entry | None:
 
 
 def _index_axis(grid_index: ir.Value, rank: int, data: ir.Value, j: int) -> int | Mismatch:
-    """The axis (of a rank-``rank`` grid) along which ``Unsqueeze(Range(0, n_j, 1))`` runs."""
-    unsqueeze = grid_index.producer()
-    source = unsqueeze.inputs[0] if unsqueeze is not None and unsqueeze.inputs else None
+    """The axis (of a rank-``rank`` grid) along which index ``j`` counts 0, 1, ..., n - 1, with n
+    provably dim j of ``data``: ``Range(0, n, 1)`` given its other axes by an Unsqueeze (dynamo) or
+    a Reshape to ones and one free size (TorchScript), or a constant of that form (folded)."""
+    array = _small_index(grid_index)
+    if array is not None:
+        long = [axis for axis, size in enumerate(array.shape) if size != 1]
+        if len(long) > 1 or array.ndim > rank or not np.issubdtype(array.dtype, np.integer):
+            return Mismatch(f"index {j} is a constant that does not run along one axis")
+        if array.size != static_dim(data, j) or not np.array_equal(
+            array.reshape(-1), np.arange(array.size)
+        ):
+            return Mismatch(f"index {j} is a constant that does not count the data's dim {j}")
+        along = long[0] if long else array.ndim - 1
+        return along + rank - array.ndim  # Expand aligns the index to the grid's trailing axes
+    view = grid_index.producer()
+    source = view.inputs[0] if view is not None and view.inputs else None
     range_node = source.producer() if source is not None else None
-    if not is_op(unsqueeze, "Unsqueeze") or not is_op(range_node, "Range"):
-        return Mismatch(f"index {j} is not an Unsqueeze of a Range")
-    assert unsqueeze is not None and range_node is not None
-    inserted = axes_param(unsqueeze, value_rank(unsqueeze.outputs[0]))
-    if inserted is None:
-        return Mismatch("Unsqueeze has no axes")
-    if isinstance(inserted, Mismatch):
-        return inserted
-    own_rank = len(inserted) + 1
+    if not (is_op(view, "Unsqueeze") or is_op(view, "Reshape")) or not is_op(range_node, "Range"):
+        return Mismatch(f"index {j} is not an Unsqueeze or a Reshape of a Range")
+    assert view is not None and range_node is not None
+    if is_op(view, "Unsqueeze"):
+        inserted = axes_param(view, value_rank(view.outputs[0]))
+        if inserted is None:
+            return Mismatch("Unsqueeze has no axes")
+        if isinstance(inserted, Mismatch):
+            return inserted
+        own_rank = len(inserted) + 1
+        (along,) = (a for a in range(own_rank) if a not in inserted)
+    else:
+        target = const_ints(view.inputs[1])
+        free = [a for a, size in enumerate(target or ()) if size != 1]
+        if target is None or len(free) != 1:
+            return Mismatch(f"index {j}'s Reshape is not to ones and one free size")
+        own_rank, along = len(target), free[0]
     if own_rank > rank:
         return Mismatch(f"index {j} has more axes than the grid")
     start, limit, delta = range_node.inputs[0], range_node.inputs[1], range_node.inputs[2]
@@ -90,8 +139,7 @@ def _index_axis(grid_index: ir.Value, rank: int, data: ir.Value, j: int) -> int 
     read = _dim_read(limit)
     if read is None or not same_dim(read, data, j):
         return Mismatch(f"index {j}'s Range length is not provably dim {j} of the data")
-    (axis,) = (a for a in range(own_rank) if a not in inserted)
-    return axis + rank - own_rank  # Expand aligns the index to the grid's trailing axes
+    return along + rank - own_rank  # Expand aligns the index to the grid's trailing axes
 
 
 def _grid_indices(shape: ir.Value | None, rank: int) -> list[ir.Value] | Mismatch | None:
@@ -120,24 +168,11 @@ def _grid_indices(shape: ir.Value | None, rank: int) -> list[ir.Value] | Mismatc
     return leaves
 
 
-def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    if node.attributes.get_int("batch_dims", 0) != 0:
-        return Mismatch("batch_dims is not 0")
-    data, indices = node.inputs[0], node.inputs[1]
-    if data is None or indices is None or data.shape is None:
-        return Mismatch("the data's rank is unknown")
-    k = len(data.shape)
-    concat = indices.producer()
-    if not is_op(concat, "Concat") or concat is None:
-        return Mismatch("the indices are not a Concat of index tensors")
-    if len(concat.inputs) != k:
-        return Mismatch(f"the indices have {len(concat.inputs)} parts for data of rank {k}")
-    rank = value_rank(node.outputs[0])
-    if rank is None:
-        return Mismatch("the output's rank is unknown")
+def _grid_parts(concat: ir.Node, rank: int) -> tuple[list[ir.Value], ir.Value | None] | Mismatch:
+    """The index tensors of a rank-``rank`` grid ``Concat(Unsqueeze(Expand(index_j, shape), -1)
+    ..., axis=-1)``, and the one ``shape`` they are all expanded to."""
     if concat.attributes.get_int("axis", 0) not in (-1, rank):
         return Mismatch("the index parts are not concatenated on the last axis")
-    axes: list[int] = []
     expand_shape: ir.Value | None = None
     grid: list[ir.Value] = []
     for j, part in enumerate(concat.inputs):
@@ -158,11 +193,35 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
             expand_shape = expand.inputs[1]
         elif expand.inputs[1] is not expand_shape:
             return Mismatch("the index parts are expanded to different shapes")
-        axis = _index_axis(expand.inputs[0], rank, data, j)
+        grid.append(expand.inputs[0])
+    return grid, expand_shape
+
+
+def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if node.attributes.get_int("batch_dims", 0) != 0:
+        return Mismatch("batch_dims is not 0")
+    data, indices = node.inputs[0], node.inputs[1]
+    if data is None or indices is None or data.shape is None:
+        return Mismatch("the data's rank is unknown")
+    k = len(data.shape)
+    concat = indices.producer()
+    if not is_op(concat, "Concat") or concat is None:
+        return Mismatch("the indices are not a Concat of index tensors")
+    if len(concat.inputs) != k:
+        return Mismatch(f"the indices have {len(concat.inputs)} parts for data of rank {k}")
+    rank = value_rank(node.outputs[0])
+    if rank is None:
+        return Mismatch("the output's rank is unknown")
+    parts = _grid_parts(concat, rank)
+    if isinstance(parts, Mismatch):
+        return parts
+    grid, expand_shape = parts
+    axes: list[int] = []
+    for j, index in enumerate(grid):
+        axis = _index_axis(index, rank, data, j)
         if isinstance(axis, Mismatch):
             return axis
         axes.append(axis)
-        grid.append(expand.inputs[0])
     if any(b <= a for a, b in itertools.pairwise(axes)):
         return Mismatch(f"the indices run along axes {axes}, not in the data's order")
     leaves = _grid_indices(expand_shape, rank)
@@ -194,6 +253,132 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
         return Replacement((), ((gather.outputs[0], data),))
     node, constants = squeeze_op("Unsqueeze", data, axes, context.opset())
     return Replacement([node], [(gather.outputs[0], node.outputs[0])], constants)
+
+
+# A chain of ScatterNDs that overwrites every element -> Concat ---------------------------------
+
+
+def _same_axis(a: ir.Value | None, i: int, b: ir.Value | None, j: int) -> bool:
+    size = static_dim(a, i)
+    return (size is not None and size == static_dim(b, j)) or same_symbol(a, i, b, j)
+
+
+def _run(values: np.ndarray, size: int) -> tuple[int, int] | None:
+    """``[start, stop)`` when ``values`` (negative ones counted from the end of ``size``) are
+    consecutive, increasing and within ``size``."""
+    if values.size == 0 or not np.issubdtype(values.dtype, np.integer):
+        return None
+    written = [int(v) + size if v < 0 else int(v) for v in values.reshape(-1)]
+    start, stop = written[0], written[0] + len(written)
+    if start < 0 or stop > size or written != list(range(start, stop)):
+        return None
+    return start, stop
+
+
+def _scattered_block(scatter: ir.Node) -> tuple[int, int, int] | Mismatch:
+    """``(axis, start, stop)`` when ``scatter`` writes exactly the elements of its data whose index
+    along ``axis`` lies in ``[start, stop)``: rows (constant ``[n, 1]`` indices, axis 0), or the
+    last axis's columns through an index grid that counts every other axis in order (TorchScript's
+    ``x[..., a:b] = u``)."""
+    if scatter.attributes.get_string("reduction", "none") != "none" or len(scatter.inputs) != 3:
+        return Mismatch("a ScatterND combines (reduction) rather than overwrites")
+    data, indices, update = scatter.inputs
+    rank = value_rank(data)
+    if data is None or update is None or indices is None or not rank:
+        return Mismatch("the scattered tensor's rank is unknown")
+    rows = const_array(indices)
+    if rows is not None:
+        size = static_dim(data, 0)
+        run = _run(rows, size) if rows.ndim == 2 and rows.shape[1] == 1 and size else None
+        if run is None:
+            return Mismatch("its indices are not a constant run of consecutive whole rows")
+        return (0, *run)
+    concat = indices.producer()
+    if not is_op(concat, "Concat") or concat is None or len(concat.inputs) != rank:
+        return Mismatch("its indices are neither constant rows nor a grid over every axis")
+    parts = _grid_parts(concat, rank)
+    if isinstance(parts, Mismatch):
+        return parts
+    grid, _ = parts
+    for j, index in enumerate(grid[:-1]):
+        axis = _index_axis(index, rank, data, j)
+        if isinstance(axis, Mismatch):
+            return axis
+        if axis != j or not _same_axis(update, j, data, j):
+            return Mismatch(f"the grid's index {j} does not count the update's dim {j} in order")
+    last, size = _small_index(grid[-1]), static_dim(data, rank - 1)
+    if last is None or size is None or any(n != 1 for n in last.shape[:-1]):
+        return Mismatch("the grid's last index is not a constant row of columns")
+    run = _run(last, size)
+    if run is None or static_dim(update, rank - 1) != run[1] - run[0]:
+        return Mismatch("the grid's last index is not a run of consecutive columns")
+    return (rank - 1, *run)
+
+
+def _reads_shape_only(node: ir.Node, depth: int = 0) -> bool:
+    """``node`` is a Shape, or a Slice whose result only Shapes read (TorchScript reads the shape
+    of the slice a ``copy_`` writes to): its readers see the same whatever its input holds."""
+    if is_op(node, "Shape"):
+        return True
+    return (
+        is_op(node, "Slice")
+        and depth < 2
+        and all(not out.is_graph_output() for out in node.outputs)
+        and all(
+            _reads_shape_only(use.node, depth + 1) for out in node.outputs for use in out.uses()
+        )
+    )
+
+
+def _match_scatters(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """A chain of ScatterNDs writing disjoint blocks along one axis that together cover the whole
+    tensor: what ``x = empty(...); x[..., :a] = u; x[..., a:] = v`` exports to. The result is the
+    Concat of the updates along that axis; the first data is never read."""
+    blocks: list[tuple[int, int, ir.Value]] = []
+    chain: list[ir.Node] = []
+    scatter, axis = node, None
+    while True:
+        block = _scattered_block(scatter)
+        if isinstance(block, Mismatch):
+            return block
+        if axis is not None and block[0] != axis:
+            return Mismatch("the ScatterNDs of the chain write along different axes")
+        axis, start, stop = block
+        if any(start < end and begin < stop for begin, end, _ in blocks):
+            return Mismatch("two ScatterNDs of the chain write the same elements")
+        update = scatter.inputs[2]
+        assert update is not None
+        chain.append(scatter)
+        blocks.append((start, stop, update))
+        if sum(end - begin for begin, end, _ in blocks) == static_dim(node.inputs[0], axis):
+            break
+        data = scatter.inputs[0]
+        producer = data.producer() if data is not None else None
+        if producer is None or not is_op(producer, "ScatterND") or producer.graph is not node.graph:
+            return Mismatch("the scattered blocks do not cover the whole tensor")
+        assert data is not None
+        if data.is_graph_output() or any(
+            use.node is not scatter and not _reads_shape_only(use.node) for use in data.uses()
+        ):
+            return Mismatch("a partly written tensor of the chain is read other than for its shape")
+        scatter = producer
+    updates = [update for _, _, update in sorted(blocks, key=lambda block: block[0])]
+    return Match([*reversed(chain)], {"updates": updates, "axis": axis})
+
+
+def _rewrite_scatters(match: Match, context: RewriteContext) -> Replacement:
+    """The Concat stands for the result; the first data, whose shape every partly written tensor
+    has, stands for them where their shape is read."""
+    result = match.root.outputs[0]
+    axis = ir.AttrInt64("axis", match.bindings["axis"])
+    concat = ir.Node("", "Concat", match.bindings["updates"], [axis])
+    if result.dtype is not None:
+        concat.outputs[0].dtype = result.dtype
+    concat.outputs[0].shape = result.shape
+    first = match.nodes[0].inputs[0]
+    assert first is not None
+    partial = [(scatter.outputs[0], first) for scatter in match.nodes[:-1]]
+    return Replacement([concat], [(result, concat.outputs[0]), *partial])
 
 
 # Element moves, and the gathers that select from their first input: a tensor of one repeated
@@ -282,6 +467,7 @@ def _rewrite_uniform_gather(match: Match, context: RewriteContext) -> Replacemen
 RULES = (
     Rule("GatherND(index grid)->Unsqueeze", "GatherND", _match, _rewrite),
     Rule("Gather(table, one index)->row", "Gather", _match_uniform_gather, _rewrite_uniform_gather),
+    Rule("ScatterND blocks->Concat", "ScatterND", _match_scatters, _rewrite_scatters),
 )
 
 
