@@ -21,6 +21,15 @@ off the grid axes, and each grid axis gets exactly its ``n_j``), or a constant. 
 accept a read of that very dim of the data, a dim with the same symbol (the exporter's declared
 dynamic axis: ``input_ids`` and ``attention_mask`` share "batch" and "sequence"), or an equal static
 size.
+
+A chain of ScatterNDs that writes disjoint blocks covering the whole tensor is the Concat of its
+updates: a slice assignment into a fresh tensor (DeepSeek's key, ``k = new_empty(...);
+k[..., :a] = u; k[..., a:] = v``). Blocks are rows (constant ``[n, 1]`` indices, torch.export) or
+runs of the last axis's columns through an index grid whose other indices count every other axis
+in order, proved as above (TorchScript).
+
+A Gather whose indices are all one constant (the token types an export defaults) is that row where
+it is added to a tensor of its shape.
 """
 
 from __future__ import annotations
@@ -472,11 +481,13 @@ RULES = (
 
 
 class SimplifyIndexGridsPass(Pass):
-    """GatherND over a grid of Range indices that visits the data in order -> Unsqueeze(data)."""
+    """GatherND over a grid of Range indices that visits the data in order -> Unsqueeze(data);
+    a Gather at one constant index -> that row; ScatterNDs that overwrite every block -> Concat."""
 
     name = "simplify-index-grids"
     summary = (
-        "replace a GatherND over an in-order Range index grid (exported masks) by an Unsqueeze"
+        "replace a GatherND over an in-order Range index grid (exported masks) by an Unsqueeze;"
+        " ScatterNDs that overwrite a whole tensor block by block by a Concat"
     )
 
     def call(self, model: ir.Model) -> PassResult:
