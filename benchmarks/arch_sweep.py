@@ -979,7 +979,8 @@ def persimmon_medium() -> Factory:
 def deepseek_v3() -> Factory:
     from transformers import DeepseekV3Config, DeepseekV3Model
 
-    # multi-head latent attention (low-rank Q/KV, a rotary part of each head), dense layers only
+    # multi-head latent attention (low-rank Q/KV, a rotary part of each head, V's heads narrower
+    # than Q/K's as in DeepSeek-V2/V3: 128 vs 192), dense layers only
     cfg = DeepseekV3Config(
         **_llama_like(
             num_key_value_heads=4,
@@ -987,7 +988,7 @@ def deepseek_v3() -> Factory:
             kv_lora_rank=16,
             qk_rope_head_dim=8,
             qk_nope_head_dim=8,
-            v_head_dim=16,
+            v_head_dim=12,
             first_k_dense_replace=2,
             n_routed_experts=4,
             num_experts_per_tok=2,

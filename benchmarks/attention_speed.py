@@ -42,6 +42,27 @@ CONFIGS = {
             "use_cache": False,
         },
     ),
+    # DeepSeek-V2-Lite's latent attention at half width (low-rank Q and KV, a rotary part of each
+    # head, V heads narrower than Q/K's), dense FFNs only.
+    "deepseek": (
+        "DeepseekV3Model",
+        "DeepseekV3Config",
+        {
+            "hidden_size": 1024,
+            "intermediate_size": 2816,
+            "num_hidden_layers": 4,
+            "first_k_dense_replace": 4,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "q_lora_rank": 384,
+            "kv_lora_rank": 256,
+            "qk_nope_head_dim": 64,
+            "qk_rope_head_dim": 32,
+            "v_head_dim": 64,
+            "vocab_size": 32000,
+            "use_cache": False,
+        },
+    ),
 }
 
 

@@ -93,6 +93,11 @@ CASES = [
     # SDPA: [3, B*H, T, -1] with B*H = Mul(B, H) read at run time, then views [B, H, T, -1]; the
     # -1s are d once the product cancels, and the exporter's 1/sqrt(d) scale folds
     ("sam-vision", "torchscript", "sdpa", "mha 2"),
+    # DeepSeek's latent attention: the key written into a fresh tensor by two ScatterNDs (dynamo:
+    # rows of its transpose; TorchScript: a grid over the last axis's columns) becomes a Concat;
+    # V's heads narrower than K's, both moved back to [B, T, H*d]
+    ("deepseek-v3", "dynamo", "eager", "mha 2"),
+    ("deepseek-v3", "torchscript", "sdpa", "mha 2"),
 ]
 
 

@@ -1926,8 +1926,11 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     if key_heads.head_size != value_heads.head_size and not (
         target == "onnx" or (kv_repeat == 1 and _flat_kv(key_heads) and _flat_kv(value_heads))
     ):
-        # LeViT: V's heads are wider than K's. Attention-23 takes that; MultiHeadAttention only
-        # with K and V as [B, T, H*d] (it refuses [B, H, T, d] K/V of two sizes).
+        # LeViT: V's heads are wider than K's (DeepSeek's latent attention: narrower). Attention-23
+        # takes that; MultiHeadAttention only with K and V as [B, T, H*d] (it refuses
+        # [B, H, T, d] K/V of two sizes): their rows where the graph has them, else their heads
+        # moved back (one Transpose each: level with the unfused graph at 128 tokens, faster
+        # at 512, benchmarks/attention_speed.py's deepseek).
         return Mismatch(
             f"K and V head sizes differ ({key_heads.head_size} vs {value_heads.head_size}) and "
             "they are not both available as [B, T, H*d], the only layout MultiHeadAttention "
@@ -2298,12 +2301,9 @@ def _kv_one_layout(
 
 
 def _flat_kv(side: _Heads) -> bool:
-    """K or V is available as [B, T, H*d]: split from it, or moved first from [B, T, H, d] rows."""
-    return (
-        side.three_d is not None
-        or side.rows is not None
-        or (side.four_d is not None and _moved_heads(side.four_d) is not None)
-    )
+    """K or V can be had as [B, T, H*d]: split from it, moved first from [B, T, H, d] rows, or
+    its [B, H, T, d] heads moved back (one Transpose)."""
+    return side.three_d is not None or side.rows is not None or side.four_d is not None
 
 
 def _kv_rows(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
@@ -2312,7 +2312,9 @@ def _kv_rows(tape: ir.tape.Tape, side: _Heads) -> ir.Value:
         return side.three_d
     rows = side.rows
     if rows is None and side.four_d is not None:
-        rows = _moved_heads(side.four_d)
+        rows = _moved_heads(side.four_d) or tape.op(
+            "Transpose", [side.four_d], {"perm": [0, 2, 1, 3]}
+        )
     assert rows is not None
     return _merged_rows(tape, rows)
 
