@@ -387,3 +387,17 @@ def test_shape_reads_of_a_partly_written_tensor_move_to_the_first_data() -> None
         SimplifyIndexGridsPass, text, {SCATTERS: 1}, ["Slice", "Shape", "Shape", "Concat", "Relu"]
     )
     assert [node.inputs[0].name for node in optimized.graph][:3] == ["x", "part", "x"]
+
+
+def test_a_column_index_counted_from_a_huge_range_is_not_computed() -> None:
+    """The unfolded column index is computed only when it is small: Range(0, 2**40, 1) sliced
+    to two columns is refused before numpy would make its 8 TiB."""
+    text = _TWO_SCATTERS.format(rows=2, u_count=2, u_cols="0, 1").replace(
+        "int64[2] u_cols = {0, 1},",
+        "int64 huge = {1099511627776}, int64[1] zero1 = {0}, int64[1] two1 = {2},",
+    )
+    text = text.replace(
+        "uc = Expand(u_cols, us)",
+        "all = Range(zero, huge, one)\n        u_cols = Slice(all, zero1, two1)\n        uc = Expand(u_cols, us)",
+    )
+    assert_refuses(SimplifyIndexGridsPass, text, "not a constant row of columns")

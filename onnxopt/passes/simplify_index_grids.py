@@ -63,6 +63,9 @@ _SMALL_INDEX = 1 << 12
 def _small_index(value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
     """``value`` as an integer array when it is a constant, or computed from constants by a few
     index ops, and holds at most ``_SMALL_INDEX`` elements."""
+    tensor = ir.convenience.get_const_tensor(value) if value is not None else None
+    if tensor is not None and tensor.size > _SMALL_INDEX:
+        return None  # not read at all
     array = const_array(value)
     if array is not None or value is None or depth > 4:
         return array if array is not None and array.size <= _SMALL_INDEX else None
@@ -74,10 +77,19 @@ def _small_index(value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
         return None
     if any(a is not None and not np.issubdtype(a.dtype, np.integer) for a in inputs):
         return None
+    if node.op_type == "Range" and not _short_range(*inputs):
+        return None  # counted before it is computed: Range(0, 2**40, 1) is not made
     results = evaluate_numpy(node, inputs)
     if not results or results[0].size > _SMALL_INDEX:
         return None
     return results[0]
+
+
+def _short_range(*bounds: np.ndarray | None) -> bool:
+    if len(bounds) != 3 or any(b is None or b.size != 1 for b in bounds):
+        return False
+    start, limit, delta = (int(b.reshape(-1)[0]) for b in bounds)  # type: ignore[union-attr]
+    return delta != 0 and max(0, -(-(limit - start) // delta)) <= _SMALL_INDEX
 
 
 _INDEX_OPS = frozenset({"Range", "Slice", "Reshape", "Unsqueeze", "Squeeze", "Concat", "Cast"})
@@ -295,10 +307,10 @@ def _scattered_block(scatter: ir.Node) -> tuple[int, int, int] | Mismatch:
     rank = value_rank(data)
     if data is None or update is None or indices is None or not rank:
         return Mismatch("the scattered tensor's rank is unknown")
-    rows = const_array(indices)
-    if rows is not None:
+    rows = _small_index(indices)
+    if rows is not None and rows.ndim == 2 and rows.shape[1] == 1:
         size = static_dim(data, 0)
-        run = _run(rows, size) if rows.ndim == 2 and rows.shape[1] == 1 and size else None
+        run = _run(rows, size) if size else None
         if run is None:
             return Mismatch("its indices are not a constant run of consecutive whole rows")
         return (0, *run)
