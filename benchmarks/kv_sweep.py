@@ -64,6 +64,7 @@ BASES: dict[str, str] = {
     "exaone4": "benchmarks.arch_sweep:exaone4",
     "olmo": "benchmarks.arch_sweep:olmo",
     "seed-oss": "benchmarks.arch_sweep:seed_oss",
+    "deepseek-v3": "benchmarks.arch_sweep:deepseek_v3",
 }
 EXAMPLE = (2, 5, 3)  # B, P, S of the export's example inputs
 # Validation sizes (B, P, S): the example, a prompt (no past), two decode steps.
