@@ -9,6 +9,7 @@ import pytest
 from graphs import assert_numerically_equal, op_types, parse_model
 
 from onnxopt.passes._evaluate import evaluate_numpy, evaluate_on_runtime
+from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
 from onnxopt.passes.fold_constants import FoldConstantsPass
 from onnxopt.passes.lift_constants import LiftConstantsPass
 from onnxopt.passes.options import PassOptions
@@ -277,6 +278,23 @@ def test_if_with_constant_condition_is_inlined() -> None:
     assert [o.name for o in result.model.graph.outputs] == ["y"]
     assert_numerically_equal(model, result.model)
     assert not FoldConstantsPass()(result.model).modified
+
+
+def test_an_outer_constant_only_the_branch_not_taken_reads_dies_in_the_same_run() -> None:
+    """DINOv3's TorchScript export: the branch not taken reads an outer initializer nothing else
+    reads. Its nodes go with the If, so dead-code elimination removes the initializer now, not
+    in a second optimize run (which was then not a fixed point)."""
+    text = IF_CONST.replace(
+        "float[4] w = {1, 2, 3, 4}>", "float[4] w = {1, 2, 3, 4}, float[4] v = {5, 6, 7, 8}>"
+    )
+    text = text.replace("e_out = Neg(x)", "e1 = Mul(x, v)\n            e_out = Neg(e1)")
+    model = parse_model(text)
+    result = FoldConstantsPass()(model.clone())
+    assert result.stats == {"If inlined": 1}
+    assert not result.model.graph.initializers["v"].uses()
+    EliminateDeadCodePass()(result.model)
+    assert sorted(result.model.graph.initializers) == ["w"]
+    assert_numerically_equal(model, result.model)
 
 
 IF_READS_FOLDED = """

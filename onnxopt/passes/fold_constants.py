@@ -585,6 +585,13 @@ class _Folder:
                 identity.outputs[0].shape = old.shape
         if identities:
             graph.insert_before(node, identities)
+        # The branch not taken goes with the If, but its nodes still read outer values: left
+        # attached, they would keep those values (and the initializers among them) alive until
+        # the model was saved and loaded again, so a second optimize run removed them.
+        dropped = node.attributes.get("else_branch" if condition else "then_branch")
+        if dropped is not None:
+            for inner in ir.traversal.RecursiveGraphIterator(dropped.as_graph()):
+                inner.resize_inputs(0)
         remove_nodes(graph, node)
         self.stats[STAT_INLINED] += 1
 
