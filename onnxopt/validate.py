@@ -445,6 +445,33 @@ def compare_arrays(
     )
 
 
+# Ops whose outputs are drawn at random: without a seed, each run of the model differs.
+RANDOM_OPS = frozenset(
+    {
+        "RandomNormal",
+        "RandomNormalLike",
+        "RandomUniform",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
+
+
+def _random_nodes(model: ir.Model | Path | str) -> list[str]:
+    """The model's unseeded random ops (any graph), as "OpType 'name'". A seeded one draws the
+    same numbers in every session, run by run, so the two models' runs still pair up."""
+    if not isinstance(model, ir.Model):
+        return []
+    return [
+        f"{node.op_type} '{node.name}'"
+        for node in ir.traversal.RecursiveGraphIterator(model.graph)
+        if node.op_type in RANDOM_OPS
+        and is_op(node, node.op_type)
+        and "seed" not in node.attributes
+    ]
+
+
 def _flatten_output(
     name: str, expected: object, actual: object
 ) -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -702,6 +729,22 @@ def validate(
                     f"({last_failure}); validated with one value"
                 )
 
+    drawn = _random_nodes(original if isinstance(original, ir.Model) else optimized)
+    if drawn and runs:
+        # A model that draws random numbers unseeded gives other outputs on every run: it has
+        # nothing to be compared with, and a mismatch would blame the optimizer.
+        feeds, expected = runs[-1]
+        again = _run_bounded(reference, output_names, feeds, run_timeout)
+        if any(
+            not np.array_equal(e_item, a_item, equal_nan=True)
+            for name, e, a in zip(output_names, expected, again)
+            for _, e_item, a_item in _flatten_output(name, e, a)
+        ):
+            raise CannotValidate(
+                f"the original model's outputs change from run to run on the same inputs (it "
+                f"draws random numbers: {', '.join(drawn[:3])}), so they cannot be compared; "
+                "rerun with --no-validate"
+            )
     reference = None  # the closure above holds it too
     release_session(original)
     try:

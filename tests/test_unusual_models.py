@@ -355,3 +355,36 @@ def test_shape_inference_skips_data_propagation_for_many_vectors() -> None:
     result = InferShapesPass()(model)
     assert any("2097152 in all" in note for note in result.notes), result.notes
     assert model.graph.outputs[0].shape == onnx_ir.Shape([n])
+
+
+def _noisy_model(seed: float | None) -> onnx_ir.Model:
+    """y = x + U(0, 1) noise of x's shape (ViT-MAE's random masking draws its noise so)."""
+    extra = {} if seed is None else {"seed": seed}
+    graph = oh.make_graph(
+        [
+            oh.make_node("RandomUniformLike", ["x"], ["noise"], name="draw", **extra),
+            oh.make_node("Add", ["x", "noise"], ["y"]),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4])],
+    )
+    return model_from_proto(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))
+
+
+def test_a_model_that_draws_random_numbers_is_not_blamed_on_the_optimizer() -> None:
+    model = _noisy_model(seed=None)
+    try:
+        validate(model, model.clone())
+    except CannotValidate as exc:
+        message = str(exc)
+        assert "change from run to run" in message and "RandomUniformLike 'draw'" in message
+        assert "--no-validate" in message
+    else:
+        raise AssertionError("two runs of an unseeded random model were compared")
+
+
+def test_a_seeded_random_model_validates_run_by_run() -> None:
+    """A seed makes every session draw the same numbers in the same order of runs."""
+    model = _noisy_model(seed=3.0)
+    assert validate(model, model.clone()).passed
