@@ -9,6 +9,19 @@ ONNX_DOMAINS = ("", "ai.onnx")
 MS_DOMAIN = "com.microsoft"
 
 
+# Ops whose outputs are drawn at random: never folded, and without a seed each run differs.
+NONDETERMINISTIC_OPS = frozenset(
+    {
+        "RandomNormal",
+        "RandomNormalLike",
+        "RandomUniform",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
+
+
 def is_onnx_domain(domain: str) -> bool:
     return domain in ONNX_DOMAINS
 

@@ -25,7 +25,7 @@ import onnx_ir as ir
 from onnxopt import io
 from onnxopt.errors import OnnxoptError, UsageError
 from onnxopt.input_sizes import FALLBACK_SIZES, SIGNAL_SIZES, DimSymbols, Relation, SizePlan
-from onnxopt.ops import MS_DOMAIN, is_op
+from onnxopt.ops import MS_DOMAIN, NONDETERMINISTIC_OPS, is_op
 
 logger = logging.getLogger(__name__)
 
@@ -445,19 +445,6 @@ def compare_arrays(
     )
 
 
-# Ops whose outputs are drawn at random: without a seed, each run of the model differs.
-RANDOM_OPS = frozenset(
-    {
-        "RandomNormal",
-        "RandomNormalLike",
-        "RandomUniform",
-        "RandomUniformLike",
-        "Multinomial",
-        "Bernoulli",
-    }
-)
-
-
 def _random_nodes(model: ir.Model | Path | str) -> list[str]:
     """The model's unseeded random ops (any graph), as "OpType 'name'". A seeded one draws the
     same numbers in every session, run by run, so the two models' runs still pair up."""
@@ -466,7 +453,7 @@ def _random_nodes(model: ir.Model | Path | str) -> list[str]:
     return [
         f"{node.op_type} '{node.name}'"
         for node in ir.traversal.RecursiveGraphIterator(model.graph)
-        if node.op_type in RANDOM_OPS
+        if node.op_type in NONDETERMINISTIC_OPS
         and is_op(node, node.op_type)
         and "seed" not in node.attributes
     ]

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import ONNX_DOMAINS, remove_nodes, static_shape
+from onnxopt.ops import NONDETERMINISTIC_OPS, ONNX_DOMAINS, remove_nodes, static_shape
 from onnxopt.passes._evaluate import (
     INFERENCE_DATA_ELEMENTS,
     NUMPY_OPS,
@@ -65,16 +65,6 @@ TINY_RESULT_BYTES = 64
 NUMPY_MAX_BYTES = 1 << 20
 MAX_ROUNDS = 8
 
-NONDETERMINISTIC_OPS = frozenset(
-    {
-        "RandomNormal",
-        "RandomNormalLike",
-        "RandomUniform",
-        "RandomUniformLike",
-        "Multinomial",
-        "Bernoulli",
-    }
-)
 QUANTIZATION_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 NON_TENSOR_OPS = frozenset(
     {
