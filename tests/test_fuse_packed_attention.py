@@ -9,6 +9,7 @@ import pytest
 from onnxopt.ops import const_array
 from onnxopt.passes.fuse_packed_attention import FusePackedAttentionPass
 from onnxopt.passes.options import PassOptions
+from onnxopt.validate import validate
 from tests._pass_check import assert_refuses, assert_rewrites, load, op_types
 
 
@@ -416,7 +417,14 @@ _TAKE_PARTS = {
 
 
 def _blocked_model(
-    *, take: str = "split", perm: str = "2, 0, 3, 1, 4", leak: bool = False, order: str = "1, 2"
+    *,
+    take: str = "split",
+    perm: str = "2, 0, 3, 1, 4",
+    leak: bool = False,
+    order: str = "1, 2",
+    seq: str = "S",
+    view: str = "0, 0, 3, 2, 4",
+    allowzero: int = 0,
 ) -> str:
     """A ViT's / hand-written packed projection: p [B, S, 24] viewed as [B, S, 3, 2, 4] and
     permuted to [3, B, 2, S, 4] (``qkv.reshape(B, S, 3, H, d).permute(2, 0, 3, 1, 4)``), the parts
@@ -429,19 +437,19 @@ def _blocked_model(
         body = body.replace("k = Squeeze(t1", f"k = Squeeze({key}").replace(
             "v = Squeeze(t2", f"v = Squeeze({value}"
         )
-    outputs = "float[B, S, 8] y" + (", float[3, B, 2, S, 4] kk" if leak else "")
+    outputs = f"float[B, {seq}, 8] y" + (f", float[3, B, 2, {seq}, 4] kk" if leak else "")
     return f"""
         <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
-        g (float[B, S, 6] x, float[B, 1, 1, S] m) => ({outputs}) <
+        g (float[B, {seq}, 6] x, float[B, 1, 1, {seq}] m) => ({outputs}) <
             {_floats("w", (6, 24), 0)}, {_floats("b", (24,), 1)},
-            int64[5] view = {{0, 0, 3, 2, 4}}, int64[3] merge = {{0, 0, -1}},
+            int64[5] view = {{{view}}}, int64[3] merge = {{0, 0, -1}},
             int64 i0 = {{0}}, int64 i1 = {{1}}, int64 i2 = {{2}}, int64[2] ones = {{1, 1}},
             int64[3] ones3 = {{1, 1, 1}}, int64[1] zero1 = {{0}}, int64[1] one1 = {{1}},
             int64[1] two1 = {{2}}, int64[1] three1 = {{3}}
         > {{
             p0 = MatMul(x, w)
             p = Add(p0, b)
-            p5 = Reshape(p, view)
+            p5 = Reshape <allowzero: int = {allowzero}> (p, view)
             parts = Transpose <perm: ints = [{perm}]> (p5)
             {body}
             qm = Transpose <perm: ints = [0, 2, 1, 3]> (q4)
@@ -472,6 +480,16 @@ def test_folds_a_blocked_projection_permuted_to_parts_first(take: str) -> None:
     shape = next(n for n in model.graph if n.op_type == "Shape")
     assert shape.inputs[0] is model.graph.inputs[0]
     assert (shape.attributes.get_int("start"), shape.attributes.get_int("end")) == (1, 2)
+
+
+def test_folds_a_blocked_projection_viewed_with_an_inferred_batch() -> None:
+    """torch.export at a static sequence (BLIP's vision tower): ``[-1, 5, 3, 2, 4]`` with
+    allowzero=1, whose -1 is B since the rest is all of the packed [S, 3*H*d]."""
+    text = _blocked_model(take="gather", seq="5", view="-1, 5, 3, 2, 4", allowzero=1)
+    model = load(text)
+    result = FusePackedAttentionPass(PassOptions(explain=True))(model.clone())
+    assert result.stats["blocked-qkv-matmul+mha->attention"] == 1, result.notes
+    assert validate(model, result.model).passed
 
 
 @pytest.mark.parametrize(

@@ -86,16 +86,22 @@ def _count(model: ir.Model, op: str) -> int:
     return sum(1 for node in model.graph if node.op_type == op)
 
 
+def _fused(model: ir.Model) -> int:
+    """Fused blocks: MultiHeadAttention, or packed Attention where the packed Q/K/V projection
+    went in too (its [B*W, N, 3, H, d] view proved, as in the sweep's Swin)."""
+    return _count(model, "MultiHeadAttention") + _count(model, "Attention")
+
+
 @pytest.mark.parametrize("heads_mask", [False, True])
 @pytest.mark.parametrize("dynamo", [False, True])
 def test_shifted_window_mask_becomes_one_more_bias_term(tmp_path, dynamo, heads_mask) -> None:  # type: ignore[no-untyped-def]
     model = _window_attention(tmp_path, dynamo, heads_mask=heads_mask)
     result = optimize(model, inputs=[_feeds(1, 0), _feeds(3, 1)])
     assert result.validated, result.report.validation
-    assert _count(result.model, "MultiHeadAttention") == 1
+    assert _fused(result.model) == 1
     assert _count(result.model, "Softmax") == 0
     again = optimize(result.model, check=False)
-    assert _count(again.model, "MultiHeadAttention") == 1
+    assert _fused(again.model) == 1
     assert len(again.model.graph) == len(result.model.graph)
 
 
@@ -119,7 +125,7 @@ def test_a_mask_added_twice_to_the_windowed_scores_is_two_terms(tmp_path) -> Non
 def test_unshifted_windows_still_fuse(tmp_path) -> None:  # type: ignore[no-untyped-def]
     model = _window_attention(tmp_path, dynamo=False, shifted=False)
     result = optimize(model, inputs=[_feeds(1, 0), _feeds(2, 1)])
-    assert result.validated and _count(result.model, "MultiHeadAttention") == 1
+    assert result.validated and _fused(result.model) == 1
 
 
 def test_target_onnx_keeps_the_windowed_block(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -448,8 +448,19 @@ def _packed_view(packed5: ir.Value, parts_axis: int) -> tuple[ir.Node, list[int]
     if len(dims) != 5 or min(dims[2:]) <= 0 or dims[parts_axis] != 3:
         return Mismatch(f"the packed Q/K/V is viewed as {dims}, not {want}")
     copies = not view.attributes.get_int("allowzero", 0)
+    packed = view.inputs[0]
+    # B may also be the -1 (torch.export at a static S): the rest is then all of [S, 3*H*d]
+    inferred_batch = (
+        dims[0] == -1
+        and value_rank(packed) == 3
+        and static_dim(packed, 2) == dims[2] * dims[3] * dims[4]
+    )
     for axis in (0, 1):  # B and S copied (0), or the packed tensor's static sizes (folded)
-        if not ((dims[axis] == 0 and copies) or dims[axis] == static_dim(view.inputs[0], axis)):
+        if not (
+            (dims[axis] == 0 and copies)
+            or dims[axis] == static_dim(packed, axis)
+            or (axis == 0 and inferred_batch)
+        ):
             return Mismatch(f"the packed Q/K/V is viewed as {dims}: dims 0, 1 are not its [B, S]")
     return view, dims
 
