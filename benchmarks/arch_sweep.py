@@ -1922,6 +1922,113 @@ vaultgemma = _decoder_family(  # Gemma2's soft-capping and sliding windows, no p
 )
 bitnet = _decoder_family("bitnet", "BitNet")  # sub-norms before o_proj and down_proj, relu2
 doge = _decoder_family("doge", "Doge")  # a dynamic mask from the values added to the scores
+dinov3 = _vision_family(  # 2-D RoPE on the patch tokens (not the class and register tokens)
+    "dinov3",
+    "DINOv3ViT",
+    attention=True,
+    image_size=64,
+    patch_size=16,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_register_tokens=2,
+)
+blip_vision = _hf_family(  # qkv.reshape(B, S, 3, H, d).permute(2, 0, 3, 1, 4), S static
+    "blip_vision",
+    "BlipVision",
+    lambda cls: cls(
+        **_attn(
+            image_size=64,
+            patch_size=16,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+        )
+    ),
+    lambda model, cfg: _pixels(model, cfg, 64),
+)
+pixtral_vision = _hf_family(  # 2-D RoPE, RMSNorm, gated FFN
+    "pixtral_vision",
+    "PixtralVision",
+    lambda cls: cls(
+        **_attn(
+            image_size=64,
+            patch_size=16,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            head_dim=8,
+        )
+    ),
+    lambda model, cfg: _pixels(model, cfg, 64),
+)
+aimv2_vision = _vision_family(
+    "aimv2_vision",
+    "Aimv2Vision",
+    attention=True,
+    image_size=64,
+    patch_size=16,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+)
+arcee = _decoder_family("arcee", "Arcee")  # ReLU^2 FFN without a gate
+hunyuan_dense = _decoder_family("hunyuan_dense", "HunYuanDenseV1", head_dim=16)  # QK norm
+glm4_moe = _decoder_family(  # partial rotary, shared experts
+    "glm4_moe",
+    "Glm4Moe",
+    head_dim=16,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    first_k_dense_replace=2,
+)
+dots1 = _decoder_family(
+    "dots1",
+    "Dots1",
+    head_dim=16,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    first_k_dense_replace=2,
+)
+jetmoe = _decoder_family(  # mixture of attention heads
+    "jetmoe",
+    "JetMoe",
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    kv_channels=16,
+    num_key_value_heads=4,
+)
+
+
+@seeded
+def videomae() -> Factory:
+    import torch
+    from transformers import VideoMAEConfig, VideoMAEModel
+
+    from onnxopt.zoo.transformers_models import _Outputs
+
+    # tubelets of 2 frames x 16 x 16 pixels: a Conv3d patch embedding, then a plain ViT
+    cfg = VideoMAEConfig(
+        **_attn(
+            image_size=32,
+            patch_size=16,
+            num_frames=4,
+            tubelet_size=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+        )
+    )
+    inputs = {"pixel_values": torch.randn(2, 4, 3, 32, 32)}
+    module = _Outputs(VideoMAEModel(cfg), ("pixel_values",), ("last_hidden_state",))
+    return _finish(module, inputs, {"pixel_values": BATCH})
 
 
 FAMILIES: dict[str, Callable[[], Factory]] = {
@@ -2064,6 +2171,16 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         vaultgemma,
         bitnet,
         doge,
+        dinov3,
+        blip_vision,
+        pixtral_vision,
+        aimv2_vision,
+        videomae,
+        arcee,
+        hunyuan_dense,
+        glm4_moe,
+        dots1,
+        jetmoe,
     )
 }
 
