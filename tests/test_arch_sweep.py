@@ -99,8 +99,9 @@ CASES = [
     ("deepseek-v3", "dynamo", "eager", "mha 2"),
     ("deepseek-v3", "torchscript", "sdpa", "mha 2"),
     # an If on a constant condition inlined: the branch not taken no longer keeps the RoPE
-    # initializers it read alive until a second run (which was then not a fixed point)
-    ("dinov3", "torchscript", "eager", "mha 2"),
+    # initializers it read alive until a second run (which was then not a fixed point); its
+    # RoPE of the patch tokens, each rotate_half slice merged with theirs, fuses
+    ("dinov3", "torchscript", "eager", "mha 2 rotary 4"),
     # [-1, S, 3, H, d] at a static S: the -1 is B, the packed projection goes into Attention
     ("blip-vision", "dynamo", "eager", "attn 2"),
 ]

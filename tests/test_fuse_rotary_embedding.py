@@ -700,3 +700,65 @@ def test_rotary_rotate_half_with_scaled_tables() -> None:
     model = parse(text, inv_freq=_inv_freq(), scaling=np.array(1.25, np.float32), **_slices())
     fused = _fuse(model)
     assert [t for t in op_types(fused) if t != "Constant"].count("Mul") == 3
+
+
+PATCH_ROPE = """
+<ir_version: 10, opset_import: ["" : 20]>
+g (float[B, 4, 19, 16] qa) => (float[B, 4, 16, 16] qr) {
+    q = Slice (qa, prefix, big, ax2)
+    zero = Constant <value = int64 {0}> ()
+    one = Constant <value = int64 {1}> ()
+    shp = Shape <start = 2, end = 3> (q)
+    n = Squeeze (shp)
+    pos = Range (zero, n, one)
+    axes02 = Constant <value = int64[2] {0, 2}> ()
+    pos3 = Unsqueeze (pos, axes02)
+    posf = Cast <to = 1> (pos3)
+    f = Mul (posf, inv_freq)
+    ff = Concat <axis = -1> (f, f)
+    c3 = Cos (ff)
+    s3 = Sin (ff)
+    ax1 = Constant <value = int64[1] {1}> ()
+    c = Unsqueeze (c3, ax1)
+    s = Unsqueeze (s3, ax1)
+    q_c = Mul (q, c)
+    q_lo = Slice (qa, lo_starts, lo_ends, two_axes)
+    q_hi = Slice (qa, hi_starts, hi_ends, two_axes)
+    q_neg = Neg (q_hi)
+    q_rot = Concat <axis = -1> (q_neg, q_lo)
+    q_s = Mul (q_rot, s)
+    qr = Add (q_c, q_s)
+}
+"""
+
+
+@pytest.mark.parametrize("lo", [8, 7], ids=["halves", "not-halves"])
+def test_rotary_of_patch_tokens_with_merged_half_slices(lo: int) -> None:
+    """DINOv3 ropes its patch tokens only (``q[:, :, 3:]``, after the class and register tokens);
+    merge-consecutive-ops merges each rotate_half slice with that one into ``qa[:, :, 3:, :8]``.
+    Those are the halves of the patch tokens' heads."""
+    big = 2**63 - 1
+    model = parse(
+        PATCH_ROPE,
+        inv_freq=_inv_freq(),
+        prefix=np.array([3]),
+        big=np.array([big]),
+        ax2=np.array([2]),
+        lo_starts=np.array([3, 0]),
+        lo_ends=np.array([big, lo]),
+        hi_starts=np.array([3, lo]),
+        hi_ends=np.array([big, big]),
+        two_axes=np.array([2, 3]),
+    )
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass(PassOptions(explain=True))(fused)
+    if lo != 8:
+        assert not result.modified
+        assert any("expected the halves of 16" in note for note in result.notes), result.notes
+        return
+    assert result.stats == {"rotary->RotaryEmbedding": 1}, result.notes
+    (rotary,) = (node for node in fused.graph if node.op_type == "RotaryEmbedding")
+    assert rotary.inputs[0].name == "q"
+    rng = np.random.default_rng(0)
+    feeds = [{"qa": rng.standard_normal((b, 4, 19, 16)).astype(np.float32)} for b in (2, 1)]
+    assert validate(model, fused, inputs=feeds).passed

@@ -363,11 +363,52 @@ def _scaled_trig(mul: ir.Node) -> tuple[ir.Value, np.ndarray] | None:
     return None
 
 
+def outer_slice(x: ir.Value | None) -> tuple[ir.Value, dict[int, tuple[int, int]]] | None:
+    """(v, {axis: (start, end)}) when ``x = v[..., a:b, ...]`` slices only axes before the last,
+    by unit steps (DINOv3 ropes its patch tokens, ``q[:, :, p:]``, not its prefix tokens)."""
+    node = None if x is None else x.producer()
+    if not is_op(node, "Slice") or node is None or node.inputs[0] is None:
+        return None
+    rank = None if x is None or x.shape is None else len(x.shape)
+    params = slice_params(node)
+    if rank is None or isinstance(params, Mismatch) or any(step != 1 for step in params.steps):
+        return None
+    axes = [axis % rank for axis in params.axes]
+    if rank - 1 in axes:
+        return None
+    return node.inputs[0], {
+        axis: (start, end)
+        for axis, start, end in zip(axes, params.starts, params.ends, strict=True)
+    }
+
+
+def _last_axis_part(half: ir.Node, x: ir.Value) -> tuple[int, int] | None:
+    """(start, end) on the last axis when ``half`` is ``x[..., start:end]`` written as one Slice of
+    the tensor x was sliced from on other axes: merge-consecutive-ops merges
+    ``v[:, :, p:][..., :H/2]`` into ``v[:, :, p:, :H/2]``."""
+    outer = outer_slice(x)
+    params = slice_params(half)
+    if outer is None or half.inputs[0] is not outer[0] or isinstance(params, Mismatch):
+        return None
+    rank = len(x.shape) if x.shape is not None else 0
+    bounds = {
+        axis % rank: (start, end, step)
+        for axis, start, end, step in zip(
+            params.axes, params.starts, params.ends, params.steps, strict=True
+        )
+    }
+    last = bounds.pop(rank - 1, None)
+    if last is None or last[2] != 1 or bounds != {a: (*b, 1) for a, b in outer[1].items()}:
+        return None
+    return last[0], last[1]
+
+
 def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node] | Mismatch:
     """[Slice, Slice, Neg, Concat] when ``value = Concat(-x[..., H/2:], x[..., :H/2])``.
 
     When ``x = v[..., a:a+H]`` the halves may be sliced out of ``v`` directly (``v[..., a+H/2:a+H]``,
-    ``v[..., a:a+H/2]``: merge-consecutive-ops folds Slice-of-Slice so)."""
+    ``v[..., a:a+H/2]``: merge-consecutive-ops folds Slice-of-Slice so), and likewise when x
+    slices other axes of v (``_last_axis_part``)."""
     concat = producer_op(value, "Concat")
     if concat is None or len(concat.inputs) != 2:
         return Mismatch("no rotate_half (Concat of two halves) in the sin product", candidate=False)
@@ -382,6 +423,13 @@ def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node
     x_window = last_axis_window(x)
     for node, want in ((low, (0, half)), (high, (half, head))):
         offset, limit = 0, head
+        part = _last_axis_part(node, x)
+        if part is not None:
+            if part[0] < 0 or (part[0], min(part[1], head)) != want:
+                return Mismatch(
+                    f"rotate_half slices [{part[0]}:{part[1]}], expected the halves of {head}"
+                )
+            continue
         if node.inputs[0] is not x:
             if x_window is None or node.inputs[0] is not x_window.source:
                 return Mismatch("rotate_half slices a different tensor than the cos product")
@@ -415,8 +463,11 @@ def rotation_products(
                 continue
             for x in cos_mul.inputs[:2]:
                 window = last_axis_window(x)
+                outer = outer_slice(x)
                 if x is not None and (
-                    x is sliced or (window is not None and window.source is sliced)
+                    x is sliced
+                    or (window is not None and window.source is sliced)
+                    or (outer is not None and outer[0] is sliced)
                 ):
                     return cos_mul, sin_mul, x, rotated
     return Mismatch(f"no product with a {rotation}", candidate=False)
