@@ -11,7 +11,9 @@
   12 blocks of 12 heads, windows of 14 x 14 tokens, global attention in four blocks, decomposed
   relative positions; SDPA, transformers' default), one 1024 x 1024 image;
 - ``vitdet-base``: ViTDet-B as Detectron2 runs it on 1024 x 1024 images (windows of 14, global
-  attention in blocks 2, 5, 8 and 11, decomposed relative positions).
+  attention in blocks 2, 5, 8 and 11, decomposed relative positions);
+- ``dinov3-vits16``: DINOv3 ViT-S/16 (12 blocks of 6 heads, 4 register tokens, 2-D RoPE on the
+  patch tokens), one 224 x 224 image.
 
 The last two run TorchScript only (torch.export cannot export SAM's SDPA view) and are timed
 against the export in two runs, one per variant (three sessions of them outgrow 24 GiB).
@@ -84,6 +86,15 @@ def vitdet_base() -> Any:
     return _image_model(VitDetModel(config), 1024)
 
 
+def dinov3_vits16() -> Any:
+    import torch
+    from transformers import DINOv3ViTConfig, DINOv3ViTModel
+
+    torch.manual_seed(0)
+    # ViT-S/16 as released: 12 blocks of 6 heads, 4 register tokens, 2-D RoPE on the patches
+    return _image_model(DINOv3ViTModel(DINOv3ViTConfig(num_register_tokens=4)), 224)
+
+
 # Three ORT sessions of these at 1024 x 1024 outgrew 24 GiB (the bench was killed): each variant
 # is timed against the export in its own run, onnxopt's output then the unfused one.
 TWO_AT_A_TIME = {"sam-vit-base", "vitdet-base"}
@@ -92,6 +103,7 @@ MODELS = {
     "levit-128": "levit_128",
     "sam-vit-base": "sam_vit_base",
     "vitdet-base": "vitdet_base",
+    "dinov3-vits16": "dinov3_vits16",
 }
 
 
