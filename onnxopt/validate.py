@@ -445,6 +445,12 @@ def compare_arrays(
     )
 
 
+def _same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal shapes and values, NaN equal to NaN where the dtype has NaN."""
+    numeric = a.dtype.kind in "fc" and b.dtype.kind in "fc"
+    return bool(np.array_equal(a, b, equal_nan=numeric))
+
+
 def _random_nodes(model: ir.Model | Path | str) -> list[str]:
     """The model's unseeded random ops (any graph), as "OpType 'name'". A seeded one draws the
     same numbers in every session, run by run, so the two models' runs still pair up."""
@@ -723,7 +729,7 @@ def validate(
         feeds, expected = runs[-1]
         again = _run_bounded(reference, output_names, feeds, run_timeout)
         if any(
-            not np.array_equal(e_item, a_item, equal_nan=True)
+            not _same_values(e_item, a_item)
             for name, e, a in zip(output_names, expected, again)
             for _, e_item, a_item in _flatten_output(name, e, a)
         ):

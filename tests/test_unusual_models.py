@@ -358,16 +358,22 @@ def test_shape_inference_skips_data_propagation_for_many_vectors() -> None:
 
 
 def _noisy_model(seed: float | None) -> onnx_ir.Model:
-    """y = x + U(0, 1) noise of x's shape (ViT-MAE's random masking draws its noise so)."""
+    """y = x + U(0, 1) noise of x's shape (ViT-MAE's random masking draws its noise so), after a
+    string output (compared too, without NaNs)."""
     extra = {} if seed is None else {"seed": seed}
+    labels = onh.from_array(np.array(["cat", "dog"], dtype=object), "labels_value")
     graph = oh.make_graph(
         [
+            oh.make_node("Constant", [], ["labels"], value=labels),
             oh.make_node("RandomUniformLike", ["x"], ["noise"], name="draw", **extra),
             oh.make_node("Add", ["x", "noise"], ["y"]),
         ],
         "g",
         [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])],
-        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4])],
+        [
+            oh.make_tensor_value_info("labels", onnx.TensorProto.STRING, [2]),
+            oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4]),
+        ],
     )
     return model_from_proto(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))
 

@@ -363,7 +363,7 @@ def _scaled_trig(mul: ir.Node) -> tuple[ir.Value, np.ndarray] | None:
     return None
 
 
-def outer_slice(x: ir.Value | None) -> tuple[ir.Value, dict[int, tuple[int, int]]] | None:
+def _outer_slice(x: ir.Value | None) -> tuple[ir.Value, dict[int, tuple[int, int]]] | None:
     """(v, {axis: (start, end)}) when ``x = v[..., a:b, ...]`` slices only axes before the last,
     by unit steps (DINOv3 ropes its patch tokens, ``q[:, :, p:]``, not its prefix tokens)."""
     node = None if x is None else x.producer()
@@ -386,11 +386,12 @@ def _last_axis_part(half: ir.Node, x: ir.Value) -> tuple[int, int] | None:
     """(start, end) on the last axis when ``half`` is ``x[..., start:end]`` written as one Slice of
     the tensor x was sliced from on other axes: merge-consecutive-ops merges
     ``v[:, :, p:][..., :H/2]`` into ``v[:, :, p:, :H/2]``."""
-    outer = outer_slice(x)
+    outer = _outer_slice(x)
     params = slice_params(half)
     if outer is None or half.inputs[0] is not outer[0] or isinstance(params, Mismatch):
         return None
-    rank = len(x.shape) if x.shape is not None else 0
+    assert x.shape is not None  # _outer_slice knows x's rank
+    rank = len(x.shape)
     bounds = {
         axis % rank: (start, end, step)
         for axis, start, end, step in zip(
@@ -463,7 +464,7 @@ def rotation_products(
                 continue
             for x in cos_mul.inputs[:2]:
                 window = last_axis_window(x)
-                outer = outer_slice(x)
+                outer = _outer_slice(x)
                 if x is not None and (
                     x is sliced
                     or (window is not None and window.source is sliced)
