@@ -457,7 +457,7 @@ def _random_nodes(model: ir.Model | Path | str) -> list[str]:
     if not isinstance(model, ir.Model):
         return []
     return [
-        f"{node.op_type} '{node.name}'"
+        f"{node.op_type} '{node.name}'" if node.name else node.op_type
         for node in ir.traversal.RecursiveGraphIterator(model.graph)
         if node.op_type in NONDETERMINISTIC_OPS
         and is_op(node, node.op_type)

@@ -3824,6 +3824,64 @@ def _(d: Path) -> list[str]:
     return opt(d, m, "--no-validate")
 
 
+@case("ScatterND rows: overlapping runs, one index out of range", "either")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4, 3] x, float[2, 3] u, float[3, 3] v) => (float[4, 3] y) {
+            i = Constant<value = int64[2, 1] {0, 1}>()
+            j = Constant<value = int64[3, 1] {1, 2, 4}>()
+            s = ScatterND(x, i, u)
+            y = ScatterND(s, j, v)
+        }
+        """
+    )
+    return opt(d, m)
+
+
+@case("ScatterND columns: an index grid counted by Range(0, 2**40)", "either")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3] x, float[2, 3] u) => (float[2, 3] y) {
+            zero = Constant<value = int64 {0}>()
+            one = Constant<value = int64 {1}>()
+            huge = Constant<value = int64 {1099511627776}>()
+            z1 = Constant<value = int64[1] {0}>()
+            three = Constant<value = int64[1] {3}>()
+            last = Constant<value = int64[1] {-1}>()
+            rows = Constant<value = int64[2, 1] {0, 1}>()
+            all = Range(zero, huge, one)
+            cols = Slice(all, z1, three)
+            us = Shape(u)
+            r = Expand(rows, us)
+            c = Expand(cols, us)
+            r1 = Unsqueeze(r, last)
+            c1 = Unsqueeze(c, last)
+            grid = Concat<axis = -1>(r1, c1)
+            y = ScatterND(x, grid, u)
+        }
+        """
+    )
+    return opt(d, m, "--no-validate")
+
+
+@case("unseeded RandomUniformLike: validation names the random op", "error")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+            noise = RandomUniformLike(x)
+            y = Add(x, noise)
+        }
+        """
+    )
+    return opt(d, m)
+
+
 # ------------------------------------------------------------------------------------------------
 
 
