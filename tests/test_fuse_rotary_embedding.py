@@ -762,3 +762,40 @@ def test_rotary_of_patch_tokens_with_merged_half_slices(lo: int) -> None:
     rng = np.random.default_rng(0)
     feeds = [{"qa": rng.standard_normal((b, 4, 19, 16)).astype(np.float32)} for b in (2, 1)]
     assert validate(model, fused, inputs=feeds).passed
+
+
+ANGLE_ROPE = """
+<ir_version: 10, opset_import: ["" : 20]>
+g (float[B, 4, 6, 16] q) => (float[B, 4, 6, 16] qr) {
+    c = Cos (angles)
+    s = Sin (angles)
+    q_c = Mul (q, c)
+    q_lo = Slice (q, starts_lo, ends_lo, last, step)
+    q_hi = Slice (q, starts_hi, ends_hi, last, step)
+    q_neg = Neg (q_hi)
+    q_rot = Concat <axis = -1> (q_neg, q_lo)
+    q_s = Mul (q_rot, s)
+    qr = Add (q_c, q_s)
+}
+"""
+
+
+@pytest.mark.parametrize("equal_halves", [True, False], ids=["tiled", "halves-differ"])
+def test_rotary_of_a_constant_angle_table(equal_halves: bool) -> None:
+    """torch.export folds DINOv3's 2-D RoPE angles (the patch grid's, tiled twice) into one
+    [S, H] constant that Cos and Sin read directly: the cache is its first half."""
+    rng = np.random.default_rng(0)
+    half = rng.uniform(-3, 3, (6, 8)).astype(np.float32)
+    other = half if equal_halves else half + 1
+    model = parse(ANGLE_ROPE, angles=np.concatenate([half, other], axis=1), **_slices())
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass(PassOptions(explain=True))(fused)
+    if not equal_halves:
+        assert not result.modified
+        assert any("angles' halves differ" in note for note in result.notes), result.notes
+        return
+    assert result.stats == {"rotary->RotaryEmbedding": 1}, result.notes
+    assert [t for t in op_types(fused) if t != "Constant"].count("Neg") == 0
+    feeds = [{"q": rng.standard_normal((b, 4, 6, 16)).astype(np.float32)} for b in (2, 1)]
+    assert validate(model, fused, inputs=feeds).passed
+    assert not FuseRotaryEmbeddingPass()(fused).modified

@@ -298,6 +298,11 @@ def _table(value: ir.Value | None, head: int, half_width: bool = False) -> Rotar
         if not half_width and not np.array_equal(rows[:, : head // 2], rows[:, head // 2 :]):
             return Mismatch("constant cos/sin halves differ (not rotate-half RoPE)")
         return RotaryTable(None, "", constant=np.ascontiguousarray(rows[:, : head // 2]))
+    trig = None if value is None else value.producer()
+    if not half_width and trig is not None and (is_op(trig, "Cos") or is_op(trig, "Sin")):
+        constant_angles = _constant_angles(trig, head)
+        if constant_angles is not None:
+            return constant_angles
     unsqueeze = producer_op(value, "Unsqueeze")
     if unsqueeze is None:
         return Mismatch("cos/sin is neither a constant nor Unsqueeze(Cos/Sin(...), 1)")
@@ -346,6 +351,24 @@ def _table(value: ir.Value | None, head: int, half_width: bool = False) -> Rotar
             f"rotary angles have {freqs.shape[2]} columns, not rotary width / 2 = {head // 2}"
         )
     return RotaryTable(freqs, trig.op_type, tuple(casts), nodes=nodes, factor=factor)
+
+
+def _constant_angles(trig: ir.Node, head: int) -> RotaryTable | Mismatch | None:
+    """Cos/Sin of a constant angle table [S, H] (leading 1s allowed) whose halves are equal:
+    DINOv3's 2-D RoPE, angles of the patch grid tiled twice and folded by the exporter. The table
+    is the angles' first half, [1, S, H/2], as a new constant; None when the angles are not a
+    constant."""
+    angles = const_array(trig.inputs[0])
+    if angles is None:
+        return None
+    if angles.ndim < 2 or any(d != 1 for d in angles.shape[:-2]) or angles.shape[-1] != head:
+        return Mismatch(f"constant rotary angles have shape {list(angles.shape)}, not [S, {head}]")
+    rows = angles.reshape(angles.shape[-2], head)
+    if angles.dtype.kind != "f" or not np.array_equal(rows[:, : head // 2], rows[:, head // 2 :]):
+        return Mismatch("constant rotary angles' halves differ (not rotate-half RoPE)")
+    freqs = new_constant(np.ascontiguousarray(rows[None, :, : head // 2]), "rotary_angles")
+    freqs.shape = ir.Shape([1, rows.shape[0], head // 2])
+    return RotaryTable(freqs, trig.op_type, nodes=(trig,))
 
 
 def _scaled_trig(mul: ir.Node) -> tuple[ir.Value, np.ndarray] | None:
@@ -648,6 +671,8 @@ def rotary_cache(
         return value
     assert table.freqs is not None
     angles = table.freqs
+    if angles.const_value is not None and angles.producer() is None and not angles.is_initializer():
+        constants.append(angles)  # constant angles made by the match (_constant_angles)
     if flat:
         shape = np.array([-1, head // 2], dtype=np.int64)
         angles = _shared_op(angles, "Reshape", shape, "rotary_cache_shape", nodes, constants)
