@@ -366,8 +366,7 @@ def _constant_angles(trig: ir.Node, head: int) -> RotaryTable | Mismatch | None:
     rows = angles.reshape(angles.shape[-2], head)
     if angles.dtype.kind != "f" or not np.array_equal(rows[:, : head // 2], rows[:, head // 2 :]):
         return Mismatch("constant rotary angles' halves differ (not rotate-half RoPE)")
-    freqs = new_constant(np.ascontiguousarray(rows[None, :, : head // 2]), "rotary_angles")
-    freqs.shape = ir.Shape([1, rows.shape[0], head // 2])
+    freqs = new_constant(rows[None, :, : head // 2], "rotary_angles")  # shaped [1, S, H/2]
     return RotaryTable(freqs, trig.op_type, nodes=(trig,))
 
 
