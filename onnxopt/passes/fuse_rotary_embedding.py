@@ -670,9 +670,15 @@ def rotary_cache(
         return value
     assert table.freqs is not None
     angles = table.freqs
-    if angles.const_value is not None and angles.producer() is None and not angles.is_initializer():
-        constants.append(angles)  # constant angles made by the match (_constant_angles)
-    if flat:
+    made = angles.const_value is not None and angles.producer() is None
+    if made and not angles.is_initializer():
+        # constant angles made by the match (_constant_angles): shaped here, not by a Reshape
+        # that only the next run would fold
+        if flat:
+            rows = angles.const_value.numpy().reshape(-1, head // 2)  # type: ignore[union-attr]
+            angles = new_constant(rows, "rotary_angles")
+        constants.append(angles)
+    elif flat:
         shape = np.array([-1, head // 2], dtype=np.int64)
         angles = _shared_op(angles, "Reshape", shape, "rotary_cache_shape", nodes, constants)
     result = _existing(angles, table.trig)
