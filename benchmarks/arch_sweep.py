@@ -53,6 +53,13 @@ ATTENTION = {"implementation": "eager"}  # set by --attention before the factori
 TOKENS = {0: "batch", 1: "sequence"}
 BATCH = {0: "batch"}
 SMALL = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
+# Routed experts of the DeepSeek-MoE kind, every layer dense (first_k_dense_replace=2 of 2).
+TINY_ROUTED_MOE = {
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "first_k_dense_replace": 2,
+}
 Factory = tuple[Any, dict[str, Any], dict[str, dict[int, str]]]
 
 
@@ -989,10 +996,7 @@ def deepseek_v3() -> Factory:
             qk_rope_head_dim=8,
             qk_nope_head_dim=8,
             v_head_dim=12,
-            first_k_dense_replace=2,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
+            **TINY_ROUTED_MOE,
         )
     )
     return _decoder(DeepseekV3Model, cfg)
@@ -1922,80 +1926,31 @@ vaultgemma = _decoder_family(  # Gemma2's soft-capping and sliding windows, no p
 )
 bitnet = _decoder_family("bitnet", "BitNet")  # sub-norms before o_proj and down_proj, relu2
 doge = _decoder_family("doge", "Doge")  # a dynamic mask from the values added to the scores
+# A ViT at 64 x 64 pixels in 16 x 16 patches, as the vision towers below share it.
+TINY_VIT = {
+    "image_size": 64,
+    "patch_size": 16,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+}
 dinov3 = _vision_family(  # 2-D RoPE on the patch tokens (not the class and register tokens)
-    "dinov3",
-    "DINOv3ViT",
-    attention=True,
-    image_size=64,
-    patch_size=16,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_register_tokens=2,
+    "dinov3", "DINOv3ViT", attention=True, **TINY_VIT, num_register_tokens=2
 )
-blip_vision = _hf_family(  # qkv.reshape(B, S, 3, H, d).permute(2, 0, 3, 1, 4), S static
-    "blip_vision",
-    "BlipVision",
-    lambda cls: cls(
-        **_attn(
-            image_size=64,
-            patch_size=16,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-        )
-    ),
-    lambda model, cfg: _pixels(model, cfg, 64),
+blip_vision = _vision_family(  # qkv.reshape(B, S, 3, H, d).permute(2, 0, 3, 1, 4), S static
+    "blip_vision", "BlipVision", attention=True, **TINY_VIT
 )
-pixtral_vision = _hf_family(  # 2-D RoPE, RMSNorm, gated FFN
-    "pixtral_vision",
-    "PixtralVision",
-    lambda cls: cls(
-        **_attn(
-            image_size=64,
-            patch_size=16,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            head_dim=8,
-        )
-    ),
-    lambda model, cfg: _pixels(model, cfg, 64),
+pixtral_vision = _vision_family(  # 2-D RoPE, RMSNorm, gated FFN
+    "pixtral_vision", "PixtralVision", attention=True, **TINY_VIT, head_dim=8
 )
-aimv2_vision = _vision_family(
-    "aimv2_vision",
-    "Aimv2Vision",
-    attention=True,
-    image_size=64,
-    patch_size=16,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-)
+aimv2_vision = _vision_family("aimv2_vision", "Aimv2Vision", attention=True, **TINY_VIT)
 arcee = _decoder_family("arcee", "Arcee")  # ReLU^2 FFN without a gate
 hunyuan_dense = _decoder_family("hunyuan_dense", "HunYuanDenseV1", head_dim=16)  # QK norm
 glm4_moe = _decoder_family(  # partial rotary, shared experts
-    "glm4_moe",
-    "Glm4Moe",
-    head_dim=16,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    first_k_dense_replace=2,
+    "glm4_moe", "Glm4Moe", head_dim=16, **TINY_ROUTED_MOE
 )
-dots1 = _decoder_family(
-    "dots1",
-    "Dots1",
-    head_dim=16,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    first_k_dense_replace=2,
-)
+dots1 = _decoder_family("dots1", "Dots1", head_dim=16, **TINY_ROUTED_MOE)
 jetmoe = _decoder_family(  # mixture of attention heads
     "jetmoe",
     "JetMoe",
@@ -2014,18 +1969,7 @@ def videomae() -> Factory:
     from onnxopt.zoo.transformers_models import _Outputs
 
     # tubelets of 2 frames x 16 x 16 pixels: a Conv3d patch embedding, then a plain ViT
-    cfg = VideoMAEConfig(
-        **_attn(
-            image_size=32,
-            patch_size=16,
-            num_frames=4,
-            tubelet_size=2,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-        )
-    )
+    cfg = VideoMAEConfig(**_attn(**{**TINY_VIT, "image_size": 32}, num_frames=4, tubelet_size=2))
     inputs = {"pixel_values": torch.randn(2, 4, 3, 32, 32)}
     module = _Outputs(VideoMAEModel(cfg), ("pixel_values",), ("last_hidden_state",))
     return _finish(module, inputs, {"pixel_values": BATCH})
