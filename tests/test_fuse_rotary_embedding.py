@@ -82,6 +82,7 @@ def _rope_text(
     extra_input: str = "",
     extra_output: str = "",
     position_axes: str = "axes02",
+    rotary: str = ROTARY,
 ) -> str:
     return ROPE.format(
         opset=opset,
@@ -89,8 +90,8 @@ def _rope_text(
         position_axes=position_axes,
         extra_input=extra_input,
         extra_output=extra_output,
-        rotary_q=ROTARY.format(x="q"),
-        rotary_k=ROTARY.format(x="k"),
+        rotary_q=rotary.format(x="q"),
+        rotary_k=rotary.format(x="k"),
     )
 
 
@@ -159,8 +160,9 @@ def test_rotary_onnx_old_opset_left_alone() -> None:
     )
 
 
-def test_rotary_constant_tables_static_shapes() -> None:
-    """A static export folds cos/sin into constants: the caches become constants of the same rows."""
+def _static_table_model(rotary: str) -> tuple[ir.Model, np.ndarray]:
+    """q [2, 4, 6, 16] rotated by ``rotary`` with the constant cos/sin tables a static export folds,
+    and the angles those are of ([1, 1, 6, 16], both halves equal)."""
     angles = np.arange(6)[:, None] * _inv_freq()[None]
     table = np.concatenate([angles, angles], -1)[None, None].astype(np.float32)
     text = (
@@ -168,10 +170,15 @@ def test_rotary_constant_tables_static_shapes() -> None:
     <ir_version: 10, opset_import: ["" : 20]>
     g (float[2, 4, 6, 16] q) => (float[2, 4, 6, 16] qr) {
     """
-        + ROTARY.format(x="q")
+        + rotary.format(x="q")
         + "}"
     )
-    model = parse(text, c=np.cos(table), s=np.sin(table), **_slices())
+    return parse(text, c=np.cos(table), s=np.sin(table), **_slices()), table
+
+
+def test_rotary_constant_tables_static_shapes() -> None:
+    """A static export folds cos/sin into constants: the caches become constants of the same rows."""
+    model, _ = _static_table_model(ROTARY)
     fused = model.clone()
     result = FuseRotaryEmbeddingPass()(fused)
     assert result.stats == {"rotary->RotaryEmbedding": 1}
@@ -282,6 +289,41 @@ def test_rotary_halves_that_differ_refused() -> None:
         + "}"
     )
     _refuses(parse(text, c=table, s=table, **_slices()), "constant cos/sin halves differ")
+
+
+# NanoChat's rotate_half, Concat(x2, -x1): the rotation by -angle, the rotary with sin negated.
+NEGATED_ROTARY = ROTARY.replace("Neg ({x}_hi)", "Neg ({x}_lo)").replace(
+    "({x}_neg, {x}_lo)", "({x}_hi, {x}_neg)"
+)
+
+
+@pytest.mark.parametrize("target", ["ort", "onnx"])
+def test_rotary_negated_rotate_half(target: str) -> None:
+    text = _rope_text(23, rotary=NEGATED_ROTARY)
+    fused = _fuse(parse(text, inv_freq=_inv_freq(), **_slices()), PassOptions(target=target))
+    types = [t for t in op_types(fused) if t != "Constant"]
+    # one Neg of the shared sin cache, instead of one per rotated tensor
+    assert types.count("Neg") == 1 and "Slice" not in types
+
+
+def test_rotary_negated_rotate_half_constant_tables() -> None:
+    model, table = _static_table_model(NEGATED_ROTARY)
+    fused = model.clone()
+    assert FuseRotaryEmbeddingPass()(fused).stats == {"rotary->RotaryEmbedding": 1}
+    rotary = next(n for n in fused.graph if n.op_type == "RotaryEmbedding")
+    sin_cache = const_array(rotary.inputs[3])
+    assert sin_cache is not None
+    np.testing.assert_array_equal(sin_cache, -np.sin(table)[0, 0, :, :8])
+    report = validate(model, fused)
+    assert report.passed, report
+
+
+def test_rotary_both_halves_negated_refused() -> None:
+    both = ROTARY.replace("({x}_neg, {x}_lo)", "({x}_neg, {x}_lo_neg)").replace(
+        "    {x}_s = Mul", "    {x}_lo_neg = Neg ({x}_lo)\n    {x}_s = Mul"
+    )
+    model, _ = _static_table_model(both)
+    _refuses(model, "rotate_half is not Concat(Neg(Slice(x)), Slice(x))")
 
 
 @pytest.mark.torch

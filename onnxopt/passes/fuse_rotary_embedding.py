@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -92,6 +92,8 @@ class RotaryTable:
     # The scalar constant Cos/Sin is multiplied by before any Cast (YaRN's and LongRoPE's
     # ``attention_scaling``: ``emb.cos() * attention_scaling``); None: no factor.
     factor: np.ndarray | None = None
+    # The cache is the table negated: the sin of a rotate_half written Concat(x2, -x1).
+    negate: bool = False
 
     @property
     def batch(self) -> object:
@@ -426,8 +428,13 @@ def _last_axis_part(half: ir.Node, x: ir.Value) -> tuple[int, int] | None:
     return last[0], last[1]
 
 
-def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node] | Mismatch:
-    """[Slice, Slice, Neg, Concat] when ``value = Concat(-x[..., H/2:], x[..., :H/2])``.
+def _rotate_half(
+    value: ir.Value | None, x: ir.Value, head: int
+) -> tuple[list[ir.Node], bool] | Mismatch:
+    """([Slice, Slice, Neg, Concat], False) when ``value = Concat(-x[..., H/2:], x[..., :H/2])``;
+    (..., True) when ``value = Concat(x[..., H/2:], -x[..., :H/2])`` (NanoChat), the same rotation
+    by -angle: since x1 cos + x2 sin = x1 cos - x2 (-sin), it is the rotary with the sin table
+    negated.
 
     When ``x = v[..., a:a+H]`` the halves may be sliced out of ``v`` directly (``v[..., a+H/2:a+H]``,
     ``v[..., a:a+H/2]``: merge-consecutive-ops folds Slice-of-Slice so), and likewise when x
@@ -437,11 +444,19 @@ def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node
         return Mismatch("no rotate_half (Concat of two halves) in the sin product", candidate=False)
     if concat.attributes.get_int("axis", 0) not in (-1, 3):
         return Mismatch("rotate_half Concat is not on the last axis")
-    neg = producer_op(concat.inputs[0], "Neg")
-    high = producer_op(None if neg is None else neg.inputs[0], "Slice")
-    low = producer_op(concat.inputs[1], "Slice")
+    negated = producer_op(concat.inputs[0], "Neg") is None
+    neg = producer_op(concat.inputs[1 if negated else 0], "Neg")
+    high = producer_op(
+        concat.inputs[0] if negated else None if neg is None else neg.inputs[0], "Slice"
+    )
+    low = producer_op(
+        concat.inputs[1] if not negated else None if neg is None else neg.inputs[0], "Slice"
+    )
     if neg is None or high is None or low is None:
-        return Mismatch("rotate_half is not Concat(Neg(Slice(x)), Slice(x)) (interleaved RoPE?)")
+        return Mismatch(
+            "rotate_half is not Concat(Neg(Slice(x)), Slice(x)) or Concat(Slice(x), Neg(Slice(x))) "
+            "(interleaved RoPE?)"
+        )
     half = head // 2
     x_window = last_axis_window(x)
     for node, want in ((low, (0, half)), (high, (half, head))):
@@ -467,7 +482,7 @@ def _rotate_half(value: ir.Value | None, x: ir.Value, head: int) -> list[ir.Node
             return Mismatch(
                 f"rotate_half slices [{start - offset}:{end - offset}], expected the halves of {head}"
             )
-    return [low, high, neg, concat]
+    return [low, high, neg, concat], negated
 
 
 def rotation_products(
@@ -497,11 +512,14 @@ def rotation_products(
 
 
 def _rotate_half_source(rotated: ir.Value | None) -> ir.Value | None:
-    """``x`` of ``Concat(-x[..., H/2:], x[..., :H/2])`` (read off the second half's Slice)."""
+    """``x`` of ``Concat(-x[..., H/2:], x[..., :H/2])`` (read off the second half's Slice), or of
+    ``Concat(x[..., H/2:], -x[..., :H/2])``."""
     concat = producer_op(rotated, "Concat")
     if concat is None or len(concat.inputs) != 2:
         return None
-    low = producer_op(concat.inputs[1], "Slice")
+    second = concat.inputs[1]
+    neg = producer_op(second, "Neg")
+    low = producer_op(second if neg is None else neg.inputs[0], "Slice")
     return None if low is None else low.inputs[0]
 
 
@@ -519,9 +537,12 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
     rotation = _rotate_half(rotated, x, head)
     if isinstance(rotation, Mismatch):
         return rotation
+    rotate_nodes, negated = rotation
     cos = _table(other_input(cos_mul, x), head)
     sin = _table(other_input(sin_mul, rotated), head)
-    return _rotary_match(context, x, cos, sin, [cos_mul, *rotation, sin_mul, add])
+    if negated and not isinstance(sin, Mismatch):
+        sin = replace(sin, negate=True)
+    return _rotary_match(context, x, cos, sin, [cos_mul, *rotate_nodes, sin_mul, add])
 
 
 def _rotary_match(
@@ -664,7 +685,8 @@ def rotary_cache(
 ) -> ir.Value:
     """The half-width cache: [S, H/2] when ``flat`` (contrib op), else [1, S, H/2]; reuses earlier ones."""
     if table.constant is not None:
-        array = table.constant if flat else table.constant[None]
+        array = -table.constant if table.negate else table.constant
+        array = array if flat else array[None]
         value = new_constant(array, f"rotary_{table.trig.lower() or 'cos_sin'}rotary_cache")
         constants.append(value)
         return value
@@ -688,6 +710,12 @@ def rotary_cache(
         result = node.outputs[0]
     if table.factor is not None:
         result = _shared_op(result, "Mul", table.factor, "rotary_scaling", nodes, constants)
+    if table.negate:
+        negated = _existing(result, "Neg")
+        if negated is None:
+            nodes.append(ir.node("Neg", [result]))
+            negated = nodes[-1].outputs[0]
+        result = negated
     for to in table.casts:
         cast = _existing(result, "Cast", partial(_casts_to, to))
         if cast is None:
