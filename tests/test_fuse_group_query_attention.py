@@ -44,6 +44,7 @@ def _model(
     merge_form: str = "constant",
     kv_split: bool = False,
     qkv_split: bool = False,
+    q_scale: str = "",
 ) -> ir.Model:
     """x[B,S,8] -> 4 query heads and 2 K/V heads of ``head_size``, K/V repeated as the exporters do, MHA with a
     causal + padding mask built from keep[B,S] as the exporters do (positions unsqueezed to rank 4;
@@ -52,7 +53,9 @@ def _model(
     ``norm_axis``: Q normalized per token and K per head (OLMo2, Qwen3) over that axis.
     ``merge_form="query-shape"``: the repeated K/V reshaped to the query's [B, 4, S, d] read off
     it, as SDPA's enable_gqa is exported by dynamo. ``kv_split``: K and V the halves of one
-    projection (``kv(x).chunk(2, -1)``); ``qkv_split``: Q, K and V the three parts of one."""
+    projection (``kv(x).chunk(2, -1)``); ``qkv_split``: Q, K and V the three parts of one.
+    ``q_scale``: the query times a factor qf of that shape (``"S, 1"``: one per position, as
+    Ministral 3 scales it after RoPE)."""
     if causal_form == "exported":
         positions = """
             kpos = Unsqueeze(ki, ax012)
@@ -71,7 +74,7 @@ def _model(
         k_norm = f"kn = SimplifiedLayerNormalization<axis={norm_axis}>(kr, kscale)"
     text = f"""
         <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
-        g (float[B, S, 8] x, float[B, T, 8] y, bool[B, {"T" if cross else "S"}] keep) => (float[B, S, {4 * head_size}] out) {{
+        g (float[B, S, 8] x, float[B, T, 8] y, bool[B, {"T" if cross else "S"}] keep{f", float[{q_scale}] qf" if q_scale else ""}) => (float[B, S, {4 * head_size}] out) {{
             {"qkvp = MatMul(x, wqkv)" if qkv_split else ""}
             {"q, k, v = Split<axis=2>(qkvp, qkv_sizes)" if qkv_split else ""}
             {"" if qkv_split else ("q0" if bias_first else ("qp" if norm_axis is not None else "q")) + " = MatMul(x, wq)"}
@@ -101,7 +104,8 @@ def _model(
             pad = Unsqueeze(keep, ax12)
             allowed = And(causal, pad)
             mask = Where(allowed, zero_f, masked)
-            out = com.microsoft.MultiHeadAttention<num_heads=4, scale=0.7>({"qn" if norm_axis is not None else "q"}, kh, vh, , , mask)
+            {"qs1 = Mul(q, qf)" if q_scale else ""}
+            out = com.microsoft.MultiHeadAttention<num_heads=4, scale=0.7>({"qn" if norm_axis is not None else "qs1" if q_scale else "q"}, kh, vh, , , mask)
         }}
     """
     return parse(
@@ -198,6 +202,29 @@ def test_q_and_k_normalized_over_their_last_axis_still_prove_one_sequence() -> N
     report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
     assert report.passed, report
     assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+def test_a_query_scaled_per_position_still_proves_one_sequence() -> None:
+    model = _model(q_scale="S, 1")
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    rng = np.random.default_rng(5)
+    inputs = [_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)]
+    for feeds in inputs:
+        seq = feeds["x"].shape[1]
+        feeds["qf"] = (1 + rng.random((seq, 1))).astype(np.float32)
+    _validated_fixed_point(model, fused, inputs)
+
+
+@pytest.mark.parametrize(
+    ("shape", "reason"), [("T, 1", "one sequence"), ("B, S, 1, 1", "query is not [B, S, H*d]")]
+)
+def test_a_query_factor_that_may_grow_it_is_not_followed(shape: str, reason: str) -> None:
+    # [T, 1]: T is not proven to be S (broadcasting could repeat a one-token query); rank 4: the
+    # product is no longer [B, S, H*d]
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(_model(q_scale=shape))
+    assert not result.modified
+    assert any(reason in note for note in result.notes), result.notes
 
 
 def test_a_norm_that_mixes_the_sequence_is_not_followed() -> None:

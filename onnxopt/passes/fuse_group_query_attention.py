@@ -335,6 +335,10 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
             seq -= sum(1 for a in unsqueezed if a < seq)
             value = source
             continue
+        scaled = _scaled_in_place(node)
+        if scaled is not None:
+            value = scaled  # Ministral 3 / Llama 4: the query scaled per position after RoPE
+            continue
         if node.op_type in ("MatMul", "Add") and len(node.inputs) == 2:
             other = node.inputs[1]
             if node.op_type == "Add" and const_array(source) is not None and other is not None:
@@ -353,6 +357,25 @@ def _origin(value: ir.Value, batch: int, seq: int) -> tuple[ir.Value, int, int]:
                 continue
         break
     return value, batch, seq
+
+
+def _scaled_in_place(node: ir.Node) -> ir.Value | None:
+    """``x`` of ``Mul(x, f)`` / ``Mul(f, x)`` / ``Div(x, f)`` when the factor broadcasts into x
+    without growing it (each of its dims, aligned from the right, is 1 or provably x's own): the
+    product has x's shape, so x's batch and sequence dims."""
+    if node.op_type not in ("Mul", "Div") or len(node.inputs) != 2:
+        return None
+    orders = [(0, 1)] if node.op_type == "Div" else [(0, 1), (1, 0)]
+    for kept, factor in orders:
+        x, f = node.inputs[kept], node.inputs[factor]
+        if x is None or f is None or x.shape is None or f.shape is None:
+            continue
+        if len(f.shape) > len(x.shape):
+            continue
+        offset = len(x.shape) - len(f.shape)
+        if all(d == 1 or same_symbol(f, i, x, offset + i) for i, d in enumerate(f.shape)):
+            return x
+    return None
 
 
 def _unsqueezed_axes(node: ir.Node) -> set[int] | None:
