@@ -1975,6 +1975,116 @@ def videomae() -> Factory:
     return _finish(module, inputs, {"pixel_values": BATCH})
 
 
+# Rotary encoders (embedding models): BERT-shaped, RoPE instead of learned positions.
+nomic_bert = _encoder_family("nomic_bert", "NomicBert")  # SwiGLU FFN, no biases
+gte = _encoder_family("gte", "Gte")  # gte-multilingual: NTK RoPE, post-norm
+jina_embeddings_v3 = _encoder_family("jina_embeddings_v3", "JinaEmbeddingsV3")  # XLM-R + RoPE
+eurobert = _encoder_family(  # bidirectional LLaMA: RMSNorm, GQA, no causal mask
+    "eurobert",
+    "EuroBert",
+    num_key_value_heads=2,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    mask_token_id=3,
+)
+minicpm3 = _decoder_family(  # multi-head latent attention, as DeepSeek-V2
+    "minicpm3",
+    "MiniCPM3",
+    num_key_value_heads=4,
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+)
+ministral3 = _decoder_family(  # YaRN rotary; the query scaled by log(1 + floor(pos / 4)) after it
+    "ministral3",
+    "Ministral3",
+    head_dim=16,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 4,  # 16384 as released: the scale then is 1 here
+        "llama_4_scaling_beta": 0.1,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+)
+nanochat = _decoder_family("nanochat", "NanoChat", num_key_value_heads=4)  # QK norm, relu^2
+cwm = _decoder_family(  # Llama-3 RoPE, sliding-window and full layers
+    "cwm", "Cwm", head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"]
+)
+modernbert_decoder = _hf_family(  # ModernBERT's layers, causal, local then global attention
+    "modernbert_decoder",
+    "ModernBertDecoder",
+    lambda cls: cls(
+        **_attn(
+            **ENC,
+            local_attention=8,
+            layer_types=["sliding_attention", "full_attention"],
+            pad_token_id=0,
+            use_cache=False,
+        )
+    ),
+    _decoder,
+)
+mlcd_vision = _vision_family(  # 2-D (axial) RoPE on patches and class token
+    "mlcd_vision", "MLCDVision", attention=True, **TINY_VIT
+)
+
+
+def _video(model_cls: Any, cfg: Any, frames: int) -> Factory:
+    import torch
+
+    from onnxopt.zoo.transformers_models import _Outputs
+
+    inputs = {"pixel_values": torch.randn(2, frames, 3, 32, 32)}
+    module = _Outputs(model_cls(cfg), ("pixel_values",), ("last_hidden_state",))
+    return _finish(module, inputs, {"pixel_values": BATCH})
+
+
+timesformer = _hf_family(  # divided space-time attention: heads over frames, then over patches
+    "timesformer",
+    "Timesformer",
+    lambda cls: cls(**_attn(**{**TINY_VIT, "image_size": 32}, num_frames=4)),
+    lambda model, cfg: _video(model, cfg, 4),
+)
+vivit = _hf_family(  # tubelet embedding (Conv3d), then a plain ViT over space-time tokens
+    "vivit",
+    "Vivit",
+    lambda cls: cls(
+        **_attn(**{**TINY_VIT, "image_size": 32}, num_frames=4, tubelet_size=[2, 16, 16])
+    ),
+    lambda model, cfg: _video(model, cfg, 4),
+)
+
+
+@seeded
+def parakeet_encoder() -> Factory:
+    """FastConformer: conv subsampling, relative-position attention, depthwise conv modules."""
+    import torch
+    from transformers import ParakeetEncoder, ParakeetEncoderConfig
+
+    from onnxopt.zoo.transformers_models import _Outputs
+
+    cfg = ParakeetEncoderConfig(
+        **_attn(
+            **SMALL,
+            intermediate_size=128,
+            conv_kernel_size=9,
+            subsampling_conv_channels=32,
+            num_mel_bins=32,
+        )
+    )
+    inputs = {"input_features": torch.randn(2, 64, 32)}
+    module = _Outputs(ParakeetEncoder(cfg), ("input_features",), ("last_hidden_state",))
+    return _finish(module, inputs, {"input_features": {0: "batch", 1: "frames"}})
+
+
 FAMILIES: dict[str, Callable[[], Factory]] = {
     f.__name__.replace("_", "-"): f
     for f in (
@@ -2125,6 +2235,19 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         glm4_moe,
         dots1,
         jetmoe,
+        nomic_bert,
+        gte,
+        jina_embeddings_v3,
+        eurobert,
+        minicpm3,
+        ministral3,
+        nanochat,
+        cwm,
+        modernbert_decoder,
+        mlcd_vision,
+        timesformer,
+        vivit,
+        parakeet_encoder,
     )
 }
 
