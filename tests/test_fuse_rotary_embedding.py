@@ -326,6 +326,70 @@ def test_rotary_both_halves_negated_refused() -> None:
     _refuses(model, "rotate_half is not Concat(Neg(Slice(x)), Slice(x))")
 
 
+def _heads_last(text: str) -> str:
+    """The ROPE model with q, k [B, S, N, 16] and the tables unsqueezed at axis 2 ([1, S, 1, 16]),
+    as MLCD and Qwen2-VL's vision tower rotate before moving the heads ahead of the sequence."""
+    for old, new in (
+        ("float[B, 4, S, 16] qr", "float[B, S, 4, 16] qr"),
+        ("float[B, 2, S, 16] kr", "float[B, S, 2, 16] kr"),
+        ("float[B, 4, S, 16] q,", "float[B, S, 4, 16] q,"),
+        ("float[B, 2, S, 16] k)", "float[B, S, 2, 16] k)"),
+        ("Unsqueeze (c3, ax1)", "Unsqueeze (c3, ax2)"),
+        ("Unsqueeze (s3, ax1)", "Unsqueeze (s3, ax2)"),
+        ("Shape <start = 2, end = 3> (q)", "Shape <start = 1, end = 2> (q)"),
+    ):
+        assert old in text
+        text = text.replace(old, new)
+    return text
+
+
+@pytest.mark.parametrize(("target", "opset"), [("ort", 20), ("onnx", 23)])
+def test_rotary_heads_after_the_sequence(target: str, opset: int) -> None:
+    text = _heads_last(_rope_text(opset))
+    model = parse(text, inv_freq=_inv_freq(), **_slices())
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass(PassOptions(target=target))(fused)
+    assert result.stats == {"rotary->RotaryEmbedding": 2}
+    rotaries = [n for n in fused.graph if n.op_type == "RotaryEmbedding"]
+    assert [n.attributes.get_int("num_heads") for n in rotaries] == [4, 2]
+    assert all(len(n.inputs[0].shape or ()) == 3 for n in rotaries)  # the [B, S, N*16] views
+    inputs = []
+    for batch, seq in ((2, 7), (1, 1), (3, 33)):
+        rng = np.random.default_rng(seq)
+        q = rng.standard_normal((batch, seq, 4, 16)).astype(np.float32)
+        inputs.append({"q": q, "k": rng.standard_normal((batch, seq, 2, 16)).astype(np.float32)})
+    report = validate(model, fused, inputs=inputs)
+    assert report.passed, report
+    assert not FuseRotaryEmbeddingPass(PassOptions(target=target))(fused).modified
+
+
+def test_rotary_heads_after_the_sequence_constant_tables() -> None:
+    text = (
+        """
+    <ir_version: 10, opset_import: ["" : 20]>
+    g (float[2, 6, 4, 16] q) => (float[2, 6, 4, 16] qr) {
+    """
+        + ROTARY.format(x="q")
+        + "}"
+    )
+    angles = np.arange(6)[:, None] * _inv_freq()[None]
+    table = np.concatenate([angles, angles], -1)[None, :, None].astype(np.float32)  # [1, 6, 1, 16]
+    model = parse(text, c=np.cos(table), s=np.sin(table), **_slices())
+    fused = model.clone()
+    assert FuseRotaryEmbeddingPass()(fused).stats == {"rotary->RotaryEmbedding": 1}
+    report = validate(model, fused)
+    assert report.passed, report
+
+
+def test_rotary_heads_after_the_sequence_with_dynamic_heads_refused() -> None:
+    text = _heads_last(_rope_text(20)).replace("float[B, S, 4, 16] q,", "float[B, S, N, 16] q,")
+    result = FuseRotaryEmbeddingPass(PassOptions(explain=True))(
+        parse(text, inv_freq=_inv_freq(), **_slices())
+    )
+    assert result.stats == {"rotary->RotaryEmbedding": 1}  # k only
+    assert any("N not static" in note for note in result.notes), result.notes
+
+
 @pytest.mark.torch
 @pytest.mark.slow  # ~20 s each; test_zoo already runs llama-tiny (TorchScript) at -O2 in the fast set
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])

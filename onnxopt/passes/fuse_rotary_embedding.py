@@ -286,15 +286,25 @@ def _batch_of(x: ir.Value) -> object:
     return _dim_through_head_split(x, 0, 0)
 
 
-def _table(value: ir.Value | None, head: int, half_width: bool = False) -> RotaryTable | Mismatch:
+def _table(
+    value: ir.Value | None, head: int, half_width: bool = False, heads_last: bool = False
+) -> RotaryTable | Mismatch:
     """The cos/sin operand [1, 1, S, H] traced back to its half-width source; with ``half_width``
-    the operand is itself [1, 1, S, H/2] (GPT-OSS multiplies each half of x by it)."""
+    the operand is itself [1, 1, S, H/2] (GPT-OSS multiplies each half of x by it); with
+    ``heads_last`` it is [1, S, 1, H], for x [B, S, N, H]."""
     width = head // 2 if half_width else head
     array = const_array(value)
     if array is not None:
+        if heads_last:
+            if array.ndim != 4 or (array.shape[0], array.shape[2], array.shape[3]) != (1, 1, width):
+                return Mismatch(
+                    f"constant cos/sin has shape {list(array.shape)}, not [1, S, 1, {width}]"
+                )
+            array = array.reshape(1, 1, array.shape[1], width)
         if array.ndim < 2 or any(d != 1 for d in array.shape[:-2]) or array.shape[-1] != width:
             return Mismatch(
-                f"constant cos/sin has shape {list(array.shape)}, not [1, 1, S, {width}]"
+                f"constant cos/sin has shape {list(array.shape)}, not [1, 1, S, {width}] "
+                f"(or [1, S, 1, {width}] for heads after the sequence)"
             )
         rows = array.reshape(array.shape[-2], width)
         if not half_width and not np.array_equal(rows[:, : head // 2], rows[:, head // 2 :]):
@@ -309,8 +319,9 @@ def _table(value: ir.Value | None, head: int, half_width: bool = False) -> Rotar
     if unsqueeze is None:
         return Mismatch("cos/sin is neither a constant nor Unsqueeze(Cos/Sin(...), 1)")
     axes = int_param(unsqueeze, "axes", 1)
-    if axes not in ((1,), (-3,)):
-        return Mismatch(f"cos/sin Unsqueeze axes are {axes}, not [1] (the heads axis)")
+    if axes not in (((2,), (-2,)) if heads_last else ((1,), (-3,))):
+        where = 2 if heads_last else 1
+        return Mismatch(f"cos/sin Unsqueeze axes are {axes}, not [{where}] (the heads axis)")
     inner = unsqueeze.inputs[0]
     casts: list[ir.DataType] = []
     chain = [unsqueeze]
@@ -538,11 +549,27 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if isinstance(rotation, Mismatch):
         return rotation
     rotate_nodes, negated = rotation
-    cos = _table(other_input(cos_mul, x), head)
-    sin = _table(other_input(sin_mul, rotated), head)
+    cos_value = other_input(cos_mul, x)
+    heads_last = _heads_last(cos_value)
+    if heads_last and not isinstance(shape[2], int):
+        return Mismatch("x is [B, S, N, H] with N not static: no [B, S, N*H] view to rotate")
+    cos = _table(cos_value, head, heads_last=heads_last)
+    sin = _table(other_input(sin_mul, rotated), head, heads_last=heads_last)
     if negated and not isinstance(sin, Mismatch):
         sin = replace(sin, negate=True)
-    return _rotary_match(context, x, cos, sin, [cos_mul, *rotate_nodes, sin_mul, add])
+    core = [cos_mul, *rotate_nodes, sin_mul, add]
+    return _rotary_match(context, x, cos, sin, core, heads_last=heads_last)
+
+
+def _heads_last(table: ir.Value | None) -> bool:
+    """The cos/sin operand is [1, S, 1, H] (a constant of that shape, or unsqueezed at axis 2): x
+    is [B, S, N, H], rotated before its heads move ahead of the sequence (MLCD, Qwen2-VL's vision
+    tower)."""
+    array = const_array(table)
+    if array is not None:
+        return array.ndim == 4 and array.shape[2] == 1 and array.shape[1] != 1
+    unsqueeze = producer_op(table, "Unsqueeze")
+    return unsqueeze is not None and int_param(unsqueeze, "axes", 1) in ((2,), (-2,))
 
 
 def _rotary_match(
@@ -552,25 +579,27 @@ def _rotary_match(
     sin: RotaryTable | Mismatch,
     core: list[ir.Node],
     inputs: Sequence[ir.Node] = (),
+    heads_last: bool = False,
 ) -> Match | Mismatch:
-    """The Match of a rotary of ``x`` [B, N, S, H] by the ``cos``/``sin`` tables that ``core``
-    computes (its last node the root), once the tables are proven to fit x; ``inputs`` (the
-    slices of x) go with it where nothing else reads them."""
+    """The Match of a rotary of ``x`` [B, N, S, H] ([B, S, N, H] with ``heads_last``) by the
+    ``cos``/``sin`` tables that ``core`` computes (its last node the root), once the tables are
+    proven to fit x; ``inputs`` (the slices of x) go with it where nothing else reads them."""
     assert x.shape is not None
     head = x.shape[3]
+    positions = x.shape[1] if heads_last else positions_of(x)
     for name, table in (("cos", cos), ("sin", sin)):
         if isinstance(table, Mismatch):
             return table
         if table.trig and table.trig != name.capitalize():
             return Mismatch(f"the {name} product's table comes from {table.trig}")
-        if table.freqs is not None and not same_dim(rows_of(table.freqs), positions_of(x)):
+        if table.freqs is not None and not same_dim(rows_of(table.freqs), positions):
             return Mismatch(f"cannot prove the {name} table has one row per input position")
         if table.per_row and not same_dim(table.batch, _batch_of(x)):
             return Mismatch(
                 f"the {name} angles differ per batch row (a position_ids input): cannot prove "
                 "they have the input's batch size"
             )
-        if table.constant is not None and table.constant.shape[0] != x.shape[2]:
+        if table.constant is not None and table.constant.shape[0] != positions:
             return Mismatch(
                 f"constant {name} has {table.constant.shape[0]} rows, input has {x.shape[2]} positions"
             )
@@ -592,7 +621,8 @@ def _rotary_match(
         )
     # Producers first: the driver removes matched nodes last-to-first once they have no users.
     shared = list(dict.fromkeys([*cos.nodes, *sin.nodes, *inputs]))
-    return Match([*shared, *core], {"x": x, "cos": cos, "sin": sin, "head": head})
+    bindings = {"x": x, "cos": cos, "sin": sin, "head": head, "heads_last": heads_last}
+    return Match([*shared, *core], bindings)
 
 
 def _half_of(value: ir.Value | None) -> tuple[ir.Value, int] | None:
@@ -807,6 +837,12 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     x: ir.Value = b["x"]
     nodes: list[ir.Node] = []
     constants: list[ir.Value] = []
+    heads: int | None = None
+    if b["heads_last"]:  # [B, S, N, H]: both ops rotate the [B, S, N*H] view given num_heads
+        assert x.shape is not None and isinstance(x.shape[2], int)  # _match proved N static
+        heads = x.shape[2]
+        x = _view(x, [0, 0, heads * b["head"]], nodes, constants)
+        x.shape = ir.Shape([*b["x"].shape[:2], heads * b["head"]])
     if context.options.target == "ort":
         cos = rotary_cache(b["cos"], b["head"], True, nodes, constants)
         sin = rotary_cache(b["sin"], b["head"], True, nodes, constants)
@@ -842,7 +878,24 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
         )
     same_shape_as(new.outputs[0], x)
     nodes.append(new)
-    return Replacement(nodes, [(match.root.outputs[0], new.outputs[0])], constants=constants)
+    result = new.outputs[0]
+    if heads is not None:
+        new.attributes["num_heads"] = ir.AttrInt64("num_heads", heads)
+        result = _view(result, [0, 0, heads, b["head"]], nodes, constants)
+        same_shape_as(result, b["x"])
+    return Replacement(nodes, [(match.root.outputs[0], result)], constants=constants)
+
+
+def _view(
+    x: ir.Value, target: list[int], nodes: list[ir.Node], constants: list[ir.Value]
+) -> ir.Value:
+    """``Reshape(x, target)`` (0 copies x's dim), with x's element type."""
+    shape = new_constant(np.array(target, dtype=np.int64), "rotary_view")
+    constants.append(shape)
+    nodes.append(ir.node("Reshape", [x, shape]))
+    view = nodes[-1].outputs[0]
+    view.type = x.type
+    return view
 
 
 def same_shape_as(output: ir.Value, x: ir.Value) -> None:
