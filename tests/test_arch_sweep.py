@@ -104,6 +104,12 @@ CASES = [
     ("dinov3", "torchscript", "eager", "mha 2 rotary 4"),
     # [-1, S, 3, H, d] at a static S: the -1 is B, the packed projection goes into Attention
     ("blip-vision", "dynamo", "eager", "attn 2"),
+    # rotate_half as cat(x2, -x1): the rotary with sin negated (no rotary, MHA before)
+    ("nanochat", "dynamo", "eager", "gqa 2 rotary 4"),
+    # the rotated query scaled per position (Llama-4 scaling, a scale other than 1 here)
+    ("ministral3", "torchscript", "eager", "gqa 2"),
+    # RoPE of [B, S, N, d] by cos/sin [1, S, 1, d]: the [B, S, N*d] view rotated
+    ("mlcd-vision", "dynamo", "eager", "mha 2 rotary 4"),
 ]
 
 
