@@ -912,3 +912,33 @@ def test_rotary_of_a_constant_angle_table(equal_halves: bool) -> None:
     again = optimize(first, check=False).model
     assert any(node.op_type == "RotaryEmbedding" for node in first.graph)
     assert op_types(again) == op_types(first)
+
+
+@pytest.mark.parametrize(("rows", "repeats"), [(6, [1, 2]), (3, [2, 1])], ids=["halves", "rows"])
+def test_rotary_of_tiled_angles_computed_at_run_time(rows: int, repeats: list[int]) -> None:
+    """DINOv3's TorchScript export computes the patch angles from two constants (kept unfolded,
+    the growth policy) and tiles them: Cos(Tile(a, [1, 2])) rotates by a's angles twice. Tiled
+    along the rows instead, the halves differ: no rotary."""
+    rng = np.random.default_rng(1)
+    text = ANGLE_ROPE.replace(
+        "c = Cos (angles)",
+        "a = Mul (position, frequency)\n    angles = Tile (a, repeats)\n    c = Cos (angles)",
+    )
+    width = 16 // repeats[1]
+    model = parse(
+        text,
+        position=rng.uniform(0, 2, (rows, 1)).astype(np.float32),
+        frequency=rng.uniform(0, 1, (1, width)).astype(np.float32),
+        repeats=np.array(repeats, np.int64),
+        **_slices(),
+    )
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass()(fused)
+    if repeats != [1, 2]:
+        assert not result.modified
+        return
+    assert result.stats == {"rotary->RotaryEmbedding": 1}
+    assert "Tile" not in op_types(fused)
+    feeds = [{"q": rng.standard_normal((b, 4, 6, 16)).astype(np.float32)} for b in (2, 1)]
+    assert validate(model, fused, inputs=feeds).passed
+    assert not FuseRotaryEmbeddingPass()(fused).modified

@@ -97,7 +97,9 @@ class RotaryTable:
 
     @property
     def batch(self) -> object:
-        return None if self.freqs is None or self.freqs.shape is None else self.freqs.shape[0]
+        if self.freqs is None or self.freqs.shape is None:
+            return None
+        return self.freqs.shape[0] if len(self.freqs.shape) == 3 else 1  # [S, H/2]: no batch
 
     @property
     def per_row(self) -> bool:
@@ -225,7 +227,7 @@ def rows_of(freqs: ir.Value) -> object:
     past length P: positions P..P+S-1, ``Add(Range(0, n, 1), P)``) or ``Range(P, P + n, 1)``.
     Which positions they are does not matter: row s of the table is the one token s reads."""
     assert freqs.shape is not None
-    rows = freqs.shape[1]
+    rows = freqs.shape[-2]
     mul = producer_op(freqs, "Mul")
     if mul is None:
         return rows
@@ -315,6 +317,9 @@ def _table(
         constant_angles = _constant_angles(trig, head)
         if constant_angles is not None:
             return constant_angles
+        tiled = _tiled_angles(trig, head)
+        if tiled is not None:
+            return tiled
     unsqueeze = producer_op(value, "Unsqueeze")
     if unsqueeze is None:
         return Mismatch("cos/sin is neither a constant nor Unsqueeze(Cos/Sin(...), 1)")
@@ -364,6 +369,21 @@ def _table(
             f"rotary angles have {freqs.shape[2]} columns, not rotary width / 2 = {head // 2}"
         )
     return RotaryTable(freqs, trig.op_type, tuple(casts), nodes=nodes, factor=factor)
+
+
+def _tiled_angles(trig: ir.Node, head: int) -> RotaryTable | None:
+    """Cos/Sin of ``Tile(a, [1, 2])``, a [S, H/2] computed at run time: DINOv3's TorchScript
+    export builds its patch grid's angles from two constants (the growth policy keeps them
+    unfolded), and tiling them is ``Concat(a, a)`` on the last axis. a is the half-width angles."""
+    tile = producer_op(trig.inputs[0], "Tile")
+    if tile is None or len(tile.inputs) < 2:
+        return None
+    angles, repeats = tile.inputs[0], const_ints(tile.inputs[1])
+    if angles is None or angles.shape is None or len(angles.shape) != 2 or repeats != (1, 2):
+        return None
+    if angles.shape[1] != head // 2 or angles.dtype not in ROTARY_FLOATS:
+        return None
+    return RotaryTable(angles, trig.op_type, nodes=(tile, trig))
 
 
 def _constant_angles(trig: ir.Node, head: int) -> RotaryTable | Mismatch | None:
