@@ -1,16 +1,19 @@
 """Target ort: write the Add before a LayerNormalization as Sum, so that ONNX Runtime keeps them apart.
 
 At ORT_ENABLE_ALL, ONNX Runtime fuses ``LayerNormalization(Add(a, b))`` into its contrib
-SkipLayerNormalization when the Add's two inputs are 3-D with equal static dims 1 and 2 and the Add
-feeds nothing else (dim 0 may be one symbol): post-LN encoders (BERT) exported or pinned (``--input-shape``) at a fixed
-sequence length, and the last LayerNorm of pre-LN ones (Whisper's encoder, ViT). On ORT 1.32's CPU
+SkipLayerNormalization when the Add's two inputs are 3-D with the same dims (equal sizes, or one
+symbol in both: ORT 1.32 fuses [B, S, 768] + [B, S, 768] too, as a symbolic sequence reaches it
+through a fused attention op's output) and the Add feeds nothing else: post-LN encoders (BERT,
+NomicBERT), and the last LayerNorm of pre-LN ones (Whisper's encoder, ViT). On ORT 1.32's CPU
 provider that kernel is slower than the pair it replaces: 267 vs 95 us at [1, 128, 768], 779 vs
 240 us at [1, 197, 768], about 10 vs 1.6 ms at Whisper's [1, 1500, 384] (README, "Fusions").
 
 ``Sum(a, b)`` is the same element-wise addition with the same broadcasting (Sum-8 and later), its
 CPU kernel ran as fast as Add's (61 vs 73 us at [1, 128, 768]), and ORT's fusion matches only
-``Add``. The node count does not change. Only the Adds ORT's test would fuse (the same conditions,
-on the shapes infer-shapes gave) are rewritten. Add + SimplifiedLayerNormalization (RMSNorm) is left
+``Add``. The node count does not change. Only the Adds ORT's test may fuse are rewritten: 3-D
+inputs (the shapes infer-shapes gave) none of whose dims are provably different. Two symbols are
+taken as possibly equal: ORT infers its own names once the annotations are dropped, and an Add
+written as Sum where ORT would not have fused costs nothing. Add + SimplifiedLayerNormalization (RMSNorm) is left
 alone: ORT's SkipSimplifiedLayerNormalization ran as fast as the pair. With ``--enable
 fuse-skip-layer-norm`` (for the CUDA provider, whose SkipLayerNormalization is fast) the pairs are
 fused before this pass and it finds nothing to do.
@@ -45,20 +48,19 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         if value.dtype not in _FUSED_TYPES:
             return Mismatch(f"{value.dtype} is not a type ORT fuses")
         shapes.append(value.shape)
-    if not _ort_fuses(shapes[0], shapes[1]):
-        return Mismatch("the inputs' dims 1 and 2 are not equal static sizes, so ORT does not fuse")
+    if not _ort_may_fuse(shapes[0], shapes[1]):
+        return Mismatch("the inputs' dims differ (a broadcast), which ORT does not fuse")
     return Match([node], {})
 
 
-def _ort_fuses(a: ir.Shape, b: ir.Shape) -> bool:
-    """ORT's SkipLayerNormFusion test: dims 1 and 2 equal sizes, dim 0 an equal size or symbol."""
-    for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        if isinstance(x, int) and isinstance(y, int) and x == y:
-            continue
-        if i > 0 or isinstance(x, int) or isinstance(y, int):
+def _ort_may_fuse(a: ir.Shape, b: ir.Shape) -> bool:
+    """ORT's SkipLayerNormFusion test (every dim an equal size or the same symbol) may pass: no
+    dim of one is a size the other's is provably not."""
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, int) and isinstance(y, int) and x != y:
             return False
-        if x.value is None or x.value != y.value:
-            return False
+        if isinstance(x, int) != isinstance(y, int) and 1 in (x, y):
+            return False  # a broadcast of a size-1 dim
     return True
 
 
