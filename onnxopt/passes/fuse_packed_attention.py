@@ -219,8 +219,6 @@ def _gemm_projection(packed: ir.Value) -> _Projection | Mismatch:
             _, origin, index = entry
             if index == axis and (origin is source or same_symbol(origin, axis, source, axis)):
                 continue
-        elif entry > 0 and static_dim(source, axis) == entry:
-            continue  # a static export: x's own B or S as a constant
         return Mismatch("the Q/K/V Gemm's output is not reshaped back to x's [B, S]")
     return _Projection(source, weight, bias, (inner, gemm, outer))
 
