@@ -942,3 +942,85 @@ def test_rotary_of_tiled_angles_computed_at_run_time(rows: int, repeats: list[in
     feeds = [{"q": rng.standard_normal((b, 4, 6, 16)).astype(np.float32)} for b in (2, 1)]
     assert validate(model, fused, inputs=feeds).passed
     assert not FuseRotaryEmbeddingPass()(fused).modified
+
+
+# DeepSeek's / GLM's interleaved rotary as transformers 5 writes it: the even and odd dims of the
+# rope part rotated as halves by the first half of the full table, then concatenated (flattened by
+# merge-consecutive-ops into the key's Concat with its un-rotated part).
+PAIRS_ROPE = """
+<ir_version: 10, opset_import: ["" : 20]>
+g (float[B, 4, S, 16] q, float[B, 4, S, 8] nope) => (float[B, 4, S, {width}] qr) {{
+    zero = Constant <value = int64 {{0}}> ()
+    one = Constant <value = int64 {{1}}> ()
+    shp = Shape <start = 2, end = 3> (q)
+    n = Squeeze (shp)
+    pos = Range (zero, n, one)
+    pos3 = Unsqueeze (pos, axes02)
+    posf = Cast <to = 1> (pos3)
+    f = Mul (posf, inv_freq)
+    ff = Concat <axis = -1> (f, f)
+    c3 = Cos (ff)
+    s3 = Sin (ff)
+    ch = Slice (c3, zero1, eight1, last, step1)
+    sh = Slice (s3, zero1, eight1, last, step1)
+    ax1 = Constant <value = int64[1] {{1}}> ()
+    c = Unsqueeze (ch, ax1)
+    s = Unsqueeze (sh, ax1)
+    q1 = Slice (q, zero1, big, last, step2)
+    q2 = Slice (q, one1, big, last, step2)
+    q_a = Mul (q1, c)
+    q_b = Mul (q2, s)
+    q_first = Sub (q_a, q_b)
+    q_c = Mul (q2, c)
+    q_d = Mul (q1, s)
+    q_second = Add (q_c, q_d)
+    qr = Concat <axis = -1> ({parts})
+}}
+"""
+
+
+def _pairs_model(with_nope: bool = True) -> ir.Model:
+    text = PAIRS_ROPE.format(
+        width=24 if with_nope else 16,
+        parts="nope, q_first, q_second" if with_nope else "q_first, q_second",
+    )
+    constants = {
+        name: np.array([value], np.int64)
+        for name, value in (("zero1", 0), ("one1", 1), ("eight1", 8), ("four1", 4))
+    }
+    constants.update(last=np.array([-1]), step1=np.array([1]), step2=np.array([2]))
+    constants.update(big=np.array([2**63 - 1]), axes02=np.array([0, 2]))
+    return parse(text, inv_freq=_inv_freq(), **constants)
+
+
+@pytest.mark.parametrize("with_nope", [True, False], ids=["in-key-concat", "alone"])
+def test_rotary_of_even_and_odd_dims(with_nope: bool) -> None:
+    model = _pairs_model(with_nope)
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass()(fused)
+    assert result.stats == {"rotary-halves->RotaryEmbedding": 1}, result.stats
+    types = [t for t in op_types(fused) if t != "Constant"]
+    assert "Sub" not in types and types.count("Mul") == 1  # positions x inv_freq only
+    assert types.count("Slice") == 2  # the even and odd dims, concatenated for the rotary
+    rng = np.random.default_rng(3)
+    feeds = [
+        {
+            "q": rng.standard_normal((b, 4, s, 16)).astype(np.float32),
+            "nope": rng.standard_normal((b, 4, s, 8)).astype(np.float32),
+        }
+        for b, s in ((2, 7), (1, 1), (3, 12))
+    ]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+    assert not FuseRotaryEmbeddingPass()(fused).modified
+
+
+def test_rotary_of_a_contiguous_half_and_the_odd_dims_refused() -> None:
+    model = _pairs_model()
+    first = next(n for n in model.graph if n.outputs[0].name == "q1")
+    table_half = next(n for n in model.graph if n.outputs[0].name == "ch")  # [..., 0:8:1]
+    first.replace_input_with(2, table_half.inputs[2])
+    first.replace_input_with(4, table_half.inputs[4])
+    result = FuseRotaryEmbeddingPass(PassOptions(explain=True))(model)  # q1 = q[..., 0:8]
+    assert not result.modified
+    assert any("partly contiguous" in note for note in result.notes), result.notes

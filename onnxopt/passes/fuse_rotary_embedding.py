@@ -331,6 +331,18 @@ def _table(
     casts: list[ir.DataType] = []
     chain = [unsqueeze]
     node = None if inner is None else inner.producer()
+    # DeepSeek / GLM's interleaved rotary reads the first half of the full table,
+    # Cos(Concat(f, f))[..., :H/2], which is Cos(f): the full table is traced as usual.
+    full_table = False
+    if half_width and is_op(node, "Slice") and node is not None:
+        window = last_axis_window(inner)
+        if window is None or (window.start, window.end) != (0, width):
+            return Mismatch("cos/sin is a slice of a table other than its first half")
+        if window.source.shape is None or window.source.shape[-1] != head:
+            return Mismatch("cos/sin is the first half of a table that is not rotary width wide")
+        chain.insert(0, node)
+        node = window.source.producer()
+        full_table = True
     while is_op(node, "Cast") and node is not None:
         to = cast_target(node)
         if to is None:
@@ -351,7 +363,7 @@ def _table(
     trig = node
     freqs = node.inputs[0]
     nodes: tuple[ir.Node, ...] = (node, *chain)
-    if not half_width:
+    if not half_width or full_table:
         concat = producer_op(node.inputs[0], "Concat")
         if concat is None or len(concat.inputs) != 2 or concat.inputs[0] is not concat.inputs[1]:
             return Mismatch(
@@ -649,7 +661,7 @@ def _half_of(value: ir.Value | None) -> tuple[ir.Value, int] | None:
     """(x, 0) or (x, 1): ``value`` is the first or the second half of x's last axis."""
     window = last_axis_window(value)
     if window is None:
-        return None
+        return _even_or_odd(value)
     assert window.source.shape is not None
     width = window.source.shape[-1]
     assert isinstance(width, int)  # last_axis_window reads only static widths
@@ -658,6 +670,32 @@ def _half_of(value: ir.Value | None) -> tuple[ir.Value, int] | None:
     halves = {(0, width // 2): 0, (width // 2, width): 1}
     half = halves.get((window.start, window.end))
     return None if half is None else (window.source, half)
+
+
+def _even_or_odd(value: ir.Value | None) -> tuple[ir.Value, int] | None:
+    """(x, 0) for ``x[..., 0::2]``, (x, 1) for ``x[..., 1::2]``: DeepSeek's and GLM's interleaved
+    pairs, rotated as the halves of ``Concat(x[..., 0::2], x[..., 1::2])``."""
+    node = None if value is None else value.producer()
+    if not is_op(node, "Slice") or node is None or node.inputs[0] is None:
+        return None
+    source = node.inputs[0]
+    if source.shape is None or not isinstance(source.shape[-1], int) or source.shape[-1] % 2:
+        return None
+    params = slice_params(node)
+    if isinstance(params, Mismatch) or len(params.starts) != 1 or params.steps[0] != 2:
+        return None
+    rank, width = len(source.shape), source.shape[-1]
+    start, end = params.starts[0], params.ends[0]
+    if params.axes[0] % rank != rank - 1 or start not in (0, 1):
+        return None
+    end = min(max(end + width if end < 0 else end, 0), width)
+    if (end - start + 1) // 2 != width // 2:
+        return None  # stops short of the last pair
+    return source, start
+
+
+def _interleaved(value: ir.Value | None) -> bool:
+    return last_axis_window(value) is None and _even_or_odd(value) is not None
 
 
 def _half_product(value: ir.Value | None) -> tuple[ir.Node, ir.Value, int, ir.Value] | None:
@@ -675,12 +713,25 @@ def _half_product(value: ir.Value | None) -> tuple[ir.Node, ir.Value, int, ir.Va
 def _match_halves(concat: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """GPT-OSS's rotary, ``Concat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)`` on the last axis with
     ``x1, x2`` the halves of x and cos/sin [1, 1, S, H/2]: the rotate-half RoPE with the
-    half-width tables as its caches (its first half is x1*cos - x2*sin, its second x2*cos + x1*sin)."""
+    half-width tables as its caches (its first half is x1*cos - x2*sin, its second x2*cos + x1*sin).
+    The pair may sit among other inputs of the Concat (DeepSeek's key, ``cat(k_nope, rope(k_pe))``,
+    once merge-consecutive-ops has flattened the two Concats): the rest is concatenated around the
+    rotary again."""
     rank = rank_of(concat.outputs[0])
-    first, second = [*concat.inputs, None, None][:2]
-    sub, add = producer_op(first, "Sub"), producer_op(second, "Add")
-    if len(concat.inputs) != 2 or sub is None or add is None:
+    inputs = list(concat.inputs)
+    at = next(
+        (
+            i
+            for i in range(len(inputs) - 1)
+            if producer_op(inputs[i], "Sub") is not None
+            and producer_op(inputs[i + 1], "Add") is not None
+        ),
+        None,
+    )
+    if at is None:
         return Mismatch("not a Concat of a difference and a sum", candidate=False)
+    sub, add = producer_op(inputs[at], "Sub"), producer_op(inputs[at + 1], "Add")
+    assert sub is not None and add is not None
     if concat.attributes.get_int("axis", 0) not in (-1, 3) or rank not in (None, 4):
         return Mismatch("the Concat is not on the last axis of a rank-4 tensor", candidate=False)
     terms = [_half_product(v) for v in (*sub.inputs[:2], *add.inputs[:2])]
@@ -706,13 +757,20 @@ def _match_halves(concat: ir.Node, context: RewriteContext) -> Match | Mismatch:
     sin = _table(sin_value, head, half_width=True)
     muls = [term[0] for term, _ in wanted]
     core = [muls[0], muls[1], sub, muls[2], muls[3], add, concat]
-    slices = [
-        node
-        for term, _ in wanted
-        for v in term[0].inputs
-        if v is not None and (node := v.producer()) is not None and _half_of(v) is not None
-    ]
-    return _rotary_match(context, x, cos, sin, core, list(dict.fromkeys(slices)))
+    halves = [v for term, _ in wanted for v in term[0].inputs if _half_of(v) is not None]
+    kinds = {_interleaved(v) for v in halves}
+    if len(kinds) != 1:
+        return Mismatch("the halves are sliced partly contiguous, partly as even/odd pairs")
+    slices = [node for v in halves if v is not None and (node := v.producer()) is not None]
+    found = _rotary_match(context, x, cos, sin, core, list(dict.fromkeys(slices)))
+    if isinstance(found, Match) and len(inputs) > 2:
+        found.bindings["around"] = (inputs[:at], inputs[at + 2 :])
+    if isinstance(found, Match) and kinds == {True}:
+        # x's even and odd dims rotated as the two halves: the rotary of their Concat
+        evens = next(v for v in halves if _half_of(v) == (x, 0))
+        odds = next(v for v in halves if _half_of(v) == (x, 1))
+        found.bindings["deinterleave"] = (evens, odds)
+    return found
 
 
 def _existing(
@@ -858,6 +916,10 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     nodes: list[ir.Node] = []
     constants: list[ir.Value] = []
     heads: int | None = None
+    if "deinterleave" in b:  # Concat(x[..., 0::2], x[..., 1::2]) is what the halves rotate
+        nodes.append(ir.node("Concat", list(b["deinterleave"]), {"axis": -1}))
+        x = nodes[-1].outputs[0]
+        same_shape_as(x, b["x"])
     if b["heads_last"]:  # [B, S, N, H]: both ops rotate the [B, S, N*H] view given num_heads
         assert x.shape is not None and isinstance(x.shape[2], int)  # _match proved N static
         heads = x.shape[2]
@@ -903,6 +965,11 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
         new.attributes["num_heads"] = ir.AttrInt64("num_heads", heads)
         result = _view(result, [0, 0, heads, b["head"]], nodes, constants)
         same_shape_as(result, b["x"])
+    if "around" in b:  # the other parts of the Concat the rotary was flattened into
+        before, after = b["around"]
+        nodes.append(ir.node("Concat", [*before, result, *after], {"axis": -1}))
+        result = nodes[-1].outputs[0]
+        same_shape_as(result, match.root.outputs[0])
     return Replacement(nodes, [(match.root.outputs[0], result)], constants=constants)
 
 
