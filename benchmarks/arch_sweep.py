@@ -2085,6 +2085,95 @@ def parakeet_encoder() -> Factory:
     return _finish(module, inputs, {"input_features": {0: "batch", 1: "frames"}})
 
 
+# Mixture-of-experts decoders (routing beside the attention) and a video encoder with 3-D RoPE.
+# (experts_implementation=EXPERTS: transformers' default kernel does not export, see mixtral)
+TINY_MOE = {"num_experts_per_tok": 2, "experts_implementation": EXPERTS}
+phimoe = _decoder_family("phimoe", "Phimoe", num_local_experts=4, **TINY_MOE)
+granitemoe = _decoder_family("granitemoe", "GraniteMoe", num_local_experts=4, **TINY_MOE)
+flex_olmo = _decoder_family(  # OLMo2's norms with experts
+    "flex_olmo", "FlexOlmo", num_experts=4, pad_token_id=0, **TINY_MOE
+)
+hunyuan_moe = _decoder_family(  # QK norm, experts every layer
+    "hunyuan_moe",
+    "HunYuanMoEV1",
+    head_dim=16,
+    num_experts=4,
+    moe_topk=2,
+    experts_implementation=EXPERTS,
+)
+ernie4_5_moe = _decoder_family(  # shared experts, MoE from layer 1
+    "ernie4_5_moe",
+    "Ernie4_5_Moe",
+    moe_num_experts=4,
+    moe_k=2,
+    moe_intermediate_size=32,
+    moe_num_shared_experts=1,
+    moe_layer_start_index=1,
+    experts_implementation=EXPERTS,
+)
+exaone_moe = _decoder_family(  # sliding and full layers, the first dense
+    "exaone_moe",
+    "ExaoneMoe",
+    head_dim=16,
+    num_experts=4,
+    num_shared_experts=1,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    sliding_window=8,
+    layer_types=["sliding_attention", "full_attention"],
+    **TINY_MOE,
+)
+glm4_moe_lite = _decoder_family(  # GLM with DeepSeek's latent attention
+    "glm4_moe_lite",
+    "Glm4MoeLite",
+    num_key_value_heads=4,
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    moe_intermediate_size=32,
+    **TINY_MOE,
+)
+
+
+@seeded
+def vjepa2() -> Factory:
+    """V-JEPA 2's encoder: tubelets through a Conv3d, 3-D RoPE (time, height, width) on each head."""
+    import torch
+    from transformers import VJEPA2Config, VJEPA2Model
+
+    cfg = VJEPA2Config(
+        **_attn(
+            crop_size=32,
+            frames_per_clip=4,
+            patch_size=16,
+            tubelet_size=2,
+            hidden_size=48,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            mlp_ratio=2.0,
+            pred_hidden_size=24,
+            pred_num_attention_heads=2,
+            pred_num_hidden_layers=1,
+        )
+    )
+    inputs = {"pixel_values_videos": torch.randn(2, 4, 3, 32, 32)}
+
+    class _Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = VJEPA2Model(cfg)
+
+        def forward(self, pixel_values_videos: Any) -> Any:
+            out = self.model(pixel_values_videos=pixel_values_videos, skip_predictor=True)
+            return out.last_hidden_state
+
+    return _finish(_Encoder(), inputs, {"pixel_values_videos": BATCH})
+
+
 FAMILIES: dict[str, Callable[[], Factory]] = {
     f.__name__.replace("_", "-"): f
     for f in (
@@ -2248,6 +2337,14 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         timesformer,
         vivit,
         parakeet_encoder,
+        phimoe,
+        granitemoe,
+        flex_olmo,
+        hunyuan_moe,
+        ernie4_5_moe,
+        exaone_moe,
+        glm4_moe_lite,
+        vjepa2,
     )
 }
 
