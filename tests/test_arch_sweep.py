@@ -110,6 +110,10 @@ CASES = [
     ("ministral3", "torchscript", "eager", "gqa 2"),
     # RoPE of [B, S, N, d] by cos/sin [1, S, 1, d]: the [B, S, N*d] view rotated
     ("mlcd-vision", "dynamo", "eager", "mha 2 rotary 4"),
+    # even/odd dims rotated as halves (transformers 5's interleaved RoPE), the key's inside the
+    # Concat with its un-rotated part
+    ("glm4-moe-lite", "torchscript", "eager", "mha 2 rotary 4"),
+    ("deepseek-v3", "dynamo", "sdpa", "mha 2 rotary 4"),
 ]
 
 
