@@ -350,11 +350,18 @@ def is_dim(entry: Entry, index: int) -> bool:
     return isinstance(entry, tuple) and entry[2] == index
 
 
-def keeps_leading_dims(entries: Sequence[Entry], allowzero: bool, source: ir.Value | None) -> bool:
+def keeps_leading_dims(
+    entries: Sequence[Entry],
+    allowzero: bool,
+    source: ir.Value | None,
+    equal: Sequence[Sequence[tuple[ir.Value, int]]] = ((), ()),
+) -> bool:
     """Entries 0 and 1 of a reshape keep the input's [B, S].
 
     Each is a copy marker (0), the dim read at run time, or a constant equal to the input's static
     dim; one of them may be -1 when the other is pinned (the trailing entries are checked by callers).
+    ``equal[a]`` lists (value, axis) pairs whose dim is known to be the input's dim ``a``: a dim
+    read elsewhere that carries one of their symbols is pinned too.
     """
     if sum(1 for e in entries if e == -1) > 1:
         return False
@@ -364,6 +371,8 @@ def keeps_leading_dims(entries: Sequence[Entry], allowzero: bool, source: ir.Val
             return not allowzero
         if isinstance(entry, int):
             return entry > 0 and entry == static_dim(source, axis)
+        if any(same_symbol(entry[1], entry[2], value, at) for value, at in equal[axis]):
+            return True
         return is_dim(entry, axis)
 
     first, second = entries[0], entries[1]

@@ -393,7 +393,11 @@ def _merged_heads(value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]) -> _Me
             return merge
         return None
     allowzero = bool(reshape.attributes.get_int("allowzero", 0))
-    if len(entries) != 3 or not keeps_leading_dims(entries, allowzero, transpose.outputs[0]):
+    # the merged heads' dims 0 and 1 are P@V's perm[0] and perm[1]: the block's values known to
+    # share those dims (the query's B and S) pin a target read off another tensor with their
+    # symbol (Parakeet: its relative-position scores lose S's name before P@V)
+    equal = [[(v, perm[k]) for v in by_axis[perm[k]]] for k in (0, 1)]
+    if len(entries) != 3 or not keeps_leading_dims(entries, allowzero, transpose.outputs[0], equal):
         # dims 0 and 1 are the same in the [B, S, H, dv] heads and the fused [B, S, H*dv] output
         # (SAM2 views its windows back as [B, h, w, C]: [0, h, w, -1])
         if _reapplicable(reshape, entries, shared=2):
