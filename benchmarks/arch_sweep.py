@@ -60,6 +60,15 @@ TINY_ROUTED_MOE = {
     "moe_intermediate_size": 32,
     "first_k_dense_replace": 2,
 }
+# Multi-head latent attention (DeepSeek-V2/V3, MiniCPM3, GLM-4.7-Flash): low-rank Q and KV, a
+# rotary part of each head (v_head_dim set per family).
+TINY_MLA = {
+    "num_key_value_heads": 4,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 8,
+}
 Factory = tuple[Any, dict[str, Any], dict[str, dict[int, str]]]
 
 
@@ -988,17 +997,7 @@ def deepseek_v3() -> Factory:
 
     # multi-head latent attention (low-rank Q/KV, a rotary part of each head, V's heads narrower
     # than Q/K's as in DeepSeek-V2/V3: 128 vs 192), dense layers only
-    cfg = DeepseekV3Config(
-        **_llama_like(
-            num_key_value_heads=4,
-            q_lora_rank=32,
-            kv_lora_rank=16,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=8,
-            v_head_dim=12,
-            **TINY_ROUTED_MOE,
-        )
-    )
+    cfg = DeepseekV3Config(**_llama_like(**TINY_MLA, v_head_dim=12, **TINY_ROUTED_MOE))
     return _decoder(DeepseekV3Model, cfg)
 
 
@@ -1989,14 +1988,7 @@ eurobert = _encoder_family(  # bidirectional LLaMA: RMSNorm, GQA, no causal mask
     mask_token_id=3,
 )
 minicpm3 = _decoder_family(  # multi-head latent attention, as DeepSeek-V2
-    "minicpm3",
-    "MiniCPM3",
-    num_key_value_heads=4,
-    q_lora_rank=32,
-    kv_lora_rank=16,
-    qk_nope_head_dim=8,
-    qk_rope_head_dim=8,
-    v_head_dim=16,
+    "minicpm3", "MiniCPM3", **TINY_MLA, v_head_dim=16
 )
 ministral3 = _decoder_family(  # YaRN rotary; the query scaled by log(1 + floor(pos / 4)) after it
     "ministral3",
@@ -2126,11 +2118,7 @@ exaone_moe = _decoder_family(  # sliding and full layers, the first dense
 glm4_moe_lite = _decoder_family(  # GLM with DeepSeek's latent attention
     "glm4_moe_lite",
     "Glm4MoeLite",
-    num_key_value_heads=4,
-    q_lora_rank=32,
-    kv_lora_rank=16,
-    qk_nope_head_dim=8,
-    qk_rope_head_dim=8,
+    **TINY_MLA,
     v_head_dim=16,
     n_routed_experts=4,
     n_shared_experts=1,
