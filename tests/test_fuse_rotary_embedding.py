@@ -713,12 +713,25 @@ ROPE_TABLES = """ff = Concat <axis = -1> (f, f)
     ax1 = Constant <value = int64[1] {{1}}> ()
     c = Unsqueeze (c3, ax1)
     s = Unsqueeze (s3, ax1)"""
-# The halves by Split (dynamo) or two Slices (TorchScript); ``{first}`` and ``{second}`` are
-# GPT-OSS's x1 * cos - x2 * sin and x2 * cos + x1 * sin unless a test changes them.
+# DeepSeek's / GLM's interleaved rotary as transformers 5 writes it: the even and odd dims rotated
+# as halves by the first half of the full table.
+FIRST_HALF_TABLES = """ff = Concat <axis = -1> (f, f)
+    c3 = Cos (ff)
+    s3 = Sin (ff)
+    ch = Slice (c3, starts_lo, ends_lo, last, step)
+    sh = Slice (s3, starts_lo, ends_lo, last, step)
+    ax1 = Constant <value = int64[1] {{1}}> ()
+    c = Unsqueeze (ch, ax1)
+    s = Unsqueeze (sh, ax1)"""
+# The halves by Split (dynamo) or two Slices (TorchScript), or the even and odd dims ("pairs");
+# ``{first}`` and ``{second}`` are GPT-OSS's x1 * cos - x2 * sin and x2 * cos + x1 * sin unless a
+# test changes them.
 HALVES_ROTARY = {
     "split": "{x}1, {x}2 = Split <axis = -1, num_outputs = 2> ({x})",
     "slices": "{x}1 = Slice ({x}, starts_lo, ends_lo, last, step)\n"
     "    {x}2 = Slice ({x}, starts_hi, ends_hi, last, step)",
+    "pairs": "{x}1 = Slice ({x}, starts_lo, ends_hi, last, every2)\n"
+    "    {x}2 = Slice ({x}, odd, ends_hi, last, every2)",
 }
 HALVES_BODY = """
     {x}_a = Mul ({x}1, c)
@@ -737,24 +750,38 @@ def _halves_model(
     second: str = "Add ({x}_d, {x}_c)",
     sin_factor: str = "scaling, s3",
     first: str = "Sub ({x}_a, {x}_b)",
+    tables: str = HALF_TABLES,
+    key_prefix: bool = False,
 ) -> ir.Model:
+    """``key_prefix``: the key's rotated halves concatenated after an un-rotated input ``nope``
+    [B, 2, S, 8] (DeepSeek's cat(k_nope, rope(k_pe)), once merge-consecutive-ops has flattened
+    the two Concats)."""
+
     def rotary(x: str) -> str:
         body = HALVES_BODY.format(x=x, first=first.format(x=x), second=second.format(x=x))
         return "    " + HALVES_ROTARY[form].format(x=x) + body
 
     assert ROPE_TABLES in ROPE
-    text = ROPE.replace(ROPE_TABLES, HALF_TABLES).format(
+    text = ROPE.replace(ROPE_TABLES, tables).format(
         opset=opset,
         positions="pos",
         position_axes="axes02",
-        extra_input="",
+        extra_input=", float[B, 2, S, 8] nope" if key_prefix else "",
         extra_output="",
         sin_factor=sin_factor,
         rotary_q=rotary("q"),
         rotary_k=rotary("k"),
     )
+    if key_prefix:
+        for old, new in (
+            ("float[B, 2, S, 16] kr", "float[B, 2, S, 24] kr"),
+            ("(k_first, k_second)", "(nope, k_first, k_second)"),
+        ):
+            assert old in text
+            text = text.replace(old, new)
     scaling = np.array(1.3465736, np.float32)  # GPT-OSS's YaRN factor 32: 0.1 * ln(32) + 1
-    return parse(text, inv_freq=_inv_freq(), scaling=scaling, **_slices())
+    pairs = {"odd": np.array([1]), "every2": np.array([2])}
+    return parse(text, inv_freq=_inv_freq(), scaling=scaling, **_slices(), **pairs)
 
 
 @pytest.mark.parametrize("form", ["split", "slices"])
@@ -944,83 +971,32 @@ def test_rotary_of_tiled_angles_computed_at_run_time(rows: int, repeats: list[in
     assert not FuseRotaryEmbeddingPass()(fused).modified
 
 
-# DeepSeek's / GLM's interleaved rotary as transformers 5 writes it: the even and odd dims of the
-# rope part rotated as halves by the first half of the full table, then concatenated (flattened by
-# merge-consecutive-ops into the key's Concat with its un-rotated part).
-PAIRS_ROPE = """
-<ir_version: 10, opset_import: ["" : 20]>
-g (float[B, 4, S, 16] q, float[B, 4, S, 8] nope) => (float[B, 4, S, {width}] qr) {{
-    zero = Constant <value = int64 {{0}}> ()
-    one = Constant <value = int64 {{1}}> ()
-    shp = Shape <start = 2, end = 3> (q)
-    n = Squeeze (shp)
-    pos = Range (zero, n, one)
-    pos3 = Unsqueeze (pos, axes02)
-    posf = Cast <to = 1> (pos3)
-    f = Mul (posf, inv_freq)
-    ff = Concat <axis = -1> (f, f)
-    c3 = Cos (ff)
-    s3 = Sin (ff)
-    ch = Slice (c3, zero1, eight1, last, step1)
-    sh = Slice (s3, zero1, eight1, last, step1)
-    ax1 = Constant <value = int64[1] {{1}}> ()
-    c = Unsqueeze (ch, ax1)
-    s = Unsqueeze (sh, ax1)
-    q1 = Slice (q, zero1, big, last, step2)
-    q2 = Slice (q, one1, big, last, step2)
-    q_a = Mul (q1, c)
-    q_b = Mul (q2, s)
-    q_first = Sub (q_a, q_b)
-    q_c = Mul (q2, c)
-    q_d = Mul (q1, s)
-    q_second = Add (q_c, q_d)
-    qr = Concat <axis = -1> ({parts})
-}}
-"""
-
-
-def _pairs_model(with_nope: bool = True) -> ir.Model:
-    text = PAIRS_ROPE.format(
-        width=24 if with_nope else 16,
-        parts="nope, q_first, q_second" if with_nope else "q_first, q_second",
-    )
-    constants = {
-        name: np.array([value], np.int64)
-        for name, value in (("zero1", 0), ("one1", 1), ("eight1", 8), ("four1", 4))
-    }
-    constants.update(last=np.array([-1]), step1=np.array([1]), step2=np.array([2]))
-    constants.update(big=np.array([2**63 - 1]), axes02=np.array([0, 2]))
-    return parse(text, inv_freq=_inv_freq(), **constants)
-
-
-@pytest.mark.parametrize("with_nope", [True, False], ids=["in-key-concat", "alone"])
-def test_rotary_of_even_and_odd_dims(with_nope: bool) -> None:
-    model = _pairs_model(with_nope)
+@pytest.mark.parametrize("key_prefix", [True, False], ids=["in-key-concat", "alone"])
+def test_rotary_of_even_and_odd_dims(key_prefix: bool) -> None:
+    model = _halves_model("pairs", tables=FIRST_HALF_TABLES, key_prefix=key_prefix)
     fused = model.clone()
     result = FuseRotaryEmbeddingPass()(fused)
-    assert result.stats == {"rotary-halves->RotaryEmbedding": 1}, result.stats
+    assert result.stats == {"rotary-halves->RotaryEmbedding": 2}, result.stats
     types = [t for t in op_types(fused) if t != "Constant"]
     assert "Sub" not in types and types.count("Mul") == 1  # positions x inv_freq only
-    assert types.count("Slice") == 2  # the even and odd dims, concatenated for the rotary
+    assert types.count("Slice") == 4  # the even and odd dims, concatenated for the rotary
     rng = np.random.default_rng(3)
-    feeds = [
-        {
-            "q": rng.standard_normal((b, 4, s, 16)).astype(np.float32),
-            "nope": rng.standard_normal((b, 4, s, 8)).astype(np.float32),
-        }
-        for b, s in ((2, 7), (1, 1), (3, 12))
-    ]
+    feeds = [dict(size) for size in SIZES]
+    if key_prefix:
+        for size in feeds:
+            batch, _, seq, _ = size["k"].shape
+            size["nope"] = rng.standard_normal((batch, 2, seq, 8)).astype(np.float32)
     report = validate(model, fused, inputs=feeds)
     assert report.passed, report
     assert not FuseRotaryEmbeddingPass()(fused).modified
 
 
 def test_rotary_of_a_contiguous_half_and_the_odd_dims_refused() -> None:
-    model = _pairs_model()
+    model = _halves_model("pairs", tables=FIRST_HALF_TABLES)
     first = next(n for n in model.graph if n.outputs[0].name == "q1")
     table_half = next(n for n in model.graph if n.outputs[0].name == "ch")  # [..., 0:8:1]
     first.replace_input_with(2, table_half.inputs[2])
     first.replace_input_with(4, table_half.inputs[4])
     result = FuseRotaryEmbeddingPass(PassOptions(explain=True))(model)  # q1 = q[..., 0:8]
-    assert not result.modified
+    assert result.stats == {"rotary-halves->RotaryEmbedding": 1}  # k's only
     assert any("partly contiguous" in note for note in result.notes), result.notes
