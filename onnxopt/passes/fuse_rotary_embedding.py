@@ -633,7 +633,7 @@ def _rotary_match(
             )
         if table.constant is not None and table.constant.shape[0] != positions:
             return Mismatch(
-                f"constant {name} has {table.constant.shape[0]} rows, input has {x.shape[2]} positions"
+                f"constant {name} has {table.constant.shape[0]} rows, input has {positions} positions"
             )
     assert not isinstance(cos, Mismatch) and not isinstance(sin, Mismatch)
     if cos.per_row != sin.per_row:
