@@ -487,14 +487,12 @@ def _rotate_half(
         return Mismatch("no rotate_half (Concat of two halves) in the sin product", candidate=False)
     if concat.attributes.get_int("axis", 0) not in (-1, 3):
         return Mismatch("rotate_half Concat is not on the last axis")
-    negated = producer_op(concat.inputs[0], "Neg") is None
-    neg = producer_op(concat.inputs[1 if negated else 0], "Neg")
-    high = producer_op(
-        concat.inputs[0] if negated else None if neg is None else neg.inputs[0], "Slice"
-    )
-    low = producer_op(
-        concat.inputs[1] if not negated else None if neg is None else neg.inputs[0], "Slice"
-    )
+    first, second = concat.inputs
+    negated = producer_op(first, "Neg") is None  # Concat(x2, -x1)
+    neg = producer_op(second if negated else first, "Neg")
+    neg_input = None if neg is None else neg.inputs[0]
+    high = producer_op(first if negated else neg_input, "Slice")
+    low = producer_op(neg_input if negated else second, "Slice")
     if neg is None or high is None or low is None:
         return Mismatch(
             "rotate_half is not Concat(Neg(Slice(x)), Slice(x)) or Concat(Slice(x), Neg(Slice(x))) "
