@@ -2162,6 +2162,10 @@ def vjepa2() -> Factory:
     return _finish(_Encoder(), inputs, {"pixel_values_videos": BATCH})
 
 
+# GPT-NeoX-Japanese: Q@K^T as baddbmm(zeros, q, k) on the flattened heads, P@V on [B, H, S, T]
+gpt_neox_japanese = _decoder_family("gpt_neox_japanese", "GPTNeoXJapanese")
+
+
 FAMILIES: dict[str, Callable[[], Factory]] = {
     f.__name__.replace("_", "-"): f
     for f in (
@@ -2333,6 +2337,7 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         exaone_moe,
         glm4_moe_lite,
         vjepa2,
+        gpt_neox_japanese,
     )
 }
 

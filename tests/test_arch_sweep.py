@@ -117,6 +117,10 @@ CASES = [
     # relative-position scores lose S's name before P@V; the merge reads S off the subsampling
     # Conv, whose symbol the query carries (1 of 2 blocks fused before)
     ("parakeet-encoder", "torchscript", "eager", "mha 2"),
+    # baddbmm(zeros, q, k) on the flattened heads, viewed back for the mask, P@V on [B, H, S, T]
+    # (no attention fused before); the zeros dropped, the causal mask proved: GroupQueryAttention
+    ("gpt-neox-japanese", "dynamo", "eager", "gqa 2"),
+    ("gpt-neox-japanese", "torchscript", "eager", "mha 2"),
 ]
 
 

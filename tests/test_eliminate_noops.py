@@ -243,6 +243,36 @@ POSITIVE = [
         2,
     ),
     (
+        # baddbmm(torch.zeros(...), q, k): zeros of a shape computed at run time, which the
+        # exporter recorded as the other operand's
+        "add-expanded-zero",
+        model(
+            "<float z = {0.0}, int64[1] four = {4}, float[N,4] e, float[N,4] a> "
+            "{ n = Shape<start=0, end=1>(x)\n s = Concat<axis=0>(n, four)\n "
+            "e = Expand(z, s)\n a = Add(x, e)\n y = Relu(a) }",
+            inputs="float[N,4] x",
+            outputs="float[N,4] y",
+            opset=17,
+        ),
+        {"Add 0 removed": 1},
+        ["Shape", "Concat", "Expand", "Relu"],
+        2,
+    ),
+    (
+        "add-constant-of-shape-zero",
+        model(
+            "<float z = {0.0}, int64[1] four = {4}, float[N,4] e, float[N,4] a> "
+            "{ n = Shape<start=0, end=1>(x)\n s = Concat<axis=0>(n, four)\n "
+            "e = ConstantOfShape(s)\n a = Add(x, e)\n y = Relu(a) }",
+            inputs="float[N,4] x",
+            outputs="float[N,4] y",
+            opset=17,
+        ),
+        {"Add 0 removed": 1},
+        ["Shape", "Concat", "ConstantOfShape", "Relu"],
+        2,
+    ),
+    (
         "sub-zero",
         model("<float z = {0.0}> { a = Sub(x, z)\n y = Relu(a) }"),
         {"Sub 0 removed": 1},
@@ -364,6 +394,18 @@ NEGATIVE = [
             outputs="float y",
         ),
         "rank is unknown",
+    ),
+    (
+        "add-expanded-zero-of-another-shape",
+        model(
+            "<float z = {0.0}, int64[1] four = {4}, float[M,4] e, float[K,4] a> "
+            "{ n = Shape<start=0, end=1>(w)\n s = Concat<axis=0>(n, four)\n "
+            "e = Expand(z, s)\n a = Add(x, e)\n y = Relu(a) }",
+            inputs="float[N,4] x, float[M,4] w",
+            outputs="float[K,4] y",
+            opset=17,
+        ),
+        "expanded to a shape not provably the other operand's",
     ),
     (
         "add-nonzero",

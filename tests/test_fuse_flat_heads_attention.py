@@ -31,11 +31,22 @@ def _weights(seed: int = 0) -> str:
     return ",\n".join(mat(name) for name in ("wq", "wk", "wv"))
 
 
-def _model(*, alibi_rows: str = "BH", query_view: str = "S", recorded: bool = True) -> ir.Model:
+def _model(
+    *, alibi_rows: str = "BH", query_view: str = "S", recorded: bool = True, flat_pv: bool = True
+) -> ir.Model:
     """x [B, S, 8], alibi [``alibi_rows``, 1, S], a [B, S] padding mask -> one block of 2 heads
     of 4 in BLOOM's form; ``query_view`` names the flattened query's dim 1 (not S: its target
     says -1 there, and neither proves it). ``recorded=False`` leaves the Q/K/V views' shapes
-    unrecorded: their targets prove them."""
+    unrecorded: their targets prove them. ``flat_pv=False``: P@V on the [B, H, S, T]
+    probabilities and [B, H, T, d] V (GPT-NeoX-Japanese: only Q@K^T is a bmm)."""
+    if flat_pv:
+        pv = """flat_p = Concat<axis=0>(bh, s, minus1)
+            p3 = Reshape(probs, flat_p)
+            pv3 = MatMul(p3, v3)
+            heads4 = Concat<axis=0>(b, two1, s, four1)
+            pv4 = Reshape(pv3, heads4)"""
+    else:
+        pv = "pv4 = MatMul(probs, v4)"
     views = (
         f"float[BH, {query_view}, 4] q3, float[BH, S, 4] k3, float[BH, S, 4] v3,"
         if recorded
@@ -88,11 +99,7 @@ def _model(*, alibi_rows: str = "BH", query_view: str = "S", recorded: bool = Tr
             pad = Where(mb, zero, lowest)
             masked = Add(scores4, pad)
             probs = Softmax<axis=-1>(masked)
-            flat_p = Concat<axis=0>(bh, s, minus1)
-            p3 = Reshape(probs, flat_p)
-            pv3 = MatMul(p3, v3)
-            heads4 = Concat<axis=0>(b, two1, s, four1)
-            pv4 = Reshape(pv3, heads4)
+            {pv}
             pt = Transpose<perm=[0,2,1,3]>(pv4)
             y = Reshape(pt, merged)
         }}
@@ -145,6 +152,15 @@ def test_flattened_heads_and_alibi_fuse_into_multi_head_attention(
         _feeds(b, s, i, shared or (alibi_rows == "N" and i % 2 == 1))
         for i, (b, s) in enumerate(sizes)
     ]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_only_the_scores_on_flattened_heads_fuse() -> None:
+    model = _model(flat_pv=False)
+    fused = _fused_once(model)
+    feeds = [_feeds(b, s, i) for i, (b, s) in enumerate(((3, 5), (1, 1), (2, 7)))]
     report = validate(model, fused, inputs=feeds)
     assert report.passed, report
     assert not FuseAttentionPass()(fused).modified

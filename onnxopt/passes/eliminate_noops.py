@@ -347,6 +347,20 @@ def _undo_pair(inner_type: str) -> Callable[[ir.Node, RewriteContext], Match | M
     return match
 
 
+def _filled(value: ir.Value | None) -> np.ndarray | None:
+    """The constant a run-time-shaped tensor is filled with: ``Expand(c, shape)`` or
+    ``ConstantOfShape(shape)`` (baddbmm(torch.zeros(...), q, k) exported); None otherwise."""
+    node = value.producer() if value is not None else None
+    if node is None:
+        return None
+    if is_op(node, "Expand"):
+        return const_array(node.inputs[0])
+    if is_op(node, "ConstantOfShape"):
+        fill = node.attributes.get_tensor("value", None)
+        return np.zeros(1, np.float32) if fill is None else fill.numpy()
+    return None
+
+
 def _neutral_operand(
     element: float, commutative: bool
 ) -> Callable[[ir.Node, RewriteContext], Match | Mismatch]:
@@ -359,7 +373,9 @@ def _neutral_operand(
         problem = Mismatch(f"no operand is a constant {element:g}")
         for kept_index, const_index in orders:
             kept, constant = node.inputs[kept_index], node.inputs[const_index]
-            array = const_array(constant)
+            array, expanded = const_array(constant), False
+            if array is None:
+                array, expanded = _filled(constant), True
             if array is None or array.size == 0 or not bool(np.all(array == element)):
                 continue
             if kept is None or kept.dtype is None:
@@ -369,6 +385,14 @@ def _neutral_operand(
             dims = dims_of(kept)
             if dims is None:
                 return Mismatch("the other operand's rank is unknown")
+            if expanded:
+                if same_dims(kept.shape, node.outputs[0].shape):
+                    return _keep(node, kept)
+                problem = Mismatch(
+                    f"the constant {element:g} is expanded to a shape not provably the other "
+                    "operand's"
+                )
+                continue
             shape_problem = broadcast_keeps(dims, array.shape, f"the constant {element:g}")
             if shape_problem is not None:
                 problem = shape_problem

@@ -1790,7 +1790,17 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         guard_nodes = [isnan, where]
         probs = where.outputs[0]
     pv_nodes: list[ir.Node] = []
-    if unflatten is not None:
+    # GPT-NeoX-Japanese: Q@K^T on the flattened heads (baddbmm), viewed back to [B, H, S, T] for
+    # the mask and the Softmax, then P@V on the [B, H, ...] heads: nothing left flat after them.
+    four_d_pv = (
+        unflatten is not None
+        and softmax_view is None
+        and is_op(pv := _main_user(probs), "MatMul")
+        and pv is not None
+        and pv.inputs[0] is probs
+    )
+    flat_pv = flat_heads and not four_d_pv
+    if unflatten is not None and not four_d_pv:
         probs4: ir.Value
         if softmax_view is not None:
             assert base_scores4 is not None  # the Reshape's input: _view_of_rank read its rank
@@ -1823,7 +1833,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     value4 = pv.inputs[1]
     pv_out = pv.outputs[0]
     merged: _Merge | None = None
-    if flat_heads:
+    if flat_pv:
         flat_value = _flattened_from(value4)
         if flat_value is None:
             return Mismatch(
@@ -1873,7 +1883,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     output, out_nodes, output_target = merged.output, merged.nodes, merged.target
     value_heads = _split_heads(value4)
     value_nodes = list(value_heads.nodes)
-    if flat_heads:
+    if flat_pv:
         value_nodes.append(value_reshape)
 
     heads = query_heads.heads or key_heads.heads or value_heads.heads
