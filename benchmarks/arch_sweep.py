@@ -2164,6 +2164,13 @@ def vjepa2() -> Factory:
 
 # GPT-NeoX-Japanese: Q@K^T as baddbmm(zeros, q, k) on the flattened heads, P@V on [B, H, S, T]
 gpt_neox_japanese = _decoder_family("gpt_neox_japanese", "GPTNeoXJapanese")
+granite_swa = _decoder_family(  # sinks as P@V * sigmoid(lse - sinks); a window of 8 in layer 0
+    "granite_swa",
+    "GraniteSWA",
+    sliding_window=8,
+    layer_types=["sliding_attention", "full_attention"],
+    attention_multiplier=0.3,
+)
 
 
 FAMILIES: dict[str, Callable[[], Factory]] = {
@@ -2338,6 +2345,7 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         glm4_moe_lite,
         vjepa2,
         gpt_neox_japanese,
+        granite_swa,
     )
 }
 

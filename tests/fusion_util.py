@@ -82,7 +82,7 @@ GQA_LAYER = """
         {allowed}
         mask = Where(allowed, zero_f, masked)
         {probs}
-        pv = MatMul(p, vh)
+        {pv}
         pt = Transpose<perm=[0, 2, 1, 3]>(pv)
         out = Reshape(pt, outshape)
     }}
@@ -95,10 +95,12 @@ def gqa_layer(
     opset: int = 17,
     inputs: str = "",
     allowed: str = "allowed = And(causal, pad)",
+    pv: str = "pv = MatMul(p, vh)",
     **initializers: np.ndarray,
 ) -> ir.Model:
-    """GQA_LAYER with its weights and constants (and ``initializers`` for ``probs``)."""
-    text = GQA_LAYER.format(opset=opset, inputs=inputs, allowed=allowed, probs=probs)
+    """GQA_LAYER with its weights and constants (and ``initializers`` for ``probs``); ``pv``
+    computes the [B, H, S, d] ``pv`` from the probabilities ``p``."""
+    text = GQA_LAYER.format(opset=opset, inputs=inputs, allowed=allowed, probs=probs, pv=pv)
     return parse(
         text,
         wq=rng_array(8, 32, seed=1),

@@ -121,6 +121,10 @@ CASES = [
     # (no attention fused before); the zeros dropped, the causal mask proved: GroupQueryAttention
     ("gpt-neox-japanese", "dynamo", "eager", "gqa 2"),
     ("gpt-neox-japanese", "torchscript", "eager", "mha 2"),
+    # sinks written as P@V * sigmoid(logsumexp(scores) - sinks): GroupQueryAttention's head_sink
+    # (no attention fused before), one sliding-window layer
+    ("granite-swa", "dynamo", "eager", "gqa 2"),
+    ("granite-swa", "torchscript", "eager", "gqa 2"),
 ]
 
 

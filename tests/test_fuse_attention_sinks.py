@@ -226,6 +226,73 @@ def test_group_query_attention_refusal_is_explained() -> None:
     ), result.notes
 
 
+# Granite-SWA's eager attention: P@V scaled by sigmoid(logsumexp(scores) - sinks), the softmax
+# with the sink's logit in each row written without the column.
+LSE_BLOCK = {
+    "lse": "lse = ReduceLogSumExp <keepdims = 0> (biased, last)",
+    "sub": "ls = Sub (lse, sinks3)",
+    "gate": "gate = Unsqueeze (sg, last)",
+    "pv": "pv0 = MatMul(p, vh)\n pv = Mul(pv0, gate)",
+}
+
+
+def _lse_model(mask: str = "causal", **block: str) -> ir.Model:
+    """The GQA layer with Granite-SWA's sinks; ``block`` replaces lines of LSE_BLOCK."""
+    lines = {**LSE_BLOCK, **block}
+    probs = f"""
+        biased = Add(scaled, mask)
+        p = Softmax<axis=-1>(biased)
+        {lines["lse"]}
+        {lines["sub"]}
+        sg = Sigmoid(ls)
+        {lines["gate"]}
+    """
+    return gqa_layer(
+        probs,
+        opset=18,
+        inputs=", float[1, 4, 1, 1] runtime",  # FEEDS feed it
+        allowed="allowed = And(causal, pad)" if mask == "causal" else "allowed = Identity(pad)",
+        pv=lines["pv"],
+        sinks3=SINKS.reshape(1, 4, 1),
+        per_row=np.tile(SINKS.reshape(1, 4, 1), (1, 1, 2)),
+        last=np.array([-1], np.int64),
+        ax2=np.array([2], np.int64),
+    )
+
+
+@pytest.mark.parametrize("mask", ["causal", "padding"])
+def test_sinks_scaling_p_at_v_become_head_sink(mask: str) -> None:
+    model = _lse_model(mask)
+    fused = _fused(model, "sink-attention->gqa" + ("-causal" if mask == "causal" else ""))
+    types = op_types(fused)
+    for gone in ("Softmax", "ReduceLogSumExp", "Sigmoid", "Mul"):
+        assert gone not in types, gone
+    np.testing.assert_array_equal(_head_sink(_gqa(fused)), SINKS)
+
+
+@pytest.mark.parametrize(
+    ("block", "reason"),
+    [
+        ({"lse": "lse = ReduceLogSumExp <keepdims = 0> (biased, ax2)"},
+         "the scores' logsumexp does not scale P@V as sigmoid(logsumexp - sinks)"),
+        ({"sub": "ls = Sub (sinks3, lse)"},
+         "the scores' logsumexp does not scale P@V as sigmoid(logsumexp - sinks)"),
+        ({"sub": "ls = Sub (lse, per_row)"},
+         "not one per head [1, H, 1]"),
+        ({"pv": "pv1 = MatMul(p, vh)\n pv0 = Relu(pv1)\n pv = Mul(pv0, gate)"},
+         "multiplies something other than the [B, H, S, d] P@V"),
+    ],
+)  # fmt: skip
+def test_near_misses_of_sinks_scaling_p_at_v(block: dict[str, str], reason: str) -> None:
+    model = _lse_model(**block)
+    before = op_types(model)
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert any(reason in note for note in result.notes), result.notes
+    assert not FuseGroupQueryAttentionPass()(model).modified
+    assert op_types(model) == before
+
+
 # --- tiny real GPT-OSS exports (benchmarks/arch_sweep.py's gpt_oss_window4) -------------------
 
 

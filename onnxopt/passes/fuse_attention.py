@@ -72,7 +72,11 @@ column is dropped after the softmax::
     P = Softmax(C - ReduceMax(C, [-1], keepdims=1))[..., :-1]
 
 The subtraction is the stabilizer softmax applies itself (any per-row constant cancels), so it is
-matched only in exactly that form, and may be absent. The block is matched with its logits
+matched only in exactly that form, and may be absent. Granite-SWA writes the same softmax without
+the column, as a scale of P@V (``e^s / (Σe^s + e^sink) = softmax(s) * sigmoid(lse(s) - sink)``)::
+
+    O = (Softmax(scores) @ V) * Unsqueeze(Sigmoid(ReduceLogSumExp(scores, [-1]) - sinks [1, H, 1]), -1)
+ The block is matched with its logits
 (``AttentionBlock.sinks``), a constant of one value per head (or one for all), the column one wide.
 MultiHeadAttention and ONNX Attention-23 have no sinks: this pass leaves the block and says so;
 fuse-group-query-attention fuses it into GroupQueryAttention with ``head_sink`` (--target ort).
@@ -839,6 +843,9 @@ class _Sinks:
     logits: np.ndarray  # [H], or [1]: one logit for every head
     nodes: tuple[ir.Node, ...]  # Concat, then ReduceMax and Sub: they die with the block
     column: ir.Node | None  # the Expand of the constant, removed with the block if unread
+    # Granite-SWA's form: P@V times sigmoid(logsumexp(scores) - sinks), this Mul (the nodes are
+    # then ReduceLogSumExp, Sub, Sigmoid and Unsqueeze)
+    scale: ir.Node | None = None
 
 
 def _sink_logits(value: ir.Value | None) -> _Sinks | Mismatch | None:
@@ -918,12 +925,75 @@ def _sink_column(value: ir.Value) -> np.ndarray | Mismatch:
     return np.ascontiguousarray(per_head.reshape(-1))
 
 
+def _scaling_sinks(softmax: ir.Node) -> _Sinks | Mismatch | None:
+    """Sinks written as a scale of P@V (Granite-SWA):
+    ``(Softmax(s) @ V) * Unsqueeze(Sigmoid(ReduceLogSumExp(s, [-1], keepdims=0) - sinks), -1)``,
+    the softmax with one more logit per row, ``sinks`` [1, H, 1] (or [H, 1]). None when the
+    scores are not also reduced by ReduceLogSumExp."""
+    scores = softmax.inputs[0] if softmax.inputs else None
+    if scores is None:
+        return None
+    lse = next((u.node for u in scores.uses() if is_op(u.node, "ReduceLogSumExp")), None)
+    if lse is None:
+        return None
+    refusal = Mismatch(
+        "the scores' logsumexp does not scale P@V as sigmoid(logsumexp - sinks), one learned "
+        "logit per head"
+    )
+    axes = const_array(lse.inputs[1]) if len(lse.inputs) > 1 else None
+    if (
+        axes is None
+        or [int(a) for a in axes.reshape(-1)] not in ([-1], [3])
+        or lse.attributes.get_int("keepdims", 1) != 0
+        or value_rank(scores) != 4
+    ):
+        return refusal
+    sub = single_consumer(lse.outputs[0])
+    sigmoid = single_consumer(sub.outputs[0]) if is_op(sub, "Sub") and sub is not None else None
+    unsqueeze = (
+        single_consumer(sigmoid.outputs[0])
+        if is_op(sigmoid, "Sigmoid") and sigmoid is not None
+        else None
+    )
+    scale = (
+        single_consumer(unsqueeze.outputs[0])
+        if is_op(unsqueeze, "Unsqueeze") and unsqueeze is not None
+        else None
+    )
+    if sub is None or sub.inputs[0] is not lse.outputs[0] or unsqueeze is None:
+        return refusal
+    logits = const_array(sub.inputs[1])
+    last = const_array(unsqueeze.inputs[1]) if len(unsqueeze.inputs) > 1 else None
+    if (
+        logits is None
+        or logits.dtype.kind != "f"
+        or logits.ndim > 3
+        or last is None
+        or [int(a) for a in last.reshape(-1)] not in ([-1], [3])
+        or not is_op(scale, "Mul")
+    ):
+        return refusal
+    shape = (1,) * (3 - logits.ndim) + tuple(logits.shape)
+    if shape[0] != 1 or shape[2] != 1:
+        return Mismatch(
+            f"the logits subtracted from the scores' logsumexp have shape {list(logits.shape)}, "
+            "not one per head [1, H, 1]"
+        )
+    assert scale is not None and sigmoid is not None
+    per_head = np.ascontiguousarray(logits.reshape(-1))
+    return _Sinks(scores, per_head, (lse, sub, sigmoid, unsqueeze), None, scale)
+
+
 def has_sinks(softmax: ir.Node) -> bool:
-    """Cheap pre-check: the Softmax input is a Concat, or a Concat minus something."""
-    node = softmax.inputs[0].producer() if softmax.inputs and softmax.inputs[0] else None
+    """Cheap pre-check: the Softmax input is a Concat, or a Concat minus something, or also
+    reduced by ReduceLogSumExp (sinks scaling P@V)."""
+    scores = softmax.inputs[0] if softmax.inputs else None
+    node = scores.producer() if scores is not None else None
     if is_op(node, "Sub") and node is not None:
         node = node.inputs[0].producer() if node.inputs[0] is not None else None
-    return is_op(node, "Concat")
+    return is_op(node, "Concat") or (
+        scores is not None and any(is_op(u.node, "ReduceLogSumExp") for u in scores.uses())
+    )
 
 
 def _drops_sink(slice_node: ir.Node | None, probs: ir.Value) -> bool:
@@ -1612,9 +1682,11 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     base: ir.Value | None = scores
     # GPT-OSS: Softmax(Concat(scores, sinks) - row max), the sinks' column dropped after.
     sinks = _sink_logits(base)
+    if sinks is None:
+        sinks = _scaling_sinks(softmax)
     if isinstance(sinks, Mismatch):
         return sinks
-    if sinks is not None:
+    if sinks is not None and sinks.scale is None:
         nodes.extend(sinks.nodes)
         base = sinks.scores
     # XGLM and fairseq-style decoders: Softmax(Reshape(Max(scores4 + mask, lowest), [B*H, S, T])).
@@ -1761,7 +1833,9 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     # Walk down: [IsNaN/Where guard] -> MatMul(P, V) -> Transpose -> Reshape
     probs = softmax.outputs[0]
     sink_nodes: list[ir.Node] = []
-    if sinks is not None:
+    if sinks is not None and sinks.scale is not None:
+        sink_nodes.extend(sinks.nodes)  # they read the scores, beside the Softmax
+    elif sinks is not None:
         drop = _main_user(probs)
         if drop is None or not _drops_sink(drop, probs):
             return Mismatch(
@@ -1832,6 +1906,14 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     pv_nodes.append(pv)
     value4 = pv.inputs[1]
     pv_out = pv.outputs[0]
+    if sinks is not None and sinks.scale is not None:
+        if flat_pv or _main_user(pv_out) is not sinks.scale:
+            return Mismatch(
+                "the sinks' scale sigmoid(logsumexp - sinks) multiplies something other than "
+                "the [B, H, S, d] P@V"
+            )
+        pv_nodes.append(sinks.scale)
+        pv_out = sinks.scale.outputs[0]
     merged: _Merge | None = None
     if flat_pv:
         flat_value = _flattened_from(value4)

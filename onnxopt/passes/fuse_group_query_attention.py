@@ -67,7 +67,8 @@ layers keep their window in the mask, which stays attention_bias, so every windo
 Gemma2's ``kv > q - w`` keeps, but it would only skip work the mask already zeroes).
 
 Attention sinks (GPT-OSS: a learned logit per head joins each softmax row, its column dropped
-after; see fuse_attention.py) have no MultiHeadAttention form either. ``SINK_GQA_RULES``
+after; Granite-SWA: the same softmax written as P@V scaled by sigmoid(logsumexp - sinks); see
+fuse_attention.py) have no MultiHeadAttention form either. ``SINK_GQA_RULES``
 (``sink-attention->gqa-causal`` / ``sink-attention->gqa``, run by this pass) match the block at
 its Softmax and emit ``GroupQueryAttention(..., attention_bias=mask, head_sink=logits)`` with the
 same K/V, one-sequence and causal proofs. ORT 1.32 CPU's kernel computes exactly GPT-OSS's eager
