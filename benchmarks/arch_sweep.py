@@ -2171,6 +2171,16 @@ granite_swa = _decoder_family(  # sinks as P@V * sigmoid(lse - sinks); a window 
     layer_types=["sliding_attention", "full_attention"],
     attention_multiplier=0.3,
 )
+mimo_v2_flash = _decoder_family(  # K heads of 24, V heads of 16; layer 1: sinks and a window
+    "mimo_v2_flash",
+    "MiMoV2Flash",
+    n_routed_experts=4,
+    moe_intermediate_size=32,
+    head_dim=24,
+    v_head_dim=16,
+    sliding_window=8,
+    **TINY_MOE,
+)
 
 
 FAMILIES: dict[str, Callable[[], Factory]] = {
@@ -2346,6 +2356,7 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         vjepa2,
         gpt_neox_japanese,
         granite_swa,
+        mimo_v2_flash,
     )
 }
 

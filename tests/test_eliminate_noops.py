@@ -259,6 +259,30 @@ POSITIVE = [
         2,
     ),
     (
+        # softmax(x - x.amax(-1, keepdim=True)): the Softmax subtracts the row max itself
+        "softmax-stabilizer",
+        model(
+            "<int64[1] last = {-1}> { m = ReduceMax<keepdims=1>(x, last)\n d = Sub(x, m)\n "
+            "y = Softmax<axis=-1>(d) }",
+            inputs="float[N,3,4] x",
+            outputs="float[N,3,4] y",
+            opset=18,
+        ),
+        {"Softmax stabilizer removed": 1},
+        ["Softmax"],
+        2,
+    ),
+    (
+        "log-softmax-stabilizer-axis-attribute",
+        model(
+            "{ m = ReduceMax<axes=[1]>(x)\n d = Sub(x, m)\n y = LogSoftmax<axis=1>(d) }",
+            opset=13,
+        ),
+        {"Softmax stabilizer removed": 1},
+        ["LogSoftmax"],
+        1,
+    ),
+    (
         "add-constant-of-shape-zero",
         model(
             "<float z = {0.0}, int64[1] four = {4}, float[N,4] e, float[N,4] a> "
@@ -406,6 +430,33 @@ NEGATIVE = [
             opset=17,
         ),
         "expanded to a shape not provably the other operand's",
+    ),
+    (
+        "stabilizer-over-another-axis",
+        model("{ m = ReduceMax<axes=[1]>(x)\n d = Sub(x, m)\n y = Softmax<axis=-1>(d) }"),
+        "not only by a Softmax over the reduced axis",
+    ),
+    (
+        "stabilizer-read-elsewhere",
+        model(
+            "{ m = ReduceMax<axes=[2]>(x)\n d = Sub(x, m)\n s = Softmax<axis=-1>(d)\n "
+            "y = Add(s, d) }"
+        ),
+        "read by Add",
+    ),
+    (
+        "stabilizer-keepdims-0",
+        model(
+            "{ m = ReduceMax<axes=[2], keepdims=0>(x)\n u = Unsqueeze<axes=[2]>(m)\n "
+            "d = Sub(x, u)\n y = Softmax<axis=-1>(d) }",
+            opset=12,
+        ),
+        "does not subtract a ReduceMax of its own first operand",
+    ),
+    (
+        "stabilizer-before-opset-13",
+        model("{ m = ReduceMax<axes=[2]>(x)\n d = Sub(x, m)\n y = Softmax<axis=2>(d) }", opset=12),
+        "before opset 13",
     ),
     (
         "add-nonzero",

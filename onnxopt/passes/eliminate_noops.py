@@ -276,6 +276,38 @@ def _reduce(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     return _keep(node, node.inputs[0])
 
 
+def _softmax_stabilizer(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``x - ReduceMax(x, [a], keepdims=1)`` read only by (Log)Softmax over axis a: they subtract
+    the row max themselves, and the max of the shifted row is exactly 0, so they compute the same
+    bits from x (MiMo-V2-Flash's eager attention, dynamo export)."""
+    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return Mismatch("it does not have two inputs")
+    peak = node.inputs[1].producer()
+    if not is_op(peak, "ReduceMax") or peak is None or peak.inputs[0] is not node.inputs[0]:
+        return Mismatch("it does not subtract a ReduceMax of its own first operand")
+    if context.opset() < 13:
+        return Mismatch("before opset 13 Softmax normalizes a flattened 2-D view")
+    axes = int_param(peak, "axes", 1)
+    dims = dims_of(node.inputs[0])
+    rank = len(dims) if dims is not None else None
+    reduced = normalize_axes(axes, rank) if not isinstance(axes, Mismatch) and axes else None
+    if reduced is None or len(reduced) != 1 or peak.attributes.get_int("keepdims", 1) != 1:
+        return Mismatch("the ReduceMax is not over one axis with keepdims=1")
+    result = node.outputs[0]
+    uses = result.uses()
+    if result.is_graph_output() or not uses:
+        return Mismatch("the difference is a graph output or unused")
+    for use in uses:
+        user = use.node
+        axis = normalize_axes([user.attributes.get_int("axis", -1)], rank)
+        if user.domain != "" or user.op_type not in ("Softmax", "LogSoftmax") or axis != reduced:
+            return Mismatch(
+                f"the difference is read by {user.op_type}, not only by a Softmax over the "
+                "reduced axis"
+            )
+    return _keep(node, node.inputs[0], peak)
+
+
 def _split(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if len(node.outputs) != 1:
         return Mismatch(f"it has {len(node.outputs)} outputs")
@@ -459,6 +491,7 @@ RULES: tuple[Rule, ...] = (
     _rule("And true removed", "And", _neutral_operand(True, commutative=True)),
     _rule("Or false removed", "Or", _neutral_operand(False, commutative=True)),
     _rule("Where removed", "Where", _where),
+    _rule("Softmax stabilizer removed", "Sub", _softmax_stabilizer),
 )
 
 
@@ -468,7 +501,8 @@ class EliminateNoopsPass(Pass):
     identity Transpose, zero Pad, whole-axis Slice,
     one-input Concat/Sum/Mean/Max/Min, one-output Split, Tile by ones, Unsqueeze/Squeeze pairs,
     ReduceSum/Mean/Max/Min/Prod over nothing or over kept size-1 dims,
-    x+0, x-0, x*1, x/1, x and true, x or false, Where with a constant condition.
+    x+0, x-0, x*1, x/1, x and true, x or false, Where with a constant condition, the row max
+    subtracted before a Softmax.
     """
 
     name = "eliminate-noops"
