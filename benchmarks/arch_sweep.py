@@ -2171,6 +2171,18 @@ granite_swa = _decoder_family(  # sinks as P@V * sigmoid(lse - sinks); a window 
     layer_types=["sliding_attention", "full_attention"],
     attention_multiplier=0.3,
 )
+lfm3 = _decoder_family(  # a short-conv layer, then sliding and full attention, heads gated
+    "lfm3",
+    "Lfm3",
+    pad_token_id=0,
+    head_dim=16,
+    num_hidden_layers=3,
+    layer_types=["conv", "sliding_attention", "full_attention"],
+    sliding_window=8,
+)
+hrm_text = _decoder_family(  # two stacks cycled (H, L), every element of the heads gated
+    "hrm_text", "HrmText", num_layers_per_stack=1, H_cycles=1, L_cycles=1, L_bp_cycles=[1]
+)
 mimo_v2_flash = _decoder_family(  # K heads of 24, V heads of 16; layer 1: sinks and a window
     "mimo_v2_flash",
     "MiMoV2Flash",
@@ -2357,6 +2369,8 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         gpt_neox_japanese,
         granite_swa,
         mimo_v2_flash,
+        lfm3,
+        hrm_text,
     )
 }
 

@@ -83,8 +83,7 @@ GQA_LAYER = """
         mask = Where(allowed, zero_f, masked)
         {probs}
         {pv}
-        pt = Transpose<perm=[0, 2, 1, 3]>(pv)
-        out = Reshape(pt, outshape)
+        {merge}
     }}
 """
 
@@ -96,11 +95,15 @@ def gqa_layer(
     inputs: str = "",
     allowed: str = "allowed = And(causal, pad)",
     pv: str = "pv = MatMul(p, vh)",
+    merge: str = "pt = Transpose<perm=[0, 2, 1, 3]>(pv)\n out = Reshape(pt, outshape)",
     **initializers: np.ndarray,
 ) -> ir.Model:
     """GQA_LAYER with its weights and constants (and ``initializers`` for ``probs``); ``pv``
-    computes the [B, H, S, d] ``pv`` from the probabilities ``p``."""
-    text = GQA_LAYER.format(opset=opset, inputs=inputs, allowed=allowed, probs=probs, pv=pv)
+    computes the [B, H, S, d] ``pv`` from the probabilities ``p``, ``merge`` the [B, S, 32]
+    ``out`` from ``pv``."""
+    text = GQA_LAYER.format(
+        opset=opset, inputs=inputs, allowed=allowed, probs=probs, pv=pv, merge=merge
+    )
     return parse(
         text,
         wq=rng_array(8, 32, seed=1),

@@ -128,6 +128,10 @@ CASES = [
     # softmax(s - rowmax(s)): the stabilizer dropped, the full-attention layer fuses (K and V
     # heads of two sizes: MultiHeadAttention); the sink layer's GroupQueryAttention takes one size
     ("mimo-v2-flash", "dynamo", "eager", "mha 1"),
+    # the heads gated between their move back and the merge (no attention fused before)
+    ("lfm3", "dynamo", "eager", "gqa 2"),  # per head, [B, S, H, 1]
+    ("lfm3", "torchscript", "eager", "mha 2"),
+    ("hrm-text", "torchscript", "eager", "gqa 2"),  # per element, [B, S, H, d]
 ]
 
 

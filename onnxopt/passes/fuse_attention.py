@@ -342,6 +342,9 @@ class _Merge:
     nodes: list[ir.Node]
     target: ir.Value | None
     seq_first: bool
+    # a gate multiplying the [B, S, H, dv] heads before the merge (LFM3, HRM): the fused output
+    # viewed as those heads is multiplied by it and merged by the export's own ``target``
+    gate: ir.Value | None = None
 
 
 def _merged_heads(value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]) -> _Merge | None:
@@ -371,7 +374,16 @@ def _merged_heads(value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]) -> _Me
     assert transpose is not None
     seq_first = perm == [2, 0, 1, 3]
     nodes.append(transpose)
-    reshape = _main_user(transpose.outputs[0])
+    moved = transpose.outputs[0]
+    reshape = _main_user(moved)
+    if is_op(reshape, "Mul") and reshape is not None and not seq_first:
+        gate = _head_gate(reshape, moved)
+        view = _main_user(reshape.outputs[0])
+        if gate is None or not is_op(view, "Reshape") or view is None:
+            return None
+        # The fused [B, S, H*dv] output viewed as [B, S, H, dv] is the moved P@V itself: the same
+        # Mul and the same Reshape after it compute what the export does, broadcasts and all.
+        return _Merge(view.outputs[0], [*nodes, reshape, view], view.inputs[1], False, gate)
     if (
         not is_op(reshape, "Reshape")
         or reshape is None
@@ -413,6 +425,20 @@ def _merged_heads(value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]) -> _Me
     if not (isinstance(last, int) and (last == -1 or last > 0)):
         return None
     return merge
+
+
+def _head_gate(mul: ir.Node, heads: ir.Value) -> ir.Value | None:
+    """The other operand of ``mul`` when it multiplies the [B, S, H, dv] ``heads`` (P@V moved to
+    the sequence) by a tensor of rank 4 or less: LFM3 gates each head ([B, S, H, 1]), HRM each
+    element ([B, S, H, dv])."""
+    if len(mul.inputs) != 2:
+        return None
+    first, second = mul.inputs
+    gate = second if first is heads else first if second is heads else None
+    rank = value_rank(gate)
+    if gate is None or gate is heads or rank is None or rank > 4:
+        return None
+    return gate
 
 
 def _single_head_merge(reshape: ir.Node, nodes: list[ir.Node]) -> _Merge | None:
@@ -692,6 +718,8 @@ class AttentionBlock:
     # [H]: attention sinks (GPT-OSS), one logit per head that joins each softmax row, its
     # column dropped after; only GroupQueryAttention computes them (``head_sink``).
     sinks: np.ndarray | None = None
+    # A gate of the [B, S, H, dv] heads before their merge (_Merge.gate)
+    gate: ir.Value | None = None
 
 
 # T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
@@ -2074,6 +2102,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         view_terms=tuple(views),
         query_factor=head_factor,
         sinks=None if sinks is None else np.broadcast_to(sinks.logits, (heads,)).copy(),
+        gate=merged.gate,
     )
     if target == "onnx" and context.opset() < ONNX_ATTENTION_OPSET:
         return Mismatch(
@@ -2109,6 +2138,8 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     if output_target is not None and _computed_from(output_target, {id(n) for n in heavy}):
         # re-applied to the fused output, the target may not read the tensors that go
         return Mismatch("the output's view reads its shape off the attention tensors")
+    if merged.gate is not None and _computed_from(merged.gate, {id(n) for n in heavy}):
+        return Mismatch("the gate of the heads is computed from the attention tensors")
     if any(_computed_from(view.back, {id(n) for n in heavy}) for view in views):
         return Mismatch("the view of the scores back from rank 5 reads its shape off them")
     meanings = _dim_meanings(heavy, out_nodes)
@@ -2325,6 +2356,9 @@ def finish_attention(
     result = attention
     if block.nan_guard:
         result = _nan_guard(tape, attention, block.output)
+    if block.gate is not None:  # then output_target is the merge's own target
+        split = tape.op("Reshape", [result, int64_const(tape, [0, 0, heads, -1])])
+        result = tape.op("Mul", [split, block.gate])
     if block.seq_first:
         result = tape.op("Transpose", [result], {"perm": [1, 0, 2]})
     if block.output_target is not None:
@@ -2654,6 +2688,8 @@ def _rewrite_onnx(block: AttentionBlock, opset: int, heads: int) -> Replacement 
     moved = tape.op(
         "Transpose", [result], {"perm": [2, 0, 1, 3] if block.seq_first else [0, 2, 1, 3]}
     )
+    if block.gate is not None:
+        moved = tape.op("Mul", [moved, block.gate])
     merged = tape.op("Reshape", [moved, block.output_target or int64_const(tape, [0, 0, -1])])
     reads = _repointed_reads(tape, block.dim_reads, sides[0], {"batch": 0, "seq": 2}, heads, opset)
     return Replacement(tape.nodes, [(block.output, merged), *reads])
