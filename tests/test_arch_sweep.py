@@ -130,7 +130,9 @@ CASES = [
     ("mimo-v2-flash", "dynamo", "eager", "mha 1"),
     # the heads gated between their move back and the merge (no attention fused before)
     ("lfm3", "dynamo", "eager", "gqa 2"),  # per head, [B, S, H, 1]
-    ("lfm3", "torchscript", "eager", "mha 2"),
+    # mask[:, -S:] and conv(x)[..., :S] keep S's name: the rotary and GroupQueryAttention proved
+    ("lfm3", "torchscript", "eager", "gqa 2"),
+    ("lfm2", "torchscript", "eager", "gqa 1"),  # MultiHeadAttention, no rotary before
     ("hrm-text", "torchscript", "eager", "gqa 2"),  # per element, [B, S, H, d]
 ]
 

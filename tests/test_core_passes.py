@@ -279,6 +279,53 @@ def test_shape_inference_expands_a_prefix_slice_to_the_dim_it_was_cut_to() -> No
     assert [str(d) for d in model.graph.node(4).outputs[0].shape] == ["batch", "sequence"]
 
 
+# LFM2's short convolution as TorchScript writes it: the mask's last S positions gate the input,
+# a depthwise conv padded by kernel - 1 on both sides, then its first S outputs.
+SHORT_CONV = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[batch, sequence, 4] x, int64[batch, sequence] mask, float[batch, other] z) => (y)
+        <int64[1] one1 = {{1}}, int64[1] two1 = {{2}}, int64[1] zero1 = {{0}},
+         int64[1] big = {{9223372036854775807}}, float[4, 1, 3] w = {{{weights}}}> {{
+        s = Shape <start = 1, end = 2> (x)
+        n = Squeeze(s)
+        minus = Neg(n)
+        start = Unsqueeze(minus, zero1)
+        recent = Slice(mask, start, big, one1)
+        keep = Unsqueeze(recent, two1)
+        kf = Cast <to = 1> (keep)
+        gated = Mul(x, kf)
+        channels = Transpose <perm = [0, 2, 1]> (gated)
+        conv = Conv <group = 4, pads = [{pad}, {pad}]> (channels, w)
+        length = Shape <start = {axis}, end = {axis_end}> ({source})
+        y = Slice(conv, zero1, length, two1)
+    }}
+"""
+
+
+@pytest.mark.parametrize(
+    ("pad", "source", "proved"),
+    [(2, "channels", True), (1, "channels", True), (0, "channels", False), (2, "z", False)],
+)
+def test_shape_inference_follows_a_causal_short_convolution(
+    pad: int, source: str, proved: bool
+) -> None:
+    """mask[:, -S:] of an S-long mask is S long; the first S outputs of a conv padded by
+    kernel - 1 are S. A conv padded less may be shorter than S, and a slice to another length
+    is that length or shorter."""
+    axis = 2 if source == "channels" else 1
+    text = SHORT_CONV.format(
+        weights=", ".join(["0.5"] * 12), pad=pad, axis=axis, axis_end=axis + 1, source=source
+    )
+    model = parse_model(text)
+    for _ in range(3):  # as the pipeline's fixed point: re-inferred once the slices are named
+        InferShapesPass()(model)
+    nodes = {node.outputs[0].name: node for node in model.graph}
+    assert [str(d) for d in nodes["gated"].outputs[0].shape] == ["batch", "sequence", "4"]
+    shape = nodes["y"].outputs[0].shape
+    assert shape is not None and str(shape[0]) == "batch" and shape[1] == 4
+    assert (str(shape[2]) == "sequence") == proved, shape
+
+
 def test_input_shape_pinning() -> None:
     model = parse_model(
         """

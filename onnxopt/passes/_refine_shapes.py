@@ -14,6 +14,11 @@ the Slice does not touch keeps its input dim. TorchScript exports slice buffers 
 length (``position_ids[:, :seq]``), so the untouched dims (often a static 1) would otherwise stay
 unknown and every Shape -> Gather chain reading them would stay unfolded. A copied dim is the same
 value as the input's (a symbolic dim keeps its name); nothing is ever guessed.
+
+Two slices read a sequence length off a shape and keep it: ``mask[:, -S:]`` of an S-long mask
+is all of it, and ``conv(x)[..., :S]`` of a stride-1 conv padded by at least kernel - 1 over an
+S-long x is S (LFM2's short convolution, TorchScript: the rotary and the attention downstream are
+proved against the sequence's name).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ def refine_shapes(model: ir.Model) -> int:
         for node in graph:
             if is_op(node, "Slice"):
                 improved += _refine_slice(node, renamed)
+                improved += _refine_causal_conv_slice(node, renamed)
+                improved += _refine_suffix_slice(node, renamed)
                 _record_prefix_slices(node, bounded)
             elif node.op_type in _BROADCASTING and is_op(node, node.op_type):
                 improved += _refine_broadcast(node, bounded, renamed)
@@ -330,6 +337,105 @@ def _record_prefix_slices(node: ir.Node, bounded: dict[str, ir.SymbolicDim]) -> 
             name = getattr(placeholder, "value", None)
             if name:
                 bounded[str(name)] = read
+
+
+def _prefix_read(node: ir.Node) -> tuple[int, ir.SymbolicDim] | None:
+    """``Slice(data, [0], [n], [axis])`` (steps 1) with n a read of a named dim X of some tensor
+    (TorchScript's ``[..., :seq]``): (axis, X); None otherwise."""
+    data = node.inputs[0] if node.inputs else None
+    if data is None or data.shape is None or "starts" in node.attributes:
+        return None
+    given = [optional_input(node, i) for i in (3, 4)]
+    axes, steps = (const_ints(v) for v in given)
+    if any(v is not None and c is None for v, c in zip(given, (axes, steps), strict=True)):
+        return None
+    starts, ends = const_ints(optional_input(node, 1)), piece_entries(optional_input(node, 2))
+    rank = len(data.shape)
+    axes = normalize_axes(axes if axes is not None else [0], rank)
+    if (
+        starts != (0,)
+        or ends is None
+        or len(ends) != 1
+        or axes is None
+        or steps not in (None, (1,))
+    ):
+        return None
+    end = ends[0]
+    if not isinstance(end, tuple):
+        return None
+    dims = end[1].shape
+    read = dims[end[2]] if dims is not None and -len(dims) <= end[2] < len(dims) else None
+    if not isinstance(read, ir.SymbolicDim) or _is_unknown(read):
+        return None
+    return axes[0], read
+
+
+def _refine_causal_conv_slice(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+    """``Slice(Conv(x), 0, n)`` along a spatial axis where x is X long and n reads X: a causal
+    conv1d (LFM2's and Mamba's short convolution, ``conv(x)[..., :seq]``). With stride and
+    dilation 1 and pads adding at least kernel - 1, the conv's output there is
+    X + pads - kernel + 1 >= X long, so the slice's is exactly X (ONNX names it afresh)."""
+    found_read = _prefix_read(node)
+    conv = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+    if found_read is None or not is_op(conv, "Conv") or conv is None or len(conv.inputs) < 2:
+        return 0
+    axis, read = found_read
+    source, weight = conv.inputs[0], conv.inputs[1]
+    rank = len(weight.shape) if weight is not None and weight.shape is not None else 0
+    spatial = rank - 2
+    if source is None or source.shape is None or len(source.shape) != rank or axis < 2:
+        return 0
+    assert weight is not None and weight.shape is not None
+    kernel = weight.shape[axis]
+    length = _renamed(source.shape[axis], renamed)
+    if not isinstance(kernel, int) or getattr(length, "value", None) != read.value:
+        return 0
+    if conv.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
+        return 0
+    strides = conv.attributes.get_ints("strides", None) or [1] * spatial
+    dilations = conv.attributes.get_ints("dilations", None) or [1] * spatial
+    pads = conv.attributes.get_ints("pads", None) or [0] * (2 * spatial)
+    i = axis - 2
+    if strides[i] != 1 or dilations[i] != 1 or pads[i] + pads[i + spatial] < kernel - 1:
+        return 0
+    found: list[int | ir.SymbolicDim | None] = [None] * rank
+    found[axis] = read
+    return _merge_dims(node.outputs[0], found, renamed)
+
+
+def _refine_suffix_slice(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+    """``Slice(data, [-n], [end], [axis])`` (step 1, end past the axis) with n a read of a named dim
+    X and data X long there: the last X of X elements, all of them (LFM2's TorchScript export:
+    ``attention_mask[:, -seq:]``); ONNX names the result's length afresh."""
+    data = node.inputs[0] if node.inputs else None
+    if data is None or data.shape is None or "starts" in node.attributes:
+        return 0
+    rank = len(data.shape)
+    given = [optional_input(node, i) for i in (3, 4)]
+    axes, steps = (const_ints(v) for v in given)
+    if any(v is not None and c is None for v, c in zip(given, (axes, steps), strict=True)):
+        return 0
+    axes = normalize_axes(axes if axes is not None else [0], rank)
+    ends = const_ints(optional_input(node, 2))
+    if axes is None or len(axes) != 1 or steps not in (None, (1,)) or ends is None:
+        return 0
+    start = optional_input(node, 1)
+    producer = start.producer() if start is not None else None
+    if is_op(producer, "Unsqueeze") or is_op(producer, "Reshape"):
+        assert producer is not None
+        start = producer.inputs[0]
+    negation = start.producer() if start is not None else None
+    read = scalar_dim_read(negation.inputs[0]) if is_op(negation, "Neg") and negation else None
+    length = _renamed(data.shape[axes[0]], renamed)
+    if read is None or read[0].shape is None or _is_unknown(length) or ends[0] < 2**31:
+        return 0
+    dims = read[0].shape
+    wanted = dims[read[1]] if -len(dims) <= read[1] < len(dims) else None
+    if getattr(wanted, "value", None) != getattr(length, "value", None):
+        return 0
+    found: list[int | ir.SymbolicDim | None] = [None] * rank
+    found[axes[0]] = length
+    return _merge_dims(node.outputs[0], found, renamed)
 
 
 def _bound_of(dim: object, bounded: dict[str, ir.SymbolicDim]) -> ir.SymbolicDim | None:
