@@ -587,6 +587,50 @@ def gpt_neox_medium() -> Factory:
     return _decoder(GPTNeoXModel, cfg)
 
 
+@seeded
+def lfm2_medium() -> Factory:
+    """LFM2 at a size worth timing (LFM2-350M's widths, 6 of its 16 layers: 4 short-conv and 2
+    attention, 16 heads of 64, 8 K/V heads); not in the sweep's families.
+    ``onnxopt export benchmarks.arch_sweep:lfm2_medium -o lm.onnx --exporter torchscript``."""
+    import transformers
+
+    cfg = transformers.Lfm2Config(
+        **_llama_like(
+            hidden_size=1024,
+            intermediate_size=4608,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            num_hidden_layers=6,
+            layer_types=["conv", "conv", "full_attention", "conv", "conv", "full_attention"],
+            max_position_embeddings=2048,
+            pad_token_id=0,
+        )
+    )
+    return _decoder(transformers.Lfm2Model, cfg)
+
+
+@seeded
+def granite_swa_medium() -> Factory:
+    """Granite-SWA at a size worth timing: 4 layers of hidden 768, 12 query heads of 64 and 4 K/V
+    heads, per-head sinks, a 64-token window in layers 0 and 2; not in the sweep's families."""
+    import transformers
+
+    cfg = transformers.GraniteSWAConfig(
+        **_llama_like(
+            hidden_size=768,
+            intermediate_size=2048,
+            num_attention_heads=12,
+            num_key_value_heads=4,
+            num_hidden_layers=4,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            sliding_window=64,
+            attention_multiplier=0.125,
+            max_position_embeddings=2048,
+        )
+    )
+    return _decoder(transformers.GraniteSWAModel, cfg)
+
+
 def _codegen(
     heads: int, rotary_dim: int, width: int = 64, layers: int = 2, positions: int = 256
 ) -> Factory:
@@ -2171,6 +2215,40 @@ granite_swa = _decoder_family(  # sinks as P@V * sigmoid(lse - sinks); a window 
     layer_types=["sliding_attention", "full_attention"],
     attention_multiplier=0.3,
 )
+# Families new in transformers 5 (2026), each fused as it came (tiny MoE: 4 experts, top 2)
+gemma4_text = _decoder_family(  # per-layer input embeddings, sliding and full layers
+    "gemma4_text",
+    "Gemma4Text",
+    vocab_size_per_layer_input=1000,
+    hidden_size_per_layer_input=16,
+    head_dim=16,
+    per_layer_config={},
+    sliding_window=8,
+)
+embedding_gemma2_text = _decoder_family("embedding_gemma2_text", "EmbeddingGemma2Text")
+jais2 = _decoder_family("jais2", "Jais2")
+MOE_4 = {"moe_intermediate_size": 32, "head_dim": 16, **TINY_MOE}
+minicpm5_moe = _decoder_family("minicpm5_moe", "MiniCPM5Moe", n_routed_experts=4, **MOE_4)
+solar_open = _decoder_family("solar_open", "SolarOpen", n_routed_experts=4, **MOE_4)
+hy_v3 = _decoder_family("hy_v3", "HYV3", num_experts=4, **MOE_4)
+mellum = _decoder_family("mellum", "Mellum", num_local_experts=4, **MOE_4)
+afmoe = _decoder_family(
+    "afmoe",
+    "Afmoe",
+    num_experts=4,
+    sliding_window=8,
+    layer_types=["sliding_attention", "full_attention"],
+    **MOE_4,
+)
+laguna = _decoder_family(  # a gate of the merged heads, a partial rotary in its sliding layer
+    "laguna",
+    "Laguna",
+    num_experts=4,
+    shared_expert_intermediate_size=32,
+    layer_types=["full_attention", "sliding_attention"],
+    sliding_window=8,
+    **MOE_4,
+)
 lfm3 = _decoder_family(  # a short-conv layer, then sliding and full attention, heads gated
     "lfm3",
     "Lfm3",
@@ -2371,6 +2449,15 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         mimo_v2_flash,
         lfm3,
         hrm_text,
+        gemma4_text,
+        embedding_gemma2_text,
+        jais2,
+        minicpm5_moe,
+        solar_open,
+        hy_v3,
+        mellum,
+        afmoe,
+        laguna,
     )
 }
 

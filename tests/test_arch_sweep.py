@@ -133,6 +133,8 @@ CASES = [
     # mask[:, -S:] and conv(x)[..., :S] keep S's name: the rotary and GroupQueryAttention proved
     ("lfm3", "torchscript", "eager", "gqa 2"),
     ("lfm2", "torchscript", "eager", "gqa 1"),  # MultiHeadAttention, no rotary before
+    # Gemma 4: per-layer input embeddings, sliding and full layers (fused as it came)
+    ("gemma4-text", "dynamo", "eager", "gqa 2 rotary 4"),
     ("hrm-text", "torchscript", "eager", "gqa 2"),  # per element, [B, S, H, d]
 ]
 
