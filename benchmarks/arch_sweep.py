@@ -2240,6 +2240,11 @@ afmoe = _decoder_family(
     layer_types=["sliding_attention", "full_attention"],
     **MOE_4,
 )
+cohere2_moe = _decoder_family("cohere2_moe", "Cohere2Moe", num_experts=4, **MOE_4)
+minimax_m2 = _decoder_family("minimax_m2", "MiniMaxM2", num_local_experts=4, **MOE_4)
+granitemoe_swa = _decoder_family(  # Granite-SWA's sinks with experts
+    "granitemoe_swa", "GraniteMoeSWA", num_local_experts=4, **TINY_MOE
+)
 laguna = _decoder_family(  # a gate of the merged heads, a partial rotary in its sliding layer
     "laguna",
     "Laguna",
@@ -2458,6 +2463,9 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         mellum,
         afmoe,
         laguna,
+        cohere2_moe,
+        minimax_m2,
+        granitemoe_swa,
     )
 }
 
