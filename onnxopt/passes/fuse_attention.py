@@ -36,7 +36,13 @@ encoders unbind Q, K and V from one stacked [3, B*H, T, d] view: _stacked_heads.
 part the same way. Their decomposed relative positions are added to a [B*H, h, w, h, w] view of
 the flat scores (a term of their own once viewed back, _ViewTerms), and P@V goes back onto the
 image grid as [B, H, h, w, d] moved by [0, 2, 3, 1, 4]: the fused output viewed by the same
-target (_spatial_merge).
+target (_spatial_merge). GPT-NeoX-Japanese computes only Q@K^T on the flattened heads
+(``baddbmm``) and multiplies the [B, H, S, T] probabilities by the [B, H, T, d] V.
+
+A gate of the heads between their move back and the merge, ``Reshape(Mul(Transpose(P@V), g),
+target)`` (LFM3's per-head sigmoid, HRM's elementwise one), stays the export's: the fused
+[B, S, H*dv] output viewed as [B, S, H, dv] is the moved P@V, multiplied by g and merged by the
+same target.
 
 Multi-query attention (Falcon: K/V with one head, which the two MatMuls broadcast against the H
 query heads) is fused with K/V repeated H times in repeat_kv's spelling; fuse-group-query-attention
@@ -75,8 +81,9 @@ The subtraction is the stabilizer softmax applies itself (any per-row constant c
 matched only in exactly that form, and may be absent. Granite-SWA writes the same softmax without
 the column, as a scale of P@V (``e^s / (Σe^s + e^sink) = softmax(s) * sigmoid(lse(s) - sink)``)::
 
-    O = (Softmax(scores) @ V) * Unsqueeze(Sigmoid(ReduceLogSumExp(scores, [-1]) - sinks [1, H, 1]), -1)
- The block is matched with its logits
+    O = (Softmax(scores) @ V) * Unsqueeze(Sigmoid(ReduceLogSumExp(scores, [-1]) - sinks), -1)
+
+with ``sinks`` [1, H, 1]; the block is matched with its logits
 (``AttentionBlock.sinks``), a constant of one value per head (or one for all), the column one wide.
 MultiHeadAttention and ONNX Attention-23 have no sinks: this pass leaves the block and says so;
 fuse-group-query-attention fuses it into GroupQueryAttention with ``head_sink`` (--target ort).
