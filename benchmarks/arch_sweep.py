@@ -1978,6 +1978,48 @@ TINY_VIT = {
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
 }
+# Vision encoders new in transformers 5 (2026), fused as they came
+metaclip_2_vision = _vision_family(
+    "metaclip_2_vision", "MetaClip2Vision", attention=True, **TINY_VIT
+)
+tipsv2_vision = _vision_family("tipsv2_vision", "Tipsv2Vision", attention=True, **TINY_VIT)
+pixio = _vision_family("pixio", "Pixio", attention=True, **TINY_VIT)
+sapiens2 = _vision_family("sapiens2", "Sapiens2", attention=True, **TINY_VIT)  # 2-D RoPE
+radio = _vision_family("radio", "Radio", attention=True, **TINY_VIT)
+
+
+@seeded
+def siglip2_vision() -> Factory:
+    """SigLIP2's NaFlex encoder: patches [B, N, C*p*p] with their mask and grid shapes."""
+    import torch
+    from transformers import Siglip2VisionConfig, Siglip2VisionModel
+
+    # NaFlex: no image size, each image brings its patch grid (a 4 x 4 position table here)
+    fields = {k: v for k, v in TINY_VIT.items() if k != "image_size"}
+    cfg = Siglip2VisionConfig(**_attn(**fields, num_patches=16))
+
+    class _Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Siglip2VisionModel(cfg)
+
+        def forward(self, pixel_values: Any, pixel_attention_mask: Any, spatial_shapes: Any) -> Any:
+            return self.model(
+                pixel_values=pixel_values,
+                pixel_attention_mask=pixel_attention_mask,
+                spatial_shapes=spatial_shapes,
+            ).last_hidden_state
+
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    mask[1, 12:] = 0  # the second image's last patches are padding
+    inputs = {
+        "pixel_values": torch.randn(2, 16, 3 * 16 * 16),
+        "pixel_attention_mask": mask,
+        "spatial_shapes": torch.tensor([[4, 4], [4, 4]]),
+    }
+    return _finish(_Encoder(), inputs, dict.fromkeys(inputs, BATCH))
+
+
 dinov3 = _vision_family(  # 2-D RoPE on the patch tokens (not the class and register tokens)
     "dinov3", "DINOv3ViT", attention=True, **TINY_VIT, num_register_tokens=2
 )
@@ -2466,6 +2508,12 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         cohere2_moe,
         minimax_m2,
         granitemoe_swa,
+        metaclip_2_vision,
+        tipsv2_vision,
+        pixio,
+        sapiens2,
+        radio,
+        siglip2_vision,
     )
 }
 
