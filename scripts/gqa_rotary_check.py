@@ -3,8 +3,9 @@
 ORT CPU, optimizations off. Caches [S, d/2] from LLaMA angles, RotaryEmbedding position_ids the
 one-element [0] offset form, seqlens_k = S-1 for every row, attention_bias with or without left
 padding, causal 0 and 1, interleaved 0 and 1, with and without a head_sink (input 11, GPT-OSS's
-attention sinks). Prints the max abs difference of the output and of present_key (the
-rotated keys, every token of every row) per case (must be 0.0 to fold).
+attention sinks), and a partial rotary (the first 16 dims of heads of 32, caches [S, 8]). Prints
+the max abs difference of the output and of present_key (the rotated keys, every token of every
+row) per case (must be 0.0 to fold).
 
     PYTHONPATH=. /work/main/.venv/bin/python scripts/gqa_rotary_check.py
 """
@@ -30,13 +31,15 @@ def build(
     kv_heads: int = KV_HEADS,
     head: int = HEAD,
     sinks: bool = False,
+    rotary: int | None = None,
 ) -> onnx.ModelProto:
+    half = (rotary or head) // 2
     inputs = [
         helper.make_tensor_value_info("q", F, ["B", "S", heads * head]),
         helper.make_tensor_value_info("k", F, ["B", "S", kv_heads * head]),
         helper.make_tensor_value_info("v", F, ["B", "S", kv_heads * head]),
-        helper.make_tensor_value_info("cos", F, ["S", head // 2]),
-        helper.make_tensor_value_info("sin", F, ["S", head // 2]),
+        helper.make_tensor_value_info("cos", F, ["S", half]),
+        helper.make_tensor_value_info("sin", F, ["S", half]),
         helper.make_tensor_value_info("bias", F, ["B", 1, "S", "S"]),
         helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
         helper.make_tensor_value_info("total", TensorProto.INT32, []),
@@ -59,6 +62,7 @@ def build(
                     domain="com.microsoft",
                     num_heads=n,
                     interleaved=interleaved,
+                    **({"rotary_embedding_dim": rotary} if rotary else {}),
                 )
             )
         gqa_in = ["qr", "kr", "v", "", "", "seqlens_k", "total", "", "", "", "bias"]
@@ -83,8 +87,10 @@ def feeds(
     heads: int = HEADS,
     kv_heads: int = KV_HEADS,
     head: int = HEAD,
+    rotary: int | None = None,
 ) -> dict[str, np.ndarray]:
-    inv_freq = 1.0 / (10000.0 ** (np.arange(0, head, 2, dtype=np.float32) / head))
+    width = rotary or head
+    inv_freq = 1.0 / (10000.0 ** (np.arange(0, width, 2, dtype=np.float32) / width))
     angles = np.arange(seq, dtype=np.float32)[:, None] * inv_freq[None, :]
     mask = np.tril(np.ones((seq, seq), dtype=bool))[None].repeat(batch, 0)
     if pad:  # left padding: row b's first b keys masked (every query row sees them masked)
@@ -112,15 +118,25 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
     )
 
 
+# (label, build/feeds keywords): whole heads with and without sinks, and a partial rotary (2
+# heads of 32, 1 K/V head, their first 16 dims rotated from [S, 8] caches)
+SHAPES: list[tuple[str, dict[str, int | bool]]] = [
+    ("sinks=False", {}),
+    ("sinks=True ", {"sinks": True}),
+    ("partial 16/32", {"heads": 2, "kv_heads": 1, "head": 32, "rotary": 16}),
+]
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     worst = 0.0
-    for causal, interleaved, sinks in itertools.product((0, 1), (0, 1), (False, True)):
-        ref = session(build(False, causal, interleaved, sinks=sinks))
-        new = session(build(True, causal, interleaved, sinks=sinks))
+    for (label, shape), causal, interleaved in itertools.product(SHAPES, (0, 1), (0, 1)):
+        ref = session(build(False, causal, interleaved, **shape))  # type: ignore[arg-type]
+        new = session(build(True, causal, interleaved, **shape))  # type: ignore[arg-type]
+        sizes = {k: v for k, v in shape.items() if k != "sinks"}
         for batch, seq, pad in itertools.product((1, 3), (1, 5, 16), (False, True)):
-            f = feeds(batch, seq, pad, rng)
-            if not sinks:
+            f = feeds(batch, seq, pad, rng, **sizes)  # type: ignore[arg-type]
+            if not shape.get("sinks"):
                 del f["sinks"]
             a, a_key = ref.run(["y", "pk"], f)
             b, b_key = new.run(["y", "pk"], f)
@@ -129,8 +145,8 @@ def main() -> None:
             diff = max(float(np.max(np.abs(a - b))), float(np.max(np.abs(a_key - b_key))))
             worst = max(worst, diff)
             print(
-                f"causal={causal} interleaved={interleaved} sinks={sinks!s:5} B={batch} "
-                f"S={seq:2d} pad={pad!s:5}: max |diff| = {diff:.3g}"
+                f"{label} causal={causal} interleaved={interleaved} B={batch} S={seq:2d} "
+                f"pad={pad!s:5}: max |diff| = {diff:.3g}"
             )
     print("EXACT" if worst == 0.0 else f"DIFFERS (worst {worst:.3g})")
 

@@ -128,13 +128,32 @@ def test_rotaries_fold_into_group_query_attention_with_head_sinks() -> None:
     assert [o.max_abs for o in report.outputs] == [0.0]  # scripts/gqa_rotary_check.py
 
 
+def test_a_partial_rotary_of_16_dims_folds_too() -> None:
+    """Two heads of 32, their first 16 dims rotated (GPT-NeoX's, StableLM's partial rotary at
+    their real widths): ORT takes the [S, 8] caches and rotates just those dims, bit-identically."""
+    attrs = ", rotary_embedding_dim = 16"
+    original = _model(OFFSET, attrs, attrs, 8, heads=(2, 1))
+    fused, stats, _ = _run(original)
+    assert stats == {RULE: 1}
+    assert f"{MS}RotaryEmbedding" not in op_types(fused)
+    rng = np.random.default_rng(1)
+    sizes = [(1, 1), (3, 5), (2, 16)]
+    report = validate(original, fused, inputs=[_feeds(b, s, rng) for b, s in sizes])
+    assert report.passed, report
+    assert [o.max_abs for o in report.outputs] == [0.0]
+
+
 @pytest.mark.parametrize(
     ("original", "reason"),
     [
         (_model(None), "position_ids are not the one-element [0] offset form"),
         (
             _model(OFFSET, ", rotary_embedding_dim = 8", ", rotary_embedding_dim = 8", 4),
-            "rotates part of each head",
+            "rotates a part only in multiples of 16",
+        ),
+        (
+            _model(OFFSET, ", rotary_embedding_dim = 16", "", 8, heads=(2, 1)),
+            "rotate different parts of each head",
         ),
         (
             _model(OFFSET, extra="z = Neg (qr)", extra_output=", float[B, S, 64] z"),
@@ -144,7 +163,14 @@ def test_rotaries_fold_into_group_query_attention_with_head_sinks() -> None:
         # ORT's kernel refuses do_rotary below head size 16 ("a multiple of 16"): 8 heads of 8
         (_model(OFFSET, heads=(8, 4), half_width=4), "a multiple of 16"),
     ],
-    ids=["per-row-positions", "partial-rotary", "rotary-read-elsewhere", "scaled", "head-size-8"],
+    ids=[
+        "per-row-positions",
+        "partial-rotary-of-8",
+        "partial-query-whole-key",
+        "rotary-read-elsewhere",
+        "scaled",
+        "head-size-8",
+    ],
 )
 def test_refusals(original: ir.Model, reason: str) -> None:
     after, stats, notes = _run(original)

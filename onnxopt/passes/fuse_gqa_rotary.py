@@ -18,8 +18,11 @@ and without left padding in attention_bias, causal 0 and 1, with and without ``h
 So the rewrite is made only when the GroupQueryAttention has no past cache, ``seqlens_k`` is
 ``Expand(Sub(t, 1), ...)`` and ``total_sequence_length`` is ``Reshape(t, ...)`` of the same ``t``,
 a Cast of the query's length read off a tensor whose dim provably is the query's (the form
-fuse-group-query-attention writes), and both rotaries rotate the whole head (float32, 3-D,
-the same position_ids and caches, ``interleaved`` equal, outputs read by the attention only).
+fuse-group-query-attention writes), and both rotaries rotate the same dims of each head (float32,
+3-D, the same position_ids and caches, ``interleaved`` equal, outputs read by the attention only):
+the whole head, or its first R dims (``rotary_embedding_dim``) with R a multiple of 16, which
+ORT 1.32 takes from caches [S, R/2] (bit-identical too: Phi's, StableLM's, GPT-NeoX's partial
+rotary).
 """
 
 from __future__ import annotations
@@ -151,12 +154,21 @@ def _match(gqa: ir.Node, context: RewriteContext) -> Match | Mismatch:
             f"head size {head_size}: ONNX Runtime's GroupQueryAttention rotates only heads "
             f"whose size is a multiple of {_ROTARY_HEAD_MULTIPLE}"
         )
-    for rotary in (query, key):
-        if rotary.attributes.get_int("rotary_embedding_dim", 0) not in (0, head_size):
-            return Mismatch("a rotary rotates part of each head (rotary_embedding_dim)")
+    rotated = {
+        rotary.attributes.get_int("rotary_embedding_dim", 0) or head_size for rotary in (query, key)
+    }
+    if len(rotated) != 1:
+        return Mismatch("the query and key rotaries rotate different parts of each head")
+    (dims,) = rotated
+    if dims > head_size or (dims < head_size and dims % _ROTARY_HEAD_MULTIPLE):
+        # ORT 1.32: "cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8"
+        return Mismatch(
+            f"a rotary rotates {dims} dims of each head: ONNX Runtime's GroupQueryAttention "
+            f"rotates a part only in multiples of {_ROTARY_HEAD_MULTIPLE}"
+        )
     for cache in (query.inputs[2], query.inputs[3]):
-        if _cache_width(cache) != head_size // 2:
-            return Mismatch(f"cannot prove the cos/sin caches are [S, {head_size // 2}]")
+        if _cache_width(cache) != dims // 2:
+            return Mismatch(f"cannot prove the cos/sin caches are [S, {dims // 2}]")
     refusal = _total_length(gqa)
     if refusal is not None:
         return refusal
