@@ -610,6 +610,24 @@ def lfm2_medium() -> Factory:
 
 
 @seeded
+def gpt_neox_japanese_medium() -> Factory:
+    """GPT-NeoX-Japanese at a size worth timing: 4 layers of 768, 12 heads of 64 (its scores a
+    baddbmm on the flattened heads); not in the sweep's families."""
+    import transformers
+
+    cfg = transformers.GPTNeoXJapaneseConfig(
+        **_llama_like(
+            hidden_size=768,
+            intermediate_multiple_size=4,
+            num_attention_heads=12,
+            num_hidden_layers=4,
+            max_position_embeddings=2048,
+        )
+    )
+    return _decoder(transformers.GPTNeoXJapaneseModel, cfg)
+
+
+@seeded
 def granite_swa_medium() -> Factory:
     """Granite-SWA at a size worth timing: 4 layers of hidden 768, 12 query heads of 64 and 4 K/V
     heads, per-head sinks, a 64-token window in layers 0 and 2; not in the sweep's families."""
