@@ -307,67 +307,56 @@ def _right_aligned(dims: Sequence[object], rank: int) -> list[object]:
     return [1] * (rank - len(dims)) + list(dims)
 
 
+def _unit_step_axes(node: ir.Node, rank: int, count: int) -> tuple[int, ...] | None:
+    """The normalized axes of a Slice with ``count`` starts whose axes and steps are constants
+    (or absent) and every step 1; None otherwise (Slice-1's attribute form included)."""
+    if "starts" in node.attributes:
+        return None
+    given = [optional_input(node, i) for i in (3, 4)]
+    axes, steps = (const_ints(v) for v in given)
+    if any(v is not None and c is None for v, c in zip(given, (axes, steps), strict=True)):
+        return None  # axes or steps given but not constant
+    if steps is not None and set(steps) != {1}:
+        return None
+    axes = normalize_axes(axes if axes is not None else range(count), rank)
+    return axes if axes is not None and len(axes) == count else None
+
+
+def _prefix_reads(node: ir.Node) -> list[tuple[int, ir.SymbolicDim]]:
+    """``Slice(data, 0, n)`` with n read off a named dim X of some tensor (TorchScript's
+    ``position_ids[:, :seq]``, ``conv(x)[..., :seq]``): (axis, X) for each axis sliced so."""
+    data = node.inputs[0] if node.inputs else None
+    starts = const_ints(optional_input(node, 1))
+    ends = piece_entries(optional_input(node, 2))
+    if data is None or data.shape is None or starts is None or ends is None:
+        return []
+    axes = _unit_step_axes(node, len(data.shape), len(starts))
+    if axes is None or len(ends) != len(starts):
+        return []
+    reads = []
+    for axis, start, end in zip(axes, starts, ends, strict=True):
+        read = _read_dim(end, {}) if start == 0 else None
+        if isinstance(read, ir.SymbolicDim) and not _is_unknown(read):
+            reads.append((axis, read))
+    return reads
+
+
 def _record_prefix_slices(node: ir.Node, bounded: dict[str, ir.SymbolicDim]) -> None:
     """``Slice(data, 0, n)`` along an axis of static length L, n read off a named dim X
     (TorchScript's ``position_ids[:, :seq]``): the result's length there is min(X, L), which ONNX
     names afresh. Its placeholder is recorded: broadcast against X it gives X (when X <= L it is
     X; when X > L it is L, and the op fails unless L is 1, which broadcasts to X too)."""
     data, out = node.inputs[0] if node.inputs else None, node.outputs[0]
-    if data is None or data.shape is None or out.shape is None or "starts" in node.attributes:
+    if data is None or data.shape is None or out.shape is None:
         return
-    rank = len(data.shape)
-    starts = const_ints(optional_input(node, 1))
-    ends = piece_entries(optional_input(node, 2))
-    given = [optional_input(node, i) for i in (3, 4)]
-    axes, steps = (const_ints(v) for v in given)
-    if any(v is not None and c is None for v, c in zip(given, (axes, steps), strict=True)):
-        return  # axes or steps given but not constant
-    if starts is None or ends is None or len(ends) != len(starts) or len(out.shape) != rank:
+    if len(out.shape) != len(data.shape):
         return
-    axes = normalize_axes(axes if axes is not None else range(len(starts)), rank)
-    if axes is None or len(axes) != len(starts) or (steps is not None and set(steps) != {1}):
-        return
-    for axis, start, end in zip(axes, starts, ends, strict=True):
-        if start != 0 or not isinstance(end, tuple) or not isinstance(data.shape[axis], int):
-            continue
-        dims = end[1].shape
-        read = dims[end[2]] if dims is not None and -len(dims) <= end[2] < len(dims) else None
+    for axis, read in _prefix_reads(node):
         placeholder = out.shape[axis]
-        if isinstance(read, ir.SymbolicDim) and not _is_unknown(read) and _is_unknown(placeholder):
+        if isinstance(data.shape[axis], int) and _is_unknown(placeholder):
             name = getattr(placeholder, "value", None)
             if name:
                 bounded[str(name)] = read
-
-
-def _prefix_read(node: ir.Node) -> tuple[int, ir.SymbolicDim] | None:
-    """``Slice(data, [0], [n], [axis])`` (steps 1) with n a read of a named dim X of some tensor
-    (TorchScript's ``[..., :seq]``): (axis, X); None otherwise."""
-    data = node.inputs[0] if node.inputs else None
-    if data is None or data.shape is None or "starts" in node.attributes:
-        return None
-    given = [optional_input(node, i) for i in (3, 4)]
-    axes, steps = (const_ints(v) for v in given)
-    if any(v is not None and c is None for v, c in zip(given, (axes, steps), strict=True)):
-        return None
-    starts, ends = const_ints(optional_input(node, 1)), piece_entries(optional_input(node, 2))
-    rank = len(data.shape)
-    axes = normalize_axes(axes if axes is not None else [0], rank)
-    if (
-        starts != (0,)
-        or ends is None
-        or len(ends) != 1
-        or axes is None
-        or steps not in (None, (1,))
-    ):
-        return None
-    end = ends[0]
-    if not isinstance(end, tuple):
-        return None
-    dims = end[1].shape
-    read = dims[end[2]] if dims is not None and -len(dims) <= end[2] < len(dims) else None
-    if not isinstance(read, ir.SymbolicDim) or _is_unknown(read):
-        return None
-    return axes[0], read
 
 
 def _refine_causal_conv_slice(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
@@ -375,11 +364,13 @@ def _refine_causal_conv_slice(node: ir.Node, renamed: dict[str, int | ir.Symboli
     conv1d (LFM2's and Mamba's short convolution, ``conv(x)[..., :seq]``). With stride and
     dilation 1 and pads adding at least kernel - 1, the conv's output there is
     X + pads - kernel + 1 >= X long, so the slice's is exactly X (ONNX names it afresh)."""
-    found_read = _prefix_read(node)
+    reads, starts = _prefix_reads(node), const_ints(optional_input(node, 1))
     conv = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
-    if found_read is None or not is_op(conv, "Conv") or conv is None or len(conv.inputs) < 2:
+    if len(reads) != 1 or starts is None or len(starts) != 1:
         return 0
-    axis, read = found_read
+    if not is_op(conv, "Conv") or conv is None or len(conv.inputs) < 2:
+        return 0
+    ((axis, read),) = reads
     source, weight = conv.inputs[0], conv.inputs[1]
     rank = len(weight.shape) if weight is not None and weight.shape is not None else 0
     spatial = rank - 2
@@ -408,16 +399,12 @@ def _refine_suffix_slice(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]
     X and data X long there: the last X of X elements, all of them (LFM2's TorchScript export:
     ``attention_mask[:, -seq:]``); ONNX names the result's length afresh."""
     data = node.inputs[0] if node.inputs else None
-    if data is None or data.shape is None or "starts" in node.attributes:
+    ends = const_ints(optional_input(node, 2))
+    if data is None or data.shape is None or ends is None or len(ends) != 1:
         return 0
     rank = len(data.shape)
-    given = [optional_input(node, i) for i in (3, 4)]
-    axes, steps = (const_ints(v) for v in given)
-    if any(v is not None and c is None for v, c in zip(given, (axes, steps), strict=True)):
-        return 0
-    axes = normalize_axes(axes if axes is not None else [0], rank)
-    ends = const_ints(optional_input(node, 2))
-    if axes is None or len(axes) != 1 or steps not in (None, (1,)) or ends is None:
+    axes = _unit_step_axes(node, rank, 1)
+    if axes is None:
         return 0
     start = optional_input(node, 1)
     producer = start.producer() if start is not None else None
@@ -425,12 +412,10 @@ def _refine_suffix_slice(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]
         assert producer is not None
         start = producer.inputs[0]
     negation = start.producer() if start is not None else None
-    read = scalar_dim_read(negation.inputs[0]) if is_op(negation, "Neg") and negation else None
+    wanted = _scalar_dim(negation.inputs[0]) if is_op(negation, "Neg") and negation else None
     length = _renamed(data.shape[axes[0]], renamed)
-    if read is None or read[0].shape is None or _is_unknown(length) or ends[0] < 2**31:
+    if wanted is None or _is_unknown(length) or ends[0] < 2**31:
         return 0
-    dims = read[0].shape
-    wanted = dims[read[1]] if -len(dims) <= read[1] < len(dims) else None
     if getattr(wanted, "value", None) != getattr(length, "value", None):
         return 0
     found: list[int | ir.SymbolicDim | None] = [None] * rank
