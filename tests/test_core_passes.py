@@ -326,6 +326,26 @@ def test_shape_inference_follows_a_causal_short_convolution(
     assert (str(shape[2]) == "sequence") == proved, shape
 
 
+def test_shape_inference_does_not_take_a_shorter_static_suffix_for_the_whole_axis() -> None:
+    """d[:, -n:] with n = 5 read off x and d 7 long is 5 long, not 7."""
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 5] x, float[2, 7] d) => (y)
+            <int64[1] one1 = {1}, int64[1] zero1 = {0}, int64[1] big = {9223372036854775807}> {
+            s = Shape <start = 1, end = 2> (x)
+            n = Squeeze(s)
+            minus = Neg(n)
+            start = Unsqueeze(minus, zero1)
+            y = Slice(d, start, big, one1)
+        }
+        """
+    )
+    InferShapesPass()(model)
+    shape = model.graph.node(4).outputs[0].shape
+    assert shape is not None and shape[1] != 7, shape
+
+
 def test_input_shape_pinning() -> None:
     model = parse_model(
         """
