@@ -587,68 +587,6 @@ def gpt_neox_medium() -> Factory:
     return _decoder(GPTNeoXModel, cfg)
 
 
-@seeded
-def lfm2_medium() -> Factory:
-    """LFM2 at a size worth timing (LFM2-350M's widths, 6 of its 16 layers: 4 short-conv and 2
-    attention, 16 heads of 64, 8 K/V heads); not in the sweep's families.
-    ``onnxopt export benchmarks.arch_sweep:lfm2_medium -o lm.onnx --exporter torchscript``."""
-    import transformers
-
-    cfg = transformers.Lfm2Config(
-        **_llama_like(
-            hidden_size=1024,
-            intermediate_size=4608,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            num_hidden_layers=6,
-            layer_types=["conv", "conv", "full_attention", "conv", "conv", "full_attention"],
-            max_position_embeddings=2048,
-            pad_token_id=0,
-        )
-    )
-    return _decoder(transformers.Lfm2Model, cfg)
-
-
-@seeded
-def gpt_neox_japanese_medium() -> Factory:
-    """GPT-NeoX-Japanese at a size worth timing: 4 layers of 768, 12 heads of 64 (its scores a
-    baddbmm on the flattened heads); not in the sweep's families."""
-    import transformers
-
-    cfg = transformers.GPTNeoXJapaneseConfig(
-        **_llama_like(
-            hidden_size=768,
-            intermediate_multiple_size=4,
-            num_attention_heads=12,
-            num_hidden_layers=4,
-            max_position_embeddings=2048,
-        )
-    )
-    return _decoder(transformers.GPTNeoXJapaneseModel, cfg)
-
-
-@seeded
-def granite_swa_medium() -> Factory:
-    """Granite-SWA at a size worth timing: 4 layers of hidden 768, 12 query heads of 64 and 4 K/V
-    heads, per-head sinks, a 64-token window in layers 0 and 2; not in the sweep's families."""
-    import transformers
-
-    cfg = transformers.GraniteSWAConfig(
-        **_llama_like(
-            hidden_size=768,
-            intermediate_size=2048,
-            num_attention_heads=12,
-            num_key_value_heads=4,
-            num_hidden_layers=4,
-            layer_types=["sliding_attention", "full_attention"] * 2,
-            sliding_window=64,
-            attention_multiplier=0.125,
-            max_position_embeddings=2048,
-        )
-    )
-    return _decoder(transformers.GraniteSWAModel, cfg)
-
-
 def _codegen(
     heads: int, rotary_dim: int, width: int = 64, layers: int = 2, positions: int = 256
 ) -> Factory:
@@ -2313,6 +2251,42 @@ laguna = _decoder_family(  # a gate of the merged heads, a partial rotary in its
     layer_types=["full_attention", "sliding_attention"],
     sliding_window=8,
     **MOE_4,
+)
+# Sizes worth timing the new forms at (not in the sweep's families), e.g.
+# ``onnxopt export benchmarks.arch_sweep:lfm2_medium -o lm.onnx --exporter torchscript``.
+lfm2_medium = _decoder_family(  # LFM2-350M's widths, 6 of its 16 layers (4 short-conv, 2 attention)
+    "lfm2_medium",
+    "Lfm2",
+    hidden_size=1024,
+    intermediate_size=4608,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    num_hidden_layers=6,
+    layer_types=["conv", "conv", "full_attention", "conv", "conv", "full_attention"],
+    max_position_embeddings=2048,
+    pad_token_id=0,
+)
+gpt_neox_japanese_medium = _decoder_family(  # 4 layers of 768, 12 heads of 64
+    "gpt_neox_japanese_medium",
+    "GPTNeoXJapanese",
+    hidden_size=768,
+    intermediate_multiple_size=4,
+    num_attention_heads=12,
+    num_hidden_layers=4,
+    max_position_embeddings=2048,
+)
+granite_swa_medium = _decoder_family(  # 4 x 768, 12/4 heads of 64, a 64-token window in 0 and 2
+    "granite_swa_medium",
+    "GraniteSWA",
+    hidden_size=768,
+    intermediate_size=2048,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    num_hidden_layers=4,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+    sliding_window=64,
+    attention_multiplier=0.125,
+    max_position_embeddings=2048,
 )
 lfm3 = _decoder_family(  # a short-conv layer, then sliding and full attention, heads gated
     "lfm3",
