@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import onnx
 import pytest
 
 from benchmarks import arch_sweep  # imports torch only when a factory runs
@@ -158,3 +159,29 @@ def test_family_fuses_validates_and_is_a_fixed_point(
     assert row.validated == "yes", row
     assert "FAIL" not in row.eager_diff and "ERROR" not in row.eager_diff, row
     assert row.fixed_point == "yes", row
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_gpt_neox_rotates_parts_of_its_packed_heads_in_three_d(
+    exporter: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPT-NeoX cuts Q, K and V out of heads already moved ahead of the sequence (dynamo: a
+    Split, TorchScript: three Slices): the cut moves before the Transpose, so every rotary reads
+    a [B, S, N*d] view and no Transpose is left around it."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    monkeypatch.setitem(arch_sweep.ATTENTION, "implementation", "eager")
+    row = arch_sweep.sweep_one("gpt-neox", exporter, tmp_path, explain=False)
+    assert row.status == "ok" and row.validated == "yes" and row.fixed_point == "yes", row
+    optimized = onnx.load(
+        tmp_path / f"gpt-neox.{exporter}.eager.opt.onnx", load_external_data=False
+    )
+    producers = {out: node for node in optimized.graph.node for out in node.output}
+    rotaries = [node for node in optimized.graph.node if node.op_type == "RotaryEmbedding"]
+    assert len(rotaries) == 4
+    for rotary in rotaries:
+        assert any(a.name == "num_heads" for a in rotary.attribute)  # read as [B, S, N*d]
+        assert producers[rotary.input[0]].op_type == "Reshape"
+        readers = [n.op_type for n in optimized.graph.node if rotary.output[0] in n.input]
+        assert "Transpose" not in readers

@@ -176,3 +176,110 @@ def test_key_appended_to_a_kv_cache_keeps_its_layout() -> None:
         f"{RULE}: RotaryEmbedding: the rotated heads are appended to a KV cache (Concat on the "
         "sequence axis): the present stays [B, N, T, d], no Transpose to drop"
     ]
+
+
+PARTS_RULE = "parts of moved heads -> moved parts"
+SPLIT = "q, k, v = Split <axis = 3> (t, sizes)"
+SLICES = """
+            q = Slice (t, s0, s8, last)
+            k = Slice (t, s8, s16, last)
+            v = Slice (t, s16, s24, last)"""
+
+
+def _parts_model(cut: str = SPLIT, also: str = "", also_output: str = "") -> ir.Model:
+    """GPT-NeoX's head split: x [B, S, 4 * 3 * 8] viewed as 4 heads of [q | k | v], moved ahead
+    of the sequence, then cut into Q, K and V (dynamo: one Split; TorchScript: three Slices); Q
+    and K rotated, all three moved back and merged as the attention fusions read them."""
+    back = "\n".join(
+        f"""
+            {p}b = Transpose <perm = [0, 2, 1, 3]> ({p}r)
+            {p}y = Reshape ({p}b, merged)"""
+        for p in "qkv"
+    )
+    text = f"""
+        <ir_version: 10, opset_import: ["" : 20, "com.microsoft" : 1]>
+        g (float[B, S, 96] x) => (float[B, S, 32] qy, float[B, S, 32] ky, float[B, S, 32] vy{also_output}) {{
+            heads = Constant <value = int64[4] {{0, 0, 4, 24}}> ()
+            merged = Constant <value = int64[3] {{0, 0, -1}}> ()
+            h = Reshape (x, heads)
+            t = Transpose <perm = [0, 2, 1, 3]> (h)
+            {cut}
+            qr = com.microsoft.RotaryEmbedding <interleaved = 0, num_heads = 4> (q, pos, cos, sin)
+            kr = com.microsoft.RotaryEmbedding <interleaved = 0, num_heads = 4> (k, pos, cos, sin)
+            vr = Identity (v)
+            {back}
+            {also}
+        }}
+    """
+    rng = np.random.default_rng(1)
+    cos, sin = (rng.standard_normal((64, 4)).astype(np.float32) for _ in range(2))
+    constants = {f"s{n}": np.array([n], dtype=np.int64) for n in (0, 8, 16, 24)}
+    return parse(
+        text,
+        pos=np.zeros(1, dtype=np.int64),
+        cos=cos,
+        sin=sin,
+        sizes=np.array([8, 8, 8], dtype=np.int64),
+        last=np.array([3], dtype=np.int64),
+        **constants,
+    )
+
+
+@pytest.mark.parametrize("cut", [SPLIT, SLICES], ids=["split", "slices"])
+def test_parts_cut_from_moved_heads_are_cut_first_and_rotated_in_three_d(cut: str) -> None:
+    original = _parts_model(cut)
+    fused, stats, _ = _run(original)
+    assert stats == {PARTS_RULE: 1, RULE: 2}
+    ops = op_types(fused)
+    assert ops.count(f"{MS}RotaryEmbedding") == 2
+    for rotary in (n for n in fused.graph if n.op_type == "RotaryEmbedding"):
+        assert rotary.attributes.get_int("num_heads") == 4
+        view = rotary.inputs[0].producer()  # [B, S, 4, 8] part viewed as [B, S, 32]
+        assert view is not None and view.op_type == "Reshape"
+        cut_node = view.inputs[0].producer()
+        assert cut_node is not None and cut_node.inputs[0] is not None
+        reshape = cut_node.inputs[0].producer()
+        assert reshape is not None and reshape.op_type == "Reshape"  # cut before any Transpose
+    # Only V's moved part and the move back remain, for the cleanup's Transpose merge.
+    assert ops.count("Transpose") == 2
+    report = validate(original, fused)
+    assert report.passed, report
+    assert len(report.trials) >= 2
+    assert _run(fused)[1] == {}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        (
+            {"also": "n = Neg (t)", "also_output": ", float[B, 4, S, 24] n"},
+            "read other than as parts of each head",
+        ),
+        (
+            {"cut": SPLIT.replace("axis = 3", "axis = 1")},
+            "read other than as parts of each head",
+        ),
+        (
+            {"cut": SLICES.replace("k = Slice (t, s8, s16, last)", "k = Slice (t, s8, s16, s24)")},
+            "read other than as parts of each head",
+        ),
+        (
+            {"cut": "sz = Identity (sizes)\n q, k, v = Split <axis = 3> (t, sz)"},
+            "read other than as parts of each head",
+        ),
+        ({"also_output": ", float[B, 4, S, 8] v"}, "a part of the heads is a graph output"),
+    ],
+    ids=[
+        "heads-read-elsewhere",
+        "split-over-heads",
+        "slice-other-axis",
+        "computed-sizes",
+        "output",
+    ],
+)
+def test_parts_refusals_say_why(kwargs: dict[str, str], reason: str) -> None:
+    model = _parts_model(**kwargs)
+    after, stats, notes = _run(model)
+    assert PARTS_RULE not in stats
+    assert any(note.startswith(f"{PARTS_RULE}: Transpose") and reason in note for note in notes)
+    assert op_types(after).count("Transpose") == op_types(model).count("Transpose")
