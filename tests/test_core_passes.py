@@ -481,3 +481,59 @@ def test_shape_inference_sees_through_shape_preserving_ort_ops(node: str, known:
     else:
         assert b.shape is None or "8" not in [str(d) for d in b.shape]
     assert not [n for n in model.graph if n.op_type == "Identity"]  # stand-ins never stay
+
+
+EXPRESSIONS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[batch, seq, 4] x, int64[3] t) => (float[batch, seq, 4] y, float[batch, seq, 4] z) {
+    r = Relu(x)
+    s = Shape(x)
+    y = Reshape(r, s)
+    w = Reshape(x, t)
+    z = Abs(w)
+}
+"""
+
+
+def _annotated(r_dim: str, w_dim: str) -> ir.Model:
+    """As a dynamo export records them: r's sequence under torch's expression for it (GPT-Neo
+    under transformers 4.46 names a layer's sequence ``Min(128, seq)``, the slice of its
+    causal-mask buffer), w's middle dim under another."""
+    model = parse_model(EXPRESSIONS)
+    r = next(n for n in model.graph if n.op_type == "Relu").outputs[0]
+    r.shape = ir.Shape(["batch", r_dim, 4])
+    w = next(n for n in model.graph if n.outputs[0].name == "w").outputs[0]
+    w.shape = ir.Shape(["batch", w_dim, 4])
+    return model
+
+
+def test_an_exporters_expression_for_a_dim_inference_proves_is_renamed() -> None:
+    model = _annotated("Min(128, seq)", "Min(128, seq)")
+    result = InferShapesPass()(model)
+    assert result.stats["placeholder dims resolved"] == 2  # w too: the exporter named it alike
+    shapes = {n.outputs[0].name: [str(d) for d in n.outputs[0].shape] for n in model.graph}
+    assert shapes["r"] == shapes["w"] == ["batch", "seq", "4"]
+    assert not InferShapesPass()(model).modified
+    # In the pipeline, the Reshape of r to x's shape is then a no-op in the first run (before,
+    # only a second run, inferring without the annotation, saw it: no fixed point).
+    from onnxopt import api
+
+    optimized = api.optimize(_annotated("Min(128, seq)", "unused"))
+    assert op_types(optimized.model).count("Reshape") == 1  # w's
+    assert_numerically_equal(_annotated("Min(128, seq)", "unused"), optimized.model)
+    again = api.optimize(optimized.model, check=False)
+    assert op_types(again.model) == op_types(optimized.model)
+
+
+def test_an_expression_without_a_proof_or_on_the_interface_stays() -> None:
+    model = _annotated("Min(128, seq)", "batch*seq")  # w: nothing proves its dim
+    InferShapesPass()(model)
+    w = next(n for n in model.graph if n.outputs[0].name == "w").outputs[0]
+    assert [str(d) for d in w.shape] == ["batch", "batch*seq", "4"]
+    # A name the inputs or outputs declare is the user's, whatever inference finds inside.
+    outside = _annotated("Min(128, seq)", "unused")
+    outside.graph.outputs[1].shape = ir.Shape(["batch", "Min(128, seq)", 4])
+    InferShapesPass()(outside)
+    r = next(n for n in outside.graph if n.op_type == "Relu").outputs[0]
+    assert [str(d) for d in r.shape] == ["batch", "Min(128, seq)", "4"]
+    assert [str(d) for d in outside.graph.outputs[1].shape] == ["batch", "Min(128, seq)", "4"]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -236,23 +237,47 @@ def _reinfer_branch(
     return True
 
 
-def _is_placeholder(dim: object) -> bool:
-    """A dim named "unk__N": a name a shape inference made up for a dim it could not tell."""
+# A dim name written as an expression: torch's symbolic sizes in a dynamo export's value_info
+# ("Min(128, sequence)", "2*s0", "s1 + 1"), not a name a user gave an input.
+_EXPRESSION = re.compile(r"[()*/+ ,]")
+
+
+def _made_up(name: str, interface: frozenset[str]) -> bool:
+    """A name a shape inference made up ("unk__N"), or an exporter's expression for an
+    intermediate dim that the model's inputs and outputs do not use."""
+    return name.startswith(GENERATED_DIM_PREFIX) or (
+        _EXPRESSION.search(name) is not None and name not in interface
+    )
+
+
+def _interface_names(model: ir.Model) -> frozenset[str]:
+    """The dim names of the main graph's inputs and outputs: kept whatever inference finds."""
+    return frozenset(
+        str(dim.value)
+        for value in (*model.graph.inputs, *model.graph.outputs)
+        if value.shape is not None
+        for dim in value.shape
+        if isinstance(dim, ir.SymbolicDim) and dim.value is not None
+    )
+
+
+def _is_placeholder(dim: object, interface: frozenset[str]) -> bool:
+    """A dim under a made-up name (see ``_made_up``)."""
     name = getattr(dim, "value", None)
-    return isinstance(name, str) and name.startswith(GENERATED_DIM_PREFIX)
+    return isinstance(name, str) and _made_up(name, interface)
 
 
-def _forget_placeholders(graph: onnx.GraphProto) -> None:
+def _forget_placeholders(graph: onnx.GraphProto, interface: frozenset[str]) -> None:
     """Clear the made-up dim names in ``graph``'s value_info and its subgraphs'."""
     for current in _graph_protos(graph):
         for info in current.value_info:
             for dim in info.type.tensor_type.shape.dim:
-                if dim.HasField("dim_param") and dim.dim_param.startswith(GENERATED_DIM_PREFIX):
+                if dim.HasField("dim_param") and _made_up(dim.dim_param, interface):
                     dim.ClearField("dim_param")
 
 
 def _resolved_placeholders(
-    model: ir.Model, fresh: dict[str, onnx.ValueInfoProto]
+    model: ir.Model, fresh: dict[str, onnx.ValueInfoProto], interface: frozenset[str]
 ) -> dict[str, int | str]:
     """Made-up names that inference without them proves to be a declared symbol, a size, or the
     same dim as another made-up name.
@@ -283,15 +308,16 @@ def _resolved_placeholders(
             if shape is None or len(shape) != len(value.shape):
                 continue
             for before, after in zip(value.shape, shape, strict=True):
-                if not _is_placeholder(before):
+                if not _is_placeholder(before, interface):
                     continue
                 old = str(before.value)  # type: ignore[union-attr]
                 order.setdefault(old, len(order))
                 if isinstance(after, int):
                     found.setdefault(old, after)
-                elif after.value is not None and not _is_placeholder(after):
+                elif after.value is not None and not _is_placeholder(after, interface):
                     found.setdefault(old, str(after.value))
-                elif after.value is not None:
+                elif after.value is not None and old.startswith(GENERATED_DIM_PREFIX):
+                    # (an exporter's expression is renamed only where a dim is proved to be it)
                     a, b = root(first_as.setdefault(str(after.value), old)), root(old)
                     if a != b:
                         a, b = sorted((a, b), key=order.__getitem__)
@@ -309,19 +335,21 @@ def _resolved_placeholders(
     return resolved
 
 
-def _rename_placeholders(model: ir.Model, names: dict[str, int | str]) -> int:
+def _rename_placeholders(
+    model: ir.Model, names: dict[str, int | str], interface: frozenset[str]
+) -> int:
     renamed = 0
     for graph in model.graphs():
         for value in _graph_values(graph):
             shape = value.shape
             if shape is None or not any(
-                _is_placeholder(d) and str(d.value) in names  # type: ignore[union-attr]
+                _is_placeholder(d, interface) and str(d.value) in names  # type: ignore[union-attr]
                 for d in shape
             ):
                 continue
             dims: list[int | ir.SymbolicDim] = []
             for dim in shape:
-                target = names.get(str(dim.value)) if _is_placeholder(dim) else None  # type: ignore[union-attr]
+                target = names.get(str(dim.value)) if _is_placeholder(dim, interface) else None  # type: ignore[union-attr]
                 if target is None:
                     dims.append(dim)
                 else:
@@ -357,6 +385,7 @@ class InferShapesPass(Pass):
                 stats["inputs pinned"] = pinned
 
         data_prop = True
+        interface = _interface_names(model)
 
         def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
             return onnx.shape_inference.infer_shapes(
@@ -387,7 +416,7 @@ class InferShapesPass(Pass):
             _reinfer_if_branches(inferred, infer)
             bare = onnx.ModelProto()
             bare.CopyFrom(proto)
-            _forget_placeholders(bare.graph)
+            _forget_placeholders(bare.graph, interface)
             try:
                 afresh = infer(bare)
                 _reinfer_if_branches(afresh, infer)
@@ -410,9 +439,11 @@ class InferShapesPass(Pass):
             )
         # The made-up names the second run resolves are renamed everywhere.
         if afresh is not None:
-            resolved = _resolved_placeholders(model, _value_infos(afresh.graph))
+            resolved = _resolved_placeholders(model, _value_infos(afresh.graph), interface)
             if resolved:
-                stats["placeholder dims resolved"] += _rename_placeholders(model, resolved)
+                stats["placeholder dims resolved"] += _rename_placeholders(
+                    model, resolved, interface
+                )
         # Read only the inferred types (deserializing the whole inferred model costs more than inference).
         infos = _value_infos(inferred.graph)
         for graph in model.graphs():
