@@ -32,13 +32,27 @@ def _weights(seed: int = 0) -> str:
 
 
 def _model(
-    *, alibi_rows: str = "BH", query_view: str = "S", recorded: bool = True, flat_pv: bool = True
+    *,
+    alibi_rows: str = "BH",
+    query_view: str = "S",
+    recorded: bool = True,
+    flat_pv: bool = True,
+    round_trip: str = "",
 ) -> ir.Model:
     """x [B, S, 8], alibi [``alibi_rows``, 1, S], a [B, S] padding mask -> one block of 2 heads
     of 4 in BLOOM's form; ``query_view`` names the flattened query's dim 1 (not S: its target
     says -1 there, and neither proves it). ``recorded=False`` leaves the Q/K/V views' shapes
     unrecorded: their targets prove them. ``flat_pv=False``: P@V on the [B, H, S, T]
-    probabilities and [B, H, T, d] V (GPT-NeoX-Japanese: only Q@K^T is a bmm)."""
+    probabilities and [B, H, T, d] V (GPT-NeoX-Japanese: only Q@K^T is a bmm). ``round_trip``
+    (CLIP's eager attention before transformers 5): a causal term [1, 1, S, S] is added to the
+    [B, H, S, T] view first, the sum flattened again and viewed back to the target given (its
+    dims named in the text) before the padding mask."""
+    trip = ""
+    if round_trip:
+        trip = "wrong = Concat<axis=0>(b, two1, minus1, four1)\n" if round_trip == "wrong" else ""
+        trip += f"""causal4 = Add(scores4, causal)
+            c3 = Reshape(causal4, flat_again)
+            c4 = Reshape(c3, {round_trip})"""
     if flat_pv:
         pv = """flat_p = Concat<axis=0>(bh, s, minus1)
             p3 = Reshape(probs, flat_p)
@@ -54,11 +68,13 @@ def _model(
     )
     text = f"""
         <ir_version: 9, opset_import: ["" : 17]>
-        agraph (float[B, S, 8] x, float[{alibi_rows}, 1, S] alibi, int64[B, S] mask)
+        agraph (float[B, S, 8] x, float[{alibi_rows}, 1, S] alibi, int64[B, S] mask
+                {", float[1, 1, S, S] causal" if round_trip else ""})
             => (float[B, S, 8] y) <
             {views}
             float[BH, 4, S] kt3, float[BH, S, S] raw, float[BH, S, S] scaled,
             float[BH, S, S] biased, float[B, 2, S, S] scores4, float[BH, S, S] p3,
+            {"float[B, 2, S, S] causal4, float[BH, S, S] c3, float[?, ?, ?, ?] c4," if round_trip else ""}
             float[BH, S, 4] pv3, float[B, 2, S, 4] pv4,
             {_weights()},
             int64[4] heads = {{0, 0, 2, 4}},
@@ -97,7 +113,10 @@ def _model(
             mbool = Cast<to=9>(mask)
             mb = Unsqueeze(mbool, mask_axes)
             pad = Where(mb, zero, lowest)
-            masked = Add(scores4, pad)
+            flat_again = Concat<axis=0>(bh, s, minus1)
+            view_back = Concat<axis=0>(b, two1, s, s)
+            {trip}
+            masked = Add({"c4" if round_trip else "scores4"}, pad)
             probs = Softmax<axis=-1>(masked)
             {pv}
             pt = Transpose<perm=[0,2,1,3]>(pv4)
@@ -405,3 +424,33 @@ def test_torch_sequence_first_bmm_attention_left_exactly_when_not_fused() -> Non
     assert not result.modified
     assert any("not multiplied by V" in note for note in result.notes), result.notes
     assert ir.to_proto(model).SerializeToString() == before  # the stand-ins were taken back
+
+
+@pytest.mark.parametrize("back", ["view", "view_back"])
+def test_scores_flattened_and_viewed_back_between_two_terms_fuse(back: str) -> None:
+    """CLIP's eager attention before transformers 5 adds its causal mask on the [B, H, S, T]
+    view of the flat scores, flattens the sum and views it back before adding the padding mask:
+    the round trip is the identity (its view back proved dim by dim), both terms fuse."""
+    model = _model(round_trip=back)
+    fused = _fused_once(model)
+    assert "Reshape" in [n.op_type for n in model.graph]
+
+    def feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+        causal = np.triu(np.full((seq, seq), -1e9, dtype=np.float32), 1)[None, None]
+        return {**_feeds(batch, seq, seed), "causal": causal}
+
+    report = validate(
+        model, fused, inputs=[feeds(b, s, i) for i, (b, s) in enumerate(((3, 5), (1, 1), (2, 7)))]
+    )
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_a_view_back_not_proved_the_scores_shape_is_not_a_round_trip() -> None:
+    """Viewed back as [B, H, T, S] (the sizes agree only where S == T) nothing proves dims 2
+    and 3: the block is left as it is."""
+    model = _model(round_trip="wrong")
+    text_free = [n.op_type for n in model.graph]
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert not result.stats, result.notes
+    assert [n.op_type for n in model.graph] == text_free

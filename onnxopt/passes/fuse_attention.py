@@ -1061,6 +1061,9 @@ def _leads_to_scores(value: ir.Value | None, depth: int = 0) -> bool:
         return any(_leads_to_scores(v, depth + 1) for v in node.inputs)
     if is_op(node, "Where") and node is not None and len(node.inputs) == 3:
         return any(_leads_to_scores(v, depth + 1) for v in node.inputs[1:])
+    trip = _flat_round_trip(value)
+    if trip is not None:  # no term of its own: not counted
+        return _leads_to_scores(trip[1], depth)
     if _unflattening(value) is not None:
         assert node is not None
         return _leads_to_scores(node.inputs[0], depth + 1)
@@ -1095,6 +1098,24 @@ def _view_of_rank(value: ir.Value | None, rank: int, source_rank: int) -> ir.Nod
 def _unflattening(value: ir.Value | None) -> ir.Node | None:
     """The Reshape making ``value`` [B, H, S, T] out of rank-3 scores, if it is one."""
     return _view_of_rank(value, 4, 3)
+
+
+def _flat_round_trip(value: ir.Value | None) -> tuple[list[ir.Node], ir.Value] | None:
+    """``value`` = ``Reshape(Reshape(y, [B*H, S, T]), [B, H, S, T])`` proved to be y's own shape
+    (all dims but one; the element count fixes that one): y, and the two views (consumer first).
+
+    CLIP's eager attention before transformers 5 adds its causal and its padding mask each on a
+    [B, H, S, T] view of the flat bmm scores and flattens them again in between; the round trip
+    between the two masks is the identity.
+    """
+    outer = _view_of_rank(value, 4, 3)
+    inner = _view_of_rank(outer.inputs[0], 3, 4) if outer is not None else None
+    if value is None or outer is None or inner is None or inner.inputs[0] is None:
+        return None
+    scores = inner.inputs[0]
+    if not _view_proved(value, [[(scores, axis)] for axis in range(4)]):
+        return None
+    return [outer, inner], scores
 
 
 def _dim_is(view: ir.Value, axis: int, entry: Entry | None, source: ir.Value, index: int) -> bool:
@@ -1736,7 +1757,15 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     if clamp is not None:
         nodes.append(clamp[0])
         base = clamp[1]
-    while (step := _scores_step(base)) is not None:
+    while True:
+        trip = _flat_round_trip(base)
+        if trip is not None:
+            nodes.extend(trip[0])
+            base = trip[1]
+            continue
+        step = _scores_step(base)
+        if step is None:
+            break
         if isinstance(step, Mismatch):
             return step
         if len(terms) + len(fills) + len(windows) + len(views) == MAX_BIAS_TERMS:
