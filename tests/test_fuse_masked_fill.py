@@ -43,14 +43,26 @@ def _model(
     condition: str = "input",
     fill_from: str = "constant",
     opset: int = 17,
+    zeroed: str = "",
+    keep_heads: int = 1,
 ) -> ir.Model:
     """x [B, S, 8], keep [B, 1, S, S] (bool) and a [B, S] padding mask -> one attention block of
     2 heads of 4 whose scores go through ``Where(keep, scores, fill)`` (``scores_first``) or
     ``Where(Not(keep), fill, scores)`` (masked_fill's own spelling), then get the padding mask's
     ``Where(mask, 0, lowest)`` added (``padding``), as GPT-Neo's export does.
     ``condition="scores"`` picks by ``scores > 0`` instead; ``fill_from="input"`` fills with an
-    input instead of a constant."""
+    input instead of a constant. ``zeroed`` (DeBERTa's XSoftmax before transformers 5): the
+    probabilities zeroed again where the fill masked (``"same"``), or where ``keep`` is false
+    while the fill read ``scores > 0`` (``"other"``); ``keep_heads``: keep's dim 1."""
     cond = "keep" if condition == "input" else "positive"
+    if zeroed:
+        zero_cond = "keep" if zeroed == "other" else cond
+        if scores_first:
+            zeroing = f"probs = Where({zero_cond}, p0, zero)"
+        else:
+            zeroing = f"probs = Where({'drop' if zeroed == 'same' else 'Not_keep'}, zero, p0)"
+            if zeroed == "other":
+                zeroing = "Not_keep = Not(keep)\n            " + zeroing
     if scores_first:
         filled = f"filled = Where({cond}, scores, {'fill_in' if fill_from == 'input' else 'fill'})"
     else:
@@ -58,7 +70,7 @@ def _model(
     extra = ", float fill_in" if fill_from == "input" else ""
     text = f"""
         <ir_version: 9, opset_import: ["" : {opset}]>
-        agraph (float[B, S, 8] x, bool[B, 1, S, S] keep, int64[B, S] mask{extra})
+        agraph (float[B, S, 8] x, bool[B, {keep_heads}, S, S] keep, int64[B, S] mask{extra})
             => (float[B, S, 8] y) <
             {_weights()},
             int64[4] heads = {{0, 0, 2, 4}},
@@ -86,7 +98,8 @@ def _model(
             mb = Unsqueeze(mbool, mask_axes)
             pad = Where(mb, zero, lowest)
             {"masked = Add(filled, pad)" if padding else ""}
-            probs = Softmax<axis=-1>({"masked" if padding else "filled"})
+            {"p0" if zeroed else "probs"} = Softmax<axis=-1>({"masked" if padding else "filled"})
+            {zeroing if zeroed else ""}
             pv = MatMul(probs, v4)
             pt = Transpose<perm=[0,2,1,3]>(pv)
             y = Reshape(pt, merged)
@@ -213,3 +226,42 @@ def test_masked_fills_that_are_not_additive_masks_are_refused(
     assert result.notes == [f"attention->mha: Softmax 'probs': {reason}"] or any(
         note.endswith(reason) for note in result.notes
     ), result.notes
+
+
+@pytest.mark.parametrize("scores_first", [True, False])
+def test_probabilities_zeroed_where_masked_fuse_with_their_rows_kept_or_zeroed(
+    scores_first: bool,
+) -> None:
+    """DeBERTa's XSoftmax (transformers before 5): ``Where(~keep, 0, Softmax(Where(~keep, fill,
+    s)))``. A row that keeps no key is 0 in the export (uniform after the Softmax, then zeroed):
+    the fused output's row is multiplied by whether it keeps a key; the other zeroed entries are
+    exactly 0 already. The feeds mask one query's every key."""
+    model = _model(scores_first=scores_first, padding=False, zeroed="same")
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(explain=True))(fused)
+    assert result.stats == {"attention->mha": 1}, result.notes
+    types = [node.op_type for node in fused.graph]
+    assert "Softmax" not in types and "ReduceMax" in types
+    feeds = [_feeds(b, s, i) for i, (b, s) in enumerate(SIZES)]
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+    portable = model.clone()
+    result = FuseAttentionPass(PassOptions(target="onnx", explain=True))(portable)
+    assert not result.stats  # opset 17: no Attention-23 (refused for that reason)
+    at_23 = _model(scores_first=scores_first, padding=False, zeroed="same", opset=23)
+    result = FuseAttentionPass(PassOptions(target="onnx", explain=True))(portable := at_23.clone())
+    assert result.stats == {"attention->onnx-attention": 1}, result.notes
+    report = validate(at_23, portable, inputs=feeds)
+    assert report.passed, report
+
+
+def test_probabilities_zeroed_otherwise_or_per_head_are_not_fused() -> None:
+    other = _model(condition="scores", padding=False, zeroed="other")
+    before = [n.op_type for n in other.graph]
+    assert not FuseAttentionPass()(other).modified
+    assert [n.op_type for n in other.graph] == before
+    per_head = _model(padding=False, zeroed="same", keep_heads=2)
+    result = FuseAttentionPass(PassOptions(explain=True))(per_head)
+    assert not result.stats
+    assert any("not provably one for all heads" in note for note in result.notes), result.notes

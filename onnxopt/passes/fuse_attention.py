@@ -727,6 +727,9 @@ class AttentionBlock:
     sinks: np.ndarray | None = None
     # A gate of the [B, S, H, dv] heads before their merge (_Merge.gate)
     gate: ir.Value | None = None
+    # P zeroed again where the scores' masked_fill masked (DeBERTa's XSoftmax): rows with no
+    # kept key are 0 (see _masked_zeroing)
+    kept_rows: _KeptRows | None = None
 
 
 # T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
@@ -1527,6 +1530,68 @@ def _window_bias(
 
 
 @dataclass(frozen=True)
+class _KeptRows:
+    """``condition`` marks the kept keys where it is ``kept_where_true``, else the masked ones."""
+
+    condition: ir.Value
+    kept_where_true: bool
+    dtype: ir.DataType
+
+
+def _masked_zeroing(
+    probs: ir.Value, fills: Sequence[_MaskedFill]
+) -> tuple[ir.Node, _KeptRows] | Mismatch | None:
+    """P's one reader ``Where(c, 0, P)`` (or ``Where(c, P, 0)``) zeroing what the scores' one
+    masked_fill masked (the same condition, the same side): DeBERTa's XSoftmax before
+    transformers 5. A masked key's probability is exactly 0 already wherever a key of the row is
+    kept (the fill is <= MASK_FLOOR: exp underflows); a row with no kept key is uniform after the
+    Softmax and 0 after the Where, so the fused output is multiplied by whether the row keeps a
+    key. The condition must be one for all heads (its dim for H is 1)."""
+    where = _main_user(probs)
+    if len(fills) != 1 or where is None or not is_op(where, "Where") or len(where.inputs) != 3:
+        return None
+    if probs.is_graph_output() or len(list(probs.uses())) != 1:
+        return None
+    fill = fills[0]
+    condition, chosen, other = where.inputs
+    if condition is not fill.condition:
+        return None
+    zeroed = other if fill.scores_first else chosen
+    kept = chosen if fill.scores_first else other
+    if kept is not probs or not _is_zero(zeroed):
+        return None
+    rank = value_rank(condition)
+    if rank is None or (rank >= 3 and static_dim(condition, rank - 3) != 1):
+        return Mismatch(
+            "the probabilities are zeroed where masked by a mask not provably one for all heads"
+        )
+    array = const_array(fill.fill)
+    assert array is not None and condition is not None  # _bias_step read it
+    dtype = ir.DataType.from_numpy(array.dtype)
+    return where, _KeptRows(condition, fill.scores_first, dtype)
+
+
+def _kept_rows(tape: ir.tape.Tape, kept: _KeptRows, opset: int) -> ir.Value:
+    """1 where a row of the scores keeps a key, else 0: [B|1, S|1, 1] (the heads' dim dropped),
+    in the attention's element type."""
+    keep = kept.condition if kept.kept_where_true else tape.op("Not", [kept.condition])
+    as_float = tape.op("Cast", [keep], {"to": ir.DataType.FLOAT})
+    if opset >= 18:
+        any_kept = tape.op("ReduceMax", [as_float, int64_const(tape, [-1])], {"keepdims": 1})
+    else:
+        any_kept = tape.op("ReduceMax", [as_float], {"axes": [-1], "keepdims": 1})
+    rank = value_rank(kept.condition) or 0
+    if rank >= 3:  # [.., H=1, S, 1] -> [.., S, 1]
+        if opset >= 13:
+            any_kept = tape.op("Squeeze", [any_kept, int64_const(tape, [rank - 3])])
+        else:
+            any_kept = tape.op("Squeeze", [any_kept], {"axes": [rank - 3]})
+    if kept.dtype != ir.DataType.FLOAT:
+        any_kept = tape.op("Cast", [any_kept], {"to": kept.dtype})
+    return any_kept
+
+
+@dataclass(frozen=True)
 class _BiasStep:
     node: ir.Node  # the Add or Where
     term: ir.Value | _MaskedFill
@@ -1927,6 +1992,12 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         nan_guard = True
         guard_nodes = [isnan, where]
         probs = where.outputs[0]
+    zeroing = None if nan_guard else _masked_zeroing(probs, fills)
+    if isinstance(zeroing, Mismatch):
+        return zeroing
+    if zeroing is not None:
+        guard_nodes = [zeroing[0]]
+        probs = zeroing[0].outputs[0]
     pv_nodes: list[ir.Node] = []
     # GPT-NeoX-Japanese: Q@K^T on the flattened heads (baddbmm), viewed back to [B, H, S, T] for
     # the mask and the Softmax, then P@V on the [B, H, ...] heads: nothing left flat after them.
@@ -2139,6 +2210,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         query_factor=head_factor,
         sinks=None if sinks is None else np.broadcast_to(sinks.logits, (heads,)).copy(),
         gate=merged.gate,
+        kept_rows=zeroing[1] if zeroing is not None else None,
     )
     if target == "onnx" and context.opset() < ONNX_ATTENTION_OPSET:
         return Mismatch(
@@ -2392,6 +2464,8 @@ def finish_attention(
     result = attention
     if block.nan_guard:
         result = _nan_guard(tape, attention, block.output)
+    if block.kept_rows is not None:  # [B, S, H*dv] times [B|1, S|1, 1]
+        result = tape.op("Mul", [result, _kept_rows(tape, block.kept_rows, opset)])
     if block.gate is not None:  # then output_target is the merge's own target
         split = tape.op("Reshape", [result, int64_const(tape, [0, 0, heads, -1])])
         result = tape.op("Mul", [split, block.gate])
@@ -2726,6 +2800,9 @@ def _rewrite_onnx(block: AttentionBlock, opset: int, heads: int) -> Replacement 
     )
     if block.gate is not None:
         moved = tape.op("Mul", [moved, block.gate])
+    if block.kept_rows is not None:  # [B, S, H, dv] times [B|1, S|1, 1, 1]
+        rows = _kept_rows(tape, block.kept_rows, opset)
+        moved = tape.op("Mul", [moved, tape.op("Unsqueeze", [rows, int64_const(tape, [-1])])])
     merged = tape.op("Reshape", [moved, block.output_target or int64_const(tape, [0, 0, -1])])
     reads = _repointed_reads(tape, block.dim_reads, sides[0], {"batch": 0, "seq": 2}, heads, opset)
     return Replacement(tape.nodes, [(block.output, merged), *reads])
