@@ -84,9 +84,14 @@ def _gptj(
     extra_output: str = "",
 ) -> ir.Model:
     """GPT-J's rotary; ``spelling`` dynamo: GatherND + Expand + Reshape([1, -1, 1, R], allowzero=1),
-    torchscript: Gather + Tile + Reshape([1, 0, 1, -1])."""
+    torchscript: Gather + Tile + Reshape([1, 0, 1, -1]); gather-elements (transformers before 5,
+    either exporter): ``torch.gather(table.repeat(1, 1, 1), 1, ids)``, the position ids
+    repeated along the width, then as dynamo."""
     angles = _angles(rot)
-    dynamo = spelling == "dynamo"
+    elements = spelling == "gather-elements"
+    dynamo = spelling == "dynamo" or elements
+    if elements and table == "table":
+        table = "table3"
     text = GPTJ.format(
         opset=opset,
         extra_input=extra_input,
@@ -125,9 +130,18 @@ def _gptj(
         "split5": np.array([0, 0, HEADS, 1, HEAD]),
         "pairs_shape": np.array([0, 0, HEADS, rot] if dynamo else [0, 0, 0, -1]),
     }
+    sincos = np.concatenate([np.sin(angles), np.cos(angles)], -1).astype(np.float32)
     if table == "table":
-        sincos = np.concatenate([np.sin(angles), np.cos(angles)], -1).astype(np.float32)
         arrays["table"] = sincos
+    if elements:
+        gathered = f"    sincos = GatherND ({table}, idx)"
+        assert gathered in text
+        text = text.replace(
+            gathered,
+            f"    ids = Tile (idx, width)\n    sincos = GatherElements <axis = 1> ({table}, ids)",
+        )
+        arrays["width"] = np.array([1, 1, rot])
+        arrays["table3"] = sincos[None]
     return parse(text.replace("{opset}", str(opset)), **arrays)
 
 
@@ -150,7 +164,7 @@ def _fuse(model: ir.Model, rule: str) -> ir.Model:
     return fused
 
 
-@pytest.mark.parametrize("spelling", ["dynamo", "torchscript"])
+@pytest.mark.parametrize("spelling", ["dynamo", "torchscript", "gather-elements"])
 def test_partial_gathered_table(spelling: str) -> None:
     fused = _fuse(_gptj(8, spelling=spelling), "partial-interleaved-rotary->RotaryEmbedding")
     # The positions (now unused) stay for dead-code elimination; the rotary reads the rank-3 input.
@@ -165,7 +179,7 @@ def test_partial_gathered_table(spelling: str) -> None:
     np.testing.assert_array_equal(sin, np.sin(_angles(8)).astype(np.float32))
 
 
-@pytest.mark.parametrize("spelling", ["dynamo", "torchscript"])
+@pytest.mark.parametrize("spelling", ["dynamo", "torchscript", "gather-elements"])
 def test_full_gathered_table(spelling: str) -> None:
     fused = _fuse(_gptj(HEAD, spelling=spelling), "interleaved-rotary->RotaryEmbedding")
     rotary = next(n for n in fused.graph if n.op_type == "RotaryEmbedding")
@@ -381,3 +395,13 @@ def test_halved_rotate_half_tables() -> None:
     # (refused, not assumed); nor is the half of Concat(f, 2f).
     _refuses(_glm(window="half1, end1"), "a slice other than its first half")
     _refuses(_glm(second="f2"), "not Concat(f, f)")
+
+
+def test_gather_elements_of_more_than_one_table_row_refused() -> None:
+    """torch.gather along the positions of a table repeated for two rows reads per-row ids: not
+    one constant cache (nothing proves the rows alike), so the rotary is left as it is."""
+    model = _gptj(8, spelling="gather-elements")
+    table = next(v for v in model.graph.initializers.values() if v.name == "table3")
+    table.const_value = ir.tensor(np.concatenate([np.asarray(table.const_value)] * 2))
+    table.shape = ir.Shape([2, MAX_POS, 8])
+    _refuses(model, "does not read one row of a constant table")

@@ -177,8 +177,31 @@ def _gathered(value: ir.Value, positions: object) -> RotaryTable | Mismatch:
             return Mismatch("the cos/sin table's GatherND has batch_dims")
         table = const_array(gather.inputs[0])
         found = _positions_from_range(gather.inputs[1], (0, 2))
+    elif is_op(gather, "GatherElements") and gather is not None:
+        # GPT-J before transformers 5: torch.gather(table.repeat(B, 1, 1), 1, ids) with the
+        # position ids (one row, from Range) repeated along the width: table[0] at 0..S-1.
+        array = const_array(gather.inputs[0])
+        tile = producer_op(gather.inputs[1], "Tile")
+        repeats = const_array(tile.inputs[1]) if tile is not None else None
+        if (
+            gather.attributes.get_int("axis", 0) != 1
+            or array is None
+            or array.ndim != 3
+            or array.shape[0] != 1
+            or tile is None
+            or repeats is None
+            or repeats.tolist() != [1, 1, array.shape[2]]
+        ):
+            return Mismatch(
+                "the cos/sin table's GatherElements does not read one row of a constant table "
+                "at positions repeated along its width"
+            )
+        table = array[0]
+        found = _positions_from_range(tile.inputs[0], (0, 2))
     else:
-        return Mismatch("the split cos/sin table is not gathered (Gather/GatherND) from a table")
+        return Mismatch(
+            "the split cos/sin table is not gathered (Gather/GatherND/GatherElements) from a table"
+        )
     assert gather is not None
     if table is None or table.ndim != 2:
         return Mismatch("the gathered cos/sin table is not a constant [max_positions, width]")
