@@ -45,6 +45,7 @@ def _model(
     opset: int = 17,
     zeroed: str = "",
     keep_heads: int = 1,
+    scale_after: str = "",
 ) -> ir.Model:
     """x [B, S, 8], keep [B, 1, S, S] (bool) and a [B, S] padding mask -> one attention block of
     2 heads of 4 whose scores go through ``Where(keep, scores, fill)`` (``scores_first``) or
@@ -53,7 +54,9 @@ def _model(
     ``condition="scores"`` picks by ``scores > 0`` instead; ``fill_from="input"`` fills with an
     input instead of a constant. ``zeroed`` (DeBERTa's XSoftmax before transformers 5): the
     probabilities zeroed again where the fill masked (``"same"``), or where ``keep`` is false
-    while the fill read ``scores > 0`` (``"other"``); ``keep_heads``: keep's dim 1."""
+    while the fill read ``scores > 0`` (``"other"``); ``keep_heads``: keep's dim 1.
+    ``scale_after`` (CodeGen before transformers 5): the scores are scaled only after their
+    terms, by that constant (``Div``), and not before."""
     cond = "keep" if condition == "input" else "positive"
     if zeroed:
         zero_cond = "keep" if zeroed == "other" else cond
@@ -77,6 +80,8 @@ def _model(
             int64[3] merged = {{0, 0, 8}},
             int64[2] mask_axes = {{1, 2}},
             float sq = {{0.70710678}},
+            float after = {{{scale_after or "1.0"}}},
+            float unit = {{1.0}},
             float zero = {{0.0}},
             float fill = {{{fill}}},
             float lowest = {{{LOWEST}}}
@@ -91,14 +96,15 @@ def _model(
             vr = Reshape(v, heads)
             v4 = Transpose<perm=[0,2,1,3]>(vr)
             raw = MatMul(q4, kt)
-            scores = Mul(raw, sq)
+            scores = Mul(raw, {"unit" if scale_after else "sq"})
             {"positive = Greater(scores, zero)" if condition == "scores" else ""}
             {filled}
             mbool = Cast<to=9>(mask)
             mb = Unsqueeze(mbool, mask_axes)
             pad = Where(mb, zero, lowest)
             {"masked = Add(filled, pad)" if padding else ""}
-            {"p0" if zeroed else "probs"} = Softmax<axis=-1>({"masked" if padding else "filled"})
+            {f"divided = Div({'masked' if padding else 'filled'}, after)" if scale_after else ""}
+            {"p0" if zeroed else "probs"} = Softmax<axis=-1>({"divided" if scale_after else "masked" if padding else "filled"})
             {zeroing if zeroed else ""}
             pv = MatMul(probs, v4)
             pt = Transpose<perm=[0,2,1,3]>(pv)
@@ -265,3 +271,27 @@ def test_probabilities_zeroed_otherwise_or_per_head_are_not_fused() -> None:
     result = FuseAttentionPass(PassOptions(explain=True))(per_head)
     assert not result.stats
     assert any("not provably one for all heads" in note for note in result.notes), result.notes
+
+
+@pytest.mark.parametrize("padding", [True, False])
+def test_scores_scaled_after_their_terms_fuse_with_the_terms_scaled(padding: bool) -> None:
+    """CodeGen before transformers 5: ``Softmax((Q@K^T + mask) / c)``. (s + m) / c = s / c + m / c:
+    the fused op scales Q@K^T by 1/c and gets the summed terms divided by c (the fill stays far
+    below -1e30, an exact mask)."""
+    model = _model(padding=padding, scale_after="1.41421356")
+    fused = model.clone()
+    result = FuseAttentionPass(PassOptions(explain=True))(fused)
+    assert result.stats == {"attention->mha": 1}, result.notes
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    assert mha.attributes.get_float("scale") == pytest.approx(1 / 1.41421356)
+    report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(SIZES)])
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_a_fill_scaled_above_the_mask_floor_is_not_fused() -> None:
+    """-1e31 scaled by 1/100 is -1e29: no longer an exact additive mask."""
+    model = _model(padding=False, fill="-1e31", scale_after="100.0")
+    result = FuseAttentionPass(PassOptions(explain=True))(model)
+    assert not result.stats
+    assert any("no longer an exact additive mask" in note for note in result.notes), result.notes

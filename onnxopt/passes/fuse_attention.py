@@ -730,6 +730,9 @@ class AttentionBlock:
     # P zeroed again where the scores' masked_fill masked (DeBERTa's XSoftmax): rows with no
     # kept key are 0 (see _masked_zeroing)
     kept_rows: _KeptRows | None = None
+    # The scores scaled after their terms were added (CodeGen before transformers 5):
+    # (s + m) * f = s * f + m * f, so the summed terms are scaled too (f > 0).
+    term_factor: float = 1.0
 
 
 # T5: position bias + mask; one more for a model that adds, say, ALiBi besides.
@@ -1488,6 +1491,23 @@ def _view_step(value: ir.Value | None) -> _ViewStep | Mismatch | None:
     return _ViewStep(view_terms, [back, *adds, reshape], scores)
 
 
+def _outer_scale(value: ir.Value | None) -> tuple[ir.Node, ir.Value, float] | None:
+    """``value`` = ``x / c`` or ``x * c`` (c a positive scalar constant) with x a term added to
+    the scores or a masked_fill of them: (that node, x, the factor)."""
+    node = value.producer() if value is not None else None
+    if node is None or not (is_op(node, "Div") or is_op(node, "Mul")) or len(node.inputs) != 2:
+        return None
+    for at in (1, 0) if is_op(node, "Mul") else (1,):
+        constant, other = scalar_factor(node.inputs[at]), node.inputs[1 - at]
+        if constant is None or other is None or constant <= 0:
+            continue
+        step = _bias_step(other)
+        if step is None or isinstance(step, Mismatch):
+            continue
+        return node, other, 1.0 / constant if is_op(node, "Div") else constant
+    return None
+
+
 def _covers(term: ir.Value, axis: int, view: ir.Value) -> bool:
     """Dim ``axis`` of the rank-5 ``view`` is the term's own (right-aligned): the same symbol or
     static size, or a read of it."""
@@ -1685,6 +1705,10 @@ def _summed_bias(
         dtype = terms[0].dtype.numpy() if terms[0].dtype is not None else np.dtype(np.float32)
         floor = tape.op("Constant", [], {"value": ir.tensor(np.array(block.floor, dtype))})
         bias = tape.op("Max", [bias, floor])
+    if block.term_factor != 1.0:
+        dtype = terms[0].dtype.numpy() if terms[0].dtype is not None else np.dtype(np.float32)
+        factor = tape.op("Constant", [], {"value": ir.tensor(np.array(block.term_factor, dtype))})
+        bias = tape.op("Mul", [bias, factor])
     if bias is not terms[0]:
         if terms[0].dtype is not None:
             bias.dtype = terms[0].dtype
@@ -1816,10 +1840,18 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         nodes.append(softmax_view)
         base = softmax_view.inputs[0]
     base_scores4 = base  # the [B, H, S, T] scores a flat Softmax's rows are (clamped or not)
+    # CodeGen before transformers 5 scales after its mask: (Q@K^T + mask) / c.
+    outer = _outer_scale(base) if softmax_view is None else None
+    outer_factor = 1.0
+    if outer is not None:
+        nodes.append(outer[0])
+        base, outer_factor = outer[1], outer[2]
     clamp = _score_floor(base)
     if isinstance(clamp, Mismatch):
         return clamp
     if clamp is not None:
+        if outer is not None:
+            return Mismatch("the scores are clamped under a scale applied after their terms")
         nodes.append(clamp[0])
         base = clamp[1]
     while True:
@@ -1882,6 +1914,17 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
     capped = _soft_cap(base)
     if isinstance(capped, Mismatch):
         return capped
+    if outer is not None:
+        if capped is not None:
+            return Mismatch("the scores are soft-capped under a scale applied after their terms")
+        for fill in fills:
+            value = const_array(fill.fill)
+            assert value is not None  # _bias_step read it
+            if not float(value.reshape(-1)[0]) * outer_factor <= MASK_FLOOR:
+                return Mismatch(
+                    "a masked_fill's fill, scaled with the scores after it, is no longer an exact "
+                    f"additive mask (above {MASK_FLOOR:g})"
+                )
     cap_nodes: list[ir.Node] = []
     if capped is not None:
         if unflatten is not None:
@@ -2192,7 +2235,8 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         query=query_heads,
         key=key_heads,
         value=value_heads,
-        scale=query_scale * key_scale * post_scale,
+        scale=query_scale * key_scale * post_scale * outer_factor,
+        term_factor=outer_factor,
         bias=bias,
         nan_guard=nan_guard,
         output=output,
