@@ -17,10 +17,10 @@ MS = "com.microsoft::"
 HEAD = 16
 
 
-def _rotary(name: str, heads: int, attrs: str = "") -> str:
+def _rotary(name: str, heads: int, attrs: str = "", caches: str = "cos, sin") -> str:
     return (
         f"{name}r = com.microsoft.RotaryEmbedding <interleaved = 0, num_heads = {heads}{attrs}> "
-        f"({name}, pos, cos, sin)"
+        f"({name}, pos, {caches})"
     )
 
 
@@ -34,6 +34,7 @@ def _model(
     seq_read: str = "q",
     heads: tuple[int, int] = (4, 2),
     sinks: bool = False,
+    key_caches: str = "cos, sin",
 ) -> ir.Model:
     """q [B, S, 4*16], k and v [B, S, 2*16]; both rotated as fuse-rotary-transposes leaves them,
     and GroupQueryAttention as fuse-group-query-attention writes it (seqlens_k = S - 1 per row,
@@ -44,7 +45,7 @@ def _model(
         g (float[B, S, 64] q, float[B, S, 32] k, float[B, S, 32] v,
            float[B, 1, S, S] bias{pos_input}) => (float[B, S, 64] y{extra_output}) {{
             {_rotary("q", heads[0], query_attrs)}
-            {_rotary("k", heads[1], key_attrs)}
+            {_rotary("k", heads[1], key_attrs, key_caches)}
             s64 = Shape <start = 1, end = 2> ({seq_read})
             s32 = Cast <to = 6> (s64)
             one = Constant <value = int32[1] {{1}}> ()
@@ -62,6 +63,9 @@ def _model(
     inv_freq = 1.0 / (10000.0 ** (np.arange(0, 2 * half_width, 2, dtype=np.float32) / head))
     angles = np.arange(32, dtype=np.float32)[:, None] * inv_freq[None, :]
     caches = {"cos": np.cos(angles), "sin": np.sin(angles)}
+    if key_caches != "cos, sin":  # the key's own copies (each rotary of a constant table has one)
+        caches["cos2"], caches["sin2"] = np.cos(angles), np.sin(angles)
+        caches["sin3"] = -np.sin(angles)
     if positions is not None:
         caches["pos"] = positions
     if sinks:  # GPT-OSS's attention sinks, head_sink (input 11)
@@ -192,3 +196,17 @@ def test_seqlens_not_total_minus_one() -> None:
 def test_target_onnx_leaves_the_rotaries() -> None:
     _, stats, _ = _run(_model(OFFSET), target="onnx")
     assert stats == {}
+
+
+def test_equal_copies_of_the_caches_count_as_one() -> None:
+    """fuse-rotary-embedding gives each rotary of a precomputed table its own constant cache;
+    deduplicate-initializers merges them only later, so equal copies are one cache here."""
+    original = _model(OFFSET, key_caches="cos2, sin2")
+    fused, stats, _ = _run(original)
+    assert stats.get(RULE) == 1
+    rng = np.random.default_rng(0)
+    report = validate(original, fused, inputs=[_feeds(2, 5, rng), _feeds(1, 1, rng)])
+    assert report.passed, report
+    _, stats, notes = _run(_model(OFFSET, key_caches="cos2, sin3"))
+    assert RULE not in stats
+    assert any("different cos/sin caches" in note for note in notes), notes

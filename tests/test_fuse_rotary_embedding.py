@@ -1000,3 +1000,73 @@ def test_rotary_of_a_contiguous_half_and_the_odd_dims_refused() -> None:
     result = FuseRotaryEmbeddingPass(PassOptions(explain=True))(model)  # q1 = q[..., 0:8]
     assert result.stats == {"rotary-halves->RotaryEmbedding": 1}  # k's only
     assert any("partly contiguous" in note for note in result.notes), result.notes
+
+
+# transformers before 4.38 (Mixtral and PhiMoE up to 4.46): a precomputed cos_cached [P, H] (halves
+# equal), sliced to the sequence and indexed by the position ids, Range(0, S).
+CACHED = """
+<ir_version: 10, opset_import: ["" : 20]>
+g (float[B, 4, S, 16] q, float[B, 2, S, 16] k) => (float[B, 4, S, 16] qr, float[B, 2, S, 16] kr) {{
+    zero = Constant <value = int64 {{{start}}}> ()
+    one = Constant <value = int64 {{1}}> ()
+    shp = Shape <start = 2, end = 3> (q)
+    n = Squeeze (shp)
+    {top}
+    pos = Range (zero, {end}, one)
+    ax0 = Constant <value = int64[1] {{0}}> ()
+    ax1 = Constant <value = int64[1] {{1}}> ()
+    axes02 = Constant <value = int64[2] {{0, 2}}> ()
+    first = Constant <value = int64[1] {{0}}> ()
+    rows = Unsqueeze ({end}, ax0)
+    cos_part = Slice (cos_cached, first, rows, first)
+    sin_part = Slice (sin_cached, first, rows, first)
+{gather}
+    c = Unsqueeze (c2, ax1)
+    s = Unsqueeze (s2, ax1)
+{rotary_q}
+{rotary_k}
+}}
+"""
+
+GATHERS = {
+    "gather": """    ids = Unsqueeze (pos, ax0)
+    c2 = Gather <axis = 0> (cos_part, ids)
+    s2 = Gather <axis = 0> (sin_part, ids)""",
+    "gathernd": """    ids = Unsqueeze (pos, axes02)
+    c2 = GatherND (cos_part, ids)
+    s2 = GatherND (sin_part, ids)""",
+}
+
+
+def _cached_model(gather: str, start: int = 0) -> ir.Model:
+    angles = np.arange(40, dtype=np.float32)[:, None] * _inv_freq()[None, :]
+    table = np.concatenate([angles, angles], -1)
+    text = CACHED.format(
+        start=start,
+        top="top = Add (n, zero)" if start else "",
+        end="top" if start else "n",
+        gather=GATHERS[gather],
+        rotary_q=ROTARY.format(x="q"),
+        rotary_k=ROTARY.format(x="k"),
+    )
+    return parse(text, cos_cached=np.cos(table), sin_cached=np.sin(table), **_slices())
+
+
+@pytest.mark.parametrize("gather", ["gather", "gathernd"])
+def test_rotary_precomputed_tables_indexed_by_positions(gather: str) -> None:
+    """The cache is the table's first half, all P rows, read from position 0 ([0] offset)."""
+    fused = _fuse(_cached_model(gather))
+    rotaries = [n for n in fused.graph if n.op_type == "RotaryEmbedding"]
+    cache = const_array(rotaries[0].inputs[2])
+    assert cache is not None and cache.shape == (40, 8)
+    np.testing.assert_array_equal(const_array(rotaries[0].inputs[1]), [0])
+    _refuses(
+        _cached_model(gather),
+        "more rows than positions: ONNX's RotaryEmbedding",
+        PassOptions(target="onnx", explain=True),
+    )
+
+
+def test_rotary_precomputed_tables_at_shifted_positions_refused() -> None:
+    """Positions 1..S read rows 1..S: not the [0] offset form."""
+    _refuses(_cached_model("gather", start=1), "not Range(0, S)")

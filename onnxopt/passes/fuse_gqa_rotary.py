@@ -27,6 +27,7 @@ rotary).
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op, is_scalar_constant
@@ -93,6 +94,21 @@ def _total_length(gqa: ir.Node) -> Mismatch | None:
     return None
 
 
+def _same_cache(a: ir.Value | None, b: ir.Value | None) -> bool:
+    """One cache, or two equal constants (fuse-rotary-embedding gives each rotary of a constant
+    table its own copy; deduplicate-initializers merges them only later)."""
+    if a is b:
+        return True
+    first, second = const_array(a), const_array(b)
+    return (
+        first is not None
+        and second is not None
+        and first.dtype == second.dtype
+        and first.shape == second.shape
+        and bool(np.array_equal(first, second))
+    )
+
+
 def _cache_width(cache: ir.Value | None) -> int | None:
     """The cache's static last dim: its shape's, or (fuse-rotary-embedding's caches, built after
     shapes were inferred) the last entry of the constant shape of the Reshape under Cos / Sin
@@ -101,6 +117,9 @@ def _cache_width(cache: ir.Value | None) -> int | None:
         return None
     if cache.shape is not None and len(cache.shape) == 2 and isinstance(cache.shape[1], int):
         return cache.shape[1]
+    array = const_array(cache)  # a constant cache fuse-rotary-embedding made, not yet inferred
+    if array is not None and array.ndim == 2:
+        return int(array.shape[1])
     trig = cache.producer()
     factor = const_array(trig.inputs[1]) if is_op(trig, "Mul") and trig is not None else None
     if trig is not None and factor is not None and factor.size == 1:
@@ -135,7 +154,9 @@ def _match(gqa: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return query
     if isinstance(key, Mismatch):
         return key
-    if query.inputs[2] is not key.inputs[2] or query.inputs[3] is not key.inputs[3]:
+    if not (
+        _same_cache(query.inputs[2], key.inputs[2]) and _same_cache(query.inputs[3], key.inputs[3])
+    ):
         return Mismatch("the query and key rotaries read different cos/sin caches")
     interleaved = query.attributes.get_int("interleaved", 0)
     if key.attributes.get_int("interleaved", 0) != interleaved:

@@ -94,6 +94,9 @@ class RotaryTable:
     factor: np.ndarray | None = None
     # The cache is the table negated: the sin of a rotate_half written Concat(x2, -x1).
     negate: bool = False
+    # A constant table of P >= S rows read at positions 0..S-1 (older transformers' cos_cached
+    # indexed by Range position ids): the number S those positions count.
+    gathered_rows: object = None
 
     @property
     def batch(self) -> object:
@@ -312,6 +315,10 @@ def _table(
         if not half_width and not np.array_equal(rows[:, : head // 2], rows[:, head // 2 :]):
             return Mismatch("constant cos/sin halves differ (not rotate-half RoPE)")
         return RotaryTable(None, "", constant=np.ascontiguousarray(rows[:, : head // 2]))
+    if not half_width and not heads_last:
+        gathered = _gathered_table(value, head)
+        if gathered is not None:
+            return gathered
     trig = None if value is None else value.producer()
     if not half_width and trig is not None and (is_op(trig, "Cos") or is_op(trig, "Sin")):
         constant_angles = _constant_angles(trig, head)
@@ -381,6 +388,75 @@ def _table(
             f"rotary angles have {freqs.shape[2]} columns, not rotary width / 2 = {head // 2}"
         )
     return RotaryTable(freqs, trig.op_type, tuple(casts), nodes=nodes, factor=factor)
+
+
+def _counted_from_zero(value: ir.Value | None) -> object:
+    """The n of ``Range(0, n, 1)`` (as a dim when it is read off a shape), else None."""
+    node = producer_op(value, "Range")
+    if node is None or len(node.inputs) != 3 or not _counts_from_zero(node):
+        return None
+    return dim_of_scalar(node.inputs[1])
+
+
+def _gathered_rows(ids: ir.Value | None, axes: tuple[int, ...]) -> object:
+    """The n of gather indices ``Unsqueeze(Range(0, n, 1), axes)``, else None."""
+    unsqueeze = producer_op(ids, "Unsqueeze")
+    if unsqueeze is None or int_param(unsqueeze, "axes", 1) != axes:
+        return None
+    return _counted_from_zero(unsqueeze.inputs[0])
+
+
+def _gathered_table(value: ir.Value | None, head: int) -> RotaryTable | Mismatch | None:
+    """``Unsqueeze(Gather(T[0:X], ids), 1)`` (or GatherND of the ids with a last axis) with T a
+    constant [P, H] table whose halves are equal and the ids ``Range(0, S)`` positions:
+    transformers before 4.38 (and Mixtral, PhiMoE up to 4.46) index a precomputed ``cos_cached``
+    by the position ids. Rows 0..S-1 of T: the cache is T's first half, read from position 0
+    (S <= P, else the export's own gather fails). None where ``value`` is not such a gather."""
+    unsqueeze = producer_op(value, "Unsqueeze")
+    if unsqueeze is None or int_param(unsqueeze, "axes", 1) not in ((1,), (-3,)):
+        return None
+    gather = unsqueeze.inputs[0].producer() if unsqueeze.inputs[0] is not None else None
+    if is_op(gather, "Gather") and gather is not None:
+        if gather.attributes.get_int("axis", 0) != 0:
+            return None
+        rows = _gathered_rows(gather.inputs[1], (0,))
+    elif is_op(gather, "GatherND") and gather is not None:
+        if gather.attributes.get_int("batch_dims", 0) != 0:
+            return None
+        # [1, S, 1] indices: dynamo unsqueezes the Range at axes 0 and 2 at once
+        rows = _gathered_rows(gather.inputs[1], (0, 2))
+        last = producer_op(gather.inputs[1], "Unsqueeze")
+        if rows is None and last is not None and int_param(last, "axes", 1) in ((-1,), (2,)):
+            rows = _gathered_rows(last.inputs[0], (0,))
+    else:
+        return None
+    nodes = [gather, unsqueeze]
+    source = gather.inputs[0]
+    prefix = producer_op(source, "Slice")
+    if prefix is not None:  # cos_cached[:seq_len]: rows from 0, step 1
+        starts = const_array(prefix.inputs[1]) if len(prefix.inputs) > 1 else None
+        axes = const_array(prefix.inputs[3]) if len(prefix.inputs) > 3 else np.zeros(1)
+        steps = const_array(prefix.inputs[4]) if len(prefix.inputs) > 4 else np.ones(1)
+        if starts is None or axes is None or steps is None:
+            return None
+        if starts.reshape(-1).tolist() != [0] or axes.reshape(-1).tolist() not in ([0], [-2]):
+            return None
+        if steps.reshape(-1).tolist() != [1]:
+            return None
+        nodes.insert(0, prefix)
+        source = prefix.inputs[0]
+    table = const_array(source)
+    if table is None or table.ndim != 2 or table.shape[1] != head:
+        return None
+    if not np.array_equal(table[:, : head // 2], table[:, head // 2 :]):
+        return Mismatch("the gathered cos/sin table's halves differ (not rotate-half RoPE)")
+    if rows is None:
+        return Mismatch(
+            "the cos/sin table is gathered at position ids that are not Range(0, S): a past "
+            "offset or a position_ids input"
+        )
+    cache = np.ascontiguousarray(table[:, : head // 2])
+    return RotaryTable(None, "", constant=cache, nodes=tuple(nodes), gathered_rows=rows)
 
 
 def _tiled_angles(trig: ir.Node, head: int) -> RotaryTable | None:
@@ -629,7 +705,17 @@ def _rotary_match(
                 f"the {name} angles differ per batch row (a position_ids input): cannot prove "
                 "they have the input's batch size"
             )
-        if table.constant is not None and table.constant.shape[0] != positions:
+        if table.gathered_rows is not None:
+            if not same_dim(table.gathered_rows, positions):
+                return Mismatch(
+                    f"cannot prove the {name} table is gathered at the input's positions 0..S-1"
+                )
+            if context.options.target == "onnx":
+                return Mismatch(
+                    f"the {name} table has more rows than positions: ONNX's RotaryEmbedding "
+                    "without position_ids wants exactly S"
+                )
+        elif table.constant is not None and table.constant.shape[0] != positions:
             return Mismatch(
                 f"constant {name} has {table.constant.shape[0]} rows, input has {positions} positions"
             )
