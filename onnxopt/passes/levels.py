@@ -113,12 +113,19 @@ _AFTER_GQA = FUSIONS.index(FuseGroupQueryAttentionPass) + 1
 # the query's [B, S] where the exported scores lost them (a TorchScript mask broadcast), and the
 # causal proof that decides between packed Attention and GroupQueryAttention compares each
 # layer's sequence with the mask's positions by those names.
-ATTENTION: list[PassClass] = [
-    FuseInterleavedRotaryPass,
-    FuseAttentionPass,
-    FoldShapeValuesPass,
-    EliminateDeadCodePass,
-    InferShapesPass,
+# Repeated until nothing changes: a layer's block (or its interleaved rotary) can be proved only
+# once the layer before it is fused and shapes are inferred again (transformers 4.x exports:
+# CodeGen's TorchScript second-layer rotary, whose sequence inference names only then; CTRL's
+# TorchScript second layer, whose mask is sliced with dims read off its own scores): else only a
+# second optimize run fused them, and the output was not a fixed point.
+ATTENTION: list[PassClass | tuple[PassClass, ...]] = [
+    (
+        FuseInterleavedRotaryPass,
+        FuseAttentionPass,
+        FoldShapeValuesPass,
+        EliminateDeadCodePass,
+        InferShapesPass,
+    ),
     FusePackedAttentionPass,
 ]
 
