@@ -525,6 +525,26 @@ def annotate(value: ir.Value, like: ir.Value, dims: Sequence[int | ir.SymbolicDi
     value.shape = ir.Shape(list(dims))
 
 
+# The opset from which an op takes its axes as an input, not an attribute (the Reduce ops other
+# than ReduceSum: 18).
+_AXES_INPUT_SINCE = {"Squeeze": 13, "Unsqueeze": 13, "ReduceSum": 13}
+
+
+def with_axes(
+    tape: ir.tape.Tape,
+    op_type: str,
+    value: ir.Value,
+    axes: Sequence[int],
+    opset: int,
+    attributes: dict[str, int] | None = None,
+) -> ir.Value:
+    """``op_type(value)`` over ``axes``: the axes as an input from the opset that made them one,
+    else as an attribute."""
+    if opset >= _AXES_INPUT_SINCE.get(op_type, 18):
+        return tape.op(op_type, [value, int64_const(tape, axes)], attributes or {})
+    return tape.op(op_type, [value], {"axes": list(axes), **(attributes or {})})
+
+
 def split_last_axis(
     tape: ir.tape.Tape, value: ir.Value, widths: Sequence[int], opset: int
 ) -> Sequence[ir.Value]:

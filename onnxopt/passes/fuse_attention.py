@@ -131,6 +131,7 @@ from onnxopt.passes._attention_shapes import (
     transpose_perm,
     value_rank,
     view_entries,
+    with_axes,
 )
 from onnxopt.passes._shape_facts import slice_params
 from onnxopt.passes.base import Pass, PassResult
@@ -1494,18 +1495,13 @@ def _view_step(value: ir.Value | None) -> _ViewStep | Mismatch | None:
 def _outer_scale(value: ir.Value | None) -> tuple[ir.Node, ir.Value, float] | None:
     """``value`` = ``x / c`` or ``x * c`` (c a positive scalar constant) with x a term added to
     the scores or a masked_fill of them: (that node, x, the factor)."""
-    node = value.producer() if value is not None else None
-    if node is None or not (is_op(node, "Div") or is_op(node, "Mul")) or len(node.inputs) != 2:
+    if value is None:
         return None
-    for at in (1, 0) if is_op(node, "Mul") else (1,):
-        constant, other = scalar_factor(node.inputs[at]), node.inputs[1 - at]
-        if constant is None or other is None or constant <= 0:
-            continue
-        step = _bias_step(other)
-        if step is None or isinstance(step, Mismatch):
-            continue
-        return node, other, 1.0 / constant if is_op(node, "Div") else constant
-    return None
+    other, factor, peeled = peel_scale(value)
+    step = _bias_step(other) if len(peeled) == 1 and factor > 0 else None
+    if step is None or isinstance(step, Mismatch):
+        return None
+    return peeled[0], other, factor
 
 
 def _covers(term: ir.Value, axis: int, view: ir.Value) -> bool:
@@ -1596,16 +1592,10 @@ def _kept_rows(tape: ir.tape.Tape, kept: _KeptRows, opset: int) -> ir.Value:
     in the attention's element type."""
     keep = kept.condition if kept.kept_where_true else tape.op("Not", [kept.condition])
     as_float = tape.op("Cast", [keep], {"to": ir.DataType.FLOAT})
-    if opset >= 18:
-        any_kept = tape.op("ReduceMax", [as_float, int64_const(tape, [-1])], {"keepdims": 1})
-    else:
-        any_kept = tape.op("ReduceMax", [as_float], {"axes": [-1], "keepdims": 1})
+    any_kept = with_axes(tape, "ReduceMax", as_float, [-1], opset, {"keepdims": 1})
     rank = value_rank(kept.condition) or 0
     if rank >= 3:  # [.., H=1, S, 1] -> [.., S, 1]
-        if opset >= 13:
-            any_kept = tape.op("Squeeze", [any_kept, int64_const(tape, [rank - 3])])
-        else:
-            any_kept = tape.op("Squeeze", [any_kept], {"axes": [rank - 3]})
+        any_kept = with_axes(tape, "Squeeze", any_kept, [rank - 3], opset)
     if kept.dtype != ir.DataType.FLOAT:
         any_kept = tape.op("Cast", [any_kept], {"to": kept.dtype})
     return any_kept
@@ -1701,12 +1691,11 @@ def _summed_bias(
     bias = terms[0]
     for term in terms[1:]:
         bias = tape.op("Add", [bias, term])
+    dtype = terms[0].dtype.numpy() if terms[0].dtype is not None else np.dtype(np.float32)
     if block.floor is not None:
-        dtype = terms[0].dtype.numpy() if terms[0].dtype is not None else np.dtype(np.float32)
         floor = tape.op("Constant", [], {"value": ir.tensor(np.array(block.floor, dtype))})
         bias = tape.op("Max", [bias, floor])
     if block.term_factor != 1.0:
-        dtype = terms[0].dtype.numpy() if terms[0].dtype is not None else np.dtype(np.float32)
         factor = tape.op("Constant", [], {"value": ir.tensor(np.array(block.term_factor, dtype))})
         bias = tape.op("Mul", [bias, factor])
     if bias is not terms[0]:
@@ -2636,10 +2625,7 @@ def _repeat_heads(
     """[B, 1, T, d] -> [B, H, T, d], spelled as repeat_kv (Unsqueeze, Expand, Reshape), which
     fuse-group-query-attention turns into GroupQueryAttention's kv_num_heads=1 where it can
     prove the key as long as the query."""
-    if opset >= 13:
-        unsqueezed = tape.op("Unsqueeze", [single, int64_const(tape, [2])])
-    else:
-        unsqueezed = tape.op("Unsqueeze", [single], {"axes": [2]})
+    unsqueezed = with_axes(tape, "Unsqueeze", single, [2], opset)
     expanded = tape.op("Expand", [unsqueezed, int64_const(tape, [1, 1, repeat, 1, 1])])
     repeated = tape.op("Reshape", [expanded, int64_const(tape, [0, repeat, -1, head_size])])
     shape = single.shape

@@ -115,6 +115,7 @@ from onnxopt.passes._attention_shapes import (
     target_entries,
     transpose_perm,
     value_rank,
+    with_axes,
 )
 from onnxopt.passes._shape_facts import axes_param
 from onnxopt.passes.base import Pass, PassResult
@@ -1008,15 +1009,13 @@ def _emit_gqa(
 def _row_flags(tape: ir.tape.Tape, mask: ir.Value, opset: int, steps: int = 4) -> ir.Value:
     """Whether every key of a query row is masked, from the rank-4 mask [b, h, S, T]: [b, S, h, 1]
     (``steps`` 4), or [b, S, h] (3; [b, S, 1] for a mask with one head)."""
-    row_max = _reduce(tape, "ReduceMax", mask, [3], keepdims=0, opset=opset)  # [b, h, S]
+    row_max = with_axes(tape, "ReduceMax", mask, [3], opset, {"keepdims": 0})  # [b, h, S]
     floor = tape.op("Constant", [], {"value": ir.tensor(np.array(MASK_FLOOR, np.float32))})
     masked = tape.op("LessOrEqual", [row_max, floor])
     masked = tape.op("Transpose", [masked], {"perm": [0, 2, 1]})
     if steps == 3:
         return masked
-    if opset >= 13:
-        return tape.op("Unsqueeze", [masked, int64_const(tape, [3])])
-    return tape.op("Unsqueeze", [masked], {"axes": [3]})
+    return with_axes(tape, "Unsqueeze", masked, [3], opset)
 
 
 def _int_list(node: ir.Node, name: str, input_index: int) -> list[int] | None:
@@ -1129,14 +1128,6 @@ def _slice_last_axis(
         bounds = [int64_const(tape, [n]) for n in (start, end, 2)]
         return tape.op("Slice", [value, *bounds])
     return tape.op("Slice", [value], {"starts": [start], "ends": [end], "axes": [2]})
-
-
-def _reduce(
-    tape: ir.tape.Tape, op: str, value: ir.Value, axes: list[int], keepdims: int, opset: int
-) -> ir.Value:
-    if opset >= 18:
-        return tape.op(op, [value, int64_const(tape, axes)], {"keepdims": keepdims})
-    return tape.op(op, [value], {"axes": axes, "keepdims": keepdims})
 
 
 def causal_gqa_match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:

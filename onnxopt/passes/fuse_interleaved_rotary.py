@@ -57,6 +57,7 @@ from onnxopt.passes.fuse_rotary_embedding import (
     dim_of_scalar,
     last_axis_window,
     positions_of,
+    range_end,
     rotary_cache,
     rotation_products,
     rows_of,
@@ -139,21 +140,13 @@ def _repeat_pairs(value: ir.Value | None) -> _Repeat | Mismatch:
 def _positions_from_range(indices: ir.Value | None, axes: tuple[int, ...]) -> object:
     """The S of ``Unsqueeze(Range(0, S, 1), axes)`` (the dim S is read from, when it is one),
     or ``_NOT_RANGE`` when the indices are not that."""
-    unsqueeze = producer_op(indices, "Unsqueeze")
-    if unsqueeze is None or int_param(unsqueeze, "axes", 1) != axes:
+    end = range_end(indices, axes)
+    if end is None:
         return _NOT_RANGE
-    node = producer_op(unsqueeze.inputs[0], "Range")
-    if node is None or len(node.inputs) != 3:
-        return _NOT_RANGE
-    start, step = const_array(node.inputs[0]), const_array(node.inputs[2])
-    if start is None or step is None or start.size != 1 or step.size != 1:
-        return _NOT_RANGE
-    if int(start.reshape(())) != 0 or int(step.reshape(())) != 1:
-        return _NOT_RANGE
-    limit = const_array(node.inputs[1])
+    limit = const_array(end)
     if limit is not None and limit.size == 1:
         return int(limit.reshape(()))
-    return dim_of_scalar(node.inputs[1])
+    return dim_of_scalar(end)
 
 
 def _gathered(value: ir.Value, positions: object) -> RotaryTable | Mismatch:

@@ -63,8 +63,14 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op, static_shape
-from onnxopt.passes._refine_shapes import _is_unknown
-from onnxopt.passes._shape_facts import cast_target, const_ints, int_param, slice_params
+from onnxopt.passes._refine_shapes import _is_unknown, _unit_step_axes
+from onnxopt.passes._shape_facts import (
+    cast_target,
+    const_ints,
+    int_param,
+    optional_input,
+    slice_params,
+)
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import (
@@ -390,20 +396,21 @@ def _table(
     return RotaryTable(freqs, trig.op_type, tuple(casts), nodes=nodes, factor=factor)
 
 
-def _counted_from_zero(value: ir.Value | None) -> object:
-    """The n of ``Range(0, n, 1)`` (as a dim when it is read off a shape), else None."""
-    node = producer_op(value, "Range")
+def range_end(indices: ir.Value | None, axes: tuple[int, ...]) -> ir.Value | None:
+    """The n of position indices ``Unsqueeze(Range(0, n, 1), axes)``, else None."""
+    unsqueeze = producer_op(indices, "Unsqueeze")
+    if unsqueeze is None or int_param(unsqueeze, "axes", 1) != axes:
+        return None
+    node = producer_op(unsqueeze.inputs[0], "Range")
     if node is None or len(node.inputs) != 3 or not _counts_from_zero(node):
         return None
-    return dim_of_scalar(node.inputs[1])
+    return node.inputs[1]
 
 
 def _gathered_rows(ids: ir.Value | None, axes: tuple[int, ...]) -> object:
-    """The n of gather indices ``Unsqueeze(Range(0, n, 1), axes)``, else None."""
-    unsqueeze = producer_op(ids, "Unsqueeze")
-    if unsqueeze is None or int_param(unsqueeze, "axes", 1) != axes:
-        return None
-    return _counted_from_zero(unsqueeze.inputs[0])
+    """The dim n is read off, for gather indices ``Unsqueeze(Range(0, n, 1), axes)``; else None."""
+    end = range_end(ids, axes)
+    return None if end is None else dim_of_scalar(end)
 
 
 def _gathered_table(value: ir.Value | None, head: int) -> RotaryTable | Mismatch | None:
@@ -434,14 +441,8 @@ def _gathered_table(value: ir.Value | None, head: int) -> RotaryTable | Mismatch
     source = gather.inputs[0]
     prefix = producer_op(source, "Slice")
     if prefix is not None:  # cos_cached[:seq_len]: rows from 0, step 1
-        starts = const_array(prefix.inputs[1]) if len(prefix.inputs) > 1 else None
-        axes = const_array(prefix.inputs[3]) if len(prefix.inputs) > 3 else np.zeros(1)
-        steps = const_array(prefix.inputs[4]) if len(prefix.inputs) > 4 else np.ones(1)
-        if starts is None or axes is None or steps is None:
-            return None
-        if starts.reshape(-1).tolist() != [0] or axes.reshape(-1).tolist() not in ([0], [-2]):
-            return None
-        if steps.reshape(-1).tolist() != [1]:
+        starts = const_ints(optional_input(prefix, 1))
+        if starts != (0,) or _unit_step_axes(prefix, 2, 1) != (0,):
             return None
         nodes.insert(0, prefix)
         source = prefix.inputs[0]
