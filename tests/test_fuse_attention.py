@@ -182,6 +182,7 @@ def _model(
             {_OTHER_VIEW.get(merge_target, "")}
             {_ESCAPING_READS.get(escaping_reads, "")}
             pt = Transpose<perm={[2, 0, 1, 3] if seq_first else [0, 2, 1, 3]}>({"pvv" if view or other else "pv"})
+            {_ESCAPING_READS_OF_PT.get(escaping_reads, "")}
             {merge.replace("y = ", "ym = ") if escaping_reads else merge}
             {"y = Reshape(ym, out_target)" if escaping_reads else ""}
         }}
@@ -230,6 +231,16 @@ _ESCAPING_READS = {
             sc_shape = Shape(scores)
             sc_t = Gather(sc_shape, minus1)
             out_target = Concat<axis=0>(minus1, sc_t, eight)
+    """,
+}
+
+# GPT-2's TorchScript export under transformers 4.x reads B and S off the heads moved back
+# ([B, S, H, d]) for its Conv1D's output view; fold-shape-values writes each as a one-dim Shape.
+_ESCAPING_READS_OF_PT = {
+    "pt": """
+            pt_b = Shape<start=0, end=1>(pt)
+            pt_s = Shape<start=-3, end=-2>(pt)
+            out_target = Concat<axis=0>(pt_b, pt_s, eight)
     """,
 }
 
@@ -594,6 +605,28 @@ def test_dim_reads_of_the_block_that_outlive_it_are_read_off_the_query() -> None
         if n.op_type == "Shape" and n.inputs[0] is query
     }
     assert {("qb", 0, 1), ("qb", 1, 2)} <= reads  # B and S (the mask's Expand reads S too)
+    _assert_topological(fused)
+    sizes = ((3, 5), (1, 1), (4, 7))
+    report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(sizes)])
+    assert report.passed, report
+    assert not FuseAttentionPass()(fused).modified
+
+
+def test_one_dim_shape_reads_of_the_moved_heads_are_read_off_the_query() -> None:
+    """GPT-2's TorchScript export under transformers 4.x: its output view reads B and S off the
+    heads moved back, each as a one-dim Shape (start/end, a negative start too)."""
+    model = _model(escaping_reads="pt")
+    fused = model.clone()
+    assert FuseAttentionPass()(fused).stats == {"attention->mha": 1}
+    types = _op_types(fused)
+    assert "Softmax" not in types and "Transpose" not in types[types.index("MatMul") + 3 :]
+    query = next(n for n in fused.graph if n.op_type == "MultiHeadAttention").inputs[0]
+    reads = {
+        (n.attributes.get_int("start"), n.attributes.get_int("end"))
+        for n in fused.graph
+        if n.op_type == "Shape" and n.inputs[0] is query
+    }
+    assert {(0, 1), (1, 2)} <= reads
     _assert_topological(fused)
     sizes = ((3, 5), (1, 1), (4, 7))
     report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(sizes)])

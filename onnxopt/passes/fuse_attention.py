@@ -125,6 +125,7 @@ from onnxopt.passes._attention_shapes import (
     scalar_factor,
     scaled_dim_reads,
     seq_len,
+    shape_slice,
     split_last_axis,
     static_dim,
     target_entries,
@@ -650,7 +651,17 @@ def _dim_meanings(
 
 
 def _dim_read(node: ir.Node) -> tuple[ir.Value, int] | None:
-    """``Gather(Shape(x), i)`` or ``Gather(Shape(x), [i])`` as (x, i), i non-negative."""
+    """``Gather(Shape(x), i)``, ``Gather(Shape(x), [i])`` or ``Shape(x, start=i, end=i+1)`` (the
+    one-dim read fold-shape-values writes) as (x, i), i non-negative."""
+    if is_op(node, "Shape"):
+        read = shape_slice(node.outputs[0])
+        rank = value_rank(read[0]) if read is not None else None
+        if read is None or rank is None:
+            return None
+        source, start, end = read
+        start = start + rank if start < 0 else start
+        end = rank if end is None else end + rank if end < 0 else end
+        return (source, start) if 0 <= start < rank and end == start + 1 else None
     entry = gathered_dim(node, scalar=True) or gathered_dim(node, scalar=False)
     if not isinstance(entry, tuple) or node.attributes.get_int("axis", 0) not in (0, -1):
         return None
@@ -671,7 +682,8 @@ def _repointed_reads(
     (``Shape(q, start, end)``), so that fuse-packed-attention can move it off the projection."""
     pairs: list[tuple[ir.Value, ir.Value]] = []
     for gather, meaning in reads:
-        index = const_array(gather.inputs[1])
+        # a Shape read is one wide, as Gather(Shape(x), [i]) is
+        index = np.zeros(1) if is_op(gather, "Shape") else const_array(gather.inputs[1])
         assert index is not None
         if meaning == "heads":
             constant = np.array(heads, dtype=np.int64).reshape(index.shape)
