@@ -37,7 +37,9 @@ part the same way. Their decomposed relative positions are added to a [B*H, h, w
 the flat scores (a term of their own once viewed back, _ViewTerms), and P@V goes back onto the
 image grid as [B, H, h, w, d] moved by [0, 2, 3, 1, 4]: the fused output viewed by the same
 target (_spatial_merge). GPT-NeoX-Japanese computes only Q@K^T on the flattened heads
-(``baddbmm``) and multiplies the [B, H, S, T] probabilities by the [B, H, T, d] V.
+(``baddbmm``) and multiplies the [B, H, S, T] probabilities by the [B, H, T, d] V. GPT-BigCode
+before transformers 5 folds its query heads into the rows of one multi-query product ([B, S*H, d]
+against the one [B, d, T] key): _query_rows.py respells the whole block on [B, H, S, d] heads.
 
 A gate of the heads between their move back and the merge, ``Reshape(Mul(Transpose(P@V), g),
 target)`` (LFM3's per-head sigmoid, HRM's elementwise one), stays the export's: the fused
@@ -105,6 +107,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, single_consumer
+from onnxopt.passes import _query_rows as query_rows
 from onnxopt.passes import _seq_first_heads as seq_first_heads
 from onnxopt.passes import _stacked_heads as stacked_heads
 from onnxopt.passes._attention_shapes import (
@@ -1765,6 +1768,8 @@ SINKS_LEFT = (
 
 
 def _match_attention(softmax: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if query_rows.respelled(softmax):
+        return Mismatch("a block on query rows: its respelling on heads is the candidate", False)
     found = match_attention_block(softmax, context)
     if isinstance(found, Match) and found.bindings["block"].sinks is not None:
         if context.options.target == "onnx":
@@ -2919,7 +2924,9 @@ class FuseAttentionPass(Pass):
         squeezes = _unfold_key_squeezes(model)
         seq_first = seq_first_heads.unfold(model)
         stacked = stacked_heads.unfold(model)
+        rows = query_rows.unfold(model)
         stats, notes = apply_rules(model, [ATTENTION_RULE], self.options)
+        query_rows.restore(rows)
         stacked_heads.restore(stacked)
         seq_first_heads.restore(seq_first)
         _drop_unused_squeezes(squeezes)

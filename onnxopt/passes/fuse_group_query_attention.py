@@ -22,8 +22,10 @@ Two forms, tried in this order:
 - ``mha->gqa-causal`` (``causal=1``: the kernel skips the keys after each query). Made when the
   mask is provably causal: ``Where(cond, allowed, masked)`` through broadcasts, with ``cond`` an
   And containing ``LessOrEqual(key positions, query positions)``, positions
-  ``Range(0, n, 1)`` with n read off a tensor whose dim is the sequence's symbol, ``masked`` a
-  finite constant <= -1e30 and ``allowed`` constants above it. Then a key after the query adds
+  ``Range(0, n, 1)`` with n read off a tensor whose dim is the sequence's symbol, or a cut from
+  row and column 0 of a constant lower-triangular buffer (GPT-2's and GPT-BigCode's ``bias``
+  before transformers 5, rows ``T - S`` on with no past), ``masked`` a finite constant <= -1e30
+  and ``allowed`` constants above it. Then a key after the query adds
   exp(masked - max) = 0 to its row in the export, so skipping it changes nothing, except in a row
   whose every key is masked (left padding): there each score is the masked constant, the export's
   softmax is uniform and gives the mean of all V rows, while causal=1 would average only the
@@ -106,6 +108,7 @@ from onnxopt.passes._attention_shapes import (
     last_dim,
     merges_heads,
     peel_torch_expand_shape,
+    producer_of,
     reshape_to_heads,
     reshaped_axis,
     same_symbol,
@@ -488,7 +491,8 @@ def _positions(
 
 def _compares_positions(bias: ir.Value | None) -> bool:
     """A cheap look before the proof: the mask is a Where (or a sum of two) whose condition holds a
-    LessOrEqual or GreaterOrEqual (the causal comparison of positions, if anything is)."""
+    LessOrEqual or GreaterOrEqual (the causal comparison of positions, if anything is) or a cut of
+    a lower-triangular buffer."""
     where = _peel_broadcasts(bias).producer() if bias is not None else None
     wheres = [where]
     if is_op(where, "Add") and where is not None:  # two masks added (GPT-Neo)
@@ -498,20 +502,88 @@ def _compares_positions(bias: ir.Value | None) -> bool:
         if not pending:
             return False
         cond = pending.pop()
-        node = _peel_broadcasts(cond).producer() if cond is not None else None
+        if cond is not None:
+            cond = _leading_axes_peeled(_peel_broadcasts(cond))
+        node = cond.producer() if cond is not None else None
         if is_op(node, "LessOrEqual") or is_op(node, "GreaterOrEqual"):
+            return True
+        if cond is not None and _lower_triangular_cut(cond):
             return True
         if is_op(node, "And") and node is not None:
             pending.extend(v for v in node.inputs if v is not None)
     return False
 
 
+def _zero_start(value: ir.Value | None) -> bool:
+    """A Slice's one start that is provably 0: the constant, or ``Sub(n, n)`` of one dim read
+    twice (TorchScript's ``bias[key_length - query_length : key_length]`` without a past)."""
+    array = const_array(value)
+    if array is not None:
+        return array.size == 1 and int(array.reshape(-1)[0]) == 0
+    node = value.producer() if value is not None else None
+    if (is_op(node, "Unsqueeze") or is_op(node, "Reshape")) and node is not None:
+        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    if not is_op(node, "Sub") or node is None or len(node.inputs) != 2:
+        return False
+    first, second = node.inputs
+    if first is second:
+        return first is not None
+    a, b = scalar_dim_read(first), scalar_dim_read(second)
+    return a is not None and b is not None and same_symbol(a[0], a[1], b[0], b[1])
+
+
+def _leading_axes_peeled(value: ir.Value) -> ir.Value:
+    """``value`` without the Unsqueezes that only add axes before its last two (which keep the
+    query and key axes last): a [B, S, T] mask given its head axis."""
+    for _ in range(4):
+        node = producer_of(value, "Unsqueeze")
+        rank, inner = value_rank(value), value_rank(node.inputs[0]) if node is not None else None
+        if node is None or node.inputs[0] is None or rank is None or inner is None or inner < 2:
+            return value
+        axes = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+        listed = node.attributes.get_ints("axes", None) if axes is None else axes.reshape(-1)
+        if listed is None or any(int(a) % rank >= rank - 2 for a in listed):
+            return value
+        value = node.inputs[0]
+    return value
+
+
+def _lower_triangular_cut(cond: ir.Value) -> bool:
+    """``cond`` is a constant lower-triangular buffer (true only at j <= i on its last two axes:
+    GPT-2's and GPT-BigCode's ``bias`` of transformers 4.x) cut from row and column 0, through
+    Slices on those two axes and leading Unsqueezes, so it is true only where the key is not after
+    the query too."""
+    value = _leading_axes_peeled(cond)
+    for _ in range(6):
+        node = value.producer()
+        rank = value_rank(value)
+        if node is None or rank is None or rank < 2:
+            break
+        if not is_op(node, "Slice") or len(node.inputs) < 4 or node.inputs[0] is None:
+            return False
+        starts, axes = node.inputs[1], const_array(node.inputs[3])
+        steps = const_array(node.inputs[4]) if len(node.inputs) > 4 else None
+        if axes is None or axes.size != 1 or int(axes.reshape(-1)[0]) % rank < rank - 2:
+            return False
+        if (steps is not None and (steps != 1).any()) or not _zero_start(starts):
+            return False
+        value = node.inputs[0]
+    array = const_array(value)
+    if array is None or array.ndim < 2 or array.dtype not in (np.bool_, np.uint8):
+        return False
+    after = np.triu(np.ones(array.shape[-2:], dtype=bool), 1)  # key j after query i
+    return not bool(array[..., after].any())
+
+
 def _is_causal(cond: ir.Value, sequence: tuple[ir.Value, int], depth: int = 0) -> bool:
-    """``cond[.., i, j]`` implies ``j <= i``: an And with LessOrEqual(key_pos, query_pos)."""
-    cond = _peel_broadcasts(cond)
+    """``cond[.., i, j]`` implies ``j <= i``: an And with LessOrEqual(key_pos, query_pos), or a
+    cut of a constant lower-triangular buffer."""
+    cond = _leading_axes_peeled(_peel_broadcasts(cond))
     node = cond.producer()
     if node is None or depth > 8:
         return False
+    if _lower_triangular_cut(cond):
+        return True
     if is_op(node, "And"):
         return any(v is not None and _is_causal(v, sequence, depth + 1) for v in node.inputs)
     if is_op(node, "LessOrEqual"):
@@ -1183,6 +1255,12 @@ def _kv_of_block(side: Any, heads: int, fused: frozenset[int]) -> _Grouped | Mis
 def _kv_three_d(tape: ir.tape.Tape, grouped: _Grouped) -> ir.Value:
     if value_rank(grouped.source) == 3:
         return grouped.source
+    one_head = producer_of(grouped.source, "Unsqueeze")
+    if grouped.kv_heads == 1 and one_head is not None and one_head.inputs[0] is not None:
+        # [B, 1, T, d] = Unsqueeze(x [B, T, d], 1): x is the [B, T, 1*d] operand itself
+        axes = axes_param(one_head, 4)
+        if value_rank(one_head.inputs[0]) == 3 and axes == (1,):
+            return one_head.inputs[0]
     return _as_three_d(tape, grouped.source)
 
 
