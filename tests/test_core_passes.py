@@ -525,6 +525,41 @@ def test_an_exporters_expression_for_a_dim_inference_proves_is_renamed() -> None
     assert op_types(again.model) == op_types(optimized.model)
 
 
+PADDED_MASK = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 1, S, S] c, float[B, S] keep, float[B, 1, S, S] other, bool[B, 1, S, S] flag)
+    => (float[B, 1, S, S] y) {
+    n = Shape<start=1, end=2>(keep)
+    zero = Constant<value = int64[1] {0}>()
+    three = Constant<value = int64[1] {3}>()
+    head = Slice(c, zero, n, three)
+    both = Mul(head, other)
+    picked = Where(flag, both, head)
+    y = Relu(picked)
+}
+"""
+
+
+def test_shape_inference_keeps_dims_a_slice_to_their_own_length_and_a_broadcast_keep() -> None:
+    """TorchScript's ``mask[..., :keep.size(-1)]`` of a mask that long (transformers 4.x's
+    padding step) is all of it; S against S (Mul), and against S and S (Where), is S."""
+    model = parse_model(PADDED_MASK)
+    InferShapesPass()(model)
+    shapes = {n.outputs[0].name: [str(d) for d in n.outputs[0].shape] for n in model.graph}
+    assert shapes["head"] == shapes["both"] == shapes["picked"] == ["B", "1", "S", "S"]
+
+
+def test_an_expression_is_renamed_where_a_broadcast_proves_it() -> None:
+    """A dynamo export's ``Min(256, S)`` (a buffer's [:S] slice) broadcast against S is S there
+    (else the op fails), and so is every dim under that expression."""
+    model = parse_model(PADDED_MASK)
+    head = next(n for n in model.graph if n.outputs[0].name == "head").outputs[0]
+    head.shape = ir.Shape(["B", 1, "S", "Min(256, S)"])
+    InferShapesPass()(model)
+    shapes = {n.outputs[0].name: [str(d) for d in n.outputs[0].shape] for n in model.graph}
+    assert shapes["head"] == shapes["both"] == ["B", "1", "S", "S"]
+
+
 def test_an_expression_without_a_proof_or_on_the_interface_stays() -> None:
     model = _annotated("Min(128, seq)", "batch*seq")  # w: nothing proves its dim
     InferShapesPass()(model)

@@ -15,14 +15,15 @@ length (``position_ids[:, :seq]``), so the untouched dims (often a static 1) wou
 unknown and every Shape -> Gather chain reading them would stay unfolded. A copied dim is the same
 value as the input's (a symbolic dim keeps its name); nothing is ever guessed.
 
-Two slices read a sequence length off a shape and keep it: ``mask[:, -S:]`` of an S-long mask
-is all of it, and ``conv(x)[..., :S]`` of a stride-1 conv padded by at least kernel - 1 over an
+Three slices read a sequence length off a shape and keep it: ``mask[:, -S:]`` and
+``mask[:, :S]`` of an S-long mask are all of it, and ``conv(x)[..., :S]`` of a stride-1 conv padded by at least kernel - 1 over an
 S-long x is S (LFM2's short convolution, TorchScript: the rotary and the attention downstream are
 proved against the sequence's name).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -69,6 +70,15 @@ def refine_shapes(model: ir.Model) -> int:
 
 
 def _rename_dims(model: ir.Model, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+    # the model's inputs and outputs keep the names they were given (an expression too)
+    interface = {
+        str(dim.value)
+        for value in (*model.graph.inputs, *model.graph.outputs)
+        if value.shape is not None
+        for dim in value.shape
+        if isinstance(dim, ir.SymbolicDim)
+    }
+    renamed = {name: dim for name, dim in renamed.items() if name not in interface}
     changed = 0
     for graph in model.graphs():
         values = [*graph.inputs, *(o for node in graph for o in node.outputs)]
@@ -141,9 +151,11 @@ def _merge_dims(
     for axis, (known, dim) in enumerate(zip(current, found, strict=True)):
         if dim is None or not _is_unknown(known):
             continue
-        merged[axis] = dim
         name = getattr(known, "value", None)
-        if name and str(name).startswith(GENERATED_DIM_PREFIX):
+        if name and out.is_graph_output() and not str(name).startswith(GENERATED_DIM_PREFIX):
+            continue  # the model's output keeps the name it was given
+        merged[axis] = dim
+        if name and _placeholder(str(name)):
             renamed.setdefault(str(name), dim)
     if merged == current:
         return 0
@@ -299,7 +311,10 @@ def _cancelled(
     return ir.SymbolicDim(left[0]) if len(left) == 1 and static == 1 else None
 
 
-_BROADCASTING = ("Add", "Sub", "Mul", "Div")
+_BROADCASTING = (
+    "Add", "Sub", "Mul", "Div", "Where", "And", "Or", "Equal", "Greater", "Less",
+    "GreaterOrEqual", "LessOrEqual", "Max", "Min",
+)  # fmt: skip
 
 
 def _right_aligned(dims: Sequence[object], rank: int) -> list[object]:
@@ -432,27 +447,36 @@ def _refine_broadcast(
 ) -> int:
     """An element-wise op broadcasting X against a prefix slice's min(X, L) (recorded by
     _record_prefix_slices) gives X: embeddings + position embeddings keep the sequence's name.
-    X against a 1 that refinement found (ONNX saw a placeholder there) gives X too."""
+    X against a 1 that refinement found (ONNX saw a placeholder there) gives X too, and so does X
+    against X where ONNX named the result afresh."""
     out = node.outputs[0]
-    shapes = [v.shape if v is not None else None for v in node.inputs[:2]]
-    if out.shape is None or any(s is None for s in shapes) or not bounded:
+    shapes = [v.shape if v is not None else None for v in node.inputs]
+    if out.shape is None or len(shapes) < 2 or any(s is None for s in shapes):
         return 0
     rank = len(out.shape)
     padded = [_right_aligned([*s], rank) for s in shapes if s is not None]
     if any(len(p) != rank for p in padded):
         return 0
     found: list[int | ir.SymbolicDim | None] = []
-    for a, b in zip(*padded, strict=True):
-        a, b = _renamed(a, renamed), _renamed(b, renamed)
+    for dims in zip(*padded, strict=True):
+        dims = tuple(_renamed(d, renamed) for d in dims)
         dim = None
-        for named, other in ((a, b), (b, a)):
+        for i, named in enumerate(dims):
             if _is_unknown(named):
                 continue
-            bound = _bound_of(other, bounded)
-            if other == 1 or (bound is not None and bound.value == getattr(named, "value", None)):
+            if all(_broadcasts_to(other, named, bounded) for j, other in enumerate(dims) if j != i):
                 dim = named
         found.append(dim)
     return _merge_dims(out, found, renamed)
+
+
+def _broadcasts_to(
+    dim: object, named: int | ir.SymbolicDim | None, bounded: dict[str, ir.SymbolicDim]
+) -> bool:
+    """``dim`` broadcast against ``named`` gives ``named``: a 1, the same dim, or a prefix slice's
+    min(X, L) against X."""
+    bound = _bound_of(dim, bounded)
+    return dim in (1, named) or (bound is not None and bound.value == getattr(named, "value", None))
 
 
 def _refine_expand(
@@ -518,13 +542,22 @@ def _refine_tile(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int
 
 # ONNX inference names the dims it cannot tell "unk__0", "unk__1", ...: placeholders, not facts.
 GENERATED_DIM_PREFIX = "unk__"
+# A dim name written as an expression: torch's symbolic sizes in a dynamo export's value_info
+# ("Min(128, sequence)", "2*s0", "s1 + 1"), not a name a user gave an input.
+EXPRESSION = re.compile(r"[()*/+ ,]")
+
+
+def _placeholder(name: str) -> bool:
+    """A name refinement may replace by a dim it proves: ONNX's, or an exporter's expression
+    (every dim under one such name is the same dim)."""
+    return name.startswith(GENERATED_DIM_PREFIX) or EXPRESSION.search(name) is not None
 
 
 def _is_unknown(dim: object) -> bool:
     if dim is None or isinstance(dim, int):
         return dim is None
     name = getattr(dim, "value", None)
-    return not name or str(name).startswith(GENERATED_DIM_PREFIX)
+    return not name or _placeholder(str(name))
 
 
 def _sliced_axes(node: ir.Node, rank: int) -> tuple[int, ...] | None:
@@ -554,8 +587,12 @@ def _refine_slice(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> in
     sliced = _sliced_axes(node, rank)
     if sliced is None:
         return 0
+    # Slice(data, 0, n) with n read off a dim named as data's there: min(X, X) is all of it
+    # (TorchScript's ``mask[..., :mask_length]`` of a mask that long)
+    whole = {axis for axis, read in _prefix_reads(node) if data.shape[axis] == read}
     found: list[int | ir.SymbolicDim | None] = []
     for axis in range(rank):
         source = data.shape[axis]
-        found.append(None if axis in sliced or _is_unknown(source) else source)
+        cut = axis in sliced and axis not in whole
+        found.append(None if cut or _is_unknown(source) else source)
     return _merge_dims(out, found, renamed)

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -10,7 +9,7 @@ import onnx_ir as ir
 
 from onnxopt import io
 from onnxopt.passes._contrib_shapes import with_stand_ins
-from onnxopt.passes._refine_shapes import GENERATED_DIM_PREFIX, refine_shapes
+from onnxopt.passes._refine_shapes import EXPRESSION, GENERATED_DIM_PREFIX, refine_shapes
 from onnxopt.passes.base import Pass, PassResult
 
 logger = logging.getLogger(__name__)
@@ -237,16 +236,11 @@ def _reinfer_branch(
     return True
 
 
-# A dim name written as an expression: torch's symbolic sizes in a dynamo export's value_info
-# ("Min(128, sequence)", "2*s0", "s1 + 1"), not a name a user gave an input.
-_EXPRESSION = re.compile(r"[()*/+ ,]")
-
-
 def _made_up(name: str, interface: frozenset[str]) -> bool:
     """A name a shape inference made up ("unk__N"), or an exporter's expression for an
     intermediate dim that the model's inputs and outputs do not use."""
     return name.startswith(GENERATED_DIM_PREFIX) or (
-        _EXPRESSION.search(name) is not None and name not in interface
+        EXPRESSION.search(name) is not None and name not in interface
     )
 
 
