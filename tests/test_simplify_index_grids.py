@@ -401,3 +401,83 @@ def test_a_column_index_counted_from_a_huge_range_is_not_computed() -> None:
         "all = Range(zero, huge, one)\n        u_cols = Slice(all, zero1, two1)\n        uc = Expand(u_cols, us)",
     )
     assert_refuses(SimplifyIndexGridsPass, text, "not a constant row of columns")
+
+
+def _padding_write_model(heads: int = 1, length_of: str = "keep") -> str:
+    """TorchScript's ``c[:, :, :, :L] = c[..., :L].masked_fill(...)`` on a [B, h, S, T] mask
+    (transformers 4.38-4.47, LLaMA-style decoders): every column, L read off the padding mask
+    (``length_of``), the head index folded to a constant 0 and the columns ``Range(0, T)[:L]``."""
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, {heads}, S, S] c, float[B, S] keep, float[B, R] other)
+            => (float[B, {heads}, S, S] y) <
+            int64 zero = {{0}}, int64 one = {{1}}, int64 two = {{2}}, int64 three = {{3}},
+            int64[1] zero1 = {{0}}, int64[1] axis3 = {{3}}, int64[1] last = {{-1}},
+            int64[4] to_batch = {{-1, 1, 1, 1}}, int64[2] to_rows = {{-1, 1}},
+            int64[1, 1, 1] head0 = {{0}}, int64[2] ax12 = {{1, 2}}, float nothing = {{0.0}},
+            float lowest = {{-3.4028234663852886e38}}
+        > {{
+            cs = Shape(c)
+            nb = Gather(cs, zero)
+            ns = Gather(cs, two)
+            nt = Gather(cs, three)
+            nl = Shape <start = 1, end = 2> ({length_of})
+            head = Slice(c, zero1, nl, axis3)
+            keep4 = Unsqueeze(keep, ax12)
+            summed = Add(head, keep4)
+            padded = Equal(summed, nothing)
+            filled = Where(padded, lowest, head)
+            rb = Range(zero, nb, one)
+            b4 = Reshape(rb, to_batch)
+            rs = Range(zero, ns, one)
+            s2 = Reshape(rs, to_rows)
+            rt = Range(zero, nt, one)
+            t1 = Slice(rt, zero1, nl)
+            bs = Add(b4, s2)
+            bst = Add(bs, t1)
+            grid_shape = Shape(bst)
+            eb = Expand(b4, grid_shape)
+            eh = Expand(head0, grid_shape)
+            es = Expand(s2, grid_shape)
+            et = Expand(t1, grid_shape)
+            ub = Unsqueeze(eb, last)
+            uh = Unsqueeze(eh, last)
+            us = Unsqueeze(es, last)
+            ut = Unsqueeze(et, last)
+            grid = Concat <axis = -1> (ub, uh, us, ut)
+            update = Reshape(filled, grid_shape)
+            written = ScatterND(c, grid, update)
+            y = Relu(written)
+        }}
+    """
+
+
+def test_a_torchscript_write_of_every_column_is_its_update() -> None:
+    text = _padding_write_model()
+    rewritten = assert_rewrites(
+        SimplifyIndexGridsPass,
+        text,
+        {SCATTERS: 1},
+        [op for op in op_types(load(text)) if op != "ScatterND"],
+        trials=2,
+    )
+    EliminateDeadCodePass()(rewritten)
+    assert "Concat" not in op_types(rewritten)  # no grid, no one-input Concat
+    relu = next(node for node in rewritten.graph if node.op_type == "Relu")
+    assert relu.inputs[0] is not None and relu.inputs[0].name == "update"
+
+
+@pytest.mark.parametrize(
+    ("variant", "reason"),
+    [
+        # L read off another input: the columns may stop short of T
+        ({"length_of": "other"}, "the grid's last index is not a constant row of columns"),
+        # a constant head index 0 writes only head 0 of two
+        ({"heads": 2}, "index 1 is a constant that does not count the data's dim 1"),
+    ],
+    ids=["columns-of-another-length", "one-head-of-two"],
+)
+def test_a_write_it_cannot_prove_covers_everything_stays(
+    variant: dict[str, object], reason: str
+) -> None:
+    assert_refuses(SimplifyIndexGridsPass, _padding_write_model(**variant), reason)  # type: ignore[arg-type]

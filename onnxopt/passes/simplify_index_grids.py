@@ -296,11 +296,74 @@ def _run(values: np.ndarray, size: int) -> tuple[int, int] | None:
     return start, stop
 
 
-def _scattered_block(scatter: ir.Node) -> tuple[int, int, int] | Mismatch:
+def _zero_on_unit_axis(index: ir.Value, update: ir.Value, data: ir.Value, j: int) -> bool:
+    """Index ``j`` is a constant 0 where the data and the update have one element along axis j
+    (TorchScript's ``mask[:, :, :, :n] = u`` on a [B, 1, S, T] mask folds the head index to 0):
+    every grid position's index j is its own."""
+    array = _small_index(index)
+    return (
+        array is not None
+        and array.size == 1
+        and int(array.reshape(-1)[0]) == 0
+        and static_dim(data, j) == 1
+        and static_dim(update, j) == 1
+    )
+
+
+def _cut_from_zero(node: ir.Node) -> bool:
+    """A Slice of a vector from 0, step 1 (its end read by the caller)."""
+    if len(node.inputs) < 3 or "starts" in node.attributes:
+        return False
+    axes = _small_index(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
+    steps = _small_index(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] else None
+    return (
+        _scalar_int(node.inputs[1]) == 0
+        and (axes is None or axes.reshape(-1).tolist() in ([0], [-1]))
+        and (steps is None or steps.reshape(-1).tolist() == [1])
+    )
+
+
+def _all_columns(index: ir.Value, data: ir.Value, update: ir.Value, shape: ir.Value | None) -> bool:
+    """The grid's last index is ``Range(0, n, 1)``, or its Slice from 0 to m, n and m provably the
+    data's last dim T (``x[..., :x.size(-1)] = u``, TorchScript's padding of a causal mask): every
+    column 0..T-1 once, and the grid is T columns wide, read off the update or, where the grid's
+    shape is the broadcast of its indices, because every other index is one column wide."""
+    rank = value_rank(data)
+    if rank is None or value_rank(index) != 1:
+        return False
+    counted = index.producer()
+    if is_op(counted, "Slice") and counted is not None and counted.inputs[0] is not None:
+        ends = piece_entries(counted.inputs[2]) if len(counted.inputs) > 2 else None
+        if not _cut_from_zero(counted) or ends is None or len(ends) != 1:
+            return False
+        if not same_dim(ends[0], data, rank - 1):
+            return False
+        counted = counted.inputs[0].producer()
+    if not is_op(counted, "Range") or counted is None:
+        return False
+    start, limit, delta = counted.inputs
+    read = _dim_read(limit)
+    if _scalar_int(start) != 0 or _scalar_int(delta) != 1 or read is None:
+        return False
+    if not same_dim(read, data, rank - 1):
+        return False
+    if _same_axis(update, rank - 1, data, rank - 1):
+        return True
+    leaves = _grid_indices(shape, rank)
+    if not isinstance(leaves, list) or index not in leaves:
+        return False
+    ranks = [value_rank(leaf) for leaf in leaves]
+    return all(
+        leaf is index or rank == 0 or (rank is not None and static_dim(leaf, rank - 1) == 1)
+        for leaf, rank in zip(leaves, ranks, strict=True)
+    )
+
+
+def _scattered_block(scatter: ir.Node) -> tuple[int, int, int | None] | Mismatch:
     """``(axis, start, stop)`` when ``scatter`` writes exactly the elements of its data whose index
-    along ``axis`` lies in ``[start, stop)``: rows (constant ``[n, 1]`` indices, axis 0), or the
-    last axis's columns through an index grid that counts every other axis in order (TorchScript's
-    ``x[..., a:b] = u``)."""
+    along ``axis`` lies in ``[start, stop)`` (``stop`` None: to the end): rows (constant ``[n, 1]``
+    indices, axis 0), or the last axis's columns through an index grid that counts every other
+    axis in order (TorchScript's ``x[..., a:b] = u``)."""
     if scatter.attributes.get_string("reduction", "none") != "none" or len(scatter.inputs) != 3:
         return Mismatch("a ScatterND combines (reduction) rather than overwrites")
     data, indices, update = scatter.inputs
@@ -320,13 +383,17 @@ def _scattered_block(scatter: ir.Node) -> tuple[int, int, int] | Mismatch:
     parts = _grid_parts(concat, rank)
     if isinstance(parts, Mismatch):
         return parts
-    grid, _ = parts
+    grid, shape = parts
     for j, index in enumerate(grid[:-1]):
+        if _zero_on_unit_axis(index, update, data, j):
+            continue
         axis = _index_axis(index, rank, data, j)
         if isinstance(axis, Mismatch):
             return axis
         if axis != j or not _same_axis(update, j, data, j):
             return Mismatch(f"the grid's index {j} does not count the update's dim {j} in order")
+    if _all_columns(grid[-1], data, update, shape):
+        return (rank - 1, 0, None)
     last, size = _small_index(grid[-1]), static_dim(data, rank - 1)
     if last is None or size is None or any(n != 1 for n in last.shape[:-1]):
         return Mismatch("the grid's last index is not a constant row of columns")
@@ -354,7 +421,8 @@ def _reads_shape_only(node: ir.Node, depth: int = 0) -> bool:
 def _match_scatters(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """A chain of ScatterNDs writing disjoint blocks along one axis that together cover the whole
     tensor: what ``x = empty(...); x[..., :a] = u; x[..., a:] = v`` exports to. The result is the
-    Concat of the updates along that axis; the first data is never read."""
+    Concat of the updates along that axis (the update itself where one write covers it all:
+    ``x[..., :x.size(-1)] = u``); the first data is never read."""
     blocks: list[tuple[int, int, ir.Value]] = []
     chain: list[ir.Node] = []
     scatter, axis = node, None
@@ -365,6 +433,12 @@ def _match_scatters(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         if axis is not None and block[0] != axis:
             return Mismatch("the ScatterNDs of the chain write along different axes")
         axis, start, stop = block
+        if stop is None:  # every element of the data
+            if blocks:
+                return Mismatch("a ScatterND before the last one of the chain writes every element")
+            update = scatter.inputs[2]
+            assert update is not None
+            return Match([scatter], {"updates": [update], "axis": axis})
         if any(start < end and begin < stop for begin, end, _ in blocks):
             return Mismatch("two ScatterNDs of the chain write the same elements")
         update = scatter.inputs[2]
@@ -391,6 +465,8 @@ def _rewrite_scatters(match: Match, context: RewriteContext) -> Replacement:
     """The Concat stands for the result; the first data, whose shape every partly written tensor
     has, stands for them where their shape is read."""
     result = match.root.outputs[0]
+    if len(match.bindings["updates"]) == 1:  # one write of every element: the update itself
+        return Replacement([], [(result, match.bindings["updates"][0])])
     axis = ir.AttrInt64("axis", match.bindings["axis"])
     concat = ir.Node("", "Concat", match.bindings["updates"], [axis])
     if result.dtype is not None:
