@@ -25,11 +25,64 @@ _RANGES = """
             sk = Shape<start=1, end=2>(keep)
             zero = Constant<value = int64 {0}>()
             one = Constant<value = int64 {1}>()
+            two = Constant<value = int64 {2}>()
             sqs = Squeeze(sq)
             sks = Squeeze(sk)
             qi = Range(zero, sqs, one)
             ki = Range(zero, sks, one)
 """
+
+
+_BOOL_MASK = """
+            pad = Unsqueeze(keep, ax12)
+            allowed = And(causal, pad)
+            mask = Where(allowed, zero_f, masked)"""
+
+# transformers 4.38-4.47's mask as numbers (LLaMA-style decoders):
+#   c = triu(full((S, T), min), 1) * (arange(T) > cache_position.reshape(-1, 1))
+#   mask = c[None, None].masked_fill((c + keep[:, None, None, :]) == 0, min)
+# "values": as exported (cache positions 0..S-1); the others each break one step of the proof.
+_VALUES = """
+            shape2 = Concat<axis=0>(sq, {keys})
+            full = ConstantOfShape<value = float[1] {{{fill}}}>(shape2)
+            upper = Trilu<upper=1>(full, {diagonal})
+            {cache}
+            qcol = Reshape(ci, column)
+            later = Greater(ki, qcol)
+            later_f = Cast<to=1>(later)
+            c = Mul(upper, later_f)
+            c4 = Unsqueeze(c, ax01)
+            keep_f = Cast<to=1>(keep)
+            keep4 = Unsqueeze(keep_f, ax12)
+            summed = Add(c4, keep4)
+            padded = Equal(summed, zero_f)
+            mask = Where(padded, masked, c4)"""
+_VALUES_MASKS = {
+    "values": _VALUES.format(fill=LOWEST, diagonal="one", cache="ci = Identity(qi)", keys="sk"),
+    # the query's own key masked too (triu's diagonal 0): still no key after it kept
+    "values-diagonal": _VALUES.format(
+        fill=LOWEST, diagonal="zero", cache="ci = Identity(qi)", keys="sk"
+    ),
+    # triu from the second diagonal: the key right after each query is kept
+    "values-band": _VALUES.format(
+        fill=LOWEST, diagonal="two", cache="ci = Identity(qi)", keys="sk"
+    ),
+    # cache positions 1..S (a past of one token): a key after the query may be kept
+    "values-past": _VALUES.format(
+        fill=LOWEST,
+        diagonal="one",
+        cache="send = Add(sqs, one)\n            ci = Range(one, send, one)",
+        keys="sk",
+    ),
+    # two masked constants: a fully masked row is not uniform, its max is not the fill
+    "values-two-fills": _VALUES.format(
+        fill=-1e30, diagonal="one", cache="ci = Identity(qi)", keys="sk"
+    ),
+    # the fill [S, 1], broadcast along the keys by the Mul: triu of one column masks nothing
+    "values-one-column": _VALUES.format(
+        fill=LOWEST, diagonal="one", cache="ci = Identity(qi)", keys="one1"
+    ),
+}
 
 
 def _model(
@@ -62,6 +115,8 @@ def _model(
             qpos = Unsqueeze(qi, ax013)
             causal = LessOrEqual(kpos, qpos)
         """
+    elif causal_form.startswith("values"):
+        positions = _VALUES_MASKS[causal_form]
     else:
         positions = """
             qcol = Unsqueeze(qi, ax1)
@@ -101,9 +156,7 @@ def _model(
             vh = Reshape(ve, {"qs" if merge_form == "query-shape" else "merge"})
             {_RANGES}
             {positions}
-            pad = Unsqueeze(keep, ax12)
-            allowed = And(causal, pad)
-            mask = Where(allowed, zero_f, masked)
+            {"" if causal_form.startswith("values") else _BOOL_MASK}
             {"qs1 = Mul(q, qf)" if q_scale else ""}
             out = com.microsoft.MultiHeadAttention<num_heads=4, scale=0.7>({"qn" if norm_axis is not None else "qs1" if q_scale else "q"}, kh, vh, , , mask)
         }}
@@ -127,6 +180,9 @@ def _model(
         rep=np.array([1, 1, 2, 1, 1], np.int64),
         axis=np.array([unsqueeze_axis], np.int64),
         ax1=np.array([1], np.int64),
+        ax01=np.array([0, 1], np.int64),
+        one1=np.array([1], np.int64),
+        column=np.array([-1, 1], np.int64),
         ax012=np.array([0, 1, 2], np.int64),
         ax013=np.array([0, 1, 3], np.int64),
         ax12=np.array([1, 2], np.int64),
@@ -251,6 +307,37 @@ def test_mask_not_provably_causal_runs_with_causal_0() -> None:
     report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
     assert report.passed, report
     assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+@pytest.mark.parametrize("form", ["values", "values-diagonal"])
+def test_a_mask_of_numbers_masking_every_later_key_runs_causal(form: str) -> None:
+    """transformers 4.38-4.47's LLaMA-style mask: triu of a fill times the later-key flags, its
+    padding filled in with the same constant (_causal_values.py)."""
+    model = _model(causal_form=form)
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.attributes.get_int("causal") == 1
+    _validated_fixed_point(model, fused, [_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+
+
+@pytest.mark.parametrize(
+    ("form", "why"),
+    [
+        ("values-band", "triu from the second diagonal keeps the key after each query"),
+        ("values-past", "cache positions from 1 keep a key after the query"),
+        ("values-two-fills", "two masked constants: a fully masked row is not uniform"),
+        ("values-one-column", "one column of fill broadcast along the keys"),
+    ],
+)
+def test_a_mask_of_numbers_that_may_keep_a_later_key_runs_with_causal_0(
+    form: str, why: str
+) -> None:
+    model = _model(causal_form=form)
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa": 1}, why
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+    assert report.passed, report
 
 
 @pytest.mark.parametrize("kv_split", [False, True])
@@ -676,6 +763,9 @@ def _multi_query_model() -> ir.Model:
         merge=np.array([0, 4, -1, 8], np.int64),
         rep=np.array([1, 1, 4, 1, 1], np.int64),
         ax1=np.array([1], np.int64),
+        ax01=np.array([0, 1], np.int64),
+        one1=np.array([1], np.int64),
+        column=np.array([-1, 1], np.int64),
         ax2=np.array([2], np.int64),
         ax012=np.array([0, 1, 2], np.int64),
         ax013=np.array([0, 1, 3], np.int64),

@@ -25,7 +25,10 @@ Two forms, tried in this order:
   ``Range(0, n, 1)`` with n read off a tensor whose dim is the sequence's symbol, or a cut from
   row and column 0 of a constant lower-triangular buffer (GPT-2's and GPT-BigCode's ``bias``
   before transformers 5, rows ``T - S`` on with no past), ``masked`` a finite constant <= -1e30
-  and ``allowed`` constants above it. Then a key after the query adds
+  and ``allowed`` constants above it; or a mask of numbers that provably holds ``masked`` at
+  every key after its query and only that constant or finite numbers above the floor elsewhere
+  (transformers 4.38-4.47's ``triu(full(min), 1) * (arange(T) > cache_position)`` with the
+  padding filled in: _causal_values.py). Then a key after the query adds
   exp(masked - max) = 0 to its row in the export, so skipping it changes nothing, except in a row
   whose every key is masked (left padding): there each score is the masked constant, the export's
   softmax is uniform and gives the mean of all V rows, while causal=1 would average only the
@@ -119,6 +122,12 @@ from onnxopt.passes._attention_shapes import (
     transpose_perm,
     value_rank,
     with_axes,
+)
+from onnxopt.passes._causal_values import (
+    after_query,
+    leading_axes_peeled,
+    value_set,
+    zero_start,
 )
 from onnxopt.passes._shape_facts import axes_param
 from onnxopt.passes.base import Pass, PassResult
@@ -503,7 +512,7 @@ def _compares_positions(bias: ir.Value | None) -> bool:
             return False
         cond = pending.pop()
         if cond is not None:
-            cond = _leading_axes_peeled(_peel_broadcasts(cond))
+            cond = leading_axes_peeled(_peel_broadcasts(cond))
         node = cond.producer() if cond is not None else None
         if is_op(node, "LessOrEqual") or is_op(node, "GreaterOrEqual"):
             return True
@@ -514,46 +523,12 @@ def _compares_positions(bias: ir.Value | None) -> bool:
     return False
 
 
-def _zero_start(value: ir.Value | None) -> bool:
-    """A Slice's one start that is provably 0: the constant, or ``Sub(n, n)`` of one dim read
-    twice (TorchScript's ``bias[key_length - query_length : key_length]`` without a past)."""
-    array = const_array(value)
-    if array is not None:
-        return array.size == 1 and int(array.reshape(-1)[0]) == 0
-    node = value.producer() if value is not None else None
-    if (is_op(node, "Unsqueeze") or is_op(node, "Reshape")) and node is not None:
-        node = node.inputs[0].producer() if node.inputs[0] is not None else None
-    if not is_op(node, "Sub") or node is None or len(node.inputs) != 2:
-        return False
-    first, second = node.inputs
-    if first is second:
-        return first is not None
-    a, b = scalar_dim_read(first), scalar_dim_read(second)
-    return a is not None and b is not None and same_symbol(a[0], a[1], b[0], b[1])
-
-
-def _leading_axes_peeled(value: ir.Value) -> ir.Value:
-    """``value`` without the Unsqueezes that only add axes before its last two (which keep the
-    query and key axes last): a [B, S, T] mask given its head axis."""
-    for _ in range(4):
-        node = producer_of(value, "Unsqueeze")
-        rank, inner = value_rank(value), value_rank(node.inputs[0]) if node is not None else None
-        if node is None or node.inputs[0] is None or rank is None or inner is None or inner < 2:
-            return value
-        axes = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
-        listed = node.attributes.get_ints("axes", None) if axes is None else axes.reshape(-1)
-        if listed is None or any(int(a) % rank >= rank - 2 for a in listed):
-            return value
-        value = node.inputs[0]
-    return value
-
-
 def _lower_triangular_cut(cond: ir.Value) -> bool:
     """``cond`` is a constant lower-triangular buffer (true only at j <= i on its last two axes:
     GPT-2's and GPT-BigCode's ``bias`` of transformers 4.x) cut from row and column 0, through
     Slices on those two axes and leading Unsqueezes, so it is true only where the key is not after
     the query too."""
-    value = _leading_axes_peeled(cond)
+    value = leading_axes_peeled(cond)
     for _ in range(6):
         node = value.producer()
         rank = value_rank(value)
@@ -565,7 +540,7 @@ def _lower_triangular_cut(cond: ir.Value) -> bool:
         steps = const_array(node.inputs[4]) if len(node.inputs) > 4 else None
         if axes is None or axes.size != 1 or int(axes.reshape(-1)[0]) % rank < rank - 2:
             return False
-        if (steps is not None and (steps != 1).any()) or not _zero_start(starts):
+        if (steps is not None and (steps != 1).any()) or not zero_start(starts):
             return False
         value = node.inputs[0]
     array = const_array(value)
@@ -578,7 +553,7 @@ def _lower_triangular_cut(cond: ir.Value) -> bool:
 def _is_causal(cond: ir.Value, sequence: tuple[ir.Value, int], depth: int = 0) -> bool:
     """``cond[.., i, j]`` implies ``j <= i``: an And with LessOrEqual(key_pos, query_pos), or a
     cut of a constant lower-triangular buffer."""
-    cond = _leading_axes_peeled(_peel_broadcasts(cond))
+    cond = leading_axes_peeled(_peel_broadcasts(cond))
     node = cond.producer()
     if node is None or depth > 8:
         return False
@@ -685,10 +660,29 @@ def _constant_where(value: ir.Value, what: str) -> tuple[ir.Value, float] | Mism
     return cond, float(masked_array.reshape(-1)[0])
 
 
+def _causal_values(bias: ir.Value, sequence: tuple[ir.Value, int]) -> _CausalMask | None:
+    """The mask proved causal by its values (_causal_values.py: transformers 4.38-4.47's
+    ``triu(full(min), 1) * (arange(T) > cache_position)`` with its padding filled in): every key
+    after its query holds one constant <= MASK_FLOOR, every other value is that constant or a
+    finite number above the floor, and the mask is the key sequence long (not broadcast along
+    it)."""
+    masked = after_query(bias)
+    if masked is None or not (np.isfinite(masked) and masked <= MASK_FLOOR):
+        return None
+    values = value_set(bias)
+    if values is None or any(not np.isfinite(v) or MASK_FLOOR >= v != masked for v in values):
+        return None
+    rank = value_rank(bias)
+    if not rank or not same_symbol(bias, rank - 1, sequence[0], sequence[1]):
+        return None
+    mask = _peel_broadcasts(bias)
+    return _CausalMask(masked, mask if value_rank(mask) == 4 else None)
+
+
 def _causal_where(bias: ir.Value, sequence: tuple[ir.Value, int]) -> _CausalMask | Mismatch:
     found = _constant_where(bias, "the mask")
     if isinstance(found, Mismatch):
-        return found
+        return _causal_values(bias, sequence) or found
     cond, masked_value = found
     if not (np.isfinite(masked_value) and masked_value <= MASK_FLOOR):
         return Mismatch(
