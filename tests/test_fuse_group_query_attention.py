@@ -57,7 +57,30 @@ _VALUES = """
             summed = Add(c4, keep4)
             padded = Equal(summed, zero_f)
             mask = Where(padded, masked, c4)"""
+# transformers' _make_causal_mask of 4.36 and after (OPT, BART, BioGPT, XGLM, Whisper's decoder):
+#   c = full((S, S), min).masked_fill(arange(S) < (arange(S) + 1).view(S, 1), 0)
+#   mask = max(c[None, None].masked_fill((1 - keep)[:, None, None, :].bool(), min), min)
+# (OPT's clamp of the scores at min, moved onto the mask by fuse-attention). ``{reach}``: the
+# query positions' offset, 1 as exported.
+_FILLED = """
+            shape2 = Concat<axis=0>(sq, sk)
+            full = ConstantOfShape<value = float[1] {{{fill}}}>(shape2)
+            reach = Constant<value = int64 {{{reach}}}>()
+            ahead = Add(qi, reach)
+            qcol = Reshape(ahead, column)
+            before = Less(ki, qcol)
+            c = Where(before, zero_f, full)
+            c4 = Unsqueeze(c, ax01)
+            keep_f = Cast<to=1>(keep)
+            dropped = Sub(one_f, keep_f)
+            dropped4 = Unsqueeze(dropped, ax12)
+            padding = Cast<to=9>(dropped4)
+            filled = Where(padding, masked, c4)
+            mask = Max(filled, masked)"""
 _VALUES_MASKS = {
+    "values-filled": _FILLED.format(fill=LOWEST, reach=1),
+    # j < i + 2: the key right after each query is kept
+    "values-filled-reach-2": _FILLED.format(fill=LOWEST, reach=2),
     "values": _VALUES.format(fill=LOWEST, diagonal="one", cache="ci = Identity(qi)", keys="sk"),
     # the query's own key masked too (triu's diagonal 0): still no key after it kept
     "values-diagonal": _VALUES.format(
@@ -187,6 +210,7 @@ def _model(
         ax013=np.array([0, 1, 3], np.int64),
         ax12=np.array([1, 2], np.int64),
         zero_f=np.array(0.0, np.float32),
+        one_f=np.array(1.0, np.float32),
         masked=np.array(masked, np.float32),
     )
 
@@ -309,7 +333,7 @@ def test_mask_not_provably_causal_runs_with_causal_0() -> None:
     assert not FuseGroupQueryAttentionPass()(fused).modified
 
 
-@pytest.mark.parametrize("form", ["values", "values-diagonal"])
+@pytest.mark.parametrize("form", ["values", "values-diagonal", "values-filled"])
 def test_a_mask_of_numbers_masking_every_later_key_runs_causal(form: str) -> None:
     """transformers 4.38-4.47's LLaMA-style mask: triu of a fill times the later-key flags, its
     padding filled in with the same constant (_causal_values.py)."""
@@ -328,6 +352,7 @@ def test_a_mask_of_numbers_masking_every_later_key_runs_causal(form: str) -> Non
         ("values-past", "cache positions from 1 keep a key after the query"),
         ("values-two-fills", "two masked constants: a fully masked row is not uniform"),
         ("values-one-column", "one column of fill broadcast along the keys"),
+        ("values-filled-reach-2", "keys up to i + 1 kept"),
     ],
 )
 def test_a_mask_of_numbers_that_may_keep_a_later_key_runs_with_causal_0(
@@ -473,6 +498,17 @@ def test_plain_multi_head_attention_is_no_candidate() -> None:
     assert [n.op_type for n in model.graph] == ["MultiHeadAttention"]
 
 
+def _bool_mask(causal: bool, second_mask: float | None) -> str:
+    """The causal (or not) + padding mask of _plain_model as a Where on a bool condition."""
+    return f"""
+            kpos = Unsqueeze(ki, ax012)
+            qpos = Unsqueeze(qi, ax013)
+            causal = LessOrEqual(kpos, qpos)
+            pad = Unsqueeze(keep, ax12)
+            allowed = {"And(causal, pad)" if causal else "Identity(pad)"}
+            {"mask" if second_mask is None else "first"} = Where(allowed, zero_f, masked)"""
+
+
 def _plain_model(
     *,
     packed: bool = True,
@@ -483,6 +519,7 @@ def _plain_model(
     flat_gemm: bool = False,
     second_mask: float | None = None,
     buffer: np.ndarray | None = None,
+    mask_form: str = "",
 ) -> ir.Model:
     """GPT-2's self-attention on x[B,S,8]: 4 heads of ``head_size``, Q/K/V from one projection and
     a Split (``packed``) or three, MHA with all its K/V heads and a causal + padding mask from
@@ -493,7 +530,8 @@ def _plain_model(
     of x flattened to 2-D, viewed back as [B, S, 3*W] (GPT-2's dynamo export). ``second_mask``: a
     second mask added, ``Where(buffer[:, :, :S, :S], 0, second_mask)`` with ``buffer`` a lower
     triangle of 16 x 16 unless given (GPT-Neo's causal buffer's masked_fill, then its causal +
-    padding mask)."""
+    padding mask). ``mask_form``: one of _VALUES_MASKS instead (OPT's and BART's masks of
+    numbers)."""
     width = 4 * head_size
     kv = "k, v"
     if heads_packed:
@@ -547,12 +585,7 @@ def _plain_model(
             {projections}
             {projections_kv}
             {_RANGES}
-            kpos = Unsqueeze(ki, ax012)
-            qpos = Unsqueeze(qi, ax013)
-            causal = LessOrEqual(kpos, qpos)
-            pad = Unsqueeze(keep, ax12)
-            allowed = {"And(causal, pad)" if causal else "Identity(pad)"}
-            {"mask" if second_mask is None else "first"} = Where(allowed, zero_f, masked)
+            {_VALUES_MASKS[mask_form] if mask_form else _bool_mask(causal, second_mask)}
             {"" if second_mask is None else "sqsq = Concat<axis=0>(sq, sq)"}
             {"" if second_mask is None else "band = Slice(buffer, zeros2, sqsq, ax23)"}
             {"" if second_mask is None else "second = Where(band, zero_f, masked2)"}
@@ -575,6 +608,10 @@ def _plain_model(
         ax013=np.array([0, 1, 3], np.int64),
         ax12=np.array([1, 2], np.int64),
         zero_f=np.array(0.0, np.float32),
+        one_f=np.array(1.0, np.float32),
+        ax01=np.array([0, 1], np.int64),
+        one1=np.array([1], np.int64),
+        column=np.array([-1, 1], np.int64),
         masked=np.array(LOWEST, np.float32),
         heads_split=np.array([0, 0, 4, head_size], np.int64),
         five=np.array([0, 0, 4, 3, head_size], np.int64),
@@ -626,6 +663,18 @@ def test_causal_attention_with_three_projections_reads_them() -> None:
     gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
     assert [v.name if v is not None else None for v in gqa.inputs[:3]] == ["q", "k", "v"]
     _validated_fixed_point(model, fused, _PLAIN_INPUTS)
+
+
+@pytest.mark.parametrize(("form", "causal"), [("values-filled", True), ("values-band", False)])
+def test_attention_with_all_its_heads_under_a_mask_of_numbers(form: str, causal: bool) -> None:
+    """OPT's and BART's decoders (transformers 4.x): GroupQueryAttention(causal=1) where the mask
+    of numbers is proved causal; otherwise no candidate (MultiHeadAttention stays)."""
+    model = _plain_model(packed=False, mask_form=form)
+    fused = model.clone()
+    result = FuseGroupQueryAttentionPass()(fused)
+    assert result.stats == ({"mha->gqa-causal": 1} if causal else {})
+    if causal:
+        _validated_fixed_point(model, fused, _PLAIN_INPUTS)
 
 
 def test_causal_attention_with_heads_first_k_and_v_reads_them_as_three_d() -> None:

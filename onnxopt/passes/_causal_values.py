@@ -10,14 +10,20 @@ as numbers, not as a comparison of positions::
 (TorchScript writes the padding as a ScatterND of ``c[..., :L]``, which simplify-index-grids reads
 as the update itself when it covers all of c; dynamo as the Where directly.) With the cache
 positions 0..S-1 (no past), every key after its query holds ``min`` there whatever the padding.
+4.36's ``_make_causal_mask`` (OPT, BART, BioGPT, XGLM, Whisper's decoder up to 4.47) fills by a
+comparison instead, ``full(min).masked_fill(arange(T) < arange(S)[:, None] + 1, 0)``, and OPT
+clamps the result at ``min`` (a Max fuse-attention moves onto the mask).
 
 :func:`after_query` proves that: the constant every element ``[..., i, j]`` with j > i holds,
 followed through the ops above. ``triu`` (Trilu, upper, k <= 1) of a tensor filled with c is c
-there; a Mul by ``Cast(Greater(key positions, query positions))`` (``Range(0, n, 1)`` along the last
-axis and along the one before, each counting from 0) multiplies it by 1; a Where between two such
-values, both c there, is c there; views keep it when they keep the last two axes (leading
-Unsqueezes, Expands that broadcast only other axes, Reshapes that keep the last two dims, Slices of
-the last two axes from 0). :func:`value_set` then bounds what the whole mask can hold (a few
+there; a comparison of key positions j + a with query positions i + b (``Range(a, n, 1)`` along
+the last axis, ``Range(b, m, 1)`` along the one before, constants added) is decided for every
+j > i by a and b alone, so a Mul by such a comparison true there multiplies by 1 and a Where on
+one picks one branch there; a Where between two values that are both c there is c there, and so
+is a Max of c with a constant below it; views keep it when they keep the last two axes (leading
+Unsqueezes, Expands that broadcast only other axes, Reshapes that keep the last two dims, Slices
+of the last two axes from 0). No operand it follows may be broadcast along the keys (one key's
+value would stand for its whole row); along the queries it may (j > i >= 0 puts j after row 0). :func:`value_set` then bounds what the whole mask can hold (a few
 numbers, exactly, in float32), so that the caller can check every value is c or an allowed
 finite number above it: a row is then fully masked exactly when its maximum is c.
 """
@@ -168,31 +174,42 @@ def _slices_from_zero(node: ir.Node, rank: int) -> bool:
     return True
 
 
-def _counts(value: ir.Value | None, axis: int) -> bool:
-    """``value`` is the positions 0, 1, ... along ``axis`` (-1: the last, -2: the one before):
-    ``Range(0, n, 1)`` (along its last axis), its Reshape to [-1, 1] or Unsqueeze on axis 1
-    (along the one before), given leading axes by Unsqueezes."""
-    for _ in range(6):
+def _integer(value: ir.Value | None) -> int | None:
+    array = const_array(value)
+    if array is None or array.size != 1 or not np.issubdtype(array.dtype, np.integer):
+        return None
+    return int(array.reshape(-1)[0])
+
+
+def _positions(value: ir.Value | None, axis: int) -> int | None:
+    """k when ``value`` is the positions k, k + 1, ... along ``axis`` (-1: the last, -2: the one
+    before): ``Range(k, n, 1)`` (along its last axis), plus integer constants, its Reshape to
+    [-1, 1] or Unsqueeze on axis 1 (along the one before), given leading axes by Unsqueezes."""
+    offset = 0
+    for _ in range(8):
         node = value.producer() if value is not None else None
         if node is None:
-            return False
+            return None
         if is_op(node, "Range"):
-            start, delta = const_array(node.inputs[0]), const_array(node.inputs[2])
-            return (
-                axis == -1
-                and start is not None
-                and delta is not None
-                and start.size == delta.size == 1
-                and float(start.reshape(-1)[0]) == 0
-                and float(delta.reshape(-1)[0]) == 1
-            )
+            start, delta = _integer(node.inputs[0]), _integer(node.inputs[2])
+            ok = axis == -1 and start is not None and delta == 1
+            return offset + start if ok and start is not None else None
         source = node.inputs[0] if node.inputs else None
         if is_op(node, "Identity"):
             value = source
             continue
+        if is_op(node, "Add") and len(node.inputs) == 2:  # positions + 1 (``arange(S) + 1``)
+            added = [_integer(x) for x in node.inputs]
+            if added[1] is not None and value_rank(node.inputs[1]) == 0:
+                offset, value = offset + added[1], node.inputs[0]
+                continue
+            if added[0] is not None and value_rank(node.inputs[0]) == 0:
+                offset, value = offset + added[0], node.inputs[1]
+                continue
+            return None
         rank, inner = value_rank(node.outputs[0]), value_rank(source)
         if rank is None or inner is None:
-            return False
+            return None
         column = (is_op(node, "Reshape") and _target_is(node, [-1, 1])) or (
             is_op(node, "Unsqueeze") and axes_param(node, rank) == (1,)
         )
@@ -201,11 +218,11 @@ def _counts(value: ir.Value | None, axis: int) -> bool:
         elif is_op(node, "Unsqueeze"):
             axes = axes_param(node, rank)
             if not isinstance(axes, tuple) or any(a >= rank + axis for a in axes):
-                return False  # an axis inserted at or after the one the positions run along
+                return None  # an axis inserted at or after the one the positions run along
         else:
-            return False
+            return None
         value = source
-    return False
+    return None
 
 
 def _target_is(reshape: ir.Node, wanted: list[int]) -> bool:
@@ -213,20 +230,62 @@ def _target_is(reshape: ir.Node, wanted: list[int]) -> bool:
     return target is not None and target.reshape(-1).tolist() == wanted
 
 
+# Comparisons of key positions j + a with query positions i + b: for every j > i (j >= i + 1),
+# what the comparison is, given how a and b compare (None: either).
+_COMPARED = {
+    # key on the left: j + a OP i + b; after the query j + a >= i + 1 + a
+    "Greater": lambda a, b: True if a + 1 > b else None,
+    "GreaterOrEqual": lambda a, b: True if a + 1 >= b else None,
+    "Less": lambda a, b: False if a + 1 >= b else None,
+    "LessOrEqual": lambda a, b: False if a + 1 > b else None,
+}
+_MIRRORED = {"Greater": "Less", "Less": "Greater", "GreaterOrEqual": "LessOrEqual"}
+_MIRRORED["LessOrEqual"] = "GreaterOrEqual"
+
+
+def _truth_after_query(value: ir.Value | None, depth: int = 0) -> bool | None:
+    """What a condition provably is at every key after its query (True, False), or None: a
+    comparison of key and query positions (not broadcast along the keys), through Not, And,
+    Or, views that keep the last two axes and Casts to bool."""
+    node = value.producer() if value is not None else None
+    if node is None or node.domain not in ("", "ai.onnx") or depth > _DEPTH:
+        return None
+    out = node.outputs[0]
+    if node.op_type in _COMPARED and len(node.inputs) == 2:
+        left, right = node.inputs
+        for op, key, query in ((node.op_type, left, right), (_MIRRORED[node.op_type], right, left)):
+            a, b = _positions(key, -1), _positions(query, -2)
+            if a is not None and b is not None and key is not None and _keys_kept(key, out):
+                return _COMPARED[op](a, b)
+        return None
+    if node.op_type == "Not":
+        inner = _truth_after_query(node.inputs[0], depth + 1)
+        return None if inner is None else not inner
+    if node.op_type in ("And", "Or") and len(node.inputs) == 2:
+        found = [
+            _truth_after_query(x, depth + 1) if x is not None and _keys_kept(x, out) else None
+            for x in node.inputs
+        ]
+        decisive = node.op_type == "Or"  # True decides an Or, False an And
+        if decisive in found:
+            return decisive
+        return (not decisive) if found == [not decisive, not decisive] else None
+    if node.op_type == "Cast" and ir.DataType(node.attributes.get_int("to", 0)) == ir.DataType.BOOL:
+        source = node.inputs[0]
+        return (
+            _truth_after_query(source, depth + 1)
+            if source is not None and source.dtype == ir.DataType.BOOL
+            else None
+        )
+    source = _keeps_last_two(node)
+    return _truth_after_query(source, depth + 1) if source is not None else None
+
+
 def _one_after_query(value: ir.Value | None) -> bool:
-    """``value`` is 1 wherever the key comes after the query: ``Cast(Greater(key positions,
-    query positions))`` (or ``Less`` the other way round), both counted from 0."""
+    """``value`` is 1 wherever the key comes after the query: a condition true there (see
+    _truth_after_query) cast to a number."""
     cast = producer_of(value, "Cast")
-    compare = cast.inputs[0].producer() if cast is not None and cast.inputs[0] else None
-    if compare is None or len(compare.inputs) != 2:
-        return False
-    if is_op(compare, "Greater"):
-        key, query = compare.inputs
-    elif is_op(compare, "Less"):
-        query, key = compare.inputs
-    else:
-        return False
-    return _counts(key, -1) and _counts(query, -2)
+    return cast is not None and _truth_after_query(cast.inputs[0]) is True
 
 
 def after_query(value: ir.Value) -> float | None:
@@ -273,8 +332,19 @@ def _after_query_of(value: ir.Value, depth: int, memo: _Memo) -> float | None:
                 return _after_query(kept, depth + 1, memo)
         return None
     if node.op_type == "Where" and len(node.inputs) == 3:
+        cond = node.inputs[0]
+        truth = _truth_after_query(cond) if cond is not None and _keys_kept(cond, out) else None
+        if truth is not None:  # the branch picked at every key after its query
+            return _branch_after_query(node.inputs[1 if truth else 2], out, depth, memo)
         found = [_branch_after_query(branch, out, depth, memo) for branch in node.inputs[1:]]
         return found[0] if found[0] is not None and found[0] == found[1] else None
+    if node.op_type == "Max" and len(node.inputs) == 2:  # OPT's clamp at float32's lowest
+        for kept, floor in (node.inputs, node.inputs[::-1]):
+            bound = _uniform(floor)
+            if kept is not None and bound is not None and _keys_kept(kept, out):
+                inner = _after_query(kept, depth + 1, memo)
+                return None if inner is None else max(inner, bound)
+        return None
     return None
 
 
@@ -348,11 +418,12 @@ def _value_set_of(value: ir.Value, depth: int, memo: _Memo) -> frozenset[float] 
     if node.op_type == "Where" and len(node.inputs) == 3:
         a, b = (_value_set(branch, depth + 1, memo) for branch in node.inputs[1:])
         return None if a is None or b is None else a | b
-    if node.op_type == "Mul" and len(node.inputs) == 2:
+    if node.op_type in ("Mul", "Max") and len(node.inputs) == 2:
         a, b = (_value_set(side, depth + 1, memo) for side in node.inputs)
         if a is None or b is None or len(a) * len(b) > 4 * _MOST_VALUES:
             return None
+        combine = np.multiply if node.op_type == "Mul" else np.maximum
         with np.errstate(over="ignore", invalid="ignore"):
-            products = {float(np.float32(x) * np.float32(y)) for x in a for y in b}
-        return frozenset(products) if len(products) <= _MOST_VALUES else None
+            results = {float(combine(np.float32(x), np.float32(y))) for x in a for y in b}
+        return frozenset(results) if len(results) <= _MOST_VALUES else None
     return None

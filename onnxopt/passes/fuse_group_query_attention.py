@@ -501,8 +501,14 @@ def _positions(
 def _compares_positions(bias: ir.Value | None) -> bool:
     """A cheap look before the proof: the mask is a Where (or a sum of two) whose condition holds a
     LessOrEqual or GreaterOrEqual (the causal comparison of positions, if anything is) or a cut of
-    a lower-triangular buffer."""
-    where = _peel_broadcasts(bias).producer() if bias is not None else None
+    a lower-triangular buffer, or a mask of numbers that holds one constant after each query."""
+    if bias is not None and _compares_in_where(bias):
+        return True
+    return bias is not None and after_query(bias) is not None
+
+
+def _compares_in_where(bias: ir.Value) -> bool:
+    where = _peel_broadcasts(bias).producer()
     wheres = [where]
     if is_op(where, "Add") and where is not None:  # two masks added (GPT-Neo)
         wheres = [_peel_broadcasts(v).producer() for v in where.inputs if v is not None]
