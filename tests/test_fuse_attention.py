@@ -8,7 +8,7 @@ import onnx.parser
 import onnx_ir as ir
 import pytest
 
-from onnxopt.passes.fuse_attention import FuseAttentionPass, _mask_values
+from onnxopt.passes.fuse_attention import FuseAttentionPass, _all_equal_to, _mask_values
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.options import PassOptions
 from onnxopt.validate import validate
@@ -575,6 +575,30 @@ def test_mask_through_a_cast_is_provable_only_when_its_values_stay_finite(
     assert (values is not None) == provable
     if provable:
         assert values is not None and not values.neg_inf
+
+
+@pytest.mark.parametrize(
+    ("fill", "zero"),
+    [("", True), ("<value = float[1] {0.0}>", True), ("<value = float[1] {1.0}>", False)],
+)
+def test_zeros_of_a_shape_viewed_are_no_bias_term(fill: str, zero: bool) -> None:
+    """baddbmm's ``beta * input`` as TorchScript writes it for GPT-NeoX (transformers 4.x):
+    ConstantOfShape zeros (default or given), expanded and viewed like the scores."""
+    proto = onnx.parser.parse_model(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 4, S, S] scores) => (float[B, 4, S, S] y) <int64[3] flat = {{8, 5, 5}},
+            int64[4] heads = {{-1, 4, 5, 5}}> {{
+            zeros = ConstantOfShape{fill}(flat)
+            wide = Expand(zeros, flat)
+            term = Reshape(wide, heads)
+            y = Add(scores, term)
+        }}
+        """
+    )
+    model = ir.serde.deserialize_model(proto)
+    term = next(node for node in model.graph if node.op_type == "Reshape").outputs[0]
+    assert _all_equal_to(term, 0.0) == zero
 
 
 def _assert_topological(model: ir.Model) -> None:

@@ -82,6 +82,13 @@ _VALUES_MASKS = {
     # j < i + 2: the key right after each query is kept
     "values-filled-reach-2": _FILLED.format(fill=LOWEST, reach=2),
     "values": _VALUES.format(fill=LOWEST, diagonal="one", cache="ci = Identity(qi)", keys="sk"),
+    # the mask scaled after the fill (CodeGen divides its filled scores by a constant)
+    "values-scaled": _VALUES.format(
+        fill=LOWEST, diagonal="one", cache="ci = Identity(qi)", keys="sk"
+    ).replace(
+        "mask = Where(padded, masked, c4)",
+        "unscaled = Where(padded, masked, c4)\n            mask = Mul(unscaled, eighth)",
+    ),
     # the query's own key masked too (triu's diagonal 0): still no key after it kept
     "values-diagonal": _VALUES.format(
         fill=LOWEST, diagonal="zero", cache="ci = Identity(qi)", keys="sk"
@@ -211,6 +218,7 @@ def _model(
         ax12=np.array([1, 2], np.int64),
         zero_f=np.array(0.0, np.float32),
         one_f=np.array(1.0, np.float32),
+        eighth=np.array(0.125, np.float32),
         masked=np.array(masked, np.float32),
     )
 
@@ -333,7 +341,7 @@ def test_mask_not_provably_causal_runs_with_causal_0() -> None:
     assert not FuseGroupQueryAttentionPass()(fused).modified
 
 
-@pytest.mark.parametrize("form", ["values", "values-diagonal", "values-filled"])
+@pytest.mark.parametrize("form", ["values", "values-diagonal", "values-filled", "values-scaled"])
 def test_a_mask_of_numbers_masking_every_later_key_runs_causal(form: str) -> None:
     """transformers 4.38-4.47's LLaMA-style mask: triu of a fill times the later-key flags, its
     padding filled in with the same constant (_causal_values.py)."""

@@ -326,10 +326,14 @@ def _after_query_of(value: ir.Value, depth: int, memo: _Memo) -> float | None:
         for kept, factor in (node.inputs, node.inputs[::-1]):
             if kept is None or not _keys_kept(kept, out):
                 continue
-            if _uniform(factor) == 1.0 or (
-                factor is not None and _one_after_query(factor) and _keys_kept(factor, out)
-            ):
-                return _after_query(kept, depth + 1, memo)
+            scale = _uniform(factor)
+            if factor is not None and _one_after_query(factor) and _keys_kept(factor, out):
+                scale = 1.0
+            if scale is not None and scale > 0 and np.isfinite(scale):
+                # (a scale too: CodeGen's scores divided after the fill, fuse-attention's
+                # term factor on the mask)
+                inner = _after_query(kept, depth + 1, memo)
+                return None if inner is None else float(np.float32(inner) * np.float32(scale))
         return None
     if node.op_type == "Where" and len(node.inputs) == 3:
         cond = node.inputs[0]

@@ -2234,8 +2234,10 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
                 "the masked_fill condition is computed from the scores themselves, so it is "
                 "not a mask"
             )
-    # An all-pass mask (ViT's dynamo export): adding 0 changes no score.
+    # An all-pass mask (ViT's dynamo export), or baddbmm's zeros (GPT-NeoX's TorchScript export
+    # under transformers 4.x, on the flat scores): adding 0 changes no score.
     terms = [term for term in terms if not _all_equal_to(term, 0.0)]
+    flat_terms = [term for term in flat_terms if not _all_equal_to(term, 0.0)]
     bias = terms[0] if terms else None
     block = AttentionBlock(
         query=query_heads,
@@ -2342,17 +2344,23 @@ def _is_zero(value: ir.Value | None) -> bool:
 
 
 def _all_equal_to(value: ir.Value | None, wanted: float | bool, depth: int = 0) -> bool:
-    """Every element of ``value`` provably equals ``wanted``: a constant, or an Expand or Identity
-    of one, or a Where whose condition is provably all true (or all false) picking one."""
+    """Every element of ``value`` provably equals ``wanted``: a constant or ConstantOfShape
+    (TorchScript's zeros of baddbmm's ``beta * input``), or a view of one, or a Where whose
+    condition is provably all true (or all false) picking one."""
     if value is None or depth > 6:
         return False
     array = const_array(value)
     if array is not None:
         return array.size > 0 and bool(np.all(array == wanted))
     node = value.producer()
+    if is_op(node, "ConstantOfShape") and node is not None:
+        fill = node.attributes.get_tensor("value", None)
+        return bool(np.all((np.zeros(1) if fill is None else fill.numpy()) == wanted))
     if node is None or len(node.inputs) == 0:
         return False
-    if is_op(node, "Expand") or is_op(node, "Identity"):
+    if node.op_type in ("Expand", "Identity", "Reshape", "Unsqueeze", "Squeeze") and is_op(
+        node, node.op_type
+    ):
         return _all_equal_to(node.inputs[0], wanted, depth + 1)
     if is_op(node, "Where") and len(node.inputs) == 3:
         if _all_equal_to(node.inputs[0], True, depth + 1):

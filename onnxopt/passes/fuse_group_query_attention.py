@@ -599,29 +599,33 @@ def _summed_causal_masks(add: ir.Node, sequence: tuple[ir.Value, int]) -> _Causa
     first, second = (_peel_broadcasts(v) if v is not None else None for v in add.inputs)
     if first is None or second is None:
         return Mismatch("the mask is an Add without two inputs")
+    problem = Mismatch("neither of the mask's two terms is provably causal")
     for causal_term, other in ((first, second), (second, first)):
         proof = _causal_where(causal_term, sequence)
         if isinstance(proof, Mismatch):
             continue
         found = _constant_where(other, "the mask's second term")
         if isinstance(found, Mismatch):
-            return found
+            problem = found
+            continue
         cond, masked = found
         if not _keeps_diagonal(cond):
             # else a row could be -inf throughout (NaN in the export)
-            return Mismatch(
+            problem = Mismatch(
                 "the mask's second term is not provably allowing each query its own key (a Slice "
                 "from 0 of a constant whose diagonal is all true)"
             )
+            continue
         with np.errstate(over="ignore"):
             summed = np.float32(proof.masked) + np.float32(masked)
         if summed != -np.inf:
-            return Mismatch(
+            problem = Mismatch(
                 "the mask's two terms do not add to -inf where both mask: a fully masked row "
                 "would average other keys than causal=1 does"
             )
+            continue
         return _CausalMask(proof.masked, None, fixup=False)
-    return Mismatch("neither of the mask's two terms is provably causal")
+    return problem
 
 
 def _keeps_diagonal(cond: ir.Value | None) -> bool:
