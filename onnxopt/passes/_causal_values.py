@@ -23,9 +23,10 @@ one picks one branch there; a Where between two values that are both c there is 
 is a Max of c with a constant below it; views keep it when they keep the last two axes (leading
 Unsqueezes, Expands that broadcast only other axes, Reshapes that keep the last two dims, Slices
 of the last two axes from 0). No operand it follows may be broadcast along the keys (one key's
-value would stand for its whole row); along the queries it may (j > i >= 0 puts j after row 0). :func:`value_set` then bounds what the whole mask can hold (a few
-numbers, exactly, in float32), so that the caller can check every value is c or an allowed
-finite number above it: a row is then fully masked exactly when its maximum is c.
+value would stand for its whole row); along the queries it may (j > i >= 0 puts j after row 0).
+:func:`value_set` then bounds what the whole mask can hold (a few numbers, exactly, in float32),
+so that the caller can check every value is c or an allowed finite number above it: a row is
+then fully masked exactly when its maximum is c.
 """
 
 from __future__ import annotations

@@ -692,7 +692,10 @@ def _causal_values(bias: ir.Value, sequence: tuple[ir.Value, int]) -> _CausalMas
 def _causal_where(bias: ir.Value, sequence: tuple[ir.Value, int]) -> _CausalMask | Mismatch:
     found = _constant_where(bias, "the mask")
     if isinstance(found, Mismatch):
-        return _causal_values(bias, sequence) or found
+        return _causal_values(bias, sequence) or Mismatch(
+            f"{found.reason}, nor a mask of numbers proved to hold one constant <= "
+            f"{MASK_FLOOR:g} at every key after its query (_causal_values.py)"
+        )
     cond, masked_value = found
     if not (np.isfinite(masked_value) and masked_value <= MASK_FLOOR):
         return Mismatch(
