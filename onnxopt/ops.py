@@ -96,6 +96,13 @@ def single_consumer(value: ir.Value) -> ir.Node | None:
     return uses[0].node
 
 
+def constant_of_shape_fill(node: ir.Node) -> np.ndarray:
+    """What a ConstantOfShape fills its output with, flattened: its ``value`` attribute, or the
+    float32 0 the operator defaults to."""
+    attr = node.attributes.get("value")
+    return np.zeros(1, dtype=np.float32) if attr is None else attr.as_tensor().numpy().reshape(-1)
+
+
 def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
     """The value's shape when every dimension is a known integer."""
     if value is None or value.shape is None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import const_array, is_op
+from onnxopt.ops import const_array, constant_of_shape_fill, is_op
 from onnxopt.passes._attention_shapes import (
     peel_torch_expand_shape,
     producer_of,
@@ -100,8 +100,7 @@ def _uniform(value: ir.Value | None) -> float | None:
     array = _small_constant(value)
     node = value.producer() if value is not None else None
     if array is None and is_op(node, "ConstantOfShape") and node is not None:
-        fill = node.attributes.get_tensor("value", None)
-        array = np.zeros(1, np.float32) if fill is None else fill.numpy()
+        array = constant_of_shape_fill(node)
     elif array is None and is_op(node, "Expand") and node is not None:
         array = _small_constant(node.inputs[0])
     if array is None or array.size == 0 or not np.issubdtype(array.dtype, np.floating):

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from onnxopt.ops import constant_of_shape_fill
+
 logger = logging.getLogger(__name__)
 
 # dtypes numpy holds natively and ONNX Runtime accepts as numpy feeds; others are never folded.
@@ -360,8 +362,7 @@ def _constant_of_shape(node: ir.Node, x: list[np.ndarray | None]) -> list[np.nda
     shape = x[0]
     if shape is None:
         return None
-    attr = node.attributes.get("value")
-    fill = np.zeros(1, dtype=np.float32) if attr is None else attr.as_tensor().numpy().reshape(-1)
+    fill = constant_of_shape_fill(node)
     if fill.size != 1:
         return None
     return [np.full([int(d) for d in shape.reshape(-1)], fill[0], dtype=fill.dtype)]

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import const_array, is_op
+from onnxopt.ops import const_array, constant_of_shape_fill, is_op
 from onnxopt.passes._attention_shapes import (
     Entry,
     annotate,
@@ -121,8 +121,7 @@ def _zeros_of_scores(value: ir.Value | None, rows_view: ir.Node, k: ir.Value) ->
     node = producer_of(value, "ConstantOfShape")
     if node is None or node.inputs[0] is None:
         return False
-    fill = node.attributes.get_tensor("value", None)
-    if fill is not None and not bool(np.all(fill.numpy() == 0)):
+    if not bool(np.all(constant_of_shape_fill(node) == 0)):
         return False
     shape: ir.Value | None = node.inputs[0]
     reader = producer_of(shape, "Shape")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import const_array, is_op
+from onnxopt.ops import const_array, constant_of_shape_fill, is_op
 from onnxopt.passes._shape_facts import (
     MULTIDIRECTIONAL,
     SLICE_TO_END,
@@ -388,8 +388,7 @@ def _filled(value: ir.Value | None) -> np.ndarray | None:
     if is_op(node, "Expand"):
         return const_array(node.inputs[0])
     if is_op(node, "ConstantOfShape"):
-        fill = node.attributes.get_tensor("value", None)
-        return np.zeros(1, np.float32) if fill is None else fill.numpy()
+        return constant_of_shape_fill(node)
     return None
 
 

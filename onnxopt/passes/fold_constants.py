@@ -44,7 +44,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import NONDETERMINISTIC_OPS, ONNX_DOMAINS, remove_nodes, static_shape
+from onnxopt.ops import (
+    NONDETERMINISTIC_OPS,
+    ONNX_DOMAINS,
+    constant_of_shape_fill,
+    remove_nodes,
+    static_shape,
+)
 from onnxopt.passes._evaluate import (
     INFERENCE_DATA_ELEMENTS,
     NUMPY_OPS,
@@ -606,12 +612,7 @@ def _uniform_fill(
     fill: np.ndarray | None = None
     first = inputs[0] if inputs else None
     if node.op_type == "ConstantOfShape":
-        attr = node.attributes.get("value")
-        fill = (
-            np.zeros((), np.float32)
-            if attr is None
-            else attr.as_tensor().numpy().reshape(-1)[0:1].reshape(())
-        )
+        fill = constant_of_shape_fill(node)[0:1].reshape(())
     elif node.op_type in ELEMENT_MOVES and first is not None:
         fill = first.fill
     elif (

@@ -106,7 +106,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, single_consumer
+from onnxopt.ops import (
+    MS_DOMAIN,
+    ONNX_DOMAINS,
+    const_array,
+    constant_of_shape_fill,
+    is_op,
+    single_consumer,
+)
 from onnxopt.passes import _query_rows as query_rows
 from onnxopt.passes import _seq_first_heads as seq_first_heads
 from onnxopt.passes import _stacked_heads as stacked_heads
@@ -2354,8 +2361,7 @@ def _all_equal_to(value: ir.Value | None, wanted: float | bool, depth: int = 0) 
         return array.size > 0 and bool(np.all(array == wanted))
     node = value.producer()
     if is_op(node, "ConstantOfShape") and node is not None:
-        fill = node.attributes.get_tensor("value", None)
-        return bool(np.all((np.zeros(1) if fill is None else fill.numpy()) == wanted))
+        return bool(np.all(constant_of_shape_fill(node) == wanted))
     if node is None or len(node.inputs) == 0:
         return False
     if node.op_type in ("Expand", "Identity", "Reshape", "Unsqueeze", "Squeeze") and is_op(
