@@ -75,14 +75,10 @@ def leading_axes_peeled(value: ir.Value) -> ir.Value:
     query and key axes last): a [B, S, T] mask given its head axis."""
     for _ in range(4):
         node = producer_of(value, "Unsqueeze")
-        rank, inner = value_rank(value), value_rank(node.inputs[0]) if node is not None else None
-        if node is None or node.inputs[0] is None or rank is None or inner is None or inner < 2:
+        source = _keeps_last_two(node) if node is not None else None
+        if source is None:
             return value
-        axes = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
-        listed = node.attributes.get_ints("axes", None) if axes is None else axes.reshape(-1)
-        if listed is None or any(int(a) % rank >= rank - 2 for a in listed):
-            return value
-        value = node.inputs[0]
+        value = source
     return value
 
 

@@ -50,6 +50,7 @@ from onnxopt.passes._attention_shapes import (
     with_axes,
 )
 from onnxopt.passes._seq_first_heads import drop_unread
+from onnxopt.passes._shape_facts import axes_param
 
 _MOVE = [0, 2, 1, 3]  # [B, S, H, T] <-> [B, H, S, T]
 # Element-wise steps between the scores' view and the Softmax (a mask added or filled in).
@@ -278,9 +279,7 @@ def _head_axis_added(value: ir.Value) -> ir.Value | None:
     node = producer_of(value, "Unsqueeze")
     if node is None or node.inputs[0] is None or value_rank(node.inputs[0]) != 3:
         return None
-    axes = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
-    listed = node.attributes.get_ints("axes", None) if axes is None else axes.reshape(-1).tolist()
-    return node.inputs[0] if listed is not None and [int(a) % 4 for a in listed] == [2] else None
+    return node.inputs[0] if axes_param(node, 4) == (2,) else None
 
 
 def _moved(shape: ir.Shape | None) -> list[int | ir.SymbolicDim | None]:

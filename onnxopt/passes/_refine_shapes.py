@@ -69,15 +69,20 @@ def refine_shapes(model: ir.Model) -> int:
     return improved
 
 
-def _rename_dims(model: ir.Model, renamed: dict[str, int | ir.SymbolicDim]) -> int:
-    # the model's inputs and outputs keep the names they were given (an expression too)
-    interface = {
+def interface_names(model: ir.Model) -> frozenset[str]:
+    """The dim names of the main graph's inputs and outputs: kept whatever inference finds."""
+    return frozenset(
         str(dim.value)
         for value in (*model.graph.inputs, *model.graph.outputs)
         if value.shape is not None
         for dim in value.shape
-        if isinstance(dim, ir.SymbolicDim)
-    }
+        if isinstance(dim, ir.SymbolicDim) and dim.value is not None
+    )
+
+
+def _rename_dims(model: ir.Model, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+    # the model's inputs and outputs keep the names they were given (an expression too)
+    interface = interface_names(model)
     renamed = {name: dim for name, dim in renamed.items() if name not in interface}
     changed = 0
     for graph in model.graphs():

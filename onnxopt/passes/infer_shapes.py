@@ -9,7 +9,12 @@ import onnx_ir as ir
 
 from onnxopt import io
 from onnxopt.passes._contrib_shapes import with_stand_ins
-from onnxopt.passes._refine_shapes import EXPRESSION, GENERATED_DIM_PREFIX, refine_shapes
+from onnxopt.passes._refine_shapes import (
+    EXPRESSION,
+    GENERATED_DIM_PREFIX,
+    interface_names,
+    refine_shapes,
+)
 from onnxopt.passes.base import Pass, PassResult
 
 logger = logging.getLogger(__name__)
@@ -244,17 +249,6 @@ def _made_up(name: str, interface: frozenset[str]) -> bool:
     )
 
 
-def _interface_names(model: ir.Model) -> frozenset[str]:
-    """The dim names of the main graph's inputs and outputs: kept whatever inference finds."""
-    return frozenset(
-        str(dim.value)
-        for value in (*model.graph.inputs, *model.graph.outputs)
-        if value.shape is not None
-        for dim in value.shape
-        if isinstance(dim, ir.SymbolicDim) and dim.value is not None
-    )
-
-
 def _is_placeholder(dim: object, interface: frozenset[str]) -> bool:
     """A dim under a made-up name (see ``_made_up``)."""
     name = getattr(dim, "value", None)
@@ -379,7 +373,7 @@ class InferShapesPass(Pass):
                 stats["inputs pinned"] = pinned
 
         data_prop = True
-        interface = _interface_names(model)
+        interface = interface_names(model)
 
         def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
             return onnx.shape_inference.infer_shapes(
