@@ -180,15 +180,17 @@ def test_scatters_over_every_row_become_a_concat(body: str) -> None:
     assert concat.attributes.get_int("axis") == 0
 
 
-def _column_grid(update: str, name: str) -> str:
+def _column_grid(update: str, name: str, shape: str = "") -> str:
     """TorchScript's index grid for ``x[..., columns] = update`` on [B, 2, 3, 6]: the batch a
-    Range reshaped to [-1, 1, 1, 1], the heads a folded constant, the rows a Range to 3."""
+    Range reshaped to [-1, 1, 1, 1], the heads a folded constant, the rows a Range to 3; expanded
+    to the update's shape, or to ``shape`` (the broadcast of the indices themselves)."""
+    target = shape or f"{name}_shape"
     return f"""
-            {name}_shape = Shape({update})
-            {name}_b = Expand(batch4, {name}_shape)
-            {name}_h = Expand(heads, {name}_shape)
-            {name}_r = Expand(rows2, {name}_shape)
-            {name}_c = Expand({name}_cols, {name}_shape)
+            {"" if shape else f"{target} = Shape({update})"}
+            {name}_b = Expand(batch4, {target})
+            {name}_h = Expand(heads, {target})
+            {name}_r = Expand(rows2, {target})
+            {name}_c = Expand({name}_cols, {target})
             {name}_0 = Unsqueeze({name}_b, last)
             {name}_1 = Unsqueeze({name}_h, last)
             {name}_2 = Unsqueeze({name}_r, last)
@@ -414,7 +416,7 @@ def _padding_write_model(heads: int = 1, length_of: str = "keep") -> str:
             int64 zero = {{0}}, int64 one = {{1}}, int64 two = {{2}}, int64 three = {{3}},
             int64[1] zero1 = {{0}}, int64[1] axis3 = {{3}}, int64[1] last = {{-1}},
             int64[4] to_batch = {{-1, 1, 1, 1}}, int64[2] to_rows = {{-1, 1}},
-            int64[1, 1, 1] head0 = {{0}}, int64[2] ax12 = {{1, 2}}, float nothing = {{0.0}},
+            int64[1, 1, 1] heads = {{0}}, int64[2] ax12 = {{1, 2}}, float nothing = {{0.0}},
             float lowest = {{-3.4028234663852886e38}}
         > {{
             cs = Shape(c)
@@ -428,23 +430,14 @@ def _padding_write_model(heads: int = 1, length_of: str = "keep") -> str:
             padded = Equal(summed, nothing)
             filled = Where(padded, lowest, head)
             rb = Range(zero, nb, one)
-            b4 = Reshape(rb, to_batch)
+            batch4 = Reshape(rb, to_batch)
             rs = Range(zero, ns, one)
-            s2 = Reshape(rs, to_rows)
+            rows2 = Reshape(rs, to_rows)
             rt = Range(zero, nt, one)
-            t1 = Slice(rt, zero1, nl)
-            bs = Add(b4, s2)
-            bst = Add(bs, t1)
-            grid_shape = Shape(bst)
-            eb = Expand(b4, grid_shape)
-            eh = Expand(head0, grid_shape)
-            es = Expand(s2, grid_shape)
-            et = Expand(t1, grid_shape)
-            ub = Unsqueeze(eb, last)
-            uh = Unsqueeze(eh, last)
-            us = Unsqueeze(es, last)
-            ut = Unsqueeze(et, last)
-            grid = Concat <axis = -1> (ub, uh, us, ut)
+            grid_cols = Slice(rt, zero1, nl)
+            bs = Add(batch4, rows2)
+            bst = Add(bs, grid_cols)
+            grid_shape = Shape(bst){_column_grid("filled", "grid", shape="grid_shape")}
             update = Reshape(filled, grid_shape)
             written = ScatterND(c, grid, update)
             y = Relu(written)
