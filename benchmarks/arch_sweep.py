@@ -8,7 +8,8 @@ off, several sizes of the dynamic dims) and the eager PyTorch comparison. The op
 optimized again: a fixed point leaves the bytes unchanged. One markdown row per export:
 
     PYTHONPATH=. python benchmarks/arch_sweep.py [--families roberta,t5 ...] [--exporters dynamo]
-        [--attention eager|sdpa] [--target ort|onnx] [--opset 23] [--enable PASSES] [--out DIR]
+        [--attention eager|sdpa] [--target ort|onnx] [--opset 23] [--export-opset 14]
+        [--enable PASSES] [--out DIR]
         [--explain]
 
 A family whose export fails is recorded as ``export failed: <first line>`` (the exporter's limit,
@@ -2549,10 +2550,12 @@ def sweep_one(
     inputs_for: Callable[[Any], list[dict[str, Any]]] | None = None,
     stem: str | None = None,
     enable: tuple[str, ...] = (),
+    export_opset: int | None = None,
 ) -> Row:
-    """Export, optimize with validation, re-optimize; ``export_to(path)`` replaces the family's
-    factory export, ``inputs_for(original ir.Model)`` the validation inputs (kv_sweep's cached
-    decoder steps need consistent past/mask sizes)."""
+    """Export (at ``export_opset``, default the exporter's), optimize with validation,
+    re-optimize; ``export_to(path)`` replaces the family's factory export, ``inputs_for(original
+    ir.Model)`` the validation inputs (kv_sweep's cached decoder steps need consistent past/mask
+    sizes)."""
     from onnxopt import api, io
     from onnxopt.export import export
 
@@ -2563,7 +2566,12 @@ def sweep_one(
         if export_to is not None:
             export_to(path)
         else:
-            export(f"benchmarks.arch_sweep:{family.replace('-', '_')}", path, exporter=exporter)  # type: ignore[arg-type]
+            export(
+                f"benchmarks.arch_sweep:{family.replace('-', '_')}",
+                path,
+                exporter=exporter,  # type: ignore[arg-type]
+                opset=export_opset,
+            )
     except Exception as exc:
         row.status = f"export failed: {_first_line(exc.__cause__ or exc)}"
         row.seconds = time.perf_counter() - start
@@ -2660,6 +2668,12 @@ def main() -> None:
     parser.add_argument(
         "--opset", type=int, default=None, help="raise the opset first (23: ONNX Attention)"
     )
+    parser.add_argument(
+        "--export-opset",
+        type=int,
+        default=None,
+        help="export at this opset (Optimum's 4.x-era exports: 11-14; default: the exporter's)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="keep the exports here")
     parser.add_argument("--explain", action="store_true", help="print fusion --explain notes")
     parser.add_argument(
@@ -2682,6 +2696,7 @@ def main() -> None:
     enable = tuple(name.strip() for name in args.enable.split(",") if name.strip())
     opset = f"; opset {args.opset}" if args.opset else ""
     opset += f"; --enable {','.join(enable)}" if enable else ""
+    opset += f"; exported at opset {args.export_opset}" if args.export_opset else ""
     print(f"attention: {args.attention}; target: {args.target}{opset}; exports in {out}\n")
     print(
         "| family | exporter | status | nodes | fused (after) | validated | vs eager max abs "
@@ -2692,7 +2707,14 @@ def main() -> None:
     for family in families:
         for exporter in args.exporters.split(","):
             row = sweep_one(
-                family, exporter, out, args.explain, args.target, args.opset, enable=enable
+                family,
+                exporter,
+                out,
+                args.explain,
+                args.target,
+                args.opset,
+                enable=enable,
+                export_opset=args.export_opset,
             )
             rows.append(row)
             print(row.markdown(), flush=True)
