@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
@@ -86,6 +87,74 @@ def test_layer_norm_needs_opset_17_for_target_onnx() -> None:
     # ONNX Runtime registers LayerNormalization for older opsets too.
     ort_result = run_checked(FuseLayerNormPass(PassOptions(target="ort")), model)
     assert ort_result.stats == {"decomposed->LayerNormalization": 1}
+
+
+# Two norms of one input after common-subexpression elimination: one core, two scale/bias tails
+# (GPT-NeoX's parallel residual exported at opset 14); ``{third}`` adds another reader of the core.
+SHARED_CORE = (
+    LN_17.format(axis=-1)
+    .replace('"" : 17', '"" : 14')
+    .replace("=> (float[B, S, 8] y)", "=> (float[B, S, 8] y1, float[B, S, 8] y2{third_out})")
+    .replace(
+        "scaled = Mul (n, gamma)\n    y = Add (scaled, beta)",
+        "s1 = Mul (n, gamma1)\n    y1 = Add (s1, beta1)\n"
+        "    s2 = Mul (gamma2, n)\n    y2 = Add (beta2, s2)\n    {third}",
+    )
+)
+
+
+@pytest.mark.parametrize(
+    "third, third_out, left",
+    [
+        ("", "", []),
+        # the core read as it is keeps a LayerNormalization of scale 1 for that reader
+        ("y3 = Relu (n)", ", float[B, S, 8] y3", ["Relu"]),
+        # a tail without a bias, whose product is also a graph output
+        ("y3 = Mul (n, gamma1)", ", float[B, S, 8] y3", []),
+    ],
+)
+def test_shared_layer_norm_core_gets_one_norm_per_tail(
+    third: str, third_out: str, left: list[str]
+) -> None:
+    model = parse(
+        SHARED_CORE.replace("{third}", third).replace("{third_out}", third_out),
+        gamma1=rng_array(8, seed=1),
+        beta1=rng_array(8, seed=2),
+        gamma2=rng_array(1, 1, 8, seed=3),
+        beta2=rng_array(8, seed=4),
+    )
+    result = run_checked(FuseLayerNormPass(), model)
+    tails = 3 if third.startswith("y3 = Mul") else 2
+    assert result.stats == {
+        "decomposed->LayerNormalization": 1,
+        "LayerNormalization*gamma+beta->LayerNormalization": tails,
+    }
+    ops = [t for t in op_types(result.model) if t != "Constant"]
+    norms = tails + (1 if left else 0)
+    assert sorted(ops) == sorted(["LayerNormalization"] * norms + left)
+    for node in result.model.graph:
+        if node.op_type == "LayerNormalization" and node.outputs[0].is_graph_output():
+            assert node.inputs[1] is not None and node.inputs[1].const_value is not None
+
+
+def test_scaled_norm_near_misses_stay() -> None:
+    """A scale that is not per channel, or a norm that already scales, is left alone."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[B, S, 8] x, float[B, S, 8] w) => (float[B, S, 8] y1, float[B, S, 8] y2) {
+        n = LayerNormalization <epsilon = 1e-5> (x, ones)
+        y1 = Mul (n, w)
+        m = LayerNormalization <epsilon = 1e-5> (x, gamma)
+        y2 = Mul (m, gamma)
+    }
+    """
+    model = parse(text, ones=np.ones(8, np.float32), gamma=rng_array(8, seed=5))
+    result = FuseLayerNormPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert result.notes == [
+        "LayerNormalization*gamma+beta->LayerNormalization: Mul: the scale is not a constant "
+        "per-channel vector of the hidden size"
+    ]
 
 
 SKIP_LN = """

@@ -22,6 +22,7 @@ from onnxopt.rewrite.patterns import (
     const_scalar,
     ensure_opset,
     new_constant,
+    operand_op,
     other_input,
     producer_op,
     users,
@@ -96,10 +97,7 @@ def _match_layer_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatc
     if is_op(node, "Div"):
         centered, std = node.inputs[0], node.inputs[1]
     else:
-        for operand in node.inputs[:2]:
-            reciprocal = producer_op(operand, "Reciprocal")
-            if reciprocal is not None:
-                break
+        reciprocal = operand_op(node, "Reciprocal")
         if reciprocal is None:
             return Mismatch("no operand is a Reciprocal", candidate=False)
         std = reciprocal.inputs[0]
@@ -213,8 +211,61 @@ def _rewrite_layer_norm(match: Match, context: RewriteContext) -> Replacement:
         beta = new_constant(b["beta"], "layer_norm_bias")
         inputs.append(beta)
         initializers.append(beta)
-    new = ir.node("LayerNormalization", inputs, {"axis": -1, "epsilon": b["eps"]})
+    attributes = {"axis": -1, "epsilon": b["eps"]}
+    if b.get("stash_type", 1) != 1:
+        attributes["stash_type"] = b["stash_type"]
+    new = ir.node("LayerNormalization", inputs, attributes)
     return Replacement([new], [(match.root.outputs[0], new.outputs[0])], constants=initializers)
+
+
+def _match_scaled_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``LayerNormalization(x, 1) * gamma [+ beta]``: what the decomposed fusion leaves when one
+    normalization feeds several scale/bias tails (two norms of one input share their core after
+    common-subexpression elimination: GPT-NeoX's parallel residual, a backbone's final norm applied
+    to a hidden state the next layer normalizes too). Each tail becomes its own
+    ``LayerNormalization(x, gamma, beta)``; n * 1 * gamma is n * gamma exactly."""
+    norm = operand_op(node, "LayerNormalization")
+    if norm is None:
+        return Mismatch("no operand is a LayerNormalization", candidate=False)
+    normed = norm.outputs[0]
+    x = norm.inputs[0]
+    scale = const_array(norm.inputs[1] if len(norm.inputs) > 1 else None)
+    bias = norm.inputs[2] if len(norm.inputs) > 2 else None
+    if scale is None or not np.all(scale == 1):
+        return Mismatch("the LayerNormalization already scales", candidate=False)
+    if bias is not None:
+        return Mismatch("the LayerNormalization already has a bias", candidate=False)
+    rank = None if x is None or x.shape is None else len(x.shape)
+    axis = norm.attributes.get_int("axis", -1)
+    if axis != -1 and (rank is None or axis != rank - 1):
+        return Mismatch(f"LayerNormalization axis {axis} is not the last axis")
+    if any(out.uses() or out.is_graph_output() for out in norm.outputs[1:]):
+        return Mismatch("LayerNormalization's mean / inv_std_dev outputs are used")
+    if x is None or x.dtype is None or normed.dtype != x.dtype:
+        return Mismatch("the normalized input's dtype is unknown")
+    gamma = per_channel_vector(other_input(node, normed), x)
+    if gamma is None or gamma.shape != scale.reshape(-1).shape:
+        return Mismatch("the scale is not a constant per-channel vector of the hidden size")
+    nodes = [norm, node]
+    beta = None
+    add = single_consumer(node.outputs[0])
+    if is_op(add, "Add") and add is not None and not node.outputs[0].is_graph_output():
+        beta = per_channel_vector(other_input(add, node.outputs[0]), x)
+        if beta is not None and beta.shape == gamma.shape:
+            nodes.append(add)
+        else:
+            beta = None
+    dtype = x.dtype.numpy()
+    return Match(
+        nodes,
+        {
+            "x": x,
+            "eps": norm.attributes.get_float("epsilon", 1e-5),
+            "stash_type": norm.attributes.get_int("stash_type", 1),
+            "gamma": gamma.astype(dtype),
+            "beta": None if beta is None else beta.astype(dtype),
+        },
+    )
 
 
 def _match_skip(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -310,6 +361,12 @@ RULES = (
     Rule("decomposed->LayerNormalization", "Div", _match_layer_norm, _rewrite_layer_norm),
     Rule(
         "decomposed(reciprocal)->LayerNormalization", "Mul", _match_layer_norm, _rewrite_layer_norm
+    ),
+    Rule(
+        "LayerNormalization*gamma+beta->LayerNormalization",
+        "Mul",
+        _match_scaled_norm,
+        _rewrite_layer_norm,
     ),
 )
 SKIP_RULES = (

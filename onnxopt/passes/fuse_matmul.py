@@ -30,7 +30,14 @@ from onnxopt.passes._attention_shapes import (
 )
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
-from onnxopt.rewrite.patterns import ensure_opset, new_constant, other_input, producer_op, users
+from onnxopt.rewrite.patterns import (
+    ensure_opset,
+    new_constant,
+    operand_op,
+    other_input,
+    producer_op,
+    users,
+)
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE)
 _FUSED_MATMUL_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16)  # com.microsoft FusedMatMul's
@@ -100,11 +107,7 @@ def _rewrite_matmul(match: Match, context: RewriteContext) -> Replacement:
 
 
 def _match_matmul_add(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    matmul = None
-    for operand in add.inputs[:2]:
-        matmul = producer_op(operand, "MatMul")
-        if matmul is not None:
-            break
+    matmul = operand_op(add, "MatMul")
     if matmul is None:
         return Mismatch("no operand is a MatMul", candidate=False)
     bias = other_input(add, matmul.outputs[0])

@@ -18,6 +18,15 @@ def producer_op(value: ir.Value | None, op_type: str, domain: str = "") -> ir.No
     return node if is_op(node, op_type, domain) else None
 
 
+def operand_op(node: ir.Node, op_type: str, domain: str = "") -> ir.Node | None:
+    """The producer of the first of a binary ``node``'s operands that ``op_type`` makes."""
+    for operand in node.inputs[:2]:
+        found = producer_op(operand, op_type, domain)
+        if found is not None:
+            return found
+    return None
+
+
 def const_scalar(value: ir.Value | None) -> float | None:
     """The value as a Python float when it is a constant scalar (rank 0 or shape [1]).
 
