@@ -31,11 +31,14 @@ def _model(
     biases: tuple[bool, bool, bool] = (True, True, True),
     seq: str = "S",
     query_length_at: int | None = None,
+    opset: int = 17,
+    query_slice: tuple[int, int] = (1, 2),
 ) -> str:
     """One attention layer as fuse-attention leaves it: a merged projection + Split, or (separate)
     three projections of x with biases where ``biases`` says, then MultiHeadAttention.
     ``query_length_at`` reads the query length as ``Gather(Shape(q), [i])`` (GPT-Neo's TorchScript
-    export), not ``Shape(q, 1, 2)``."""
+    export), not ``Shape(q, 1, 2)``; below opset 15 the lengths are ``Slice(Shape(q), ...)``
+    (``query_slice`` the query's bounds)."""
     width = sum(sizes)
     inits = ["int64[2] ones = {1, 1}", "float c = {0.5}"]
     if separate:
@@ -61,10 +64,18 @@ def _model(
         if query_length_at is not None:
             inits.append(f"int64[1] at = {{{query_length_at}}}")
             body += [f"q_shape = Shape({query})", "sq = Gather(q_shape, at)"]
+        elif opset < 15:
+            lo, hi = query_slice
+            inits += [f"int64[1] lo = {{{lo}}}", f"int64[1] hi = {{{hi}}}"]
+            inits += ["int64[1] one = {1}", "int64[1] two = {2}", "int64[1] axis0 = {0}"]
+            body += [f"q_shape = Shape({query})", "sq = Slice(q_shape, lo, hi, axis0)"]
         else:
             body.append(f"sq = Shape <start: int = 1, end: int = 2> ({query})")
+        if opset < 15:
+            body += ["k_shape = Shape(k)", "sk = Slice(k_shape, one, two)"]
+        else:
+            body.append("sk = Shape <start: int = 1, end: int = 2> (k)")
         body += [
-            "sk = Shape <start: int = 1, end: int = 2> (k)",
             "full = Concat <axis: int = 0> (ones, sq, sk)",
             "bias = Expand(m, full)",
         ]
@@ -80,7 +91,7 @@ def _model(
     mask_input = f", float[B, 1, 1, {seq}] m" if mask else ""
     newline = "\n"
     return f"""
-        <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+        <ir_version: 8, opset_import: ["" : {opset}, "com.microsoft" : 1]>
         g (float[B, {seq}, 6] x{mask_input}) => ({outputs}) <
             {", ".join(inits)}
         > {{
@@ -223,6 +234,25 @@ def test_moves_a_whole_shape_read_only_for_a_leading_dim() -> None:
     # index -1 is the projected width, which x does not have: the query's read stays
     result = FusePackedAttentionPass(PassOptions(explain=True))(
         load(_model(separate=True, query_length_at=-1))
+    )
+    assert result.stats == {"shape-of-qkv-slice->shape-of-input": 1}  # the key's
+    assert any(note.endswith("the Shape may read the projected axis") for note in result.notes)
+
+
+def test_moves_sliced_shape_reads_below_opset_15() -> None:
+    """Below opset 15 a one-dim read is ``Slice(Shape(q), [1], [2])`` (Shape has no start/end; what
+    fuse-attention writes there, RoBERTa exported at opset 14): moved to x as a whole Shape."""
+    model = assert_rewrites(
+        FusePackedAttentionPass,
+        _model(separate=True, opset=14),
+        {"q,k,v-matmuls+mha->attention": 1, "shape-of-qkv-slice->shape-of-input": 2},
+        ["Shape", "Slice", "Slice", "Concat", "Expand", "Attention"],
+        trials=2,
+    )
+    assert all(not node.attributes for node in model.graph if node.op_type == "Shape")
+    # [1:3] would read the query's projected width, which x does not have: the query's read stays
+    result = FusePackedAttentionPass(PassOptions(explain=True))(
+        load(_model(separate=True, opset=14, query_slice=(1, 3)))
     )
     assert result.stats == {"shape-of-qkv-slice->shape-of-input": 1}  # the key's
     assert any(note.endswith("the Shape may read the projected axis") for note in result.notes)

@@ -324,13 +324,19 @@ def _shape_match(
 
 def _reads_leading_dims(shape: ir.Value, limit: int) -> bool:
     """Every use of ``shape`` (a whole Shape) is a Gather of dims below ``limit`` (GPT-Neo's
-    TorchScript export reads S as ``Gather(Shape(q), 1)``), so another tensor with the same
+    TorchScript export reads S as ``Gather(Shape(q), 1)``) or a Slice of them (a one-dim read
+    re-pointed below opset 15, where Shape has no start/end), so another tensor with the same
     leading dims, whatever its rank and last dim, gives the same values."""
     for use in shape.uses():
+        if use.idx != 0:
+            return False
+        if is_op(use.node, "Slice"):
+            if not _slices_below(use.node, limit):
+                return False
+            continue
         index = const_array(use.node.inputs[1]) if len(use.node.inputs) > 1 else None
         if (
             not is_op(use.node, "Gather")
-            or use.idx != 0
             or index is None
             or index.size == 0
             or not bool(np.all((index >= 0) & (index < limit)))
@@ -339,11 +345,28 @@ def _reads_leading_dims(shape: ir.Value, limit: int) -> bool:
     return not shape.is_graph_output()
 
 
+def _slices_below(node: ir.Node, limit: int) -> bool:
+    """``Slice(v, [start], [end] [, [0] [, [1]]])`` with 0 <= start < end <= ``limit``."""
+    starts, ends, axes, steps = [*node.inputs[1:], None, None, None, None][:4]
+    bounds = [const_array(v) for v in (starts, ends)]
+    start, end = bounds
+    if start is None or end is None or start.size != 1 or end.size != 1:
+        return False
+    for value, expected in ((axes, 0), (steps, 1)):
+        array = None if value is None else const_array(value)
+        if value is not None and (
+            array is None or array.size != 1 or int(array.item()) != expected
+        ):
+            return False
+    return 0 <= int(start.item()) < int(end.item()) <= limit
+
+
 def _rewrite_shape(match: Match, context: RewriteContext) -> Replacement:
     shape = match.root
     if match.bindings["existing"] is not None:
         return Replacement([], [(shape.outputs[0], match.bindings["existing"])])
-    attributes = {"start": match.bindings["start"]}
+    # A whole Shape stays one (Shape has no start/end before opset 15).
+    attributes = {"start": match.bindings["start"]} if match.bindings["start"] else {}
     end = match.bindings["end"]
     if end is not None:
         attributes["end"] = end
