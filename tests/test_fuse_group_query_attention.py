@@ -847,3 +847,47 @@ def test_multi_query_attention_reads_its_packed_projection() -> None:
     assert "Split" not in types and "Gather" in types
     _assert_sorted(fused)
     _validated_fixed_point(model, fused, _PLAIN_INPUTS)
+
+
+@pytest.mark.parametrize("opset", [11, 12, 17])
+def test_fully_masked_row_flags_at_every_opset(opset: int) -> None:
+    """The fix-up's flags (row max <= MASK_FLOOR) are LessOrEqual from opset 12 and Less than the
+    next float32 before it (GPT-BigCode exported at opset 11 was refused by ORT): the same flags
+    at the floor, just above it, at -inf and for NaN."""
+    import onnxruntime as ort
+
+    from onnxopt.passes._attention_shapes import MASK_FLOOR
+    from onnxopt.passes.fuse_group_query_attention import _row_flags
+
+    mask = ir.Value(
+        name="mask", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1, 2, 5, 3])
+    )
+    tape = ir.tape.Tape()
+    flags = _row_flags(tape, mask, opset)
+    flags.name = "flags"
+    graph = ir.Graph([mask], [flags], nodes=tape.nodes, opset_imports={"": opset})
+    model = ir.Model(graph, ir_version=7)
+    session = ort.InferenceSession(
+        ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    floor = np.float32(MASK_FLOOR)
+    rows = [
+        floor,
+        np.nextafter(floor, np.float32(0)),
+        np.float32(-np.inf),
+        np.float32(np.nan),
+        np.float32(0),
+        np.nextafter(floor, np.float32(-np.inf)),
+        np.float32(-3e38),
+        floor,
+        floor,
+        np.float32(1),
+    ]
+    values = np.full((1, 2, 5, 3), -np.inf, np.float32)
+    values[..., 0] = np.array(rows, np.float32).reshape(1, 2, 5)
+    (got,) = session.run(None, {"mask": values})
+    expected = np.transpose(values.max(axis=3) <= floor, (0, 2, 1))[..., None]
+    np.testing.assert_array_equal(got, expected)
+    assert got.any() and not got.all()
+    ops = [node.op_type for node in tape.nodes]
+    assert ("LessOrEqual" in ops) == (opset >= 12)

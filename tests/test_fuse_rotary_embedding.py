@@ -1070,3 +1070,25 @@ def test_rotary_precomputed_tables_indexed_by_positions(gather: str) -> None:
 def test_rotary_precomputed_tables_at_shifted_positions_refused() -> None:
     """Positions 1..S read rows 1..S: not the [0] offset form."""
     _refuses(_cached_model("gather", start=1), "not Range(0, S)")
+
+
+def test_rotary_positions_per_batch_row_below_opset_15() -> None:
+    """Below opset 15 the row ids' [B, S] are read as a Slice of the whole Shape (a Shape with
+    start/end, as at opset 20, is refused by ORT there)."""
+    text = _rope_text(14, "position_ids", ", int64[B, S] position_ids", position_axes="ax2")
+    text = text.replace(  # the template's own length read, as opset 14 writes it
+        "shp = Shape <start = 2, end = 3> (q)\n    n = Squeeze (shp)",
+        "shp = Shape (q)\n    two = Constant <value = int64 {2}> ()\n"
+        "    n = Gather <axis = 0> (shp, two)",
+    )
+    model = parse(text, inv_freq=_inv_freq(), **_slices())
+    assert "start =" not in text
+    fused = model.clone()
+    result = FuseRotaryEmbeddingPass(PassOptions(target="ort"))(fused)
+    assert result.stats == {"rotary->RotaryEmbedding": 2}
+    reads = [n for n in fused.graph if n.op_type == "Shape" and n.inputs[0] is not None]
+    new_reads = [n for n in reads if n.inputs[0].name == "f"]  # the angles' [B, S]
+    assert new_reads and all(not n.attributes for n in new_reads)
+    report = validate(model, fused, inputs=PER_ROW_SIZES)
+    assert report.passed, report
+    assert not FuseRotaryEmbeddingPass(PassOptions(target="ort"))(fused).modified

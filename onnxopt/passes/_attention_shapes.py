@@ -558,12 +558,20 @@ def split_last_axis(
 
 
 def seq_len(tape: ir.tape.Tape, value: ir.Value, axis: int, opset: int) -> ir.Value:
+    return dims_read(tape, value, axis, axis + 1, opset)
+
+
+def dims_read(tape: ir.tape.Tape, value: ir.Value, start: int, end: int, opset: int) -> ir.Value:
+    """Dims [start, end) of ``value``'s shape as a vector: ``Shape(value, start, end)`` from opset
+    15, a Slice of the whole Shape before (Slice's bounds are attributes before opset 10)."""
     if opset >= 15:
-        return tape.op("Shape", [value], {"start": axis, "end": axis + 1})
+        return tape.op("Shape", [value], {"start": start, "end": end})
     shape = tape.op("Shape", [value])
+    if opset < 10:
+        return tape.op("Slice", [shape], {"starts": [start], "ends": [end], "axes": [0]})
     return tape.op(
         "Slice",
-        [shape, int64_const(tape, [axis]), int64_const(tape, [axis + 1]), int64_const(tape, [0])],
+        [shape, int64_const(tape, [start]), int64_const(tape, [end]), int64_const(tape, [0])],
     )
 
 

@@ -1085,12 +1085,20 @@ def _emit_gqa(
     return result
 
 
+# The float32 just above MASK_FLOOR: ``x <= MASK_FLOOR`` is ``x < _FLOOR_LESS_THAN`` for float32 x.
+_FLOOR_LESS_THAN = np.nextafter(np.float32(MASK_FLOOR), np.float32(np.inf))
+
+
 def _row_flags(tape: ir.tape.Tape, mask: ir.Value, opset: int, steps: int = 4) -> ir.Value:
     """Whether every key of a query row is masked, from the rank-4 mask [b, h, S, T]: [b, S, h, 1]
     (``steps`` 4), or [b, S, h] (3; [b, S, 1] for a mask with one head)."""
     row_max = with_axes(tape, "ReduceMax", mask, [3], opset, {"keepdims": 0})  # [b, h, S]
-    floor = tape.op("Constant", [], {"value": ir.tensor(np.array(MASK_FLOOR, np.float32))})
-    masked = tape.op("LessOrEqual", [row_max, floor])
+    if opset >= 12:
+        floor = tape.op("Constant", [], {"value": ir.tensor(np.array(MASK_FLOOR, np.float32))})
+        masked = tape.op("LessOrEqual", [row_max, floor])
+    else:  # no LessOrEqual before opset 12: x <= f is x < the next float32 after f (NaN: false)
+        above = _FLOOR_LESS_THAN
+        masked = tape.op("Less", [row_max, tape.op("Constant", [], {"value": ir.tensor(above)})])
     masked = tape.op("Transpose", [masked], {"perm": [0, 2, 1]})
     if steps == 3:
         return masked
@@ -1116,7 +1124,9 @@ def _is_row_flag_step(node: ir.Node, step: int) -> bool:
         )
     if step == 1:
         floor = float(np.float32(MASK_FLOOR))  # as _row_flags stores it
-        return is_op(node, "LessOrEqual") and is_scalar_constant(node.inputs[1], floor)
+        return (is_op(node, "LessOrEqual") and is_scalar_constant(node.inputs[1], floor)) or (
+            is_op(node, "Less") and is_scalar_constant(node.inputs[1], float(_FLOOR_LESS_THAN))
+        )
     if step == 2:
         return transpose_perm(node) == [0, 2, 1]
     return is_op(node, "Unsqueeze") and _int_list(node, "axes", 1) == [3]

@@ -63,6 +63,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op, static_shape
+from onnxopt.passes._attention_shapes import dims_read
 from onnxopt.passes._refine_shapes import _is_unknown, _unit_step_axes
 from onnxopt.passes._shape_facts import (
     cast_target,
@@ -947,15 +948,18 @@ def _shared_op(
     return node.outputs[0]
 
 
-def _row_ids(freqs: ir.Value | None, nodes: list[ir.Node], constants: list[ir.Value]) -> ir.Value:
+def _row_ids(
+    freqs: ir.Value | None, nodes: list[ir.Node], constants: list[ir.Value], opset: int
+) -> ir.Value:
     """Position ids [B, S] = b * S + s: token (b, s) reads row b * S + s of the [B * S, H/2] caches
     (the angles reshaped), which holds f[b, s], the angles it was multiplied by. Built once per
     model, from f's shape: ``Reshape(Range(0, B * S, 1), Shape(f)[:2])``."""
     assert freqs is not None
-    dims = _existing(freqs, "Shape", _first_two_dims)
+    dims = _existing(freqs, "Shape", _first_two_dims) if opset >= 15 else None
     if dims is None:
-        nodes.append(ir.node("Shape", [freqs], {"start": 0, "end": 2}))
-        dims = nodes[-1].outputs[0]
+        tape = ir.tape.Tape()
+        dims = dims_read(tape, freqs, 0, 2, opset)
+        nodes.extend(tape.nodes)
     count = _existing(dims, "ReduceProd", lambda n: n.attributes.get_int("keepdims", 1) == 0)
     if count is None:
         nodes.append(ir.node("ReduceProd", [dims], {"keepdims": 0}))
@@ -1014,7 +1018,7 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
         cos = rotary_cache(b["cos"], b["head"], True, nodes, constants)
         sin = rotary_cache(b["sin"], b["head"], True, nodes, constants)
         if b["cos"].per_row:
-            positions = _row_ids(b["cos"].freqs, nodes, constants)
+            positions = _row_ids(b["cos"].freqs, nodes, constants, context.opset())
         else:
             positions = new_constant(np.array([0], dtype=np.int64), "rotary_position_offset")
             constants.append(positions)
