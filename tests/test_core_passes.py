@@ -572,3 +572,47 @@ def test_an_expression_without_a_proof_or_on_the_interface_stays() -> None:
     r = next(n for n in outside.graph if n.op_type == "Relu").outputs[0]
     assert [str(d) for d in r.shape] == ["batch", "Min(128, seq)", "4"]
     assert [str(d) for d in outside.graph.outputs[1].shape] == ["batch", "Min(128, seq)", "4"]
+
+
+OPSET_11_CAUSAL_MASK = """
+<ir_version: 7, opset_import: ["" : 11]>
+g (int64[B, S] ids) => (float[B, 1, S, S] mask) {
+    s = Shape(ids)
+    one = Constant<value = int64 {1}>()
+    n = Gather<axis = 0>(s, one)
+    n1 = Unsqueeze<axes = [0]>(n)
+    full_shape = Concat<axis = 0>(n1, n1)
+    full = ConstantOfShape<value = float[1] {-3.0e38}>(full_shape)
+    fs = Shape(full)
+    last = Constant<value = int64[1] {-1}>()
+    big = Constant<value = int64[1] {9223372036854775807}>()
+    t1 = Slice(fs, last, big)
+    t = Squeeze<axes = [0]>(t1)
+    zero = Constant<value = int64 {0}>()
+    step = Constant<value = int64 {1}>()
+    cols = Range(zero, t, step)
+    rows = Unsqueeze<axes = [1]>(cols)
+    after = Less(rows, cols)
+    zf = Constant<value = float {0.0}>()
+    causal = Where(after, full, zf)
+    b = Gather<axis = 0>(s, zero)
+    b1 = Unsqueeze<axes = [0]>(b)
+    o1 = Constant<value = int64[1] {1}>()
+    target = Concat<axis = 0>(b1, o1, n1, n1)
+    c4 = Unsqueeze<axes = [0, 1]>(causal)
+    mask = Expand(c4, target)
+}
+"""
+
+
+def test_a_causal_mask_built_at_opset_11_keeps_its_dims_named() -> None:
+    """CLIP's text model exported at opset 11 (transformers 4.x): ``full((S, S), min)`` and the
+    Range over its last dim. ONNX's data propagation knows Gather and Unsqueeze only from opset
+    13, so every dim was unknown and the attention after it did not fuse."""
+    model = parse_model(OPSET_11_CAUSAL_MASK)
+    InferShapesPass()(model)
+    shapes = {n.outputs[0].name: [str(d) for d in n.outputs[0].shape] for n in model.graph}
+    assert shapes["full"] == ["S", "S"]
+    assert shapes["cols"] == ["S"]
+    assert shapes["causal"] == ["S", "S"]
+    assert shapes["mask"] == ["B", "1", "S", "S"]

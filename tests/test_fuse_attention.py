@@ -53,7 +53,9 @@ def _model(
 
     ``merge_target="gathered"`` merges the heads back with a target read at run time as
     ``Concat(Gather(Shape(x), [0]), Gather(Shape(x), [1]), [8])`` (one-element index vectors, the
-    form fold-shape-values leaves after sharing equal shape reads) instead of ``[0, 0, 8]``.
+    form fold-shape-values leaves after sharing equal shape reads) instead of ``[0, 0, 8]``;
+    ``"whole-shape"`` with ``Shape(x)``, whose static last dim is H*d (Qwen2 exported at opset 11
+    merges by the embeddings' whole shape).
     ``scaled_projections`` names the [B, S, 8] projections ("q", "k") multiplied by a scalar before
     the head split, as fairseq-style models write ``q_proj(x) * scaling``. ``position_bias`` adds
     an input ``pos`` [1, 2, S, S] to the scores before the mask, as T5 and MPNet do.
@@ -106,6 +108,8 @@ def _model(
         "xs = Shape(x)\n            xb = Gather(xs, zero1)\n            xt = Gather(xs, one1)\n"
         "            merged_rt = Concat<axis=0>(xb, xt, eight)\n            y = Reshape(pt, merged_rt)"
         if merge_target == "gathered"
+        else "xs = Shape(x)\n            y = Reshape(pt, xs)"
+        if merge_target == "whole-shape"
         else "y = Reshape(pt, merged_computed)"
         if computed
         else "y = Reshape(pt, merged)"
@@ -267,6 +271,7 @@ def _op_types(model: ir.Model) -> list[str]:
         ("dynamo", "constant"),
         ("dynamo-static", "constant"),
         ("torchscript", "gathered"),
+        ("torchscript", "whole-shape"),
     ],
 )
 def test_fuses_sdpa_into_multi_head_attention(key_form: str, merge_target: str) -> None:

@@ -64,6 +64,8 @@ def refine_shapes(model: ir.Model) -> int:
                 improved += _refine_expand(node, bounded, renamed)
             elif is_op(node, "Tile"):
                 improved += _refine_tile(node, renamed)
+            elif is_op(node, "ConstantOfShape"):
+                improved += _refine_constant_of_shape(node, renamed)
     if renamed:
         improved += _rename_dims(model, renamed)
     return improved
@@ -521,6 +523,21 @@ def _refine_expand(
             ):
                 dim = read
         found.append(None if _is_unknown(dim) or dim == 0 else dim)  # type: ignore[arg-type]
+    return _merge_dims(node.outputs[0], found, renamed)
+
+
+def _refine_constant_of_shape(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+    """``ConstantOfShape(Concat(reads...))`` has the dims its target reads (a causal mask built
+    as ``full((S, S), min)``). ONNX names them only through its data propagation, which knows
+    Gather and Unsqueeze from opset 13 on: exported at opset 11, every dim was unknown."""
+    target = optional_input(node, 0)
+    entries = target_entries(target) if target is not None else None
+    if entries is None:
+        return 0
+    found: list[int | ir.SymbolicDim | None] = []
+    for entry in entries:
+        dim = entry if isinstance(entry, int) and entry >= 0 else _read_dim(entry, renamed)
+        found.append(None if _is_unknown(dim) else dim)
     return _merge_dims(node.outputs[0], found, renamed)
 
 

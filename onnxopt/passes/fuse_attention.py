@@ -439,6 +439,10 @@ def _merged_heads(value: ir.Value, by_axis: Sequence[Sequence[ir.Value]]) -> _Me
             return replace(merge, target=reshape.inputs[1])
         return None
     last = entries[2]
+    if isinstance(last, tuple) and isinstance(last[1], ir.Value):
+        # a static dim read off another tensor (below opset 15 a whole ``Shape(embeddings)``
+        # [B, S, D] is the target: Qwen2 and wav2vec2 exported at opset 11)
+        last = static_dim(last[1], last[2]) or last
     if entries[1] == -1 and not (isinstance(last, int) and last > 0):
         return None
     if not (isinstance(last, int) and (last == -1 or last > 0)):
