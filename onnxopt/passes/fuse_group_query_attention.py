@@ -151,6 +151,7 @@ from onnxopt.rewrite import (
     iter_graphs,
 )
 from onnxopt.rewrite.driver import describe
+from onnxopt.rewrite.patterns import producer_op
 
 logger = logging.getLogger(__name__)
 
@@ -520,7 +521,7 @@ def _compares_in_where(bias: ir.Value) -> bool:
         if cond is not None:
             cond = leading_axes_peeled(_peel_broadcasts(cond))
         node = cond.producer() if cond is not None else None
-        if is_op(node, "LessOrEqual") or is_op(node, "GreaterOrEqual"):
+        if _non_strict_comparison(node) is not None:
             return True
         if cond is not None and _lower_triangular_cut(cond):
             return True
@@ -556,6 +557,23 @@ def _lower_triangular_cut(cond: ir.Value) -> bool:
     return not bool(array[..., after].any())
 
 
+def _non_strict_comparison(
+    node: ir.Node | None,
+) -> tuple[str, ir.Value | None, ir.Value | None] | None:
+    """``LessOrEqual(a, b)`` or ``GreaterOrEqual(a, b)`` as (op, a, b); below opset 12, where
+    neither exists, the exporter writes ``Not(Greater(a, b))`` and ``Not(Less(a, b))``, the same
+    on the integer positions the caller proves a and b are."""
+    if node is None:
+        return None
+    if is_op(node, "LessOrEqual") or is_op(node, "GreaterOrEqual"):
+        return node.op_type, node.inputs[0], node.inputs[1]
+    inner = producer_op(node.inputs[0], "Greater") or producer_op(node.inputs[0], "Less")
+    if not is_op(node, "Not") or inner is None:
+        return None
+    op = "LessOrEqual" if inner.op_type == "Greater" else "GreaterOrEqual"
+    return op, inner.inputs[0], inner.inputs[1]
+
+
 def _is_causal(cond: ir.Value, sequence: tuple[ir.Value, int], depth: int = 0) -> bool:
     """``cond[.., i, j]`` implies ``j <= i``: an And with LessOrEqual(key_pos, query_pos), or a
     cut of a constant lower-triangular buffer."""
@@ -567,12 +585,11 @@ def _is_causal(cond: ir.Value, sequence: tuple[ir.Value, int], depth: int = 0) -
         return True
     if is_op(node, "And"):
         return any(v is not None and _is_causal(v, sequence, depth + 1) for v in node.inputs)
-    if is_op(node, "LessOrEqual"):
-        key_pos, query_pos = node.inputs[0], node.inputs[1]
-    elif is_op(node, "GreaterOrEqual"):
-        query_pos, key_pos = node.inputs[0], node.inputs[1]
-    else:
+    comparison = _non_strict_comparison(node)
+    if comparison is None:
         return False
+    op, a, b = comparison
+    key_pos, query_pos = (a, b) if op == "LessOrEqual" else (b, a)
     return (
         _positions(key_pos, 3, sequence) is not None
         and _positions(query_pos, 2, sequence) is not None
