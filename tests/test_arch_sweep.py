@@ -186,3 +186,34 @@ def test_gpt_neox_rotates_parts_of_its_packed_heads_in_three_d(
         assert producers[rotary.input[0]].op_type == "Reshape"
         readers = [n.op_type for n in optimized.graph.node if rotary.output[0] in n.input]
         assert "Transpose" not in readers
+
+
+# Exported at the opsets Optimum used (11-14): LayerNorm decomposed, no Shape start/end, no
+# LessOrEqual before 12, no data propagation through Unsqueeze/Gather before 13.
+EXPORT_OPSET_CASES = [
+    # the parallel residual's two norms of one input share their core: one norm per tail
+    ("gpt-neox", 14, "gqa 2 rotary 4 ln 5"),
+    # and the causal comparison is Not(Greater(k, q)): GroupQueryAttention(causal=1)
+    ("gpt-neox", 11, "gqa 2 rotary 4 ln 5"),
+    ("opt", 11, "gqa 2"),
+    # the backbone's final norm over a hidden state the next layer normalizes too
+    ("depth-anything", 14, "ln 12"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "export_opset", "fused"), EXPORT_OPSET_CASES)
+def test_family_exported_at_an_older_opset(
+    family: str, export_opset: int, fused: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    monkeypatch.setitem(arch_sweep.ATTENTION, "implementation", "eager")
+    row = arch_sweep.sweep_one(
+        family, "torchscript", tmp_path, explain=False, export_opset=export_opset
+    )
+    assert row.status == "ok", row
+    assert fused in row.fused, row
+    assert row.validated == "yes", row
+    assert "FAIL" not in row.eager_diff and "ERROR" not in row.eager_diff, row
+    assert row.fixed_point == "yes", row
