@@ -236,7 +236,7 @@ LSE_BLOCK = {
 }
 
 
-def _lse_model(mask: str = "causal", **block: str) -> ir.Model:
+def _lse_model(mask: str = "causal", opset: int = 18, **block: str) -> ir.Model:
     """The GQA layer with Granite-SWA's sinks; ``block`` replaces lines of LSE_BLOCK."""
     lines = {**LSE_BLOCK, **block}
     probs = f"""
@@ -249,7 +249,7 @@ def _lse_model(mask: str = "causal", **block: str) -> ir.Model:
     """
     return gqa_layer(
         probs,
-        opset=18,
+        opset=opset,
         inputs=", float[1, 4, 1, 1] runtime",  # FEEDS feed it
         allowed="allowed = And(causal, pad)" if mask == "causal" else "allowed = Identity(pad)",
         pv=lines["pv"],
@@ -267,6 +267,15 @@ def test_sinks_scaling_p_at_v_become_head_sink(mask: str) -> None:
     types = op_types(fused)
     for gone in ("Softmax", "ReduceLogSumExp", "Sigmoid", "Mul"):
         assert gone not in types, gone
+    np.testing.assert_array_equal(_head_sink(_gqa(fused)), SINKS)
+
+
+def test_sinks_scaling_p_at_v_below_opset_18() -> None:
+    """ReduceLogSumExp takes its axes as an attribute before opset 18 (Granite-SWA exported at
+    opset 14 fused no attention; the template needs 15 for its Shape reads)."""
+    lse = "lse = ReduceLogSumExp <keepdims = 0, axes = [-1]> (biased)"
+    model = _lse_model(opset=17, lse=lse)
+    fused = _fused(model, "sink-attention->gqa-causal")
     np.testing.assert_array_equal(_head_sink(_gqa(fused)), SINKS)
 
 

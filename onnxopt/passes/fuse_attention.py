@@ -144,7 +144,7 @@ from onnxopt.passes._attention_shapes import (
     view_entries,
     with_axes,
 )
-from onnxopt.passes._shape_facts import slice_params
+from onnxopt.passes._shape_facts import axes_param, slice_params
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.sort_topologically import sort_model
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
@@ -953,13 +953,7 @@ def _row_max(reduce: ir.Node, joined: ir.Value | None) -> bool:
     """``reduce`` is ReduceMax over the last axis of the rank-4 ``joined``, keeping it."""
     if reduce.attributes.get_int("keepdims", 1) != 1:
         return False
-    if len(reduce.inputs) > 1 and reduce.inputs[1] is not None:
-        axes = const_array(reduce.inputs[1])
-        listed = None if axes is None else [int(a) for a in axes.reshape(-1)]
-    else:
-        attribute = reduce.attributes.get_ints("axes", None)  # opset < 18
-        listed = None if attribute is None else list(attribute)
-    return listed in ([-1], [3]) and value_rank(joined) == 4
+    return axes_param(reduce, 4) == (3,) and value_rank(joined) == 4  # axes: input from 18
 
 
 def _sink_column(value: ir.Value) -> np.ndarray | Mismatch:
@@ -1008,10 +1002,9 @@ def _scaling_sinks(softmax: ir.Node) -> _Sinks | Mismatch | None:
         "the scores' logsumexp does not scale P@V as sigmoid(logsumexp - sinks), one learned "
         "logit per head"
     )
-    axes = const_array(lse.inputs[1]) if len(lse.inputs) > 1 else None
+    # axes an input from opset 18, an attribute before
     if (
-        axes is None
-        or [int(a) for a in axes.reshape(-1)] not in ([-1], [3])
+        axes_param(lse, 4) != (3,)
         or lse.attributes.get_int("keepdims", 1) != 0
         or value_rank(scores) != 4
     ):
@@ -1031,13 +1024,11 @@ def _scaling_sinks(softmax: ir.Node) -> _Sinks | Mismatch | None:
     if sub is None or sub.inputs[0] is not lse.outputs[0] or unsqueeze is None:
         return refusal
     logits = const_array(sub.inputs[1])
-    last = const_array(unsqueeze.inputs[1]) if len(unsqueeze.inputs) > 1 else None
     if (
         logits is None
         or logits.dtype.kind != "f"
         or logits.ndim > 3
-        or last is None
-        or [int(a) for a in last.reshape(-1)] not in ([-1], [3])
+        or axes_param(unsqueeze, 4) != (3,)  # [B, H, S] -> [B, H, S, 1]
         or not is_op(scale, "Mul")
     ):
         return refusal
