@@ -285,6 +285,76 @@ def test_causal_mask_runs_causal_and_fully_masked_rows_still_average() -> None:
     _validated_fixed_point(model, fused, [_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
 
 
+def test_projection_biases_added_first_still_prove_one_sequence() -> None:
+    # Qwen2's TorchScript export: Add(bias, x @ W) on Q, K and V. The walk back to the one input x
+    # took the bias as the tensor and stopped there, so three different origins: no rewrite.
+    model = _model(bias_first=True)
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+    assert report.passed, report
+    assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+def test_q_and_k_normalized_over_their_last_axis_still_prove_one_sequence() -> None:
+    # OLMo2 normalizes Q over all heads, Qwen3 / Gemma3 each head of K: the norms keep B and S.
+    model = _model(norm_axis=-1)
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+    assert report.passed, report
+    assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+def test_a_query_scaled_per_position_still_proves_one_sequence() -> None:
+    model = _model(q_scale="S, 1")
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).stats == {"mha->gqa-causal": 1}
+    rng = np.random.default_rng(5)
+    inputs = [_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)]
+    for feeds in inputs:
+        seq = feeds["x"].shape[1]
+        feeds["qf"] = (1 + rng.random((seq, 1))).astype(np.float32)
+    _validated_fixed_point(model, fused, inputs)
+
+
+@pytest.mark.parametrize(
+    ("shape", "reason"), [("T, 1", "one sequence"), ("B, S, 1, 1", "query is not [B, S, H*d]")]
+)
+def test_a_query_factor_that_may_grow_it_is_not_followed(shape: str, reason: str) -> None:
+    # [T, 1]: T is not proven to be S (broadcasting could repeat a one-token query); rank 4: the
+    # product is no longer [B, S, H*d]
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(_model(q_scale=shape))
+    assert not result.modified
+    assert any(reason in note for note in result.notes), result.notes
+
+
+def test_a_norm_that_mixes_the_sequence_is_not_followed() -> None:
+    model = _model(norm_axis=1)  # over [S, H*d] and [S, H, d]: positions mix
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert any("one sequence" in note for note in result.notes), result.notes
+
+
+def test_mask_not_provably_causal_runs_with_causal_0() -> None:
+    model = _model(causal_form="flat")
+    fused = model.clone()
+    result = FuseGroupQueryAttentionPass()(fused)
+    assert result.stats == {"mha->gqa": 1}
+    types = op_types(fused)
+    assert "com.microsoft::MultiHeadAttention" not in types
+    assert types.count("Expand") == 1  # seqlens_k's; the two K/V repeats are gone
+    _assert_sorted(fused)
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.attributes.get_int("causal") == 0
+    assert gqa.attributes.get_int("kv_num_heads") == 2
+    assert gqa.attributes.get_int("num_heads") == 4
+    assert gqa.attributes.get_float("scale") == pytest.approx(0.7)
+    report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+    assert report.passed, report
+    assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
 @pytest.mark.parametrize("form", ["not-greater", "not-less"])
 def test_a_strict_comparison_negated_the_wrong_way_is_not_causal(form: str) -> None:
     """``Not(Greater(q, k))`` keeps the keys at and after the query."""
