@@ -616,3 +616,37 @@ def test_a_causal_mask_built_at_opset_11_keeps_its_dims_named() -> None:
     assert shapes["cols"] == ["S"]
     assert shapes["causal"] == ["S", "S"]
     assert shapes["mask"] == ["B", "1", "S", "S"]
+
+
+COMPUTED_TARGET_PIECE = """
+<ir_version: 7, opset_import: ["" : 11]>
+g (float[B, S, 64] x) => (float[N, 4, S, 16] y) {
+    s = Shape(x)
+    zero = Constant<value = int64 {0}>()
+    one = Constant<value = int64 {1}>()
+    b = Gather<axis = 0>(s, zero)
+    four = Constant<value = int64 {4}>()
+    bh = Mul(b, four)
+    back = Div(bh, four)
+    b1 = Unsqueeze<axes = [0]>(back)
+    n = Gather<axis = 0>(s, one)
+    n1 = Unsqueeze<axes = [0]>(n)
+    h = Constant<value = int64[1] {4}>()
+    d = Constant<value = int64[1] {16}>()
+    target = Concat<axis = 0>(b1, h, n1, d)
+    r = Reshape(x, target)
+    y = Abs(r)
+}
+"""
+
+
+def test_a_reshape_target_with_a_computed_piece_keeps_its_rank_and_read_dims() -> None:
+    """BLOOM's TorchScript export at opset 11 views P@V with B computed as B*H / H: the target
+    is not all reads, but its length is static, so the view is rank 4 with S, 4 and 16 known
+    (it had no shape at all, and the attention did not fuse)."""
+    model = parse_model(COMPUTED_TARGET_PIECE)
+    InferShapesPass()(model)
+    r = next(n for n in model.graph if n.op_type == "Reshape").outputs[0]
+    assert r.shape is not None
+    assert [str(d) for d in r.shape][1:] == ["4", "S", "16"]
+    assert not isinstance(r.shape[0], int) and str(r.shape[0]) != "B"

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from onnxopt.ops import is_op
+from onnxopt.ops import is_op, static_shape
 from onnxopt.passes._attention_shapes import (
     peel_torch_expand_shape,
     piece_entries,
@@ -247,7 +247,8 @@ def _product_entries(
     target: ir.Value | None, renamed: dict[str, int | ir.SymbolicDim]
 ) -> list[int | ir.SymbolicDim | _Product | None] | None:
     """The target's entries: constants, the dims read (None where unknown), and ``Mul(read, c)``
-    pieces as products; None when a piece is none of those."""
+    pieces as products; a piece that is none of those (computed) gives None entries when its
+    length is static, and the whole is None when that is not known either."""
     whole = target_entries(target)
     concat = target.producer() if target is not None else None
     pieces = (
@@ -267,10 +268,16 @@ def _product_entries(
             for read, factor in scaled_dim_reads(piece)
             if isinstance(dim := _read_dim(read, renamed), ir.SymbolicDim) and dim.value
         ]
-        if not scaled:
+        if scaled:
+            dim, factor = scaled[0]
+            entries.append(_Product(factor, (str(dim.value),)))
+            continue
+        # A piece computed otherwise (BLOOM's B as B*H / H): its entries are unknown, but its
+        # length is static, so the output's rank and the other entries are still known.
+        length = static_shape(piece)
+        if length is None or len(length) != 1 or not 0 < length[0] <= 8:
             return None
-        dim, factor = scaled[0]
-        entries.append(_Product(factor, (str(dim.value),)))
+        entries.extend([None] * length[0])  # (a None never cancels: no -1 is inferred)
     return entries
 
 
