@@ -138,6 +138,43 @@ def roberta() -> Factory:
 
 
 @seeded
+def roberta_medium() -> Factory:
+    """RoBERTa at a size worth timing: 4 layers, hidden 768, 12 heads of 64; not in the sweep's
+    families. ``onnxopt export benchmarks.arch_sweep:roberta_medium -o rm.onnx --opset 14``."""
+    from transformers import RobertaConfig, RobertaModel
+
+    cfg = RobertaConfig(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=4,
+            num_attention_heads=12,
+        )
+    )
+    return _text(RobertaModel, cfg)
+
+
+@seeded
+def clip_text_medium() -> Factory:
+    """CLIP's text tower at a size worth timing: 6 layers, hidden 512, 8 heads of 64; not in the
+    sweep's families (``onnxopt export benchmarks.arch_sweep:clip_text_medium ... --opset 11``)."""
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    cfg = CLIPTextConfig(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=512,
+            intermediate_size=2048,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            max_position_embeddings=256,
+        )
+    )
+    return _text(CLIPTextModel, cfg, ("last_hidden_state", "pooler_output"))
+
+
+@seeded
 def xlm_roberta() -> Factory:
     from transformers import XLMRobertaConfig, XLMRobertaModel
 
@@ -369,6 +406,27 @@ def qwen2() -> Factory:
     from transformers import Qwen2Config, Qwen2Model
 
     return _decoder(Qwen2Model, Qwen2Config(**_llama_like()))
+
+
+@seeded
+def qwen2_medium() -> Factory:
+    """Qwen2 at a size worth timing: 4 layers, hidden 768, 12 query and 4 K/V heads of 64; not
+    in the sweep's families (``onnxopt export benchmarks.arch_sweep:qwen2_medium ... --opset 11``)."""
+    from transformers import Qwen2Config, Qwen2Model
+
+    cfg = Qwen2Config(
+        **_attn(
+            vocab_size=1000,
+            hidden_size=768,
+            intermediate_size=2048,
+            num_hidden_layers=4,
+            num_attention_heads=12,
+            num_key_value_heads=4,
+            max_position_embeddings=2048,
+            use_cache=False,
+        )
+    )
+    return _decoder(Qwen2Model, cfg)
 
 
 @seeded
