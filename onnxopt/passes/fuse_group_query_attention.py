@@ -1114,8 +1114,8 @@ def _row_flags(tape: ir.tape.Tape, mask: ir.Value, opset: int, steps: int = 4) -
         floor = tape.op("Constant", [], {"value": ir.tensor(np.array(MASK_FLOOR, np.float32))})
         masked = tape.op("LessOrEqual", [row_max, floor])
     else:  # no LessOrEqual before opset 12: x <= f is x < the next float32 after f (NaN: false)
-        above = _FLOOR_LESS_THAN
-        masked = tape.op("Less", [row_max, tape.op("Constant", [], {"value": ir.tensor(above)})])
+        above = tape.op("Constant", [], {"value": ir.tensor(_FLOOR_LESS_THAN)})
+        masked = tape.op("Less", [row_max, above])
     masked = tape.op("Transpose", [masked], {"perm": [0, 2, 1]})
     if steps == 3:
         return masked

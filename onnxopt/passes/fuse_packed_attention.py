@@ -348,8 +348,7 @@ def _reads_leading_dims(shape: ir.Value, limit: int) -> bool:
 def _slices_below(node: ir.Node, limit: int) -> bool:
     """``Slice(v, [start], [end] [, [0] [, [1]]])`` with 0 <= start < end <= ``limit``."""
     starts, ends, axes, steps = [*node.inputs[1:], None, None, None, None][:4]
-    bounds = [const_array(v) for v in (starts, ends)]
-    start, end = bounds
+    start, end = (const_array(v) for v in (starts, ends))
     if start is None or end is None or start.size != 1 or end.size != 1:
         return False
     for value, expected in ((axes, 0), (steps, 1)):
