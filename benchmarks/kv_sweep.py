@@ -13,7 +13,7 @@ point). One markdown row each:
 
     PYTHONPATH=. python benchmarks/kv_sweep.py [--families gpt2,llama,...] [--exporters dynamo]
         [--attention eager|sdpa] [--position-ids] [--merged] [--target onnx --opset 23]
-        [--enable PASSES] [--out DIR] [--explain]
+        [--enable PASSES] [--export-opset 14] [--out DIR] [--explain]
 
 ``--merged`` wraps each step as an Optimum merged decoder (``merge_decoders``: ``If(use_cache_branch)``
 over two copies of the step, which share names; the feeds set the flag to P > 0, and validation
@@ -155,9 +155,15 @@ def kv_factory(
 
 
 def export_kv(
-    spec: str, exporter: str, path: Path, attention: str = "eager", positions: bool = False
+    spec: str,
+    exporter: str,
+    path: Path,
+    attention: str = "eager",
+    positions: bool = False,
+    opset: int | None = None,
 ) -> None:
-    """Export the cached step; dynamo derives ``total = past + sequence`` itself (Dim.AUTO)."""
+    """Export the cached step; dynamo derives ``total = past + sequence`` itself (Dim.AUTO).
+    TorchScript exports at ``opset`` (default 17; Optimum's decoders: 13-14)."""
     import torch
 
     from onnxopt.reference import Reference, reference_path_for, save_reference
@@ -191,7 +197,7 @@ def export_kv(
             input_names=names,
             output_names=list(module.output_names),
             dynamic_axes={**dynamic, **outputs},
-            opset_version=17,
+            opset_version=opset or 17,
         )
     reference = Reference(
         {name: value.numpy() for name, value in inputs.items()},
@@ -320,6 +326,7 @@ def sweep_one(
     opset: int | None = None,
     merged: bool = False,
     enable: tuple[str, ...] = (),
+    export_opset: int | None = None,
 ) -> Row:
     """arch_sweep's row (nodes, fused ops, validated, fixed point) for the cached step (with
     ``merged``, wrapped as an Optimum merged decoder)."""
@@ -330,7 +337,9 @@ def sweep_one(
         explain,
         target,
         opset,
-        export_to=partial(_export_to, family, exporter, attention, positions, merged=merged),
+        export_to=partial(
+            _export_to, family, exporter, attention, positions, merged=merged, opset=export_opset
+        ),
         inputs_for=kv_inputs,
         stem=f"{family}_kv{'_pos' if positions else ''}{'_merged' if merged else ''}",
         enable=enable,
@@ -338,9 +347,15 @@ def sweep_one(
 
 
 def _export_to(
-    family: str, exporter: str, attention: str, positions: bool, path: Path, merged: bool = False
+    family: str,
+    exporter: str,
+    attention: str,
+    positions: bool,
+    path: Path,
+    merged: bool = False,
+    opset: int | None = None,
 ) -> None:
-    export_kv(BASES[family], exporter, path, attention, positions)
+    export_kv(BASES[family], exporter, path, attention, positions, opset)
     if merged:
         from onnxopt.reference import Reference, load_reference, reference_path_for, save_reference
 
@@ -367,6 +382,9 @@ def main(argv: list[str] | None = None) -> None:
         "--merged", action="store_true", help="wrap each step as an Optimum merged decoder"
     )
     parser.add_argument("--enable", default="", help="comma-separated opt-in passes")
+    parser.add_argument(
+        "--export-opset", type=int, default=None, help="TorchScript export opset (default 17)"
+    )
     args = parser.parse_args(argv)
     enable = tuple(name.strip() for name in args.enable.split(",") if name.strip())
     sys.modules.setdefault("benchmarks.kv_sweep", sys.modules[__name__])
@@ -396,6 +414,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.opset,
                 args.merged,
                 enable,
+                args.export_opset,
             )
             rows.append(row)
             print(row.markdown(), flush=True)
