@@ -173,13 +173,10 @@ def _match_layer_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatc
         if gamma is not None:
             nodes.append(mul)
             tail = mul.outputs[0]
-            add = single_consumer(tail)
-            if is_op(add, "Add") and add is not None:
-                beta = per_channel_vector(other_input(add, tail), x)
-                if beta is not None and beta.shape == gamma.shape:
-                    nodes.append(add)
-                else:
-                    beta = None
+            after = _bias_after(tail, x, gamma)
+            if after is not None:
+                nodes.append(after[0])
+                beta = after[1]
     hidden = gamma.shape[0] if gamma is not None else None
     if hidden is None and x.shape is not None and isinstance(x.shape[-1], int):
         hidden = x.shape[-1]
@@ -200,6 +197,17 @@ def _match_layer_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatc
             "beta": None if beta is None else beta.astype(dtype),
         },
     )
+
+
+def _bias_after(
+    tail: ir.Value, x: ir.Value, gamma: np.ndarray
+) -> tuple[ir.Node, np.ndarray] | None:
+    """The Add of a per-channel beta (gamma's shape) that alone reads ``tail``, and that beta."""
+    add = single_consumer(tail)
+    if not is_op(add, "Add") or add is None:
+        return None
+    beta = per_channel_vector(other_input(add, tail), x)
+    return None if beta is None or beta.shape != gamma.shape else (add, beta)
 
 
 def _rewrite_layer_norm(match: Match, context: RewriteContext) -> Replacement:
@@ -248,13 +256,10 @@ def _match_scaled_norm(node: ir.Node, context: RewriteContext) -> Match | Mismat
         return Mismatch("the scale is not a constant per-channel vector of the hidden size")
     nodes = [norm, node]
     beta = None
-    add = single_consumer(node.outputs[0])
-    if is_op(add, "Add") and add is not None and not node.outputs[0].is_graph_output():
-        beta = per_channel_vector(other_input(add, node.outputs[0]), x)
-        if beta is not None and beta.shape == gamma.shape:
-            nodes.append(add)
-        else:
-            beta = None
+    after = _bias_after(node.outputs[0], x, gamma)
+    if after is not None:
+        nodes.append(after[0])
+        beta = after[1]
     dtype = x.dtype.numpy()
     return Match(
         nodes,

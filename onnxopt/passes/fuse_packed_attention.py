@@ -46,6 +46,7 @@ from onnxopt.passes._attention_shapes import (
     target_entries,
     transpose_perm,
 )
+from onnxopt.passes._shape_facts import slice_params
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fuse_group_query_attention import causal_gqa_match
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
@@ -347,17 +348,11 @@ def _reads_leading_dims(shape: ir.Value, limit: int) -> bool:
 
 def _slices_below(node: ir.Node, limit: int) -> bool:
     """``Slice(v, [start], [end] [, [0] [, [1]]])`` with 0 <= start < end <= ``limit``."""
-    starts, ends, axes, steps = [*node.inputs[1:], None, None, None, None][:4]
-    start, end = (const_array(v) for v in (starts, ends))
-    if start is None or end is None or start.size != 1 or end.size != 1:
+    params = slice_params(node)
+    if isinstance(params, Mismatch) or params.attribute_form or len(params.starts) != 1:
         return False
-    for value, expected in ((axes, 0), (steps, 1)):
-        array = None if value is None else const_array(value)
-        if value is not None and (
-            array is None or array.size != 1 or int(array.item()) != expected
-        ):
-            return False
-    return 0 <= int(start.item()) < int(end.item()) <= limit
+    (start,), (end,), (axis,), (step,) = params.starts, params.ends, params.axes, params.steps
+    return axis == 0 and step == 1 and 0 <= start < end <= limit
 
 
 def _rewrite_shape(match: Match, context: RewriteContext) -> Replacement:
