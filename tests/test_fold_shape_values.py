@@ -429,3 +429,85 @@ def test_embeddings_plus_sliced_positions_keep_the_sequence_name() -> None:
     values = _embeddings(extra=", int64[1] step", step=", step")
     summed = values["sum"].shape
     assert summed is not None and getattr(summed[1], "value", None) != "S", summed
+
+
+# tf2onnx computes shapes in int32, as TensorFlow does, and casts the target back to int64.
+INT32_TARGET = """
+<ir_version: 8, opset_import: ["" : {opset}]>
+g (float[B, S, 8] x) => (float[B, S, 2, 4] y) <int64[1] zero = {{0}}, int64[1] one = {{1}}, int32[3] heads = {{-1, 2, 4}}, int64[2] rows = {{-1, 8}}> {{
+    f = Reshape(x, rows)
+    s = Shape(x)
+    s32 = Cast <to = 6> (s)
+    b = Slice(s32, zero, one, zero)
+    t32 = Concat <axis = 0> (b, heads)
+    t = Cast <to = 7> (t32)
+    y = Reshape(f, t)
+}}
+"""
+
+
+def test_int32_target_is_read_in_int64_again() -> None:
+    model = parse_model(INT32_TARGET.format(opset=17))
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats["shape values computed in int64 again"] == 1
+    assert "Cast" not in op_types(result.model)
+    shape = next(n for n in result.model.graph if n.op_type == "Shape")
+    assert (shape.attributes.get_int("start"), shape.attributes.get_int("end")) == (0, 1)
+    assert_numerically_equal(model, result.model)
+    assert not FoldShapeValuesPass()(result.model).modified
+
+
+def test_int32_target_before_opset_15_reads_a_slice_of_the_shape() -> None:
+    model = parse_model(INT32_TARGET.format(opset=13))
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats["shape values computed in int64 again"] == 1
+    assert op_types(result.model) == ["Reshape", "Shape", "Slice", "Concat", "Reshape"]
+    assert_numerically_equal(model, result.model)
+
+
+def test_int32_arithmetic_is_redone_in_int64() -> None:
+    """tf2onnx's fairseq-style [B*H, -1, d] target: B times the head count, in int32."""
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 2, S, 4] x) => (float[M, S, 4] y) <int64[1] zero = {0}, int64[1] one = {1}, int32 two = {2}, int32[2] rest = {-1, 4}> {
+            s = Shape(x)
+            s32 = Cast <to = 6> (s)
+            b = Slice(s32, zero, one, zero)
+            b0 = Squeeze(b, zero)
+            bh = Mul(b0, two)
+            bh1 = Unsqueeze(bh, zero)
+            t32 = Concat <axis = 0> (bh1, rest)
+            t = Cast <to = 7> (t32)
+            y = Reshape(x, t)
+        }
+        """
+    )
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats["shape values computed in int64 again"] == 1
+    reshape = next(n for n in result.model.graph if n.op_type == "Reshape")
+    target = reshape.inputs[1]
+    assert target is not None and target.producer() is not None
+    assert target.producer().op_type == "Concat" and target.dtype == ir.DataType.INT64
+    assert "Cast" not in op_types(result.model)
+    assert_numerically_equal(model, result.model)
+    assert not FoldShapeValuesPass()(result.model).modified
+
+
+def test_int32_values_not_read_off_a_shape_keep_their_casts() -> None:
+    """An int32 input cast to int64 may hold anything: it is no dim."""
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 8] x, int32[2] n) => (float[C, D] y) {
+            t = Cast <to = 7> (n)
+            y = Reshape(x, t)
+        }
+        """
+    )
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    assert not result.modified

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import is_onnx_domain, remove_nodes
+from onnxopt.ops import is_onnx_domain, opset_version, remove_nodes
 from onnxopt.passes._evaluate import evaluate_numpy
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fold_constants import ConstantPool, replace_with_initializer
@@ -345,6 +345,11 @@ class FoldShapeValuesPass(Pass):
         for graph in graphs:
             for node in graph:
                 tracker.visit(node)
+        opset = opset_version(model.graph) or 0
+        for graph in graphs:
+            stats["shape values computed in int64 again"] += _rebuild_round_trips(
+                graph, tracker, pool, opset
+            ) + _widen_round_trips(graph, tracker, pool)
         # Fold fully known vectors that something still reads, nearest the consumers.
         for graph in graphs:
             for node in list(graph):
@@ -378,6 +383,216 @@ class FoldShapeValuesPass(Pass):
         if stats:
             _remove_dead_producers(graphs)
         return PassResult(model, modified=bool(stats), stats=stats)
+
+
+def _rebuild_round_trips(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool, opset: int) -> int:
+    """Compute an int64 vector that was cast back from another integer type again in int64, from
+    the dims it reads, when every element is known: tf2onnx computes shapes in int32, as
+    TensorFlow does, ``Cast(Concat(Slice(Cast(Shape(x), int32), [0], [1]), [4, 64]), int64)``,
+    which becomes ``Concat(Shape(x, 0, 1), [4, 64])``. The readers of Reshape targets (the
+    attention fusions, the rules that drop views) know that form. Exact for dims below 2**31, as
+    the tracker already reads a Cast of a dim to int32 as that dim."""
+    rebuilt = 0
+    for node in list(graph):
+        if not is_onnx_domain(node.domain) or node.op_type != "Cast":
+            continue
+        value, source = node.outputs[0], node.inputs[0]
+        vector = tracker.vectors.get(value)
+        if (
+            vector is None
+            or vector.scalar
+            or vector.ints is not None
+            or vector.dtype != ir.DataType.INT64
+            or source is None
+            or source.dtype in (None, ir.DataType.INT64)
+            or value.is_graph_output()
+            or any(e is None for e in vector.elements)
+        ):
+            continue
+        nodes: list[ir.Node] = []
+        pieces = [_piece_value(run, graph, pool, opset, nodes) for run in _runs(vector.elements)]
+        if len(pieces) > 1:
+            nodes.append(ir.node("Concat", pieces, {"axis": 0}))
+            pieces = [nodes[-1].outputs[0]]
+        graph.insert_before(node, nodes)
+        for made in nodes:
+            made.outputs[0].dtype = ir.DataType.INT64
+            tracker.visit(made)
+        value.replace_all_uses_with(pieces[0])
+        rebuilt += 1
+    return rebuilt
+
+
+# Ops an int32 shape computation may go through to be redone in int64, and which of their inputs
+# carry the data (the others, axes and bounds, take either integer type).
+_WIDENED_DATA_INPUTS: dict[str, tuple[int, ...] | None] = {
+    "Slice": (0,),
+    "Gather": (0,),
+    "Squeeze": (0,),
+    "Unsqueeze": (0,),
+    "Reshape": (0,),
+    "Identity": (0,),
+    "Concat": None,  # every input
+    "Add": None,
+    "Sub": None,
+    "Mul": None,
+    "Div": None,
+    "Max": None,
+    "Min": None,
+}
+_MAX_WIDENED = 32
+
+
+def _widen_round_trips(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool) -> int:
+    """Redo in int64 an int32 shape computation that is cast back to int64, when it starts from
+    dims cast to int32 and int32 constants: ``Cast(Concat(Unsqueeze(Squeeze(Slice(Cast(Shape(x),
+    int32))) * 4), [-1, 64]), int64)`` (tf2onnx's [B*H, -1, d] target, fairseq-style attention)
+    becomes the same ops on ``Shape(x)`` and int64 constants, which the attention fusions read.
+    The int32 ops stay for other readers (a Range). Exact while every value fits in int32, as it
+    must for the original to compute the shape it meant."""
+    widened: dict[ir.Value, ir.Value] = {}
+    count = 0
+    for node in list(graph):
+        if not is_onnx_domain(node.domain) or node.op_type != "Cast":
+            continue
+        value, source = node.outputs[0], node.inputs[0]
+        if (
+            value.dtype != ir.DataType.INT64
+            or source is None
+            or source.dtype != ir.DataType.INT32
+            or value.is_graph_output()
+            or not value.uses()
+        ):
+            continue
+        cone = _int32_cone(source, tracker)
+        if cone is None:
+            continue
+        made = _widen(source, cone, graph, pool, widened)
+        value.replace_all_uses_with(made)
+        count += 1
+    return count
+
+
+def _int32_cone(value: ir.Value, tracker: _Tracker) -> list[ir.Node] | None:
+    """The int32 ops computing ``value`` from dims cast to int32 and constants (producers first),
+    or None when something else feeds it or the cone is large."""
+    order: list[ir.Node] = []
+    seen: set[ir.Value] = set()
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if _from_constant(current) is not None:
+            continue
+        node = current.producer()
+        if node is None or not is_onnx_domain(node.domain) or len(node.outputs) != 1:
+            return None
+        inner = node.inputs[0] if node.inputs else None
+        if (
+            node.op_type == "Cast"
+            and inner is not None
+            and inner.dtype == ir.DataType.INT64
+            and tracker.get(inner) is not None
+            and all(e is not None for e in tracker.vectors[inner].elements)
+        ):
+            order.append(node)  # a dim (or dims) cast to int32: read in int64 as it was
+            continue
+        data = _WIDENED_DATA_INPUTS.get(node.op_type, ())
+        if node.op_type not in _WIDENED_DATA_INPUTS or current.dtype != ir.DataType.INT32:
+            return None
+        indices = range(len(node.inputs)) if data is None else data
+        stack.extend(v for i, v in enumerate(node.inputs) if i in indices and v is not None)
+        order.append(node)
+        if len(order) > _MAX_WIDENED:
+            return None
+    return order
+
+
+def _widen(
+    value: ir.Value,
+    cone: list[ir.Node],
+    graph: ir.Graph,
+    pool: ConstantPool,
+    widened: dict[ir.Value, ir.Value],
+) -> ir.Value:
+    """The int64 twin of ``value`` (an output of ``cone``), made once per value."""
+    if value in widened:
+        return widened[value]
+    constant = _from_constant(value)
+    if constant is not None:
+        made = pool.add_initializer(graph, "shape_part", constant.array().astype(np.int64))
+    else:
+        node = value.producer()
+        assert node is not None and node in cone
+        if node.op_type == "Cast":
+            inner = node.inputs[0]
+            assert inner is not None
+            made = inner
+        else:
+            data = _WIDENED_DATA_INPUTS[node.op_type]
+            inputs = [
+                _widen(v, cone, graph, pool, widened)
+                if v is not None and (data is None or i in data)
+                else v
+                for i, v in enumerate(node.inputs)
+            ]
+            twin = ir.Node(node.domain, node.op_type, inputs, list(node.attributes.values()))
+            twin.outputs[0].dtype = ir.DataType.INT64
+            graph.insert_after(node, twin)
+            made = twin.outputs[0]
+    widened[value] = made
+    return made
+
+
+def _runs(elements: tuple[Elem, ...]) -> list[list[Elem]]:
+    """The elements in runs: known ints together, and consecutive dims of one value."""
+    runs: list[list[Elem]] = []
+    for element in elements:
+        last = runs[-1][-1] if runs else None
+        both_ints = isinstance(element, int) and isinstance(last, int)
+        next_dim = (
+            isinstance(element, DimOf)
+            and isinstance(last, DimOf)
+            and last.value is element.value
+            and last.index + 1 == element.index
+        )
+        if both_ints or next_dim:
+            runs[-1].append(element)
+        else:
+            runs.append([element])
+    return runs
+
+
+def _piece_value(
+    run: list[Elem], graph: ir.Graph, pool: ConstantPool, opset: int, nodes: list[ir.Node]
+) -> ir.Value:
+    """A 1-D int64 value of one run: a constant, or the dims [start, end) of one value read as
+    ``Shape(v, start, end)`` (opset 15+) or a Slice of its whole Shape."""
+    first = run[0]
+    if not isinstance(first, DimOf):
+        array = np.array([int(e) for e in run if isinstance(e, int)], dtype=np.int64)
+        return pool.add_initializer(graph, "shape_part", array)
+    start, end = first.index, first.index + len(run)
+    rank = len(first.value.shape) if first.value.shape is not None else None
+    if opset >= 15:
+        attributes = {} if start == 0 and end == rank else {"start": start, "end": end}
+        nodes.append(ir.node("Shape", [first.value], attributes))
+        return nodes[-1].outputs[0]
+    nodes.append(ir.node("Shape", [first.value]))
+    if start == 0 and end == rank:
+        return nodes[-1].outputs[0]
+    whole = nodes[-1].outputs[0]
+    if opset < 10:
+        nodes.append(ir.node("Slice", [whole], {"starts": [start], "ends": [end], "axes": [0]}))
+    else:
+        bounds = [
+            pool.add_initializer(graph, "shape_part", np.array([v], dtype=np.int64))
+            for v in (start, end, 0)
+        ]
+        nodes.append(ir.node("Slice", [whole, *bounds]))
+    return nodes[-1].outputs[0]
 
 
 def _is_folded(node: ir.Node, tracker: _Tracker) -> bool:
