@@ -796,3 +796,71 @@ def test_transpose_moves_past_a_concat(
 def test_transposes_into_a_concat_stay(body: str, outputs: str, reason: str) -> None:
     text = model(body, "float[2,3,4] x, float[2,4,4] u", outputs)
     assert_refuses(MergeConsecutiveOpsPass, text, reason)
+
+
+# A Dense written as TensorFlow's Tensordot (tf2onnx): x [B, S, 8] viewed as [-1, 8], one 2-D
+# MatMul, the product viewed back; the target reads B and S off x as tf2onnx does.
+VIEWS = "Reshape∘MatMul∘flatten"
+TENSORDOT = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, S, 8] x) => (float[B, S, 6] y{outputs}) <float[8, 6] w = {{{weights}}}, int64[2] flat = {{-1, 8}}> {{
+    f = Reshape(x, flat)
+    p = MatMul(f, w)
+    {target}
+    v = Reshape(p, t)
+    y = {tail}
+}}
+"""
+WEIGHTS = ", ".join(str(round(0.1 * i - 2.0, 1)) for i in range(48))
+READ_LEADING = """s = Shape <start = 0, end = 2> (x)
+    tail_dims = Constant <value = int64[1] {6}> ()
+    t = Concat <axis = 0> (s, tail_dims)"""
+
+
+def _tensordot(target: str, tail: str = "Relu(v)", outputs: str = "") -> str:
+    return TENSORDOT.format(weights=WEIGHTS, target=target, tail=tail, outputs=outputs)
+
+
+@pytest.mark.parametrize(
+    ("text", "ops"),
+    [
+        (_tensordot(READ_LEADING), ["Shape", "Constant", "Concat", "MatMul", "Reshape", "Relu"]),
+        (
+            # the head split of a query projection: [B, -1, 2, 3] straight off the 2-D product
+            _tensordot(
+                "s = Shape <start = 0, end = 1> (x)\n"
+                "    heads = Constant <value = int64[3] {-1, 2, 3}> ()\n"
+                "    t = Concat <axis = 0> (s, heads)\n"
+                "    back = Constant <value = int64[3] {0, -1, 6}> ()",
+                tail="Reshape(v, back)",
+            ),
+            ["Shape", "Constant", "Concat", "Constant", "MatMul", "Reshape", "Reshape"],
+        ),
+    ],
+    ids=["restores-rows", "splits-heads"],
+)
+def test_matmul_between_views_reads_the_unflattened_input(text: str, ops: list[str]) -> None:
+    optimized = assert_rewrites(MergeConsecutiveOpsPass, text, {VIEWS: 1}, ops, trials=2)
+    matmul = next(node for node in optimized.graph if node.op_type == "MatMul")
+    assert matmul.inputs[0] is optimized.graph.inputs[0]  # x itself, not its [-1, 8] view
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (
+            # 0 copies a dim of the input: [B*S, 6] and [B, S, 6] differ at dim 0
+            _tensordot("t = Constant <value = int64[3] {0, -1, 6}> ()"),
+            "the outer target does not keep the input's leading dims",
+        ),
+        (
+            _tensordot(
+                READ_LEADING, tail="Relu(v)\n    z = Identity(p)", outputs=", float[M, 6] z"
+            ),
+            "the 2-D product has other users",
+        ),
+    ],
+    ids=["copies-a-dim", "product-read-elsewhere"],
+)
+def test_matmul_between_views_stays(text: str, reason: str) -> None:
+    assert_refuses(MergeConsecutiveOpsPass, text, reason)

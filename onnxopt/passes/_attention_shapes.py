@@ -465,6 +465,16 @@ def _split_by_shapes(
     return source, heads, head_size, reshape
 
 
+def flattens_rows(flatten: ir.Node, source: ir.Value, rank: int) -> bool:
+    """``flatten`` = Reshape(source, [-1, K]) with K source's last dim: row i of the result is
+    the i-th row of source in row-major order."""
+    entries = target_entries(flatten.inputs[1])
+    if entries is None or len(entries) != 2:
+        return False
+    first, last = entries
+    return first == -1 and same_dim(last, source, rank - 1)
+
+
 def same_dim(entry: Entry, source: ir.Value, index: int) -> bool:
     """The entry is dim ``index`` of ``source``: read off it, read off a dim with the same symbol
     (exporters, and fold-shape-values' sharing, read a length off whichever tensor carries it), or

@@ -23,6 +23,7 @@ import onnx_ir as ir
 from onnxopt.ops import MS_DOMAIN, const_array
 from onnxopt.passes._attention_shapes import (
     Entry,
+    flattens_rows,
     same_dim,
     static_dim,
     target_entries,
@@ -147,16 +148,6 @@ def _gemm_output_width(gemm: ir.Node) -> int | None:
     return width if isinstance(width, int) else None
 
 
-def _flattens_rows(flatten: ir.Node, source: ir.Value, rank: int) -> bool:
-    """``flatten`` = Reshape(source, [-1, K]) with K source's last dim: row i of the result is
-    the i-th row of source in row-major order."""
-    entries = target_entries(flatten.inputs[1])
-    if entries is None or len(entries) != 2:
-        return False
-    first, last = entries
-    return first == -1 and same_dim(last, source, rank - 1)
-
-
 def _restores_rows(entries: list[Entry] | None, source: ir.Value, rank: int, width: int) -> bool:
     """A Reshape target [*source.shape[:-1], width]: each leading entry is source's dim (read off
     it, the same symbol, or its static size), the last is width (as a constant or read off a dim of
@@ -200,7 +191,7 @@ def _match_flattened_gemm(reshape: ir.Node, context: RewriteContext) -> Match | 
         zeros = const_array(bias)
         if zeros is not None and zeros.size and not np.any(zeros):
             bias = None  # adding 0 changes nothing (as eliminate-noops removes x + 0)
-    if not _flattens_rows(flatten, source, rank):
+    if not flattens_rows(flatten, source, rank):
         return Mismatch("the first Reshape is not [-1, K] of its input's last dim K")
     if not _restores_rows(target_entries(reshape.inputs[1]), source, rank, width):
         return Mismatch("the second Reshape does not restore the input's leading dims")

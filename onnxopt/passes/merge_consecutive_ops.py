@@ -22,6 +22,9 @@ a fresh tensor apart (DeepSeek-V3's key, ``k = new_empty(...); k[..., :a] = k_no
 k_rot``): the sliced axis is moved first by Transposes, the rows are scattered (a Concat once
 every row is written), and the Transposes then move past the Concat and cancel.
 
+A MatMul between views, ``Reshape(MatMul(Reshape(x, [-1, K]), W), t)`` (TensorFlow's Tensordot,
+how tf2onnx writes every Dense), multiplies x itself: ``Reshape(MatMul(x, W), t)``.
+
 A dim read the TorchScript way, ``Unsqueeze(Gather(Shape(x), i), [0])``, is the one node
 ``Shape(x, start=i, end=i+1)`` from opset 15 on (what the dynamo exporter writes).
 
@@ -37,7 +40,13 @@ from collections.abc import Callable, Sequence
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, is_op
-from onnxopt.passes._attention_shapes import piece_entries
+from onnxopt.passes._attention_shapes import (
+    flattens_rows,
+    piece_entries,
+    same_dim,
+    static_dim,
+    target_entries,
+)
 from onnxopt.passes._shape_facts import (
     INT64_MAX,
     SliceParams,
@@ -387,6 +396,61 @@ def _rewrite_reshapes(match: Match, context: RewriteContext) -> Replacement:
         return _replace_with(match, _same_op_on(outer, source, shape=list(target)))
     shape = int64_constant(target)
     return _replace_with(match, _same_op_on(outer, source, [shape]), [shape])
+
+
+# Reshape∘MatMul∘flatten -----------------------------------------------------------------------
+
+
+def _match_matmul_between_views(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``Reshape(MatMul(Reshape(x, [-1, K]), W), t)`` -> ``Reshape(MatMul(x, W), t)``.
+
+    A linear layer written on rows (TensorFlow's Tensordot, as tf2onnx converts every Dense: x
+    flattened to [B*S, K], one 2-D MatMul, the product viewed again): MatMul of x of rank >= 3 by
+    a matrix is the same product row for row, in the same row-major order, so the final view of
+    it is the same tensor. The attention fusions then see the 3-D projections they read. ``t``
+    keeps x's leading dims (read off x, or -1) and then splits or keeps the product's last dim
+    into positive constants: a 0 entry, "copy a dim", would copy a different dim of the unflattened
+    product, so the target must not hold one.
+    """
+    matmul = producer_op(node, "MatMul")
+    if isinstance(matmul, Mismatch):
+        return Mismatch("not a MatMul between views", candidate=False)
+    flatten = producer_op(matmul, "Reshape")
+    if isinstance(flatten, Mismatch):
+        return Mismatch("not a MatMul between views", candidate=False)
+    source, weight = flatten.inputs[0], matmul.inputs[1]
+    rank = _rank(source)
+    if source is None or rank is None or rank < 3:
+        return Mismatch("the MatMul's input is not a flattened tensor of known rank >= 3")
+    if _rank(weight) != 2:
+        return Mismatch("the MatMul's second operand is not a matrix")
+    product = matmul.outputs[0]
+    if product.is_graph_output() or any(use.node is not node for use in product.uses()):
+        return Mismatch("the 2-D product has other users")
+    if "shape" in flatten.attributes or "shape" in node.attributes:
+        return Mismatch("a Reshape-1 (attribute shape)")
+    if not flattens_rows(flatten, source, rank):
+        return Mismatch("the first Reshape is not [-1, K] of its input's last dim K")
+    entries = target_entries(node.inputs[1] if len(node.inputs) > 1 else None)
+    if entries is None or len(entries) < rank:
+        return Mismatch("the outer target does not keep the input's leading dims")
+    lead, tail = entries[: rank - 1], entries[rank - 1 :]
+    if not all(entry == -1 or same_dim(entry, source, i) for i, entry in enumerate(lead)):
+        return Mismatch("the outer target does not keep the input's leading dims")
+    if not all(
+        (isinstance(entry, int) and entry > 0)
+        or (isinstance(entry, tuple) and (static_dim(entry[1], entry[2]) or 0) > 0)
+        for entry in tail
+    ):
+        return Mismatch("the outer target's last entries are not positive sizes")
+    return Match([flatten, matmul, node], {"source": source})
+
+
+def _rewrite_matmul_between_views(match: Match, context: RewriteContext) -> Replacement:
+    _, matmul, outer = match.nodes
+    product = ir.node("MatMul", [match.bindings["source"], *matmul.inputs[1:]], name=matmul.name)
+    view = _same_op_on(outer, product.outputs[0], outer.inputs[1:])
+    return Replacement((product, view), ((outer.outputs[0], view.outputs[0]),))
 
 
 # Squeeze∘Squeeze and Unsqueeze∘Unsqueeze -------------------------------------------------------
@@ -757,6 +821,12 @@ RULES: tuple[Rule, ...] = (
         _rule(f"Reshape∘{inner}", "Reshape", _reshape_of(inner), _rewrite_reshapes)
         for inner in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
     ),
+    _rule(
+        "Reshape∘MatMul∘flatten",
+        "Reshape",
+        _match_matmul_between_views,
+        _rewrite_matmul_between_views,
+    ),
     _rule("Unsqueeze∘Unsqueeze", "Unsqueeze", _match_unsqueezes, _rewrite_axes_merge),
     _rule("Unsqueeze∘Gather∘Shape->Shape", "Unsqueeze", _match_dim_read, _rewrite_dim_read),
     _rule("Squeeze∘Squeeze", "Squeeze", _match_squeezes, _rewrite_axes_merge),
@@ -775,7 +845,8 @@ RULES: tuple[Rule, ...] = (
 class MergeConsecutiveOpsPass(Pass):
     """Merge Transpose∘Transpose (composed perm), Reshape∘(Reshape|Flatten|Squeeze|Unsqueeze), Squeeze∘Squeeze,
     Unsqueeze∘Unsqueeze (merged axes), exact Cast∘Cast, Slice∘Slice and Concat∘Concat into one op;
-    a dim read Unsqueeze(Gather(Shape(x), i)) into Shape(x, start, end) (opset 15+); move a
+    a dim read Unsqueeze(Gather(Shape(x), i)) into Shape(x, start, end) (opset 15+); a MatMul
+    between a [-1, K] view and a view back reads the unflattened input; move a
     Transpose past Add/Sub/Mul/Div of two same-perm Transposes, or past a Concat of same-perm
     Transposes (toward its inverse).
     """
