@@ -213,3 +213,72 @@ def test_skip_simplified_layer_norm_keeps_residual_sum() -> None:
     result = run_checked(FuseSkipLayerNormPass(), model)
     assert result.stats == {"add+SimplifiedLayerNormalization->SkipSimplifiedLayerNormalization": 1}
     assert op_types(result.model) == ["com.microsoft::SkipSimplifiedLayerNormalization"]
+
+
+# Keras' LayerNormalization through tf2onnx: TensorFlow's batch_normalization over the last axis,
+# y = x * m + (beta - mean * m) with m = gamma / sqrt(var + eps); the means are GlobalAveragePools
+# of the rank-3 tensor (a mean over its last axis) or ReduceMeans. ``{mean}`` and ``{shift}`` vary
+# the spelling.
+KERAS_LN = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[B, S, 8] x) => (float[B, S, 8] y) {{
+    mean = {mean}
+    d = Sub (x, mean)
+    sq = Mul (d, d)
+    var = {var}
+    eps = Constant <value = float {{1e-3}}> ()
+    ve = Add (var, eps)
+    std = Sqrt (ve)
+    inv = Reciprocal (std)
+    m = Mul (inv, gamma)
+    xm = Mul (x, m)
+    {shift}
+    y = Add (xm, c)
+}}
+"""
+GAP = ("GlobalAveragePool (x)", "GlobalAveragePool (sq)")
+REDUCE = ("ReduceMean <axes = [-1]> (x)", "ReduceMean <axes = [2]> (sq)")
+TF_SHIFT = "mm = Mul (mean, m)\n    c = Sub (beta, mm)"  # tf.nn.batch_normalization
+KERAS3_SHIFT = (
+    "nm = Neg (mean)\n    nmm = Mul (nm, m)\n    c = Add (nmm, beta)"  # -mean * inv + beta
+)
+NO_BETA_SHIFT = "mm = Mul (mean, m)\n    c = Neg (mm)"  # center=False
+
+
+def _keras_ln(means: tuple[str, str], shift: str, data: str = "float[B, S, 8] x"):  # type: ignore[no-untyped-def]
+    text = KERAS_LN.format(mean=means[0], var=means[1], shift=shift).replace(
+        "float[B, S, 8] x", data
+    )
+    return parse(text, gamma=rng_array(8, seed=4) + 1, beta=rng_array(8, seed=5))
+
+
+@pytest.mark.parametrize(
+    ("means", "shift", "beta"),
+    [
+        (GAP, TF_SHIFT, True),
+        (REDUCE, TF_SHIFT, True),
+        (GAP, KERAS3_SHIFT, True),
+        (GAP, NO_BETA_SHIFT, False),
+    ],
+    ids=["tf2onnx-global-pool", "reduce-mean", "keras3-negated-mean", "no-beta"],
+)
+def test_keras_layer_norm_fused(means: tuple[str, str], shift: str, beta: bool) -> None:
+    result = run_checked(FuseLayerNormPass(), _keras_ln(means, shift))
+    assert result.stats == {"x*m+(beta-mean*m)->LayerNormalization": 1}
+    assert [t for t in op_types(result.model) if t != "Constant"] == ["LayerNormalization"]
+    (norm,) = [n for n in result.model.graph if n.op_type == "LayerNormalization"]
+    assert (len(norm.inputs) == 3) == beta
+    assert norm.attributes.get_float("epsilon") == pytest.approx(1e-3)
+
+
+def test_keras_layer_norm_near_misses_stay() -> None:
+    # GlobalAveragePool of a rank-4 tensor averages two axes: not a last-axis norm
+    rank4 = _keras_ln(GAP, TF_SHIFT, data="float[B, S, 2, 8] x").clone()
+    result = FuseLayerNormPass(PassOptions(explain=True))(rank4)
+    assert not result.modified
+    assert any("GlobalAveragePool of a rank-4 tensor" in note for note in result.notes)
+    # the shift subtracts the mean times something other than m
+    other = _keras_ln(GAP, TF_SHIFT.replace("Mul (mean, m)", "Mul (mean, inv)"))
+    result = FuseLayerNormPass(PassOptions(explain=True))(other)
+    assert not result.modified
+    assert any("the shift is not beta - mean * m" in note for note in result.notes)

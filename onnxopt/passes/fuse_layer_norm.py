@@ -2,6 +2,9 @@
 
 Exporters spell ``y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta`` (over the last axis) as
 ReduceMean, Sub, Pow (or Mul by itself), ReduceMean, Add, Sqrt, Div (or Mul by Reciprocal), Mul, Add.
+Keras computes it as TensorFlow's batch_normalization, ``x * m + (beta - mean * m)`` with
+``m = gamma / sqrt(var + eps)``, and tf2onnx writes a mean over the last axis of a rank-3 tensor
+as a GlobalAveragePool; both spellings fuse.
 For target ``ort``, ``LayerNormalization(a + b [+ bias])`` becomes com.microsoft
 SkipLayerNormalization; when the sum is also used elsewhere it is taken from the fused node's
 fourth output. A float32 island around a float16 input, ``Cast(norm(Cast(x, float)), float16)``,
@@ -42,14 +45,25 @@ def reduce_axes(node: ir.Node) -> list[int] | None:
     return None
 
 
+def mean_of(value: ir.Value | None) -> ir.Node | None:
+    """The ReduceMean that computes ``value``, or a GlobalAveragePool: tf2onnx writes a mean over
+    the last axis of a rank-3 tensor as one (it averages every axis after the second, kept)."""
+    return producer_op(value, "ReduceMean") or producer_op(value, "GlobalAveragePool")
+
+
 def last_axis_problem(node: ir.Node, data: ir.Value | None, what: str) -> str | None:
-    """Why ``node`` (a ReduceMean) is not a keepdims mean over exactly the last axis of ``data``."""
+    """Why ``node`` (a ReduceMean or GlobalAveragePool) is not a keepdims mean over exactly the
+    last axis of ``data``."""
+    rank = None if data is None or data.shape is None else len(data.shape)
+    if node.op_type == "GlobalAveragePool":
+        if rank != 3:
+            return f"{what} GlobalAveragePool of a rank-{rank if rank is not None else '?'} tensor (a last-axis mean needs rank 3)"
+        return None
     axes = reduce_axes(node)
     if axes is None:
         return f"{what} ReduceMean axes are not constant"
     if node.attributes.get_int("keepdims", 1) != 1:
         return f"{what} ReduceMean has keepdims=0"
-    rank = None if data is None or data.shape is None else len(data.shape)
     if axes == [-1] or (rank is not None and axes == [rank - 1]):
         return None
     return f"{what} ReduceMean axes {axes} are not the last axis (rank {rank if rank is not None else '?'})"
@@ -91,28 +105,17 @@ def _exclusive(value: ir.Value, allowed: list[ir.Node]) -> bool:
     return not value.is_graph_output() and all(use.node in allowed for use in value.uses())
 
 
-def _match_layer_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    """Rooted at the normalizing Div (or Mul by Reciprocal); extends forward over Mul gamma, Add beta."""
-    reciprocal = None
-    if is_op(node, "Div"):
-        centered, std = node.inputs[0], node.inputs[1]
-    else:
-        reciprocal = operand_op(node, "Reciprocal")
-        if reciprocal is None:
-            return Mismatch("no operand is a Reciprocal", candidate=False)
-        std = reciprocal.inputs[0]
-        centered = other_input(node, reciprocal.outputs[0])
-    sqrt = producer_op(std, "Sqrt")
-    sub = producer_op(centered, "Sub")
-    if sqrt is None or sub is None:
-        return Mismatch("not (x - mean) / sqrt(...)", candidate=False)
+def _variance(
+    sqrt: ir.Node, centered: ir.Value | None
+) -> tuple[ir.Node, ir.Node, ir.Node, float] | Mismatch:
+    """``sqrt`` = Sqrt(mean(centered^2) + eps): the Add, the mean, the square and eps."""
     add_eps = producer_op(sqrt.inputs[0], "Add")
     if add_eps is None:
         return Mismatch("Sqrt input is not variance + epsilon")
     var_mean = eps = None
     for operand in add_eps.inputs[:2]:
-        if producer_op(operand, "ReduceMean") is not None:
-            var_mean = producer_op(operand, "ReduceMean")
+        if mean_of(operand) is not None:
+            var_mean = mean_of(operand)
             eps = const_scalar(other_input(add_eps, operand))
     if var_mean is None:
         return Mismatch("Sqrt input is not ReduceMean(...) + epsilon")
@@ -129,8 +132,30 @@ def _match_layer_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatc
     )
     if square is None or not squares_centered:
         return Mismatch("variance is not ReduceMean((x - mean)^2)")
+    return add_eps, var_mean, square, eps
+
+
+def _match_layer_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """Rooted at the normalizing Div (or Mul by Reciprocal); extends forward over Mul gamma, Add beta."""
+    reciprocal = None
+    if is_op(node, "Div"):
+        centered, std = node.inputs[0], node.inputs[1]
+    else:
+        reciprocal = operand_op(node, "Reciprocal")
+        if reciprocal is None:
+            return Mismatch("no operand is a Reciprocal", candidate=False)
+        std = reciprocal.inputs[0]
+        centered = other_input(node, reciprocal.outputs[0])
+    sqrt = producer_op(std, "Sqrt")
+    sub = producer_op(centered, "Sub")
+    if sqrt is None or sub is None:
+        return Mismatch("not (x - mean) / sqrt(...)", candidate=False)
+    variance = _variance(sqrt, centered)
+    if isinstance(variance, Mismatch):
+        return variance
+    add_eps, var_mean, square, eps = variance
     x, mean = sub.inputs[0], sub.inputs[1]
-    mean_node = producer_op(mean, "ReduceMean")
+    mean_node = mean_of(mean)
     if mean_node is None or mean_node.inputs[0] is not x:
         return Mismatch("Sub does not subtract ReduceMean(x) from x")
     for reduce, what in ((mean_node, "mean"), (var_mean, "variance")):
@@ -177,6 +202,18 @@ def _match_layer_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatc
             if after is not None:
                 nodes.append(after[0])
                 beta = after[1]
+    return _norm_match(nodes, x, eps, gamma, beta, dtype, context)
+
+
+def _norm_match(
+    nodes: list[ir.Node],
+    x: ir.Value,
+    eps: float,
+    gamma: np.ndarray | None,
+    beta: np.ndarray | None,
+    dtype: np.dtype,
+    context: RewriteContext,
+) -> Match | Mismatch:
     hidden = gamma.shape[0] if gamma is not None else None
     if hidden is None and x.shape is not None and isinstance(x.shape[-1], int):
         hidden = x.shape[-1]
@@ -197,6 +234,141 @@ def _match_layer_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatc
             "beta": None if beta is None else beta.astype(dtype),
         },
     )
+
+
+def _inverse_std(value: ir.Value | None) -> tuple[list[ir.Node], ir.Node] | None:
+    """``value`` = 1 / Sqrt(v): Reciprocal(Sqrt(v)) (tf2onnx's Rsqrt) or Div(1, Sqrt(v))."""
+    node = producer_op(value, "Reciprocal") or producer_op(value, "Div")
+    if node is None or (node.op_type == "Div" and const_scalar(node.inputs[0]) != 1.0):
+        return None
+    sqrt = producer_op(node.inputs[-1], "Sqrt")
+    return None if sqrt is None else ([sqrt, node], sqrt)
+
+
+def _scaled_inverse_std(
+    m: ir.Value | None, x: ir.Value | None
+) -> tuple[list[ir.Node], ir.Node, np.ndarray | None] | None:
+    """``m`` = inv_std * gamma (gamma a constant per-channel vector) or inv_std alone: the nodes,
+    the Sqrt, gamma."""
+    found = _inverse_std(m)
+    if found is not None:
+        return found[0], found[1], None
+    mul = producer_op(m, "Mul")
+    if mul is None:
+        return None
+    for operand in mul.inputs[:2]:
+        found = _inverse_std(operand)
+        gamma = per_channel_vector(other_input(mul, operand), x) if found else None
+        if found is not None and gamma is not None:
+            return [*found[0], mul], found[1], gamma
+    return None
+
+
+def _shift(
+    c: ir.Value | None, mean: ir.Value, m: ir.Value, x: ir.Value
+) -> tuple[list[ir.Node], np.ndarray | None] | None:
+    """``c`` = beta - mean*m, -(mean*m) or (-mean)*m [+ beta]: the nodes, beta (None without)."""
+
+    def product(value: ir.Value | None) -> list[ir.Node] | None:
+        mul = producer_op(value, "Mul")
+        if mul is None:
+            return None
+        operands = list(mul.inputs[:2])
+        if operands in ([mean, m], [m, mean]):
+            return [mul]
+        neg = next((producer_op(v, "Neg") for v in operands if producer_op(v, "Neg")), None)
+        if neg is not None and neg.inputs[0] is mean and m in operands:
+            return [neg, mul]  # (-mean) * m
+        return None
+
+    def negated(value: ir.Value | None) -> list[ir.Node] | None:
+        neg = producer_op(value, "Neg")
+        inner = product(neg.inputs[0]) if neg is not None else None
+        if neg is not None and inner is not None and inner[0].op_type == "Mul":
+            return [*inner, neg]
+        found = product(value)
+        return found if found is not None and found[0].op_type == "Neg" else None
+
+    sub = producer_op(c, "Sub")
+    if sub is not None:
+        beta = per_channel_vector(sub.inputs[0], x)
+        inner = product(sub.inputs[1])
+        if beta is not None and inner is not None and inner[0].op_type == "Mul":
+            return [*inner, sub], beta
+        return None
+    found = negated(c)
+    if found is not None:
+        return found, None
+    add = producer_op(c, "Add")
+    if add is None:
+        return None
+    for operand in add.inputs[:2]:
+        beta = per_channel_vector(other_input(add, operand), x)
+        found = negated(operand)
+        if beta is not None and found is not None:
+            return [*found, add], beta
+    return None
+
+
+def _centered_under(sqrt: ir.Node) -> ir.Node | None:
+    """The Sub whose square the variance under ``sqrt`` averages: Sqrt(mean(d * d) + eps)."""
+    add_eps = producer_op(sqrt.inputs[0], "Add")
+    operands = add_eps.inputs[:2] if add_eps is not None else ()
+    var_mean = next((mean_of(v) for v in operands if mean_of(v) is not None), None)
+    square = (
+        producer_op(var_mean.inputs[0], "Mul") or producer_op(var_mean.inputs[0], "Pow")
+        if var_mean
+        else None
+    )
+    return producer_op(square.inputs[0], "Sub") if square is not None else None
+
+
+def _match_affine_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``x*m + (beta - mean*m)`` with ``m = gamma / sqrt(var + eps)``: TensorFlow's
+    batch_normalization over the last axis, as Keras' LayerNormalization computes it (TF BERT,
+    GPT-2, ViT... through tf2onnx; the means may be GlobalAveragePools of rank-3 tensors).
+    ``(x - mean) * m + beta`` is the same value up to rounding (the fused op is the more accurate:
+    it does not subtract two large products)."""
+    for term in node.inputs[:2]:
+        scale = producer_op(term, "Mul")
+        if scale is None:
+            continue
+        for x, m in (tuple(scale.inputs[:2]), tuple(reversed(scale.inputs[:2]))):
+            found = _scaled_inverse_std(m, x)
+            if found is None or x is None or m is None:
+                continue
+            inverse, sqrt, gamma = found
+            sub = _centered_under(sqrt)
+            if sub is None or sub.inputs[0] is not x:
+                continue
+            mean = sub.inputs[1]
+            mean_node = mean_of(mean)
+            if mean is None or mean_node is None or mean_node.inputs[0] is not x:
+                continue
+            variance = _variance(sqrt, sub.outputs[0])
+            if isinstance(variance, Mismatch):
+                return variance
+            add_eps, var_mean, square, eps = variance
+            shift = _shift(other_input(node, term), mean, m, x)
+            if shift is None:
+                return Mismatch("the shift is not beta - mean * m")
+            for reduce, what in ((mean_node, "mean"), (var_mean, "variance")):
+                problem = last_axis_problem(reduce, x, what)
+                if problem is not None:
+                    return Mismatch(problem)
+            nodes = [mean_node, sub, square, var_mean, add_eps, *inverse, scale, *shift[0], node]
+            for inner in nodes[:-1]:
+                if not _exclusive(inner.outputs[0], nodes):
+                    return Mismatch(
+                        f"intermediate {inner.op_type} result is used outside the pattern"
+                    )
+            if x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
+                return Mismatch("input is not float, float16 or double")
+            beta = shift[1]
+            if gamma is not None and beta is not None and gamma.shape != beta.shape:
+                return Mismatch("gamma and beta differ in size")
+            return _norm_match(nodes, x, eps, gamma, beta, x.dtype.numpy(), context)
+    return Mismatch("not x * (gamma / sqrt(var + eps)) + shift", candidate=False)
 
 
 def _bias_after(
@@ -367,6 +539,7 @@ RULES = (
     Rule(
         "decomposed(reciprocal)->LayerNormalization", "Mul", _match_layer_norm, _rewrite_layer_norm
     ),
+    Rule("x*m+(beta-mean*m)->LayerNormalization", "Add", _match_affine_norm, _rewrite_layer_norm),
     Rule(
         "LayerNormalization*gamma+beta->LayerNormalization",
         "Mul",

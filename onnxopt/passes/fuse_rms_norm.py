@@ -20,6 +20,7 @@ from onnxopt.ops import is_op, single_consumer
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fuse_layer_norm import (
     last_axis_problem,
+    mean_of,
     per_channel_vector,
     widening_cast,
 )
@@ -69,8 +70,8 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("1/sqrt argument is not mean + epsilon", candidate=False)
     mean = eps = None
     for operand in add.inputs[:2]:
-        if producer_op(operand, "ReduceMean") is not None:
-            mean = producer_op(operand, "ReduceMean")
+        if mean_of(operand) is not None:
+            mean = mean_of(operand)
             eps = const_scalar(other_input(add, operand))
     if mean is None:
         return Mismatch("1/sqrt argument is not ReduceMean(x^2) + epsilon", candidate=False)
