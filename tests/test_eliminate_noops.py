@@ -283,6 +283,18 @@ POSITIVE = [
         1,
     ),
     (
+        # TensorFlow's stable_softmax (TF BART's scores + 1e-9 through tf2onnx)
+        "softmax-shift",
+        model(
+            "<float eps = {1e-9}> { a = Add(x, eps)\n y = Softmax<axis=-1>(a) }",
+            inputs="float[N,3,4] x",
+            outputs="float[N,3,4] y",
+        ),
+        {"Softmax shift removed": 1},
+        ["Softmax"],
+        2,
+    ),
+    (
         "add-constant-of-shape-zero",
         model(
             "<float z = {0.0}, int64[1] four = {4}, float[N,4] e, float[N,4] a> "
@@ -457,6 +469,16 @@ NEGATIVE = [
         "stabilizer-before-opset-13",
         model("{ m = ReduceMax<axes=[2]>(x)\n d = Sub(x, m)\n y = Softmax<axis=2>(d) }", opset=12),
         "before opset 13",
+    ),
+    (
+        "softmax-shift-too-large",
+        model("<float eps = {1e-3}> { a = Add(eps, x)\n y = Softmax<axis=-1>(a) }"),
+        "magnitude 1e-06 or less",
+    ),
+    (
+        "softmax-shift-read-elsewhere",
+        model("<float eps = {1e-9}> { a = Add(x, eps)\n s = Softmax<axis=-1>(a)\n y = Add(s, a) }"),
+        "read by something other than a Softmax",
     ),
     (
         "add-nonzero",

@@ -5,7 +5,9 @@ have any particular size, so a proof that needs one fails with a reason (see ``-
 
 Floating-point note: ``x + 0`` and ``x - (-0)`` turn ``-0.0`` into ``+0.0``; removing them keeps
 ``-0.0``. The two compare equal, so we remove them as ONNX Runtime's own optimizer does. ``x * 1``,
-``x / 1`` and ``x - 0`` are exact for every value, NaN and infinities included.
+``x / 1`` and ``x - 0`` are exact for every value, NaN and infinities included. The one rule that
+is not bit-exact drops a tiny constant added to every score before a Softmax (TensorFlow's
+1e-9): softmax ignores the shift, and the scores differ by x + c's rounding alone.
 """
 
 from __future__ import annotations
@@ -308,6 +310,45 @@ def _softmax_stabilizer(node: ir.Node, context: RewriteContext) -> Match | Misma
     return _keep(node, node.inputs[0], peak)
 
 
+# The largest shift dropped before a Softmax: TensorFlow's stable_softmax adds 1e-9 (a workaround
+# for an XLA bug) to every score; Keras and tf2onnx keep it in the graph.
+_SOFTMAX_SHIFT = 1e-6
+
+
+def _softmax_shift(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``Softmax(x + c)`` for a scalar constant c with |c| <= 1e-6 (read only by Softmax or
+    LogSoftmax): softmax is invariant under adding one constant to every entry, so what differs
+    is the rounding of x + c. In float32 x + c is x itself wherever |c| is under half a unit in the
+    last place of x (|x| of 2**-5 or more for TensorFlow's 1e-9), and within |c| of x elsewhere.
+    The attention fusions then see the scores' own sum."""
+    for index in (0, 1):
+        shift = const_array(node.inputs[index])
+        other = node.inputs[1 - index]
+        if shift is not None and shift.size == 1 and other is not None:
+            break
+    else:
+        return Mismatch("no operand is a constant scalar", candidate=False)
+    if shift.dtype.kind != "f" or not abs(float(shift.reshape(-1)[0])) <= _SOFTMAX_SHIFT:
+        return Mismatch(f"the shift is not a float of magnitude {_SOFTMAX_SHIFT} or less")
+    result = node.outputs[0]
+    uses = result.uses()
+    if result.is_graph_output() or not uses:
+        return Mismatch("the sum is a graph output or unused")
+    if any(
+        use.node.domain != "" or use.node.op_type not in ("Softmax", "LogSoftmax") for use in uses
+    ):
+        return Mismatch("the sum is read by something other than a Softmax")
+    dims, other_dims = dims_of(result), dims_of(other)
+    if (
+        dims is None
+        or other_dims is None
+        or len(dims) != len(other_dims)
+        or other.dtype != result.dtype
+    ):
+        return Mismatch("the shift could change the scores' rank or type")
+    return _keep(node, other)
+
+
 def _split(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if len(node.outputs) != 1:
         return Mismatch(f"it has {len(node.outputs)} outputs")
@@ -491,6 +532,7 @@ RULES: tuple[Rule, ...] = (
     _rule("Or false removed", "Or", _neutral_operand(False, commutative=True)),
     _rule("Where removed", "Where", _where),
     _rule("Softmax stabilizer removed", "Sub", _softmax_stabilizer),
+    _rule("Softmax shift removed", "Add", _softmax_shift),
 )
 
 
@@ -501,7 +543,7 @@ class EliminateNoopsPass(Pass):
     one-input Concat/Sum/Mean/Max/Min, one-output Split, Tile by ones, Unsqueeze/Squeeze pairs,
     ReduceSum/Mean/Max/Min/Prod over nothing or over kept size-1 dims,
     x+0, x-0, x*1, x/1, x and true, x or false, Where with a constant condition, the row max
-    subtracted before a Softmax.
+    subtracted before a Softmax, a shift of at most 1e-6 added before one.
     """
 
     name = "eliminate-noops"
