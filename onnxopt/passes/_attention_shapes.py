@@ -255,7 +255,8 @@ def gathered_dim(gather: ir.Node | None, *, scalar: bool) -> Entry | None:
 
 def scaled_dim_reads(piece: ir.Value | None) -> list[tuple[Entry, int]]:
     """(dim read b, constant c) for a one-element target piece ``Mul(b, c)``, b a read of one dim
-    (TorchScript's ``batch_size * num_heads``: ``Unsqueeze(Mul(Gather(Shape(x), 0), H))``); both
+    (TorchScript's ``batch_size * num_heads``: ``Unsqueeze(Mul(Gather(Shape(x), 0), H))``, or b
+    a Squeeze of a one-dim Slice of the Shape, as tf2onnx writes it); both
     operand orders, so at most two pairs, none when the piece is anything else."""
     if piece is None or value_rank(piece) != 1 or static_dim(piece, 0) != 1:
         return []
@@ -274,6 +275,9 @@ def scaled_dim_reads(piece: ir.Value | None) -> list[tuple[Entry, int]]:
         if not np.issubdtype(constant.dtype, np.integer):
             continue
         dim = gathered_dim(read.producer(), scalar=value_rank(read) == 0)
+        if dim is None and value_rank(read) == 0:  # Squeeze(Shape(x)[i:i+1]) (tf2onnx)
+            scalar = scalar_dim_read(read)
+            dim = None if scalar is None else ("dim", scalar[0], scalar[1])
         if dim is not None:
             found.append((dim, int(constant.reshape(-1)[0])))
     return found

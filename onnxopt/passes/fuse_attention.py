@@ -205,6 +205,22 @@ def _split_heads(value4: ir.Value) -> _Heads:
     return _Heads(value4, three_d, heads, head_size, (reshape, transpose))
 
 
+def _split_scaled_heads(value4: ir.Value) -> tuple[_Heads, float] | None:
+    """``Transpose(Reshape(x, [B, S, H, d]) * c, [0, 2, 1, 3])``: query heads scaled before they
+    are moved (TensorFlow's DistilBERT, whose ``q * rsqrt(d)`` tf2onnx moves the Transpose past):
+    (Q * c) @ K^T is (Q @ K^T) * c, so c joins the op's scale."""
+    transpose = value4.producer()
+    if transpose is None or transpose_perm(transpose) != [0, 2, 1, 3]:
+        return None
+    inner, factor, muls = peel_scale(transpose.inputs[0]) if transpose.inputs[0] else (None, 1, [])
+    split = reshape_to_heads(inner) if inner is not None and muls else None
+    if split is None:
+        return None
+    three_d, heads, head_size, reshape = split
+    nodes = (reshape, *reversed(muls), transpose)
+    return _Heads(value4, three_d, heads, head_size, nodes), factor
+
+
 def _key_transposed(value: ir.Value) -> tuple[_Heads, float, list[ir.Node]] | Mismatch:
     """Resolve K^T ([B, H, d, T]) to K, as one of the exporters' spellings.
 
@@ -2010,6 +2026,10 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
         return key
     key_heads, key_scale, key_nodes = key
     query_heads = _split_heads(query_base)
+    scaled_heads = _split_scaled_heads(query_base) if query_heads.three_d is None else None
+    if scaled_heads is not None:
+        query_heads, more = scaled_heads
+        query_scale *= more
     # Walk down: [IsNaN/Where guard] -> MatMul(P, V) -> Transpose -> Reshape
     probs = softmax.outputs[0]
     sink_nodes: list[ir.Node] = []
