@@ -145,6 +145,7 @@ class DimSymbols:
     # Names only ever seen as the first dim of an input of rank 2 or more: a batch. The fallback
     # sizes leave it at 1 (a ViT whose image size must be 224 does not need 224 images).
     batch: frozenset[str] = frozenset()
+    axis_of: Mapping[str, int] = field(default_factory=dict)  # the axis a name is first seen at
 
     @staticmethod
     def of(specs: Sequence[HasDims]) -> DimSymbols:
@@ -163,6 +164,7 @@ class DimSymbols:
         leading: set[str] = set()
         batched: set[str] = set()
         elsewhere: set[str] = set()
+        axis_of: dict[str, int] = {}
         for spec in specs:
             seen: set[str] = set()
             for axis, dim in enumerate(spec.dims):
@@ -170,6 +172,8 @@ class DimSymbols:
                     continue
                 found = _names(expressions[dim]) if dim in expressions else [dim]
                 seen.update(found)
+                for name in found:
+                    axis_of.setdefault(name, axis)
                 if axis == 0:
                     leading.update(found)
                 if axis == 0 and len(spec.dims) >= 2 and dim not in expressions:
@@ -179,7 +183,12 @@ class DimSymbols:
             for name in seen:
                 uses[name] += 1
         return DimSymbols(
-            tuple(names), expressions, uses, frozenset(leading), frozenset(batched - elsewhere)
+            tuple(names),
+            expressions,
+            uses,
+            frozenset(leading),
+            frozenset(batched - elsewhere),
+            axis_of,
         )
 
     def size(self, dim: int | str | None, plan: SizePlan) -> int | None:
@@ -222,13 +231,21 @@ class DimSymbols:
             {**plan.sizes, **dict.fromkeys(leading, size)}, plan.unnamed, plan.relations
         )
 
+    def by_axis(self) -> SizePlan:
+        """3, 5, 7, ... per axis: every name first seen at one axis gets one size. Exporters that
+        name each input's dims apart (tf2onnx's ``unk__301``) still need input_ids [B, S] and
+        attention_mask [B, S] to agree, at sizes other than 1 and 2."""
+        sizes = {a: 3 + 2 * self.axis_of.get(a, 0) for a in self.atoms}
+        return SizePlan(sizes, 3)
+
     def base_plans(self, given: Mapping[str, int] | None = None) -> list[SizePlan]:
-        """The plans tried first: the ``given`` sizes (and twice them), 1, distinct (and with one
-        batch size), then each fallback size for every dim."""
+        """The plans tried first: the ``given`` sizes (and twice them), 1, distinct (with one
+        batch size, then one size per axis), then each fallback size for every dim."""
         plans = []
         if given and any(k in self.atoms for k in given):
             plans += [self.distinct(given), self.distinct({k: 2 * v for k, v in given.items()})]
         plans += [self.constant(1), self.distinct(), self.one_batch(self.distinct())]
+        plans.append(self.by_axis())
         plans += [self.constant(s) for s in FALLBACK_SIZES]
         return plans
 

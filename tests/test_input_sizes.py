@@ -286,3 +286,24 @@ def test_signal_lengths_are_not_tried_for_token_ids_or_images() -> None:
     assert _signal_dims([ids, image, audio], symbols) == ["samples"]
     shared = InputSpec("mask", np.dtype(np.int64), ("batch", "samples"))
     assert _signal_dims([audio, shared], DimSymbols.of([audio, shared])) == []
+
+
+def test_dims_named_apart_per_input_are_sized_per_axis() -> None:
+    """tf2onnx names every input's dims apart (``unk__301``...) though input_ids and
+    attention_mask must agree: after the per-name plans fail, one size per axis runs them at
+    [3, 5], not only at the constant sizes 1 and 2."""
+    i64 = onnx.TensorProto.INT64
+    graph = oh.make_graph(
+        [oh.make_node("Add", ["ids", "mask"], ["y"])],
+        "named_apart",
+        [
+            oh.make_tensor_value_info("ids", i64, ["unk__1", "unk__2"]),
+            oh.make_tensor_value_info("mask", i64, ["unk__3", "unk__4"]),
+        ],
+        [oh.make_tensor_value_info("y", i64, [None, None])],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    validation = optimized(proto).report.validation
+    assert validation is not None and validation.passed
+    assert [tuple(t["ids"]) for t in validation.trials] == [(1, 1), (3, 5)]
+    assert all(t["ids"] == t["mask"] for t in validation.trials)
