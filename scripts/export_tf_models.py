@@ -1,0 +1,146 @@
+"""Convert small TensorFlow (Keras) transformers to ONNX with tf2onnx, as Keras users do.
+
+TensorFlow is not one of onnxopt's dependencies; run this in its own environment:
+
+    python -m venv /tmp/tfenv
+    /tmp/tfenv/bin/pip install tensorflow-cpu==2.17.1 tf-keras==2.17.0 tf2onnx==1.17.0 \\
+        onnx==1.16.2 transformers==4.46.3 huggingface_hub==0.26.5 tokenizers==0.20.3
+    /tmp/tfenv/bin/python scripts/export_tf_models.py OUT [--opset 17] [--width 16] [name ...]
+
+Every model is built from a config with seeded random weights, then every variable is redrawn
+(biases and LayerNorm shifts nonzero, LayerNorm scales around 1, as in a trained checkpoint), and
+converted with ``tf2onnx.convert.from_function`` with dynamic batch and sequence dims, as tf2onnx
+names them (``unk__301``...). ``tests/data/tf2onnx/`` holds the default exports (width 16, opset 17); the README's figures
+use ``--width 256``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def _text(model: Any, with_types: bool = False) -> tuple[list[Any], Callable[..., Any]]:
+    import tensorflow as tf
+
+    names = ["input_ids", "attention_mask", *(["token_type_ids"] if with_types else [])]
+    signature = [tf.TensorSpec([None, None], tf.int32, name=n) for n in names]
+    return signature, lambda *args: model(**dict(zip(names, args, strict=True))).last_hidden_state
+
+
+def _models(width: int) -> dict[str, Callable[[], tuple[Any, list[Any], Callable[..., Any]]]]:
+    import tensorflow as tf
+    import transformers as tr
+
+    layers, heads, ffn = 2, 4, 2 * width
+    text = {
+        "vocab_size": 64,
+        "hidden_size": width,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "intermediate_size": ffn,
+        "max_position_embeddings": 32,
+    }
+
+    def bert() -> tuple[Any, list[Any], Callable[..., Any]]:
+        model = tr.TFBertModel(tr.BertConfig(**text))
+        return (model, *_text(model, with_types=True))
+
+    def distilbert() -> tuple[Any, list[Any], Callable[..., Any]]:
+        config = tr.DistilBertConfig(
+            vocab_size=64, dim=width, n_layers=layers, n_heads=heads, hidden_dim=ffn,
+            max_position_embeddings=32,
+        )  # fmt: skip
+        model = tr.TFDistilBertModel(config)
+        return (model, *_text(model))
+
+    def roberta() -> tuple[Any, list[Any], Callable[..., Any]]:
+        model = tr.TFRobertaModel(tr.RobertaConfig(**text, pad_token_id=1))
+        return (model, *_text(model))
+
+    def bart_encoder() -> tuple[Any, list[Any], Callable[..., Any]]:
+        config = tr.BartConfig(
+            vocab_size=64, d_model=width, encoder_layers=layers, decoder_layers=1,
+            encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+            decoder_ffn_dim=ffn, max_position_embeddings=32,
+        )  # fmt: skip
+        model = tr.TFBartModel(config).get_encoder()
+        return (model, *_text(model))
+
+    def whisper_encoder() -> tuple[Any, list[Any], Callable[..., Any]]:
+        config = tr.WhisperConfig(
+            vocab_size=64, d_model=width, encoder_layers=layers, decoder_layers=1,
+            encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+            decoder_ffn_dim=ffn, num_mel_bins=16, max_source_positions=32,
+        )  # fmt: skip
+        model = tr.TFWhisperModel(config).get_encoder()
+        signature = [tf.TensorSpec([None, 16, 64], tf.float32, name="input_features")]
+        return model, signature, lambda x: model(x).last_hidden_state
+
+    def vit() -> tuple[Any, list[Any], Callable[..., Any]]:
+        config = tr.ViTConfig(
+            hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+            intermediate_size=ffn, image_size=32, patch_size=8,
+        )  # fmt: skip
+        model = tr.TFViTModel(config)
+        signature = [tf.TensorSpec([None, 3, 32, 32], tf.float32, name="pixel_values")]
+        return model, signature, lambda x: model(pixel_values=x).last_hidden_state
+
+    return {
+        "bert": bert,
+        "distilbert": distilbert,
+        "roberta": roberta,
+        "bart-encoder": bart_encoder,
+        "whisper-encoder": whisper_encoder,
+        "vit": vit,
+    }
+
+
+def _redraw(model: Any, seed: int) -> None:
+    """Draw every variable anew: nonzero biases and LayerNorm shifts, scales around 1 (Keras
+    names them ``gamma``), the rest small."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for variable in model.variables:
+        shape = tuple(variable.shape)
+        values = rng.normal(0.0, 0.05 if len(shape) > 1 else 0.1, size=shape)
+        if variable.name.split("/")[-1].startswith("gamma"):
+            values = 1.0 + values
+        variable.assign(values.astype(variable.dtype.as_numpy_dtype))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("names", nargs="*", help="models to convert (default: all)")
+    parser.add_argument("--opset", type=int, default=17)
+    parser.add_argument("--width", type=int, default=16)
+    args = parser.parse_args()
+
+    import tensorflow as tf
+    import tf2onnx
+
+    tf.random.set_seed(0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    models = _models(args.width)
+    for index, name in enumerate(args.names or models):
+        model, signature, call = models[name]()
+        function = tf.function(call, input_signature=signature)
+        function(*[tf.ones([2 if d is None else d for d in s.shape], s.dtype) for s in signature])
+        _redraw(model, seed=index)  # the call above made the variables
+        path = args.out / f"{name}.onnx"
+        tf2onnx.convert.from_function(
+            function, input_signature=signature, opset=args.opset, output_path=str(path)
+        )
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
