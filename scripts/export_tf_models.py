@@ -5,13 +5,15 @@ TensorFlow is not one of onnxopt's dependencies; run this in its own environment
     python -m venv /tmp/tfenv
     /tmp/tfenv/bin/pip install tensorflow-cpu==2.17.1 tf-keras==2.17.0 tf2onnx==1.17.0 \\
         onnx==1.16.2 transformers==4.46.3 huggingface_hub==0.26.5 tokenizers==0.20.3
-    /tmp/tfenv/bin/python scripts/export_tf_models.py OUT [--opset 17] [--width 16] [name ...]
+    /tmp/tfenv/bin/python scripts/export_tf_models.py OUT [name ...] [--opset 17] [--width 16] \\
+        [--layers 2] [--heads 4]
 
 Every model is built from a config with seeded random weights, then every variable is redrawn
 (biases and LayerNorm shifts nonzero, LayerNorm scales around 1, as in a trained checkpoint), and
 converted with ``tf2onnx.convert.from_function`` with dynamic batch and sequence dims, as tf2onnx
-names them (``unk__301``...). ``tests/data/tf2onnx/`` holds the default exports (width 16, opset 17); the README's figures
-use ``--width 256``.
+names them (``unk__301``...). ``tests/data/tf2onnx/`` holds the default exports (width 16, 2
+layers, 4 heads, FFN 2x, opset 17); the README's timings use ``--width 768 --layers 4 --heads 12``
+(FFN 4x from width 256). Reruns give the same weights and graph; tf2onnx's generated names differ.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ def _text(model: Any, with_types: bool = False) -> tuple[list[Any], Callable[...
     return signature, lambda *args: model(**dict(zip(names, args, strict=True))).last_hidden_state
 
 
-def _models(width: int) -> dict[str, Callable[[], tuple[Any, list[Any], Callable[..., Any]]]]:
+def _models(
+    width: int, layers: int, heads: int
+) -> dict[str, Callable[[], tuple[Any, list[Any], Callable[..., Any]]]]:
     import tensorflow as tf
     import transformers as tr
 
-    layers, heads, ffn = 2, 4, 2 * width
+    ffn = 4 * width if width >= 256 else 2 * width
     text = {
         "vocab_size": 64,
         "hidden_size": width,
@@ -122,14 +126,16 @@ def main() -> None:
     parser.add_argument("names", nargs="*", help="models to convert (default: all)")
     parser.add_argument("--opset", type=int, default=17)
     parser.add_argument("--width", type=int, default=16)
-    args = parser.parse_args()
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    args = parser.parse_intermixed_args()
 
     import tensorflow as tf
     import tf2onnx
 
     tf.random.set_seed(0)
     args.out.mkdir(parents=True, exist_ok=True)
-    models = _models(args.width)
+    models = _models(args.width, args.layers, args.heads)
     for index, name in enumerate(args.names or models):
         model, signature, call = models[name]()
         function = tf.function(call, input_signature=signature)

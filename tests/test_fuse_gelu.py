@@ -206,3 +206,21 @@ def test_default_level_emits_bias_gelu_for_ort_only() -> None:
     portable = optimize(model, target="onnx")
     assert op_types(portable.model) == ["Add", "Gelu"]
     assert op_types(optimize(model, disable=["fuse-bias-gelu"]).model) == ["Add", "Gelu"]
+
+
+def test_one_of_rank_3_added_to_a_rank_3_erf_is_plus_one() -> None:
+    """tf2onnx writes the 1 of 1 + erf as a [1, 1, 1] constant beside Whisper's transposed conv
+    features: it broadcasts without raising the rank. Against a rank-2 input it would raise it."""
+    ones = {**CONSTANTS, "one": np.ones((1, 1, 1), dtype=np.float32)}
+    result = run_checked(
+        FuseGeluPass(),
+        parse(HEADER.format(opset=17) + ERF_TORCH.format(), bias=rng_array(8, seed=3), **ones),
+    )
+    assert result.stats == {"gelu(erf)->Gelu": 1}
+    flat = HEADER.format(opset=17).replace(
+        "float[B, S, 8] x) => (float[B, S, 8] y)", "float[S, 8] x) => (float[1, S, 8] y)"
+    )
+    model = parse(flat + ERF_TORCH.format(), bias=rng_array(8, seed=3), **ones)
+    refused = FuseGeluPass(PassOptions(explain=True))(model)
+    assert not refused.modified
+    assert refused.notes == ["gelu(erf)->Gelu: Erf: Erf result is not increased by 1"]

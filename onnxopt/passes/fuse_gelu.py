@@ -18,7 +18,14 @@ import onnx_ir as ir
 from onnxopt.ops import MS_DOMAIN, const_array, is_op, single_consumer
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
-from onnxopt.rewrite.patterns import const_scalar, ensure_opset, other_input, producer_op, users
+from onnxopt.rewrite.patterns import (
+    const_scalar,
+    const_scalar_within,
+    ensure_opset,
+    other_input,
+    producer_op,
+    users,
+)
 from onnxopt.rewrite.rule import MatchFn, RewriteFn
 
 GELU_OPSET = 20
@@ -88,7 +95,9 @@ def _match_gelu(tanh_form: bool) -> MatchFn:
         one_plus = single_consumer(activation.outputs[0])
         if not is_op(one_plus, "Add") or one_plus is None:
             return Mismatch(f"{activation.op_type} result is not only used by + 1")
-        if not _close(const_scalar(other_input(one_plus, activation.outputs[0])), 1.0):
+        erf = activation.outputs[0]
+        rank = len(erf.shape) if erf.shape is not None else None
+        if not _close(const_scalar_within(other_input(one_plus, erf), rank), 1.0):
             return Mismatch(f"{activation.op_type} result is not increased by 1")
         p = one_plus.outputs[0]
         product = single_consumer(p)

@@ -39,6 +39,16 @@ def const_scalar(value: ir.Value | None) -> float | None:
     return float(array.reshape(()))
 
 
+def const_scalar_within(value: ir.Value | None, rank: int | None) -> float | None:
+    """:func:`const_scalar`, or a single-element constant of any rank up to ``rank``, the rank of
+    the tensor it is combined with: a [1, 1, 1] constant added to a rank-3 tensor broadcasts
+    without raising its rank (tf2onnx writes such constants)."""
+    array = const_array(value)
+    if array is None or array.size != 1 or array.ndim > max(rank or 0, 1):
+        return None
+    return float(array.reshape(()))
+
+
 def other_input(node: ir.Node, value: ir.Value | None) -> ir.Value | None:
     """For a binary op with ``value`` as one input, the other input (None when absent)."""
     a, b = ([*list(node.inputs), None, None])[:2]
