@@ -307,3 +307,20 @@ def test_dims_named_apart_per_input_are_sized_per_axis() -> None:
     assert validation is not None and validation.passed
     assert [tuple(t["ids"]) for t in validation.trials] == [(1, 1), (3, 5)]
     assert all(t["ids"] == t["mask"] for t in validation.trials)
+
+
+def test_generated_attention_masks_keep_a_token_in_every_row() -> None:
+    """A row of padding alone (an empty sequence) is ill-conditioned under a -10000 mask; an
+    ``attention_mask`` gets a real token in each row, other 0/1 inputs stay as drawn."""
+    from onnxopt.validate import inputs_of_shapes
+
+    specs = [
+        InputSpec("attention_mask", np.dtype(np.int64), ("b", "s")),
+        InputSpec("keep", np.dtype(np.bool_), ("b", "s")),
+    ]
+    feeds = inputs_of_shapes(specs, [(512, 3), (512, 3)], np.random.default_rng(0))
+    assert feeds is not None
+    mask, keep = np.asarray(feeds["attention_mask"]), np.asarray(feeds["keep"])
+    assert mask.any(axis=-1).all() and set(np.unique(mask)) == {0, 1}
+    assert not mask.all(axis=-1).all()  # still padded where drawn so
+    assert not keep.any(axis=-1).all()  # about 64 of 512 rows drawn empty stay empty
