@@ -311,16 +311,19 @@ def test_dims_named_apart_per_input_are_sized_per_axis() -> None:
 
 def test_generated_attention_masks_keep_a_token_in_every_row() -> None:
     """A row of padding alone (an empty sequence) is ill-conditioned under a -10000 mask; an
-    ``attention_mask`` gets a real token in each row, other 0/1 inputs stay as drawn."""
+    input named as a mask gets a real token in each row, other 0/1 inputs stay as drawn."""
     from onnxopt.validate import inputs_of_shapes
 
     specs = [
         InputSpec("attention_mask", np.dtype(np.int64), ("b", "s")),
+        InputSpec("input_mask:0", np.dtype(np.int32), ("b", "s")),  # TF1 BERT's (tf2onnx)
         InputSpec("keep", np.dtype(np.bool_), ("b", "s")),
     ]
-    feeds = inputs_of_shapes(specs, [(512, 3), (512, 3)], np.random.default_rng(0))
+    feeds = inputs_of_shapes(specs, [(512, 3)] * 3, np.random.default_rng(0))
     assert feeds is not None
-    mask, keep = np.asarray(feeds["attention_mask"]), np.asarray(feeds["keep"])
-    assert mask.any(axis=-1).all() and set(np.unique(mask)) == {0, 1}
-    assert not mask.all(axis=-1).all()  # still padded where drawn so
+    keep = np.asarray(feeds["keep"])
+    for name in ("attention_mask", "input_mask:0"):
+        mask = np.asarray(feeds[name])
+        assert mask.any(axis=-1).all() and set(np.unique(mask)) == {0, 1}
+        assert not mask.all(axis=-1).all()  # still padded where drawn so
     assert not keep.any(axis=-1).all()  # about 64 of 512 rows drawn empty stay empty
