@@ -30,12 +30,17 @@ FUSED = ("MultiHeadAttention", "GroupQueryAttention", "Attention")
 
 
 def padded_feeds(
-    batch: int, seq: int, seed: int, types: dict[str, np.dtype], vocab: int
+    batch: int,
+    seq: int,
+    seed: int,
+    types: dict[str, np.dtype] | None = None,
+    vocab: int = 1000,
 ) -> dict[str, np.ndarray]:
     """Row 0 full, row 1 right-padded, row 2 left-padded, row 3 all padding; each input in the
-    model's own integer type (tf2onnx's are int32), token_type_ids (when taken) all 0, token ids
-    below ``vocab``."""
+    model's own integer type (``types``; int64 when not given, tf2onnx's are int32),
+    token_type_ids (when taken) all 0, token ids below ``vocab``."""
     rng = np.random.default_rng(seed)
+    types = types or {n: np.dtype(np.int64) for n in ("input_ids", "attention_mask")}
     mask = np.ones((batch, seq), dtype=types["attention_mask"])
     if batch > 1:
         mask[1, (seq + 1) // 2 :] = 0
