@@ -42,14 +42,20 @@ def _models(
     import tensorflow as tf
     import transformers as tr
 
-    ffn = 4 * width if width >= 256 else 2 * width
+    # Timing sizes from width 256 (BERT's 512 positions, Whisper's 80 x 3000 features, ViT's 224²
+    # images); tiny ones for the test data.
+    full = width >= 256
+    ffn = 4 * width if full else 2 * width
+    positions = 512 if full else 32
+    mels, frames = (80, 3000) if full else (16, 64)
+    image, patch = (224, 16) if full else (32, 8)
     text = {
         "vocab_size": 64,
         "hidden_size": width,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "intermediate_size": ffn,
-        "max_position_embeddings": 32,
+        "max_position_embeddings": positions,
     }
 
     def bert() -> tuple[Any, list[Any], Callable[..., Any]]:
@@ -59,20 +65,22 @@ def _models(
     def distilbert() -> tuple[Any, list[Any], Callable[..., Any]]:
         config = tr.DistilBertConfig(
             vocab_size=64, dim=width, n_layers=layers, n_heads=heads, hidden_dim=ffn,
-            max_position_embeddings=32,
+            max_position_embeddings=positions,
         )  # fmt: skip
         model = tr.TFDistilBertModel(config)
         return (model, *_text(model))
 
     def roberta() -> tuple[Any, list[Any], Callable[..., Any]]:
-        model = tr.TFRobertaModel(tr.RobertaConfig(**text, pad_token_id=1))
+        # RoBERTa's positions start after the padding index
+        config = tr.RobertaConfig(**{**text, "max_position_embeddings": positions + 2})
+        model = tr.TFRobertaModel(config)
         return (model, *_text(model))
 
     def bart_encoder() -> tuple[Any, list[Any], Callable[..., Any]]:
         config = tr.BartConfig(
             vocab_size=64, d_model=width, encoder_layers=layers, decoder_layers=1,
             encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
-            decoder_ffn_dim=ffn, max_position_embeddings=32,
+            decoder_ffn_dim=ffn, max_position_embeddings=positions,
         )  # fmt: skip
         model = tr.TFBartModel(config).get_encoder()
         return (model, *_text(model))
@@ -81,19 +89,19 @@ def _models(
         config = tr.WhisperConfig(
             vocab_size=64, d_model=width, encoder_layers=layers, decoder_layers=1,
             encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
-            decoder_ffn_dim=ffn, num_mel_bins=16, max_source_positions=32,
+            decoder_ffn_dim=ffn, num_mel_bins=mels, max_source_positions=frames // 2,
         )  # fmt: skip
         model = tr.TFWhisperModel(config).get_encoder()
-        signature = [tf.TensorSpec([None, 16, 64], tf.float32, name="input_features")]
+        signature = [tf.TensorSpec([None, mels, frames], tf.float32, name="input_features")]
         return model, signature, lambda x: model(x).last_hidden_state
 
     def vit() -> tuple[Any, list[Any], Callable[..., Any]]:
         config = tr.ViTConfig(
             hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
-            intermediate_size=ffn, image_size=32, patch_size=8,
+            intermediate_size=ffn, image_size=image, patch_size=patch,
         )  # fmt: skip
         model = tr.TFViTModel(config)
-        signature = [tf.TensorSpec([None, 3, 32, 32], tf.float32, name="pixel_values")]
+        signature = [tf.TensorSpec([None, 3, image, image], tf.float32, name="pixel_values")]
         return model, signature, lambda x: model(pixel_values=x).last_hidden_state
 
     return {
