@@ -218,11 +218,12 @@ def inputs_of_shapes(
 def _keeps_a_token(spec: InputSpec, array: np.ndarray) -> np.ndarray:
     """A 0/1 input named as a mask (``attention_mask``, TF1 BERT's ``input_mask``...) with a real
     token in every row, as a tokenizer writes it: a row of padding alone is an empty sequence.
-    Its attention is ill-conditioned where the model masks with a finite constant (TensorFlow's and older transformers' -10000): every score is
-    s - 10000, rounded to 1/1024, so one rounding difference upstream (a fused LayerNorm) moves
-    that row's outputs by ~2e-4, beyond float32's tolerance, though the export's own row is no
-    closer to the exact result. Such a row gets its last token kept. Fully padded rows are
-    checked with given inputs (tests, benchmarks/padded_masks.py)."""
+    Its attention is ill-conditioned where the model masks with a finite constant (TensorFlow's
+    and older transformers' -10000): every score is s - 10000, rounded to 1/1024, so one
+    rounding difference upstream (a fused LayerNorm) moves that row's outputs by ~2e-4, beyond
+    float32's tolerance, though the export's own row is no closer to the exact result. Such a row
+    gets its last token kept. Fully padded rows are checked with given inputs (tests,
+    benchmarks/padded_masks.py)."""
     if "mask" not in spec.name.lower() or array.ndim < 2 or array.shape[-1] == 0:
         return array
     empty = ~array.astype(np.bool_).any(axis=-1)
