@@ -499,9 +499,9 @@ def _int32_cone(value: ir.Value, tracker: _Tracker) -> list[ir.Node] | None:
         ):
             order.append(node)  # a dim (or dims) cast to int32: read in int64 as it was
             continue
-        data = _WIDENED_DATA_INPUTS.get(node.op_type, ())
         if node.op_type not in _WIDENED_DATA_INPUTS or current.dtype != ir.DataType.INT32:
             return None
+        data = _WIDENED_DATA_INPUTS[node.op_type]
         indices = range(len(node.inputs)) if data is None else data
         stack.extend(v for i, v in enumerate(node.inputs) if i in indices and v is not None)
         order.append(node)

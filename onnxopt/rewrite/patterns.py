@@ -33,15 +33,12 @@ def const_scalar(value: ir.Value | None) -> float | None:
     Higher-rank single-element constants are refused: they broadcast the other operand's rank up,
     which a fused op would not reproduce.
     """
-    array = const_array(value)
-    if array is None or array.size != 1 or array.ndim > 1:
-        return None
-    return float(array.reshape(()))
+    return const_scalar_within(value, None)
 
 
 def const_scalar_within(value: ir.Value | None, rank: int | None) -> float | None:
-    """:func:`const_scalar`, or a single-element constant of any rank up to ``rank``, the rank of
-    the tensor it is combined with: a [1, 1, 1] constant added to a rank-3 tensor broadcasts
+    """A single-element constant of rank up to ``rank`` (the rank of the tensor it is combined
+    with; 1 when unknown) as a float: a [1, 1, 1] constant added to a rank-3 tensor broadcasts
     without raising its rank (tf2onnx writes such constants)."""
     array = const_array(value)
     if array is None or array.size != 1 or array.ndim > max(rank or 0, 1):
