@@ -64,3 +64,37 @@ def test_rms_norm_wrong_axis() -> None:
     assert result.notes == [
         "rms-norm->RMSNormalization: Mul: RMS ReduceMean axes [1] are not the last axis (rank 3)"
     ]
+
+
+# TensorFlow's form (transformers' TF T5 through tf2onnx): the weight joins the rsqrt first,
+# ``x * (rsqrt(mean(x²) + eps) * w)``, the mean a GlobalAveragePool of the rank-3 square.
+TF_RMS = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[B, S, 8] x) => (float[B, S, 8] y) {
+    sq = Mul (x, x)
+    ms = GlobalAveragePool (sq)
+    v = Add (ms, eps)
+    s = Sqrt (v)
+    r = Reciprocal (s)
+    m = Mul (r, w)
+    y = Mul (x, m)
+}
+"""
+
+
+def test_rms_norm_with_the_weight_folded_into_the_rsqrt() -> None:
+    model = parse(TF_RMS, w=rng_array(8, seed=1), eps=rng_array(1)[0] * 0 + 1e-6)
+    result = run_checked(FuseRmsNormPass(), model)
+    assert result.stats == {"rms-norm->RMSNormalization": 1}
+    assert [t for t in op_types(result.model) if t != "Constant"] == [
+        "SimplifiedLayerNormalization"
+    ]
+
+
+def test_rms_norm_with_a_folded_scale_that_is_not_per_channel_is_left() -> None:
+    text = TF_RMS.replace(
+        "float[B, S, 8] x) => (float[B, S, 8]", "float[2, S, 8] x) => (float[2, S, 8]"
+    )
+    model = parse(text, w=rng_array(2, 1, 1, seed=1), eps=rng_array(1)[0] * 0 + 1e-6)
+    result = FuseRmsNormPass(PassOptions(explain=True))(model)
+    assert not result.modified

@@ -4,7 +4,8 @@ rsqrt is spelled Reciprocal(Sqrt(.)), Div(1, Sqrt(.)) or Pow(., -0.5); x^2 as Po
 An identity Cast (to x's own type) between the normalization and the weight is absorbed. So is a
 float32 island around a float16 input, as ``LlamaRMSNorm`` in half precision exports it:
 ``Cast(Cast(x, float) * rsqrt(...), float16) * w`` becomes one float16 op (both ops compute in
-float32 inside, ``stash_type=1``, and round once instead of twice).
+float32 inside, ``stash_type=1``, and round once instead of twice). TensorFlow's form folds the
+weight into the rsqrt first, ``x * (rsqrt(mean(x^2) + eps) * w)`` (T5's TF classes via tf2onnx).
 Target ``ort``: SimplifiedLayerNormalization (registered by ONNX Runtime in the default domain).
 Target ``onnx``: RMSNormalization, which exists from opset 23 only; older models are left alone.
 """
@@ -55,12 +56,33 @@ def _rsqrt_of(value: ir.Value | None) -> tuple[list[ir.Node], ir.Value] | None:
     return [sqrt, node], sqrt.inputs[0]
 
 
+def _scaled_rsqrt(
+    node: ir.Node, operand: ir.Value | None
+) -> tuple[list[ir.Node], ir.Value, np.ndarray] | None:
+    """(nodes, v, w) when ``operand = rsqrt(v) * w`` with w a per-channel constant: TensorFlow's
+    form (T5's TF classes, ``x * (rsqrt(mean(x²) + eps) * w)``), the weight folded first."""
+    scale = None if operand is None else operand.producer()
+    if not is_op(scale, "Mul") or scale is None:
+        return None
+    for part in scale.inputs[:2]:
+        found = _rsqrt_of(part)
+        weight = per_channel_vector(other_input(scale, part), other_input(node, operand))
+        if found is not None and weight is not None:
+            return [*found[0], scale], found[1], weight
+    return None
+
+
 def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     found = None
+    folded_weight = None
     for operand in node.inputs[:2]:
         found = _rsqrt_of(operand)
+        h = other_input(node, operand)
         if found is not None:
-            h = other_input(node, operand)
+            break
+        scaled = _scaled_rsqrt(node, operand)
+        if scaled is not None:
+            found, folded_weight = (scaled[0], scaled[1]), scaled[2]
             break
     if found is None:
         return Mismatch("no operand is 1/sqrt(...)", candidate=False)
@@ -114,8 +136,8 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         if nodes[-1] is follower:
             tail = follower.outputs[0]
             follower = single_consumer(tail)
-    weight = None
-    if is_op(follower, "Mul") and follower is not None:
+    weight = folded_weight
+    if weight is None and is_op(follower, "Mul") and follower is not None:
         weight = per_channel_vector(other_input(follower, tail), h)
         if weight is not None:
             nodes.append(follower)
