@@ -3,7 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx.parser
 import onnx_ir as ir
+import pytest
 from graphs import assert_numerically_equal, op_types, parse_model
 
 from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
@@ -511,3 +513,52 @@ def test_int32_values_not_read_off_a_shape_keep_their_casts() -> None:
     InferShapesPass()(model)
     result = FoldShapeValuesPass()(model.clone())
     assert not result.modified
+
+
+def _model(body: str, inputs: str, outputs: str, opset: int = 17) -> ir.Model:
+    text = f'<ir_version: 8, opset_import: ["" : {opset}]>\ng ({inputs}) => ({outputs}) {body}'
+    model = ir.serde.deserialize_model(onnx.parser.parse_model(text))
+    InferShapesPass()(model)
+    return model
+
+
+@pytest.mark.parametrize("opset", [13, 15])
+def test_einsum_batch_dims_are_read_off_the_tensor_they_come_from(opset: int) -> None:
+    """``Gather(Shape(Transpose(Unsqueeze(x))), [0, 1])`` reads x's dims 0 and 2: the views then
+    have no other user (tf2onnx reads every einsum operand's batch off its transposed view)."""
+    original = _model(
+        "<int64[1] a = {2}, int64[2] lead = {0, 1}> { u = Unsqueeze(x, a)\n"
+        " t = Transpose<perm=[0,3,2,1]>(u)\n s = Shape(t)\n g = Gather(s, lead)\n"
+        " y = ConstantOfShape(g) }",
+        inputs="float[N,S,D] x",
+        outputs="float[N,D] y",
+        opset=opset,
+    )
+    result = FoldShapeValuesPass()(original.clone())
+    assert result.stats["dims read off the tensor they come from"] == 1
+    shapes = [node for node in result.model.graph if node.op_type == "Shape"]
+    assert shapes and all(
+        node.inputs[0] is not None and node.inputs[0].name == "x" for node in shapes
+    )
+    assert validate(original, result.model).passed
+
+
+def test_max_of_a_broadcast_dim_and_its_operand_dim_is_the_broadcast_dim() -> None:
+    """tf2onnx's einsum batch ``Max(g_a, g_b)``: masked scores' batch (a broadcast of the scores'
+    batch and the mask's) against V's batch, which the scores' batch is. A broadcast that ran is
+    at least its operands' dims, so the Max is the masked scores' dim, read as such."""
+    original = _model(
+        "<int64[1] zero = {0}> { a = Add(s, m)\n sa = Shape(a)\n ga = Gather(sa, zero)\n"
+        " sv = Shape(v)\n gv = Gather(sv, zero)\n g = Max(ga, gv)\n r = Reshape(v, g)\n y = Relu(r) }",
+        inputs="float[B,4] s, float[C,4] m, float[B] v",
+        outputs="float[B] y",
+    )
+    result = FoldShapeValuesPass()(original.clone())
+    assert "Max" not in op_types(result.model)
+    rng = np.random.default_rng(0)
+    feeds = [
+        {"s": rng.normal(size=(b, 4)), "m": rng.normal(size=(c, 4)), "v": rng.normal(size=(b,))}
+        for b, c in ((3, 1), (3, 3), (1, 1))
+    ]
+    feeds = [{k: v.astype(np.float32) for k, v in feed.items()} for feed in feeds]
+    assert validate(original, result.model, inputs=feeds).passed

@@ -14,6 +14,12 @@ symbol) as an earlier value in the same graph is replaced by that earlier value.
 reads ``Shape(x)[0]`` before each of its 48 Reshapes, one ``x`` per layer, keeps one read per
 symbol; common-subexpression elimination then merges the Unsqueeze/Concat/Expand built on them.
 
+A symbolic dim is tracked as the earliest tensor it is provably a dim of (``_Tracker.upstream``):
+through views, shape-keeping ops and broadcasts whose operands agree on it. A read of such a dim
+off a view (tf2onnx reads an einsum operand's batch off its unsqueezed, transposed copy) is read
+off that tensor instead, so the views lose a user and merge away; and the elementwise Max of a
+broadcast dim with one of its operands' (tf2onnx's broadcast einsum batch) is the broadcast dim.
+
 Reshape targets that are only partly known are rewritten when provably equivalent: an element that is
 dim *i* of the reshaped tensor itself (the same value's dim, or a dim with the same symbol) at position
 *i* becomes 0, "copy the dim" (``allowzero=1`` becomes 0 when the target holds no literal 0); a single
@@ -23,6 +29,7 @@ remaining unknown element, with every other element a known positive int, become
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,6 +99,7 @@ def _ints_of(vector: ShapeVector | None) -> list[int] | None:
 class _Tracker:
     def __init__(self) -> None:
         self.vectors: dict[ir.Value, ShapeVector] = {}
+        self.order: dict[ir.Node, int] = {}  # the visited nodes' positions
 
     def get(self, value: ir.Value | None) -> ShapeVector | None:
         if value is None:
@@ -104,6 +112,7 @@ class _Tracker:
         return self.vectors[value]
 
     def visit(self, node: ir.Node) -> None:
+        self.order.setdefault(node, len(self.order))
         if not is_onnx_domain(node.domain) or len(node.outputs) != 1:
             return
         handler = getattr(self, f"_op_{node.op_type}", None)
@@ -125,8 +134,129 @@ class _Tracker:
         elements: list[Elem] = []
         for index in range(start, end):
             dim = source.shape[index]
-            elements.append(int(dim) if isinstance(dim, int) else DimOf(source, index))
+            elements.append(int(dim) if isinstance(dim, int) else self.upstream(source, index))
         return ShapeVector(tuple(elements), False, ir.DataType.INT64)
+
+    def upstream(self, value: ir.Value, index: int, depth: int = 0) -> DimOf:
+        """Dim ``index`` of ``value`` as the earliest value it is provably a dim of: through
+        Identity, Transposes, Unsqueezes, Squeezes, shape-keeping ops, a Reshape's target entry
+        read off a dim, and a broadcasting op (MatMul's batch axes too) whose operands that
+        reach the axis with a dim other than 1 all have that one dim. Two dims with one upstream
+        dim are equal.
+
+        tf2onnx reads an einsum's dims off the unsqueezed, transposed operands it views; read
+        off the tensor they come from, those views lose their last other user and merge away.
+        """
+        for _ in range(_MAX_HOPS):
+            node = value.producer()
+            if node is None or not is_onnx_domain(node.domain) or not node.inputs:
+                break
+            source = node.inputs[0]
+            if source is None or source.shape is None or value.shape is None:
+                break
+            rank, inner = len(value.shape), len(source.shape)
+            moved: int | None = None
+            if node.op_type in _SAME_SHAPE and inner == rank:
+                moved = index
+            elif node.op_type == "Transpose":
+                perm = node.attributes.get_ints("perm", list(range(rank))[::-1])
+                moved = int(perm[index]) if len(perm) == rank else None
+            elif node.op_type in ("Unsqueeze", "Squeeze"):
+                moved = _through_axes(node, index, rank, inner)
+            elif node.op_type == "Reshape" and "shape" not in node.attributes:
+                target = self.get(node.inputs[1]) if len(node.inputs) > 1 else None
+                element = (
+                    target.elements[index]
+                    if target is not None and index < len(target.elements)
+                    else None
+                )
+                if not isinstance(element, DimOf):
+                    break
+                return element  # traced as far as it goes when it was read
+            elif (
+                node.op_type in _BROADCASTING or (node.op_type == "MatMul" and index < rank - 2)
+            ) and depth < 4:
+                common = self._broadcast_dim(node, index, rank, depth)
+                if common is None:
+                    break
+                return common
+            if moved is None:
+                break
+            value, index = source, moved
+        return DimOf(value, index)
+
+    def equal_dims(self, first: DimOf, second: DimOf) -> bool:
+        """One dim: with one upstream dim, or two dims under one name (see ``_same_dim``)."""
+        if first == second or _same_dim(first, second.value, second.index):
+            return True
+        up_first = self.upstream(first.value, first.index)
+        up_second = self.upstream(second.value, second.index)
+        return up_first == up_second or _same_dim(up_first, up_second.value, up_second.index)
+
+    def _broadcast_dim(self, node: ir.Node, index: int, rank: int, depth: int) -> DimOf | None:
+        """The dim every operand reaching axis ``index`` with a size other than 1 has, if one."""
+        found: DimOf | None = None
+        for operand in node.inputs:  # Where's condition broadcasts into the result too
+            if operand is None or operand.shape is None:
+                return None
+            offset = len(operand.shape) - rank
+            axis = index + offset
+            if axis < 0 or (node.op_type == "MatMul" and len(operand.shape) < 3):
+                continue
+            dim = operand.shape[axis]
+            if dim == 1:
+                continue
+            if isinstance(dim, int):
+                return None
+            here = self.upstream(operand, axis, depth + 1)
+            if found is not None and not self.equal_dims(here, found):
+                return None
+            if found is None or self._position(here) < self._position(found):
+                found = here  # the earliest value with that dim: read there, it is no
+                # pattern's inner value (a LayerNorm's variance has the rows' dims too)
+        return found
+
+    def _position(self, dim: DimOf) -> int:
+        producer = dim.value.producer()
+        return -1 if producer is None else self.order.get(producer, len(self.order))
+
+    def _op_Max(self, node: ir.Node) -> ShapeVector | None:
+        """Elementwise max of shape vectors: of equal elements, that element; of a broadcast
+        result's dim and one of its operands' (tf2onnx's einsum batch), the result's, as any
+        broadcast that ran is at least as large as each of its operands."""
+        pick = max if node.op_type == "Max" else min
+
+        def extreme(x: Elem, y: Elem) -> Elem:
+            if isinstance(x, int) and isinstance(y, int):
+                return pick(x, y)
+            if not isinstance(x, DimOf) or not isinstance(y, DimOf):
+                return None
+            if self.equal_dims(x, y):
+                return x
+            return (self._covering(x, y) or self._covering(y, x)) if pick is max else None
+
+        return self._elementwise(node, extreme)
+
+    _op_Min = _op_Max
+
+    def _covering(self, result: DimOf, other: DimOf) -> DimOf | None:
+        """``result`` when it is a broadcast dim one of whose operands' dims is ``other``."""
+        broadcast = self.upstream(result.value, result.index)
+        node = broadcast.value.producer()
+        if node is None or not is_onnx_domain(node.domain) or broadcast.value.shape is None:
+            return None
+        rank = len(broadcast.value.shape)
+        if node.op_type not in _BROADCASTING and not (
+            node.op_type == "MatMul" and broadcast.index < rank - 2
+        ):
+            return None
+        for operand in node.inputs:
+            if operand is None or operand.shape is None:
+                continue
+            axis = broadcast.index + len(operand.shape) - rank
+            if axis >= 0 and self.equal_dims(self.upstream(operand, axis), other):
+                return result
+        return None
 
     def _op_Size(self, node: ir.Node) -> ShapeVector | None:
         source = node.inputs[0]
@@ -234,17 +364,33 @@ class _Tracker:
             return ShapeVector(source.elements, False, source.dtype)
         return None
 
-    def _binary(self, node: ir.Node) -> ShapeVector | None:
+    def _elementwise(
+        self,
+        node: ir.Node,
+        combine: Callable[[Elem, Elem], Elem],
+        dtype: ir.DataType | None = None,
+    ) -> ShapeVector | None:
+        """A binary op on two tracked vectors of one dtype, element by element."""
+        if len(node.inputs) != 2:
+            return None
         a, b = self.get(node.inputs[0]), self.get(node.inputs[1])
         operands = self._broadcast(node.inputs[0], node.inputs[1])
         if a is None or b is None or a.dtype != b.dtype or operands is None:
             return None
-        out: list[Elem] = []
-        for x, y in zip(*operands, strict=True):
+        out = tuple(combine(x, y) for x, y in zip(*operands, strict=True))
+        return ShapeVector(out, a.scalar and b.scalar, dtype or a.dtype)
+
+    def _binary(self, node: ir.Node) -> ShapeVector | None:
+        first = self.get(node.inputs[0]) if node.inputs else None
+        dtype = first.dtype if first is not None else None
+
+        def arithmetic(x: Elem, y: Elem) -> Elem:
             result = _combine(node.op_type, x, y)
             # A result past the dtype's range is whatever the runtime's wrap-around makes it.
-            out.append(None if isinstance(result, int) and not _fits(result, a.dtype) else result)
-        return ShapeVector(tuple(out), a.scalar and b.scalar, a.dtype)
+            fits = not isinstance(result, int) or dtype is None or _fits(result, dtype)
+            return result if fits else None
+
+        return self._elementwise(node, arithmetic)
 
     _op_Add = _op_Sub = _op_Mul = _op_Div = _op_Mod = _binary
 
@@ -265,23 +411,19 @@ class _Tracker:
 
     def _op_Equal(self, node: ir.Node) -> ShapeVector | None:
         """TorchScript's ``expand(-1)`` handling compares the target with -1: a dim never is."""
-        a, b = self.get(node.inputs[0]), self.get(node.inputs[1])
-        operands = self._broadcast(node.inputs[0], node.inputs[1])
-        if a is None or b is None or a.dtype != b.dtype or operands is None:
-            return None
-        out: list[Elem] = []
-        for x, y in zip(*operands, strict=True):
+
+        def equal(x: Elem, y: Elem) -> Elem:
             if isinstance(x, int) and isinstance(y, int):
-                out.append(int(x == y))
-            elif isinstance(x, DimOf) and isinstance(y, DimOf) and x == y:
-                out.append(1)
-            elif (isinstance(x, DimOf) and isinstance(y, int) and y < 0) or (
+                return int(x == y)
+            if isinstance(x, DimOf) and isinstance(y, DimOf) and x == y:
+                return 1
+            if (isinstance(x, DimOf) and isinstance(y, int) and y < 0) or (
                 isinstance(y, DimOf) and isinstance(x, int) and x < 0
             ):
-                out.append(0)
-            else:
-                out.append(None)
-        return ShapeVector(tuple(out), a.scalar and b.scalar, ir.DataType.BOOL)
+                return 0
+            return None
+
+        return self._elementwise(node, equal, ir.DataType.BOOL)
 
     def _op_Where(self, node: ir.Node) -> ShapeVector | None:
         cond, x, y = (self.get(v) for v in node.inputs[:3])
@@ -297,6 +439,36 @@ class _Tracker:
             else:
                 out.append(a if a == b and a is not None else None)
         return ShapeVector(tuple(out), cond.scalar and x.scalar and y.scalar, x.dtype)
+
+
+# Ops whose result has their first input's shape.
+_SAME_SHAPE = frozenset(
+    {"Identity", "Cast", "Softmax", "LogSoftmax", "Relu", "Neg", "Abs", "Sqrt", "Exp", "Log",
+     "Erf", "Tanh", "Sigmoid", "Reciprocal", "Not", "Sin", "Cos", "Gelu", "LeakyRelu", "Elu",
+     "HardSigmoid", "Softplus", "Floor", "Ceil", "Round", "Sign", "IsNaN", "IsInf"}
+)  # fmt: skip
+_BROADCASTING = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Pow", "Where", "And", "Or", "Equal", "Max", "Min"}
+)
+_MAX_HOPS = 64
+
+
+def _through_axes(node: ir.Node, index: int, rank: int, inner: int) -> int | None:
+    """The input axis an Unsqueeze's or Squeeze's output axis ``index`` comes from."""
+    attr = node.attributes.get("axes")
+    if attr is not None:
+        axes: tuple[int, ...] | None = tuple(attr.as_ints())
+    else:
+        array = _from_constant(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] else None
+        axes = tuple(array.ints) if array is not None and array.ints is not None else None
+    if axes is None:
+        return None
+    wide = rank if node.op_type == "Unsqueeze" else inner
+    taken = {a + wide if a < 0 else a for a in axes}
+    if node.op_type == "Unsqueeze":
+        return None if index in taken else index - sum(a < index for a in taken)
+    kept = [axis for axis in range(inner) if axis not in taken]
+    return kept[index] if index < len(kept) else None
 
 
 def _fits(value: int, dtype: ir.DataType) -> bool:
@@ -350,6 +522,9 @@ class FoldShapeValuesPass(Pass):
             stats["shape values computed in int64 again"] += _rebuild_round_trips(
                 graph, tracker, pool, opset
             ) + _widen_round_trips(graph, tracker, pool)
+            stats["dims read off the tensor they come from"] += _rebuild_moved_reads(
+                graph, tracker, pool, opset
+            )
         # Fold fully known vectors that something still reads, nearest the consumers.
         for graph in graphs:
             for node in list(graph):
@@ -409,16 +584,59 @@ def _rebuild_round_trips(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool,
             or any(e is None for e in vector.elements)
         ):
             continue
-        nodes: list[ir.Node] = []
-        pieces = [_piece_value(run, graph, pool, opset, nodes) for run in _runs(vector.elements)]
-        if len(pieces) > 1:
-            nodes.append(ir.node("Concat", pieces, {"axis": 0}))
-            pieces = [nodes[-1].outputs[0]]
-        graph.insert_before(node, nodes)
-        for made in nodes:
-            made.outputs[0].dtype = ir.DataType.INT64
-            tracker.visit(made)
-        value.replace_all_uses_with(pieces[0])
+        _rebuild(node, vector, graph, tracker, pool, opset)
+        rebuilt += 1
+    return rebuilt
+
+
+def _rebuild(
+    node: ir.Node,
+    vector: ShapeVector,
+    graph: ir.Graph,
+    tracker: _Tracker,
+    pool: ConstantPool,
+    opset: int,
+) -> None:
+    """Replace ``node``'s output by the int64 vector ``vector`` read from the dims it names."""
+    nodes: list[ir.Node] = []
+    pieces = [_piece_value(run, graph, pool, opset, nodes) for run in _runs(vector.elements)]
+    if len(pieces) > 1:
+        nodes.append(ir.node("Concat", pieces, {"axis": 0}))
+        pieces = [nodes[-1].outputs[0]]
+    graph.insert_before(node, nodes)
+    for made in nodes:
+        made.outputs[0].dtype = ir.DataType.INT64
+        tracker.visit(made)
+    node.outputs[0].replace_all_uses_with(pieces[0])
+
+
+def _rebuild_moved_reads(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool, opset: int) -> int:
+    """Read dims off the tensor they come from (``_Tracker.upstream``): ``Gather(Shape(v), [0, 1])``
+    of a ``v = Transpose(Unsqueeze(x))`` becomes ``Shape(x, 0, 1)``-style reads of x, so that
+    the views between x and v have no other user than the op they feed."""
+    rebuilt = 0
+    for node in list(graph):
+        if not is_onnx_domain(node.domain) or node.op_type not in ("Gather", "Slice", "Max", "Min"):
+            continue
+        read = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+        if node.op_type in ("Max", "Min"):
+            read = node  # an elementwise max it resolved: its dims, read directly
+        value = node.outputs[0]
+        vector = tracker.vectors.get(value)
+        if (
+            read is None
+            or not is_onnx_domain(read.domain)
+            or read.op_type not in ("Shape", "Max", "Min")
+            or vector is None
+            or vector.scalar
+            or vector.ints is not None
+            or vector.dtype != ir.DataType.INT64
+            or value.is_graph_output()
+            or any(e is None for e in vector.elements)
+            or all(not isinstance(e, DimOf) or e.value is read.inputs[0] for e in vector.elements)
+        ):
+            continue
+        _rebuild(node, vector, graph, tracker, pool, opset)
         rebuilt += 1
     return rebuilt
 
