@@ -74,3 +74,21 @@ def test_a_head_split_with_an_inferred_head_size_reads_it_off_the_width() -> Non
     assert split is not None and split[1:3] == (4, 16)
     assert reshape_to_heads(outputs["odd"]) is None  # 64 is not a multiple of 3
     assert reshape_to_heads(outputs["unknown"]) is None  # the width is unknown
+
+
+def test_a_concat_that_other_targets_share_is_read() -> None:
+    """tf2onnx builds an einsum's [B, H] batch once and concatenates it into several targets."""
+    model = ir.serde.deserialize_model(
+        onnx.parser.parse_model(
+            """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, S, 8] x) => (int64[4] target) <int64[1] four = {4}> {
+    batch = Shape<end = 2>(x)
+    piece = Concat<axis = 0>(batch, four)
+    target = Concat<axis = 0>(piece, four)
+}
+"""
+        )
+    )
+    x = model.graph.inputs[0]
+    assert target_entries(model.graph.outputs[0]) == [("dim", x, 0), ("dim", x, 1), 4, 4]

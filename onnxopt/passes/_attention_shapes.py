@@ -168,6 +168,8 @@ def piece_entries(value: ir.Value | None) -> list[Entry] | None:
     if is_op(node, "Slice"):
         assert node is not None
         return _sliced_entries(node)
+    if is_op(node, "Concat"):  # a Concat of pieces that other targets also read
+        return target_entries(value)
     # Unsqueeze(Gather(Shape(src), i)) / Reshape(Gather(...)): one dim as a 1-element tensor
     if is_op(node, "Unsqueeze") or is_op(node, "Reshape"):
         assert node is not None

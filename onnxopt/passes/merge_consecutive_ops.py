@@ -23,7 +23,11 @@ k_rot``): the sliced axis is moved first by Transposes, the rows are scattered (
 every row is written), and the Transposes then move past the Concat and cancel.
 
 A MatMul between views, ``Reshape(MatMul(Reshape(x, [-1, K]), W), t)`` (TensorFlow's Tensordot,
-how tf2onnx writes every Dense), multiplies x itself: ``Reshape(MatMul(x, W), t)``.
+how tf2onnx writes every Dense), multiplies x itself: ``Reshape(MatMul(x, W), t)``; so does a Gemm
+that is a MatMul (B maybe transposed), with a bias vector added before the view or not.
+
+The rules in ``_tf2onnx_forms`` take tf2onnx's einsum lowering (Keras' MultiHeadAttention and
+EinsumDense, T5) and its select arithmetic back to the views the attention fusions read.
 
 A dim read the TorchScript way, ``Unsqueeze(Gather(Shape(x), i), [0])``, is the one node
 ``Shape(x, start=i, end=i+1)`` from opset 15 on (what the dynamo exporter writes).
@@ -59,6 +63,7 @@ from onnxopt.passes._shape_facts import (
     same_dims,
     slice_params,
 )
+from onnxopt.passes._tf2onnx_forms import TF2ONNX_RULES
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import int64_constant
@@ -343,8 +348,15 @@ def _match_reshape_of(node: ir.Node, inner_type: str) -> Match | Mismatch:
         if attribute_form
         else const_ints(node.inputs[1])
     )
+    kept = _axes_kept(inner, inner_type)
     if target is None:
-        return Mismatch("the outer target shape is not a constant (a 0 in it would copy a dim)")
+        entries = target_entries(node.inputs[1]) if inner_type in ("Unsqueeze", "Squeeze") else None
+        if entries is None or any(isinstance(e, int) and e < -1 for e in entries):
+            return Mismatch("the outer target shape is not a constant (a 0 in it would copy a dim)")
+        if any(e == 0 for e in entries[kept:]):
+            return Mismatch("the outer target copies a dim the inner op moved")
+        # Dims read at run time are 0 only for an empty tensor, whose view is empty either way.
+        return Match([inner, node], {"target": None})
     if 0 not in target:
         return Match([inner, node], {"target": None})
     middle = dims_of(inner.outputs[0])
@@ -356,6 +368,9 @@ def _match_reshape_of(node: ir.Node, inner_type: str) -> Match | Mismatch:
             if dim is None and perm is not None and axis < len(perm) and perm[axis] == axis:
                 resolved.append(0)  # the Transpose keeps this axis: 0 copies the same dim
                 continue
+            if dim is None and axis < kept:
+                resolved.append(0)  # before the first axis the inner op adds or removes
+                continue
             if dim is None:
                 return Mismatch(
                     f"the outer target copies dim {axis} of the inner result, which is not known"
@@ -363,6 +378,17 @@ def _match_reshape_of(node: ir.Node, inner_type: str) -> Match | Mismatch:
             want = dim
         resolved.append(want)
     return Match([inner, node], {"target": tuple(resolved), "attribute_form": attribute_form})
+
+
+def _axes_kept(inner: ir.Node, inner_type: str) -> int:
+    """How many leading axes an Unsqueeze or Squeeze leaves where they are (0 for other ops)."""
+    if inner_type not in ("Unsqueeze", "Squeeze"):
+        return 0
+    rank = _rank(inner.outputs[0] if inner_type == "Unsqueeze" else inner.inputs[0])
+    axes = axes_param(inner, rank)
+    if isinstance(axes, Mismatch) or not axes:
+        return 0
+    return min(axes)
 
 
 def _moves_data(transpose: ir.Node) -> str | None:
@@ -412,8 +438,15 @@ def _match_matmul_between_views(node: ir.Node, context: RewriteContext) -> Match
     into positive constants: a 0 entry, "copy a dim", would copy a different dim of the unflattened
     product, so the target must not hold one.
     """
-    matmul = producer_op(node, "MatMul")
-    if isinstance(matmul, Mismatch):
+    product_of = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+    bias = _row_bias(product_of)
+    if bias is not None:
+        assert product_of is not None
+        operand = product_of.inputs[1 - bias]
+        matmul = operand.producer() if operand is not None else None
+    else:
+        matmul = product_of
+    if matmul is None or not (is_op(matmul, "MatMul") or _plain_gemm(matmul)):
         return Mismatch("not a MatMul between views", candidate=False)
     flatten = producer_op(matmul, "Reshape")
     if isinstance(flatten, Mismatch):
@@ -424,9 +457,11 @@ def _match_matmul_between_views(node: ir.Node, context: RewriteContext) -> Match
         return Mismatch("the MatMul's input is not a flattened tensor of known rank >= 3")
     if _rank(weight) != 2:
         return Mismatch("the MatMul's second operand is not a matrix")
-    product = matmul.outputs[0]
-    if product.is_graph_output() or any(use.node is not node for use in product.uses()):
-        return Mismatch("the 2-D product has other users")
+    chain = [matmul] if product_of is None or bias is None else [matmul, product_of]
+    for inner, outer in zip(chain, [*chain[1:], node], strict=True):
+        product = inner.outputs[0]
+        if product.is_graph_output() or any(use.node is not outer for use in product.uses()):
+            return Mismatch("the 2-D product has other users")
     if "shape" in flatten.attributes or "shape" in node.attributes:
         return Mismatch("a Reshape-1 (attribute shape)")
     if not flattens_rows(flatten, source, rank):
@@ -443,14 +478,46 @@ def _match_matmul_between_views(node: ir.Node, context: RewriteContext) -> Match
         for entry in tail
     ):
         return Mismatch("the outer target's last entries are not positive sizes")
-    return Match([flatten, matmul, node], {"source": source})
+    return Match([flatten, *chain, node], {"source": source})
+
+
+def _plain_gemm(node: ir.Node) -> bool:
+    """A Gemm that is a MatMul (its B maybe transposed): alpha 1, A as is, no C."""
+    return (
+        is_op(node, "Gemm")
+        and node.attributes.get_float("alpha", 1.0) == 1.0
+        and not node.attributes.get_int("transA", 0)
+        and (len(node.inputs) < 3 or node.inputs[2] is None)
+    )
+
+
+def _row_bias(node: ir.Node | None) -> int | None:
+    """The input index of a constant vector an Add adds to its other operand's rows, or None."""
+    if node is None or not is_op(node, "Add") or len(node.inputs) != 2:
+        return None
+    for index in (0, 1):
+        value = node.inputs[index]
+        if value is not None and value.const_value is not None and _rank(value) == 1:
+            return index
+    return None
 
 
 def _rewrite_matmul_between_views(match: Match, context: RewriteContext) -> Replacement:
-    _, matmul, outer = match.nodes
-    product = ir.node("MatMul", [match.bindings["source"], *matmul.inputs[1:]], name=matmul.name)
-    view = _same_op_on(outer, product.outputs[0], outer.inputs[1:])
-    return Replacement((product, view), ((outer.outputs[0], view.outputs[0]),))
+    _, matmul, *rest = match.nodes
+    outer, bias = rest[-1], rest[0] if len(rest) == 2 else None
+    nodes: list[ir.Node] = []
+    weight = matmul.inputs[1]
+    if is_op(matmul, "Gemm") and matmul.attributes.get_int("transB", 0) == 1:
+        nodes.append(ir.node("Transpose", [weight], {"perm": [1, 0]}))
+        weight = nodes[-1].outputs[0]
+    nodes.append(ir.node("MatMul", [match.bindings["source"], weight], name=matmul.name))
+    if bias is not None:
+        index = _row_bias(bias)
+        assert index is not None
+        nodes.append(ir.node("Add", [nodes[-1].outputs[0], bias.inputs[index]], name=bias.name))
+    view = _same_op_on(outer, nodes[-1].outputs[0], outer.inputs[1:])
+    nodes.append(view)
+    return Replacement(nodes, ((outer.outputs[0], view.outputs[0]),))
 
 
 # Squeeze∘Squeeze and Unsqueeze∘Unsqueeze -------------------------------------------------------
@@ -827,6 +894,7 @@ RULES: tuple[Rule, ...] = (
         _match_matmul_between_views,
         _rewrite_matmul_between_views,
     ),
+    *TF2ONNX_RULES,
     _rule("Unsqueeze∘Unsqueeze", "Unsqueeze", _match_unsqueezes, _rewrite_axes_merge),
     _rule("Unsqueeze∘Gather∘Shape->Shape", "Unsqueeze", _match_dim_read, _rewrite_dim_read),
     _rule("Squeeze∘Squeeze", "Squeeze", _match_squeezes, _rewrite_axes_merge),
@@ -846,7 +914,8 @@ class MergeConsecutiveOpsPass(Pass):
     """Merge Transpose∘Transpose (composed perm), Reshape∘(Reshape|Flatten|Squeeze|Unsqueeze), Squeeze∘Squeeze,
     Unsqueeze∘Unsqueeze (merged axes), exact Cast∘Cast, Slice∘Slice and Concat∘Concat into one op;
     a dim read Unsqueeze(Gather(Shape(x), i)) into Shape(x, start, end) (opset 15+); a MatMul
-    between a [-1, K] view and a view back reads the unflattened input; move a
+    (or plain Gemm) between a [-1, K] view and a view back reads the unflattened input; undo
+    tf2onnx's einsum views and select arithmetic (``_tf2onnx_forms``); move a
     Transpose past Add/Sub/Mul/Div of two same-perm Transposes, or past a Concat of same-perm
     Transposes (toward its inverse).
     """

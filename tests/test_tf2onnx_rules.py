@@ -1,0 +1,285 @@
+"""The rules that take tf2onnx's einsum lowering and select arithmetic back to plain views.
+
+Each model below is the smallest graph of the form tf2onnx writes for Keras' MultiHeadAttention
+and EinsumDense (``scripts/export_tf_models.py`` makes real ones: tests/data/tf2onnx/keras-*.onnx,
+checked end to end in test_tf2onnx_forms.py). Every positive case is run on ONNX Runtime against
+the original, and run again to show the rewrite is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import onnx_ir as ir
+
+from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
+from onnxopt.validate import validate
+from tests._pass_check import assert_refuses, assert_rewrites, load
+from tests.test_eliminate_noops import model
+
+BATCH_VIEWS = "Reshape∘MatMul∘batch views"
+
+# x viewed as [prod(dims 0, 1), -1, dim 3], as tf2onnx flattens an einsum's batch letters
+_FLATTEN = (
+    " s{v} = Shape({v})\n g{v} = Gather(s{v}, lead)\n p{v} = ReduceProd(g{v})\n"
+    " k{v} = Gather(s{v}, three)\n t{v} = Concat<axis=0>(p{v}, m1, k{v})\n v{v} = Reshape({v}, t{v})\n"
+)
+_CONSTANTS = (
+    "<int64[1] m1 = {-1}, int64[2] lead = {0, 1}, int64[1] two = {2}, int64[1] three = {3},"
+    " int64[1] four = {4}, int64[1] one = {1}>"
+)
+
+
+def _batched_scores(view_batch: str) -> str:
+    """K @ Q^T on flattened batches, viewed back as 5-D with ``view_batch`` and squeezed."""
+    return model(
+        _CONSTANTS
+        + "{"
+        + _FLATTEN.format(v="a")
+        + _FLATTEN.format(v="b")
+        + " wb = Transpose<perm=[0,2,1]>(vb)\n p = MatMul(va, wb)\n g = Max(ga, gb)\n"
+        + " ra = Gather(sa, two)\n rb = Gather(sb, two)\n"
+        + f" tc = Concat<axis=0>({view_batch}, ra, rb, one)\n c5 = Reshape(p, tc)\n"
+        + " c4 = Squeeze(c5, four)\n y = Relu(c4) }",
+        inputs="float[2,3,5,4] a, float[2,3,6,4] b",
+        outputs="float[2,3,5,6] y",
+    )
+
+
+def _checked(text: str, stats: Mapping[str, int]) -> ir.Model:
+    """Run merge-consecutive-ops: exactly ``stats`` (among the rules these tests are about),
+    equal outputs on ORT, and nothing left to do on a second run."""
+    original = load(text)
+    result = MergeConsecutiveOpsPass()(original.clone())
+    assert dict(result.stats) == dict(stats)
+    report = validate(original, result.model)
+    assert report.passed, report
+    assert not MergeConsecutiveOpsPass()(result.model).modified
+    return result.model
+
+
+def test_batched_matmul_keeps_the_batch_dims() -> None:
+    optimized = _checked(_batched_scores("g"), {BATCH_VIEWS: 1, "Squeeze∘Reshape": 1})
+    InferShapesPass()(optimized)
+    matmul = next(node for node in optimized.graph if node.op_type == "MatMul")
+    view, swapped = (value.producer() for value in matmul.inputs if value is not None)
+    assert (
+        view is not None and view.outputs[0].shape is not None and len(view.outputs[0].shape) == 4
+    )
+    assert swapped is not None and list(swapped.attributes.get_ints("perm", ())) == [0, 1, 3, 2]
+
+
+def test_batched_matmul_refuses_two_batches_and_a_minus_one_view() -> None:
+    # With a -1 the view takes any count: the two products could both fit it, differently
+    # paired, were the batches not letter for letter the same.
+    text = (
+        _batched_scores("g")
+        .replace("tc = Concat<axis=0>(g, ra, rb, one)", "tc = Concat<axis=0>(g, m1, rb, one)")
+        .replace("c4 = Squeeze(c5, four)\n y = Relu(c4)", "y = Relu(c5)")
+        .replace("float[2,3,5,6] y", "float[2,3,5,6,1] y")
+    )
+    assert_refuses(MergeConsecutiveOpsPass, text, "the product's view may take a -1 or 0")
+
+
+def test_squeeze_of_reshape_drops_the_squeezed_entries() -> None:
+    text = model(
+        "<int64[4] t = {2, 3, 1, 4}, int64[1] a = {2}> { r = Reshape(x, t)\n s = Squeeze(r, a)\n y = Relu(s) }",
+        inputs="float[2,12] x",
+        outputs="float[2,3,4] y",
+    )
+    assert_rewrites(MergeConsecutiveOpsPass, text, {"Squeeze∘Reshape": 1}, ["Reshape", "Relu"])
+
+
+def test_squeeze_of_reshape_refuses_a_copy_after_the_squeezed_axis() -> None:
+    # [2, 1, 3, 0] copies x's dim 3; without the 1 the 0 would copy dim 2 instead
+    text = model(
+        "<int64[4] t = {2, 1, 3, 0}, int64[1] a = {1}> { r = Reshape(x, t)\n s = Squeeze(r, a)\n y = Relu(s) }",
+        inputs="float[2,3,1,4] x",
+        outputs="float[2,3,4] y",
+    )
+    assert_refuses(MergeConsecutiveOpsPass, text, "a 0 in the target after the squeezed axes")
+
+
+def test_transpose_of_unsqueeze_moves_the_new_axis_after() -> None:
+    text = model(
+        "<int64[1] a = {1}> { u = Unsqueeze(x, a)\n t = Transpose<perm=[0,3,1,2]>(u)\n y = Relu(t) }",
+        outputs="float[2,4,1,3] y",
+    )
+    optimized = assert_rewrites(
+        MergeConsecutiveOpsPass,
+        text,
+        {"Transpose∘Unsqueeze->Unsqueeze∘Transpose": 1},
+        ["Transpose", "Unsqueeze", "Relu"],
+    )
+    transpose = next(iter(optimized.graph))
+    assert list(transpose.attributes.get_ints("perm", ())) == [0, 2, 1]
+
+
+def test_transpose_of_shared_unsqueeze_is_left() -> None:
+    text = model(
+        "<int64[1] a = {1}> { u = Unsqueeze(x, a)\n t = Transpose<perm=[0,3,1,2]>(u)\n"
+        " r = Relu(u)\n y = Relu(t) }",
+        outputs="float[2,4,1,3] y",
+    )
+    assert_refuses(MergeConsecutiveOpsPass, text, "the Unsqueeze has other users")
+
+
+_TRANSPOSED_SCORES = (
+    "{ qt = Transpose<perm=[0,1,3,2]>(q)\n s = MatMul(k, qt)\n a = Add(s, m)\n"
+    " p = Softmax<axis=2>(a)\n t = Transpose<perm=[0,1,3,2]>(p)\n y = Relu(t) }"
+)
+_SCORE_INPUTS = "float[2,3,5,4] k, float[2,3,6,4] q, float[2,1,5,1] m"
+
+
+def test_softmax_over_transposed_scores_turns_them_back() -> None:
+    text = model(_TRANSPOSED_SCORES, inputs=_SCORE_INPUTS, outputs="float[2,3,6,5] y")
+    optimized = _checked(
+        text, {"Transpose∘Softmax(K@Q^T)->Softmax(Q@K^T)": 1, "Transpose∘Transpose": 1}
+    )
+    softmax = next(node for node in optimized.graph if node.op_type == "Softmax")
+    assert softmax.attributes.get_int("axis", 0) == 3
+    matmul = next(node for node in optimized.graph if node.op_type == "MatMul")
+    assert matmul.inputs[0] is not None and matmul.inputs[0].name == "q"
+
+
+def test_softmax_over_transposed_scores_needs_opset_13() -> None:
+    # Softmax-11 normalizes over every axis from its axis on
+    text = model(_TRANSPOSED_SCORES, inputs=_SCORE_INPUTS, outputs="float[2,3,6,5] y", opset=12)
+    assert_refuses(MergeConsecutiveOpsPass, text, "Softmax before opset 13")
+
+
+def test_bias_on_split_heads_moves_before_the_split() -> None:
+    text = model(
+        "<int64[4] t = {2, 5, 3, 4}, float[3,4] b = {1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.}>"
+        " { r = Reshape(x, t)\n a = Add(r, b)\n y = Relu(a) }",
+        inputs="float[2,5,12] x",
+        outputs="float[2,5,3,4] y",
+    )
+    assert_rewrites(
+        MergeConsecutiveOpsPass,
+        text,
+        {"Add(Reshape, bias)->Reshape(Add)": 1},
+        ["Add", "Reshape", "Relu"],
+    )
+
+
+def test_bias_of_other_shape_stays_after_the_split() -> None:
+    text = model(
+        "<int64[4] t = {2, 5, 3, 4}, float[4,1] b = {1., 2., 3., 4.}>"
+        " { r = Reshape(x, t)\n a = Add(r, b)\n y = Relu(a) }",
+        inputs="float[2,5,12] x",
+        outputs="float[2,5,3,4] y",
+    )
+    assert_refuses(
+        MergeConsecutiveOpsPass, text, "the bias is not the shape of the view's last dims"
+    )
+
+
+_SELECT = (
+    "{{ c = Cast<to=1>(f)\n n = Not(f)\n d = Cast<to=1>(n)\n on = Mul(c, x)\n off = Mul({k}, d)\n"
+    " s = Add(on, off)\n y = Relu(s) }}"
+)
+
+
+def test_select_written_as_arithmetic_is_a_where() -> None:
+    text = model(
+        "<float k = {-1e9}>" + _SELECT.format(k="k"),
+        inputs="bool[2,3,4] f, float[2,3,4] x",
+    )
+    assert_rewrites(
+        MergeConsecutiveOpsPass,
+        text,
+        {"f*x+(1-f)*k->Where": 1},
+        ["Cast", "Not", "Cast", "Where", "Relu"],
+    )
+
+
+def test_select_of_an_infinite_constant_is_left() -> None:
+    # 0 * -inf is NaN where the flag holds: no Where gives that
+    text = model(
+        "<float k = {-inf}>" + _SELECT.format(k="k"),
+        inputs="bool[2,3,4] f, float[2,3,4] x",
+    )
+    assert_refuses(MergeConsecutiveOpsPass, text, "not one finite constant")
+
+
+def test_causal_mask_as_products_is_a_where() -> None:
+    """transformers' TF GPT-2: ``w * b - 1e4 * (1 - b)`` with b a view of a cast causal band."""
+    text = model(
+        "<int64[3] t = {1, 5, 5}, float one = {1.0}, float k = {10000.0}> { c = Cast<to=1>(band)\n"
+        " b = Reshape(c, t)\n kept = Mul(w, b)\n n = Sub(one, b)\n fill = Mul(k, n)\n"
+        " s = Sub(kept, fill)\n y = Relu(s) }",
+        inputs="bool[5,5] band, float[2,5,5] w",
+        outputs="float[2,5,5] y",
+    )
+    optimized = assert_rewrites(
+        MergeConsecutiveOpsPass,
+        text,
+        {"f*x-(1-f)*k->Where": 1},
+        ["Cast", "Reshape", "Sub", "Reshape", "Where", "Relu"],
+    )
+    where = next(node for node in optimized.graph if node.op_type == "Where")
+    fill = where.inputs[2].const_value if where.inputs[2] is not None else None
+    assert fill is not None and fill.numpy().reshape(-1).tolist() == [-10000.0]
+
+
+def test_transpose_of_a_view_that_moves_only_ones_is_the_view() -> None:
+    text = model(
+        "<int64[4] t = {2, 1, 5, 1}> { r = Reshape(x, t)\n p = Transpose<perm=[0,1,3,2]>(r)\n y = Relu(p) }",
+        inputs="float[2,5] x",
+        outputs="float[2,1,1,5] y",
+    )
+    assert_rewrites(
+        MergeConsecutiveOpsPass, text, {"Transpose∘Reshape->Reshape": 1}, ["Reshape", "Relu"]
+    )
+
+
+def test_dense_with_gemm_and_bias_multiplies_the_unflattened_input() -> None:
+    text = model(
+        "<int64[2] f = {-1, 4}, int64[3] t = {2, 5, 6}, float[6,4] w = {"
+        + ", ".join(f"{0.1 * i:.1f}" for i in range(24))
+        + "}, float[6] b = {1., 2., 3., 4., 5., 6.}>"
+        " { r = Reshape(x, f)\n g = Gemm<transB=1>(r, w)\n a = Add(g, b)\n v = Reshape(a, t)\n y = Relu(v) }",
+        inputs="float[2,5,4] x",
+        outputs="float[2,5,6] y",
+    )
+    optimized = assert_rewrites(
+        MergeConsecutiveOpsPass,
+        text,
+        {"Reshape∘MatMul∘flatten": 1},
+        ["Transpose", "MatMul", "Add", "Reshape", "Relu"],
+    )
+    matmul = next(node for node in optimized.graph if node.op_type == "MatMul")
+    assert matmul.inputs[0] is not None and matmul.inputs[0].name == "x"
+
+
+def test_reshape_of_unsqueeze_with_a_target_read_off_shapes() -> None:
+    text = model(
+        "<int64[1] a = {3}, int64[1] w = {12}> { u = Unsqueeze(x, a)\n s = Shape<end=1>(x)\n"
+        " t = Concat<axis=0>(s, w)\n r = Reshape(u, t)\n y = Relu(r) }",
+        inputs="float[N,3,4] x",
+        outputs="float[N,12] y",
+        opset=15,
+    )
+    assert_rewrites(
+        MergeConsecutiveOpsPass,
+        text,
+        {"Reshape∘Unsqueeze": 1},
+        ["Shape", "Concat", "Reshape", "Relu"],
+        trials=2,
+    )
+
+
+def test_reshape_of_unsqueeze_refuses_a_copy_of_a_moved_dim() -> None:
+    # the target's 0 copies dim 2 of the unsqueezed tensor (1), which is not x's dim 2 (4)
+    text = model(
+        "<int64[1] a = {1}, int64[1] w = {3}, int64[1] z = {0}> { u = Unsqueeze(x, a)\n"
+        " s = Shape<end=1>(x)\n t = Concat<axis=0>(s, w, z, w)\n r = Reshape(u, t)\n y = Relu(r) }",
+        inputs="float[N,3,3] x",
+        outputs="float[N,3,1,3] y",
+        opset=15,
+    )
+    assert_refuses(
+        MergeConsecutiveOpsPass, text, "the outer target copies a dim the inner op moved"
+    )
