@@ -9,9 +9,12 @@ TensorFlow is not one of onnxopt's dependencies; run this in its own environment
         [--layers 2] [--heads 4]
 
 Every model is built from a config with seeded random weights, then every variable is redrawn
-(biases and LayerNorm shifts nonzero, LayerNorm scales around 1, as in a trained checkpoint), and
-converted with ``tf2onnx.convert.from_function`` with dynamic batch and sequence dims, as tf2onnx
-names them (``unk__301``...). ``tests/data/tf2onnx/`` holds the default exports (width 16, 2
+(biases and LayerNorm shifts nonzero, LayerNorm scales around 1, as in a trained checkpoint; the
+seed is the model's name), and converted with ``tf2onnx.convert.from_function`` with dynamic
+batch and sequence dims, as tf2onnx names them (``unk__301``...). Besides transformers' TF classes
+there is Keras' own transformer block (``layers.MultiHeadAttention``), converted from tf-keras
+(``keras-encoder``, ``keras-causal``) and written by Keras 3's ``model.export(format="onnx")``
+(``keras3-encoder``). ``tests/data/tf2onnx/`` holds some of the default exports (width 16, 2
 layers, 4 heads, FFN 2x, opset 17); the README's timings use ``--width 768 --layers 4 --heads 12``
 (FFN 4x from width 256). Reruns give the same weights and graph; tf2onnx's generated names differ.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -104,6 +108,48 @@ def _models(
         signature = [tf.TensorSpec([None, 3, image, image], tf.float32, name="pixel_values")]
         return model, signature, lambda x: model(pixel_values=x).last_hidden_state
 
+    def t5_encoder() -> tuple[Any, list[Any], Callable[..., Any]]:
+        # TF T5 computes its attention with tf.einsum, as Keras' MultiHeadAttention does
+        config = tr.T5Config(
+            vocab_size=64, d_model=width, d_kv=width // heads, d_ff=ffn, num_layers=layers,
+            num_heads=heads,
+        )  # fmt: skip
+        model = tr.TFT5EncoderModel(config)
+        return (model, *_text(model))
+
+    def keras_encoder(causal: bool) -> tuple[Any, list[Any], Callable[..., Any]]:
+        # The Keras tutorials' transformer block: layers.MultiHeadAttention (EinsumDense
+        # projections, an einsum for the scores), residual LayerNorms, a Dense FFN.
+        from tensorflow.keras import Sequential, layers
+
+        embed, positions_table = layers.Embedding(64, width), layers.Embedding(positions, width)
+        blocks = []
+        for _ in range(layers_count):
+            attention = layers.MultiHeadAttention(num_heads=heads, key_dim=width // heads)
+            ffn = Sequential([layers.Dense(ffn_width, activation="gelu"), layers.Dense(width)])
+            norms = layers.LayerNormalization(epsilon=1e-6), layers.LayerNormalization(epsilon=1e-6)
+            blocks.append((attention, ffn, norms))
+
+        def call(ids: Any, mask: Any) -> Any:
+            x = embed(ids) + positions_table(tf.range(tf.shape(ids)[1]))[None]
+            keep = tf.cast(mask[:, None, :], tf.bool)
+            for attention, ffn, (first, second) in blocks:
+                if causal:
+                    attended = attention(x, x, attention_mask=keep, use_causal_mask=True)
+                else:
+                    attended = attention(x, x, attention_mask=keep)
+                x = first(x + attended)
+                x = second(x + ffn(x))
+            return x
+
+        signature = [
+            tf.TensorSpec([None, None], tf.int32, name=n) for n in ("input_ids", "attention_mask")
+        ]
+        holder = tf.Module()
+        holder.parts = [embed, positions_table, *[p for block in blocks for p in block]]
+        return holder, signature, call
+
+    layers_count, ffn_width = layers, ffn
     return {
         "bert": bert,
         "distilbert": distilbert,
@@ -111,7 +157,38 @@ def _models(
         "bart-encoder": bart_encoder,
         "whisper-encoder": whisper_encoder,
         "vit": vit,
+        "t5-encoder": t5_encoder,
+        "keras-encoder": lambda: keras_encoder(causal=False),
+        "keras-causal": lambda: keras_encoder(causal=True),
     }
+
+
+def _export_keras3(path: Path, width: int, layers_count: int, heads: int, opset: int) -> None:
+    """The same encoder in Keras 3, written by Keras' own ``model.export(format="onnx")``
+    (which calls tf2onnx), as a Keras 3 user exports it. Its masks are ``tf.where`` selects."""
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    ids = keras.Input((None,), dtype="int32", name="input_ids")
+    mask = keras.Input((None,), dtype="int32", name="attention_mask")
+    x = keras.layers.Embedding(64, width)(ids)
+    keep = keras.layers.Lambda(lambda m: keras.ops.cast(m[:, None, :], "bool"))(mask)
+    ffn = 4 * width if width >= 256 else 2 * width
+    for _ in range(layers_count):
+        attended = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=width // heads)(
+            x, x, attention_mask=keep
+        )
+        x = keras.layers.LayerNormalization(epsilon=1e-6)(x + attended)
+        hidden = keras.layers.Dense(ffn, activation="gelu")(x)
+        x = keras.layers.LayerNormalization(epsilon=1e-6)(x + keras.layers.Dense(width)(hidden))
+    model = keras.Model([ids, mask], x)
+    model([np.ones((2, 3), "int32"), np.ones((2, 3), "int32")])
+    rng = np.random.default_rng(0)
+    for weight in model.weights:
+        values = rng.normal(0.0, 0.05 if len(weight.shape) > 1 else 0.1, size=tuple(weight.shape))
+        weight.assign((1.0 + values if weight.path.endswith("gamma") else values).astype("float32"))
+    model.export(str(path), format="onnx", opset_version=opset)
 
 
 def _redraw(model: Any, seed: int) -> None:
@@ -123,7 +200,11 @@ def _redraw(model: Any, seed: int) -> None:
     for variable in model.variables:
         shape = tuple(variable.shape)
         values = rng.normal(0.0, 0.05 if len(shape) > 1 else 0.1, size=shape)
-        if variable.name.split("/")[-1].startswith("gamma"):
+        name = variable.name.split("/")[-1]
+        # LayerNorm scales (Keras' gamma; T5's RMS norms' weight) around 1
+        if name.startswith("gamma") or (
+            "layer_norm" in variable.name and name.startswith("weight")
+        ):
             values = 1.0 + values
         variable.assign(values.astype(variable.dtype.as_numpy_dtype))
 
@@ -144,12 +225,16 @@ def main() -> None:
     tf.random.set_seed(0)
     args.out.mkdir(parents=True, exist_ok=True)
     models = _models(args.width, args.layers, args.heads)
-    for index, name in enumerate(args.names or models):
+    for name in args.names or [*models, "keras3-encoder"]:
+        path = args.out / f"{name}.onnx"
+        if name == "keras3-encoder":
+            _export_keras3(path, args.width, args.layers, args.heads, args.opset)
+            print(f"wrote {path}")
+            continue
         model, signature, call = models[name]()
         function = tf.function(call, input_signature=signature)
         function(*[tf.ones([2 if d is None else d for d in s.shape], s.dtype) for s in signature])
-        _redraw(model, seed=index)  # the call above made the variables
-        path = args.out / f"{name}.onnx"
+        _redraw(model, seed=zlib.crc32(name.encode()))  # the call above made the variables
         tf2onnx.convert.from_function(
             function, input_signature=signature, opset=args.opset, output_path=str(path)
         )
