@@ -204,6 +204,15 @@ def test_select_of_an_infinite_constant_is_left() -> None:
     assert_refuses(MergeConsecutiveOpsPass, text, "not one finite constant")
 
 
+def test_select_whose_constant_would_raise_the_rank_is_left() -> None:
+    text = model(
+        "<float[1,1,1,1] k = {-1e9}>" + _SELECT.format(k="k"),
+        inputs="bool[2,3,4] f, float[2,3,4] x",
+        outputs="float[1,2,3,4] y",
+    )
+    assert_refuses(MergeConsecutiveOpsPass, text, "the constant would raise the result's rank")
+
+
 def test_causal_mask_as_products_is_a_where() -> None:
     """transformers' TF GPT-2: ``w * b - 1e4 * (1 - b)`` with b a view of a cast causal band."""
     text = model(

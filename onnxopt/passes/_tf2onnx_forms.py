@@ -503,8 +503,12 @@ def _complement(value: ir.Value, of: ir.Value) -> bool:
     ``of`` is ``Cast(c)``."""
     node = value.producer()
     if node is not None and is_op(node, "Sub") and node.inputs[1] is of:
-        return const_array(node.inputs[0]) is not None and bool(
-            np.all(const_array(node.inputs[0]) == 1)
+        one = const_array(node.inputs[0])  # no wider than the flag, else it raises the rank
+        return (
+            one is not None
+            and one.size == 1
+            and one.ndim <= (_rank(of) or 0)
+            and bool(one.reshape(-1)[0] == 1)
         )
     flag, negated = _flag(of), _flag(value)
     if flag is None or negated is None or flag[1] is not None or negated[1] is not None:
@@ -535,6 +539,8 @@ def _match_select(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     constant = const_array(other)
     if constant is None or constant.size != 1 or not np.isfinite(constant).all():
         return Mismatch("the value chosen where the flag is 0 is not one finite constant")
+    if constant.ndim > max(_rank(chosen) or 0, _rank(flag) or 0):
+        return Mismatch("the constant would raise the result's rank")
     if not all(_only_user(term.outputs[0], node) for term in (first, second)):
         return Mismatch("a gated product has other users")
     sign = -1 if node.op_type == "Sub" else 1
