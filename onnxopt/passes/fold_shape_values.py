@@ -100,6 +100,8 @@ class _Tracker:
     def __init__(self) -> None:
         self.vectors: dict[ir.Value, ShapeVector] = {}
         self.order: dict[ir.Node, int] = {}  # the visited nodes' positions
+        self._upstream: dict[DimOf, DimOf] = {}
+        self._nesting = 0  # broadcasts being compared, one inside the other
 
     def get(self, value: ir.Value | None) -> ShapeVector | None:
         if value is None:
@@ -134,56 +136,77 @@ class _Tracker:
         elements: list[Elem] = []
         for index in range(start, end):
             dim = source.shape[index]
-            elements.append(int(dim) if isinstance(dim, int) else self.upstream(source, index))
+            elements.append(int(dim) if isinstance(dim, int) else self.locate(source, index))
         return ShapeVector(tuple(elements), False, ir.DataType.INT64)
 
-    def upstream(self, value: ir.Value, index: int, depth: int = 0) -> DimOf:
-        """Dim ``index`` of ``value`` as the earliest value it is provably a dim of: through
-        Identity, Transposes, Unsqueezes, Squeezes, shape-keeping ops, a Reshape's target entry
-        read off a dim, and a broadcasting op (MatMul's batch axes too) whose operands that
-        reach the axis with a dim other than 1 all have that one dim. Two dims with one upstream
-        dim are equal.
-
-        tf2onnx reads an einsum's dims off the unsqueezed, transposed operands it views; read
-        off the tensor they come from, those views lose their last other user and merge away.
-        """
+    def upstream(self, value: ir.Value, index: int) -> DimOf:
+        """Dim ``index`` of ``value`` as the earliest value it is provably a dim of (``_step``
+        after ``_step``): two dims with one upstream dim are equal."""
+        start = dim = DimOf(value, index)
+        if start in self._upstream:
+            return self._upstream[start]
         for _ in range(_MAX_HOPS):
-            node = value.producer()
-            if node is None or not is_onnx_domain(node.domain) or not node.inputs:
+            after = self._step(dim)
+            if after is None:
                 break
-            source = node.inputs[0]
-            if source is None or source.shape is None or value.shape is None:
+            dim = after
+        self._upstream[start] = dim
+        return dim
+
+    def locate(self, value: ir.Value, index: int) -> DimOf:
+        """Where to read dim ``index`` of ``value``: off the tensor ``value`` is a view of (up its
+        ``_step`` path through views, and through ops that scale it by a single constant).
+
+        tf2onnx reads an einsum operand's batch off its unsqueezed, transposed copy; read off
+        the tensor that copy comes from, the views lose a user and merge away. A read goes no
+        further, past an op that computes: it would land on that op's input, a Conv's output
+        before its Relu or a decomposed LayerNorm's mean, and keep those from fusing."""
+        dim = DimOf(value, index)
+        for _ in range(_MAX_HOPS):
+            producer = dim.value.producer()
+            if producer is None or not _viewing(producer):
                 break
-            rank, inner = len(value.shape), len(source.shape)
-            moved: int | None = None
-            if node.op_type in _SAME_SHAPE and inner == rank:
-                moved = index
-            elif node.op_type == "Transpose":
-                perm = node.attributes.get_ints("perm", list(range(rank))[::-1])
-                moved = int(perm[index]) if len(perm) == rank else None
-            elif node.op_type in ("Unsqueeze", "Squeeze"):
-                moved = _through_axes(node, index, rank, inner)
-            elif node.op_type == "Reshape" and "shape" not in node.attributes:
-                target = self.get(node.inputs[1]) if len(node.inputs) > 1 else None
-                element = (
-                    target.elements[index]
-                    if target is not None and index < len(target.elements)
-                    else None
-                )
-                if not isinstance(element, DimOf):
-                    break
-                return element  # traced as far as it goes when it was read
-            elif (
-                node.op_type in _BROADCASTING or (node.op_type == "MatMul" and index < rank - 2)
-            ) and depth < 4:
-                common = self._broadcast_dim(node, index, rank, depth)
-                if common is None:
-                    break
-                return common
-            if moved is None:
-                break
-            value, index = source, moved
-        return DimOf(value, index)
+            after = self._step(dim)
+            if after is None or not _named(after):
+                break  # an unnamed dim there would lose what shape inference knows here
+            dim = after
+        return dim
+
+    def _step(self, dim: DimOf) -> DimOf | None:
+        """The same dim one op up: through Identity, Transposes, Unsqueezes, Squeezes and
+        shape-keeping ops, a Reshape whose target entry reads it off a dim (that dim) or copies
+        it with 0, and a broadcasting op (MatMul's batch axes too) whose operands that reach the
+        axis with a dim other than 1 all have that one dim (the earliest of them)."""
+        value, index = dim.value, dim.index
+        node = value.producer()
+        if node is None or not is_onnx_domain(node.domain) or not node.inputs:
+            return None
+        source = node.inputs[0]
+        if source is None or source.shape is None or value.shape is None:
+            return None
+        rank, inner = len(value.shape), len(source.shape)
+        moved: int | None = None
+        if node.op_type in _SAME_SHAPE and inner == rank:
+            moved = index
+        elif node.op_type == "Transpose":
+            perm = node.attributes.get_ints("perm", list(range(rank))[::-1])
+            moved = int(perm[index]) if len(perm) == rank else None
+        elif node.op_type in ("Unsqueeze", "Squeeze"):
+            moved = _through_axes(node, index, rank, inner)
+        elif node.op_type == "Reshape" and "shape" not in node.attributes:
+            target = self.get(node.inputs[1]) if len(node.inputs) > 1 else None
+            element = (
+                target.elements[index]
+                if target is not None and index < len(target.elements)
+                else None
+            )
+            if isinstance(element, DimOf):
+                return element
+            copies = element == 0 and not node.attributes.get_int("allowzero", 0)
+            moved = index if copies and index < inner else None
+        elif node.op_type in _BROADCASTING or (node.op_type == "MatMul" and index < rank - 2):
+            return self._broadcast_dim(node, index, rank)
+        return None if moved is None else DimOf(source, moved)
 
     def equal_dims(self, first: DimOf, second: DimOf) -> bool:
         """One dim: with one upstream dim, or two dims under one name (see ``_same_dim``)."""
@@ -193,14 +216,23 @@ class _Tracker:
         up_second = self.upstream(second.value, second.index)
         return up_first == up_second or _same_dim(up_first, up_second.value, up_second.index)
 
-    def _broadcast_dim(self, node: ir.Node, index: int, rank: int, depth: int) -> DimOf | None:
-        """The dim every operand reaching axis ``index`` with a size other than 1 has, if one."""
+    def _broadcast_dim(self, node: ir.Node, index: int, rank: int) -> DimOf | None:
+        """The operand dim every operand reaching axis ``index`` with a size other than 1 has
+        (the earliest such operand's), if one."""
+        if self._nesting >= _MAX_NESTING:
+            return None
+        self._nesting += 1
+        try:
+            return self._common_operand_dim(node, index, rank)
+        finally:
+            self._nesting -= 1
+
+    def _common_operand_dim(self, node: ir.Node, index: int, rank: int) -> DimOf | None:
         found: DimOf | None = None
         for operand in node.inputs:  # Where's condition broadcasts into the result too
             if operand is None or operand.shape is None:
                 return None
-            offset = len(operand.shape) - rank
-            axis = index + offset
+            axis = index + len(operand.shape) - rank
             if axis < 0 or (node.op_type == "MatMul" and len(operand.shape) < 3):
                 continue
             dim = operand.shape[axis]
@@ -208,12 +240,11 @@ class _Tracker:
                 continue
             if isinstance(dim, int):
                 return None
-            here = self.upstream(operand, axis, depth + 1)
+            here = DimOf(operand, axis)
             if found is not None and not self.equal_dims(here, found):
                 return None
             if found is None or self._position(here) < self._position(found):
-                found = here  # the earliest value with that dim: read there, it is no
-                # pattern's inner value (a LayerNorm's variance has the rows' dims too)
+                found = here
         return found
 
     def _position(self, dim: DimOf) -> int:
@@ -451,6 +482,24 @@ _BROADCASTING = frozenset(
     {"Add", "Sub", "Mul", "Div", "Pow", "Where", "And", "Or", "Equal", "Max", "Min"}
 )
 _MAX_HOPS = 64
+_VIEWS = frozenset({"Identity", "Transpose", "Unsqueeze", "Squeeze", "Reshape"})
+_MAX_NESTING = 16
+
+
+def _named(dim: DimOf) -> bool:
+    shape = dim.value.shape
+    found = shape[dim.index] if shape is not None and dim.index < len(shape) else None
+    return isinstance(found, ir.SymbolicDim) and found.value is not None
+
+
+def _viewing(node: ir.Node) -> bool:
+    """A view of its first input, or its first input scaled or shifted by one constant."""
+    if node.op_type in _VIEWS:
+        return True
+    if node.op_type not in ("Mul", "Div", "Add", "Sub") or len(node.inputs) != 2:
+        return False
+    other = node.inputs[1]
+    return other is not None and other.const_value is not None and other.const_value.size == 1
 
 
 def _through_axes(node: ir.Node, index: int, rank: int, inner: int) -> int | None:
@@ -611,34 +660,52 @@ def _rebuild(
 
 
 def _rebuild_moved_reads(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool, opset: int) -> int:
-    """Read dims off the tensor they come from (``_Tracker.upstream``): ``Gather(Shape(v), [0, 1])``
+    """Read dims off the tensor they come from (``_Tracker.locate``): ``Gather(Shape(v), [0, 1])``
     of a ``v = Transpose(Unsqueeze(x))`` becomes ``Shape(x, 0, 1)``-style reads of x, so that
-    the views between x and v have no other user than the op they feed."""
+    the views between x and v have no other user than the op they feed. So does a
+    ``Shape(v, start, end)`` that reads one run of x's dims, and a Max of shape vectors the
+    tracker resolved."""
     rebuilt = 0
     for node in list(graph):
-        if not is_onnx_domain(node.domain) or node.op_type not in ("Gather", "Slice", "Max", "Min"):
+        if not is_onnx_domain(node.domain) or node.op_type not in _REREAD:
             continue
-        read = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
-        if node.op_type in ("Max", "Min"):
-            read = node  # an elementwise max it resolved: its dims, read directly
         value = node.outputs[0]
         vector = tracker.vectors.get(value)
         if (
-            read is None
-            or not is_onnx_domain(read.domain)
-            or read.op_type not in ("Shape", "Max", "Min")
-            or vector is None
+            vector is None
             or vector.scalar
             or vector.ints is not None
             or vector.dtype != ir.DataType.INT64
             or value.is_graph_output()
             or any(e is None for e in vector.elements)
-            or all(not isinstance(e, DimOf) or e.value is read.inputs[0] for e in vector.elements)
         ):
             continue
+        if node.op_type in ("Max", "Min"):
+            pass  # resolved: its dims, read directly
+        elif node.op_type == "Shape":
+            runs = _runs(vector.elements)
+            first = runs[0][0] if len(runs) == 1 else None
+            if not isinstance(first, DimOf) or first.value is node.inputs[0]:
+                continue
+            whole = first.index == 0 and len(runs[0]) == len(first.value.shape or ())
+            if opset < 15 and not whole:
+                continue  # one read for another, never a Slice more
+        else:
+            read = _made_by(node.inputs[0])
+            if read is None or not is_onnx_domain(read.domain) or read.op_type != "Shape":
+                continue
+            if all(not isinstance(e, DimOf) or e.value is read.inputs[0] for e in vector.elements):
+                continue
         _rebuild(node, vector, graph, tracker, pool, opset)
         rebuilt += 1
     return rebuilt
+
+
+_REREAD = frozenset({"Gather", "Slice", "Shape", "Max", "Min"})
+
+
+def _made_by(value: ir.Value | None) -> ir.Node | None:
+    return value.producer() if value is not None else None
 
 
 # Ops an int32 shape computation may go through to be redone in int64, and which of their inputs
