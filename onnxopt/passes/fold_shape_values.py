@@ -14,11 +14,13 @@ symbol) as an earlier value in the same graph is replaced by that earlier value.
 reads ``Shape(x)[0]`` before each of its 48 Reshapes, one ``x`` per layer, keeps one read per
 symbol; common-subexpression elimination then merges the Unsqueeze/Concat/Expand built on them.
 
-A symbolic dim is tracked as the earliest tensor it is provably a dim of (``_Tracker.upstream``):
-through views, shape-keeping ops and broadcasts whose operands agree on it. A read of such a dim
-off a view (tf2onnx reads an einsum operand's batch off its unsqueezed, transposed copy) is read
-off that tensor instead, so the views lose a user and merge away; and the elementwise Max of a
-broadcast dim with one of its operands' (tf2onnx's broadcast einsum batch) is the broadcast dim.
+A read of a dim off a view (tf2onnx reads an einsum operand's batch off its unsqueezed,
+transposed copy) is read off the tensor the view is of (``_Tracker.locate``), so the views lose a
+user and merge away; no further, where it could keep a Conv and its Relu, or a decomposed
+LayerNorm, from fusing. Two dims are equal when they trace back to one earliest tensor's dim
+(``_Tracker.upstream``: through views, shape-keeping ops and broadcasts whose operands agree on
+it); the elementwise Max of a broadcast dim and one of its operands' (tf2onnx's broadcast einsum
+batch) is the broadcast dim, as a broadcast of positive dims is at least each operand's.
 
 Reshape targets that are only partly known are rewritten when provably equivalent: an element that is
 dim *i* of the reshaped tensor itself (the same value's dim, or a dim with the same symbol) at position
@@ -254,7 +256,7 @@ class _Tracker:
     def _op_Max(self, node: ir.Node) -> ShapeVector | None:
         """Elementwise max of shape vectors: of equal elements, that element; of a broadcast
         result's dim and one of its operands' (tf2onnx's einsum batch), the result's, as any
-        broadcast that ran is at least as large as each of its operands."""
+        broadcast of positive dims that ran is at least as large as each of its operands."""
         pick = max if node.op_type == "Max" else min
 
         def extreme(x: Elem, y: Elem) -> Elem:
