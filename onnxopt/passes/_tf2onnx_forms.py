@@ -1,4 +1,4 @@
-"""Rules that undo tf2onnx's einsum lowering into views, for merge-consecutive-ops.
+"""Rules that undo tf2onnx's einsum lowering and select arithmetic, for merge-consecutive-ops.
 
 tf2onnx (and Keras 3's ``model.export(format="onnx")``, which calls it) lowers every einsum, as
 Keras' MultiHeadAttention and EinsumDense write their projections and scores, without an Einsum
@@ -14,7 +14,12 @@ fusions read none of that. Each rule here is one exact step back to the 4-D form
 - ``Transpose(Unsqueeze(x))``: the Unsqueeze moved after the Transpose, where the Reshape that
   reads it absorbs it;
 - ``Transpose(Softmax(K @ Q^T + m, axis=-2))``: ``Softmax(Q @ K^T + m^T, axis=-1)``;
-- ``Reshape(y, [..., H, d]) + b[H, d]``: the bias added before the view, as a [H*d] vector.
+- ``Reshape(y, [..., H, d]) + b[H, d]``: the bias added before the view, as a [H*d] vector;
+- ``Transpose(Reshape(x, t))`` that moves only 1s: one Reshape.
+
+TensorFlow's ``where`` (Keras 3's masks) becomes ``Cast(c) * x + Cast(Not(c)) * k`` in tf2onnx,
+and transformers' TF GPT-2 writes its causal mask as ``x * b - 1e4 * (1 - b)``: both are
+``Where(c, x, ±k)`` wherever x is finite.
 """
 
 from __future__ import annotations
