@@ -15,7 +15,7 @@ import onnx_ir as ir
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.validate import validate
-from tests._pass_check import assert_refuses, assert_rewrites, load
+from tests._pass_check import assert_refuses, assert_rewrites, load, op_types
 from tests.test_eliminate_noops import model
 
 BATCH_VIEWS = "Reshape∘MatMul∘batch views"
@@ -292,3 +292,39 @@ def test_reshape_of_unsqueeze_refuses_a_copy_of_a_moved_dim() -> None:
     assert_refuses(
         MergeConsecutiveOpsPass, text, "the outer target copies a dim the inner op moved"
     )
+
+
+def test_transposed_product_of_transposes_swaps_its_operands() -> None:
+    """KerasHub's attention: ``Transpose(MatMul(Transpose(k), Transpose(q)))`` is Q @ K^T."""
+    text = model(
+        "{ kt = Transpose<perm=[0,2,1,3]>(k)\n qt = Transpose<perm=[0,2,3,1]>(q)\n"
+        " s = MatMul(kt, qt)\n t = Transpose<perm=[0,1,3,2]>(s)\n y = Relu(t) }",
+        inputs="float[2,5,3,4] k, float[2,6,3,4] q",
+        outputs="float[2,3,6,5] y",
+    )
+    optimized = _checked(
+        text, {"Transpose∘MatMul(Transposes)->MatMul": 1, "Transpose∘Transpose": 2}
+    )
+    assert op_types(optimized) == ["Transpose", "Transpose", "MatMul", "Relu"]  # one per input
+
+
+def test_transposed_product_of_other_operands_is_left() -> None:
+    text = model(
+        "{ qt = Transpose<perm=[0,1,3,2]>(q)\n s = MatMul(k, qt)\n"
+        " t = Transpose<perm=[0,1,3,2]>(s)\n y = Relu(t) }",
+        inputs="float[2,3,5,4] k, float[2,3,6,4] q",
+        outputs="float[2,3,6,5] y",
+    )
+    assert_refuses(MergeConsecutiveOpsPass, text, "the MatMul's operands are not both Transposes")
+
+
+def test_select_whose_fill_product_is_shared_by_layers() -> None:
+    """KerasHub computes the mask's ``Cast(!c) * k`` once for every layer's scores."""
+    text = model(
+        "<float k = {-1e9}> { c = Cast<to=1>(f)\n n = Not(f)\n d = Cast<to=1>(n)\n"
+        " fill = Mul(k, d)\n on = Mul(c, x)\n s = Add(on, fill)\n on2 = Mul(c, z)\n"
+        " s2 = Add(on2, fill)\n a = Relu(s)\n b = Relu(s2)\n y = Add(a, b) }",
+        inputs="bool[2,3,4] f, float[2,3,4] x, float[2,3,4] z",
+    )
+    optimized = _checked(text, {"f*x+(1-f)*k->Where": 2})
+    assert op_types(optimized).count("Where") == 2

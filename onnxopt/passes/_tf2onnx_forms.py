@@ -13,7 +13,8 @@ fusions read none of that. Each rule here is one exact step back to the 4-D form
 - ``Squeeze(Reshape(x, t), axes)``: one Reshape to ``t`` without the squeezed 1s;
 - ``Transpose(Unsqueeze(x))``: the Unsqueeze moved after the Transpose, where the Reshape that
   reads it absorbs it;
-- ``Transpose(Softmax(K @ Q^T + m, axis=-2))``: ``Softmax(Q @ K^T + m^T, axis=-1)``;
+- ``Transpose(Softmax(K @ Q^T + m, axis=-2))``: ``Softmax(Q @ K^T + m^T, axis=-1)``, and
+  ``Transpose(MatMul(a, b))`` of two Transposes: ``MatMul(b', a')`` (KerasHub's ``(K @ Q^T)^T``);
 - ``Reshape(y, [..., H, d]) + b[H, d]``: the bias added before the view, as a [H*d] vector;
 - ``Transpose(Reshape(x, t))`` that moves only 1s: one Reshape.
 
@@ -387,6 +388,48 @@ def _rewrite_transposed_softmax(match: Match, context: RewriteContext) -> Replac
     return Replacement(nodes, values)
 
 
+# Transpose∘MatMul of two Transposes ---------------------------------------------------------------
+
+
+def _swap(rank: int) -> list[int]:
+    return [*range(rank - 2), rank - 1, rank - 2]
+
+
+def _match_transposed_product(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``Transpose(MatMul(a, b), swap)`` -> ``MatMul(b', a')``, where ' swaps the last two axes:
+    (a b)' = b' a' (the batch dims broadcast as before). Taken only when a and b are both
+    Transposes, which the new ones then cancel or merge into (KerasHub's attention computes
+    ``(K · Qᵀ)ᵀ``)."""
+    matmul = producer_op(node, "MatMul")
+    if isinstance(matmul, Mismatch) or len(matmul.inputs) != 2:
+        return Mismatch("not a Transpose of a MatMul", candidate=False)
+    rank = _rank(node.inputs[0])
+    perm = node.attributes.get_ints("perm", None)
+    if rank is None or rank < 2 or perm is None or list(perm) != _swap(rank):
+        return Mismatch("the Transpose does not swap the last two axes", candidate=False)
+    operands = [_made_by(v) for v in matmul.inputs]
+    ranks = [_rank(v) for v in matmul.inputs]
+    if any(o is None or not is_op(o, "Transpose") for o in operands) or any(
+        r is None or r < 2 for r in ranks
+    ):
+        return Mismatch("the MatMul's operands are not both Transposes of known rank")
+    if not _only_user(matmul.outputs[0], node) or not all(
+        _only_user(v, matmul) for v in matmul.inputs if v is not None
+    ):
+        return Mismatch("the product or its operands have other users")
+    return Match([matmul, node], {"ranks": ranks})
+
+
+def _rewrite_transposed_product(match: Match, context: RewriteContext) -> Replacement:
+    matmul, transpose = match.nodes
+    a, b = (
+        ir.node("Transpose", [value], {"perm": _swap(rank)})
+        for value, rank in zip(matmul.inputs, match.bindings["ranks"], strict=True)
+    )
+    product = ir.node("MatMul", [b.outputs[0], a.outputs[0]], name=matmul.name)
+    return Replacement((a, b, product), ((transpose.outputs[0], product.outputs[0]),))
+
+
 # Add∘Reshape: a bias on split heads ---------------------------------------------------------------
 
 
@@ -536,9 +579,9 @@ def _match_select(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("not a sum of two flag-gated products", candidate=False)
     (first, flag_a, a), (second, flag_b, b) = one, two
     if _flag(flag_a) is not None and _complement(flag_b, flag_a):
-        flag, chosen, other = flag_a, a, b
+        flag, chosen, other, kept = flag_a, a, b, first
     elif _flag(flag_b) is not None and _complement(flag_a, flag_b) and node.op_type == "Add":
-        flag, chosen, other = flag_b, b, a
+        flag, chosen, other, kept = flag_b, b, a, second
     else:
         return Mismatch("the two gates are not a flag and its complement", candidate=False)
     constant = const_array(other)
@@ -546,8 +589,9 @@ def _match_select(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("the value chosen where the flag is 0 is not one finite constant")
     if constant.ndim > max(_rank(chosen) or 0, _rank(flag) or 0):
         return Mismatch("the constant would raise the result's rank")
-    if not all(_only_user(term.outputs[0], node) for term in (first, second)):
-        return Mismatch("a gated product has other users")
+    # The constant's product does not depend on x: layers may share it (KerasHub's masks).
+    if not _only_user(kept.outputs[0], node):
+        return Mismatch("the gated product of x has other users")
     sign = -1 if node.op_type == "Sub" else 1
     return Match(
         [first, second, node],
@@ -590,6 +634,12 @@ TF2ONNX_RULES: tuple[Rule, ...] = (
         "Transpose",
         _match_transpose_of_unsqueeze,
         _rewrite_transpose_of_unsqueeze,
+    ),
+    Rule(
+        "Transpose∘MatMul(Transposes)->MatMul",
+        "Transpose",
+        _match_transposed_product,
+        _rewrite_transposed_product,
     ),
     Rule(
         "Transpose∘Softmax(K@Q^T)->Softmax(Q@K^T)",
