@@ -118,9 +118,10 @@ def _model(
     return model
 
 
-def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+def _feeds(batch: int, seq: int, seed: int, spread: float = 1.0) -> dict[str, np.ndarray]:
     """Causal ``keep``; row 1 fully padded, row 2 right-padded, and in row 3 every key of query 0
-    dropped by ``keep`` (a row the fill alone masks fully)."""
+    dropped by ``keep`` (a row the fill alone masks fully). ``spread`` scales x (scores grow
+    with its square)."""
     rng = np.random.default_rng(seed)
     keep = np.broadcast_to(np.tril(np.ones((seq, seq), dtype=bool)), (batch, 1, seq, seq)).copy()
     mask = np.ones((batch, seq), dtype=np.int64)
@@ -130,19 +131,22 @@ def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
         mask[2, (seq + 1) // 2 :] = 0
     if batch > 3:
         keep[3, 0, 0, :] = False
-    feeds = {"x": rng.standard_normal((batch, seq, D)).astype(np.float32), "keep": keep}
+    feeds = {"x": (rng.standard_normal((batch, seq, D)) * spread).astype(np.float32), "keep": keep}
     return {**feeds, "mask": mask}
 
 
 SIZES = ((4, 5), (1, 1), (4, 9), (2, 3))
 
 
-def _fused_and_checked(model: ir.Model, options: PassOptions | None = None) -> ir.Model:
+def _fused_and_checked(
+    model: ir.Model, options: PassOptions | None = None, spread: float = 1.0
+) -> ir.Model:
     fused = model.clone()
     result = FuseAttentionPass(options or PassOptions(explain=True))(fused)
     expected = "attention->onnx-attention" if options and options.target == "onnx" else None
     assert result.stats == {expected or "attention->mha": 1}, result.notes
-    report = validate(model, fused, inputs=[_feeds(b, s, i) for i, (b, s) in enumerate(SIZES)])
+    feeds = [_feeds(b, s, i, spread) for i, (b, s) in enumerate(SIZES)]
+    report = validate(model, fused, inputs=feeds)
     assert report.passed, report
     assert not FuseAttentionPass(options or PassOptions())(fused).modified
     return fused
@@ -173,12 +177,30 @@ def test_a_masked_fill_alone_is_the_attention_bias() -> None:
     assert mha.inputs[5].producer().op_type == "Where"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("fill", [LOWEST, "-1e30"])
+@pytest.mark.parametrize("fill", ["-1e9", "-1e8"])
+@pytest.mark.parametrize("scores_first", [True, False])
+def test_a_hand_written_fill_alone_is_raised_to_the_mask_floor(
+    fill: str, scores_first: bool
+) -> None:
+    """``masked_fill(mask == 0, -1e9)``: s - 1e9 is not -1e9 once |s| reaches 32 (float32's step
+    there is 64), so the fused bias fills with -1e30, which every score leaves as it is: a fully
+    masked row (query 0 of the fourth sequence) is uniform in both. x is spread so that the
+    scores reach the hundreds."""
+    fused = _fused_and_checked(
+        _model(fill=fill, padding=False, scores_first=scores_first), spread=8.0
+    )
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    bias = mha.inputs[5].producer()
+    assert bias is not None and bias.op_type == "Where"
+    assert const_array(bias.inputs[2 if scores_first else 1]) == np.float32(-1e30)
+
+
+@pytest.mark.parametrize("fill", [LOWEST, "-1e30", "-1e9"])
 def test_target_onnx_fuses_a_single_masked_fill_with_the_mask_floor(fill: str) -> None:
     # ORT's Attention-23 zeroes a row of float32's lowest; raised to -1e30 the row stays uniform,
     # as the export's row of fills is.
     fused = _fused_and_checked(
-        _model(fill=fill, padding=False, opset=23), PassOptions(target="onnx")
+        _model(fill=fill, padding=False, opset=23), PassOptions(target="onnx"), spread=8.0
     )
     types = [node.op_type for node in fused.graph]
     assert types.count("Attention") == 1 and "Max" in types
@@ -210,8 +232,13 @@ def test_packed_attention_keeps_fully_masked_rows(fill: str) -> None:
     [
         (
             {"fill": "-1e4"},
-            "masked_fill with -10000 is not an exact additive mask: only fills <= -1e+30 absorb "
-            "the score (s + fill == fill), -10000 keeps it",
+            "masked_fill with -10000 is not an exact additive mask: a kept score near -10000 "
+            "would share the masked keys' weight (fills <= -1e+08 are fused)",
+        ),
+        (
+            {"fill": "-1e9"},
+            "a masked_fill with -1e+09 (above -1e+30) is fused only as the scores' one term, not "
+            "scaled, clamped or beside sinks",
         ),
         (
             {"condition": "scores"},

@@ -186,3 +186,54 @@ def test_hand_written_attention_packs_into_one_attention(einsum: bool, tmp_path:
     assert result.report.validation is not None and result.report.validation.passed
     ops = _ops(result.model)
     assert ops["Attention"] == 1 and ops["Softmax"] == 0 and ops["Einsum"] == 0
+
+
+def test_annotated_transformer_fill_fuses_and_keeps_fully_padded_sequences(
+    tmp_path: Path,
+) -> None:
+    """The hand-written form (the Annotated Transformer's): separate projections and
+    ``scores.masked_fill(mask == 0, -1e9)``. It fuses, and a sequence padded entirely (every row
+    masked) still averages V as in eager PyTorch, with scores in the hundreds (where s - 1e9 is
+    not -1e9 in float32)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(16, 16) for _ in range(4))
+
+        def forward(self, x, mask):  # type: ignore[no-untyped-def]
+            b = x.shape[0]
+            q, k, v = (f(x).view(b, -1, 2, 8).transpose(1, 2) for f in (self.q, self.k, self.v))
+            scores = torch.matmul(q, k.transpose(-2, -1)) / 8**0.5
+            p = scores.masked_fill(mask.unsqueeze(1).unsqueeze(2) == 0, -1e9).softmax(dim=-1)
+            return self.o(torch.matmul(p, v).transpose(1, 2).contiguous().view(b, -1, 16))
+
+    def feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        mask = np.ones((batch, seq), dtype=np.int64)
+        mask[1:2, seq // 2 :] = 0
+        mask[2:3] = 0  # every key of the third sequence masked
+        x = rng.standard_normal((batch, seq, 16)) * 6
+        return {"x": x.astype(np.float32), "mask": mask}
+
+    module = Model().eval()
+    path = tmp_path / "annotated.onnx"
+    args = (torch.randn(2, 7, 16), torch.ones(2, 7, dtype=torch.int64))
+    axes = {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}}
+    torch.onnx.export(module, args, str(path), input_names=["x", "mask"],
+                      dynamic_axes=axes, dynamo=False)  # fmt: skip
+    inputs = [feeds(3, 5, 0), feeds(1, 1, 1), feeds(4, 9, 2)]
+    result = onnxopt.optimize(path, inputs=inputs)
+    assert result.report.validation is not None and result.report.validation.passed
+    ops = _ops(result.model)
+    assert ops["Attention"] == 1 and ops["Softmax"] == 0, ops
+    out = tmp_path / "annotated.opt.onnx"
+    ir.save(result.model, out)
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for feed in inputs:
+        with torch.no_grad():
+            eager = module(torch.from_numpy(feed["x"]), torch.from_numpy(feed["mask"])).numpy()
+        np.testing.assert_allclose(session.run(None, feed)[0], eager, rtol=1e-4, atol=1e-4)

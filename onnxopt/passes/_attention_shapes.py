@@ -17,6 +17,9 @@ from onnxopt.ops import const_array, is_op
 
 # Below any real score and far from float32's lowest, which ORT's Attention-23 reads as "masked out".
 MASK_FLOOR = -1e30
+# The highest masked_fill value fuse-attention fuses (as MASK_FLOOR): float32 scores near it are 8
+# apart, so a kept score that low, the one case where the two fills differ, holds no softmax.
+RAISED_FILL_LIMIT = -1e8
 # Element types fuse-attention and fuse-packed-attention rewrite: ONNX Runtime (1.32) runs
 # MultiHeadAttention, Attention and Attention-23 in both on CPU, and CUDA (where half-precision
 # models are deployed) has float16 kernels for each, attention_bias included.

@@ -7,7 +7,8 @@ The matched block, rooted at its Softmax, is what PyTorch's exporters emit for
     KT = K4 transposed to [B, H, d, T]                     (three exporter spellings, see _key_transposed)
     P  = Softmax(MatMul(Q4 * a, KT * b) * c + bias)        (scalar factors optional, in any of the spots)
                                                            (a masked_fill Where(keep, scores, fill)
-                                                            with fill <= -1e30 is a bias term too)
+                                                            with fill <= -1e30 is a bias term too;
+                                                            alone, a fill <= -1e8: _MaskedFill)
     P  = Where(IsNaN(P), 0, P)                             (optional: SDPA's "fully masked row -> 0")
     Y  = Reshape(Transpose(MatMul(P, V4), [0,2,1,3]), [B, S, H*dv])
                                                            (nn.MultiheadAttention: Transpose [2,0,1,3]
@@ -120,6 +121,7 @@ from onnxopt.passes import _stacked_heads as stacked_heads
 from onnxopt.passes._attention_shapes import (
     ATTENTION_DTYPES,
     MASK_FLOOR,
+    RAISED_FILL_LIMIT,
     Entry,
     annotate,
     gathered_dim,
@@ -1335,12 +1337,23 @@ class _MaskedFill:
     way, and a row without a kept key holds the same values in both: uniform weights over its
     least masked keys (GPT-Neo's fully padded rows), or NaN where every entry is -inf (a -inf
     fill, or fill + m overflowing), which MultiHeadAttention and packed Attention give as well
-    (tests/test_fuse_masked_fill.py). A fill of -1e4 is not exact (s - 1e4 keeps s's
-    differences, the export's row does not): no fusion."""
+    (tests/test_fuse_masked_fill.py).
+
+    A fill in (MASK_FLOOR, RAISED_FILL_LIMIT] (``masked_fill(mask, -1e9)``, the common hand-written
+    form, and KerasHub's ``where(c, s, -1e9)``) is not absorbed (s - 1e9 keeps s's differences
+    in steps of 64), so it is ``raised``: the fused op's bias fills with MASK_FLOOR instead, and
+    only where the fill is the scores' one term. A row with no kept key is then uniform in both
+    (the export's every entry is the fill, the fused op's every s + MASK_FLOOR is MASK_FLOOR); a
+    row that keeps a key gives the masked ones weight 0 in the fused op, and exp(fill - max) in
+    the export, which is 0 too wherever the row's best kept score is above fill + 104 (expf
+    underflows below -103.98): above -99 999 896 at the limit, where float32 scores are 8 apart
+    and hold no softmax at all. A higher fill (-1e4: a kept score of -9 896 is a number a model
+    can compute) is not fused."""
 
     condition: ir.Value
     fill: ir.Value
     scores_first: bool
+    raised: bool = False  # the fill is above MASK_FLOOR: the bias fills with MASK_FLOOR instead
 
 
 @dataclass(frozen=True)
@@ -1593,7 +1606,7 @@ def _masked_zeroing(
     """P's one reader ``Where(c, 0, P)`` (or ``Where(c, P, 0)``) zeroing what the scores' one
     masked_fill masked (the same condition, the same side): DeBERTa's XSoftmax before
     transformers 5. A masked key's probability is exactly 0 already wherever a key of the row is
-    kept (the fill is <= MASK_FLOOR: exp underflows); a row with no kept key is uniform after the
+    kept (the fused fill is <= MASK_FLOOR: exp underflows); a row with no kept key is uniform after the
     Softmax and 0 after the Where, so the fused output is multiplied by whether the row keeps a
     key. The condition must be one for all heads (its dim for H is 1)."""
     where = _main_user(probs)
@@ -1668,12 +1681,14 @@ def _bias_step(value: ir.Value | None) -> _BiasStep | Mismatch | None:
     if array is None or array.size != 1 or not np.issubdtype(array.dtype, np.floating):
         return Mismatch("the masked_fill Where's other branch is not a float scalar constant")
     value_filled = float(array.reshape(-1)[0])
-    if not value_filled <= MASK_FLOOR:  # NaN too
+    if not value_filled <= RAISED_FILL_LIMIT:  # NaN too
         return Mismatch(
-            f"masked_fill with {value_filled:g} is not an exact additive mask: only fills <= "
-            f"{MASK_FLOOR:g} absorb the score (s + fill == fill), {value_filled:g} keeps it"
+            f"masked_fill with {value_filled:g} is not an exact additive mask: a kept score "
+            f"near {value_filled:g} would share the masked keys' weight (fills <= "
+            f"{RAISED_FILL_LIMIT:g} are fused)"
         )
-    return _BiasStep(node, _MaskedFill(condition, fill, scores_first=leads[0]), scores)
+    raised = not value_filled <= MASK_FLOOR
+    return _BiasStep(node, _MaskedFill(condition, fill, leads[0], raised), scores)
 
 
 def _broadcast_shape(values: Sequence[ir.Value]) -> ir.Shape | None:
@@ -1753,10 +1768,18 @@ def _view_bias(tape: ir.tape.Tape, view: _ViewTerms) -> ir.Value:
 
 
 def _fill_bias(tape: ir.tape.Tape, fill: _MaskedFill) -> ir.Value:
-    """The masked_fill as its additive bias: ``Where(condition, 0, fill)`` (branches as found)."""
+    """The masked_fill as its additive bias: ``Where(condition, 0, fill)`` (branches as found),
+    MASK_FLOOR for a raised fill."""
     assert fill.fill.dtype is not None
-    zero = tape.op("Constant", [], {"value": ir.tensor(np.zeros((), fill.fill.dtype.numpy()))})
-    branches = [zero, fill.fill] if fill.scores_first else [fill.fill, zero]
+    dtype = fill.fill.dtype.numpy()
+    zero = tape.op("Constant", [], {"value": ir.tensor(np.zeros((), dtype))})
+    filled = fill.fill
+    if fill.raised:
+        array = const_array(fill.fill)
+        assert array is not None  # _bias_step read it
+        floor = np.full(array.shape, MASK_FLOOR, dtype)
+        filled = tape.op("Constant", [], {"value": ir.tensor(floor)})
+    branches = [zero, filled] if fill.scores_first else [filled, zero]
     bias = tape.op("Where", [fill.condition, *branches])
     bias.dtype = fill.fill.dtype
     bias.shape = _broadcast_shape((fill.condition, fill.fill))
@@ -1935,6 +1958,19 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
             nodes.append(step.node)
             base = step.scores
         assert base is not None
+    raised = [fill for fill in fills if fill.raised]
+    if raised and (
+        len(fills) + len(terms) + len(flat_terms) + len(windows) + len(views) > 1
+        or clamp is not None
+        or outer is not None
+        or sinks is not None
+    ):
+        fill_value = const_array(raised[0].fill)
+        assert fill_value is not None  # _bias_step read it
+        return Mismatch(
+            f"a masked_fill with {float(fill_value.reshape(-1)[0]):g} (above {MASK_FLOOR:g}) "
+            "is fused only as the scores' one term, not scaled, clamped or beside sinks"
+        )
     capped = _soft_cap(base)
     if isinstance(capped, Mismatch):
         return capped
