@@ -191,6 +191,42 @@ def _export_keras3(path: Path, width: int, layers_count: int, heads: int, opset:
     model.export(str(path), format="onnx", opset_version=opset)
 
 
+def _export_kerashub(
+    path: Path, kind: str, width: int, layers_count: int, heads: int, opset: int
+) -> None:
+    """KerasHub's ``BertBackbone`` or ``GPT2Backbone`` (keras-hub 0.21, Keras 3) from a config,
+    every weight redrawn, written by ``model.export(format="onnx")``. They compute attention
+    themselves and mask the scores with ``where(mask, scores, -1e9)``."""
+    import keras
+    import keras_hub
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    full = width >= 256
+    config = {
+        "vocabulary_size": 64,
+        "num_layers": layers_count,
+        "num_heads": heads,
+        "hidden_dim": width,
+        "intermediate_dim": 4 * width if full else 2 * width,
+        "max_sequence_length": 512 if full else 32,
+    }
+    backbone = (
+        keras_hub.models.BertBackbone(**config, num_segments=2)
+        if kind == "bert"
+        else keras_hub.models.GPT2Backbone(**config)
+    )
+    dummy = {"token_ids": np.ones((2, 3), "int32"), "padding_mask": np.ones((2, 3), "int32")}
+    if kind == "bert":
+        dummy["segment_ids"] = np.zeros((2, 3), "int32")
+    backbone(dummy)  # export wants a model that has been called
+    rng = np.random.default_rng(zlib.crc32(f"kerashub-{kind}".encode()))
+    for weight in backbone.weights:
+        values = rng.normal(0.0, 0.05 if len(weight.shape) > 1 else 0.1, size=tuple(weight.shape))
+        weight.assign((1.0 + values if weight.path.endswith("gamma") else values).astype("float32"))
+    backbone.export(str(path), format="onnx", opset_version=opset)
+
+
 def _redraw(model: Any, seed: int) -> None:
     """Draw every variable anew: nonzero biases and LayerNorm shifts, scales around 1 (Keras
     names them ``gamma``), the rest small."""
@@ -229,6 +265,11 @@ def main() -> None:
         path = args.out / f"{name}.onnx"
         if name == "keras3-encoder":
             _export_keras3(path, args.width, args.layers, args.heads, args.opset)
+            print(f"wrote {path}")
+            continue
+        if name in ("kerashub-bert", "kerashub-gpt2"):
+            kind = name.removeprefix("kerashub-")
+            _export_kerashub(path, kind, args.width, args.layers, args.heads, args.opset)
             print(f"wrote {path}")
             continue
         model, signature, call = models[name]()

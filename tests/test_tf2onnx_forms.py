@@ -13,7 +13,8 @@ FFN): converted from tf-keras with a padding mask (keras-encoder) or a padding a
 (keras-causal), and written by Keras 3's ``model.export(format="onnx")`` (keras3-encoder).
 tf2onnx lowers their einsums to unsqueezed, transposed 5-D views around 3-D MatMuls, computes
 the scores transposed (``K @ Q^T``, Softmax over axis 2), and writes Keras 3's ``where`` masks as
-``Cast(c) * s + Cast(!c) * k``.
+``Cast(c) * s + Cast(!c) * k``. Two are KerasHub's ``BertBackbone`` and ``GPT2Backbone``
+(keras-hub 0.21), which compute their attention themselves.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ EXPECTED = {
     "keras-encoder": {"Attention": 2, "LayerNormalization": 4, "MatMul": 4, "Reshape": 0},
     "keras-causal": {"Attention": 2, "LayerNormalization": 4, "MatMul": 4, "Reshape": 1},
     "keras3-encoder": {"Attention": 2, "LayerNormalization": 4, "MatMul": 4, "Reshape": 0},
+    # KerasHub's backbones (Keras 3's export): their own attention, scores transposed as
+    # (K @ Q^T)^T, masked with where(c, s, -1e9) (fused with the fill raised to -1e30) and
+    # zeroed where a row keeps no key; their output projections flattened for a Gemm, then
+    # viewed back with the residual's shape (BERT's one Gemm left is its pooler's)
+    "kerashub-bert": {"Attention": 2, "LayerNormalization": 5, "FusedMatMul": 2, "Gemm": 1},
+    "kerashub-gpt2": {"Attention": 2, "LayerNormalization": 5, "FusedMatMul": 2},
 }
 GONE = (
     "GlobalAveragePool", "ReduceMean", "Softmax", "Transpose", "Sqrt", "Reciprocal", "ReduceProd",

@@ -2580,7 +2580,13 @@ def finish_attention(
     if block.nan_guard:
         result = _nan_guard(tape, attention, block.output)
     if block.kept_rows is not None:  # [B, S, H*dv] times [B|1, S|1, 1]
-        result = tape.op("Mul", [result, _kept_rows(tape, block.kept_rows, opset)])
+        kept = tape.op("Mul", [result, _kept_rows(tape, block.kept_rows, opset)])
+        # the flags broadcast into the fused op's bias, so their dims are 1 or B and S: the
+        # product is the output's shape (the output projection's fusions read its dims)
+        kept.shape = result.shape
+        if result.dtype is not None:
+            kept.dtype = result.dtype
+        result = kept
     if block.gate is not None:  # then output_target is the merge's own target
         split = tape.op("Reshape", [result, int64_const(tape, [0, 0, heads, -1])])
         result = tape.op("Mul", [split, block.gate])
