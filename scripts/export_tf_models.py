@@ -4,7 +4,8 @@ TensorFlow is not one of onnxopt's dependencies; run this in its own environment
 
     python -m venv /tmp/tfenv
     /tmp/tfenv/bin/pip install tensorflow-cpu==2.17.1 tf-keras==2.17.0 tf2onnx==1.17.0 \\
-        onnx==1.16.2 transformers==4.46.3 huggingface_hub==0.26.5 tokenizers==0.20.3
+        onnx==1.16.2 transformers==4.46.3 huggingface_hub==0.26.5 tokenizers==0.20.3 'keras==3.15.*'
+    /tmp/tfenv/bin/pip install --no-deps keras-hub==0.21.1 && /tmp/tfenv/bin/pip install regex kagglehub
     /tmp/tfenv/bin/python scripts/export_tf_models.py OUT [name ...] [--opset 17] [--width 16] \\
         [--layers 2] [--heads 4]
 
@@ -14,7 +15,8 @@ seed is the model's name), and converted with ``tf2onnx.convert.from_function`` 
 batch and sequence dims, as tf2onnx names them (``unk__301``...). Besides transformers' TF classes
 there is Keras' own transformer block (``layers.MultiHeadAttention``), converted from tf-keras
 (``keras-encoder``, ``keras-causal``) and written by Keras 3's ``model.export(format="onnx")``
-(``keras3-encoder``). ``tests/data/tf2onnx/`` holds some of the default exports (width 16, 2
+(``keras3-encoder``), and KerasHub's ``BertBackbone`` and ``GPT2Backbone`` (``kerashub-bert``,
+``kerashub-gpt2``; named only, not in the default list). ``tests/data/tf2onnx/`` holds some of the default exports (width 16, 2
 layers, 4 heads, FFN 2x, opset 17); the README's timings use ``--width 768 --layers 4 --heads 12``
 (FFN 4x from width 256). Reruns give the same weights and graph; tf2onnx's generated names differ.
 """

@@ -355,7 +355,7 @@ for _mode in ("causal", "gqa", "bool", "float"):
     )(lambda m=_mode: _sdpa(m))
 
 
-def _hand_attention(einsum: bool, causal: bool) -> Any:
+def _hand_attention(einsum: bool, causal: bool, fill: float = float("-inf")) -> Any:
     torch = _torch()
     nn = torch.nn
 
@@ -375,7 +375,7 @@ def _hand_attention(einsum: bool, causal: bool) -> Any:
             masked = pad[:, None, None, :]
             if causal:
                 masked = masked | torch.ones(s, s, dtype=torch.bool).triu(1)
-            scores = scores.masked_fill(masked, float("-inf"))
+            scores = scores.masked_fill(masked, fill)
             p = scores.softmax(-1)
             y = torch.einsum("bhst,bhtd->bhsd", p, v) if einsum else p @ v
             return self.o(y.transpose(1, 2).reshape(b, s, 32))
@@ -390,6 +390,14 @@ for _einsum, _causal in ((False, False), (True, False), (False, True)):
         {"x": dict(BS), "pad": dict(BS)},
         bench=True,
     )(lambda e=_einsum, c=_causal: _hand_attention(e, c))
+# the tutorials' masked_fill(mask, -1e9)
+for _causal in (False, True):
+    case(
+        f"hand attention matmul{' causal' if _causal else ''} fill -1e9",
+        ("x", "pad"),
+        {"x": dict(BS), "pad": dict(BS)},
+        bench=True,
+    )(lambda c=_causal: _hand_attention(False, c, -1e9))
 
 
 # ---------------------------------------------------------------- temporal convolutions
