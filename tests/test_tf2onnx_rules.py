@@ -101,28 +101,45 @@ def test_squeeze_of_reshape_refuses_a_copy_after_the_squeezed_axis() -> None:
     assert_refuses(MergeConsecutiveOpsPass, text, "a 0 in the target after the squeezed axes")
 
 
+_VIEWED = "\n v = Reshape(t, w)\n y = Relu(v) }"
+
+
 def test_transpose_of_unsqueeze_moves_the_new_axis_after() -> None:
     text = model(
-        "<int64[1] a = {1}> { u = Unsqueeze(x, a)\n t = Transpose<perm=[0,3,1,2]>(u)\n y = Relu(t) }",
-        outputs="float[2,4,1,3] y",
+        "<int64[1] a = {1}, int64[3] w = {2, 4, 3}> { u = Unsqueeze(x, a)\n"
+        " t = Transpose<perm=[0,3,1,2]>(u)" + _VIEWED,
+        outputs="float[2,4,3] y",
     )
-    optimized = assert_rewrites(
-        MergeConsecutiveOpsPass,
-        text,
-        {"Transpose∘Unsqueeze->Unsqueeze∘Transpose": 1},
-        ["Transpose", "Unsqueeze", "Relu"],
+    optimized = _checked(
+        text, {"Transpose∘Unsqueeze->Unsqueeze∘Transpose": 1, "Reshape∘Unsqueeze": 1}
     )
     transpose = next(iter(optimized.graph))
     assert list(transpose.attributes.get_ints("perm", ())) == [0, 2, 1]
+    assert op_types(optimized) == ["Transpose", "Reshape", "Relu"]
 
 
 def test_transpose_of_shared_unsqueeze_is_left() -> None:
     text = model(
-        "<int64[1] a = {1}> { u = Unsqueeze(x, a)\n t = Transpose<perm=[0,3,1,2]>(u)\n"
-        " r = Relu(u)\n y = Relu(t) }",
-        outputs="float[2,4,1,3] y",
+        "<int64[1] a = {1}, int64[3] w = {2, 4, 3}> { u = Unsqueeze(x, a)\n"
+        " t = Transpose<perm=[0,3,1,2]>(u)\n r = Relu(u)" + _VIEWED,
+        outputs="float[2,4,3] y",
     )
     assert_refuses(MergeConsecutiveOpsPass, text, "the Unsqueeze has other users")
+
+
+def test_transpose_of_unsqueeze_read_by_other_ops_is_left() -> None:
+    """torch's packed in-projection, ``Squeeze(Transpose(Unsqueeze(...)))``, stays as it is for
+    fuse-attention, which reads that spelling."""
+    text = model(
+        "<int64[1] a = {0}, int64[1] b = {-1}> { u = Unsqueeze(x, a)\n"
+        " t = Transpose<perm=[3,1,2,0]>(u)\n s = Squeeze(t, b)\n y = Relu(s) }",
+        outputs="float[4,2,3] y",
+    )
+    assert_refuses(
+        MergeConsecutiveOpsPass,
+        text,
+        "the transposed tensor is read by something other than a Reshape",
+    )
 
 
 _TRANSPOSED_SCORES = (

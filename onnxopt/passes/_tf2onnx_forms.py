@@ -265,10 +265,15 @@ def _rewrite_squeeze_of_reshape(match: Match, context: RewriteContext) -> Replac
 def _match_transpose_of_unsqueeze(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """``Transpose(Unsqueeze(x, a), p)`` -> ``Unsqueeze(Transpose(x, q), b)``: the new axes are
     of size 1, so where ``p`` puts them (b) is all that moving them decides; q orders x's axes
-    as ``p`` orders them."""
+    as ``p`` orders them. Only where views alone read the result (tf2onnx's einsum operands, which
+    the next Reshape absorbs the Unsqueeze into): torch's packed in-projection,
+    ``Squeeze(Transpose(Unsqueeze(...)))``, is a spelling fuse-attention reads as it is."""
     unsqueeze = producer_op(node, "Unsqueeze")
     if isinstance(unsqueeze, Mismatch):
         return Mismatch("not a Transpose of an Unsqueeze", candidate=False)
+    result = node.outputs[0]
+    if result.is_graph_output() or not all(is_op(use.node, "Reshape") for use in result.uses()):
+        return Mismatch("the transposed tensor is read by something other than a Reshape")
     perm = node.attributes.get_ints("perm", None)
     if perm is None:
         return Mismatch("the Transpose has no perm")
