@@ -82,6 +82,42 @@ def test_cse_merges_identical_nodes_only() -> None:
     assert not EliminateCommonSubexpressionsPass()(result.model).modified
 
 
+@pytest.mark.parametrize("opset", [13, 18])
+def test_cse_merges_reductions_over_the_same_dims_spelled_apart(opset: int) -> None:
+    """torch's dynamo x.std(-1) beside x.mean(-1): ReduceMean over [2] and over [-1] of one rank-3
+    tensor (axes an input from opset 18, an attribute before); keepdims apart, or another input's,
+    they stay."""
+
+    def reduce(axes: str, keepdims: int, data: str = "x") -> str:
+        if opset >= 18:
+            return f"ReduceMean<keepdims={keepdims}>({data}, {axes})"
+        return f"ReduceMean<keepdims={keepdims}, axes={axes.replace('last', '[-1]').replace('two', '[2]')}>({data})"
+
+    model = parse_model(
+        f"""
+        <ir_version: 8, opset_import: ["" : {opset}]>
+        g (float[N, S, 8] x, float[N, S, 8] z) => (float[N, S, 1] y, float[N, S] w) <int64[1] last = {{-1}}, int64[1] two = {{2}}> {{
+            a = {reduce("last", 1)}
+            b = {reduce("two", 1)}
+            c = {reduce("two", 0)}
+            d = {reduce("last", 1, "z")}
+            s = Sub(x, a)
+            t = Sub(x, b)
+            u = Add(s, t)
+            v = {"ReduceMax<keepdims=1>(u, last)" if opset >= 18 else "ReduceMax<keepdims=1, axes=[-1]>(u)"}
+            e = Add(v, d)
+            y = Add(e, a)
+            w = Relu(c)
+        }}
+        """
+    )
+    result = EliminateCommonSubexpressionsPass()(model.clone())
+    assert result.stats == {"nodes merged": 2}  # b into a, then t into s
+    assert op_types(result.model).count("ReduceMean") == 3
+    assert_numerically_equal(model, result.model)
+    assert not EliminateCommonSubexpressionsPass()(result.model).modified
+
+
 def test_cse_never_merges_random_ops() -> None:
     model = parse_model(
         """
