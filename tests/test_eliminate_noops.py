@@ -376,6 +376,21 @@ POSITIVE = [
         ["Shape", "Add"],
         2,
     ),
+    (
+        # torch's dynamo x.std(-1): the variance, viewed [B, S, 1], broadcast_in_dim'd to dims
+        # read off two inputs that carry B and S
+        "expand-to-own-dims-read-elsewhere",
+        model(
+            "<int64[1] one = {1}> { b = Shape<start=0, end=1>(x)\n s = Shape<start=1, end=2>(m)\n"
+            " t = Concat<axis=0>(b, s, one)\n e = Expand(v, t)\n y = Add(e, x) }",
+            inputs="float[B,S,4] x, int64[B,S] m, float[B,S,1] v",
+            outputs="float[B,S,4] y",
+            opset=17,
+        ),
+        {"Expand removed": 1},
+        ["Shape", "Shape", "Concat", "Add"],
+        2,
+    ),
 ]
 
 
@@ -658,6 +673,30 @@ NEGATIVE = [
         model(
             "{ s = Shape <start = 1> (x)\n e = Expand(m, s)\n y = Add(e, x) }",
             inputs="float[2,3,4] x, float[1,4] m",
+        ),
+        "not a constant",
+    ),
+    (
+        # S read off m, whose dim 1 is another symbol: broadcasting may enlarge v
+        "expand-to-dims-of-another-symbol",
+        model(
+            "<int64[1] one = {1}> { b = Shape<start=0, end=1>(x)\n s = Shape<start=1, end=2>(m)\n"
+            " t = Concat<axis=0>(b, s, one)\n e = Expand(v, t)\n y = Add(e, x) }",
+            inputs="float[B,S,4] x, int64[B,T] m, float[B,S,1] v",
+            outputs="float[B,S,4] y",
+            opset=17,
+        ),
+        "not a constant",
+    ),
+    (
+        # a rank-2 v under a rank-3 target gains a dim
+        "expand-to-own-dims-and-one-more",
+        model(
+            "<int64[1] one = {1}> { b = Shape<start=0, end=1>(x)\n s = Shape<start=1, end=2>(x)\n"
+            " t = Concat<axis=0>(b, s, one)\n e = Expand(v, t)\n y = Add(e, x) }",
+            inputs="float[B,S,4] x, float[S,1] v",
+            outputs="float[B,S,4] y",
+            opset=17,
         ),
         "not a constant",
     ),

@@ -18,6 +18,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import const_array, constant_of_shape_fill, is_op
+from onnxopt.passes._attention_shapes import same_dim, target_entries
 from onnxopt.passes._shape_facts import (
     MULTIDIRECTIONAL,
     SLICE_TO_END,
@@ -169,6 +170,19 @@ def _expand_to_partner(node: ir.Node, context: RewriteContext) -> Mismatch | Non
     return None
 
 
+def _expands_to_own_dims(data: ir.Value | None, shape: ir.Value | None) -> bool:
+    """The target is a constant-and-shape-read list (``Concat(Shape(a)[0:1], Shape(b)[1:2], [1])``,
+    torch's dynamo ``broadcast_in_dim`` after a reduction) whose every entry is 1 or data's own
+    dim at that place (read off it, the same symbol, or its static size): broadcasting data to it
+    gives data's shape back. No longer than data's rank (a longer one would add dims)."""
+    rank = len(data.shape) if data is not None and data.shape is not None else None
+    entries = target_entries(shape)
+    if data is None or rank is None or entries is None or len(entries) > rank:
+        return False
+    offset = rank - len(entries)
+    return all(entry == 1 or same_dim(entry, data, offset + i) for i, entry in enumerate(entries))
+
+
 def _expand(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     data, shape = node.inputs[0], optional_input(node, 1)
     data_dims = dims_of(data)
@@ -177,6 +191,8 @@ def _expand(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     target = const_ints(shape)
     if target is None:
         problem = _expand_to_partner(node, context)
+        if problem is not None and _expands_to_own_dims(data, shape):
+            problem = None
         return problem if problem is not None else _keep(node, data)
     if data_dims is None:
         return Mismatch("the input rank is unknown")
