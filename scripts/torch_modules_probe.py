@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # benchmarks.hand_written
 import realworld_probe
 from realworld_probe import COLUMNS, Form, _cli, _ops, probe
 
@@ -407,83 +408,11 @@ for _causal in (False, True):
     bench=True,
 )
 def _annotated_transformer() -> tuple[Any, tuple[Any, ...]]:
-    """The Annotated Transformer as its tutorial writes it: separate projections, ``masked_fill(
-    mask == 0, -1e9)`` with a source padding mask and a padded causal target mask, cross-attention
-    on the encoder's memory, and its LayerNorm ``a * (x - mean) / (x.std() + eps) + b`` (the
-    unbiased std, eps outside the root: not LayerNormalization)."""
-    torch = _torch()
-    nn = torch.nn
-    width, heads = 32, 4
+    """The Annotated Transformer as its tutorial writes it (benchmarks/hand_written.py)."""
+    from benchmarks.hand_written import annotated_transformer_tiny
 
-    def attend(q: Any, k: Any, v: Any, mask: Any) -> Any:
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-        return scores.masked_fill(mask == 0, -1e9).softmax(dim=-1) @ v
-
-    class Heads(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.ModuleList(nn.Linear(width, width) for _ in range(4))
-
-        def forward(self, query: Any, memory: Any, mask: Any) -> Any:
-            b = query.size(0)
-            q, k, v = (
-                f(x).view(b, -1, heads, width // heads).transpose(1, 2)
-                for f, x in zip(self.lin, (query, memory, memory), strict=False)
-            )
-            y = attend(q, k, v, mask.unsqueeze(1)).transpose(1, 2).contiguous()
-            return self.lin[3](y.view(b, -1, width))
-
-    class Norm(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a = nn.Parameter(1 + 0.1 * torch.randn(width))
-            self.b = nn.Parameter(0.1 * torch.randn(width))
-
-        def forward(self, x: Any) -> Any:
-            mean, std = x.mean(-1, keepdim=True), x.std(-1, keepdim=True)
-            return self.a * (x - mean) / (std + 1e-6) + self.b
-
-    class Layer(nn.Module):
-        def __init__(self, cross: bool) -> None:
-            super().__init__()
-            self.self_attn, self.ff = (
-                Heads(),
-                nn.Sequential(nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, width)),
-            )
-            self.cross = Heads() if cross else None
-            self.norms = nn.ModuleList(Norm() for _ in range(3 if cross else 2))
-
-        def forward(self, x: Any, mask: Any, memory: Any = None, memory_mask: Any = None) -> Any:
-            y = self.norms[0](x)
-            x = x + self.self_attn(y, y, mask)
-            if self.cross is not None:
-                x = x + self.cross(self.norms[1](x), memory, memory_mask)
-            return x + self.ff(self.norms[-1](x))
-
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.src_embed, self.tgt_embed = nn.Embedding(VOCAB, width), nn.Embedding(VOCAB, width)
-            self.encoder = nn.ModuleList(Layer(False) for _ in range(2))
-            self.decoder = nn.ModuleList(Layer(True) for _ in range(2))
-            self.norm = Norm()
-
-        def forward(self, src: Any, tgt: Any, src_pad: Any) -> Any:
-            src_mask = (src_pad != 0).unsqueeze(-2)
-            steps = tgt.size(1)
-            later = torch.triu(torch.ones(1, steps, steps), diagonal=1).type(torch.uint8) == 0
-            tgt_mask = (tgt != 0).unsqueeze(-2) & later
-            x = self.src_embed(src) * math.sqrt(width)
-            for layer in self.encoder:
-                x = layer(x, src_mask)
-            y = self.tgt_embed(tgt) * math.sqrt(width)
-            for layer in self.decoder:
-                y = layer(y, tgt_mask, x, src_mask)
-            return self.norm(y)
-
-    src_pad = torch.ones(2, 7, dtype=torch.int64)
-    src_pad[1, 5:] = 0
-    return Model().eval(), (_ids(torch), _ids(torch, 2, 6), src_pad)
+    module, inputs, _ = annotated_transformer_tiny()
+    return module, tuple(inputs.values())
 
 
 # ---------------------------------------------------------------- temporal convolutions

@@ -1605,10 +1605,11 @@ def _masked_zeroing(
 ) -> tuple[ir.Node, _KeptRows] | Mismatch | None:
     """P's one reader ``Where(c, 0, P)`` (or ``Where(c, P, 0)``) zeroing what the scores' one
     masked_fill masked (the same condition, the same side): DeBERTa's XSoftmax before
-    transformers 5. A masked key's probability is exactly 0 already wherever a key of the row is
-    kept (the fused fill is <= MASK_FLOOR: exp underflows); a row with no kept key is uniform after the
-    Softmax and 0 after the Where, so the fused output is multiplied by whether the row keeps a
-    key. The condition must be one for all heads (its dim for H is 1)."""
+    transformers 5, Keras' masked softmax. A masked key's probability is exactly 0 already
+    wherever a key of the row is kept (the fused fill is <= MASK_FLOOR: exp underflows); a row
+    with no kept key is uniform after the Softmax and 0 after the Where, so the fused output is
+    multiplied by whether the row keeps a key. The condition must be one for all heads (its dim
+    for H is 1)."""
     where = _main_user(probs)
     if len(fills) != 1 or where is None or not is_op(where, "Where") or len(where.inputs) != 3:
         return None
