@@ -237,8 +237,8 @@ def test_packed_attention_keeps_fully_masked_rows(fill: str) -> None:
         ),
         (
             {"fill": "-1e9"},
-            "a masked_fill with -1e+09 (above -1e+30) is fused only as the scores' one term, not "
-            "scaled, clamped or beside sinks",
+            "a masked_fill of -1e+09 (above -1e+30) is fused only as the scores' one term, not "
+            "clamped or beside sinks",
         ),
         (
             {"condition": "scores"},
@@ -316,9 +316,20 @@ def test_scores_scaled_after_their_terms_fuse_with_the_terms_scaled(padding: boo
     assert not FuseAttentionPass()(fused).modified
 
 
-def test_a_fill_scaled_above_the_mask_floor_is_not_fused() -> None:
-    """-1e31 scaled by 1/100 is -1e29: no longer an exact additive mask."""
-    model = _model(padding=False, fill="-1e31", scale_after="100.0")
+@pytest.mark.parametrize(("fill", "after"), [("-1e31", "100.0"), ("-1e9", "8.0")])
+def test_a_fill_scaled_above_the_mask_floor_is_raised(fill: str, after: str) -> None:
+    """``masked_fill(...) / c`` with the fill alone: -1e31 / 100 and -1e9 / 8 are above -1e30,
+    so the fused bias fills with -1e30 * c, which the terms' 1/c makes -1e30. Scores in the
+    hundreds and a fully masked row."""
+    model = _model(padding=False, fill=fill, scale_after=after)
+    fused = _fused_and_checked(model, spread=8.0)
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    assert mha.attributes.get_float("scale") == pytest.approx(1 / float(after))
+
+
+def test_a_fill_scaled_above_the_raised_limit_is_not_fused() -> None:
+    """-1e9 / 100 is -1e7: a kept score near it is a number a model can compute."""
+    model = _model(padding=False, fill="-1e9", scale_after="100.0")
     result = FuseAttentionPass(PassOptions(explain=True))(model)
     assert not result.stats
     assert any("no longer an exact additive mask" in note for note in result.notes), result.notes

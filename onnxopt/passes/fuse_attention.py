@@ -1353,7 +1353,8 @@ class _MaskedFill:
     condition: ir.Value
     fill: ir.Value
     scores_first: bool
-    raised: bool = False  # the fill is above MASK_FLOOR: the bias fills with MASK_FLOOR instead
+    # the fill, scaled as the Softmax sees it, is above MASK_FLOOR: the bias fills with MASK_FLOOR
+    raised: bool = False
 
 
 @dataclass(frozen=True)
@@ -1688,8 +1689,13 @@ def _bias_step(value: ir.Value | None) -> _BiasStep | Mismatch | None:
             f"near {value_filled:g} would share the masked keys' weight (fills <= "
             f"{RAISED_FILL_LIMIT:g} are fused)"
         )
-    raised = not value_filled <= MASK_FLOOR
-    return _BiasStep(node, _MaskedFill(condition, fill, leads[0], raised), scores)
+    return _BiasStep(node, _MaskedFill(condition, fill, scores_first=leads[0]), scores)
+
+
+def _fill_value(fill: _MaskedFill) -> float:
+    array = const_array(fill.fill)
+    assert array is not None  # _bias_step read it
+    return float(array.reshape(-1)[0])
 
 
 def _broadcast_shape(values: Sequence[ir.Value]) -> ir.Shape | None:
@@ -1727,7 +1733,7 @@ def _summed_bias(
     terms = [
         *([block.bias] if block.bias is not None else []),
         *block.more_bias,
-        *(_fill_bias(tape, fill) for fill in block.fills),
+        *(_fill_bias(tape, fill, block.term_factor) for fill in block.fills),
         *(_flat_bias(tape, term, block, heads, opset) for term in block.flat_terms),
         *(_window_bias(tape, window, block, opset) for window in block.window_terms),
         *(
@@ -1768,9 +1774,9 @@ def _view_bias(tape: ir.tape.Tape, view: _ViewTerms) -> ir.Value:
     return result
 
 
-def _fill_bias(tape: ir.tape.Tape, fill: _MaskedFill) -> ir.Value:
-    """The masked_fill as its additive bias: ``Where(condition, 0, fill)`` (branches as found),
-    MASK_FLOOR for a raised fill."""
+def _fill_bias(tape: ir.tape.Tape, fill: _MaskedFill, factor: float) -> ir.Value:
+    """The masked_fill as its additive bias: ``Where(condition, 0, fill)`` (branches as found);
+    for a raised fill, the value that the terms' ``factor`` makes MASK_FLOOR."""
     assert fill.fill.dtype is not None
     dtype = fill.fill.dtype.numpy()
     zero = tape.op("Constant", [], {"value": ir.tensor(np.zeros((), dtype))})
@@ -1778,7 +1784,7 @@ def _fill_bias(tape: ir.tape.Tape, fill: _MaskedFill) -> ir.Value:
     if fill.raised:
         array = const_array(fill.fill)
         assert array is not None  # _bias_step read it
-        floor = np.full(array.shape, MASK_FLOOR, dtype)
+        floor = np.full(array.shape, MASK_FLOOR / factor, dtype)
         filled = tape.op("Constant", [], {"value": ir.tensor(floor)})
     branches = [zero, filled] if fill.scores_first else [filled, zero]
     bias = tape.op("Where", [fill.condition, *branches])
@@ -1959,33 +1965,36 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
             nodes.append(step.node)
             base = step.scores
         assert base is not None
-    raised = [fill for fill in fills if fill.raised]
+    # The fills as the Softmax sees them, scaled with the scores by a scale after their terms
+    # (CodeGen's, or ``masked_fill(...) / sqrt(d)``): raised where they are above the floor.
+    seen = [_fill_value(fill) * outer_factor for fill in fills]
+    for value in seen:
+        if not value <= RAISED_FILL_LIMIT:
+            return Mismatch(
+                f"a masked_fill's fill, scaled with the scores after it, is {value:g}: no longer "
+                f"an exact additive mask (fills <= {RAISED_FILL_LIMIT:g} are fused)"
+            )
+    fills = [replace(fill, raised=not value <= MASK_FLOOR) for fill, value in zip(fills, seen)]
+    raised = [value for fill, value in zip(fills, seen) if fill.raised]
     if raised and (
         len(fills) + len(terms) + len(flat_terms) + len(windows) + len(views) > 1
         or clamp is not None
-        or outer is not None
         or sinks is not None
     ):
-        fill_value = const_array(raised[0].fill)
-        assert fill_value is not None  # _bias_step read it
         return Mismatch(
-            f"a masked_fill with {float(fill_value.reshape(-1)[0]):g} (above {MASK_FLOOR:g}) "
-            "is fused only as the scores' one term, not scaled, clamped or beside sinks"
+            f"a masked_fill of {raised[0]:g} (above {MASK_FLOOR:g}) is fused only as the scores' "
+            "one term, not clamped or beside sinks"
+        )
+    if raised and not np.isfinite(np.float32(MASK_FLOOR / outer_factor)):
+        return Mismatch(
+            f"the scale after the scores' masked_fill ({outer_factor:g}) is too small for the "
+            f"fill to be raised to {MASK_FLOOR:g} in float32"
         )
     capped = _soft_cap(base)
     if isinstance(capped, Mismatch):
         return capped
-    if outer is not None:
-        if capped is not None:
-            return Mismatch("the scores are soft-capped under a scale applied after their terms")
-        for fill in fills:
-            value = const_array(fill.fill)
-            assert value is not None  # _bias_step read it
-            if not float(value.reshape(-1)[0]) * outer_factor <= MASK_FLOOR:
-                return Mismatch(
-                    "a masked_fill's fill, scaled with the scores after it, is no longer an exact "
-                    f"additive mask (above {MASK_FLOOR:g})"
-                )
+    if outer is not None and capped is not None:
+        return Mismatch("the scores are soft-capped under a scale applied after their terms")
     cap_nodes: list[ir.Node] = []
     if capped is not None:
         if unflatten is not None:
