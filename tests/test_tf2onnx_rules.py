@@ -212,6 +212,43 @@ def test_select_written_as_arithmetic_is_a_where() -> None:
     )
 
 
+_INT_SELECT = (
+    "<int32 n = {{64}}, int32 zero = {{0}}> {{ a = Add(ids, n)\n l = Less(ids, zero)\n"
+    " c = Cast<to={to}>(l)\n u = Not(l)\n d = Cast<to={to}>(u)\n on = Mul(c, a)\n"
+    " off = Mul(d, ids)\n s = Add(on, off)\n y = {out} }}"
+)
+
+
+def test_select_of_two_integer_tensors_is_a_where() -> None:
+    """Keras 3's ``take``: ``where(ids < 0, ids + n, ids)``, which tf2onnx writes as
+    ``Cast(c) * (ids + n) + Cast(!c) * ids`` on int32: exact on integers."""
+    text = model(
+        _INT_SELECT.format(to=6, out="Cast<to=7>(s)"),
+        inputs="int32[2,5] ids",
+        outputs="int64[2,5] y",
+    )
+    optimized = _checked(text, {"f*x+(1-f)*k->Where": 1})
+    assert op_types(optimized) == [
+        "Add",
+        "Less",
+        "Cast",
+        "Not",
+        "Cast",
+        "Where",
+        "Cast",
+    ]  # the flags die in DCE
+
+
+def test_select_of_two_float_tensors_is_left() -> None:
+    # 0 * inf is NaN: on floats only a finite constant fill is a select
+    text = model(
+        "{ c = Cast<to=1>(f)\n n = Not(f)\n d = Cast<to=1>(n)\n on = Mul(c, x)\n"
+        " off = Mul(d, z)\n s = Add(on, off)\n y = Relu(s) }",
+        inputs="bool[2,3,4] f, float[2,3,4] x, float[2,3,4] z",
+    )
+    assert_refuses(MergeConsecutiveOpsPass, text, "not one finite constant")
+
+
 def test_select_of_an_infinite_constant_is_left() -> None:
     # 0 * -inf is NaN where the flag holds: no Where gives that
     text = model(

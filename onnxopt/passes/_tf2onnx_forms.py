@@ -576,7 +576,8 @@ def _match_select(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     masks, ``Cast(c) * x + Cast(Not(c)) * k``) and transformers' TF GPT-2 writes its causal mask
     (``x * b - 1e4 * (1 - b)``). Where c holds the result is x ± k*0 = x, elsewhere x*0 ± k = ±k:
     the same values wherever x is finite (the product's 0 * inf would be NaN, where a select
-    gives k)."""
+    gives k). On integers the other value may be any tensor y: ``f * x + (1 - f) * y`` is x or y
+    exactly (Keras 3's ``take``, ``where(ids < 0, ids + n, ids)`` in every embedding)."""
     if len(node.inputs) != 2:
         return Mismatch("not a sum of two flag-gated products", candidate=False)
     one, two = _gated(node.inputs[0]), _gated(node.inputs[1])
@@ -590,6 +591,10 @@ def _match_select(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     else:
         return Mismatch("the two gates are not a flag and its complement", candidate=False)
     constant = const_array(other)
+    if constant is None and node.op_type == "Add" and _integers(chosen, other, flag):
+        # Keras 3's take(): where(ids < 0, ids + n, ids) on integers, where f*x + (1-f)*y is
+        # x or y exactly (no inf, no NaN, 0*y is 0)
+        return Match([first, second, node], {"flag": flag, "chosen": chosen, "other": other})
     if constant is None or constant.size != 1 or not np.isfinite(constant).all():
         return Mismatch("the value chosen where the flag is 0 is not one finite constant")
     if constant.ndim > max(_rank(chosen) or 0, _rank(flag) or 0):
@@ -604,6 +609,13 @@ def _match_select(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     )
 
 
+def _integers(*values: ir.Value) -> bool:
+    """Every value is of one integer type (the flag cast to it as well)."""
+    types = {value.dtype for value in values}
+    (only,) = types if len(types) == 1 else (None,)
+    return only is not None and only.is_integer()
+
+
 def _rewrite_select(match: Match, context: RewriteContext) -> Replacement:
     found = _flag(match.bindings["flag"])
     assert found is not None
@@ -612,11 +624,15 @@ def _rewrite_select(match: Match, context: RewriteContext) -> Replacement:
     if view is not None:  # the same view of the condition itself
         nodes.append(_copy(view, [condition, *view.inputs[1:]]))
         condition = nodes[-1].outputs[0]
-    other = new_constant(np.asarray(match.bindings["other"]), None)
+    other = match.bindings["other"]
+    constants: tuple[ir.Value, ...] = ()
+    if not isinstance(other, ir.Value):
+        other = new_constant(np.asarray(other), None)
+        constants = (other,)
     nodes.append(
         ir.node("Where", [condition, match.bindings["chosen"], other], name=match.root.name)
     )
-    return Replacement(nodes, ((match.root.outputs[0], nodes[-1].outputs[0]),), (other,))
+    return Replacement(nodes, ((match.root.outputs[0], nodes[-1].outputs[0]),), constants)
 
 
 TF2ONNX_RULES: tuple[Rule, ...] = (
