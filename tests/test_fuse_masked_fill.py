@@ -333,3 +333,18 @@ def test_a_fill_scaled_above_the_raised_limit_is_not_fused() -> None:
     result = FuseAttentionPass(PassOptions(explain=True))(model)
     assert not result.stats
     assert any("no longer an exact additive mask" in note for note in result.notes), result.notes
+
+
+def test_a_fill_is_raised_only_where_its_type_holds_the_raised_value() -> None:
+    """-1e30 divided by the scale after the fill must be finite in the fill's type: float16 holds
+    no such value, and a scale of 1e-10 overflows float32."""
+    from onnxopt.passes.fuse_attention import _MaskedFill, _raisable
+
+    def fill(dtype: type, filled: float = -1e9) -> _MaskedFill:
+        value = ir.Value(name="fill", const_value=ir.tensor(np.array(filled, dtype)))
+        value.dtype = ir.DataType.from_numpy(np.dtype(dtype))
+        return _MaskedFill(ir.Value(name="keep"), value, scores_first=True, raised=True)
+
+    assert _raisable(fill(np.float32), 0.125)
+    assert not _raisable(fill(np.float32), 1e-10)
+    assert not _raisable(fill(np.float16, -65504.0), 1e-5)

@@ -1692,6 +1692,14 @@ def _bias_step(value: ir.Value | None) -> _BiasStep | Mismatch | None:
     return _BiasStep(node, _MaskedFill(condition, fill, scores_first=leads[0]), scores)
 
 
+def _raisable(fill: _MaskedFill, factor: float) -> bool:
+    """The raised fill, MASK_FLOOR / factor, is finite in the fill's element type (a float16
+    fill holds neither; a tiny factor would overflow float32)."""
+    dtype = fill.fill.dtype.numpy() if fill.fill.dtype is not None else None
+    with np.errstate(over="ignore"):
+        return dtype is not None and bool(np.isfinite(np.asarray(MASK_FLOOR / factor, dtype)))
+
+
 def _fill_value(fill: _MaskedFill) -> float:
     array = const_array(fill.fill)
     assert array is not None  # _bias_step read it
@@ -1985,10 +1993,10 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
             f"a masked_fill of {raised[0]:g} (above {MASK_FLOOR:g}) is fused only as the scores' "
             "one term, not clamped or beside sinks"
         )
-    if raised and not np.isfinite(np.float32(MASK_FLOOR / outer_factor)):
+    if raised and not all(_raisable(fill, outer_factor) for fill in fills):
         return Mismatch(
-            f"the scale after the scores' masked_fill ({outer_factor:g}) is too small for the "
-            f"fill to be raised to {MASK_FLOOR:g} in float32"
+            f"the masked_fill cannot be raised to {MASK_FLOOR:g} / {outer_factor:g} (the scale "
+            "after it) in its element type"
         )
     capped = _soft_cap(base)
     if isinstance(capped, Mismatch):
