@@ -46,6 +46,7 @@ def _model(
     zeroed: str = "",
     keep_heads: int = 1,
     scale_after: str = "",
+    second_fill: str = "",
 ) -> ir.Model:
     """x [B, S, 8], keep [B, 1, S, S] (bool) and a [B, S] padding mask -> one attention block of
     2 heads of 4 whose scores go through ``Where(keep, scores, fill)`` (``scores_first``) or
@@ -56,7 +57,8 @@ def _model(
     probabilities zeroed again where the fill masked (``"same"``), or where ``keep`` is false
     while the fill read ``scores > 0`` (``"other"``); ``keep_heads``: keep's dim 1.
     ``scale_after`` (CodeGen before transformers 5): the scores are scaled only after their
-    terms, by that constant (``Div``), and not before."""
+    terms, by that constant (``Div``), and not before. ``second_fill``: a second masked_fill
+    after the first, with that value where ``mask`` pads (hand-written decoders mask twice)."""
     cond = "keep" if condition == "input" else "positive"
     if zeroed:
         zero_cond = "keep" if zeroed == "other" else cond
@@ -71,6 +73,7 @@ def _model(
     else:
         filled = f"drop = Not({cond})\n            filled = Where(drop, fill, scores)"
     extra = ", float fill_in" if fill_from == "input" else ""
+    last = "refilled" if second_fill else "filled"
     text = f"""
         <ir_version: 9, opset_import: ["" : {opset}]>
         agraph (float[B, S, 8] x, bool[B, {keep_heads}, S, S] keep, int64[B, S] mask{extra})
@@ -84,7 +87,8 @@ def _model(
             float unit = {{1.0}},
             float zero = {{0.0}},
             float fill = {{{fill}}},
-            float lowest = {{{LOWEST}}}
+            float lowest = {{{LOWEST}}},
+            float second = {{{second_fill or "0.0"}}}
         > {{
             q = MatMul(x, wq)
             k = MatMul(x, wk)
@@ -102,9 +106,10 @@ def _model(
             mbool = Cast<to=9>(mask)
             mb = Unsqueeze(mbool, mask_axes)
             pad = Where(mb, zero, lowest)
-            {"masked = Add(filled, pad)" if padding else ""}
-            {f"divided = Div({'masked' if padding else 'filled'}, after)" if scale_after else ""}
-            {"p0" if zeroed else "probs"} = Softmax<axis=-1>({"divided" if scale_after else "masked" if padding else "filled"})
+            {"refilled = Where(mb, filled, second)" if second_fill else ""}
+            {f"masked = Add({last}, pad)" if padding else ""}
+            {f"divided = Div({'masked' if padding else last}, after)" if scale_after else ""}
+            {"p0" if zeroed else "probs"} = Softmax<axis=-1>({"divided" if scale_after else "masked" if padding else last})
             {zeroing if zeroed else ""}
             pv = MatMul(probs, v4)
             pt = Transpose<perm=[0,2,1,3]>(pv)
@@ -237,8 +242,8 @@ def test_packed_attention_keeps_fully_masked_rows(fill: str) -> None:
         ),
         (
             {"fill": "-1e9"},
-            "a masked_fill of -1e+09 (above -1e+30) is fused only as the scores' one term, not "
-            "clamped or beside sinks",
+            "a masked_fill of -1e+09 (above -1e+30) is fused only with other masked_fills, not "
+            "beside other terms, clamped or beside sinks",
         ),
         (
             {"condition": "scores"},
@@ -348,3 +353,29 @@ def test_a_fill_is_raised_only_where_its_type_holds_the_raised_value() -> None:
     assert _raisable(fill(np.float32), 0.125)
     assert not _raisable(fill(np.float32), 1e-10)
     assert not _raisable(fill(np.float16, -65504.0), 1e-5)
+
+
+@pytest.mark.parametrize(
+    ("inner", "outer"), [(LOWEST, LOWEST), ("-1e9", "-1e9"), ("-1e30", LOWEST), ("-inf", "-inf")]
+)
+def test_two_masked_fills_nest_in_the_bias(inner: str, outer: str) -> None:
+    """``s.masked_fill(~causal, f).masked_fill(~pad, f)``: an entry both fills mask holds the
+    outer fill, not the sum of the two (float32's lowest twice is -inf): the bias is the outer
+    fill's Where around the inner one's. Rows 1 (fully padded) and 3 (query 0 masked by the
+    causal fill alone) mask every key."""
+    fused = _fused_and_checked(_model(fill=inner, padding=False, second_fill=outer), spread=8.0)
+    mha = next(n for n in fused.graph if n.op_type == "MultiHeadAttention")
+    outer_where = mha.inputs[5].producer()
+    assert outer_where is not None and outer_where.op_type == "Where"
+    assert outer_where.inputs[1].producer().op_type == "Where"  # type: ignore[union-attr]
+
+
+def test_two_masked_fills_beside_a_term_or_raised_apart_are_left() -> None:
+    result = FuseAttentionPass(PassOptions(explain=True))(_model(second_fill=LOWEST))
+    assert not result.stats
+    assert any("several masked_fills beside other terms" in n for n in result.notes), result.notes
+    result = FuseAttentionPass(PassOptions(explain=True))(
+        _model(fill="-1e9", padding=False, second_fill="-2e9")
+    )
+    assert not result.stats
+    assert any("raised, they would no longer differ" in n for n in result.notes), result.notes

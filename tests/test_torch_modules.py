@@ -210,30 +210,67 @@ def test_annotated_transformer_fill_fuses_and_keeps_fully_padded_sequences(
             p = scores.masked_fill(mask.unsqueeze(1).unsqueeze(2) == 0, -1e9).softmax(dim=-1)
             return self.o(torch.matmul(p, v).transpose(1, 2).contiguous().view(b, -1, 16))
 
-    def feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng(seed)
-        mask = np.ones((batch, seq), dtype=np.int64)
-        mask[1:2, seq // 2 :] = 0
-        mask[2:3] = 0  # every key of the third sequence masked
-        x = rng.standard_normal((batch, seq, 16)) * 6
-        return {"x": x.astype(np.float32), "mask": mask}
+    ops = _optimized_matches_eager(Model().eval(), tmp_path)
+    assert ops["Attention"] == 1 and ops["Softmax"] == 0, ops
 
-    module = Model().eval()
-    path = tmp_path / "annotated.onnx"
+
+@pytest.mark.parametrize("fill", ["lowest", "-1e9"])
+def test_two_masked_fills_fuse_and_keep_fully_masked_rows(fill: str, tmp_path: Path) -> None:
+    """A hand-written decoder masking twice, ``s.masked_fill(causal, f).masked_fill(~pad, f)``:
+    an entry both mask holds f (float32's lowest twice would be -inf), so left-padded rows and a
+    sequence padded entirely still average V as eager PyTorch does."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv, self.o = torch.nn.Linear(16, 48), torch.nn.Linear(16, 16)
+
+        def forward(self, x, mask):  # type: ignore[no-untyped-def]
+            b, s, _ = x.shape
+            q, k, v = (t.view(b, s, 2, 8).transpose(1, 2) for t in self.qkv(x).split(16, -1))
+            scores = q @ k.transpose(-1, -2) / 8**0.5
+            value = torch.finfo(scores.dtype).min if fill == "lowest" else float(fill)
+            causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+            scores = scores.masked_fill(causal, value).masked_fill(
+                mask[:, None, None, :] == 0, value
+            )
+            return self.o((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, 16))
+
+    ops = _optimized_matches_eager(Model().eval(), tmp_path, left=True)
+    assert ops["Softmax"] == 0, ops
+
+
+def _masked_feeds(batch: int, seq: int, seed: int, left: bool = False) -> dict[str, np.ndarray]:
+    """x spread so that the scores reach the hundreds; the second sequence half padded (on the
+    left: its first queries see no key), the third padded entirely."""
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, seq), dtype=np.int64)
+    mask[1:2, slice(None, seq // 2) if left else slice(seq // 2, None)] = 0
+    mask[2:3] = 0
+    x = rng.standard_normal((batch, seq, 16)) * 6
+    return {"x": x.astype(np.float32), "mask": mask}
+
+
+def _optimized_matches_eager(module: Any, tmp_path: Path, left: bool = False) -> Counter[str]:
+    """Export ``module`` (x [B, S, 16], an int64 mask [B, S]) with TorchScript and dynamic dims,
+    optimize it validating on padded masks, check it against eager PyTorch: its op counts."""
+    torch = pytest.importorskip("torch")
+    ort = pytest.importorskip("onnxruntime")
+    path = tmp_path / "model.onnx"
     args = (torch.randn(2, 7, 16), torch.ones(2, 7, dtype=torch.int64))
     axes = {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}}
     torch.onnx.export(module, args, str(path), input_names=["x", "mask"],
                       dynamic_axes=axes, dynamo=False)  # fmt: skip
-    inputs = [feeds(3, 5, 0), feeds(1, 1, 1), feeds(4, 9, 2)]
+    inputs = [_masked_feeds(b, s, i, left) for i, (b, s) in enumerate(((3, 5), (1, 1), (4, 9)))]
     result = onnxopt.optimize(path, inputs=inputs)
     assert result.report.validation is not None and result.report.validation.passed
-    ops = _ops(result.model)
-    assert ops["Attention"] == 1 and ops["Softmax"] == 0, ops
-    out = tmp_path / "annotated.opt.onnx"
+    out = tmp_path / "model.opt.onnx"
     ir.save(result.model, out)
-    ort = pytest.importorskip("onnxruntime")
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     for feed in inputs:
         with torch.no_grad():
             eager = module(torch.from_numpy(feed["x"]), torch.from_numpy(feed["mask"])).numpy()
         np.testing.assert_allclose(session.run(None, feed)[0], eager, rtol=1e-4, atol=1e-4)
+    return _ops(result.model)

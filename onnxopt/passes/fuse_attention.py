@@ -1741,7 +1741,7 @@ def _summed_bias(
     terms = [
         *([block.bias] if block.bias is not None else []),
         *block.more_bias,
-        *(_fill_bias(tape, fill, block.term_factor) for fill in block.fills),
+        *([_fills_bias(tape, block.fills, block.term_factor)] if block.fills else []),
         *(_flat_bias(tape, term, block, heads, opset) for term in block.flat_terms),
         *(_window_bias(tape, window, block, opset) for window in block.window_terms),
         *(
@@ -1782,22 +1782,32 @@ def _view_bias(tape: ir.tape.Tape, view: _ViewTerms) -> ir.Value:
     return result
 
 
-def _fill_bias(tape: ir.tape.Tape, fill: _MaskedFill, factor: float) -> ir.Value:
-    """The masked_fill as its additive bias: ``Where(condition, 0, fill)`` (branches as found);
-    for a raised fill, the value that the terms' ``factor`` makes MASK_FLOOR."""
-    assert fill.fill.dtype is not None
-    dtype = fill.fill.dtype.numpy()
-    zero = tape.op("Constant", [], {"value": ir.tensor(np.zeros((), dtype))})
-    filled = fill.fill
-    if fill.raised:
-        array = const_array(fill.fill)
-        assert array is not None  # _bias_step read it
-        floor = np.full(array.shape, MASK_FLOOR / factor, dtype)
-        filled = tape.op("Constant", [], {"value": ir.tensor(floor)})
-    branches = [zero, filled] if fill.scores_first else [filled, zero]
-    bias = tape.op("Where", [fill.condition, *branches])
-    bias.dtype = fill.fill.dtype
-    bias.shape = _broadcast_shape((fill.condition, fill.fill))
+def _fills_bias(tape: ir.tape.Tape, fills: Sequence[_MaskedFill], factor: float) -> ir.Value:
+    """The masked_fills as one additive bias: ``Where(condition, 0, fill)`` (branches as found),
+    and for several, each outer one's Where around the inner ones' bias (``fills`` run from the
+    Softmax up): an entry two fills mask holds the outer fill, as in the export, not their sum.
+    For a raised fill, the value that the terms' ``factor`` makes MASK_FLOOR."""
+    bias: ir.Value | None = None
+    for fill in reversed(fills):
+        assert fill.fill.dtype is not None
+        dtype = fill.fill.dtype.numpy()
+        inner = bias
+        if inner is None:
+            inner = tape.op("Constant", [], {"value": ir.tensor(np.zeros((), dtype))})
+        filled = fill.fill
+        if fill.raised:
+            array = const_array(fill.fill)
+            assert array is not None  # _bias_step read it
+            floor = np.full(array.shape, MASK_FLOOR / factor, dtype)
+            filled = tape.op("Constant", [], {"value": ir.tensor(floor)})
+        branches = [inner, filled] if fill.scores_first else [filled, inner]
+        outer = tape.op("Where", [fill.condition, *branches])
+        outer.dtype = fill.fill.dtype
+        outer.shape = _broadcast_shape(
+            (fill.condition, fill.fill, *([bias] if bias is not None else []))
+        )
+        bias = outer
+    assert bias is not None
     return bias
 
 
@@ -1984,14 +1994,23 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
             )
     fills = [replace(fill, raised=not value <= MASK_FLOOR) for fill, value in zip(fills, seen)]
     raised = [value for fill, value in zip(fills, seen) if fill.raised]
+    if len(fills) > 1 and (terms or flat_terms or windows or views or clamp is not None):
+        # the fills nest (an entry two of them mask holds the outer one), the terms add: in
+        # which order the export mixes them decides fully masked rows
+        return Mismatch("the scores get several masked_fills beside other terms")
     if raised and (
-        len(fills) + len(terms) + len(flat_terms) + len(windows) + len(views) > 1
-        or clamp is not None
-        or sinks is not None
+        terms or flat_terms or windows or views or clamp is not None or sinks is not None
     ):
         return Mismatch(
-            f"a masked_fill of {raised[0]:g} (above {MASK_FLOOR:g}) is fused only as the scores' "
-            "one term, not clamped or beside sinks"
+            f"a masked_fill of {raised[0]:g} (above {MASK_FLOOR:g}) is fused only with other "
+            "masked_fills, not beside other terms, clamped or beside sinks"
+        )
+    if raised and len(set(seen)) > 1:
+        # the export's fully masked rows weigh only the keys of the highest fill; raised to one
+        # value, fills that differ would weigh them all
+        return Mismatch(
+            f"the scores' masked_fills differ ({', '.join(f'{v:g}' for v in seen)}) and one is "
+            f"above {MASK_FLOOR:g}: raised, they would no longer differ"
         )
     if raised and not all(_raisable(fill, outer_factor) for fill in fills):
         return Mismatch(
