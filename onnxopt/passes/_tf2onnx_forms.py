@@ -611,9 +611,8 @@ def _match_select(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
 
 def _integers(*values: ir.Value) -> bool:
     """Every value is of one integer type (the flag cast to it as well)."""
-    types = {value.dtype for value in values}
-    (only,) = types if len(types) == 1 else (None,)
-    return only is not None and only.is_integer()
+    dtype = values[0].dtype
+    return dtype is not None and dtype.is_integer() and all(v.dtype == dtype for v in values)
 
 
 def _rewrite_select(match: Match, context: RewriteContext) -> Replacement:

@@ -7,8 +7,9 @@ import onnx_ir as ir
 from onnx_ir.passes import common as ir_common
 
 from onnxopt.passes._counting import ModelCensus
-from onnxopt.passes._shape_facts import const_ints, normalize_axes
+from onnxopt.passes._shape_facts import axes_param
 from onnxopt.passes.base import Pass, PassResult
+from onnxopt.rewrite import Mismatch
 
 # Reductions whose axes are a set: [-1] and [rank - 1] (or [1, 2] and [2, 1]) reduce the same dims.
 _REDUCTIONS = frozenset(
@@ -24,14 +25,10 @@ def _reduced_axes(node: ir.Node) -> tuple[int, ...] | None:
     computed, none given, or a negative one on an input of unknown rank)."""
     data = node.inputs[0] if node.inputs else None
     rank = len(data.shape) if data is not None and data.shape is not None else None
-    if "axes" in node.attributes:
-        axes: tuple[int, ...] | None = tuple(node.attributes.get_ints("axes", ()))
-    else:
-        axes = const_ints(node.inputs[1]) if len(node.inputs) > 1 else None
-    if not axes:
+    axes = axes_param(node, rank)
+    if not axes or isinstance(axes, Mismatch):
         return None
-    normal = normalize_axes(axes, rank)
-    return tuple(sorted(set(normal))) if normal is not None else None
+    return tuple(sorted(set(axes)))
 
 
 def _unify_reduction_axes(graph: ir.Graph) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import is_onnx_domain, opset_version, remove_nodes
+from onnxopt.ops import is_onnx_domain, is_op, opset_version, remove_nodes
 from onnxopt.passes._evaluate import evaluate_numpy
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fold_constants import ConstantPool, replace_with_initializer
@@ -622,18 +622,9 @@ def _rebuild_round_trips(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool,
     for node in list(graph):
         if not is_onnx_domain(node.domain) or node.op_type != "Cast":
             continue
-        value, source = node.outputs[0], node.inputs[0]
-        vector = tracker.vectors.get(value)
-        if (
-            vector is None
-            or vector.scalar
-            or vector.ints is not None
-            or vector.dtype != ir.DataType.INT64
-            or source is None
-            or source.dtype in (None, ir.DataType.INT64)
-            or value.is_graph_output()
-            or any(e is None for e in vector.elements)
-        ):
+        source = node.inputs[0]
+        vector = _dims_vector(tracker, node.outputs[0])
+        if vector is None or source is None or source.dtype in (None, ir.DataType.INT64):
             continue
         _rebuild(node, vector, graph, tracker, pool, opset)
         rebuilt += 1
@@ -671,16 +662,8 @@ def _rebuild_moved_reads(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool,
     for node in list(graph):
         if not is_onnx_domain(node.domain) or node.op_type not in _REREAD:
             continue
-        value = node.outputs[0]
-        vector = tracker.vectors.get(value)
-        if (
-            vector is None
-            or vector.scalar
-            or vector.ints is not None
-            or vector.dtype != ir.DataType.INT64
-            or value.is_graph_output()
-            or any(e is None for e in vector.elements)
-        ):
+        vector = _dims_vector(tracker, node.outputs[0])
+        if vector is None:
             continue
         if node.op_type in ("Max", "Min"):
             pass  # resolved: its dims, read directly
@@ -693,8 +676,8 @@ def _rebuild_moved_reads(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool,
             if opset < 15 and not whole:
                 continue  # one read for another, never a Slice more
         else:
-            read = _made_by(node.inputs[0])
-            if read is None or not is_onnx_domain(read.domain) or read.op_type != "Shape":
+            read = node.inputs[0].producer() if node.inputs[0] is not None else None
+            if read is None or not is_op(read, "Shape"):
                 continue
             if all(not isinstance(e, DimOf) or e.value is read.inputs[0] for e in vector.elements):
                 continue
@@ -706,8 +689,20 @@ def _rebuild_moved_reads(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool,
 _REREAD = frozenset({"Gather", "Slice", "Shape", "Max", "Min"})
 
 
-def _made_by(value: ir.Value | None) -> ir.Node | None:
-    return value.producer() if value is not None else None
+def _dims_vector(tracker: _Tracker, value: ir.Value) -> ShapeVector | None:
+    """The tracked int64 vector of ``value`` when it can be rebuilt from the dims it reads: not
+    a scalar, not all constant, every element known, and ``value`` not a graph output."""
+    vector = tracker.vectors.get(value)
+    if (
+        vector is None
+        or vector.scalar
+        or vector.ints is not None
+        or vector.dtype != ir.DataType.INT64
+        or value.is_graph_output()
+        or any(e is None for e in vector.elements)
+    ):
+        return None
+    return vector
 
 
 # Ops an int32 shape computation may go through to be redone in int64, and which of their inputs
