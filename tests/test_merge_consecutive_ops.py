@@ -864,3 +864,92 @@ def test_matmul_between_views_reads_the_unflattened_input(text: str, ops: list[s
 )
 def test_matmul_between_views_stays(text: str, reason: str) -> None:
     assert_refuses(MergeConsecutiveOpsPass, text, reason)
+
+
+def test_reshape_back_to_a_shared_inner_reshapes_input_is_that_input() -> None:
+    # tf2onnx's mean of a [B, D, T] stream: viewed as [B, T, 1] for one reader and back to
+    # [B, 1, T] for another, which then reads the mean itself
+    text = model(
+        "<int64[3] t1 = {-1, 6, 1}, int64[3] t2 = {-1, 1, 6}> {"
+        " m = ReduceMean <axes = [1]> (x)\n inner = Reshape(m, t1)\n outer = Reshape(inner, t2)\n"
+        " r = Relu(inner)\n y = Sub(x, outer) }",
+        inputs="float[B,3,6] x",
+        outputs="float[B,3,6] y, float[B,6,1] r",
+    )
+    assert_rewrites(
+        MergeConsecutiveOpsPass,
+        text,
+        {"Reshape∘Reshape": 1},
+        ["ReduceMean", "Reshape", "Relu", "Sub"],
+        2,
+    )
+
+
+# Transpose hoisted above Add/Sub/Mul/Div toward its inverse -------------------------------------
+
+HOIST = "Transpose(op(x, Transpose⁻¹))->op(Transpose(x))"
+
+# TF Whisper's encoder as tf2onnx leaves it, in miniature: the residual stream s stays [B, D, T]
+# (perm [0, 2, 1] is its own inverse), each block reads it transposed (Neg stands for the norm and
+# the block) and its output is transposed back into the stream; the last norm reads it transposed.
+CHANNELS_FIRST_STREAM = model(
+    "{ s0 = Relu(x)\n n0 = Transpose <perm = [0, 2, 1]> (s0)\n h0 = Neg(n0)\n"
+    " b0 = Transpose <perm = [0, 2, 1]> (h0)\n s1 = Add(s0, b0)\n"
+    " n1 = Transpose <perm = [0, 2, 1]> (s1)\n h1 = Neg(n1)\n"
+    " b1 = Transpose <perm = [0, 2, 1]> (h1)\n s2 = Sub(b1, s1)\n"
+    " y = Transpose <perm = [0, 2, 1]> (s2) }",
+    inputs="float[B,4,5] x",
+    outputs="float[B,5,4] y",
+)
+
+
+def test_transposes_hoist_up_a_channels_first_stream() -> None:
+    optimized = assert_rewrites(
+        MergeConsecutiveOpsPass,
+        CHANNELS_FIRST_STREAM,
+        {HOIST: 2},
+        ["Relu", "Transpose", "Neg", "Transpose", "Add", "Neg", "Sub"],
+        2,
+    )
+    # five Transposes became two of one value (common-subexpression elimination merges them)
+    transposes = [n for n in optimized.graph if n.op_type == "Transpose"]
+    assert [t.inputs[0].name for t in transposes] == ["s0", "s0"]
+
+
+def test_transpose_hoists_onto_a_constant() -> None:
+    # a per-channel constant of the [B, D, T] layout is transposed with the op
+    text = model(
+        "<float[4,1] bias = {1, 2, 3, 4}> { h = Relu(x)\n"
+        " b = Transpose <perm = [0, 2, 1]> (h)\n c = Mul(b, bias)\n"
+        " y = Transpose <perm = [0, 2, 1]> (c) }",
+        inputs="float[B,5,4] x",
+        outputs="float[B,5,4] y",
+    )
+    optimized = assert_rewrites(MergeConsecutiveOpsPass, text, {HOIST: 1}, ["Relu", "Mul"], 2)
+    (mul,) = [n for n in optimized.graph if n.op_type == "Mul"]
+    assert mul.inputs[1].const_value.numpy().shape == (1, 1, 4)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        (  # the op's result is read by more than the Transposes
+            "{ a = Transpose <perm = [0, 2, 1]> (x)\n s = Add(x, x)\n c = Add(s, a)\n"
+            " y = Transpose <perm = [0, 2, 1]> (c)\n r = Relu(c) }"
+        ),
+        (  # the inverse Transpose is read elsewhere too: moving would add a node
+            "{ a = Transpose <perm = [0, 2, 1]> (x)\n c = Add(x, a)\n"
+            " y = Transpose <perm = [0, 2, 1]> (c)\n r = Relu(a) }"
+        ),
+        (  # no operand is the inverse Transpose
+            "{ a = Transpose <perm = [1, 0, 2]> (x)\n c = Add(x, a)\n"
+            " y = Transpose <perm = [0, 2, 1]> (c)\n r = Relu(x) }"
+        ),
+    ],
+    ids=["other-reader", "shared-inverse", "no-inverse"],
+)
+def test_transpose_is_not_hoisted(body: str) -> None:
+    text = model(body, inputs="float[4,4,4] x", outputs="float[4,4,4] y, float[4,4,4] r")
+    result = MergeConsecutiveOpsPass()(load(text))
+    assert HOIST not in result.stats
+    assert [n.op_type for n in result.model.graph].count("Transpose") == 2

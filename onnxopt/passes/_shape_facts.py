@@ -174,6 +174,54 @@ def is_whole_shape_of(shape: ir.Value | None, data: ir.Value | None) -> bool:
     return dims is not None and start in (0, -len(dims)) and (end is None or end >= len(dims))
 
 
+def reshape_identity_problem(node: ir.Node, data: ir.Value | None) -> str | None:
+    """Why Reshape ``node`` may not return ``data`` unchanged (None: it provably does). ``data`` is
+    the Reshape's own input, or a tensor its input is a view of: views keep the element order, so
+    a view of ``data`` reshaped back to ``data``'s shape is ``data``."""
+    source = node.inputs[0]
+    data_dims = dims_of(data)
+    if same_known_dims(data_dims, dims_of(node.outputs[0])):
+        return None
+    shape = optional_input(node, 1)
+    if is_whole_shape_of(shape, data):
+        return None
+    target = (
+        tuple(node.attributes.get_ints("shape", ()))
+        if "shape" in node.attributes
+        else const_ints(shape)
+    )
+    if target is None:
+        return "the target shape is not a constant and the shapes are not both known"
+    if data_dims is None:
+        return "the input rank is unknown"
+    if len(target) != len(data_dims):
+        return f"it changes the rank from {len(data_dims)} to {len(target)}"
+    source_dims = dims_of(source)
+    allow_zero = node.attributes.get_int("allowzero", 0)
+    inferred = 0
+    for axis, (want, dim) in enumerate(zip(target, data_dims, strict=True)):
+        if want == 0 and not allow_zero:
+            if source is data:
+                continue  # copies the input dim
+            # copies the view's dim, which must be data's
+            copied = (
+                source_dims[axis] if source_dims is not None and axis < len(source_dims) else None
+            )
+            if copied is None:
+                return f"target dim {axis} copies a dim of the view that is not known"
+            want = copied
+        if want == -1:
+            inferred += 1  # equals the input dim once every other dim is proven equal
+            continue
+        if dim is None:
+            return f"target dim {axis} is {want} but the input dim is symbolic"
+        if want != dim:
+            return f"target dim {axis} is {want} but the input has {dim}"
+    if inferred > 1:
+        return "the target has several -1 dims"
+    return None
+
+
 @dataclass(frozen=True)
 class SliceParams:
     """Constant Slice parameters; ``axes`` as written (possibly negative), one entry per sliced axis."""

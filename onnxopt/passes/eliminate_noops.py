@@ -31,6 +31,7 @@ from onnxopt.passes._shape_facts import (
     normalize_axes,
     optional_input,
     producer_op,
+    reshape_identity_problem,
     same_dims,
     same_known_dims,
     slice_params,
@@ -92,39 +93,8 @@ def _cast_like(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
 
 
 def _reshape(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    data = node.inputs[0]
-    data_dims = dims_of(data)
-    if same_known_dims(data_dims, dims_of(node.outputs[0])):
-        return _keep(node, data)
-    shape = optional_input(node, 1)
-    if is_whole_shape_of(shape, data):
-        return _keep(node, data)
-    target = (
-        tuple(node.attributes.get_ints("shape", ()))
-        if "shape" in node.attributes
-        else const_ints(shape)
-    )
-    if target is None:
-        return Mismatch("the target shape is not a constant and the shapes are not both known")
-    if data_dims is None:
-        return Mismatch("the input rank is unknown")
-    if len(target) != len(data_dims):
-        return Mismatch(f"it changes the rank from {len(data_dims)} to {len(target)}")
-    allow_zero = node.attributes.get_int("allowzero", 0)
-    inferred = 0
-    for axis, (want, dim) in enumerate(zip(target, data_dims, strict=True)):
-        if want == 0 and not allow_zero:
-            continue  # copies the input dim
-        if want == -1:
-            inferred += 1  # equals the input dim once every other dim is proven equal
-            continue
-        if dim is None:
-            return Mismatch(f"target dim {axis} is {want} but the input dim is symbolic")
-        if want != dim:
-            return Mismatch(f"target dim {axis} is {want} but the input has {dim}")
-    if inferred > 1:
-        return Mismatch("the target has several -1 dims")
-    return _keep(node, data)
+    problem = reshape_identity_problem(node, node.inputs[0])
+    return Mismatch(problem) if problem is not None else _keep(node, node.inputs[0])
 
 
 def _transpose(node: ir.Node, context: RewriteContext) -> Match | Mismatch:

@@ -14,6 +14,16 @@ larger than a dying input); it pays where the moved Transpose meets its inverse 
 ConvNeXt's residual stream does: ``Add(T(ln), T(mlp))`` per block, then ``T⁻¹`` before the next
 stage's LayerNorm (both Transposes of that pair go).
 
+The other way, a Transpose whose input is an element-wise op of its inverse moves above the op:
+``T(op(x, T⁻¹(a))) == op(T(x), a)`` when only Transposes by that perm read the op, and the inverse
+dies with it (a constant operand is transposed in place). tf2onnx leaves TF Whisper's residual
+stream as [B, D, T] with each block's output transposed into it and each norm's input transposed
+out; hoisted block by block, one Transpose is left at the stream's start.
+
+A Reshape of a view back to the view's source shape is that source, even where the view has
+other readers (tf2onnx's kept-dims mean of a [B, D, T] tensor, viewed as [B, T, 1] for one reader
+and back for another).
+
 The same move applies to a Concat whose inputs are all Transposes with one perm:
 ``Concat(T(a, p), T(b, p), axis=k) == T(Concat(a, b, axis=p[k]), p)``, when every one of those
 Transposes dies with it.
@@ -41,9 +51,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import MS_DOMAIN, is_op
+from onnxopt.ops import MS_DOMAIN, const_array, is_op
 from onnxopt.passes._attention_shapes import (
     flattens_rows,
     piece_entries,
@@ -60,13 +71,14 @@ from onnxopt.passes._shape_facts import (
     dims_of,
     normalize_axes,
     producer_op,
+    reshape_identity_problem,
     same_dims,
     slice_params,
 )
 from onnxopt.passes._tf2onnx_forms import TF2ONNX_RULES
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
-from onnxopt.rewrite.patterns import int64_constant
+from onnxopt.rewrite.patterns import int64_constant, new_constant
 
 T = ir.DataType
 _FLOATS = (T.FLOAT16, T.BFLOAT16, T.FLOAT, T.DOUBLE)
@@ -225,6 +237,88 @@ def _then_transpose(inner: ir.Node, result: ir.Value, perm: Sequence[int]) -> Re
     return Replacement((inner, transpose), ((result, transpose.outputs[0]),))
 
 
+# Transpose hoisted above an element-wise op toward its inverse ---------------------------------
+
+
+def _match_transpose_hoist(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``T(op(x, T⁻¹(a)), p) == op(T(x, p), a)``, where only Transposes by ``p`` read the op's
+    result: the Transposes after the op and the ``T⁻¹`` before it cancel, and one Transpose moves
+    up to the other operand (folded when it is a constant). tf2onnx keeps the residual stream of
+    TF Whisper's encoder as [B, D, T] this way, with each block's output transposed into it and
+    each norm's input transposed out; hoisted from the last block to the first, one Transpose is
+    left. The move never adds a node, and transposes at most the op's result's size where it
+    removes at least twice that (a reader and the inverse, which must die with the op)."""
+    perm = node.attributes.get_ints("perm", None)
+    op = node.inputs[0].producer() if node.inputs[0] is not None else None
+    if perm is None or op is None or op.op_type not in ELEMENTWISE_BINARY or op.domain != "":
+        return Mismatch("not a Transpose (explicit perm) of Add/Sub/Mul/Div", candidate=False)
+    result = op.outputs[0]
+    readers = [use.node for use in result.uses()]
+    if result.is_graph_output() or any(
+        not is_op(r, "Transpose") or r.attributes.get_ints("perm", None) != perm for r in readers
+    ):
+        return Mismatch(
+            "the op's result is read by more than Transposes by this perm", candidate=False
+        )
+    if len(op.attributes) or context.opset() < 7 or len(op.inputs) != 2:
+        return Mismatch(f"{op.op_type} before opset 7 broadcasts along an axis attribute")
+    inverse = tuple(sorted(range(len(perm)), key=lambda axis: perm[axis]))
+    rank = len(perm)
+    operands: list[ir.Value | np.ndarray | None] = []
+    cancelled: list[ir.Node] = []
+    for value in op.inputs:
+        before = value.producer() if value is not None else None
+        array = const_array(value)
+        if (
+            value is not None
+            and before is not None
+            and is_op(before, "Transpose")
+            and tuple(before.attributes.get_ints("perm", ())) == inverse
+            and not value.is_graph_output()
+            and all(use.node is op for use in value.uses())
+        ):
+            cancelled.append(before)
+            operands.append(before.inputs[0])
+        elif array is not None and array.ndim <= rank:
+            operands.append(array.reshape((1,) * (rank - array.ndim) + array.shape).transpose(perm))
+        elif _rank(value) == rank:
+            operands.append(None)  # transposed by a new node
+        else:
+            return Mismatch(f"an operand of the {op.op_type} has another rank than its result")
+    if not cancelled:
+        return Mismatch("no operand is the inverse Transpose, read by the op alone")
+    readers = list(dict.fromkeys(readers))
+    return Match(
+        [*cancelled, op, *(r for r in readers if r is not node), node],
+        {"op": op, "operands": operands, "readers": readers},
+        anchor=op,
+    )
+
+
+def _rewrite_transpose_hoist(match: Match, context: RewriteContext) -> Replacement:
+    op, root = match.bindings["op"], match.root
+    perm = list(root.attributes.get_ints("perm", ()))
+    nodes: list[ir.Node] = []
+    constants: list[ir.Value] = []
+    inputs: list[ir.Value] = []
+    for value, operand in zip(op.inputs, match.bindings["operands"], strict=True):
+        if isinstance(operand, np.ndarray):
+            constant = new_constant(np.ascontiguousarray(operand), "transposed")
+            constants.append(constant)
+            inputs.append(constant)
+        elif operand is None:
+            nodes.append(ir.Node("", "Transpose", [value], [ir.AttrInt64s("perm", perm)]))
+            inputs.append(nodes[-1].outputs[0])
+        else:
+            inputs.append(operand)
+    new = ir.Node("", op.op_type, inputs, [])
+    if root.outputs[0].dtype is not None:
+        new.outputs[0].dtype = root.outputs[0].dtype
+    new.outputs[0].shape = root.outputs[0].shape
+    values = [(reader.outputs[0], new.outputs[0]) for reader in match.bindings["readers"]]
+    return Replacement((*nodes, new), values, constants)
+
+
 # A Transpose and its inverse around row-wise ops ------------------------------------------------
 
 # How many row-wise ops may stand between the two Transposes (a projection, its bias, a scale).
@@ -335,6 +429,10 @@ def _match_reshape_of(node: ir.Node, inner_type: str) -> Match | Mismatch:
             return Mismatch(moved)
     inner_out = inner.outputs[0]
     if inner_out.is_graph_output() or any(use.node is not node for use in inner_out.uses()):
+        if reshape_identity_problem(node, inner.inputs[0]) is None:
+            # Reshaped back to what the inner op read (tf2onnx's mean of a [B, D, T] tensor viewed
+            # as [B, T, 1] for one reader and back to [B, 1, T] for another): that tensor itself.
+            return Match([inner, node], {"identity": True})
         # The inner op stays for its other users, so merging removes nothing; it would only hide
         # the chain from patterns that read it (attention's head merge feeds a Shape and a Gemm).
         return Mismatch(
@@ -415,6 +513,8 @@ def _rewrite_reshapes(match: Match, context: RewriteContext) -> Replacement:
     inner, outer = match.nodes
     source = inner.inputs[0]
     assert source is not None
+    if match.bindings.get("identity"):
+        return Replacement((), ((outer.outputs[0], source),))
     target = match.bindings["target"]
     if target is None:
         return _replace_with(match, _same_op_on(outer, source, outer.inputs[1:]))
@@ -884,6 +984,12 @@ RULES: tuple[Rule, ...] = (
         )
         for op in ELEMENTWISE_BINARY
     ),
+    _rule(
+        "Transpose(op(x, Transpose⁻¹))->op(Transpose(x))",
+        "Transpose",
+        _match_transpose_hoist,
+        _rewrite_transpose_hoist,
+    ),
     *(
         _rule(f"Reshape∘{inner}", "Reshape", _reshape_of(inner), _rewrite_reshapes)
         for inner in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
@@ -917,13 +1023,14 @@ class MergeConsecutiveOpsPass(Pass):
     (or plain Gemm) between a [-1, K] view and a view back reads the unflattened input; undo
     tf2onnx's einsum views and select arithmetic (``_tf2onnx_forms``); move a
     Transpose past Add/Sub/Mul/Div of two same-perm Transposes, or past a Concat of same-perm
-    Transposes (toward its inverse).
+    Transposes (toward its inverse), or above Add/Sub/Mul/Div of its inverse.
     """
 
     name = "merge-consecutive-ops"
     summary = (
         "merge Transpose, Reshape, (Un)Squeeze, exact Cast, Slice and Concat chains into one op;"
-        " move a Transpose past Add/Sub/Mul/Div or Concat of same-perm Transposes"
+        " move a Transpose past Add/Sub/Mul/Div or Concat of same-perm Transposes, or above"
+        " Add/Sub/Mul/Div of its inverse"
     )
 
     def call(self, model: ir.Model) -> PassResult:
