@@ -282,3 +282,72 @@ def test_keras_layer_norm_near_misses_stay() -> None:
     result = FuseLayerNormPass(PassOptions(explain=True))(other)
     assert not result.modified
     assert any("the shift is not beta - mean * m" in note for note in result.notes)
+
+
+# tf2onnx's Keras LayerNormalization of a [B, D, T] residual stream r (TF Whisper's encoder, whose
+# transpose optimizer keeps the stream channels-first): the statistics over r's axis 1, the norm
+# transposed to [B, T, D]; the mean's transpose written as a Reshape of its size-1 axis.
+TRANSPOSED_LN = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[B, 8, 6] r) => (float[B, 6, 8] y, float[B, 8, 6] out) {{
+    mean = ReduceMean <axes = [{axis}]> (r)
+    meant = {mean_view}
+    d = Sub (r, mean)
+    sq = Mul (d, d)
+    var = ReduceMean <axes = [{axis}]> (sq)
+    eps = Constant <value = float[1, 1, 1] {{1e-5}}> ()
+    ve = Add (var, eps)
+    std = Sqrt (ve)
+    inv = Reciprocal (std)
+    m = Mul (inv, gamma)
+    mt = Transpose <perm = [0, 2, 1]> (m)
+    mm = Mul (meant, mt)
+    c = Sub (beta, mm)
+    {term}
+    y = Add (xm, c)
+    out = Relu (r)
+}}
+"""
+RESHAPED_MEAN = "Reshape (mean, to_b_t_1)"
+TRANSPOSED_MEAN = "Transpose <perm = [0, 2, 1]> (mean)"
+TWO_TRANSPOSES = "rt = Transpose <perm = [0, 2, 1]> (r)\n    xm = Mul (rt, mt)"
+TRANSPOSED_PRODUCT = "rm = Mul (r, m)\n    xm = Transpose <perm = [0, 2, 1]> (rm)"
+
+
+def _transposed_ln(mean_view: str, term: str, axis: int = 1, gamma=None):  # type: ignore[no-untyped-def]
+    text = TRANSPOSED_LN.format(mean_view=mean_view, term=term, axis=axis)
+    return parse(
+        text,
+        gamma=rng_array(1, 8, 1, seed=4) + 1 if gamma is None else gamma,
+        beta=rng_array(8, seed=5),
+        to_b_t_1=np.array([-1, 6, 1], dtype=np.int64),
+    )
+
+
+@pytest.mark.parametrize(
+    "mean_view", [RESHAPED_MEAN, TRANSPOSED_MEAN], ids=["reshape", "transpose"]
+)
+@pytest.mark.parametrize(
+    "term", [TWO_TRANSPOSES, TRANSPOSED_PRODUCT], ids=["two-transposes", "transposed-product"]
+)
+def test_transposed_keras_layer_norm_fused(mean_view: str, term: str) -> None:
+    result = run_checked(FuseLayerNormPass(), _transposed_ln(mean_view, term))
+    assert result.stats == {"transposed x*m+(beta-mean*m)->LayerNormalization": 1}
+    ops = [t for t in op_types(result.model) if t != "Constant"]
+    assert ops == ["Transpose", "LayerNormalization", "Relu"]
+    (norm,) = [n for n in result.model.graph if n.op_type == "LayerNormalization"]
+    assert norm.attributes.get_float("epsilon") == pytest.approx(1e-5)
+    np.testing.assert_allclose(
+        norm.inputs[1].const_value.numpy(), (rng_array(1, 8, 1, seed=4) + 1).reshape(-1)
+    )
+
+
+def test_transposed_keras_layer_norm_near_misses_stay() -> None:
+    # statistics over the time axis, which the Transpose does not put last
+    wrong_axis = _transposed_ln(TRANSPOSED_MEAN, TWO_TRANSPOSES, axis=2)
+    result = FuseLayerNormPass(PassOptions(explain=True))(wrong_axis)
+    assert not result.modified
+    assert any("the statistics are not over axis 1" in note for note in result.notes)
+    # a scale per time step, not per channel
+    per_step = _transposed_ln(RESHAPED_MEAN, TWO_TRANSPOSES, gamma=rng_array(1, 1, 6, seed=4))
+    assert not FuseLayerNormPass()(per_step).modified

@@ -4,7 +4,9 @@ Exporters spell ``y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta`` (over 
 ReduceMean, Sub, Pow (or Mul by itself), ReduceMean, Add, Sqrt, Div (or Mul by Reciprocal), Mul, Add.
 Keras computes it as TensorFlow's batch_normalization, ``x * m + (beta - mean * m)`` with
 ``m = gamma / sqrt(var + eps)``, and tf2onnx writes a mean over the last axis of a rank-3 tensor
-as a GlobalAveragePool; both spellings fuse.
+as a GlobalAveragePool; both spellings fuse. Where tf2onnx kept a residual stream as [B, D, T] (TF
+Whisper's encoder), the statistics are over axis 1 of the stream and the terms transposed to
+[B, T, D]: that is ``LayerNormalization(Transpose(r))``.
 For target ``ort``, ``LayerNormalization(a + b [+ bias])`` becomes com.microsoft
 SkipLayerNormalization; when the sum is also used elsewhere it is taken from the fused node's
 fourth output. A float32 island around a float16 input, ``Cast(norm(Cast(x, float)), float16)``,
@@ -14,15 +16,18 @@ becomes one float16 LayerNormalization (``stash_type=1``: it computes in float32
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op, single_consumer
+from onnxopt.passes._shape_facts import const_ints, dims_of
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import (
     const_scalar,
+    const_scalar_within,
     ensure_opset,
     new_constant,
     operand_op,
@@ -69,17 +74,30 @@ def last_axis_problem(node: ir.Node, data: ir.Value | None, what: str) -> str | 
     return f"{what} ReduceMean axes {axes} are not the last axis (rank {rank if rank is not None else '?'})"
 
 
-def per_channel_vector(value: ir.Value | None, data: ir.Value | None) -> np.ndarray | None:
+def per_channel_vector(
+    value: ir.Value | None,
+    data: ir.Value | ir.Shape | None,
+    perm: tuple[int, ...] | None = None,
+) -> np.ndarray | None:
     """A constant of shape [..., 1, H] (leading dims 1), flattened to [H], that broadcasts against
-    ``data`` along its last axis without raising its rank (H may be 1 when the last dim is static)."""
+    ``data`` (a value or its shape) along its last axis without raising its rank (H may be 1 when
+    the last dim is static). With ``perm`` the constant broadcasts against the tensor that
+    ``Transpose(·, perm)`` turns into ``data``: it is transposed the same way first."""
     array = const_array(value)
-    if array is None or array.ndim == 0 or any(d != 1 for d in array.shape[:-1]):
+    if array is None or array.ndim == 0:
         return None
-    rank = None if data is None or data.shape is None else len(data.shape)
+    if perm is not None:
+        if array.ndim > len(perm):
+            return None
+        array = array.reshape((1,) * (len(perm) - array.ndim) + array.shape).transpose(perm)
+    if any(d != 1 for d in array.shape[:-1]):
+        return None
+    shape = data.shape if isinstance(data, ir.Value) else data
+    rank = None if shape is None else len(shape)
     if array.ndim > (rank if rank is not None else 1):
         return None
     vector = array.reshape(-1)
-    last = None if rank is None or data is None or data.shape is None else data.shape[-1]
+    last = None if shape is None or rank == 0 else shape[-1]
     if isinstance(last, int) and vector.shape[0] != last:
         if vector.shape[0] != 1:
             return None
@@ -116,7 +134,8 @@ def _variance(
     for operand in add_eps.inputs[:2]:
         if mean_of(operand) is not None:
             var_mean = mean_of(operand)
-            eps = const_scalar(other_input(add_eps, operand))
+            rank = None if operand is None or operand.shape is None else len(operand.shape)
+            eps = const_scalar_within(other_input(add_eps, operand), rank)
     if var_mean is None:
         return Mismatch("Sqrt input is not ReduceMean(...) + epsilon")
     if eps is None:
@@ -246,10 +265,10 @@ def _inverse_std(value: ir.Value | None) -> tuple[list[ir.Node], ir.Node] | None
 
 
 def _scaled_inverse_std(
-    m: ir.Value | None, x: ir.Value | None
+    m: ir.Value | None, x: ir.Value | ir.Shape | None, perm: tuple[int, ...] | None = None
 ) -> tuple[list[ir.Node], ir.Node, np.ndarray | None] | None:
-    """``m`` = inv_std * gamma (gamma a constant per-channel vector) or inv_std alone: the nodes,
-    the Sqrt, gamma."""
+    """``m`` = inv_std * gamma (gamma a constant per-channel vector of ``x``, transposed by
+    ``perm`` first when given) or inv_std alone: the nodes, the Sqrt, gamma."""
     found = _inverse_std(m)
     if found is not None:
         return found[0], found[1], None
@@ -258,14 +277,14 @@ def _scaled_inverse_std(
         return None
     for operand in mul.inputs[:2]:
         found = _inverse_std(operand)
-        gamma = per_channel_vector(other_input(mul, operand), x) if found else None
+        gamma = per_channel_vector(other_input(mul, operand), x, perm) if found else None
         if found is not None and gamma is not None:
             return [*found[0], mul], found[1], gamma
     return None
 
 
 def _shift(
-    c: ir.Value | None, mean: ir.Value, m: ir.Value, x: ir.Value
+    c: ir.Value | None, mean: ir.Value, m: ir.Value, x: ir.Value | ir.Shape | None
 ) -> tuple[list[ir.Node], np.ndarray | None] | None:
     """``c`` = beta - mean*m, -(mean*m) or (-mean)*m [+ beta]: the nodes, beta (None without)."""
 
@@ -323,6 +342,20 @@ def _centered_under(sqrt: ir.Node) -> ir.Node | None:
     return producer_op(square.inputs[0], "Sub") if square is not None else None
 
 
+def _affine_problem(
+    nodes: list[ir.Node], x: ir.Value, gamma: np.ndarray | None, beta: np.ndarray | None
+) -> Mismatch | None:
+    """Why the batch_normalization form in ``nodes`` (root last) may not be fused."""
+    for inner in nodes[:-1]:
+        if not _exclusive(inner.outputs[0], nodes):
+            return Mismatch(f"intermediate {inner.op_type} result is used outside the pattern")
+    if x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
+        return Mismatch("input is not float, float16 or double")
+    if gamma is not None and beta is not None and gamma.shape != beta.shape:
+        return Mismatch("gamma and beta differ in size")
+    return None
+
+
 def _match_affine_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """``x*m + (beta - mean*m)`` with ``m = gamma / sqrt(var + eps)``: TensorFlow's
     batch_normalization over the last axis, as Keras' LayerNormalization computes it (TF BERT,
@@ -357,18 +390,158 @@ def _match_affine_norm(node: ir.Node, context: RewriteContext) -> Match | Mismat
                 if problem is not None:
                     return Mismatch(problem)
             nodes = [mean_node, sub, square, var_mean, add_eps, *inverse, scale, *shift[0], node]
-            for inner in nodes[:-1]:
-                if not _exclusive(inner.outputs[0], nodes):
-                    return Mismatch(
-                        f"intermediate {inner.op_type} result is used outside the pattern"
-                    )
-            if x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
-                return Mismatch("input is not float, float16 or double")
-            beta = shift[1]
-            if gamma is not None and beta is not None and gamma.shape != beta.shape:
-                return Mismatch("gamma and beta differ in size")
-            return _norm_match(nodes, x, eps, gamma, beta, x.dtype.numpy(), context)
+            refused = _affine_problem(nodes, x, gamma, shift[1])
+            if refused is not None:
+                return refused
+            assert x.dtype is not None
+            return _norm_match(nodes, x, eps, gamma, shift[1], x.dtype.numpy(), context)
     return Mismatch("not x * (gamma / sqrt(var + eps)) + shift", candidate=False)
+
+
+@dataclass(frozen=True)
+class _TransposedTerm:
+    """``x * m`` of a norm whose statistics are computed on ``r`` and transposed by ``perm``."""
+
+    r: ir.Value
+    m: ir.Value  # before the Transpose
+    perm: tuple[int, ...]
+    nodes: tuple[ir.Node, ...]  # the product, and the Transpose after it
+    x: ir.Value | None  # Transpose(r, perm) where the graph has it
+
+
+def _transposed_terms(term: ir.Value | None) -> list[_TransposedTerm]:
+    """``term`` = ``Transpose(r, P) * Transpose(m, P)`` or ``Transpose(r * m, P)``, either
+    operand as r."""
+    found: list[_TransposedTerm] = []
+    mul = producer_op(term, "Mul")
+    if mul is not None:
+        a, b = (producer_op(v, "Transpose") for v in mul.inputs[:2])
+        perm = _perm(a)
+        if a is not None and b is not None and perm is not None and _perm(b) == perm:
+            for r, m in ((a, b), (b, a)):
+                if r.inputs[0] is not None and m.inputs[0] is not None:
+                    found.append(
+                        _TransposedTerm(r.inputs[0], m.inputs[0], perm, (mul,), r.outputs[0])
+                    )
+    transpose = producer_op(term, "Transpose")
+    inner = producer_op(transpose.inputs[0], "Mul") if transpose is not None else None
+    perm = _perm(transpose)
+    if transpose is not None and inner is not None and perm is not None:
+        u, v = inner.inputs[0], inner.inputs[1]
+        for data, scale in ((u, v), (v, u)):
+            if data is not None and scale is not None:
+                found.append(_TransposedTerm(data, scale, perm, (inner, transpose), None))
+    return found
+
+
+def _perm(transpose: ir.Node | None) -> tuple[int, ...] | None:
+    perm = transpose.attributes.get_ints("perm", None) if transpose is not None else None
+    return tuple(perm) if perm else None
+
+
+def _transposed_view(value: ir.Value, source: ir.Value, perm: tuple[int, ...]) -> ir.Node | None:
+    """The node that makes ``value`` = ``Transpose(source, perm)``: that Transpose, or a Reshape
+    to the transposed shape that moves only axes of size 1 (the same elements in the same order:
+    tf2onnx writes the transpose of a kept-dims mean so)."""
+    node = value.producer()
+    if node is None or node.inputs[0] is not source:
+        return None
+    if is_op(node, "Transpose"):
+        return node if tuple(node.attributes.get_ints("perm", ())) == perm else None
+    target = const_ints(node.inputs[1]) if is_op(node, "Reshape") and len(node.inputs) > 1 else None
+    dims = dims_of(source)
+    if target is None or dims is None or not len(target) == len(dims) == len(perm):
+        return None
+    kept = [axis for axis in perm if dims[axis] != 1]
+    if kept != sorted(kept) or target.count(-1) > 1 or node.attributes.get_int("allowzero", False):
+        return None
+    for axis, entry in enumerate(target):
+        if entry == 0 and perm[axis] == axis:
+            continue  # copies the source's dim, which the Transpose keeps there
+        want = dims[axis] if entry == 0 else entry
+        if want != -1 and (want is None or want != dims[perm[axis]]):
+            return None
+    return node
+
+
+def _match_transposed_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """TensorFlow's batch_normalization over axis k of r, transposed to put k last:
+    ``Transpose(r, P) * Transpose(m, P) + (beta - Transpose(mean, P) * Transpose(m, P))`` with
+    ``m = gamma / sqrt(var + eps)`` and the statistics reduced over r's axis ``k = P[-1]`` (or
+    ``Transpose(r * m, P)`` for the first term). tf2onnx writes Keras' LayerNormalization so where
+    its transpose optimizer kept a residual stream as [B, D, T] (TF Whisper's encoder after its
+    convolutions): the norm is ``LayerNormalization(Transpose(r, P))`` over the last axis."""
+    for term in node.inputs[:2]:
+        if term is None:
+            continue
+        for t in _transposed_terms(term):
+            found = _transposed_match(node, term, t, context)
+            if found is not None:
+                return found
+    return Mismatch(
+        "not Transpose(x) * Transpose(gamma / sqrt(var + eps)) + shift", candidate=False
+    )
+
+
+def _transposed_match(
+    node: ir.Node, term: ir.Value, t: _TransposedTerm, context: RewriteContext
+) -> Match | Mismatch | None:
+    """The norm ``node`` roots with ``t`` as its scaled term (None: ``t`` is not that term)."""
+    r, rank, axis = t.r, len(t.perm), t.perm[-1]
+    if r.shape is None or len(r.shape) != rank or sorted(t.perm) != list(range(rank)):
+        return None
+    x_shape = ir.Shape([r.shape[a] for a in t.perm])
+    found = _scaled_inverse_std(t.m, x_shape, t.perm)
+    sub = _centered_under(found[1]) if found is not None else None
+    if found is None or sub is None or sub.inputs[0] is not r or sub.inputs[1] is None:
+        return None
+    inverse, sqrt, gamma = found
+    mean = sub.inputs[1]
+    mean_node = producer_op(mean, "ReduceMean")
+    if mean_node is None or mean_node.inputs[0] is not r:
+        return None
+    variance = _variance(sqrt, sub.outputs[0])
+    if isinstance(variance, Mismatch):
+        return variance
+    add_eps, var_mean, square, eps = variance
+    for reduce in (mean_node, var_mean):
+        axes = reduce_axes(reduce)
+        if axes is None or [a % rank for a in axes] != [axis]:
+            return Mismatch(
+                f"the statistics are not over axis {axis}, which the Transpose puts last"
+            )
+        if reduce.attributes.get_int("keepdims", 1) != 1:
+            return Mismatch("a ReduceMean of the statistics has keepdims=0")
+    m_views = [u.node for u in t.m.uses() if _transposed_view(u.node.outputs[0], t.m, t.perm)]
+    mean_views = [u.node for u in mean.uses() if _transposed_view(u.node.outputs[0], mean, t.perm)]
+    for m_view in m_views:
+        for mean_view in mean_views:
+            shift = _shift(
+                other_input(node, term), mean_view.outputs[0], m_view.outputs[0], x_shape
+            )
+            if shift is None:
+                continue
+            nodes = [
+                mean_node, sub, square, var_mean, add_eps, *inverse, mean_view, m_view,
+                *shift[0], *t.nodes, node,
+            ]  # fmt: skip
+            problem = _affine_problem(nodes, r, gamma, shift[1])
+            if problem is not None:
+                return problem
+            assert r.dtype is not None
+            beta = shift[1]
+            hidden = r.shape[axis]
+            if gamma is None and isinstance(hidden, int):
+                gamma = np.ones(hidden, dtype=r.dtype.numpy())
+            if gamma is None:
+                return Mismatch(
+                    "hidden size unknown (no constant gamma, the normalized dim is not static)"
+                )
+            match = _norm_match(nodes, r, eps, gamma, beta, r.dtype.numpy(), context)
+            if isinstance(match, Match):
+                match.bindings.update(x=t.x, transpose=(r, t.perm))
+            return match
+    return Mismatch("the shift is not beta - Transpose(mean) * Transpose(m)")
 
 
 def _bias_after(
@@ -385,7 +558,13 @@ def _bias_after(
 def _rewrite_layer_norm(match: Match, context: RewriteContext) -> Replacement:
     b = match.bindings
     gamma = new_constant(b["gamma"], "layer_norm_scale")
-    inputs = [b["x"], gamma]
+    nodes = []
+    x = b["x"]
+    if x is None:  # the statistics' input transposed to put their axis last
+        source, perm = b["transpose"]
+        nodes.append(ir.node("Transpose", [source], {"perm": list(perm)}))
+        x = nodes[0].outputs[0]
+    inputs = [x, gamma]
     initializers = [gamma]
     if b["beta"] is not None:
         beta = new_constant(b["beta"], "layer_norm_bias")
@@ -395,7 +574,9 @@ def _rewrite_layer_norm(match: Match, context: RewriteContext) -> Replacement:
     if b.get("stash_type", 1) != 1:
         attributes["stash_type"] = b["stash_type"]
     new = ir.node("LayerNormalization", inputs, attributes)
-    return Replacement([new], [(match.root.outputs[0], new.outputs[0])], constants=initializers)
+    return Replacement(
+        [*nodes, new], [(match.root.outputs[0], new.outputs[0])], constants=initializers
+    )
 
 
 def _match_scaled_norm(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -540,6 +721,12 @@ RULES = (
         "decomposed(reciprocal)->LayerNormalization", "Mul", _match_layer_norm, _rewrite_layer_norm
     ),
     Rule("x*m+(beta-mean*m)->LayerNormalization", "Add", _match_affine_norm, _rewrite_layer_norm),
+    Rule(
+        "transposed x*m+(beta-mean*m)->LayerNormalization",
+        "Add",
+        _match_transposed_norm,
+        _rewrite_layer_norm,
+    ),
     Rule(
         "LayerNormalization*gamma+beta->LayerNormalization",
         "Mul",
