@@ -175,3 +175,39 @@ def test_lone_batch_norm_decomposes_to_mul_add() -> None:
     assert op_types(result.model) == ["Relu", "Mul", "Add"]
     after_conv = parse(CONV_BN, w=rng_array(4, 3, 3, 3), bias=rng_array(4), **BN_PARAMS)
     assert not DecomposeBatchNormPass()(after_conv).modified
+
+
+# tf2onnx's Conv1D: a 2-D Conv of height 1 between an Unsqueeze and a Squeeze, its bias added to
+# the squeezed [N, C, L] result (TF Whisper's and wav2vec2's feature convolutions).
+SQUEEZED_CONV = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[N, 3, 10] x) => (float[N, 4, 8] y) {{
+    axes = Constant <value = int64[1] {{{axis}}}> ()
+    u = Unsqueeze (x, axes)
+    c = Conv <kernel_shape = [1, 3]> (u, w)
+    s = Squeeze (c, axes)
+    y = {op} (s, k)
+}}
+"""
+
+
+@pytest.mark.parametrize(("op", "rule"), [("Add", "conv+add->conv"), ("Mul", "conv+mul->conv")])
+def test_per_channel_constant_after_a_squeezed_conv1d_folds(op: str, rule: str) -> None:
+    model = parse(
+        SQUEEZED_CONV.format(axis=2, op=op), w=rng_array(4, 3, 1, 3), k=rng_array(1, 4, 1, seed=5)
+    )
+    result = run_checked(FuseConvBnPass(), model)
+    assert result.stats == {rule: 1}
+    assert op_types(result.model) == ["Constant", "Unsqueeze", "Conv", "Squeeze"]
+
+
+def test_constant_after_a_squeezed_conv_along_time_stays() -> None:
+    # [1, 1, 8] varies along the squeezed result's last axis: not one number per channel
+    model = parse(
+        SQUEEZED_CONV.format(axis=2, op="Add"), w=rng_array(4, 3, 1, 3), k=rng_array(1, 1, 8)
+    )
+    result = FuseConvBnPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert result.notes == [
+        "conv+add->conv: Add: the constant of shape [1, 1, 8] is not per-channel (axis 2 has 8)"
+    ]

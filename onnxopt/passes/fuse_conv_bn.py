@@ -3,7 +3,8 @@
 BatchNormalization in inference mode is ``y = x * s + t`` with ``s = gamma / sqrt(var + eps)`` and
 ``t = beta - mean * s``. After a Conv this folds into the weights: ``W' = W * s`` (per output channel)
 and ``b' = b * s + t``. A constant per-channel ``Add`` (``b' = b + c``) or ``Mul`` (``W' = W * c``,
-``b' = b * c``) folds the same way. Arithmetic runs in float64 and is rounded once to the weight
+``b' = b * c``) folds the same way, also after a Squeeze of the Conv's spatial axes of size 1
+(tf2onnx's Conv1D: a 2-D Conv of height 1, its bias added to the squeezed result). Arithmetic runs in float64 and is rounded once to the weight
 dtype (a float16 model's folded weights are not computed in float16); a result that overflows
 that dtype (float16's 65504) is refused.
 """
@@ -16,6 +17,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import const_array, is_op
+from onnxopt.passes._shape_facts import axes_param
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import new_constant, other_input, users
@@ -187,7 +189,7 @@ def _fold(
 
 
 def _rewrite(match: Match, context: RewriteContext) -> Replacement:
-    node, root = match.nodes
+    node, root = match.nodes[0], match.root
     weight = new_constant(match.bindings["weight"], node.inputs[1].name if node.inputs[1] else None)
     bias = new_constant(match.bindings["bias"], f"{node.name or node.op_type}_bias")
     if is_op(node, "MatMul") or is_op(node, "Gemm"):
@@ -202,7 +204,15 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
             node.attributes.values(),
             name=node.name,
         )
-    return Replacement([new], [(root.outputs[0], new.outputs[0])], constants=[weight, bias])
+    squeeze = match.bindings.get("squeeze")
+    if squeeze is None:
+        return Replacement([new], [(root.outputs[0], new.outputs[0])], constants=[weight, bias])
+    after = ir.Node(
+        "", "Squeeze", [new.outputs[0], *squeeze.inputs[1:]], squeeze.attributes.values()
+    )
+    return Replacement(
+        [new, after], [(root.outputs[0], after.outputs[0])], constants=[weight, bias]
+    )
 
 
 def _match_bn(op: str) -> MatchFn:
@@ -225,10 +235,14 @@ def _match_affine(op: str) -> MatchFn:
         node: ir.Node | Mismatch = Mismatch(
             "no input is produced by Conv or ConvTranspose", candidate=False
         )
+        squeeze = operand = None
         for candidate in root.inputs[:2]:
             producer = None if candidate is None else candidate.producer()
+            squeezed = _squeezed_conv(producer)
+            if squeezed is not None:
+                squeeze, producer, candidate = producer, squeezed, squeezed.outputs[0]
             if is_op(producer, "Conv") or is_op(producer, "ConvTranspose"):
-                node = _producer(candidate)
+                node, operand = _producer(candidate), candidate
                 break
         if isinstance(node, Mismatch):
             return node
@@ -236,16 +250,41 @@ def _match_affine(op: str) -> MatchFn:
         if weight is None:
             return Mismatch(f"{node.op_type} weight is not a constant")
         channels = _channels(node, weight)
-        factor = _per_channel(other_input(root, node.outputs[0]), weight.ndim, channels, 1)
+        # Squeezed spatial axes of size 1 leave the channels at axis 1.
+        rank = weight.ndim - (len(_squeeze_axes(squeeze, weight.ndim) or ()) if squeeze else 0)
+        seen = squeeze.outputs[0] if squeeze is not None else operand
+        factor = _per_channel(other_input(root, seen), rank, channels, 1)
         if isinstance(factor, Mismatch):
             return factor
-        if op == "Add":
-            return _fold(
-                node, root, np.ones(channels), factor, "Add", context.options.fold_may_grow
-            )
-        return _fold(node, root, factor, np.zeros(channels), "Mul", context.options.fold_may_grow)
+        s, t = (np.ones(channels), factor) if op == "Add" else (factor, np.zeros(channels))
+        found = _fold(node, root, s, t, op, context.options.fold_may_grow)
+        if isinstance(found, Match) and squeeze is not None:
+            found.bindings["squeeze"] = squeeze
+            found.nodes = [node, squeeze, root]
+        return found
 
     return match
+
+
+def _squeeze_axes(squeeze: ir.Node | None, rank: int) -> tuple[int, ...] | None:
+    axes = axes_param(squeeze, rank) if squeeze is not None else None
+    return None if axes is None or isinstance(axes, Mismatch) else axes
+
+
+def _squeezed_conv(squeeze: ir.Node | None) -> ir.Node | None:
+    """The Conv whose spatial axes of size 1 ``squeeze`` alone removes (tf2onnx's Conv1D, a 2-D
+    Conv between an Unsqueeze and a Squeeze): a per-channel constant after the Squeeze is one on
+    the Conv's channel axis too."""
+    if squeeze is None or not is_op(squeeze, "Squeeze") or squeeze.inputs[0] is None:
+        return None
+    conv = squeeze.inputs[0].producer()
+    if conv is None or not (is_op(conv, "Conv") or is_op(conv, "ConvTranspose")):
+        return None
+    rank = None if conv.outputs[0].shape is None else len(conv.outputs[0].shape)
+    axes = _squeeze_axes(squeeze, rank) if rank is not None else None
+    if not axes or min(axes) < 2 or users(squeeze.outputs[0]) != 1:
+        return None
+    return conv
 
 
 RULES = (
