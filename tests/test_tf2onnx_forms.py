@@ -14,7 +14,9 @@ FFN): converted from tf-keras with a padding mask (keras-encoder) or a padding a
 tf2onnx lowers their einsums to unsqueezed, transposed 5-D views around 3-D MatMuls, computes
 the scores transposed (``K @ Q^T``, Softmax over axis 2), and writes Keras 3's ``where`` masks as
 ``Cast(c) * s + Cast(!c) * k``. Two are KerasHub's ``BertBackbone`` and ``GPT2Backbone``
-(keras-hub 0.21), which compute their attention themselves.
+(keras-hub 0.21), which compute their attention themselves. Whisper's encoder keeps its
+residual stream channels-first after its convolutions (tf2onnx's transpose optimizer), each
+LayerNorm computed over axis 1 and transposed.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ EXPECTED = {
     # viewed back with the residual's shape (BERT's one Gemm left is its pooler's)
     "kerashub-bert": {"Attention": 2, "LayerNormalization": 5, "FusedMatMul": 2, "Gemm": 1},
     "kerashub-gpt2": {"Attention": 2, "LayerNormalization": 5, "FusedMatMul": 2},
+    # Whisper's encoder: tf2onnx keeps the residual stream channels-first ([B, D, T]) after the
+    # convolutions, so each norm's statistics are over axis 1 and its terms transposed; one
+    # Transpose is left at the stream's start, the conv biases fold into the Convs
+    "whisper-encoder": {"Attention": 2, "LayerNormalization": 5, "MatMul": 6, "Transpose": 1},
 }
 GONE = (
     "GlobalAveragePool", "ReduceMean", "Softmax", "Transpose", "Sqrt", "Reciprocal", "ReduceProd",

@@ -54,6 +54,9 @@ LevelSpec = Sequence[PassClass | tuple[PassClass, ...]]
 FUSIONS: list[PassClass] = [
     FusePadPass,
     FuseConvBnPass,
+    # Before promote-conv1d, whose Squeeze then moves past a Conv's fused Gelu in the same run
+    # (tf2onnx's Conv1D and TorchScript's erf Gelu: a fixed point in one run).
+    FuseGeluPass,
     # ort: wide 1-D Convs as 2-D ones (ORT's NCHWc kernels); before fuse-conv-activation, which
     # then fuses the 2-D Conv with the activation the Squeeze was moved past.
     PromoteConv1dPass,
@@ -72,7 +75,6 @@ FUSIONS: list[PassClass] = [
     # After the transposes fold: GroupQueryAttention then reads the rotaries' outputs directly.
     # Bit-identical on ORT 1.32 CPU (scripts/gqa_rotary_check.py); two nodes fewer per layer.
     FuseGqaRotaryPass,
-    FuseGeluPass,
     # Bit-identical on ORT 1.32 CPU; the same op ORT makes of the pair at ENABLE_EXTENDED+.
     FuseSiluPass,
     FuseMatMulPass,  # attention patterns need to see their Transpose + MatMul unfused
