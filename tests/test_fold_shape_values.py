@@ -499,6 +499,41 @@ def test_int32_arithmetic_is_redone_in_int64() -> None:
     assert not FoldShapeValuesPass()(result.model).modified
 
 
+def test_int32_arithmetic_of_an_outer_scope_is_left_to_it() -> None:
+    """A branch casting the outer graph's int32 shape arithmetic to int64 (tf2onnx's LED): the
+    int64 twins would belong to the outer graph, so the branch keeps its Cast (this crashed)."""
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 2, S, 4] x, bool c) => (float[M, S, 4] y) <int64[1] zero = {0}, int64[1] one = {1}, int32 two = {2}, int32[2] rest = {-1, 4}> {
+            s = Shape(x)
+            s32 = Cast <to = 6> (s)
+            b = Slice(s32, zero, one, zero)
+            b0 = Squeeze(b, zero)
+            bh = Mul(b0, two)
+            bh1 = Unsqueeze(bh, zero)
+            t32 = Concat <axis = 0> (bh1, rest)
+            y = If (c) <
+                then_branch = g1 () => (float[M, S, 4] a) {
+                    t = Cast <to = 7> (t32)
+                    a = Reshape(x, t)
+                },
+                else_branch = g2 () => (float[M, S, 4] b) {
+                    t = Cast <to = 7> (t32)
+                    r = Reshape(x, t)
+                    b = Neg(r)
+                }
+            >
+        }
+        """
+    )
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    assert not result.stats["shape values computed in int64 again"]
+    report = validate(model, result.model)
+    assert report.passed, report
+
+
 def test_int32_values_not_read_off_a_shape_keep_their_casts() -> None:
     """An int32 input cast to int64 may hold anything: it is no dim."""
     model = parse_model(

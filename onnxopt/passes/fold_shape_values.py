@@ -746,7 +746,7 @@ def _widen_round_trips(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool) -
             or not value.uses()
         ):
             continue
-        cone = _int32_cone(source, tracker)
+        cone = _int32_cone(source, tracker, graph)
         if cone is None:
             continue
         made = _widen(source, cone, graph, pool, widened)
@@ -755,9 +755,10 @@ def _widen_round_trips(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool) -
     return count
 
 
-def _int32_cone(value: ir.Value, tracker: _Tracker) -> list[ir.Node] | None:
+def _int32_cone(value: ir.Value, tracker: _Tracker, graph: ir.Graph) -> list[ir.Node] | None:
     """The int32 ops computing ``value`` from dims cast to int32 and constants (producers first),
-    or None when something else feeds it or the cone is large."""
+    or None when something else feeds it, the cone is large or reaches outside ``graph`` (a
+    subgraph's Cast of an outer scope's shape arithmetic: the int64 twins would have to go there)."""
     order: list[ir.Node] = []
     seen: set[ir.Value] = set()
     stack = [value]
@@ -770,6 +771,8 @@ def _int32_cone(value: ir.Value, tracker: _Tracker) -> list[ir.Node] | None:
             continue
         node = current.producer()
         if node is None or not is_onnx_domain(node.domain) or len(node.outputs) != 1:
+            return None
+        if node.graph is not graph:
             return None
         inner = node.inputs[0] if node.inputs else None
         if (
