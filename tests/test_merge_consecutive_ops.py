@@ -953,3 +953,19 @@ def test_transpose_is_not_hoisted(body: str) -> None:
     result = MergeConsecutiveOpsPass()(load(text))
     assert HOIST not in result.stats
     assert [n.op_type for n in result.model.graph].count("Transpose") == 2
+
+
+def test_transpose_in_a_branch_is_not_hoisted_out_of_it() -> None:
+    # the op and its inverse Transpose are the outer graph's; the reading Transpose is a branch's
+    text = model(
+        "{ a = Transpose <perm = [0, 2, 1]> (x)\n c = Add(x, a)\n"
+        " y = If (cond) <then_branch = g1 () => (float[4,4,4] t) {"
+        " t = Transpose <perm = [0, 2, 1]> (c) },"
+        " else_branch = g2 () => (float[4,4,4] e) { e = Transpose <perm = [0, 2, 1]> (c) }> }",
+        inputs="float[4,4,4] x, bool cond",
+        outputs="float[4,4,4] y",
+    )
+    original = load(text)
+    result = MergeConsecutiveOpsPass()(original.clone())
+    assert HOIST not in result.stats
+    assert validate(original, result.model).passed

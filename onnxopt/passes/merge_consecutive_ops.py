@@ -255,7 +255,10 @@ def _match_transpose_hoist(node: ir.Node, context: RewriteContext) -> Match | Mi
     result = op.outputs[0]
     readers = [use.node for use in result.uses()]
     if result.is_graph_output() or any(
-        not is_op(r, "Transpose") or r.attributes.get_ints("perm", None) != perm for r in readers
+        not is_op(r, "Transpose")
+        or r.attributes.get_ints("perm", None) != perm
+        or r.graph is not op.graph  # a branch reading the op: its Transpose stays there
+        for r in readers
     ):
         return Mismatch(
             "the op's result is read by more than Transposes by this perm", candidate=False
@@ -272,6 +275,7 @@ def _match_transpose_hoist(node: ir.Node, context: RewriteContext) -> Match | Mi
         if (
             value is not None
             and before is not None
+            and before.graph is op.graph
             and is_op(before, "Transpose")
             and tuple(before.attributes.get_ints("perm", ())) == inverse
             and not value.is_graph_output()
