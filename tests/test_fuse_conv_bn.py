@@ -211,3 +211,57 @@ def test_constant_after_a_squeezed_conv_along_time_stays() -> None:
     assert result.notes == [
         "conv+add->conv: Add: the constant of shape [1, 1, 8] is not per-channel (axis 2 has 8)"
     ]
+
+
+# A projection scaled per output column: DINOv2's LayerScale (`x + lambda * proj(h)`), and
+# MobileBERT's NoNorm (`proj(h) * gamma + beta`) with its shift.
+SCALED_LINEAR = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, S, 6] h) => (float[B, S, 4] y) {{
+    p = MatMul (h, w)
+    {body}
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "ops"),
+    [
+        ("pb = Add (p, b)\n    y = Mul (pb, g)", ["MatMul", "Add"]),  # LayerScale
+        (
+            "pb = Add (b, p)\n    s = Mul (g, pb)\n    y = Add (s, beta)",
+            ["MatMul", "Add"],
+        ),  # NoNorm
+        ("y = Mul (p, g)", ["MatMul"]),  # no bias
+        ("s = Mul (p, g)\n    y = Add (s, beta)", ["MatMul", "Add"]),  # the shift becomes a bias
+    ],
+    ids=["layer-scale", "no-norm", "bare", "bare-with-shift"],
+)
+def test_per_column_scale_after_a_projection_folds_into_its_weight(
+    body: str, ops: list[str]
+) -> None:
+    model = parse(
+        SCALED_LINEAR.format(body=body),
+        w=rng_array(6, 4),
+        b=rng_array(4, seed=2),
+        g=rng_array(1, 1, 4, seed=3),
+        beta=rng_array(4, seed=4),
+    )
+    result = run_checked(FuseConvBnPass(), model)
+    assert result.stats == {"matmul+mul->matmul": 1}
+    assert op_types(result.model) == ops
+
+
+def test_scale_that_varies_along_rows_is_not_folded() -> None:
+    # [S, 1]: one number per position, not per output column
+    model = parse(
+        SCALED_LINEAR.format(body="pb = Add (p, b)\n    y = Mul (pb, g)").replace("S, ", "5, "),
+        w=rng_array(6, 4),
+        b=rng_array(4, seed=2),
+        g=rng_array(5, 1, seed=3),
+    )
+    result = FuseConvBnPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert result.notes == [
+        "matmul+mul->matmul: Mul: the constant of shape [5, 1] is not per-channel (axis 1 has 5)"
+    ]

@@ -4,7 +4,9 @@ BatchNormalization in inference mode is ``y = x * s + t`` with ``s = gamma / sqr
 ``t = beta - mean * s``. After a Conv this folds into the weights: ``W' = W * s`` (per output channel)
 and ``b' = b * s + t``. A constant per-channel ``Add`` (``b' = b + c``) or ``Mul`` (``W' = W * c``,
 ``b' = b * c``) folds the same way, also after a Squeeze of the Conv's spatial axes of size 1
-(tf2onnx's Conv1D: a 2-D Conv of height 1, its bias added to the squeezed result). Arithmetic runs in float64 and is rounded once to the weight
+(tf2onnx's Conv1D: a 2-D Conv of height 1, its bias added to the squeezed result). A per-column
+scale after a projection by a constant matrix, ``(x @ W + b) * g [+ c]``, folds into W and b at any
+rank of x (LayerScale, MobileBERT's NoNorm); the MatMul stays a MatMul. Arithmetic runs in float64 and is rounded once to the weight
 dtype (a float16 model's folded weights are not computed in float16); a result that overflows
 that dtype (float16's 65504) is refused.
 """
@@ -20,7 +22,7 @@ from onnxopt.ops import const_array, is_op
 from onnxopt.passes._shape_facts import axes_param
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
-from onnxopt.rewrite.patterns import new_constant, other_input, users
+from onnxopt.rewrite.patterns import new_constant, other_input, producer_op, users
 from onnxopt.rewrite.rule import MatchFn
 
 _FOLDABLE = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -266,6 +268,83 @@ def _match_affine(op: str) -> MatchFn:
     return match
 
 
+def _match_scaled_linear(root: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``(x @ W [+ b]) * g`` with g one number per output column -> ``x @ (W*g) [+ b*g]``: a
+    LayerScale (DINOv2, CaiT, BEiT, ConvNeXt's gamma) or MobileBERT's NoNorm after a projection,
+    at any rank of x. The MatMul stays a MatMul (a Gemm would need a 2-D x)."""
+    for scaled in root.inputs[:2]:
+        if scaled is None or users(scaled) != 1 or scaled.is_graph_output():
+            continue
+        bias_add = producer_op(scaled, "Add")
+        product: ir.Value | None = scaled
+        bias = None
+        if bias_add is not None:
+            for term in bias_add.inputs[:2]:
+                if is_op(term.producer() if term is not None else None, "MatMul"):
+                    product, bias = term, other_input(bias_add, term)
+                    break
+        matmul = producer_op(product, "MatMul")
+        if matmul is None or product is None or users(product) != 1 or matmul.inputs[1] is None:
+            continue
+        weight = _weight(matmul, 1, context.options.fold_may_grow)
+        if isinstance(weight, Mismatch):
+            return weight
+        if weight.ndim != 2:
+            return Mismatch(f"MatMul weight has rank {weight.ndim}, expected 2")
+        rank = None if scaled.shape is None else len(scaled.shape)
+        if rank is None or rank < 2:
+            return Mismatch("the projection's rank is unknown")
+        channels = int(weight.shape[1])
+        factor = _per_channel(other_input(root, scaled), rank, channels, rank - 1)
+        if isinstance(factor, Mismatch):
+            return factor
+        shift = np.zeros(channels)
+        if bias is not None:
+            found = _per_channel(bias, rank, channels, rank - 1)
+            if isinstance(found, Mismatch):
+                return Mismatch(f"the bias: {found.reason}")
+            shift = found
+        nodes = [matmul, *([bias_add] if bias_add is not None and bias is not None else []), root]
+        shift = shift * factor
+        # A per-column shift after the scale (MobileBERT's NoNorm beta) joins the bias.
+        after = _single_user(root.outputs[0])
+        beta = (
+            _per_channel(other_input(after, root.outputs[0]), rank, channels, rank - 1)
+            if is_op(after, "Add") and after is not None
+            else None
+        )
+        if after is not None and isinstance(beta, np.ndarray):
+            nodes.append(after)
+            shift = shift + beta
+        wide = (weight.astype(np.float64) * factor[None, :], shift)
+        with np.errstate(over="ignore"):
+            narrow = tuple(array.astype(weight.dtype) for array in wide)
+        if not all(np.isfinite(n).all() for n in narrow):
+            return Mismatch(f"the folded weights overflow {weight.dtype} (the layer's weight type)")
+        has_bias = bias is not None or nodes[-1] is after
+        return Match(nodes, {"weight": narrow[0], "bias": narrow[1] if has_bias else None})
+    return Mismatch("no operand is a projection by a constant matrix", candidate=False)
+
+
+def _rewrite_scaled_linear(match: Match, context: RewriteContext) -> Replacement:
+    matmul, root = match.nodes[0], match.root
+    weight = new_constant(
+        match.bindings["weight"], matmul.inputs[1].name if matmul.inputs[1] else None
+    )
+    product = ir.Node("", "MatMul", [matmul.inputs[0], weight], name=matmul.name)
+    nodes, constants = [product], [weight]
+    if match.bindings["bias"] is not None:
+        bias = new_constant(match.bindings["bias"], f"{matmul.name or 'MatMul'}_bias")
+        nodes.append(ir.Node("", "Add", [product.outputs[0], bias]))
+        constants.append(bias)
+    return Replacement(nodes, [(root.outputs[0], nodes[-1].outputs[0])], constants=constants)
+
+
+def _single_user(value: ir.Value) -> ir.Node | None:
+    uses = list(value.uses())
+    return uses[0].node if len(uses) == 1 and not value.is_graph_output() else None
+
+
 def _squeeze_axes(squeeze: ir.Node | None, rank: int) -> tuple[int, ...] | None:
     axes = axes_param(squeeze, rank) if squeeze is not None else None
     return None if axes is None or isinstance(axes, Mismatch) else axes
@@ -299,6 +378,7 @@ RULES = (
     Rule("matmul+bn->gemm", "BatchNormalization", _match_bn("MatMul"), _rewrite),
     Rule("conv+add->conv", "Add", _match_affine("Add"), _rewrite),
     Rule("conv+mul->conv", "Mul", _match_affine("Mul"), _rewrite),
+    Rule("matmul+mul->matmul", "Mul", _match_scaled_linear, _rewrite_scaled_linear),
 )
 
 
