@@ -62,3 +62,33 @@ def test_pad_not_folded(op: str, value: float, reason: str) -> None:
     result = FusePadPass(PassOptions(explain=True))(_model(op, value))
     assert not result.modified
     assert [n.split(": ", 2)[2] for n in result.notes] == [reason]
+
+
+# tf2onnx's Conv1D with explicit padding: the 1-D input padded, unsqueezed, a 2-D Conv of height 1
+CONV1D_PAD = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 3, 10] x) => (float[N, 4, 1, L] y) {{
+    pads = Constant <value = int64[6] {{0, 0, {begin}, 0, 0, 2}}> ()
+    p = Pad (x, pads)
+    axes = Constant <value = int64[1] {{{axis}}}> ()
+    u = Unsqueeze (p, axes)
+    y = Conv <kernel_shape = [1, 3]> (u, w)
+}}
+"""
+
+
+def test_pad_before_an_unsqueeze_folds_into_the_conv() -> None:
+    model = parse(CONV1D_PAD.format(begin=1, axis=2), w=rng_array(4, 3, 1, 3))
+    result = run_checked(FusePadPass(), model)
+    assert result.stats == {"pad+conv->conv": 1}
+    assert [t for t in op_types(result.model) if t != "Constant"] == ["Unsqueeze", "Conv"]
+    (conv,) = [n for n in result.model.graph if n.op_type == "Conv"]
+    assert list(conv.attributes.get_ints("pads")) == [0, 1, 0, 2]
+
+
+def test_pad_before_an_unsqueeze_of_the_channel_axis_stays() -> None:
+    # the Unsqueeze inserts the channel axis: the input's channels become a spatial axis
+    text = CONV1D_PAD.format(begin=1, axis=1).replace("[1, 3]", "[3, 3]")
+    model = parse(text, w=rng_array(4, 1, 3, 3))
+    result = FusePadPass()(model)
+    assert not result.modified

@@ -1,6 +1,7 @@
 """Fold a constant zero Pad into the following Conv / AveragePool, or a -inf Pad into MaxPool.
 
-The Pad must pad only spatial axes, by non-negative amounts, in ``constant`` mode. Conv and
+The Pad must pad only spatial axes, by non-negative amounts, in ``constant`` mode; an Unsqueeze of
+spatial axes may stand between (tf2onnx's Conv1D pads the 1-D input, then runs a 2-D Conv). Conv and
 AveragePool (which then counts the padded zeros: ``count_include_pad=1``) need pad value 0;
 MaxPool ignores its own padding, which equals padding with -inf.
 """
@@ -13,6 +14,7 @@ from collections import Counter
 import onnx_ir as ir
 
 from onnxopt.ops import const_array, is_op
+from onnxopt.passes._shape_facts import axes_param
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import users
@@ -54,23 +56,48 @@ def _pad_amounts(pad: ir.Node, rank: int) -> tuple[list[int], float] | Mismatch:
     return pads, value
 
 
+def _unsqueezed(value: ir.Value | None) -> tuple[ir.Node, tuple[int, ...]] | None:
+    """The Unsqueeze making ``value`` and the axes it inserts, all spatial (>= 2), when only it
+    reads a Pad: tf2onnx's Conv1D pads the 1-D input, then unsqueezes it for a 2-D Conv."""
+    unsqueeze = None if value is None else value.producer()
+    if value is None or unsqueeze is None or not is_op(unsqueeze, "Unsqueeze") or users(value) != 1:
+        return None
+    inner = unsqueeze.inputs[0]
+    pad = None if inner is None else inner.producer()
+    if not is_op(pad, "Pad") or value is None or value.shape is None:
+        return None
+    axes = axes_param(unsqueeze, len(value.shape))
+    if axes is None or isinstance(axes, Mismatch) or min(axes) < 2:
+        return None
+    return unsqueeze, axes
+
+
 def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    pad = None if node.inputs[0] is None else node.inputs[0].producer()
+    unsqueezed = _unsqueezed(node.inputs[0])
+    source = unsqueezed[0].inputs[0] if unsqueezed is not None else node.inputs[0]
+    pad = None if source is None else source.producer()
     if not is_op(pad, "Pad") or pad is None or pad.inputs[0] is None:
         return Mismatch("input is not a Pad", candidate=False)
     if users(pad.outputs[0]) != 1:
         return Mismatch(f"Pad output has {users(pad.outputs[0])} consumers")
     data = pad.inputs[0]
     rank = len(data.shape) if data.shape is not None else None
-    if rank is None and is_op(node, "Conv"):
+    if rank is None and is_op(node, "Conv") and unsqueezed is None:
         weight = node.inputs[1].shape if node.inputs[1] is not None else None
         rank = len(weight) if weight is not None else None
-    if rank is None or rank < 3:
+    if rank is None or rank + (len(unsqueezed[1]) if unsqueezed else 0) < 3:
         return Mismatch("input rank is unknown")
     amounts = _pad_amounts(pad, rank)
     if isinstance(amounts, Mismatch):
         return amounts
     pads, value = amounts
+    if unsqueezed is not None:  # no padding on the inserted axes
+        inserted = unsqueezed[1]
+        rank += len(inserted)
+        begins, ends = iter(pads[: len(pads) // 2]), iter(pads[len(pads) // 2 :])
+        pads = [0 if a in inserted else next(begins) for a in range(rank)] + [
+            0 if a in inserted else next(ends) for a in range(rank)
+        ]
     spatial = rank - 2
     if any(pads[i] != 0 for i in (0, 1, rank, rank + 1)):
         return Mismatch("Pad pads the batch or channel axis")
@@ -98,6 +125,8 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     merged = [old[i] + pads[2 + i] for i in range(spatial)] + [
         old[spatial + i] + pads[rank + 2 + i] for i in range(spatial)
     ]
+    if unsqueezed is not None:
+        return Match([pad, unsqueezed[0], node], {"pads": merged, "data": data})
     return Match([pad, node], {"pads": merged, "data": data})
 
 
@@ -107,9 +136,17 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     attributes["pads"] = ir.AttrInt64s("pads", match.bindings["pads"])
     if is_op(node, "AveragePool"):
         attributes["count_include_pad"] = ir.AttrInt64("count_include_pad", 1)
-    inputs = [match.bindings["data"], *node.inputs[1:]]
+    data = match.bindings["data"]
+    nodes = []
+    if len(match.nodes) == 3:  # the Unsqueeze now reads the unpadded input
+        unsqueeze = match.nodes[1]
+        nodes.append(
+            ir.Node("", "Unsqueeze", [data, *unsqueeze.inputs[1:]], unsqueeze.attributes.values())
+        )
+        data = nodes[0].outputs[0]
+    inputs = [data, *node.inputs[1:]]
     new = ir.Node("", node.op_type, inputs, attributes.values(), num_outputs=1, name=node.name)
-    return Replacement([new], [(node.outputs[0], new.outputs[0])])
+    return Replacement([*nodes, new], [(node.outputs[0], new.outputs[0])])
 
 
 RULES = (
