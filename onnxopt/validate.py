@@ -1,7 +1,8 @@
 """Numerical validation: run original and optimized on ONNX Runtime (its optimizations OFF) and compare.
 
 Inputs are seeded random tensors that respect what the model expects: integer inputs that index an
-embedding (a Gather's indices, possibly through Cast/Reshape/Unsqueeze) stay below the table's size,
+embedding (a Gather's indices, possibly through Cast/Reshape/Unsqueeze/Expand) stay below the table's
+size, and those one-hot encoded (OneHot, or Equal against the constants 0..n-1) below the depth;
 other integers are small and non-negative, and every dynamic dimension is tried at two or more sizes
 (1 and larger odd values, distinct per symbolic dim so that mixed-up dims are caught). Dims written
 as expressions (``past + seq``) are computed from the others, and when no generated size runs, the
@@ -25,7 +26,7 @@ import onnx_ir as ir
 from onnxopt import io
 from onnxopt.errors import OnnxoptError, UsageError
 from onnxopt.input_sizes import FALLBACK_SIZES, SIGNAL_SIZES, DimSymbols, Relation, SizePlan
-from onnxopt.ops import MS_DOMAIN, NONDETERMINISTIC_OPS, is_op
+from onnxopt.ops import MS_DOMAIN, NONDETERMINISTIC_OPS, const_array, is_op
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 }
 DEFAULT_TOLERANCE = (1e-4, 1e-3)
 MAX_TRIAL_ELEMENTS = 64 * 1024 * 1024
-_PASSTHROUGH = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")
+_PASSTHROUGH = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand")
+_MAX_ONE_HOT_DEPTH = 1 << 20
 
 
 class CannotValidate(OnnxoptError):
@@ -117,13 +119,47 @@ class _Worst:
         )
 
 
+def _one_hot_depth(node: ir.Node, index: int) -> int | None:
+    """n when ``node`` one-hot encodes its input ``index`` over n classes: ONNX OneHot with a
+    constant depth, or Equal against a constant holding exactly 0..n-1 (jax's and TF's
+    ``one_hot`` through tf2onnx: ``Equal(Expand(ids), arange(n))``)."""
+    if is_op(node, "OneHot") and index == 0 and len(node.inputs) > 1:
+        depth = const_array(node.inputs[1])
+        if (
+            depth is not None
+            and depth.size == 1
+            and 0 < float(depth.reshape(())) <= _MAX_ONE_HOT_DEPTH
+        ):
+            return int(depth.reshape(()))
+        return None
+    if not is_op(node, "Equal") or len(node.inputs) != 2:
+        return None
+    other = node.inputs[1 - index] if index in (0, 1) else None
+    stored = None if other is None else other.const_value  # an initializer: size before loading
+    if other is None or (stored is not None and stored.size > _MAX_ONE_HOT_DEPTH):
+        return None
+    classes = const_array(other)
+    if classes is None or not np.issubdtype(classes.dtype, np.integer):
+        return None
+    present = np.unique(classes)
+    return (
+        len(present)
+        if len(present) > 1 and np.array_equal(present, np.arange(len(present)))
+        else None
+    )
+
+
 def _embedding_bound(value: ir.Value, depth: int = 0) -> int | None:
     """Smallest table size among Gathers that use ``value`` (through shape-only ops) as indices,
-    and among ORT RotaryEmbeddings that read their cos/sin cache rows at it (position ids)."""
+    among one-hot encodings of it, and among ORT RotaryEmbeddings that read their cos/sin cache
+    rows at it (position ids)."""
     bounds: list[int] = []
     for use in value.uses():
         node = use.node
-        if is_op(node, "Gather") and use.idx == 1:
+        classes = _one_hot_depth(node, use.idx)
+        if classes is not None:
+            bounds.append(classes)
+        elif is_op(node, "Gather") and use.idx == 1:
             data = node.inputs[0]
             axis = node.attributes.get_int("axis", 0)
             if data is not None and data.shape is not None and len(data.shape) > 0:

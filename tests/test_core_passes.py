@@ -426,6 +426,41 @@ def test_validation_catches_a_wrong_rewrite() -> None:
     assert {t["x"][0] for t in report.trials} == {1, 3}
 
 
+@pytest.mark.parametrize(
+    ("classes", "high"),
+    [("{0, 1, 2, 3, 4, 5}", 6), ("{5, 4, 3, 2, 1, 0}", 6), ("{0, 2, 3, 4, 5, 6}", None)],
+    ids=["arange", "reversed", "not-a-range"],
+)
+def test_validation_keeps_one_hot_ids_below_the_depth(classes: str, high: int | None) -> None:
+    from onnxopt.validate import input_specs, make_inputs
+
+    # jax's one_hot through tf2onnx (magika): Equal(Expand(Reshape(ids, [B, S, 1])), 0..n-1);
+    # ids of 0 and 1 alone would leave most classes cold. ONNX OneHot gives its depth.
+    model = parse_model(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int32[B, S] ids, int64[B] labels) => (bool[B, S, 6] hot, float[B, 9] y)
+          <int32[1, 1, 6] classes = {classes}, int64[3] split = {{0, 0, 1}},
+           float[2] values = {{0, 1}}, int64 depth = {{9}}> {{
+            r = Reshape(ids, split)
+            shape = Shape(r)
+            full = Concat<axis = 0>(shape)
+            e = Expand(r, full)
+            hot = Equal(e, classes)
+            y = OneHot<axis = -1>(labels, depth, values)
+        }}
+        """
+    )
+    specs = {spec.name: spec for spec in input_specs(model)}
+    assert specs["ids"].int_high == high
+    assert specs["labels"].int_high == 9
+    feeds = make_inputs(list(specs.values()), lambda d: 64, np.random.default_rng(0))
+    assert feeds is not None
+    assert feeds["labels"].max() > 1  # not just the 0s and 1s of an unknown integer
+    if high is not None:
+        assert feeds["ids"].max() < high
+
+
 def test_validation_keeps_token_ids_inside_the_embedding() -> None:
     from onnxopt.validate import input_specs, make_inputs
 
