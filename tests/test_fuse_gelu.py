@@ -44,6 +44,37 @@ TANH = """
 }}
 """
 
+# jax's gelu(approximate=True) as tf2onnx writes it (magika, every jax2tf model): the cube built
+# as x * (x * (0.044715 * x)), constants first, the 0.5 applied to 1 + tanh before x.
+TANH_JAX = """
+    z = Add (x, bias)
+    k1 = Mul (k, z)
+    k2 = Mul (z, k1)
+    c = Mul (z, k2)
+    s = Add (z, c)
+    t = Mul (sqrt2pi, s)
+    th = Tanh (t)
+    a = Add (one, th)
+    h = Mul (half, a)
+    y = Mul (z, h)
+}}
+"""
+
+# The coefficient split in two and divided: (x * x) / (1 / 0.044715) * x.
+TANH_DIVIDED = """
+    z = Add (x, bias)
+    sq = Mul (z, z)
+    d = Div (sq, inv_k)
+    c = Mul (d, z)
+    s = Add (c, z)
+    t = Mul (s, sqrt2pi)
+    th = Tanh (t)
+    a = Add (th, one)
+    h = Mul (z, half)
+    y = Mul (h, a)
+}}
+"""
+
 CONSTANTS = {
     "sqrt2": rng_array(1)[0] * 0 + 1.4142135,
     "inv_sqrt2": rng_array(1)[0] * 0 + 0.70710678,
@@ -51,6 +82,7 @@ CONSTANTS = {
     "half": rng_array(1)[0] * 0 + 0.5,
     "three": rng_array(1)[0] * 0 + 3.0,
     "k": rng_array(1)[0] * 0 + 0.044715,
+    "inv_k": rng_array(1)[0] * 0 + 1 / 0.044715,
     "sqrt2pi": rng_array(1)[0] * 0 + 0.7978845608,
 }
 
@@ -76,6 +108,27 @@ def test_tanh_gelu_ort_old_opset_becomes_fast_gelu() -> None:
     biased = run_checked(FuseBiasGeluPass(), result.model)
     assert biased.stats == {"add+FastGelu->FastGelu(bias)": 1}
     assert op_types(biased.model) == ["com.microsoft::FastGelu"]
+
+
+@pytest.mark.parametrize("body", [TANH_JAX, TANH_DIVIDED], ids=["jax", "divided"])
+def test_tanh_cube_in_any_association_is_gelu(body: str) -> None:
+    result = run_checked(FuseGeluPass(), _model(body))
+    assert result.stats == {"gelu(tanh)->Gelu": 1}
+    assert op_types(result.model) == ["Add", "com.microsoft::FastGelu"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("k2 = Mul (z, k1)", "k2 = Mul (k, k1)"), ("c = Mul (z, k2)", "c = Mul (x, k2)")],
+    ids=["square-times-coefficient", "other-tensor"],
+)
+def test_a_product_that_is_not_the_cube_is_not_gelu(old: str, new: str) -> None:
+    model = _model(TANH_JAX.replace(old, new))
+    result = FuseGeluPass(PassOptions(explain=True))(model)
+    assert not result.modified
+    assert result.notes == [
+        "gelu(tanh)->Gelu: Tanh: Tanh argument is not sqrt(2/pi) * (x + 0.044715 * x^3)"
+    ]
 
 
 @pytest.mark.parametrize("target", ["onnx", "ort"])

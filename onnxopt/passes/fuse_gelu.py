@@ -63,6 +63,41 @@ def _erf_argument(activation: ir.Node) -> tuple[list[ir.Node], ir.Value] | Misma
     return [found[0]], found[1]
 
 
+def _monomial(
+    value: ir.Value | None, x: ir.Value, depth: int = 4
+) -> tuple[list[ir.Node], int, float] | None:
+    """(nodes, power, coefficient) when ``value = coefficient * x^power``, a tree of Mul (and Div
+    by a scalar constant) over x, ``Pow(x, 2 | 3)`` and scalar constants, in whatever order the
+    exporter multiplied them (``0.044715 * x^3``, ``x * (x * (0.044715 * x))`` as jax writes it)."""
+    if value is x:
+        return [], 1, 1.0
+    node = None if value is None or depth == 0 else value.producer()
+    if node is None:
+        return None
+    exponent = const_scalar(node.inputs[1]) if len(node.inputs) == 2 else None
+    if is_op(node, "Pow") and node.inputs[0] is x and exponent in (2.0, 3.0):
+        return [node], int(exponent or 0), 1.0
+    if is_op(node, "Div") and exponent:
+        inner = _monomial(node.inputs[0], x, depth - 1)
+        return None if inner is None else ([*inner[0], node], inner[1], inner[2] / exponent)
+    if not is_op(node, "Mul") or len(node.inputs) != 2:
+        return None
+    nodes: list[ir.Node] = []
+    power, coefficient = 0, 1.0
+    for operand in node.inputs:
+        factor = const_scalar(operand)
+        if factor is not None and operand is not x:
+            coefficient *= factor
+            continue
+        inner = _monomial(operand, x, depth - 1)
+        if inner is None:
+            return None
+        nodes += inner[0]
+        power += inner[1]
+        coefficient *= inner[2]
+    return [*nodes, node], power, coefficient
+
+
 def _tanh_argument(activation: ir.Node) -> tuple[list[ir.Node], ir.Value] | Mismatch:
     outer = _scaled_by(activation.inputs[0], math.sqrt(2.0 / math.pi))
     if outer is None:
@@ -71,18 +106,10 @@ def _tanh_argument(activation: ir.Node) -> tuple[list[ir.Node], ir.Value] | Mism
     if inner_add is None:
         return Mismatch("Tanh argument is not sqrt(2/pi) * (x + 0.044715 * x^3)")
     for operand in inner_add.inputs[:2]:
-        cubic = _scaled_by(operand, 0.044715)
         x = other_input(inner_add, operand) if operand is not None else None
-        if cubic is None or x is None:
-            continue
-        power = producer_op(cubic[1], "Pow")
-        if power is not None and power.inputs[0] is x and const_scalar(power.inputs[1]) == 3.0:
-            return [power, cubic[0], inner_add, outer[0]], x
-        mul2 = producer_op(cubic[1], "Mul")
-        if mul2 is not None and x in mul2.inputs:
-            square = producer_op(other_input(mul2, x), "Mul")
-            if square is not None and list(square.inputs) == [x, x]:
-                return [square, mul2, cubic[0], inner_add, outer[0]], x
+        cubic = None if x is None else _monomial(operand, x)
+        if x is not None and cubic is not None and cubic[1] == 3 and _close(cubic[2], 0.044715):
+            return [*cubic[0], inner_add, outer[0]], x
     return Mismatch("Tanh argument is not sqrt(2/pi) * (x + 0.044715 * x^3)")
 
 
