@@ -37,7 +37,9 @@ how tf2onnx writes every Dense), multiplies x itself: ``Reshape(MatMul(x, W), t)
 that is a MatMul (B maybe transposed), with a bias vector added before the view or not.
 
 The rules in ``_tf2onnx_forms`` take tf2onnx's einsum lowering (Keras' MultiHeadAttention and
-EinsumDense, T5) and its select arithmetic back to the views the attention fusions read.
+EinsumDense, T5) and its select arithmetic back to the views the attention fusions read; the one
+in ``_softmax_form`` merges a spelled-out stable softmax (jax's, ``exp(x - max) / sum``) into one
+Softmax.
 
 A dim read the TorchScript way, ``Unsqueeze(Gather(Shape(x), i), [0])``, is the one node
 ``Shape(x, start=i, end=i+1)`` from opset 15 on (what the dynamo exporter writes).
@@ -75,6 +77,7 @@ from onnxopt.passes._shape_facts import (
     same_dims,
     slice_params,
 )
+from onnxopt.passes._softmax_form import SOFTMAX_RULE
 from onnxopt.passes._tf2onnx_forms import TF2ONNX_RULES
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
@@ -1005,6 +1008,7 @@ RULES: tuple[Rule, ...] = (
         _rewrite_matmul_between_views,
     ),
     *TF2ONNX_RULES,
+    SOFTMAX_RULE,
     _rule("Unsqueeze∘Unsqueeze", "Unsqueeze", _match_unsqueezes, _rewrite_axes_merge),
     _rule("Unsqueeze∘Gather∘Shape->Shape", "Unsqueeze", _match_dim_read, _rewrite_dim_read),
     _rule("Squeeze∘Squeeze", "Squeeze", _match_squeezes, _rewrite_axes_merge),
@@ -1025,7 +1029,8 @@ class MergeConsecutiveOpsPass(Pass):
     Unsqueeze∘Unsqueeze (merged axes), exact Cast∘Cast, Slice∘Slice and Concat∘Concat into one op;
     a dim read Unsqueeze(Gather(Shape(x), i)) into Shape(x, start, end) (opset 15+); a MatMul
     (or plain Gemm) between a [-1, K] view and a view back reads the unflattened input; undo
-    tf2onnx's einsum views and select arithmetic (``_tf2onnx_forms``); move a
+    tf2onnx's einsum views and select arithmetic (``_tf2onnx_forms``); merge a spelled-out
+    ``exp(x - max) / sum`` into Softmax (``_softmax_form``); move a
     Transpose past Add/Sub/Mul/Div of two same-perm Transposes, or past a Concat of same-perm
     Transposes (toward its inverse), or above Add/Sub/Mul/Div of its inverse.
     """
