@@ -362,6 +362,31 @@ def test_transposed_product_of_transposes_swaps_its_operands() -> None:
     assert op_types(optimized) == ["Transpose", "Transpose", "MatMul", "Relu"]  # one per input
 
 
+def test_transposed_product_moved_elsewhere_keeps_one_transpose() -> None:
+    """jax's ``einsum('...hqk,...khd->...qhd', p, v)`` through tf2onnx: ``(Vᵀ · Pᵀ)`` moved to
+    [B, S, H, d] is ``P · V`` with the heads moved back, one Transpose fewer."""
+    text = model(
+        "{ vt = Transpose<perm=[0,2,3,1]>(v)\n pt = Transpose<perm=[0,1,3,2]>(p)\n"
+        " o = MatMul(vt, pt)\n t = Transpose<perm=[0,3,1,2]>(o)\n y = Relu(t) }",
+        inputs="float[2,5,3,4] v, float[2,3,6,5] p",
+        outputs="float[2,6,3,4] y",
+    )
+    optimized = _checked(
+        text, {"Transpose∘MatMul(Transposes)->MatMul": 1, "Transpose∘Transpose": 2}
+    )
+    assert op_types(optimized) == ["Transpose", "MatMul", "Transpose", "Relu"]
+
+
+def test_transposed_product_that_would_keep_every_transpose_is_left() -> None:
+    text = model(
+        "{ vt = Transpose<perm=[0,2,3,1]>(v)\n pt = Transpose<perm=[1,0,3,2]>(p)\n"
+        " o = MatMul(vt, pt)\n t = Transpose<perm=[0,3,1,2]>(o)\n y = Relu(t) }",
+        inputs="float[2,5,3,4] v, float[3,2,6,5] p",
+        outputs="float[2,6,3,4] y",
+    )
+    assert_refuses(MergeConsecutiveOpsPass, text, "no Transpose would cancel")
+
+
 def test_transposed_product_of_other_operands_is_left() -> None:
     text = model(
         "{ qt = Transpose<perm=[0,1,3,2]>(q)\n s = MatMul(k, qt)\n"

@@ -401,28 +401,37 @@ def _swap(rank: int) -> list[int]:
 
 
 def _match_transposed_product(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    """``Transpose(MatMul(a, b), swap)`` -> ``MatMul(b', a')``, where ' swaps the last two axes:
-    (a b)' = b' a' (the batch dims broadcast as before). Taken only when a and b are both
-    Transposes, which the new ones then cancel or merge into (KerasHub's attention computes
-    ``(K · Qᵀ)ᵀ``)."""
+    """``Transpose(MatMul(a, b), p)`` -> ``Transpose(MatMul(b', a'), swap∘p)``, where ' swaps the
+    last two axes: (a b)' = b' a' (the batch dims broadcast as before), so the outer Transpose
+    is gone where p is the swap itself. Taken only when a and b are both Transposes, which the
+    new ones then merge into, and one Transpose fewer is left: KerasHub's attention computes
+    ``(K · Qᵀ)ᵀ``; jax's ``einsum('...hqk,...khd->...qhd')`` through tf2onnx computes
+    ``(Vᵀ · Pᵀ)`` moved to [B, S, H, d], which is ``P · V`` with its heads moved back."""
     matmul = producer_op(node, "MatMul")
     if isinstance(matmul, Mismatch) or len(matmul.inputs) != 2:
         return Mismatch("not a Transpose of a MatMul", candidate=False)
     rank = _rank(node.inputs[0])
     perm = node.attributes.get_ints("perm", None)
-    if rank is None or rank < 2 or perm is None or list(perm) != _swap(rank):
-        return Mismatch("the Transpose does not swap the last two axes", candidate=False)
+    if rank is None or rank < 2 or perm is None or sorted(perm) != list(range(rank)):
+        return Mismatch("not a Transpose of known rank", candidate=False)
     operands = [_made_by(v) for v in matmul.inputs]
     ranks = [_rank(v) for v in matmul.inputs]
     if any(o is None or not is_op(o, "Transpose") for o in operands) or any(
         r is None or r < 2 for r in ranks
     ):
         return Mismatch("the MatMul's operands are not both Transposes of known rank")
+    swap = _swap(rank)
+    outer = [swap[axis] for axis in perm]
+    if list(perm) != swap and not any(
+        o is not None and list(o.attributes.get_ints("perm", ())) == _swap(r or 0)
+        for o, r in zip(operands, ranks, strict=True)
+    ):
+        return Mismatch("no Transpose would cancel: the Transposes' count would not drop")
     if not _only_user(matmul.outputs[0], node) or not all(
         _only_user(v, matmul) for v in matmul.inputs if v is not None
     ):
         return Mismatch("the product or its operands have other users")
-    return Match([matmul, node], {"ranks": ranks})
+    return Match([matmul, node], {"ranks": ranks, "outer": outer})
 
 
 def _rewrite_transposed_product(match: Match, context: RewriteContext) -> Replacement:
@@ -432,7 +441,11 @@ def _rewrite_transposed_product(match: Match, context: RewriteContext) -> Replac
         for value, rank in zip(matmul.inputs, match.bindings["ranks"], strict=True)
     )
     product = ir.node("MatMul", [b.outputs[0], a.outputs[0]], name=matmul.name)
-    return Replacement((a, b, product), ((transpose.outputs[0], product.outputs[0]),))
+    outer = match.bindings["outer"]
+    if outer == sorted(outer):
+        return Replacement((a, b, product), ((transpose.outputs[0], product.outputs[0]),))
+    moved = ir.node("Transpose", [product.outputs[0]], {"perm": outer})
+    return Replacement((a, b, product, moved), ((transpose.outputs[0], moved.outputs[0]),))
 
 
 # Add∘Reshape: a bias on split heads ---------------------------------------------------------------
