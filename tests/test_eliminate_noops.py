@@ -391,6 +391,37 @@ POSITIVE = [
         ["Shape", "Shape", "Concat", "Add"],
         2,
     ),
+    (
+        # jax2tf's expand of no dims
+        "unsqueeze-of-no-axes",
+        model("<int64[0] none = {}> { u = Unsqueeze(x, none)\n y = Relu(u) }"),
+        {"Unsqueeze of no axes removed": 1},
+        ["Relu"],
+        1,
+    ),
+    (
+        # jax2tf's einsum('...hqk,h->...hqk') of Flax's head mask of ones, ones first
+        "matmul-by-ones-first",
+        model(
+            "<float[2,1,1] ones = {1.0, 1.0}> { p = MatMul(ones, x)\n y = Relu(p) }",
+            inputs="float[2,1,N] x",
+            outputs="float[2,1,N] y",
+        ),
+        {"MatMul by ones removed": 1},
+        ["Relu"],
+        2,
+    ),
+    (
+        "matmul-by-ones-second",
+        model(
+            "<float[1,1] ones = {1.0}> { p = MatMul(x, ones)\n y = Relu(p) }",
+            inputs="float[B,5,1] x",
+            outputs="float[B,5,1] y",
+        ),
+        {"MatMul by ones removed": 1},
+        ["Relu"],
+        2,
+    ),
 ]
 
 
@@ -699,6 +730,38 @@ NEGATIVE = [
             opset=17,
         ),
         "not a constant",
+    ),
+]
+
+
+NEGATIVE += [
+    (
+        "matmul-by-twos",
+        model(
+            "<float[2,1,1] twos = {2.0, 2.0}> { p = MatMul(twos, x)\n y = Relu(p) }",
+            inputs="float[2,1,4] x",
+            outputs="float[2,1,4] y",
+        ),
+        "the [..., 1, 1] constant is not all ones",
+    ),
+    (
+        "matmul-by-ones-raises-the-rank",
+        model(
+            "<float[3,2,1,1] ones = {1.0, 1.0, 1.0, 1.0, 1.0, 1.0}> { p = MatMul(ones, x)\n"
+            " y = Relu(p) }",
+            inputs="float[2,1,4] x",
+            outputs="float[3,2,1,4] y",
+        ),
+        "broadcasting would add dims",
+    ),
+    (
+        "matmul-by-ones-broadcasts-a-batch",
+        model(
+            "<float[2,1,1] ones = {1.0, 1.0}> { p = MatMul(ones, x)\n y = Relu(p) }",
+            inputs="float[1,1,4] x",
+            outputs="float[2,1,4] y",
+        ),
+        "broadcasting changes the shape",
     ),
 ]
 

@@ -480,6 +480,37 @@ def _where(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     return problem if problem is not None else _keep(node, kept)
 
 
+def _unsqueeze_nothing(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """An Unsqueeze of an empty axes list (jax2tf's expand of no dims) inserts nothing."""
+    axes = int_param(node, "axes", 1)
+    if axes is None or isinstance(axes, Mismatch) or len(axes) != 0:
+        return Mismatch("it inserts axes", candidate=False)
+    return _keep(node, node.inputs[0])
+
+
+def _matmul_by_ones(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``MatMul(c, x)`` with c all ones of shape [..., 1, 1] and x's rows one long ([..., 1, N]),
+    or ``MatMul(x, c)`` with x [..., M, 1]: each result element is one product, x·1, so the
+    result is x wherever c's batch dims broadcast into x's without growing them (jax2tf's einsum
+    of Flax's head mask of ones, ``'...hqk,h->...hqk'``)."""
+    if len(node.inputs) != 2:
+        return Mismatch("not a binary MatMul", candidate=False)
+    for index in (0, 1):
+        ones, x = const_array(node.inputs[index]), node.inputs[1 - index]
+        if ones is None or ones.ndim < 2 or ones.shape[-2:] != (1, 1):
+            continue
+        if not np.all(ones == 1):
+            return Mismatch("the [..., 1, 1] constant is not all ones")
+        dims = dims_of(x)
+        if x is None or dims is None or len(dims) < 2:
+            return Mismatch("the other operand's rank is unknown or below 2")
+        if (dims[-2] if index == 0 else dims[-1]) != 1:
+            return Mismatch("the product sums over more than one element")
+        problem = broadcast_keeps(dims[:-2], ones.shape[:-2], "the ones' batch dims")
+        return problem if problem is not None else _keep(node, x)
+    return Mismatch("no operand is a constant of ones [..., 1, 1]", candidate=False)
+
+
 def _rule(
     name: str, op_type: str, match: Callable[[ir.Node, RewriteContext], Match | Mismatch]
 ) -> Rule:
@@ -508,6 +539,8 @@ RULES: tuple[Rule, ...] = (
     ),
     _rule("Split removed", "Split", _split),
     _rule("Flatten removed", "Flatten", _flatten),
+    _rule("Unsqueeze of no axes removed", "Unsqueeze", _unsqueeze_nothing),
+    _rule("MatMul by ones removed", "MatMul", _matmul_by_ones),
     _rule("Unsqueeze+Squeeze removed", "Squeeze", _undo_pair("Unsqueeze")),
     _rule("Squeeze+Unsqueeze removed", "Unsqueeze", _undo_pair("Squeeze")),
     _rule("Add 0 removed", "Add", _neutral_operand(0, commutative=True)),
@@ -527,6 +560,7 @@ class EliminateNoopsPass(Pass):
     shape-preserving Reshape/Expand/Flatten, Expand to the shape of the tensor it is combined with,
     identity Transpose, zero Pad, whole-axis Slice,
     one-input Concat/Sum/Mean/Max/Min, one-output Split, Tile by ones, Unsqueeze/Squeeze pairs,
+    Unsqueeze of no axes, a MatMul by ones that sums one product per element,
     ReduceSum/Mean/Max/Min/Prod over nothing or over kept size-1 dims,
     x+0, x-0, x*1, x/1, x and true, x or false, Where with a constant condition, the row max
     subtracted before a Softmax, a shift of at most 1e-6 added before one.
