@@ -885,6 +885,30 @@ def test_reshape_back_to_a_shared_inner_reshapes_input_is_that_input() -> None:
     )
 
 
+def test_reshape_back_to_the_shape_read_at_run_time_is_the_input() -> None:
+    # jax2tf around Flax's head mask: the probabilities viewed as [H, 1, -1] and reshaped back to
+    # their own Shape, which may hold no 0 the merge could misread: the input itself
+    text = model(
+        "<int64[3] t = {4, 1, -1}> { v = Reshape(x, t)\n s = Shape(x)\n b = Reshape(v, s)\n"
+        " y = Relu(b) }",
+        inputs="float[4,B,S] x",
+        outputs="float[4,B,S] y",
+    )
+    assert_rewrites(MergeConsecutiveOpsPass, text, {"Reshape∘Reshape": 1}, ["Shape", "Relu"], 2)
+
+
+def test_reshape_copying_named_dims_of_an_unsqueeze_back_is_its_input() -> None:
+    # jax2tf's einsum operand: P [B, 4, S, S] unsqueezed at 2 and viewed as [0, 4, -1, 0]; the 0s
+    # copy the view's B and S, which shape inference names as P's
+    text = model(
+        "<int64[1] a = {2}, int64[4] t = {0, 4, -1, 0}> { u = Unsqueeze(x, a)\n"
+        " r = Reshape(u, t)\n y = Relu(r) }",
+        inputs="float[B,4,S,S] x",
+        outputs="float[B,4,S,S] y",
+    )
+    assert_rewrites(MergeConsecutiveOpsPass, text, {"Reshape∘Unsqueeze": 1}, ["Relu"], 2)
+
+
 # Transpose hoisted above Add/Sub/Mul/Div toward its inverse -------------------------------------
 
 HOIST = "Transpose(op(x, Transpose⁻¹))->op(Transpose(x))"

@@ -174,6 +174,21 @@ def is_whole_shape_of(shape: ir.Value | None, data: ir.Value | None) -> bool:
     return dims is not None and start in (0, -len(dims)) and (end is None or end >= len(dims))
 
 
+def _same_symbol(a: ir.Value | None, b: ir.Value | None, axis: int) -> bool:
+    """Both values' dim ``axis`` is the same named symbolic dim (ONNX gives one dim one name
+    wherever it propagates it)."""
+    x, y = (
+        v.shape[axis] if v is not None and v.shape is not None and axis < len(v.shape) else None
+        for v in (a, b)
+    )
+    return (
+        isinstance(x, ir.SymbolicDim)
+        and isinstance(y, ir.SymbolicDim)
+        and x.value is not None
+        and x.value == y.value
+    )
+
+
 def reshape_identity_problem(node: ir.Node, data: ir.Value | None) -> str | None:
     """Why Reshape ``node`` may not return ``data`` unchanged (None: it provably does). ``data`` is
     the Reshape's own input, or a tensor its input is a view of: views keep the element order, so
@@ -203,11 +218,13 @@ def reshape_identity_problem(node: ir.Node, data: ir.Value | None) -> str | None
         if want == 0 and not allow_zero:
             if source is data:
                 continue  # copies the input dim
-            # copies the view's dim, which must be data's
+            # copies the view's dim, which must be data's: the same int, or the same named dim
             copied = (
                 source_dims[axis] if source_dims is not None and axis < len(source_dims) else None
             )
             if copied is None:
+                if _same_symbol(source, data, axis):
+                    continue
                 return f"target dim {axis} copies a dim of the view that is not known"
             want = copied
         if want == -1:

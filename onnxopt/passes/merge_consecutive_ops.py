@@ -434,12 +434,13 @@ def _match_reshape_of(node: ir.Node, inner_type: str) -> Match | Mismatch:
         moved = _moves_data(inner)
         if moved is not None:
             return Mismatch(moved)
+    if reshape_identity_problem(node, inner.inputs[0]) is None:
+        # Reshaped back to what the inner op read (tf2onnx's mean of a [B, D, T] tensor viewed
+        # as [B, T, 1] for one reader and back to [B, 1, T] for another; jax2tf's view to
+        # [H, 1, -1] and back to Shape(x)): that tensor itself, whoever else reads the view.
+        return Match([inner, node], {"identity": True})
     inner_out = inner.outputs[0]
     if inner_out.is_graph_output() or any(use.node is not node for use in inner_out.uses()):
-        if reshape_identity_problem(node, inner.inputs[0]) is None:
-            # Reshaped back to what the inner op read (tf2onnx's mean of a [B, D, T] tensor viewed
-            # as [B, T, 1] for one reader and back to [B, 1, T] for another): that tensor itself.
-            return Match([inner, node], {"identity": True})
         # The inner op stays for its other users, so merging removes nothing; it would only hide
         # the chain from patterns that read it (attention's head merge feeds a Shape and a Gemm).
         return Mismatch(
