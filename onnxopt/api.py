@@ -228,6 +228,12 @@ def optimize(
                     sizes=dims,
                 )
             validate_seconds = time.perf_counter() - start
+            extra_warnings.extend(
+                f"the original model's output '{name}' is NaN at every element on the "
+                "validation inputs, so comparing it proves nothing; validate with realistic "
+                "inputs (--inputs)"
+                for name in validation.all_nan
+            )
         release_session(original)
 
         if unoptimized is not None:

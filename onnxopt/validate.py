@@ -73,6 +73,9 @@ class ValidationReport:
     outputs: tuple[OutputComparison, ...]
     errors: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # how the input sizes were chosen, when that needed a search
+    # Outputs the original gave as NaN at every element on every trial: equal NaN to NaN, they
+    # pass whatever the optimized model computes, so their comparison proves nothing.
+    all_nan: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -807,7 +810,17 @@ def validate(
     worst = _Worst()
     errors: list[str] = []
     used: list[dict[str, tuple[int, ...]]] = []
+    all_nan = {
+        name
+        for name, e in zip(output_names, runs[0][1] if runs else (), strict=False)
+        if isinstance(e, np.ndarray) and e.dtype.kind == "f" and e.size
+    }
     for feeds, expected in runs:
+        all_nan &= {
+            name
+            for name, e in zip(output_names, expected, strict=True)
+            if isinstance(e, np.ndarray) and e.dtype.kind == "f" and bool(np.isnan(e).all())
+        }
         try:
             actual = _run_bounded(candidate, output_names, feeds, run_timeout)
         except Exception as exc:
@@ -819,7 +832,11 @@ def validate(
         # Sequence and optional inputs (lists, None) have no single shape to report.
         used.append({k: tuple(v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray)})
     return ValidationReport(
-        tuple(used), tuple(worst.comparisons.values()), tuple(errors), tuple(notes)
+        tuple(used),
+        tuple(worst.comparisons.values()),
+        tuple(errors),
+        tuple(notes),
+        tuple(name for name in output_names if name in all_nan),
     )
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx_ir as ir
 import pytest
@@ -459,6 +461,34 @@ def test_validation_keeps_one_hot_ids_below_the_depth(classes: str, high: int | 
     assert feeds["labels"].max() > 1  # not just the 0s and 1s of an unknown integer
     if high is not None:
         assert feeds["ids"].max() < high
+
+
+def test_an_output_the_original_gives_as_nan_everywhere_is_called_out(tmp_path: Path) -> None:
+    """NaN equals NaN in the comparison, so an output the original computes as NaN at every
+    element passes whatever the optimized model does (a jax2tf model whose tf2onnx select turns
+    jnp.take's NaN fill into 0 * NaN): the report says so instead of a silent pass."""
+    import onnx
+
+    from onnxopt import api
+    from onnxopt.validate import validate
+
+    text = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 4] x) => (float[B, 4] y, float[B, 4] z) {
+            d = Sub(x, x)
+            y = Div(d, d)
+            z = Relu(x)
+        }
+        """
+    model = parse_model(text)
+    report = validate(model, model.clone())
+    assert report.passed
+    assert report.all_nan == ("y",)  # z is finite; NaN only where the whole output is
+    source = tmp_path / "nan.onnx"
+    onnx.save(onnx.parser.parse_model(text), str(source))
+    warnings = api.optimize(source).report.warnings
+    assert any("output 'y' is NaN at every element" in w for w in warnings), warnings
+    assert not any("'z'" in w for w in warnings)
 
 
 def test_validation_keeps_token_ids_inside_the_embedding() -> None:
