@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import onnx_ir as ir
+import pytest
 
 from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
@@ -385,6 +386,44 @@ def test_transposed_product_that_would_keep_every_transpose_is_left() -> None:
         outputs="float[2,6,3,4] y",
     )
     assert_refuses(MergeConsecutiveOpsPass, text, "no Transpose would cancel")
+
+
+PADDED = "Add(x, [1, ..., N])->Add(x, [N])"
+
+
+def test_bias_padded_to_the_tensors_rank_is_a_vector() -> None:
+    """jax2tf writes a Dense bias as [1, 1, N]: the [N] vector is the same broadcast, and what
+    the bias fusions (BiasGelu, packed Attention) read."""
+    text = model(
+        "<float[1,1,4] b = {0.5, -1.0, 2.0, 0.25}> { a = Add(x, b)\n y = Relu(a) }",
+        inputs="float[B,3,4] x",
+        outputs="float[B,3,4] y",
+    )
+    optimized = _checked(text, {PADDED: 1})
+    add = next(node for node in optimized.graph if node.op_type == "Add")
+    bias = add.inputs[1]
+    assert bias is not None and bias.shape is not None and list(bias.shape) == [4]
+
+
+@pytest.mark.parametrize(
+    ("constant", "inputs", "reason"),
+    [
+        (
+            "float[1,1,4] b = {0.5, -1.0, 2.0, 0.25}",
+            "float[3,4] x",
+            "raise the other operand's rank",
+        ),
+        ("float[1,3,4] b = {" + ", ".join(["0.5"] * 12) + "}", "float[B,3,4] x", "no operand"),
+    ],
+    ids=["raises-rank", "not-a-vector"],
+)
+def test_other_constants_keep_their_shape(constant: str, inputs: str, reason: str) -> None:
+    outputs = "float[3,4] y" if inputs.startswith("float[3,4]") else "float[B,3,4] y"
+    text = model(f"<{constant}> {{ a = Add(x, b)\n y = Relu(a) }}", inputs=inputs, outputs=outputs)
+    if reason == "no operand":
+        assert not MergeConsecutiveOpsPass()(load(text)).modified
+    else:
+        assert_refuses(MergeConsecutiveOpsPass, text, reason)
 
 
 def test_transposed_product_of_other_operands_is_left() -> None:

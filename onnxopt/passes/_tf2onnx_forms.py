@@ -16,7 +16,9 @@ fusions read none of that. Each rule here is one exact step back to the 4-D form
 - ``Transpose(Softmax(K @ Q^T + m, axis=-2))``: ``Softmax(Q @ K^T + m^T, axis=-1)``, and
   ``Transpose(MatMul(a, b))`` of two Transposes: ``MatMul(b', a')`` (KerasHub's ``(K @ Q^T)^T``);
 - ``Reshape(y, [..., H, d]) + b[H, d]``: the bias added before the view, as a [H*d] vector;
-- ``Transpose(Reshape(x, t))`` that moves only 1s: one Reshape.
+- ``Transpose(Reshape(x, t))`` that moves only 1s: one Reshape;
+- ``x + b`` with b a constant [1, ..., 1, N] no wider than x (jax2tf's Dense and LayerNorm
+  biases): b as the [N] vector, which broadcasts the same, as the fusions read a bias.
 
 TensorFlow's ``where`` (Keras 3's masks) becomes ``Cast(c) * x + Cast(Not(c)) * k`` in tf2onnx,
 and transformers' TF GPT-2 writes its causal mask as ``x * b - 1e4 * (1 - b)``: both are
@@ -490,6 +492,35 @@ def _rewrite_bias_after_split(match: Match, context: RewriteContext) -> Replacem
     return Replacement((biased, result), ((add.outputs[0], result.outputs[0]),), (bias,))
 
 
+# Element-wise op of a [1, ..., 1, N] constant ---------------------------------------------------
+
+
+def _match_padded_vector(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``op(x, b)`` (Add/Sub/Mul/Div, either side) with b a constant [1, ..., 1, N], N > 1, of
+    rank at most x's: b as the [N] vector broadcasts to the same shape and values (the leading
+    1s meet dims x already has)."""
+    if len(node.inputs) != 2:
+        return Mismatch("not a binary op", candidate=False)
+    for index in (0, 1):
+        array = const_array(node.inputs[index])
+        if array is None or array.ndim < 2 or array.shape[-1] < 2 or array.size != array.shape[-1]:
+            continue
+        rank = _rank(node.inputs[1 - index])
+        if rank is None or array.ndim > rank:
+            return Mismatch("the constant's leading 1s raise the other operand's rank")
+        return Match([node], {"index": index, "vector": array.reshape(-1)})
+    return Mismatch("no operand is a constant [1, ..., 1, N]", candidate=False)
+
+
+def _rewrite_padded_vector(match: Match, context: RewriteContext) -> Replacement:
+    (node,) = match.nodes
+    vector = new_constant(match.bindings["vector"], node.inputs[match.bindings["index"]].name)
+    inputs = list(node.inputs)
+    inputs[match.bindings["index"]] = vector
+    result = _copy(node, inputs)
+    return Replacement((result,), ((node.outputs[0], result.outputs[0]),), (vector,))
+
+
 # Transpose∘Reshape that moves no element ----------------------------------------------------------
 
 
@@ -685,5 +716,11 @@ TF2ONNX_RULES: tuple[Rule, ...] = (
         "Add",
         _match_bias_after_split,
         _rewrite_bias_after_split,
+    ),
+    *(
+        Rule(
+            f"{op}(x, [1, ..., N])->{op}(x, [N])", op, _match_padded_vector, _rewrite_padded_vector
+        )
+        for op in ("Add", "Sub", "Mul", "Div")
     ),
 )
