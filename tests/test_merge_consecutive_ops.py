@@ -949,9 +949,11 @@ def test_transpose_hoists_onto_a_constant() -> None:
         inputs="float[B,5,4] x",
         outputs="float[B,5,4] y",
     )
-    optimized = assert_rewrites(MergeConsecutiveOpsPass, text, {HOIST: 1}, ["Relu", "Mul"], 2)
+    # transposed to [1, 1, 4], then read as the [4] vector it broadcasts as
+    stats = {HOIST: 1, "Mul(x, [1, ..., N])->Mul(x, [N])": 1}
+    optimized = assert_rewrites(MergeConsecutiveOpsPass, text, stats, ["Relu", "Mul"], 2)
     (mul,) = [n for n in optimized.graph if n.op_type == "Mul"]
-    assert mul.inputs[1].const_value.numpy().shape == (1, 1, 4)
+    assert mul.inputs[1].const_value.numpy().tolist() == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize(
