@@ -17,6 +17,11 @@ the scores transposed (``K @ Q^T``, Softmax over axis 2), and writes Keras 3's `
 (keras-hub 0.21), which compute their attention themselves. Whisper's encoder keeps its
 residual stream channels-first after its convolutions (tf2onnx's transpose optimizer), each
 LayerNorm computed over axis 1 and transposed.
+
+flax-vit is transformers' Flax ViT converted the way JAX models reach ONNX, jax2tf then tf2onnx
+(``scripts/export_flax_models.py``, JAX 0.4.30): its softmax spelled out with keepdims=0
+statistics viewed back, its P @ V computed as (V^T @ P^T) moved to [B, S, H, d], its biases
+broadcast to [1, 1, N]. Its LayerNorms compute max(0, E[x²] - E[x]²) and stay unfused.
 """
 
 from __future__ import annotations
@@ -54,6 +59,17 @@ EXPECTED = {
     # convolutions, so each norm's statistics are over axis 1 and its terms transposed; one
     # Transpose is left at the stream's start, the conv biases fold into the Convs
     "whisper-encoder": {"Attention": 2, "LayerNormalization": 5, "MatMul": 6, "Transpose": 1},
+    # Flax ViT through jax2tf: packed attention and BiasGelu once the softmax is one op, P @ V is
+    # read back and the biases are vectors; its five E[x²] - E[x]² norms keep their Sqrt and
+    # Reciprocal, and the patch embedding its Transpose to [B, N, D]
+    "flax-vit": {
+        "Attention": 2,
+        "BiasGelu": 2,
+        "MatMul": 6,
+        "Transpose": 1,
+        "Sqrt": 5,
+        "Reciprocal": 5,
+    },
 }
 GONE = (
     "GlobalAveragePool", "ReduceMean", "Softmax", "Transpose", "Sqrt", "Reciprocal", "ReduceProd",
