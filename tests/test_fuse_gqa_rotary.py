@@ -35,11 +35,22 @@ def _model(
     heads: tuple[int, int] = (4, 2),
     sinks: bool = False,
     key_caches: str = "cos, sin",
+    views: bool = False,
 ) -> ir.Model:
     """q [B, S, 4*16], k and v [B, S, 2*16]; both rotated as fuse-rotary-transposes leaves them,
     and GroupQueryAttention as fuse-group-query-attention writes it (seqlens_k = S - 1 per row,
     S read off ``seq_read``)."""
     pos_input = ", int64[B, S] pos" if positions is None else ""
+    # Gemma 4's dynamo export: the rotated query split into heads and merged back before the
+    # attention, and a dead head split of the rotated key left by the attention fusion
+    view_lines = (
+        "qs = Constant <value = int64[4] {0, 0, 4, 16}> ()\n qh = Reshape (qr, qs)\n"
+        " qm = Constant <value = int64[3] {0, 0, -1}> ()\n qv = Reshape (qh, qm)\n"
+        " ks = Constant <value = int64[4] {0, 0, 2, 16}> ()\n kh = Reshape (kr, ks)\n"
+        " kt = Transpose <perm = [0, 2, 1, 3]> (kh)"
+        if views
+        else ""
+    )
     text = f"""
         <ir_version: 10, opset_import: ["" : 20, "com.microsoft" : 1]>
         g (float[B, S, 64] q, float[B, S, 32] k, float[B, S, 32] v,
@@ -54,8 +65,9 @@ def _model(
             seqlens = Expand (last, b)
             scalar = Constant <value = int64[0] {{}}> ()
             total = Reshape (s32, scalar)
+            {view_lines}
             y = com.microsoft.GroupQueryAttention <num_heads = {heads[0]}, kv_num_heads = {heads[1]}, causal = 1,
-                scale = 0.25> (qr, kr, v, , , seqlens, total, , , , bias{", sinks" if sinks else ""})
+                scale = 0.25> ({"qv" if views else "qr"}, kr, v, , , seqlens, total, , , , bias{", sinks" if sinks else ""})
             {extra}
         }}
     """
@@ -118,6 +130,19 @@ def test_rotaries_fold_into_group_query_attention(seq_read: str) -> None:
     assert stats == {}
 
 
+def test_rotaries_fold_through_heads_merged_back_and_dead_views() -> None:
+    original = _model(OFFSET, views=True)
+    fused, stats, _ = _run(original)
+    assert stats == {RULE: 1}
+    (gqa,) = [n for n in fused.graph if n.op_type == "GroupQueryAttention"]
+    assert gqa.attributes.get_int("do_rotary") == 1
+    assert gqa.inputs[0] is fused.graph.inputs[0] and gqa.inputs[1] is fused.graph.inputs[1]
+    rng = np.random.default_rng(0)
+    report = validate(original, fused, inputs=[_feeds(b, s, rng) for b, s in [(1, 1), (3, 16)]])
+    assert report.passed, report
+    assert [o.max_abs for o in report.outputs] == [0.0]
+
+
 def test_rotaries_fold_into_group_query_attention_with_head_sinks() -> None:
     original = _model(OFFSET, sinks=True)
     fused, stats, _ = _run(original)
@@ -164,6 +189,10 @@ def test_a_partial_rotary_of_16_dims_folds_too() -> None:
             "the rotated query is also read by Neg",
         ),
         (_model(OFFSET, key_attrs=", scale = 2.0"), "scales its position ids"),
+        (
+            _model(OFFSET, views=True, extra="z = Neg (qv)", extra_output=", float[B, S, 64] z"),
+            "the query's view back to [B, S, N*d] is read elsewhere",
+        ),
         # ORT's kernel refuses do_rotary below head size 16 ("a multiple of 16"): 8 heads of 8
         (_model(OFFSET, heads=(8, 4), half_width=4), "a multiple of 16"),
     ],
@@ -173,6 +202,7 @@ def test_a_partial_rotary_of_16_dims_folds_too() -> None:
         "partial-query-whole-key",
         "rotary-read-elsewhere",
         "scaled",
+        "view-back-read-elsewhere",
         "head-size-8",
     ],
 )

@@ -43,14 +43,60 @@ _ROTARY_ATTRIBUTES = {"interleaved", "num_heads", "rotary_embedding_dim", "scale
 _ROTARY_HEAD_MULTIPLE = 16
 
 
+def _view_target(node: ir.Node | None) -> tuple[int, ...] | None:
+    """A Reshape's constant target where 0 copies a dim (allowzero=0), else None."""
+    if node is None or not is_op(node, "Reshape") or node.attributes.get_int("allowzero", 0) != 0:
+        return None
+    target = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    return None if target is None else tuple(int(v) for v in target.reshape(-1))
+
+
+def _heads_merged_back(value: ir.Value | None) -> tuple[ir.Value, list[ir.Node]] | None:
+    """(r, views) when ``value = Reshape(Reshape(r, [0, 0, H, d]), [0, 0, -1])`` with the inner
+    view read only by the outer: r's last dim split into heads and merged back, which is r for
+    any r of rank 3 (the 0s copy its first two dims both ways). A rotated query or key of a
+    view-shaped layer comes out of fuse-group-query-attention so (Gemma 4's dynamo export)."""
+    outer = value.producer() if value is not None else None
+    if _view_target(outer) != (0, 0, -1) or outer is None:
+        return None
+    inner = outer.inputs[0].producer() if outer.inputs[0] is not None else None
+    split = _view_target(inner)
+    if inner is None or split is None or len(split) != 4 or split[:2] != (0, 0):
+        return None
+    middle = inner.outputs[0]
+    if middle.is_graph_output() or any(use.node is not outer for use in middle.uses()):
+        return None
+    source = inner.inputs[0]
+    return None if source is None else (source, [inner, outer])
+
+
+def _dead(node: ir.Node, depth: int = 4) -> bool:
+    """Nothing reads what ``node`` computes, through at most ``depth`` nodes: the views and
+    transposes the attention fusions left of a layer's former 4-D heads, which dead-code
+    elimination removes only after this pass."""
+    return depth > 0 and all(
+        not out.is_graph_output() and all(_dead(use.node, depth - 1) for use in out.uses())
+        for out in node.outputs
+    )
+
+
 def _rotary(value: ir.Value | None, gqa: ir.Node, name: str) -> ir.Node | Mismatch:
+    reader, views = gqa, list[ir.Node]()
+    merged = _heads_merged_back(value)
+    if merged is not None and value is not None:
+        if value.is_graph_output() or any(use.node is not gqa for use in value.uses()):
+            return Mismatch(f"the {name}'s view back to [B, S, N*d] is read elsewhere")
+        value, views = merged
+        reader = views[0]
     node = value.producer() if value is not None else None
     if node is None or not is_op(node, "RotaryEmbedding", MS_DOMAIN):
         return Mismatch(f"the {name} is not a com.microsoft.RotaryEmbedding", candidate=False)
     assert value is not None
     if value.is_graph_output():
         return Mismatch(f"the rotated {name} is a graph output")
-    others = sorted({use.node.op_type for use in value.uses() if use.node is not gqa})
+    others = sorted(
+        {use.node.op_type for use in value.uses() if use.node is not reader and not _dead(use.node)}
+    )
     if others:
         return Mismatch(f"the rotated {name} is also read by {', '.join(others)}")
     extra = set(node.attributes) - _ROTARY_ATTRIBUTES
