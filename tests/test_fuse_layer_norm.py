@@ -351,3 +351,51 @@ def test_transposed_keras_layer_norm_near_misses_stay() -> None:
     # a scale per time step, not per channel
     per_step = _transposed_ln(RESHAPED_MEAN, TWO_TRANSPOSES, gamma=rng_array(1, 1, 6, seed=4))
     assert not FuseLayerNormPass()(per_step).modified
+
+
+# Flax's LayerNorm through jax2tf: the variance as max(0, E[x²] - E[x]²), the means as sums
+# times 1/N reduced with keepdims=0 and viewed back.
+FLAX_LN = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, S, 8] x) => (float[B, S, 8] y) {
+    axis = Constant <value = int64[1] {2}> ()
+    back = Constant <value = int64[3] {0, 0, 1}> ()
+    inv = Constant <value = float {0.125}> ()
+    zero = Constant <value = float {0.0}> ()
+    eps = Constant <value = float {1e-6}> ()
+    s1 = ReduceSum <keepdims = 0> (x, axis)
+    m1 = Mul (s1, inv)
+    xx = Mul (x, x)
+    s2 = ReduceSum <keepdims = 0> (xx, axis)
+    m2 = Mul (s2, inv)
+    mm = Mul (m1, m1)
+    var = Sub (m2, mm)
+    clamped = Max (zero, var)
+    vv = Reshape (clamped, back)
+    ve = Add (vv, eps)
+    std = Sqrt (ve)
+    r = Reciprocal (std)
+    mv = Reshape (m1, back)
+    d = Sub (x, mv)
+    y = Mul (d, r)
+}
+"""
+
+
+def test_moment_variance_norm_is_explained_not_fused() -> None:
+    """E[x²] - E[x]² cancels where the mean is large against the spread, which
+    LayerNormalization's E[(x - E[x])²] does not: fusing would change the results there."""
+    result = FuseLayerNormPass(PassOptions(explain=True))(parse(FLAX_LN))
+    assert not result.modified
+    assert (
+        "E[x²]-E[x]² norm->LayerNormalization: Sub: the variance is E[x²] − E[x]² (Flax's "
+        "LayerNorm): LayerNormalization computes E[(x − E[x])²], which differs beyond tolerance "
+        "where the mean is large against the spread; left as it is"
+    ) in result.notes
+
+
+def test_a_difference_of_other_moments_says_nothing() -> None:
+    text = FLAX_LN.replace("mm = Mul (m1, m1)", "mm = Mul (m1, m2)")
+    result = FuseLayerNormPass(PassOptions(explain=True))(parse(text))
+    assert not result.modified
+    assert not any(note.startswith("E[x²]-E[x]²") for note in result.notes), result.notes

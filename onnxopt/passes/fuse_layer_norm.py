@@ -715,6 +715,59 @@ def _rewrite_skip(match: Match, context: RewriteContext) -> Replacement:
     return Replacement([new], values)
 
 
+def _moment_of(value: ir.Value | None) -> ir.Value | None:
+    """v when ``value`` is a mean of v: ReduceMean(v), or ReduceSum(v) times or over a scalar
+    constant (jax's ``mean``: the sum times 1/N)."""
+    node = None if value is None else value.producer()
+    if node is not None and is_op(node, "ReduceMean"):
+        return node.inputs[0]
+    if node is None or node.op_type not in ("Mul", "Div") or node.domain not in ("", "ai.onnx"):
+        return None
+    for index in (0, 1) if node.op_type == "Mul" else (0,):
+        total = node.inputs[index]
+        summed = None if total is None else total.producer()
+        other = node.inputs[1 - index]
+        if summed is not None and is_op(summed, "ReduceSum") and const_array(other) is not None:
+            return summed.inputs[0]
+    return None
+
+
+def _squared(value: ir.Value | None) -> ir.Value | None:
+    """v when ``value`` is ``v * v`` or ``Pow(v, 2)``."""
+    node = None if value is None else value.producer()
+    if node is None or len(node.inputs) != 2:
+        return None
+    if is_op(node, "Mul") and node.inputs[0] is node.inputs[1]:
+        return node.inputs[0]
+    if is_op(node, "Pow") and const_scalar(node.inputs[1]) == 2.0:
+        return node.inputs[0]
+    return None
+
+
+def _match_moment_variance(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """Never a match: says why a norm whose variance is ``E[x²] − E[x]²`` (Flax's LayerNorm, jax
+    through jax2tf) stays as it is. LayerNormalization computes ``E[(x − E[x])²]``; the two
+    differ where that subtraction cancels, beyond tolerance once |E[x]| is large against the
+    spread (ORT's CPU kernel against this formula in float32, rows of 256: 2e-5 apart at
+    mean/std = 10, 2e-3 at 100), so fusing would change what the model computes."""
+    if len(node.inputs) != 2:
+        return Mismatch("not a binary Sub", candidate=False)
+    squares = _moment_of(node.inputs[0])
+    x = _squared(squares)
+    mean = _squared(node.inputs[1])
+    if x is None or mean is None or _moment_of(mean) is not x:
+        return Mismatch("not E[x²] − E[x]²", candidate=False)
+    return Mismatch(
+        "the variance is E[x²] − E[x]² (Flax's LayerNorm): LayerNormalization computes "
+        "E[(x − E[x])²], which differs beyond tolerance where the mean is large against the "
+        "spread; left as it is"
+    )
+
+
+def _never(match: Match, context: RewriteContext) -> Replacement:
+    raise AssertionError("the E[x²] − E[x]² rule only explains")
+
+
 RULES = (
     Rule("decomposed->LayerNormalization", "Div", _match_layer_norm, _rewrite_layer_norm),
     Rule(
@@ -733,6 +786,7 @@ RULES = (
         _match_scaled_norm,
         _rewrite_layer_norm,
     ),
+    Rule("E[x²]-E[x]² norm->LayerNormalization", "Sub", _match_moment_variance, _never),
 )
 SKIP_RULES = (
     Rule(
