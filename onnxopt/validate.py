@@ -810,17 +810,12 @@ def validate(
     worst = _Worst()
     errors: list[str] = []
     used: list[dict[str, tuple[int, ...]]] = []
-    all_nan = {
+    all_nan = tuple(
         name
-        for name, e in zip(output_names, runs[0][1] if runs else (), strict=False)
-        if isinstance(e, np.ndarray) and e.dtype.kind == "f" and e.size
-    }
+        for index, name in enumerate(output_names)
+        if runs and all(_nan_everywhere(expected[index]) for _, expected in runs)
+    )
     for feeds, expected in runs:
-        all_nan &= {
-            name
-            for name, e in zip(output_names, expected, strict=True)
-            if isinstance(e, np.ndarray) and e.dtype.kind == "f" and bool(np.isnan(e).all())
-        }
         try:
             actual = _run_bounded(candidate, output_names, feeds, run_timeout)
         except Exception as exc:
@@ -836,7 +831,17 @@ def validate(
         tuple(worst.comparisons.values()),
         tuple(errors),
         tuple(notes),
-        tuple(name for name in output_names if name in all_nan),
+        all_nan,
+    )
+
+
+def _nan_everywhere(output: Any) -> bool:
+    """A non-empty float tensor that is NaN at every element."""
+    return (
+        isinstance(output, np.ndarray)
+        and output.dtype.kind == "f"
+        and output.size > 0
+        and bool(np.isnan(output).all())
     )
 
 

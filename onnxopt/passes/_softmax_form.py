@@ -19,7 +19,7 @@ import math
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
-from onnxopt.passes._shape_facts import Dims, axes_param, const_ints, dims_of, optional_input
+from onnxopt.passes._shape_facts import Dims, axes_param, dims_of, int_param
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import const_scalar, other_input
 
@@ -40,12 +40,8 @@ def _below_floor(node: ir.Node | None) -> ir.Value | None:
 def _restores_axis(reshape: ir.Node, dims: Dims, axis: int) -> bool:
     """True when ``reshape`` turns ``x``'s reduction over ``axis`` with keepdims=0 into its
     keepdims=1 shape: x's dims (``dims``) with a 1 at ``axis``."""
-    target = (
-        tuple(reshape.attributes.get_ints("shape", ()))
-        if "shape" in reshape.attributes
-        else const_ints(optional_input(reshape, 1))
-    )
-    if target is None or len(target) != len(dims) or target[axis] != 1:
+    target = int_param(reshape, "shape", 1)
+    if not isinstance(target, tuple) or len(target) != len(dims) or target[axis] != 1:
         return False
     copies = reshape.attributes.get_int("allowzero", 0) == 0
     inferred = 0

@@ -32,6 +32,7 @@ import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op, is_scalar_constant
 from onnxopt.passes._attention_shapes import value_rank
+from onnxopt.passes._shape_facts import const_ints, optional_input
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 
@@ -47,8 +48,7 @@ def _view_target(node: ir.Node | None) -> tuple[int, ...] | None:
     """A Reshape's constant target where 0 copies a dim (allowzero=0), else None."""
     if node is None or not is_op(node, "Reshape") or node.attributes.get_int("allowzero", 0) != 0:
         return None
-    target = const_array(node.inputs[1]) if len(node.inputs) > 1 else None
-    return None if target is None else tuple(int(v) for v in target.reshape(-1))
+    return const_ints(optional_input(node, 1))
 
 
 def _heads_merged_back(value: ir.Value | None) -> tuple[ir.Value, list[ir.Node]] | None:

@@ -56,6 +56,18 @@ def mean_of(value: ir.Value | None) -> ir.Node | None:
     return producer_op(value, "ReduceMean") or producer_op(value, "GlobalAveragePool")
 
 
+def squared_value(value: ir.Value | None) -> ir.Value | None:
+    """v when ``value`` is ``v * v`` or ``Pow(v, 2)``."""
+    node = None if value is None else value.producer()
+    if node is None or len(node.inputs) != 2:
+        return None
+    if is_op(node, "Mul") and node.inputs[0] is node.inputs[1]:
+        return node.inputs[0]
+    if is_op(node, "Pow") and const_scalar(node.inputs[1]) == 2.0:
+        return node.inputs[0]
+    return None
+
+
 def last_axis_problem(node: ir.Node, data: ir.Value | None, what: str) -> str | None:
     """Why ``node`` (a ReduceMean or GlobalAveragePool) is not a keepdims mean over exactly the
     last axis of ``data``."""
@@ -141,15 +153,7 @@ def _variance(
     if eps is None:
         return Mismatch("epsilon is not a constant scalar")
     square = var_mean.inputs[0].producer() if var_mean.inputs[0] is not None else None
-    squares_centered = (
-        is_op(square, "Pow")
-        and square is not None
-        and square.inputs[0] is centered
-        and const_scalar(square.inputs[1]) == 2.0
-    ) or (
-        is_op(square, "Mul") and square is not None and list(square.inputs) == [centered, centered]
-    )
-    if square is None or not squares_centered:
+    if square is None or centered is None or squared_value(var_mean.inputs[0]) is not centered:
         return Mismatch("variance is not ReduceMean((x - mean)^2)")
     return add_eps, var_mean, square, eps
 
@@ -732,18 +736,6 @@ def _moment_of(value: ir.Value | None) -> ir.Value | None:
     return None
 
 
-def _squared(value: ir.Value | None) -> ir.Value | None:
-    """v when ``value`` is ``v * v`` or ``Pow(v, 2)``."""
-    node = None if value is None else value.producer()
-    if node is None or len(node.inputs) != 2:
-        return None
-    if is_op(node, "Mul") and node.inputs[0] is node.inputs[1]:
-        return node.inputs[0]
-    if is_op(node, "Pow") and const_scalar(node.inputs[1]) == 2.0:
-        return node.inputs[0]
-    return None
-
-
 def _match_moment_variance(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """Never a match: says why a norm whose variance is ``E[x²] − E[x]²`` (Flax's LayerNorm, jax
     through jax2tf) stays as it is. LayerNormalization computes ``E[(x − E[x])²]``; the two
@@ -753,8 +745,8 @@ def _match_moment_variance(node: ir.Node, context: RewriteContext) -> Match | Mi
     if len(node.inputs) != 2:
         return Mismatch("not a binary Sub", candidate=False)
     squares = _moment_of(node.inputs[0])
-    x = _squared(squares)
-    mean = _squared(node.inputs[1])
+    x = squared_value(squares)
+    mean = squared_value(node.inputs[1])
     if x is None or mean is None or _moment_of(mean) is not x:
         return Mismatch("not E[x²] − E[x]²", candidate=False)
     return Mismatch(

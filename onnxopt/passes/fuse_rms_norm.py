@@ -23,6 +23,7 @@ from onnxopt.passes.fuse_layer_norm import (
     last_axis_problem,
     mean_of,
     per_channel_vector,
+    squared_value,
     widening_cast,
 )
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
@@ -98,11 +99,7 @@ def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if mean is None:
         return Mismatch("1/sqrt argument is not ReduceMean(x^2) + epsilon", candidate=False)
     square = mean.inputs[0].producer() if mean.inputs[0] is not None else None
-    is_square = square is not None and (
-        (is_op(square, "Pow") and square.inputs[0] is h and const_scalar(square.inputs[1]) == 2.0)
-        or (is_op(square, "Mul") and list(square.inputs) == [h, h])
-    )
-    if square is None or not is_square:
+    if square is None or h is None or squared_value(mean.inputs[0]) is not h:
         return Mismatch("mean is not over the square of the normalized input", candidate=False)
     if eps is None:
         return Mismatch("epsilon is not a constant scalar")
