@@ -40,7 +40,7 @@ class HasDims(Protocol):
     def dims(self) -> tuple[int | str | None, ...]: ...
 
 
-def _names(tree: ast.AST) -> list[str]:
+def names_in(tree: ast.AST) -> list[str]:
     return [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)]
 
 
@@ -78,7 +78,7 @@ def parse_expression(text: str, atoms: Iterable[str]) -> ast.Expression | None:
     """``text`` as arithmetic over ``atoms`` only; None when it is a plain name or anything else."""
     tree = _arithmetic_text(text)
     known = set(atoms)
-    if tree is None or not all(name in known for name in _names(tree)):
+    if tree is None or not all(name in known for name in names_in(tree)):
         return None
     return tree
 
@@ -170,7 +170,7 @@ class DimSymbols:
             for axis, dim in enumerate(spec.dims):
                 if not isinstance(dim, str):
                     continue
-                found = _names(expressions[dim]) if dim in expressions else [dim]
+                found = names_in(expressions[dim]) if dim in expressions else [dim]
                 seen.update(found)
                 for name in found:
                     axis_of.setdefault(name, axis)
@@ -274,7 +274,7 @@ class DimSymbols:
             tree = parse_expression(text, self.atoms)
             if tree is None:
                 continue
-            inside = set(_names(tree))
+            inside = set(names_in(tree))
             found += [Relation(t, tree, text) for t in targets if t not in inside]
         equal: list[Relation] = []
         for target in targets:

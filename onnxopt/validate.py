@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,9 +24,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt import io
+from onnxopt import input_sizes, io
 from onnxopt.errors import OnnxoptError, UsageError
 from onnxopt.input_sizes import FALLBACK_SIZES, SIGNAL_SIZES, DimSymbols, Relation, SizePlan
+from onnxopt.kv_cache_inputs import KVCacheFacts, kv_cache_facts
 from onnxopt.ops import MS_DOMAIN, NONDETERMINISTIC_OPS, const_array, is_op
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,10 @@ class InputSpec:
     dims: tuple[int | str | None, ...]
     int_high: int | None = None
     kind: str = "tensor"  # "tensor", "optional" (of a tensor) or "sequence" (of tensors)
+    # "past": a GroupQueryAttention's past key or value, [batch, kv heads, past, head size];
+    # "mask": its attention mask, [batch, past + new]. Validation runs such a model at a decode
+    # step and a prompt, the mask all ones (see kv_cache_inputs).
+    kv_role: str | None = None
 
 
 # A generated input: a tensor, or a sequence input's tensors.
@@ -213,7 +219,92 @@ def input_specs(model: ir.Model) -> list[InputSpec]:
         np_dtype = value.dtype.numpy()
         high = _embedding_bound(value) if np.issubdtype(np_dtype, np.integer) else None
         specs.append(InputSpec(str(value.name), np_dtype, tuple(dims), high, kind))
-    return specs
+    facts = kv_cache_facts(model)
+    return _with_kv_cache(specs, facts) if facts is not None else specs
+
+
+def _with_kv_cache(specs: list[InputSpec], facts: KVCacheFacts) -> list[InputSpec]:
+    """``specs`` with the dims GroupQueryAttention fixes set (a past's head count and head size,
+    by name wherever the name appears), and, when one other non-batch name can be the new
+    tokens' length, the mask's length written as past + that length and the roles marked."""
+    named: dict[str, set[int]] = {}
+    for spec in specs:
+        for axis, dim in enumerate(spec.dims):
+            size = facts.fixed.get((spec.name, axis))
+            if size is not None and isinstance(dim, str):
+                named.setdefault(dim, set()).add(size)
+    by_name = {name: sizes.pop() for name, sizes in named.items() if len(sizes) == 1}
+    total = None
+    if facts.past is not None and facts.total is not None:
+        symbols = DimSymbols.of(specs)
+        new = [
+            a
+            for a in symbols.atoms
+            if a not in (facts.past, facts.total, *by_name) and a not in symbols.leading
+        ]
+        if len(new) == 1 and facts.total in symbols.atoms and facts.past in symbols.atoms:
+            total = f"{facts.past} + {new[0]}"
+    caches = {name for name, _ in facts.fixed}
+    out = []
+    for spec in specs:
+        dims: list[int | str | None] = []
+        for axis, dim in enumerate(spec.dims):
+            fixed = facts.fixed.get((spec.name, axis))
+            if isinstance(dim, str) and dim in by_name:
+                dims.append(by_name[dim])
+            elif dim is None and fixed is not None:
+                dims.append(fixed)
+            elif dim == facts.total and total is not None:
+                dims.append(total)
+            else:
+                dims.append(dim)
+        role = None
+        if total is not None and spec.name in caches:
+            role = "past"
+        elif total is not None and total in dims and np.issubdtype(spec.dtype, np.integer):
+            role = "mask"
+        out.append(dataclasses.replace(spec, dims=tuple(dims), kv_role=role))
+    return out
+
+
+def kv_cache_steps(
+    specs: Sequence[InputSpec], symbols: DimSymbols, given: Mapping[str, int] | None = None
+) -> list[tuple[str, SizePlan]]:
+    """A decode step (past 7, 1 new token) and a prompt (no past, 5 tokens), 2 sequences each,
+    described, for a model whose GroupQueryAttention reads a past from its inputs (roles set by
+    :func:`_with_kv_cache`); [] otherwise. With a sliding-window ring buffer of w rows the total
+    is w or more in both (rows past the tokens written are left unset by ORT: not comparable)."""
+    pasts = {s.dims[2] for s in specs if s.kv_role == "past" and isinstance(s.dims[2], str)}
+    past = pasts.pop() if len(pasts) == 1 else None
+    if not isinstance(past, str) or past not in symbols.atoms:
+        return []
+    new = {
+        name
+        for tree in symbols.expressions.values()
+        if past in input_sizes.names_in(tree)
+        for name in input_sizes.names_in(tree)
+        if name != past
+    }
+    if not new:
+        return []
+    ring = max(
+        (s.dims[2] for s in specs if s.kv_role == "past" and isinstance(s.dims[2], int)),
+        default=0,
+    )
+    base = symbols.distinct(given)
+    batch = dict.fromkeys((a for a in symbols.atoms if a in symbols.leading), 2)
+    decode_past, prompt_tokens = max(7, ring), max(5, ring)
+    steps = (
+        (
+            f"a decode step: past {decode_past}, 1 new token",
+            {past: decode_past, **dict.fromkeys(new, 1)},
+        ),
+        (
+            f"a prompt: no past, {prompt_tokens} tokens",
+            {past: 0, **dict.fromkeys(new, prompt_tokens)},
+        ),
+    )
+    return [(what, SizePlan({**base.sizes, **batch, **step}, base.unnamed)) for what, step in steps]
 
 
 def _input_kind(type_: ir.TypeProtocol | None) -> str | None:
@@ -272,6 +363,10 @@ def _keeps_a_token(spec: InputSpec, array: np.ndarray) -> np.ndarray:
 
 def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     dtype = spec.dtype
+    if spec.kv_role == "mask":
+        # GroupQueryAttention reads each row's sum as its length (padding after the tokens):
+        # holes would be neither padding nor realistic, and unwritten cache rows are unset.
+        return np.ones(shape, dtype=dtype)
     if dtype == np.bool_:
         return _keeps_a_token(spec, rng.integers(0, 2, size=shape).astype(np.bool_))
     if np.issubdtype(dtype, np.integer):
@@ -694,6 +789,20 @@ def validate(
         def short() -> bool:
             return len(runs) < wanted
 
+        # --dim sizes first, then a KV cache's decode step and prompt, then the generated sizes.
+        given = symbols.base_plans(sizes)[:2] if sizes and set(sizes) & set(symbols.atoms) else []
+        for plan in given:
+            if short():
+                attempt(plan)
+        steps = [
+            what
+            for what, plan in kv_cache_steps(specs, symbols, sizes)
+            if short() and attempt(plan)
+        ]
+        if steps:
+            notes.append(
+                f"sized as GroupQueryAttention's KV-cache steps ({'; '.join(steps)}; 2 sequences)"
+            )
         for plan in symbols.base_plans(sizes):
             if not short():
                 break

@@ -1,0 +1,149 @@
+"""Build decoder models as onnxruntime-genai's model builder writes them, from seeded tiny configs.
+
+Microsoft's published ONNX LLMs (Phi-3/Phi-4, Llama, Qwen, Gemma ``*-onnx`` repositories) and
+``onnxruntime_genai.models.builder``'s own output are already fused for ONNX Runtime: packed
+Q/K/V into ``com.microsoft.GroupQueryAttention`` with its rotary inside and a KV cache per layer,
+``SkipSimplifiedLayerNormalization``, 4-bit ``MatMulNBits`` at int4. Their inputs are sized by
+that op's rules: a past key is ``[batch, kv_heads, past_sequence_length, head_size]`` (the
+current builder names the last dim ``kv_cache_dim``), the attention mask covers
+``past_sequence_length + sequence_length`` positions, and a step with a past and more than one
+new token runs at batch 1 only.
+
+onnxruntime-genai is not a dependency of onnxopt (nor of its tests); install it beside them:
+
+    .venv/bin/pip install --no-deps --target /tmp/genai onnxruntime-genai==0.18.0
+    PYTHONPATH=/tmp/genai .venv/bin/python scripts/genai_models.py --out /tmp/genai_models \\
+        [--families llama,phi3] [--precisions fp32,int4]
+
+Each family is a transformers ``*ForCausalLM`` built from a config (2 layers, hidden 192, 4 query
+heads of 48 and 2 K/V heads: a head size none of validation's fallback sizes guesses), every
+parameter perturbed with a seed, saved with a word-level tokenizer (the builder writes tokenizer
+files too), then converted with ``-e cpu -p PRECISION``. Writes ``OUT/FAMILY-PRECISION/model.onnx``
+(weights in ``model.onnx.data``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FAMILIES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "phi",
+    "gemma",
+    "gemma2",
+    "granite",
+    "olmo",
+    "smollm3",
+)
+PRECISIONS = ("fp32", "int4")
+
+
+def _config(family: str) -> Any:
+    import transformers as tr
+
+    shared: dict[str, Any] = {
+        "vocab_size": 512,
+        "hidden_size": 192,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    if family == "phi3":
+        # The builder picks Phi-3's short-context form when the two lengths agree.
+        return tr.Phi3Config(**shared, original_max_position_embeddings=256)
+    if family == "phi":
+        # ORT's rotary wants the rotated half of a head to be a multiple of 16: heads of 64.
+        return tr.PhiConfig(**{**shared, "hidden_size": 256}, partial_rotary_factor=0.5)
+    if family == "gemma":
+        return tr.GemmaConfig(**shared, head_dim=48)
+    if family == "gemma2":
+        # A window within max_position_embeddings (the builder keeps a window-long ring buffer).
+        return tr.Gemma2Config(**shared, head_dim=48, sliding_window=16)
+    classes = {
+        "llama": tr.LlamaConfig,
+        "mistral": tr.MistralConfig,
+        "qwen2": tr.Qwen2Config,
+        "qwen3": tr.Qwen3Config,
+        "granite": tr.GraniteConfig,
+        "olmo": tr.OlmoConfig,
+        "smollm3": tr.SmolLM3Config,
+    }
+    extra: dict[str, Any] = {"head_dim": 48} if family == "qwen3" else {}
+    return classes[family](**shared, **extra)
+
+
+def _checkpoint(family: str, folder: Path) -> None:
+    """A seeded checkpoint and tokenizer in ``folder``, as ``save_pretrained`` writes them."""
+    import torch
+    import transformers as tr
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    config = _config(family)
+    torch.manual_seed(0)
+    model = tr.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.02)
+    model.save_pretrained(folder)
+    vocab = {f"w{i}": i for i in range(config.vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tr.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="w0", bos_token="w1", eos_token="w2"
+    ).save_pretrained(folder)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    args = parser.parse_args()
+    failed = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for family in args.families.split(","):
+            checkpoint = Path(scratch) / family
+            _checkpoint(family, checkpoint)
+            for precision in args.precisions.split(","):
+                out = args.out / f"{family}-{precision}"
+                command = [
+                    sys.executable,
+                    "-m",
+                    "onnxruntime_genai.models.builder",
+                    "-i",
+                    str(checkpoint),
+                    "-o",
+                    str(out),
+                    "-p",
+                    precision,
+                    "-e",
+                    "cpu",
+                    "-c",
+                    str(Path(scratch) / "cache"),
+                ]
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode != 0 or not (out / "model.onnx").exists():
+                    last = (done.stderr.strip().splitlines() or ["?"])[-1]
+                    failed.append(f"{family}-{precision}: {last}")
+                    print(f"{family}-{precision}: FAILED ({last})")
+                else:
+                    print(f"{family}-{precision}: {out / 'model.onnx'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
