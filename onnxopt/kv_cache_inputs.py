@@ -51,7 +51,8 @@ def _dim_name(value: ir.Value, axis: int) -> str | None:
 
 
 def _width(value: ir.Value | None, depth: int = 0) -> int | None:
-    """The static last dim of ``value``: recorded, or that of the weight product making it."""
+    """The static last dim of ``value``: recorded, or read off the node making it (a weight
+    product, a Reshape to a constant width, a Split along the last axis)."""
     if value is None or depth > 4:
         return None
     shape = value.shape
@@ -67,6 +68,20 @@ def _width(value: ir.Value | None, depth: int = 0) -> int | None:
         weight = node.inputs[1].shape
         if weight is not None and len(weight) >= 2 and isinstance(weight[-1], int):
             return weight[-1]
+    if is_op(node, "Reshape") and len(node.inputs) == 2:
+        target = const_array(node.inputs[1])
+        if target is not None and target.size > 0 and int(target.reshape(-1)[-1]) > 0:
+            return int(target.reshape(-1)[-1])
+        return None
+    if is_op(node, "Split") and len(node.inputs) == 2:
+        sizes = const_array(node.inputs[1])
+        index = list(node.outputs).index(value)
+        axis = node.attributes.get_int("axis", 0)
+        rank = len(shape) if shape is not None else None
+        last = axis == -1 or (rank is not None and axis == rank - 1)
+        if last and sizes is not None and index < sizes.size:
+            return int(sizes.reshape(-1)[index])
+        return None
     if is_op(node, "Add") and len(node.inputs) == 2:
         constant = [const_array(v) is not None for v in node.inputs]
         if constant.count(True) == 1:
