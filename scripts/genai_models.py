@@ -13,7 +13,7 @@ onnxruntime-genai is not a dependency of onnxopt (nor of its tests); install it 
 
     .venv/bin/pip install --no-deps --target /tmp/genai onnxruntime-genai==0.18.0
     PYTHONPATH=/tmp/genai .venv/bin/python scripts/genai_models.py --out /tmp/genai_models \\
-        [--families llama,phi3] [--precisions fp32,int4]
+        [--families llama,phi3] [--precisions fp32,int4] [--medium]
 
 Each family is a transformers ``*ForCausalLM`` built from a config (2 layers, hidden 192, 4 query
 heads of 48 and 2 K/V heads: a head size none of validation's fallback sizes guesses), every
@@ -47,7 +47,19 @@ FAMILIES = (
 PRECISIONS = ("fp32", "int4")
 
 
-def _config(family: str) -> Any:
+# --medium: a size worth timing (4 layers, hidden 768, 12 query and 4 K/V heads of 64).
+MEDIUM = {
+    "vocab_size": 8000,
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 1024,
+}
+
+
+def _config(family: str, medium: bool = False) -> Any:
     import transformers as tr
 
     shared: dict[str, Any] = {
@@ -61,18 +73,22 @@ def _config(family: str) -> Any:
         "pad_token_id": 0,
         "bos_token_id": 1,
         "eos_token_id": 2,
+        **(MEDIUM if medium else {}),
     }
+    head = shared["hidden_size"] // shared["num_attention_heads"]
     if family == "phi3":
         # The builder picks Phi-3's short-context form when the two lengths agree.
-        return tr.Phi3Config(**shared, original_max_position_embeddings=256)
+        positions = shared["max_position_embeddings"]
+        return tr.Phi3Config(**shared, original_max_position_embeddings=positions)
     if family == "phi":
         # ORT's rotary wants the rotated half of a head to be a multiple of 16: heads of 64.
-        return tr.PhiConfig(**{**shared, "hidden_size": 256}, partial_rotary_factor=0.5)
+        width = shared["hidden_size"] if medium else 256
+        return tr.PhiConfig(**{**shared, "hidden_size": width}, partial_rotary_factor=0.5)
     if family == "gemma":
-        return tr.GemmaConfig(**shared, head_dim=48)
+        return tr.GemmaConfig(**shared, head_dim=head)
     if family == "gemma2":
         # A window within max_position_embeddings (the builder keeps a window-long ring buffer).
-        return tr.Gemma2Config(**shared, head_dim=48, sliding_window=16)
+        return tr.Gemma2Config(**shared, head_dim=head, sliding_window=16)
     classes = {
         "llama": tr.LlamaConfig,
         "mistral": tr.MistralConfig,
@@ -82,17 +98,17 @@ def _config(family: str) -> Any:
         "olmo": tr.OlmoConfig,
         "smollm3": tr.SmolLM3Config,
     }
-    extra: dict[str, Any] = {"head_dim": 48} if family == "qwen3" else {}
+    extra: dict[str, Any] = {"head_dim": head} if family == "qwen3" else {}
     return classes[family](**shared, **extra)
 
 
-def _checkpoint(family: str, folder: Path) -> None:
+def _checkpoint(family: str, folder: Path, medium: bool) -> None:
     """A seeded checkpoint and tokenizer in ``folder``, as ``save_pretrained`` writes them."""
     import torch
     import transformers as tr
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    config = _config(family)
+    config = _config(family, medium)
     torch.manual_seed(0)
     model = tr.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
@@ -112,12 +128,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--medium", action="store_true", help="4 layers, hidden 768 (to time)")
     args = parser.parse_args()
     failed = []
     with tempfile.TemporaryDirectory() as scratch:
         for family in args.families.split(","):
             checkpoint = Path(scratch) / family
-            _checkpoint(family, checkpoint)
+            _checkpoint(family, checkpoint, args.medium)
             for precision in args.precisions.split(","):
                 out = args.out / f"{family}-{precision}"
                 command = [
