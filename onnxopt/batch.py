@@ -58,9 +58,37 @@ def check_and_write(
             report,
             output=written,
             after=dataclasses.replace(report.after, file_bytes=path.stat().st_size),
+            warnings=(*report.warnings, *_runtime_config_left_behind(model, path)),
         )
     elapsed = report.optimize_seconds if seconds is None else seconds
     return ModelOutcome(str(model), report, checks, None, written, elapsed, failures)
+
+
+GENAI_CONFIG = "genai_config.json"
+
+
+def _runtime_config_left_behind(model: Path, written: Path) -> list[str]:
+    """A warning when onnxruntime-genai's config sits beside the input and its runtime would not
+    find the output: it reads a model only through that file (and the tokenizer files beside
+    it), by the file name the config gives."""
+    import json
+
+    here = written.parent / GENAI_CONFIG
+    config = here if here.is_file() else model.parent / GENAI_CONFIG
+    if not (model.parent / GENAI_CONFIG).is_file():
+        return []
+    try:
+        named = json.loads(config.read_text())["model"]["decoder"]["filename"]
+    except (OSError, ValueError, KeyError, TypeError):
+        named = None
+    other_name = isinstance(named, str) and named != written.name
+    if config == here:
+        return [f"{config} names the model '{named}', not {written.name}"] if other_name else []
+    renamed = f" (the config names the model '{named}')" if other_name else ""
+    return [
+        f"{config} names this model for onnxruntime-genai; to run {written.name} there, copy "
+        f"that config and the tokenizer files into {written.parent}{renamed}"
+    ]
 
 
 def optimize_one(

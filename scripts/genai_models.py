@@ -13,18 +13,21 @@ onnxruntime-genai is not a dependency of onnxopt (nor of its tests); install it 
 
     .venv/bin/pip install --no-deps --target /tmp/genai onnxruntime-genai==0.18.0
     PYTHONPATH=/tmp/genai .venv/bin/python scripts/genai_models.py --out /tmp/genai_models \\
-        [--families llama,phi3] [--precisions fp32,int4] [--medium]
+        [--families llama,phi3] [--precisions fp32,int4] [--medium] [--check]
 
 Each family is a transformers ``*ForCausalLM`` built from a config (2 layers, hidden 192, 4 query
 heads of 48 and 2 K/V heads: a head size none of validation's fallback sizes guesses), every
 parameter perturbed with a seed, saved with a word-level tokenizer (the builder writes tokenizer
 files too), then converted with ``-e cpu -p PRECISION``. Writes ``OUT/FAMILY-PRECISION/model.onnx``
-(weights in ``model.onnx.data``).
+(weights in ``model.onnx.data``). With ``--check`` each build is also optimized by onnxopt
+into ``OUT/optimized/FAMILY-PRECISION`` (beside copies of its config and tokenizer files) and both
+folders generate 12 tokens greedily in onnxruntime-genai's own runtime: the tokens must agree.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -123,12 +126,60 @@ def _checkpoint(family: str, folder: Path, medium: bool) -> None:
     ).save_pretrained(folder)
 
 
+PROMPT = (5, 17, 42, 99, 3)
+
+
+def _greedy(folder: Path, steps: int = 12) -> tuple[list[int], Any]:
+    """Tokens onnxruntime-genai's own runtime generates greedily from :data:`PROMPT`, and the
+    last step's logits."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(PROMPT) + steps)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array(PROMPT, dtype=np.int32))
+    tokens = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        tokens.append(int(generator.get_next_tokens()[0]))
+    return tokens, np.asarray(generator.get_output("logits"))
+
+
+def _check(build: Path, optimized: Path) -> str:
+    """Optimize ``build`` with onnxopt (validated) into ``optimized`` beside the build's config
+    and tokenizer files, then compare greedy generation in onnxruntime-genai."""
+    import numpy as np
+
+    optimized.mkdir(parents=True, exist_ok=True)
+    for extra in build.iterdir():
+        if extra.suffix == ".json":
+            shutil.copy(extra, optimized / extra.name)
+    command = [sys.executable, "-m", "onnxopt", "optimize", str(build / "model.onnx")]
+    done = subprocess.run(
+        [*command, "-o", str(optimized / "model.onnx")], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        return f"onnxopt exit {done.returncode}: {done.stderr.strip().splitlines()[-1]}"
+    expected, logits = _greedy(build)
+    got, got_logits = _greedy(optimized)
+    difference = float(np.abs(logits - got_logits).max())
+    verdict = "same tokens" if got == expected else f"OTHER TOKENS {got} vs {expected}"
+    return f"{verdict}, last logits within {difference:.1e}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--medium", action="store_true", help="4 layers, hidden 768 (to time)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="optimize each build into OUT/optimized and compare generation in onnxruntime-genai",
+    )
     args = parser.parse_args()
     failed = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -157,6 +208,11 @@ def main() -> int:
                     last = (done.stderr.strip().splitlines() or ["?"])[-1]
                     failed.append(f"{family}-{precision}: {last}")
                     print(f"{family}-{precision}: FAILED ({last})")
+                elif args.check:
+                    verdict = _check(out, args.out / "optimized" / out.name)
+                    print(f"{family}-{precision}: {verdict}")
+                    if not verdict.startswith("same tokens"):
+                        failed.append(f"{family}-{precision}: {verdict}")
                 else:
                     print(f"{family}-{precision}: {out / 'model.onnx'}")
     return 1 if failed else 0

@@ -226,3 +226,29 @@ def test_the_output_is_a_fixed_point_that_validates_again(head_norms: bool) -> N
     assert [shape["past_key0"] for shape in validation.trials] == [(2, 2, 7, HEAD), (2, 2, 0, HEAD)]
     before = ir.to_proto(first.model).SerializeToString()
     assert ir.to_proto(again.model).SerializeToString() == before
+
+
+def test_a_genai_config_left_behind_is_named(tmp_path) -> None:
+    """onnxruntime-genai finds a model only through the genai_config.json beside it."""
+    source = tmp_path / "build"
+    source.mkdir()
+    ir.save(_decoder(), source / "model.onnx")
+    config = {"model": {"decoder": {"filename": "model.onnx"}}}
+    (source / "genai_config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def warnings(target: str) -> list[str]:
+        code, stdout, stderr = cli("optimize", source / "model.onnx", "-o", out / target, "--json")
+        assert code == EXIT_OK, stderr
+        return [w for w in json.loads(stdout)["warnings"] if "genai_config.json" in w]
+
+    (left,) = warnings("model.onnx")
+    assert "copy that config and the tokenizer files" in left and "names the model" not in left
+    (renamed,) = warnings("fast.onnx")
+    assert renamed.endswith("(the config names the model 'model.onnx')")
+    (out / "genai_config.json").write_text(json.dumps(config))
+    assert warnings("model.onnx") == []
+    assert warnings("fast.onnx") == [
+        f"{out / 'genai_config.json'} names the model 'model.onnx', not fast.onnx"
+    ]
