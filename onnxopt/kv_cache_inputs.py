@@ -30,6 +30,17 @@ from onnxopt.ops import MS_DOMAIN, const_array, is_op
 _PAST_KEY, _PAST_VALUE, _TOTAL = 3, 4, 6  # GroupQueryAttention's inputs
 # Ops a shape read passes through on its way from Shape(mask) to GroupQueryAttention.
 _SCALAR_VIEWS = ("Cast", "Squeeze", "Unsqueeze", "Reshape", "Identity")
+# Ops whose output 0 has input 0's shape, between a projection and the query it makes (the
+# rotary the builder writes apart from the attention for DirectML, a per-head norm).
+_SAME_SHAPE = (
+    (MS_DOMAIN, "RotaryEmbedding"),
+    (MS_DOMAIN, "SimplifiedLayerNormalization"),
+    ("", "SimplifiedLayerNormalization"),
+    ("", "LayerNormalization"),
+    ("", "RMSNormalization"),
+    ("", "Cast"),
+    ("", "Identity"),
+)
 
 
 @dataclass(frozen=True)
@@ -52,8 +63,9 @@ def _dim_name(value: ir.Value, axis: int) -> str | None:
 
 def _width(value: ir.Value | None, depth: int = 0) -> int | None:
     """The static last dim of ``value``: recorded, or read off the node making it (a weight
-    product, a Reshape to a constant width, a Split along the last axis)."""
-    if value is None or depth > 4:
+    product, a Reshape to a constant width, a Split along the last axis), through ops that keep
+    their input's shape."""
+    if value is None or depth > 6:
         return None
     shape = value.shape
     if shape is not None and len(shape) > 0 and isinstance(shape[-1], int):
@@ -82,6 +94,8 @@ def _width(value: ir.Value | None, depth: int = 0) -> int | None:
         if last and sizes is not None and index < sizes.size:
             return int(sizes.reshape(-1)[index])
         return None
+    if any(is_op(node, op, domain) for domain, op in _SAME_SHAPE):
+        return _width(node.inputs[0] if node.inputs else None, depth + 1)
     if is_op(node, "Add") and len(node.inputs) == 2:
         constant = [const_array(v) is not None for v in node.inputs]
         if constant.count(True) == 1:

@@ -32,7 +32,7 @@ VOCAB, POSITIONS = 64, 256
 _LAYER = """
     qkv{i} = {product}{split}
     a{i}, present_key{i}, present_value{i} = com.microsoft.GroupQueryAttention
-        <num_heads = 4, kv_num_heads = 2, do_rotary = 1{window}>
+        <num_heads = 4, kv_num_heads = 2, do_rotary = {rotary}{window}>
         ({query}, past_key{i}, past_value{i}, seqlens, total, cos, sin)
     o{i} = MatMul(a{i}, wo{i})
     g{i} = Sigmoid(o{i})
@@ -50,11 +50,20 @@ _HEAD_NORMS = """
     kr{i} = Reshape(kn{i}, kv_width)
 """
 
+# The rotary outside the attention, on Q and K projected apart (the builder's DirectML form).
+_ROTARY_APART = """
+    q{i}, k{i}, v{i} = Split<axis = -1>(qkv{i}, qkv_sizes)
+    qq{i} = MatMul(q{i}, wq_{i})
+    qr{i} = com.microsoft.RotaryEmbedding<num_heads = 4>(qq{i}, position_ids, cos, sin)
+    kr{i} = com.microsoft.RotaryEmbedding<num_heads = 2>(k{i}, position_ids, cos, sin)
+"""
 
-def _decoder(ring: int = 0, nbits: bool = False, head_norms: bool = False) -> ir.Model:
+
+def _decoder(ring: int = 0, nbits: bool = False, apart: str = "") -> ir.Model:
     """One global layer (past ``past_sequence_length``), and with ``ring`` a second one over a
-    sliding window of that many rows kept as a ring buffer (past ``past_sliding_length``);
-    ``head_norms``: Q and K normalized per head, as the builder writes Qwen3."""
+    sliding window of that many rows kept as a ring buffer (past ``past_sliding_length``).
+    ``apart``: Q, K and V given apart, Q and K normalized per head (``"norms"``, as the builder
+    writes Qwen3) or rotated before the attention (``"rotary"``, with a position_ids input)."""
     layers = [("past_sequence_length", "")]
     if ring:
         window = f", local_window_size = {ring}, sliding_window_cache = 1"
@@ -72,9 +81,16 @@ def _decoder(ring: int = 0, nbits: bool = False, head_norms: bool = False) -> ir
             if nbits
             else f"MatMul({source}, wqkv{i})"
         )
-        split = _HEAD_NORMS.format(i=i) if head_norms else ""
-        query = f"qr{i}, kr{i}, v{i}" if head_norms else f'qkv{i}, "", ""'
-        body.append(_LAYER.format(i=i, product=product, window=window, split=split, query=query))
+        split = {"norms": _HEAD_NORMS, "rotary": _ROTARY_APART, "": ""}[apart].format(i=i)
+        query = f"qr{i}, kr{i}, v{i}" if apart else f'qkv{i}, "", ""'
+        rotary = 0 if apart == "rotary" else 1
+        body.append(
+            _LAYER.format(
+                i=i, product=product, window=window, split=split, query=query, rotary=rotary
+            )
+        )
+    if apart == "rotary":
+        inputs.insert(0, "int64[batch_size, sequence_length] position_ids")
     last = len(layers) - 1
     text = f"""
         <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
@@ -104,7 +120,7 @@ def _decoder(ring: int = 0, nbits: bool = False, head_norms: bool = False) -> ir
         "cos": np.cos(angles).astype(np.float32),
         "sin": np.sin(angles).astype(np.float32),
     }
-    if head_norms:
+    if apart:
         weights["qkv_sizes"] = np.array([HEADS * HEAD, KV_HEADS * HEAD, KV_HEADS * HEAD], np.int64)
         weights["heads"] = np.array([0, -1, HEAD], np.int64)
         weights["q_width"] = np.array([0, -1, HEADS * HEAD], np.int64)
@@ -112,6 +128,8 @@ def _decoder(ring: int = 0, nbits: bool = False, head_norms: bool = False) -> ir
         weights["qnorm"] = rng.uniform(0.5, 1.5, HEAD).astype(np.float32)
         weights["knorm"] = rng.uniform(0.5, 1.5, HEAD).astype(np.float32)
     for i in range(len(layers)):
+        if apart == "rotary":
+            weights[f"wq_{i}"] = rng.standard_normal((HEADS * HEAD,) * 2).astype(np.float32) * 0.1
         weights[f"wo{i}"] = rng.standard_normal((HEADS * HEAD, HIDDEN)).astype(np.float32) * 0.1
         if nbits:
             blocks = HIDDEN // 32
@@ -212,11 +230,12 @@ def test_bench_times_a_step_at_its_default_sizes(tmp_path) -> None:
     assert shapes["attention_mask"] == [1, 256]
 
 
-@pytest.mark.parametrize("head_norms", [False, True], ids=["packed", "head-norms"])
-def test_the_output_is_a_fixed_point_that_validates_again(head_norms: bool) -> None:
+@pytest.mark.parametrize("apart", ["", "norms", "rotary"], ids=["packed", "head-norms", "rotary"])
+def test_the_output_is_a_fixed_point_that_validates_again(apart: str) -> None:
     """onnxopt drops the shape annotations it leaves behind: the head size is then read off the
-    Reshape or Split that makes the query, and optimizing the output changes nothing."""
-    first = api.optimize(_decoder(head_norms=head_norms))
+    Reshape, Split or weight product that makes the query, through a rotary, and optimizing the
+    output changes nothing."""
+    first = api.optimize(_decoder(apart=apart))
     assert first.report.validation is not None and first.report.validation.passed
     inner = [v for n in first.model.graph for v in n.outputs if not v.is_graph_output()]
     assert inner and all(v.shape is None for v in inner)
