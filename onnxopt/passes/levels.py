@@ -15,6 +15,7 @@ from onnxopt.passes.eliminate_noops import EliminateNoopsPass
 from onnxopt.passes.fold_constants import FoldConstantsPass
 from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
 from onnxopt.passes.fuse_attention import FuseAttentionPass
+from onnxopt.passes.fuse_channel_first_attention import FuseChannelFirstAttentionPass
 from onnxopt.passes.fuse_conv_activation import FuseConvActivationPass
 from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
 from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
@@ -78,6 +79,8 @@ FUSIONS: list[PassClass] = [
     # Bit-identical on ORT 1.32 CPU; the same op ORT makes of the pair at ENABLE_EXTENDED+.
     FuseSiluPass,
     FuseMatMulPass,  # attention patterns need to see their Transpose + MatMul unfused
+    # After fuse-matmul: reads the transposed products as the FusedMatMuls it makes of them.
+    FuseChannelFirstAttentionPass,
     # After fuse-matmul, which turns a 2-D MatMul + bias into one Gemm (the Add is gone either way).
     # BiasGelu: one node fewer per pair, the same kernel at ORT_ENABLE_ALL (ORT fuses Add + Gelu
     # into BiasGelu itself at load; 4-12% slower than Add + Gelu at DISABLE_ALL on ORT 1.32 CPU,
