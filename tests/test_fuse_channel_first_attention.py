@@ -123,3 +123,32 @@ def test_target_onnx_keeps_the_block(tmp_path) -> None:
     validation = result.report.validation
     assert validation is not None and validation.passed
     assert not any(node.domain == "com.microsoft" for node in result.model.graph)
+
+
+_OPSET_12 = """
+    <ir_version: 7, opset_import: ["" : 12]>
+    g (float[2, 8, 2, 48] r) => (float[2, 8, 2, 16] y) {{
+        t = Transpose<perm = [0, 2, 3, 1]>(r)
+        q, k, v = Split<axis = 2, split = [16, 16, 16]>(t)
+        qt = Transpose<perm = [0, 1, 3, 2]>(q)
+        s = MatMul(qt, k)
+        p = Softmax{axis}(s)
+        pt = Transpose<perm = [0, 1, 3, 2]>(p)
+        o = MatMul(v, pt)
+        y = Transpose<perm = [0, 3, 1, 2]>(o)
+    }}
+"""
+
+
+@pytest.mark.parametrize(("axis", "fused"), [("", 0), ("<axis = -1>", 1)], ids=["default", "last"])
+def test_softmax_axis_defaults_to_1_below_opset_13(axis: str, fused: int) -> None:
+    """Softmax-1/11 without an axis normalizes from axis 1 on, not over the keys."""
+    import onnx.parser
+
+    from onnxopt.io import model_from_proto
+
+    model = model_from_proto(onnx.parser.parse_model(_OPSET_12.format(axis=axis)))
+    result = onnxopt.optimize(model)
+    validation = result.report.validation
+    assert validation is not None and validation.passed
+    assert _ops(result.model)["MultiHeadAttention"] == fused

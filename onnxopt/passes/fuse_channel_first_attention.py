@@ -101,7 +101,9 @@ def _match(root: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("the Softmax does not read q^T·k", candidate=False)
     if context.options.target != "ort":
         return Mismatch("MultiHeadAttention is a contrib op (target ort only)")
-    if softmax.attributes.get_int("axis", -1) not in (-1, 3):
+    # Softmax's axis defaults to 1 below opset 13 (and there flattens the axes after it).
+    axis = softmax.attributes.get_int("axis", -1 if context.opset() >= 13 else 1)
+    if axis not in (-1, 3):
         return Mismatch("the Softmax is not over the keys (last axis)")
     if out.attributes.get_float("alpha", 1.0) != 1.0:
         return Mismatch("P·V is scaled")
