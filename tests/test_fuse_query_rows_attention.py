@@ -225,3 +225,17 @@ def test_scores_viewed_with_another_head_count_are_not_respelled() -> None:
     assert not FuseAttentionPass()(model).modified
     assert _serialized(model) == before
     onnx.checker.check_model(ir.serde.serialize_model(model))
+
+
+@pytest.mark.parametrize(("opset", "found"), [(17, True), (12, False)])
+def test_a_softmax_without_an_axis_is_over_the_keys_from_opset_13_only(
+    opset: int, found: bool
+) -> None:
+    """Softmax-1/11 without an axis attribute normalizes from axis 1 on, not over T."""
+    from onnxopt.passes._query_rows import _find
+
+    model = _model()
+    softmax = next(node for node in model.graph if node.op_type == "Softmax")
+    del softmax.attributes["axis"]
+    model.graph.opset_imports[""] = opset
+    assert (_find(softmax) is not None) is found
