@@ -73,10 +73,10 @@ def _runtime_config_left_behind(model: Path, written: Path) -> list[str]:
     it), by the file name the config gives."""
     import json
 
-    here = written.parent / GENAI_CONFIG
-    config = here if here.is_file() else model.parent / GENAI_CONFIG
     if not (model.parent / GENAI_CONFIG).is_file():
         return []
+    here = written.parent / GENAI_CONFIG
+    config = here if here.is_file() else model.parent / GENAI_CONFIG
     try:
         named = json.loads(config.read_text())["model"]["decoder"]["filename"]
     except (OSError, ValueError, KeyError, TypeError):

@@ -789,9 +789,11 @@ def validate(
         def short() -> bool:
             return len(runs) < wanted
 
-        # --dim sizes first, then a KV cache's decode step and prompt, then the generated sizes.
-        given = symbols.base_plans(sizes)[:2] if sizes and set(sizes) & set(symbols.atoms) else []
-        for plan in given:
+        # --dim sizes first (base_plans starts with them and twice them), then a KV cache's
+        # decode step and prompt, then the other generated sizes.
+        plans = symbols.base_plans(sizes)
+        given = 2 if sizes and set(sizes) & set(symbols.atoms) else 0
+        for plan in plans[:given]:
             if short():
                 attempt(plan)
         steps = [
@@ -803,7 +805,7 @@ def validate(
             notes.append(
                 f"sized as GroupQueryAttention's KV-cache steps ({'; '.join(steps)}; 2 sequences)"
             )
-        for plan in symbols.base_plans(sizes):
+        for plan in plans[given:]:
             if not short():
                 break
             attempt(plan)

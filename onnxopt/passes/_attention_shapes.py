@@ -71,6 +71,12 @@ def peel_scale(value: ir.Value) -> tuple[ir.Value, float, list[ir.Node]]:
         return value, factor, nodes
 
 
+def softmax_axis(softmax: ir.Node, opset: int) -> int:
+    """The Softmax's axis attribute, or its default: 1 before opset 13 (where it normalizes the
+    dims from that axis on, flattened), -1 from 13."""
+    return softmax.attributes.get_int("axis", -1 if opset >= 13 else 1)
+
+
 def transpose_perm(node: ir.Node | None) -> list[int] | None:
     if not is_op(node, "Transpose"):
         return None

@@ -43,6 +43,7 @@ from onnxopt.passes._attention_shapes import (
     piece_entries,
     producer_of,
     same_dim,
+    softmax_axis,
     static_dim,
     transpose_perm,
     value_rank,
@@ -215,11 +216,9 @@ def _scaled_product(
 def _find(softmax: ir.Node) -> _Block | None:
     """The block around ``softmax`` (the module docstring), or None."""
     probs = softmax.outputs[0]
-    # Softmax's axis defaults to 1 below opset 13 (normalizing the axes from it on, flattened).
     graph = softmax.graph
     opset = graph.opset_imports.get("", 13) if graph is not None else 13
-    axis = softmax.attributes.get_int("axis", -1 if opset >= 13 else 1)
-    if axis not in (-1, 3) or value_rank(probs) != 4:
+    if softmax_axis(softmax, opset) not in (-1, 3) or value_rank(probs) != 4:
         return None
     # down: Reshape(p4, [B, S*H, T]) @ v, viewed as [B, S, H*d]
     flat = _only_reader(probs, "Reshape")

@@ -138,6 +138,7 @@ from onnxopt.passes._attention_shapes import (
     scaled_dim_reads,
     seq_len,
     shape_slice,
+    softmax_axis,
     split_last_axis,
     static_dim,
     target_entries,
@@ -1880,8 +1881,7 @@ def match_attention_block(softmax: ir.Node, context: RewriteContext) -> Match | 
 
     Also for fuse-group-query-attention, which fuses soft-capped blocks (no MultiHeadAttention
     form) into GroupQueryAttention itself."""
-    # Softmax's default axis is 1 before opset 13 (the dims from it on, flattened), -1 after
-    axis = softmax.attributes.get_int("axis", -1 if context.opset() >= 13 else 1)
+    axis = softmax_axis(softmax, context.opset())
     scores = softmax.inputs[0]
     if scores is None:
         return Mismatch("Softmax has no input")

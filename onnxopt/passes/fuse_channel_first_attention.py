@@ -33,7 +33,9 @@ from collections import Counter
 
 import onnx_ir as ir
 
-from onnxopt.ops import MS_DOMAIN, const_array, is_op
+from onnxopt.ops import MS_DOMAIN, is_op
+from onnxopt.passes._attention_shapes import softmax_axis, transpose_perm
+from onnxopt.passes._shape_facts import int_param
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import const_scalar, ensure_opset, int64_constant, only_user
@@ -71,16 +73,8 @@ def _scaled(value: ir.Value | None) -> tuple[ir.Node, ir.Value, float] | None:
     return None if operand is None else (node, operand, factor)
 
 
-def _split_sizes(split: ir.Node) -> list[int] | None:
-    if len(split.inputs) > 1 and split.inputs[1] is not None:
-        sizes = const_array(split.inputs[1])
-        return None if sizes is None else [int(s) for s in sizes.reshape(-1)]
-    attribute = split.attributes.get("split")
-    return None if attribute is None else [int(s) for s in attribute.as_ints()]
-
-
 def _match(root: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    if list(root.attributes.get_ints("perm", [])) != _TOKENS_BACK:
+    if transpose_perm(root) != _TOKENS_BACK:
         return Mismatch("not a Transpose back to tokens first", candidate=False)
     out = _fused_matmul(root.inputs[0], 0, 1)
     if isinstance(out, Mismatch):
@@ -101,9 +95,7 @@ def _match(root: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("the Softmax does not read q^T·k", candidate=False)
     if context.options.target != "ort":
         return Mismatch("MultiHeadAttention is a contrib op (target ort only)")
-    # Softmax's axis defaults to 1 below opset 13 (and there flattens the axes after it).
-    axis = softmax.attributes.get_int("axis", -1 if context.opset() >= 13 else 1)
-    if axis not in (-1, 3):
+    if softmax_axis(softmax, context.opset()) not in (-1, 3):
         return Mismatch("the Softmax is not over the keys (last axis)")
     if out.attributes.get_float("alpha", 1.0) != 1.0:
         return Mismatch("P·V is scaled")
@@ -125,10 +117,10 @@ def _match(root: ir.Node, context: RewriteContext) -> Match | Mismatch:
         or [query, key, v] != list(split.outputs)
     ):
         return Mismatch("q, k and v are not the three parts of one Split")
-    sizes = _split_sizes(split)
+    sizes = int_param(split, "split", 1)  # None (equal parts) or a Mismatch (not constant): left
     rank = len(split.inputs[0].shape) if split.inputs[0] and split.inputs[0].shape else None
     axis = split.attributes.get_int("axis", 0)
-    if rank != 4 or axis not in (2, -2) or sizes is None or len(sizes) != 3:
+    if rank != 4 or axis not in (2, -2) or not isinstance(sizes, tuple) or len(sizes) != 3:
         return Mismatch("the Split is not along a [B, h, d, N] head dim")
     depth, key_depth, value_depth = sizes
     if depth != key_depth or value_depth != depth:
@@ -144,11 +136,7 @@ def _match(root: ir.Node, context: RewriteContext) -> Match | Mismatch:
     # Transpose of the stacked Q/K/V, where the block transposes all three inside its products).
     heads_first = stacked.producer()
     source = None
-    if (
-        heads_first is not None
-        and is_op(heads_first, "Transpose")
-        and list(heads_first.attributes.get_ints("perm", [])) == _TOKENS_LAST
-    ):
+    if transpose_perm(heads_first) == _TOKENS_LAST and heads_first is not None:
         source = heads_first.inputs[0]
     # V's other readers that move it to tokens first (the positional Conv's path): the new V is
     # that already.
@@ -156,9 +144,7 @@ def _match(root: ir.Node, context: RewriteContext) -> Match | Mismatch:
     moved = [
         use.node
         for use in v.uses()
-        if use.node is not out
-        and is_op(use.node, "Transpose")
-        and list(use.node.attributes.get_ints("perm", [])) == _TOKENS_BACK
+        if use.node is not out and transpose_perm(use.node) == _TOKENS_BACK
     ]
     alpha = scores_mm.attributes.get_float("alpha", 1.0)
     return Match(
