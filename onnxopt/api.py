@@ -270,6 +270,7 @@ def optimize(
         memory=memory_section,
         reference=reference_report,
         opset_conversion=conversion,
+        passes_skipped=result.skipped,
     )
     return OptimizeResult(working, report, loaded, memory_plan)
 

@@ -113,6 +113,8 @@ class OptimizeReport:
     reference: ReferenceReport | None = None
     # "opset 17 → 23 (onnx.version_converter)" when --opset raised the opset before the passes.
     opset_conversion: str | None = None
+    # Pass runs left out because that pass had found nothing to do in the same model.
+    passes_skipped: int = 0
 
     def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
         """(name, runs, seconds, summed stats) per pass, in first-run order."""

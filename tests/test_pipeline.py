@@ -9,6 +9,7 @@ from graphs import parse_model
 from onnxopt.errors import UsageError
 from onnxopt.passes.base import FixedPoint, Pass, PassResult, Pipeline
 from onnxopt.passes.levels import ALL_PASSES, LEVELS, build_steps
+from onnxopt.passes.options import PassOptions
 
 TEXT = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -70,3 +71,51 @@ def test_every_pass_has_a_unique_kebab_name_and_summary() -> None:
         for entry in spec:
             for cls in entry if isinstance(entry, tuple) else (entry,):
                 assert cls in ALL_PASSES
+
+
+class _CountsRuns(Pass):
+    name = "counts-runs"
+    summary = "test pass that changes nothing and counts its runs"
+    runs = 0
+
+    def call(self, model: ir.Model) -> PassResult:
+        type(self).runs += 1
+        return PassResult(model, modified=False)
+
+
+class _ChangesOnce(Pass):
+    name = "changes-once"
+    summary = "test pass that claims a change on its first run only"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = False
+
+    def call(self, model: ir.Model) -> PassResult:
+        changed, self.done = not self.done, True
+        return PassResult(model, modified=changed)
+
+
+def test_a_pass_that_found_nothing_is_not_run_again_on_the_same_model() -> None:
+    _CountsRuns.runs = 0
+    options = PassOptions()
+    idle, again = _CountsRuns(options), _CountsRuns(options)
+    result = Pipeline([idle, again, FixedPoint([_CountsRuns(options)])])(parse_model(TEXT))
+    assert _CountsRuns.runs == 1 and result.skipped == 2
+    assert [r.name for r in result.records] == ["counts-runs"]
+    # Another pass's change in between: it runs again, and the fixed point's second round
+    # (nothing changed since the first found nothing) leaves it out.
+    _CountsRuns.runs = 0
+    steps = [idle, FixedPoint([_ChangesOnce(), _CountsRuns(options)])]
+    result = Pipeline(steps)(parse_model(TEXT))
+    assert _CountsRuns.runs == 2 and result.skipped == 1
+    assert [(r.name, r.iteration) for r in result.records] == [
+        ("counts-runs", 0),
+        ("changes-once", 0),
+        ("counts-runs", 0),
+        ("changes-once", 1),
+    ]
+    # Other options are another configuration: it runs.
+    _CountsRuns.runs = 0
+    Pipeline([idle, _CountsRuns(PassOptions(target="onnx"))])(parse_model(TEXT))
+    assert _CountsRuns.runs == 2

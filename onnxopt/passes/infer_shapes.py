@@ -147,10 +147,18 @@ def _reinfer_if_branches(
     the outer values it reads as typed inputs (small outer constants as initializers), the branch
     gets the main graph's data propagation. Its value_info and output types are replaced in place.
     """
+    graphs = list(_graph_protos(proto.graph))
+    branching = [
+        node
+        for graph in graphs
+        for node in graph.node
+        if node.op_type == "If" and node.domain in ("", "ai.onnx")
+    ]
+    if not branching:  # (the type tables below cost more than inference on a graph without Ifs)
+        return 0
     types: dict[str, onnx.TypeProto] = {}
     constants: dict[str, onnx.TensorProto] = {}
     used: set[str] = set()  # every dim name of the model
-    graphs = list(_graph_protos(proto.graph))
     for graph in graphs:
         for info in (*graph.input, *graph.value_info, *graph.output):
             types.setdefault(info.name, info.type)
@@ -158,15 +166,12 @@ def _reinfer_if_branches(
         for tensor in graph.initializer:
             constants.setdefault(tensor.name, tensor)
     done = 0
-    for graph in graphs:
-        for node in graph.node:
-            if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
-                continue
-            for attr in node.attribute:
-                if attr.HasField("g") and _reinfer_branch(
-                    attr.g, types, constants, proto, infer, f"if{done}", used
-                ):
-                    done += 1
+    for node in branching:
+        for attr in node.attribute:
+            if attr.HasField("g") and _reinfer_branch(
+                attr.g, types, constants, proto, infer, f"if{done}", used
+            ):
+                done += 1
     return done
 
 
