@@ -14,9 +14,28 @@ Only these cases are claimed (each is the op's documented output shape):
   ScaledTanh, ParametricSoftplus and ThresholdedRelu-1): output 0 has input 0's shape;
 - MultiHeadAttention and GroupQueryAttention with separate 3-D query, key and value (K and V
   may be [B, N, T, d] for MultiHeadAttention): output 0 is [B, S, hidden of V] (GroupQueryAttention:
-  of Q), the query's shape when V's hidden size (N*d) is Q's;
+  of Q, so always the query's shape), the query's shape when V's hidden size (N*d) is Q's;
 - packed Attention: [B, S, v] with v its third ``qkv_hidden_sizes`` or a third of the weight's
   width, the input's shape when v is the input's own width.
+
+Where the recorded shapes do not tell the widths (a file read again: the optimized model keeps no
+intermediate shapes), and for two more ops, a node is swapped for a standard op whose output has
+its shape (each, again, per the op's documented output shape):
+
+- MultiHeadAttention with separate 3-D query, key and value (opset 12 on): the Einsum
+  ``bsi,btj->bsj`` of query and value, [B, S, hidden of V];
+- packed Attention: MatMul of its input with a typed stand-in input [K, v] for V's part of its
+  weight [K, 3v] (v its third ``qkv_hidden_sizes``, else a third of the weight's width);
+- FusedConv (fuse-conv-activation's Conv + Relu/Clip/Sigmoid...): Conv with its convolution
+  attributes and its first three inputs (the activation keeps the shape; the optional sum input Z
+  has the output's shape);
+- FusedMatMul (fuse-matmul's Transpose + MatMul) without batch transposes: MatMul, or where it
+  transposes an operand (opset 12 on), the Einsum of the same product.
+
+Without these, every value after a network's first FusedConv (ResNet: 16 of 17 values), FusedMatMul
+(YOLO11's attention: half of the graph) or fused attention (BERT: 17 of 36) lost its shape when the
+optimized file was read again, and reorder-for-memory, which sizes tensors as a second run would,
+kept the order.
 
 Nodes with more than one output in use are left out, and so are all others: their outputs stay
 unknown, as before.
@@ -84,8 +103,8 @@ def _same_shape_input(node: onnx.NodeProto, infos: dict[str, onnx.ValueInfoProto
             # V as [B, N, T, dv]: the output is [B, S, N*dv]
             count, size = heads_v[1], heads_v[3]
             width_v = count * size if count and size else None
-        if node.op_type == "GroupQueryAttention" and width_q is not None:
-            return query  # output: [B, S, num_heads * head_size], head_size = width_q / num_heads
+        if node.op_type == "GroupQueryAttention":
+            return query  # output: [B, S, num_heads * head_size], the query's own shape
         return query if width_q is not None and width_q == width_v else None
     if node.op_type == "Attention":
         width_x = _width(infos, inputs[0], 3)
@@ -99,17 +118,85 @@ def _same_shape_input(node: onnx.NodeProto, infos: dict[str, onnx.ValueInfoProto
     return None
 
 
+def _einsum(inputs: list[str], output: str, equation: str) -> onnx.NodeProto:
+    attribute = onnx.AttributeProto(
+        name="equation", type=onnx.AttributeProto.STRING, s=equation.encode()
+    )
+    return onnx.NodeProto(op_type="Einsum", input=inputs, output=[output], attribute=[attribute])
+
+
+_CONV_ATTRIBUTES = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
+
+
+def _standard_stand_in(
+    node: onnx.NodeProto,
+    infos: dict[str, onnx.ValueInfoProto],
+    opset: int,
+    inputs: list[onnx.ValueInfoProto],
+) -> onnx.NodeProto | None:
+    """A standard op computing the output shape of a node of the module docstring's second list,
+    or None; typed graph inputs it reads are appended to ``inputs``."""
+    if node.domain != MS_DOMAIN or len([o for o in node.output if o]) != 1 or not node.output[0]:
+        return None
+    output = node.output[0]
+    operands = [*node.input, "", "", ""]
+    if node.op_type == "MultiHeadAttention" and all(operands[:3]) and opset >= 12:
+        # [B, S, hidden of V] for a 3-D V (a 4-D V's rank makes the Einsum fail: unknown)
+        return _einsum([operands[0], operands[2]], output, "bsi,btj->bsj")
+    if node.op_type == "Attention" and operands[0] and operands[1]:
+        weight = _dims(infos.get(operands[1]))
+        sizes = next((list(a.ints) for a in node.attribute if a.name == "qkv_hidden_sizes"), [])
+        if weight is None or len(weight) != 2 or not weight[0] or (sizes and len(sizes) != 3):
+            return None
+        width = sizes[2] if sizes else (weight[1] // 3 if weight[1] else None)
+        if not width:
+            return None
+        # [B, S, width]: the input times a [K, width] stand-in for V's part of the weight
+        part = f"{output}__onnxopt_stand_in_weight"
+        dtype = infos[operands[1]].type.tensor_type.elem_type
+        dims = [onnx.TensorShapeProto.Dimension(dim_value=d) for d in (weight[0], width)]
+        tensor = onnx.TypeProto.Tensor(elem_type=dtype, shape=onnx.TensorShapeProto(dim=dims))
+        inputs.append(onnx.ValueInfoProto(name=part, type=onnx.TypeProto(tensor_type=tensor)))
+        return onnx.NodeProto(op_type="MatMul", input=[operands[0], part], output=[output])
+    if node.op_type == "FusedConv" and len(node.input) >= 2 and all(node.input[:2]):
+        conv = onnx.NodeProto(op_type="Conv", input=list(node.input[:3]), output=[output])
+        conv.attribute.extend(a for a in node.attribute if a.name in _CONV_ATTRIBUTES)
+        return conv
+    if node.op_type != "FusedMatMul" or len(node.input) != 2 or not all(node.input):
+        return None
+    flags = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+    if flags.get("transBatchA", 0) or flags.get("transBatchB", 0):
+        return None
+    left = "ji" if flags.get("transA", 0) else "ij"
+    right = "kj" if flags.get("transB", 0) else "jk"
+    if left == "ij" and right == "jk":
+        return onnx.NodeProto(op_type="MatMul", input=list(node.input), output=[output])
+    if opset < 12:
+        return None  # (no Einsum; a Transpose would need the operand's rank, not yet known)
+    # The ranks are not known before inference: Einsum's batch dims ("...") broadcast as
+    # MatMul's do, and ONNX leaves its shape unknown where the two ranks differ.
+    return _einsum(list(node.input), output, f"...{left},...{right}->...ik")
+
+
 def with_stand_ins(proto: onnx.ModelProto) -> int:
     """Swap, in ``proto``'s main graph, each node the module docstring lists for an Identity of
-    the input whose shape its output has; return how many were swapped."""
+    the input whose shape its output has, or for the standard op computing its shape; return how
+    many were swapped."""
     graph = proto.graph
     infos = {i.name: i for i in (*graph.input, *graph.value_info, *graph.output)}
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    inputs: list[onnx.ValueInfoProto] = []
     swapped = 0
     for index, node in enumerate(graph.node):
         source = _same_shape_input(node, infos)
-        if source is None:
+        stand_in = (
+            onnx.NodeProto(op_type="Identity", input=[source], output=[node.output[0]])
+            if source is not None
+            else _standard_stand_in(node, infos, opset, inputs)
+        )
+        if stand_in is None:
             continue
-        stand_in = onnx.NodeProto(op_type="Identity", input=[source], output=[node.output[0]])
         graph.node[index].CopyFrom(stand_in)
         swapped += 1
+    graph.input.extend(inputs)
     return swapped
