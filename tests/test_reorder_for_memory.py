@@ -9,11 +9,16 @@ import onnx.parser
 import pytest
 
 from onnxopt.analysis.memory import build_dataflow, live_ranges, simulate, tensor_sizes
-from onnxopt.analysis.schedule import is_topological, ort_default_order, schedule_for_memory
+from onnxopt.analysis.schedule import (
+    Schedule,
+    is_topological,
+    ort_default_order,
+    schedule_for_memory,
+)
 from onnxopt.analysis.verify import verify_graph
 from onnxopt.io import model_from_proto
 from onnxopt.passes.options import PassOptions
-from onnxopt.passes.reorder_for_memory import ReorderForMemoryPass, apply_order
+from onnxopt.passes.reorder_for_memory import ReorderForMemoryPass, _worth_moving, apply_order
 from onnxopt.validate import validate
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
@@ -67,6 +72,17 @@ def test_reorder_finishes_one_branch_before_the_next():
     assert verify_graph(result.model.graph) == []
     assert validate(original, result.model).passed
     assert not ReorderForMemoryPass()(result.model).modified  # idempotent
+
+
+def test_a_gain_under_one_percent_is_not_worth_moving_nodes_for():
+    def schedule(arena: int, peak: int) -> Schedule:
+        return Schedule((), peak, 100_000, "", arena, 100_000)
+
+    assert _worth_moving(schedule(99_000, 100_000))  # the arena 1% lower
+    assert not _worth_moving(schedule(99_100, 90_000))  # the arena decides: 0.9%
+    assert _worth_moving(schedule(100_000, 99_000))  # the same arena: the peak 1% lower
+    assert not _worth_moving(schedule(100_000, 99_999))
+    assert not _worth_moving(schedule(100_064, 50_000))  # a larger arena
 
 
 def test_an_order_that_cannot_improve_is_left_alone():
