@@ -605,9 +605,21 @@ def test_shape_inference_sees_through_shape_preserving_ort_ops(node: str, known:
             'a = com.microsoft.FusedConv <activation = "Relu", pads = [1, 1, 1, 1]> (i, k, kb)',
             "n,4,6,6",
         ),
-        # Packed Q/K/V: [B, S, N*d] of [B, S, (N + 2*Nk)*d]; not known without the width
+        # Packed Q/K/V: [B, S, N*d] of [B, S, (N + 2*Nk)*d], known from the projection's width
+        (
+            "a = com.microsoft.GroupQueryAttention <num_heads = 2, kv_num_heads = 1> (p)",
+            "batch,seq,12",
+        ),
+        (
+            "a = com.microsoft.GroupQueryAttention <num_heads = 2, kv_num_heads = 1> (pb)",
+            "batch,seq,12",
+        ),
         ("a = com.microsoft.GroupQueryAttention <num_heads = 2, kv_num_heads = 1> (h)", None),
         ("a = com.microsoft.FusedMatMul <transBatchA = 1> (h, h)", None),
+        (
+            "a = com.microsoft.MatMulNBits <K = 8, N = 20, bits = 4, block_size = 16> (h, q4, sc)",
+            "batch,seq,20",
+        ),
     ],
 )
 def test_shape_inference_sees_through_ort_ops_on_values_without_recorded_shapes(
@@ -617,9 +629,12 @@ def test_shape_inference_sees_through_ort_ops_on_values_without_recorded_shapes(
         f"""
         <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
         g (float[batch, seq, 8] x, float[batch, seq, 4] v4, float[8, 24] w, float[8, 20] w2,
-           float[n, 3, 6, 6] image, float[4, 3, 3, 3] k, float[4] kb) => (b) {{
+           float[n, 3, 6, 6] image, float[4, 3, 3, 3] k, float[4] kb, float[24] bias,
+           uint8[20, 1, 8] q4, float[20, 1] sc) => (b) {{
             h = Neg(x)
             i = Neg(image)
+            p = MatMul(h, w)
+            pb = Add(p, bias)
             {node}
             b = Relu(a)
         }}
@@ -633,7 +648,35 @@ def test_shape_inference_sees_through_ort_ops_on_values_without_recorded_shapes(
         assert b.shape is None
     else:
         assert b.shape is not None and ",".join(map(str, b.shape)) == dims
-    assert [n.op_type for n in model.graph][2] == node.split(" = com.microsoft.")[1].split(" ")[0]
+    assert [n.op_type for n in model.graph][4] == node.split(" = com.microsoft.")[1].split(" ")[0]
+
+
+def test_shape_inference_sees_through_a_skip_norm_whose_sum_is_read_too() -> None:
+    # onnxruntime-genai chains its layers through the skip norms' sums (output 3)
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+        g (float[batch, seq, 8] x, float[8] gamma) => (b, c) {
+            h = Neg(x)
+            o, m, v, total = com.microsoft.SkipSimplifiedLayerNormalization <epsilon = 1e-5> (h, h, gamma)
+            b = Relu(o)
+            c = Relu(total)
+        }
+        """
+    )
+    node = next(n for n in model.graph if n.domain == "com.microsoft")
+    for index in (1, 2):  # unused, unnamed: as the builder writes them
+        node.outputs[index].name = ""
+    for value in model.graph.outputs:
+        value.shape = None
+    InferShapesPass()(model)
+    assert [",".join(map(str, v.shape or ())) for v in model.graph.outputs] == ["batch,seq,8"] * 2
+    assert [n.op_type for n in model.graph] == [
+        "Neg",
+        "SkipSimplifiedLayerNormalization",
+        "Relu",
+        "Relu",
+    ]
 
 
 EXPRESSIONS = """

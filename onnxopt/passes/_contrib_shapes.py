@@ -5,8 +5,9 @@ the default domain): every value after the first fused attention lost its shape,
 export's per-layer shape reads (``Shape(attention output)`` feeding the next Reshape) could not be
 shared. Nor does it know the experimental ops of opsets 1-9 whose schemas onnx has since dropped
 but ONNX Runtime still runs (tiny-YOLOv2 of the model zoo starts with ImageScaler): every value
-after one had no type, so no Conv behind it could be fused. Before inference, each such node whose first output provably has the shape of one of its
-inputs is swapped, in the throwaway proto handed to inference only, for ``Identity`` of that input.
+after one had no type, so no Conv behind it could be fused. Before inference, each such node whose
+first output provably has the shape of one of its inputs is swapped, in the throwaway proto handed
+to inference only, for ``Identity`` of that input.
 Only these cases are claimed (each is the op's documented output shape):
 
 - element-wise or normalizing ops (RotaryEmbedding, BiasGelu, FastGelu, QuickGelu, Gelu,
@@ -19,26 +20,32 @@ Only these cases are claimed (each is the op's documented output shape):
   width, the input's shape when v is the input's own width.
 
 Where the recorded shapes do not tell the widths (a file read again: the optimized model keeps no
-intermediate shapes), and for two more ops, a node is swapped for a standard op whose output has
-its shape (each, again, per the op's documented output shape):
+intermediate shapes), and for the ops below, a node is swapped for standard ops whose outputs have
+its outputs' shapes (each, again, per the op's documented output shapes):
 
 - MultiHeadAttention with separate 3-D query, key and value (opset 12 on): the Einsum
   ``bsi,btj->bsj`` of query and value, [B, S, hidden of V];
 - packed Attention: MatMul of its input with a typed stand-in input [K, v] for V's part of its
   weight [K, 3v] (v its third ``qkv_hidden_sizes``, else a third of the weight's width);
+- GroupQueryAttention on packed Q/K/V [B, S, (N + 2*Nk)*d] that a projection makes (MatMul or
+  Gemm by a recorded weight, MatMulNBits, an Add of a recorded bias: GPT-2's and onnxruntime-genai's
+  layers): MatMul with a typed stand-in input [(N + 2*Nk)*d, N*d];
+- MatMulNBits (onnxruntime-genai's int4 weights): MatMul with a typed stand-in input [K, N];
 - FusedConv (fuse-conv-activation's Conv + Relu/Clip/Sigmoid...): Conv with its convolution
   attributes and its first three inputs (the activation keeps the shape; the optional sum input Z
   has the output's shape);
 - FusedMatMul (fuse-matmul's Transpose + MatMul) without batch transposes: MatMul, or where it
-  transposes an operand (opset 12 on), the Einsum of the same product.
+  transposes an operand (opset 12 on), the Einsum of the same product;
+- Skip(Simplified)LayerNormalization whose sum (output 3) is read as well as its output 0 (and
+  nothing else): an Identity of input 0 for each.
 
 Without these, every value after a network's first FusedConv (ResNet: 16 of 17 values), FusedMatMul
 (YOLO11's attention: half of the graph) or fused attention (BERT: 17 of 36) lost its shape when the
 optimized file was read again, and reorder-for-memory, which sizes tensors as a second run would,
 kept the order.
 
-Nodes with more than one output in use are left out, and so are all others: their outputs stay
-unknown, as before.
+Other nodes with more than one output in use are left out, and so are all others: their outputs
+stay unknown, as before.
 """
 
 from __future__ import annotations
@@ -128,10 +135,50 @@ def _einsum(inputs: list[str], output: str, equation: str) -> onnx.NodeProto:
 _CONV_ATTRIBUTES = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
 
 
+def _narrowed(
+    x: str, rows: int, width: int, dtype: int, output: str, inputs: list[onnx.ValueInfoProto]
+) -> onnx.NodeProto:
+    """``MatMul(x, P)``, P a typed stand-in input [rows, width] (appended to ``inputs``): x's
+    shape with its last dim, ``rows``, made ``width``."""
+    part = f"{output}__onnxopt_stand_in_weight"
+    dims = [onnx.TensorShapeProto.Dimension(dim_value=d) for d in (rows, width)]
+    tensor = onnx.TypeProto.Tensor(elem_type=dtype, shape=onnx.TensorShapeProto(dim=dims))
+    inputs.append(onnx.ValueInfoProto(name=part, type=onnx.TypeProto(tensor_type=tensor)))
+    return onnx.NodeProto(op_type="MatMul", input=[x, part], output=[output])
+
+
+def _projected(
+    name: str, producers: dict[str, onnx.NodeProto], typed: dict[str, tuple[list[int | None], int]]
+) -> tuple[int, int] | None:
+    """(last dim, element type) of a value a projection makes: MatMul or Gemm by a recorded
+    [K, n] weight, MatMulNBits (its ``N``), or an Add of a recorded [n] bias (n > 1)."""
+    node = producers.get(name)
+    if node is None:
+        return None
+    operands = [*node.input, "", "", ""]
+    if node.op_type in ("MatMul", "Gemm") and node.domain in ("", "ai.onnx"):
+        transposed = any(a.name == "transB" and a.i for a in node.attribute)
+        weight = typed.get(operands[1])
+        if weight is None or len(weight[0]) != 2:
+            return None
+        width = weight[0][0] if transposed and node.op_type == "Gemm" else weight[0][-1]
+        return (width, weight[1]) if width else None
+    if node.op_type == "MatMulNBits" and node.domain == MS_DOMAIN and operands[2] in typed:
+        width = next((a.i for a in node.attribute if a.name == "N"), 0)
+        return (width, typed[operands[2]][1]) if width else None  # (the scales' type is A's)
+    if node.op_type == "Add" and node.domain in ("", "ai.onnx"):
+        for operand in operands[:2]:
+            bias = typed.get(operand)
+            if bias is not None and len(bias[0]) == 1 and (bias[0][0] or 0) > 1:
+                return bias[0][0], bias[1]  # type: ignore[return-value]
+    return None
+
+
 def _standard_stand_in(
     node: onnx.NodeProto,
-    infos: dict[str, onnx.ValueInfoProto],
     opset: int,
+    producers: dict[str, onnx.NodeProto],
+    typed: dict[str, tuple[list[int | None], int]],
     inputs: list[onnx.ValueInfoProto],
 ) -> onnx.NodeProto | None:
     """A standard op computing the output shape of a node of the module docstring's second list,
@@ -144,20 +191,31 @@ def _standard_stand_in(
         # [B, S, hidden of V] for a 3-D V (a 4-D V's rank makes the Einsum fail: unknown)
         return _einsum([operands[0], operands[2]], output, "bsi,btj->bsj")
     if node.op_type == "Attention" and operands[0] and operands[1]:
-        weight = _dims(infos.get(operands[1]))
+        weight = typed.get(operands[1])
         sizes = next((list(a.ints) for a in node.attribute if a.name == "qkv_hidden_sizes"), [])
-        if weight is None or len(weight) != 2 or not weight[0] or (sizes and len(sizes) != 3):
+        if weight is None or len(weight[0]) != 2 or (sizes and len(sizes) != 3):
             return None
-        width = sizes[2] if sizes else (weight[1] // 3 if weight[1] else None)
-        if not width:
-            return None
+        rows, columns = weight[0]
+        width = sizes[2] if sizes else (columns // 3 if columns else None)
         # [B, S, width]: the input times a [K, width] stand-in for V's part of the weight
-        part = f"{output}__onnxopt_stand_in_weight"
-        dtype = infos[operands[1]].type.tensor_type.elem_type
-        dims = [onnx.TensorShapeProto.Dimension(dim_value=d) for d in (weight[0], width)]
-        tensor = onnx.TypeProto.Tensor(elem_type=dtype, shape=onnx.TensorShapeProto(dim=dims))
-        inputs.append(onnx.ValueInfoProto(name=part, type=onnx.TypeProto(tensor_type=tensor)))
-        return onnx.NodeProto(op_type="MatMul", input=[operands[0], part], output=[output])
+        return (
+            _narrowed(operands[0], rows, width, weight[1], output, inputs)
+            if rows and width
+            else None
+        )
+    if node.op_type == "GroupQueryAttention" and operands[0] and not operands[1]:
+        # Packed Q/K/V [B, S, (N + 2*Nk) * d] from a projection: the output is [B, S, N * d]
+        packed = _projected(operands[0], producers, typed)
+        heads = {a.name: a.i for a in node.attribute if a.name in ("num_heads", "kv_num_heads")}
+        total = heads.get("num_heads", 0) + 2 * heads.get("kv_num_heads", 0)
+        if packed is None or not total or packed[0] % total:
+            return None
+        width = packed[0] // total * heads["num_heads"]
+        return _narrowed(operands[0], packed[0], width, packed[1], output, inputs)
+    if node.op_type == "MatMulNBits" and operands[0] and operands[2] in typed:
+        k_n = {a.name: a.i for a in node.attribute if a.name in ("K", "N")}
+        if k_n.get("K", 0) > 0 and k_n.get("N", 0) > 0:  # (the scales' type is A's)
+            return _narrowed(operands[0], k_n["K"], k_n["N"], typed[operands[2]][1], output, inputs)
     if node.op_type == "FusedConv" and len(node.input) >= 2 and all(node.input[:2]):
         conv = onnx.NodeProto(op_type="Conv", input=list(node.input[:3]), output=[output])
         conv.attribute.extend(a for a in node.attribute if a.name in _CONV_ATTRIBUTES)
@@ -185,18 +243,64 @@ def with_stand_ins(proto: onnx.ModelProto) -> int:
     graph = proto.graph
     infos = {i.name: i for i in (*graph.input, *graph.value_info, *graph.output)}
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    producers = {name: node for node in graph.node for name in node.output if name}
+    typed: dict[str, tuple[list[int | None], int]] = {
+        t.name: (list(t.dims), t.data_type) for t in graph.initializer
+    }
+    for name, info in infos.items():
+        dims = _dims(info)
+        if dims is not None:
+            typed[name] = (dims, info.type.tensor_type.elem_type)
     inputs: list[onnx.ValueInfoProto] = []
     swapped = 0
+    pairs: list[tuple[int, onnx.NodeProto]] = []  # the skip norms' second Identity, after its index
     for index, node in enumerate(graph.node):
         source = _same_shape_input(node, infos)
         stand_in = (
             onnx.NodeProto(op_type="Identity", input=[source], output=[node.output[0]])
             if source is not None
-            else _standard_stand_in(node, infos, opset, inputs)
+            else _skip_norm_stand_in(node, pairs, index)
+            or _standard_stand_in(node, opset, producers, typed, inputs)
         )
         if stand_in is None:
             continue
         graph.node[index].CopyFrom(stand_in)
         swapped += 1
+    if pairs:
+        after = dict(pairs)
+        rebuilt = onnx.GraphProto()  # (copies, made before the graph's own nodes are cleared)
+        for index, node in enumerate(graph.node):
+            rebuilt.node.append(node)
+            if index in after:
+                rebuilt.node.append(after[index])
+        del graph.node[:]
+        graph.node.extend(rebuilt.node)
     graph.input.extend(inputs)
     return swapped
+
+
+_SKIP_NORMS = frozenset({"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
+
+
+def _skip_norm_stand_in(
+    node: onnx.NodeProto, pairs: list[tuple[int, onnx.NodeProto]], index: int
+) -> onnx.NodeProto | None:
+    """A skip norm whose sum (output 3) is read too, as onnxruntime-genai's layers chain them:
+    Identity of input 0 for output 0, and a second one for output 3 (appended to ``pairs``)."""
+    outputs = [*node.output, "", "", "", ""]
+    if (
+        node.op_type not in _SKIP_NORMS
+        or node.domain not in (MS_DOMAIN, "")
+        or not node.input
+        or not node.input[0]
+        or not outputs[0]
+        or not outputs[3]
+        or outputs[1]
+        or outputs[2]
+        or any(outputs[4:])
+    ):
+        return None
+    pairs.append(
+        (index, onnx.NodeProto(op_type="Identity", input=[node.input[0]], output=[outputs[3]]))
+    )
+    return onnx.NodeProto(op_type="Identity", input=[node.input[0]], output=[outputs[0]])
