@@ -260,13 +260,15 @@ def _is_placeholder(dim: object, interface: frozenset[str]) -> bool:
     return isinstance(name, str) and _made_up(name, interface)
 
 
-def _forget_placeholders(graph: onnx.GraphProto, interface: frozenset[str]) -> None:
-    """Clear the made-up dim names in ``graph``'s value_info and its subgraphs'."""
+def _placeholder_dims(
+    graph: onnx.GraphProto, interface: frozenset[str]
+) -> Iterator[onnx.TensorShapeProto.Dimension]:
+    """The dims under made-up names in ``graph``'s value_info and its subgraphs'."""
     for current in _graph_protos(graph):
         for info in current.value_info:
             for dim in info.type.tensor_type.shape.dim:
                 if dim.HasField("dim_param") and _made_up(dim.dim_param, interface):
-                    dim.ClearField("dim_param")
+                    yield dim
 
 
 def _resolved_placeholders(
@@ -407,9 +409,12 @@ class InferShapesPass(Pass):
                 )
             inferred = infer(proto)
             _reinfer_if_branches(inferred, infer)
+            if next(_placeholder_dims(proto.graph, interface), None) is None:
+                return inferred, inferred  # (nothing to forget: a second run would repeat this one)
             bare = onnx.ModelProto()
             bare.CopyFrom(proto)
-            _forget_placeholders(bare.graph, interface)
+            for dim in _placeholder_dims(bare.graph, interface):
+                dim.ClearField("dim_param")
             try:
                 afresh = infer(bare)
                 _reinfer_if_branches(afresh, infer)
