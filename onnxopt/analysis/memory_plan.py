@@ -87,8 +87,8 @@ def _place(
         if size == 0:
             offsets[b] = 0
             continue
-        # (the hot loop of every plan: a list sorted in place, ends kept, costs half of a
-        # generator sorted into a new list with the sums made again)
+        # (the hot loop of every plan: a list sorted in place with the ends kept took about a
+        # fifth less time than a generator sorted into a new list, the sums made again)
         taken = [(offsets[c], ends[c]) for c in neighbours[b] if offsets[c] >= 0]
         if not taken:
             offsets[b], ends[b] = 0, size

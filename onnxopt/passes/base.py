@@ -116,17 +116,18 @@ class Pipeline:
     def __init__(self, steps: Sequence[Step], instruments: Sequence[Instrument] = ()) -> None:
         self.steps = list(steps)
         self.instruments = list(instruments)
+        # Per call: how many runs changed the model so far, that count when each pass (by class
+        # and options) last found nothing to do, and the runs left out.
+        self._changes = 0
+        self._idle_at: dict[tuple[type[Pass], int], int] = {}
+        self._skipped = 0
 
     def __call__(
         self, model: ir.Model, progress: Callable[[str], None] | None = None
     ) -> PipelineResult:
         records: list[PassRecord] = []
         warnings: list[str] = []
-        # How many runs changed the model so far, and that count when each pass last found
-        # nothing to do (by class and options).
-        self._changes = 0
-        self._idle_at: dict[tuple[type[Pass], int], int] = {}
-        self._skipped = 0
+        self._changes, self._idle_at, self._skipped = 0, {}, 0
         for step in self.steps:
             if isinstance(step, FixedPoint):
                 for iteration in range(step.max_iterations):
