@@ -225,7 +225,13 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
         text = ", ".join(f"{k}: {v}" for k, v in stats.items()) or "[dim]-[/dim]"
         passes.add_row(name, str(runs), f"{seconds * 1000:.1f} ms", text)
     passes.add_section()
-    passes.add_row("[bold]total[/bold]", "", f"{report.optimize_seconds * 1000:.0f} ms", "")
+    skipped = (
+        f"[dim]{report.passes_skipped} run(s) skipped: the model was as when that pass last "
+        "found nothing[/dim]"
+        if report.passes_skipped
+        else ""
+    )
+    passes.add_row("[bold]total[/bold]", "", f"{report.optimize_seconds * 1000:.0f} ms", skipped)
     console.print(passes)
 
     if explain:

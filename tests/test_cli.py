@@ -169,6 +169,20 @@ def test_passes_option_runs_exactly_those() -> None:
     assert _passes_run("--passes", ",".join(reversed(names))) == list(reversed(names))
 
 
+def test_skipped_runs_are_counted_and_said() -> None:
+    # The default model's cleanup rounds end and the attention group starts with shape inference
+    # on a model nothing changed since: those runs are left out, counted, and the table says so.
+    code, stdout, stderr = cli("optimize", DEFAULT_MODEL, "--json", "--no-validate")
+    assert code == EXIT_OK, stderr
+    data = json.loads(stdout)
+    skipped = data["passes_skipped"]
+    assert skipped > 0
+    assert len(data["records"]) == len(data["passes_run"])
+    code, stdout, stderr = cli("optimize", DEFAULT_MODEL, "--no-validate")
+    assert code == EXIT_OK, stderr
+    assert f"{skipped} run(s) skipped" in " ".join(stdout.split())
+
+
 def test_disable_drops_a_pass() -> None:
     assert "eliminate-dead-code" in _passes_run()
     assert "eliminate-dead-code" not in _passes_run("--disable", "eliminate-dead-code")
