@@ -44,8 +44,10 @@ Without these, every value after a network's first FusedConv (ResNet: 16 of 17 v
 optimized file was read again, and reorder-for-memory, which sizes tensors as a second run would,
 kept the order.
 
-Other nodes with more than one output in use are left out, and so are all others: their outputs
-stay unknown, as before.
+An attention op's other outputs (its KV cache's presents) may be graph outputs that no node reads:
+its first output is then read as above, and the presents keep the types the graph declares. Other
+nodes with more than one output in use are left out, and so are all others: their outputs stay
+unknown, as before.
 """
 
 from __future__ import annotations
@@ -254,7 +256,10 @@ def with_stand_ins(proto: onnx.ModelProto) -> int:
     inputs: list[onnx.ValueInfoProto] = []
     swapped = 0
     pairs: list[tuple[int, onnx.NodeProto]] = []  # the skip norms' second Identity, after its index
+    read = _read_names(graph)
+    typed_inputs: list[str] = []  # the stand-in inputs already in ``typed``
     for index, node in enumerate(graph.node):
+        node = _attention_output_alone(node, read)
         source = _same_shape_input(node, infos)
         stand_in = (
             onnx.NodeProto(op_type="Identity", input=[source], output=[node.output[0]])
@@ -266,6 +271,9 @@ def with_stand_ins(proto: onnx.ModelProto) -> int:
             continue
         graph.node[index].CopyFrom(stand_in)
         swapped += 1
+        for info in inputs[len(typed_inputs) :]:  # a later projection read through this stand-in
+            typed[info.name] = (_dims(info) or [], info.type.tensor_type.elem_type)
+            typed_inputs.append(info.name)
     if pairs:
         after = dict(pairs)
         rebuilt = onnx.GraphProto()  # (copies, made before the graph's own nodes are cleared)
@@ -277,6 +285,38 @@ def with_stand_ins(proto: onnx.ModelProto) -> int:
         graph.node.extend(rebuilt.node)
     graph.input.extend(inputs)
     return swapped
+
+
+def _read_names(graph: onnx.GraphProto) -> set[str]:
+    """Every name a node of ``graph`` or of a graph nested in it reads."""
+    read: set[str] = set()
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        for node in current.node:
+            read.update(node.input)
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append(attr.g)
+                stack.extend(attr.graphs)
+    return read
+
+
+_ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
+
+
+def _attention_output_alone(node: onnx.NodeProto, read: set[str]) -> onnx.NodeProto:
+    """An attention node whose other outputs (the KV cache's presents) no node reads, as its
+    first output alone: those are graph outputs, typed where the graph declares them, and
+    onnxruntime-genai's layers write them. Any other node as it is."""
+    if node.domain != MS_DOMAIN or node.op_type not in _ATTENTION_OPS or len(node.output) < 2:
+        return node
+    if not node.output[0] or any(name in read for name in node.output[1:] if name):
+        return node
+    alone = onnx.NodeProto()
+    alone.CopyFrom(node)
+    del alone.output[1:]
+    return alone
 
 
 _SKIP_NORMS = frozenset({"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
