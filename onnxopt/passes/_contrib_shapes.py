@@ -163,7 +163,7 @@ def _projected(
         weight = typed.get(operands[1])
         if weight is None or len(weight[0]) != 2:
             return None
-        width = weight[0][0] if transposed and node.op_type == "Gemm" else weight[0][-1]
+        width = weight[0][0] if transposed else weight[0][-1]  # (transB: Gemm's only)
         return (width, weight[1]) if width else None
     if node.op_type == "MatMulNBits" and node.domain == MS_DOMAIN and operands[2] in typed:
         width = next((a.i for a in node.attribute if a.name == "N"), 0)

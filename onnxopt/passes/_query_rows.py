@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import const_array, constant_of_shape_fill, is_op
+from onnxopt.ops import const_array, constant_of_shape_fill, is_op, opset_version
 from onnxopt.passes._attention_shapes import (
     Entry,
     annotate,
@@ -217,7 +217,7 @@ def _find(softmax: ir.Node) -> _Block | None:
     """The block around ``softmax`` (the module docstring), or None."""
     probs = softmax.outputs[0]
     graph = softmax.graph
-    opset = graph.opset_imports.get("", 13) if graph is not None else 13
+    opset = (opset_version(graph) if graph is not None else None) or 13
     if softmax_axis(softmax, opset) not in (-1, 3) or value_rank(probs) != 4:
         return None
     # down: Reshape(p4, [B, S*H, T]) @ v, viewed as [B, S, H*d]
