@@ -27,6 +27,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from onnxopt.errors import ModelLoadError, ModelSaveError, UnsafeModelError, UsageError
+from onnxopt.ops import all_graphs, nested_graphs
 
 logger = logging.getLogger(__name__)
 
@@ -1252,7 +1253,7 @@ def unique_value_names(model: ir.Model) -> int:
     scopes first and a repeated name becomes ``name_1``, ``name_2``... (skipping names in use).
     Returns how many values were renamed.
     """
-    subgraphs = list(model.graph.subgraphs())
+    subgraphs = nested_graphs(model.graph)
     if not subgraphs:
         return 0
     graphs = [model.graph, *subgraphs]
@@ -1351,7 +1352,7 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
 
 def parameter_bytes(model: ir.Model) -> int:
     total = 0
-    for graph in (model.graph, *model.graph.subgraphs()):
+    for graph in all_graphs(model):
         for value in graph.initializers.values():
             if value.const_value is not None:
                 total += value.const_value.nbytes
@@ -1360,7 +1361,7 @@ def parameter_bytes(model: ir.Model) -> int:
 
 def has_external_tensors(model: ir.Model) -> bool:
     """Whether weights live in external-data files (weights mapped from the model file do not count)."""
-    for graph in (model.graph, *model.graph.subgraphs()):
+    for graph in all_graphs(model):
         for value in graph.initializers.values():
             tensor = value.const_value
             if isinstance(tensor, ir.ExternalTensor) and not isinstance(tensor, MappedTensor):
@@ -1425,7 +1426,8 @@ def _write_single_file(model: ir.Model, f: BinaryIO) -> None:
     tensor's ``raw_data`` written from its source (memory map, external file or array) in turn.
     Memory stays at one serialized graph plus one tensor, instead of the model twice.
     """
-    for graph in model.graph.subgraphs():  # rare and small: load subgraph external data in memory
+    # rare and small: load subgraph external data in memory
+    for graph in nested_graphs(model.graph):
         for value in graph.initializers.values():
             if isinstance(value.const_value, ir.ExternalTensor):
                 value.const_value = ir.Tensor(
@@ -1531,7 +1533,7 @@ def _write_with_external_data(model: ir.Model, f: BinaryIO, data: BinaryIO, loca
     small tensors whose data is external are read in, so the written model needs no other file.
     The model is left as it was.
     """
-    values = [v for graph in model.graphs() for v in graph.initializers.values()]
+    values = [v for graph in all_graphs(model) for v in graph.initializers.values()]
     tensors = [v.const_value for v in values]
     offset = 0
     try:
@@ -1721,7 +1723,7 @@ def _pin_mapped_sources(model: ir.Model, targets: list[Path]) -> None:
     if not existing:
         return
     replaced: dict[str, bool] = {}  # per source path: whether it is one of ``existing``
-    for graph in model.graphs():
+    for graph in all_graphs(model):
         for value in graph.initializers.values():
             tensor = value.const_value
             if not isinstance(tensor, ir.ExternalTensor):
@@ -1807,7 +1809,7 @@ def call_onnx_api(
     input list: quadratic, 12 s per call for 20k initializers (a Concat of 20k constants), 4 calls
     per shape inference round.
     """
-    graphs = [model.graph, *model.graph.subgraphs()] if subgraph_weights else [model.graph]
+    graphs = all_graphs(model) if subgraph_weights else [model.graph]
     initializers = [(graph, value) for graph in graphs for value in graph.initializers.values()]
     tensors = [v.const_value for _, v in initializers]
     original_inputs = tuple(model.graph.inputs)

@@ -8,6 +8,8 @@ import onnx_ir as ir
 ONNX_DOMAINS = ("", "ai.onnx")
 MS_DOMAIN = "com.microsoft"
 
+# The standard ops with graph attributes (branches, loop and scan bodies, SequenceMap's body).
+GRAPH_HOLDERS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 # Ops whose outputs are drawn at random: never folded, and without a seed each run differs.
 NONDETERMINISTIC_OPS = frozenset(
@@ -44,6 +46,42 @@ def node_subgraphs(node: ir.Node) -> list[ir.Graph]:
         elif attr.type == ir.AttributeType.GRAPHS:
             out.extend(attr.as_graphs())
     return out
+
+
+def nested_graphs(graph: ir.Graph | ir.Function) -> list[ir.Graph]:
+    """Every graph nested in ``graph`` at any depth (If branches, Loop/Scan bodies), each once.
+
+    The order of onnx-ir's ``Graph.subgraphs()`` (node order, a graph before the graphs inside
+    it) in a sixth of its time: a pipeline asks some 150 times on a 300-node model, and its
+    generic traversal was a fifth of YOLO11n's optimize time. Of the standard ops only
+    ``GRAPH_HOLDERS`` take graph attributes (the checker rejects any other attribute), so the
+    others are not looked into; an op of another domain may hold graphs (ORT's BeamSearch).
+    """
+    found: dict[ir.Graph, None] = {}
+
+    def walk(outer: ir.Graph | ir.Function) -> None:
+        for node in outer:
+            if node.op_type not in GRAPH_HOLDERS and node.domain in ONNX_DOMAINS:
+                continue
+            for attr in node.attributes.data.values():
+                if attr.type is ir.AttributeType.GRAPH:
+                    inner = [attr.value]
+                elif attr.type is ir.AttributeType.GRAPHS:
+                    inner = attr.value
+                else:
+                    continue
+                for graph in inner:
+                    if isinstance(graph, ir.Graph):  # a reference attribute has no graph
+                        found.setdefault(graph)
+                        walk(graph)
+
+    walk(graph)
+    return list(found)
+
+
+def all_graphs(model: ir.Model) -> list[ir.Graph]:
+    """The main graph and every graph nested in it (``ir.Model.graphs()``, faster)."""
+    return [model.graph, *nested_graphs(model.graph)]
 
 
 def const_array(value: ir.Value | None) -> np.ndarray | None:

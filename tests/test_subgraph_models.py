@@ -355,3 +355,41 @@ def test_a_weight_one_branch_returns_as_it_is_is_read_by_that_branch() -> None:
     model = model_from_proto(proto)
     assert not LocalizeInitializersPass()(model).modified
     assert set(model.graph.initializers) == {"w"}
+
+
+def test_nested_graphs_are_onnx_irs_subgraphs_in_the_same_order() -> None:
+    # If inside a Loop body inside an If branch, a Scan, and a custom-domain op holding a graph
+    # (ORT's BeamSearch holds its decoder so): every one found, outer first, in node order.
+    def body(name: str, nodes: list[onnx.NodeProto]) -> onnx.GraphProto:
+        return oh.make_graph(nodes, name, [], [oh.make_tensor_value_info(f"{name}_y", FLOAT, [1])])
+
+    leaf = [oh.make_node("Identity", ["x"], ["leaf_y"])]
+    inner_if = oh.make_node(
+        "If", ["flag"], ["inner_y"], then_branch=body("leaf", leaf), else_branch=body("leaf2", [])
+    )
+    loop = oh.make_node("Loop", ["", "flag"], ["loop_y"], body=body("loop_body", [inner_if]))
+    outer = oh.make_node(
+        "If", ["flag"], ["y"], then_branch=body("then", [loop]), else_branch=body("else", [])
+    )
+    custom = oh.make_node("Holder", ["x"], ["z"], domain="example.custom", graph=body("custom", []))
+    model = ir.serde.deserialize_model(  # (the bodies compute nothing: no load checks)
+        oh.make_model(
+            oh.make_graph(
+                [custom, oh.make_node("Relu", ["x"], ["r"]), outer],
+                "m",
+                [
+                    oh.make_tensor_value_info("x", FLOAT, [1]),
+                    oh.make_tensor_value_info("flag", onnx.TensorProto.BOOL, []),
+                ],
+                [oh.make_tensor_value_info("y", FLOAT, [1])],
+            ),
+            opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("example.custom", 1)],
+        )
+    )
+    from onnxopt.ops import all_graphs, nested_graphs
+
+    names = [g.name for g in nested_graphs(model.graph)]
+    assert names == [g.name for g in model.graph.subgraphs()]
+    # (onnx.helper writes attributes sorted by name: else_branch before then_branch)
+    assert names == ["custom", "else", "then", "loop_body", "leaf2", "leaf"]
+    assert [g.name for g in all_graphs(model)] == ["m", *names]

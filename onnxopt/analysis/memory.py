@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import onnx_ir as ir
 
-from onnxopt.ops import node_subgraphs
+from onnxopt.ops import nested_graphs, node_subgraphs
 
 DEFAULT_ALIGNMENT = 64
 # Symbolic dims nobody bound are given this size when a pass needs concrete sizes.
@@ -220,7 +220,7 @@ def sizes_from_shapes(graph: ir.Graph, dims: Mapping[str, int] | None = None) ->
     bind: Mapping[str, int] = dims if dims is not None else {}
     nbytes: dict[str, int] = {}
     shapes: dict[str, tuple[int, ...]] = {}
-    for sub in (graph, *graph.subgraphs()):
+    for sub in (graph, *nested_graphs(graph)):
         values = [*sub.inputs, *sub.initializers.values()]
         values.extend(v for node in sub for v in node.outputs)
         for value in values:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from onnxopt.ops import is_op, static_shape
+from onnxopt.ops import all_graphs, is_op, static_shape
 from onnxopt.passes._attention_shapes import (
     peel_torch_expand_shape,
     piece_entries,
@@ -47,7 +47,7 @@ def refine_shapes(model: ir.Model) -> int:
     renamed: dict[str, int | ir.SymbolicDim] = {}  # placeholder -> the dim it provably is
     bounded: dict[str, ir.SymbolicDim] = {}  # placeholder -> the dim X it is min(X, L) of
     products: dict[str, _Product] = {}  # placeholder -> the product of dims it provably is
-    for graph in model.graphs():
+    for graph in all_graphs(model):
         for node in graph:
             if is_op(node, "Slice"):
                 improved += _refine_slice(node, renamed)
@@ -87,7 +87,7 @@ def _rename_dims(model: ir.Model, renamed: dict[str, int | ir.SymbolicDim]) -> i
     interface = interface_names(model)
     renamed = {name: dim for name, dim in renamed.items() if name not in interface}
     changed = 0
-    for graph in model.graphs():
+    for graph in all_graphs(model):
         values = [*graph.inputs, *(o for node in graph for o in node.outputs)]
         for value in values:
             shape = value.shape

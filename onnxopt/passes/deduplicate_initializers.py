@@ -8,6 +8,7 @@ import onnx_ir as ir
 from onnx_ir.passes import common as ir_common
 
 from onnxopt import io
+from onnxopt.ops import all_graphs
 from onnxopt.passes._counting import ModelCensus
 from onnxopt.passes.base import Pass, PassResult
 
@@ -62,7 +63,7 @@ def _same_bytes(a: ir.TensorProtocol, b: ir.TensorProtocol) -> bool:
 def _merge_large(model: ir.Model) -> int:
     """Merge equal initializers above the exact-compare size, one graph at a time, in graph order."""
     merged = 0
-    for graph in model.graphs():
+    for graph in all_graphs(model):
         interface = {id(v) for v in (*graph.inputs, *graph.outputs)}
         groups: dict[tuple[object, tuple[object, ...]], list[ir.Value]] = {}
         for value in graph.initializers.values():

@@ -6,6 +6,7 @@ from collections import Counter
 import onnx_ir as ir
 from onnx_ir.passes import common as ir_common
 
+from onnxopt.ops import all_graphs, nested_graphs
 from onnxopt.passes._counting import ModelCensus
 from onnxopt.passes._shape_facts import axes_param
 from onnxopt.passes.base import Pass, PassResult
@@ -70,7 +71,7 @@ class EliminateCommonSubexpressionsPass(Pass):
 
     def call(self, model: ir.Model) -> PassResult:
         before = ModelCensus.of(model).nodes
-        for graph in (model.graph, *model.graph.subgraphs()):
+        for graph in all_graphs(model):
             _unify_reduction_axes(graph)
         cse = ir_common.CommonSubexpressionEliminationPass(size_limit=1024)
         with contextlib.suppress(TypeError):  # see the subgraphs below
@@ -79,7 +80,7 @@ class EliminateCommonSubexpressionsPass(Pass):
         # branches. Each subgraph is merged within itself (never across scopes).
         per_graph = getattr(cse, "_eliminate_common_subexpression", None)
         if per_graph is not None:
-            for graph in model.graph.subgraphs():
+            for graph in nested_graphs(model.graph):
                 # onnx-ir hashes attribute values: a type attribute (Optional's) is unhashable.
                 # Each merge is complete when made, so a graph it stops in stays valid.
                 with contextlib.suppress(TypeError):

@@ -3,12 +3,13 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnx_ir.passes import common as ir_common
 
+from onnxopt.ops import nested_graphs
 from onnxopt.passes._counting import ModelCensus
 from onnxopt.passes.base import Pass, PassResult
 
 
 def _remove_unused_subgraph_initializers(model: ir.Model) -> None:
-    for graph in model.graph.subgraphs():
+    for graph in nested_graphs(model.graph):
         for name, value in list(graph.initializers.items()):
             if not value.uses() and not value.is_graph_output() and not value.is_graph_input():
                 del graph.initializers[name]

@@ -48,6 +48,7 @@ from onnxopt.ops import (
     NONDETERMINISTIC_OPS,
     ONNX_DOMAINS,
     constant_of_shape_fill,
+    nested_graphs,
     remove_nodes,
     static_shape,
 )
@@ -148,7 +149,7 @@ class _Plan:
 def _graphs(model: ir.Model) -> Iterator[ir.Graph]:
     """The main graph then every subgraph, parents before children (functions are not folded)."""
     yield model.graph
-    yield from model.graph.subgraphs()
+    yield from nested_graphs(model.graph)
 
 
 def _has_subgraph(node: ir.Node) -> bool:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import is_onnx_domain, is_op, opset_version, remove_nodes
+from onnxopt.ops import all_graphs, is_onnx_domain, is_op, opset_version, remove_nodes
 from onnxopt.passes._evaluate import evaluate_numpy
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fold_constants import ConstantPool, replace_with_initializer
@@ -564,7 +564,7 @@ class FoldShapeValuesPass(Pass):
         stats: Counter[str] = Counter()
         tracker = _Tracker()
         pool = ConstantPool(model)
-        graphs = [model.graph, *model.graph.subgraphs()]
+        graphs = all_graphs(model)
         for graph in graphs:
             for node in graph:
                 tracker.visit(node)

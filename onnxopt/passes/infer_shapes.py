@@ -8,6 +8,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxopt import io
+from onnxopt.ops import all_graphs
 from onnxopt.passes._contrib_shapes import with_stand_ins
 from onnxopt.passes._refine_shapes import (
     EXPRESSION,
@@ -294,7 +295,7 @@ def _resolved_placeholders(
             name = parent[name]
         return name
 
-    for graph in model.graphs():
+    for graph in all_graphs(model):
         for value in _graph_values(graph):
             info = fresh.get(value.name or "")
             if info is None or value.shape is None:
@@ -334,7 +335,7 @@ def _rename_placeholders(
     model: ir.Model, names: dict[str, int | str], interface: frozenset[str]
 ) -> int:
     renamed = 0
-    for graph in model.graphs():
+    for graph in all_graphs(model):
         for value in _graph_values(graph):
             shape = value.shape
             if shape is None or not any(
@@ -444,7 +445,7 @@ class InferShapesPass(Pass):
                 )
         # Read only the inferred types (deserializing the whole inferred model costs more than inference).
         infos = _value_infos(inferred.graph)
-        for graph in model.graphs():
+        for graph in all_graphs(model):
             for value in _graph_values(graph):
                 info = infos.get(value.name or "")
                 if info is None:

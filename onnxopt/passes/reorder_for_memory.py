@@ -8,6 +8,7 @@ import onnx_ir as ir
 
 from onnxopt.analysis.memory import DEFAULT_SYMBOLIC_DIM, TensorSizes, build_dataflow, tensor_sizes
 from onnxopt.analysis.schedule import Schedule, is_topological, schedule_for_memory
+from onnxopt.ops import all_graphs
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.drop_shape_annotations import dropped_annotations
 from onnxopt.passes.infer_shapes import InferShapesPass
@@ -65,7 +66,7 @@ class ReorderForMemoryPass(Pass):
             return measure()
         annotated = [
             v
-            for graph in model.graphs()
+            for graph in all_graphs(model)
             for v in (*graph.inputs, *graph.outputs, *(o for node in graph for o in node.outputs))
         ]
         saved = [(v, v.type, v.shape) for v in annotated]

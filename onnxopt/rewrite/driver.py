@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 
 import onnx_ir as ir
 
-from onnxopt.ops import is_op, remove_nodes
+from onnxopt.ops import is_op, nested_graphs, remove_nodes
 from onnxopt.passes.options import PassOptions
 from onnxopt.rewrite.rule import Match, Mismatch, Replacement, RewriteContext, Rule
 
@@ -18,10 +18,10 @@ logger = logging.getLogger(__name__)
 def iter_graphs(model: ir.Model) -> Iterator[ir.Graph | ir.Function]:
     """The main graph, every nested subgraph (deterministic order) and every model-local function."""
     yield model.graph
-    yield from model.graph.subgraphs()
+    yield from nested_graphs(model.graph)
     for function in model.functions.values():
         yield function
-        yield from function.subgraphs()
+        yield from nested_graphs(function)
 
 
 def describe(node: ir.Node) -> str:
