@@ -31,6 +31,9 @@ its outputs' shapes (each, again, per the op's documented output shapes):
   Gemm by a recorded weight, MatMulNBits, an Add of a recorded bias: GPT-2's and onnxruntime-genai's
   layers): MatMul with a typed stand-in input [(N + 2*Nk)*d, N*d];
 - MatMulNBits (onnxruntime-genai's int4 weights): MatMul with a typed stand-in input [K, N];
+- GatherBlockQuantized (its int4 tied embedding, Gemma 2's): Gather from a typed stand-in input
+  of the data's shape, its quantized axis times 8 / ``bits`` for packed uint8 data, in the
+  scales' type;
 - FusedConv (fuse-conv-activation's Conv + Relu/Clip/Sigmoid...): Conv with its convolution
   attributes and its first three inputs (the activation keeps the shape; the optional sum input Z
   has the output's shape);
@@ -52,7 +55,10 @@ unknown, as before.
 
 from __future__ import annotations
 
+import math
+
 import onnx
+import onnx.numpy_helper
 
 from onnxopt.ops import MS_DOMAIN
 
@@ -142,11 +148,86 @@ def _narrowed(
 ) -> onnx.NodeProto:
     """``MatMul(x, P)``, P a typed stand-in input [rows, width] (appended to ``inputs``): x's
     shape with its last dim, ``rows``, made ``width``."""
-    part = f"{output}__onnxopt_stand_in_weight"
-    dims = [onnx.TensorShapeProto.Dimension(dim_value=d) for d in (rows, width)]
-    tensor = onnx.TypeProto.Tensor(elem_type=dtype, shape=onnx.TensorShapeProto(dim=dims))
-    inputs.append(onnx.ValueInfoProto(name=part, type=onnx.TypeProto(tensor_type=tensor)))
+    part = _typed_input(f"{output}__onnxopt_stand_in_weight", [rows, width], dtype, inputs)
     return onnx.NodeProto(op_type="MatMul", input=[x, part], output=[output])
+
+
+def _typed_input(name: str, shape: list[int], dtype: int, inputs: list[onnx.ValueInfoProto]) -> str:
+    """``name``, declared a graph input of ``shape`` and element type ``dtype`` (appended to
+    ``inputs``)."""
+    dims = [onnx.TensorShapeProto.Dimension(dim_value=d) for d in shape]
+    tensor = onnx.TypeProto.Tensor(elem_type=dtype, shape=onnx.TensorShapeProto(dim=dims))
+    inputs.append(onnx.ValueInfoProto(name=name, type=onnx.TypeProto(tensor_type=tensor)))
+    return name
+
+
+def _reshaped(
+    name: str,
+    producers: dict[str, onnx.NodeProto],
+    typed: dict[str, tuple[list[int | None], int]],
+    constants: dict[str, onnx.TensorProto],
+) -> tuple[list[int | None], int] | None:
+    """(dims, element type) of a Reshape of a recorded tensor by a constant shape (the tied
+    embedding's view of the output projection's packed weight), or None."""
+    node = producers.get(name)
+    if node is None or node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+        return None
+    source = typed.get(node.input[0]) if node.input else None
+    target = constants.get(node.input[1]) if len(node.input) == 2 else None
+    if source is None or target is None or target.data_type != onnx.TensorProto.INT64:
+        return None
+    dims = [int(d) for d in onnx.numpy_helper.to_array(target).reshape(-1)]
+    allow_zero = any(a.name == "allowzero" and a.i for a in node.attribute)
+    known = [d for d in source[0] if d]
+    if len(known) != len(source[0]) or dims.count(-1) > 1 or any(d < -1 for d in dims):
+        return None
+    if not allow_zero:
+        if any(d == 0 and i >= len(known) for i, d in enumerate(dims)):
+            return None
+        dims = [known[i] if d == 0 else d for i, d in enumerate(dims)]
+    size = math.prod(known)
+    if -1 in dims:
+        rest = math.prod(d for d in dims if d != -1)
+        if not rest or size % rest:
+            return None
+        dims[dims.index(-1)] = size // rest
+    return (dims, source[1]) if math.prod(dims) == size else None  # type: ignore[return-value]
+
+
+def _dequantized_gather(
+    node: onnx.NodeProto,
+    producers: dict[str, onnx.NodeProto],
+    typed: dict[str, tuple[list[int | None], int]],
+    constants: dict[str, onnx.TensorProto],
+    inputs: list[onnx.ValueInfoProto],
+) -> onnx.NodeProto | None:
+    """GatherBlockQuantized as ``Gather`` from a typed stand-in input: the data's shape (uint8 data
+    packs 8 / ``bits`` values a byte along the quantized axis, so that dim is that many times
+    the bytes': ORT's kernel gives 14 columns for 7 bytes of 4-bit values) in the scales' type.
+    The data may be a constant Reshape of a recorded tensor."""
+    operands = [*node.input, "", ""]
+    data, scales = typed.get(operands[0]), typed.get(operands[2])
+    if data is None:
+        data = _reshaped(operands[0], producers, typed, constants)
+    if data is None or scales is None or not operands[1]:
+        return None
+    shape = data[0]
+    attrs = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+    bits, rank = attrs.get("bits", 4), len(shape)
+    gather, quantize = attrs.get("gather_axis", 0), attrs.get("quantize_axis", 1)
+    if bits not in (2, 4, 8) or not -rank <= gather < rank or not -rank <= quantize < rank:
+        return None
+    dims = [d for d in shape if d]
+    if len(dims) != rank:
+        return None
+    if data[1] == onnx.TensorProto.UINT8:
+        dims[quantize % rank] *= 8 // bits
+    table = _typed_input(f"{node.output[0]}__onnxopt_stand_in_table", dims, scales[1], inputs)
+    gathered = onnx.NodeProto(op_type="Gather", input=[table, operands[1]], output=[node.output[0]])
+    gathered.attribute.append(
+        onnx.AttributeProto(name="axis", type=onnx.AttributeProto.INT, i=gather % rank)
+    )
+    return gathered
 
 
 def _projected(
@@ -181,6 +262,7 @@ def _standard_stand_in(
     opset: int,
     producers: dict[str, onnx.NodeProto],
     typed: dict[str, tuple[list[int | None], int]],
+    constants: dict[str, onnx.TensorProto],
     inputs: list[onnx.ValueInfoProto],
 ) -> onnx.NodeProto | None:
     """A standard op computing the output shape of a node of the module docstring's second list,
@@ -218,6 +300,8 @@ def _standard_stand_in(
         k_n = {a.name: a.i for a in node.attribute if a.name in ("K", "N")}
         if k_n.get("K", 0) > 0 and k_n.get("N", 0) > 0:  # (the scales' type is A's)
             return _narrowed(operands[0], k_n["K"], k_n["N"], typed[operands[2]][1], output, inputs)
+    if node.op_type == "GatherBlockQuantized":
+        return _dequantized_gather(node, producers, typed, constants, inputs)
     if node.op_type == "FusedConv" and len(node.input) >= 2 and all(node.input[:2]):
         conv = onnx.NodeProto(op_type="Conv", input=list(node.input[:3]), output=[output])
         conv.attribute.extend(a for a in node.attribute if a.name in _CONV_ATTRIBUTES)
@@ -249,6 +333,12 @@ def with_stand_ins(proto: onnx.ModelProto) -> int:
     typed: dict[str, tuple[list[int | None], int]] = {
         t.name: (list(t.dims), t.data_type) for t in graph.initializer
     }
+    constants = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.INT64}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None and value.data_type == onnx.TensorProto.INT64:
+                constants[node.output[0]] = value
     for name, info in infos.items():
         dims = _dims(info)
         if dims is not None:
@@ -265,7 +355,7 @@ def with_stand_ins(proto: onnx.ModelProto) -> int:
             onnx.NodeProto(op_type="Identity", input=[source], output=[node.output[0]])
             if source is not None
             else _skip_norm_stand_in(node, pairs, index)
-            or _standard_stand_in(node, opset, producers, typed, inputs)
+            or _standard_stand_in(node, opset, producers, typed, constants, inputs)
         )
         if stand_in is None:
             continue
