@@ -85,6 +85,17 @@ def test_a_gain_under_one_percent_is_not_worth_moving_nodes_for():
     assert not _worth_moving(schedule(100_064, 50_000))  # a larger arena
 
 
+def test_orders_that_cannot_gain_the_minimum_are_not_planned():
+    # BRANCHES: finishing one branch first plans 384 of 576 bytes (a third less)
+    flow = build_dataflow(parse(BRANCHES).graph, tensor_sizes(parse(BRANCHES)), inplace=True)
+    free = schedule_for_memory(flow)
+    assert (free.arena, free.original_arena) == (384, 576)
+    assert schedule_for_memory(flow, min_gain=0.01) == free
+    kept = schedule_for_memory(flow, min_gain=0.5)  # no order can plan half the input's arena
+    assert kept.order == tuple(range(len(flow.nodes)))
+    assert (kept.arena, kept.original_arena) == (576, 576)
+
+
 def test_an_order_that_cannot_improve_is_left_alone():
     model = parse(CHAIN)
     before = order(model)

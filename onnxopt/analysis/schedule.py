@@ -381,6 +381,7 @@ def schedule_for_memory(
     refine: bool = True,
     plan_scoring: bool | None = None,
     ort_guard: bool = True,
+    min_gain: float = 0.0,
 ) -> Schedule:
     """A topological order of ``flow``'s nodes with the lowest memory we can find.
 
@@ -390,6 +391,8 @@ def schedule_for_memory(
     ``PLAN_SCORING_NODES`` nodes), else by the lower bound. The input order wins ties, and a
     candidate must not raise the lower bound either, so the result is never worse than the input.
     ``work`` bounds the exact refinement (DP transitions per candidate); ``seconds`` is a safety cap.
+    Orders that cannot plan ``min_gain`` (a fraction) below the input order's arena are not
+    planned, and the input order is kept unless another is better.
     With ``ort_guard``, a candidate is also rejected when ONNX Runtime's default execution order
     (see :func:`ort_default_order`) of the reordered file would have a higher peak than that of
     the input file: ORT ignores the file's order by default, and new node indices change its ties.
@@ -465,13 +468,33 @@ def schedule_for_memory(
             continue
         shortlist.append((peak, index, name, order))
     shortlist.sort()
+    shortlist = shortlist[:PLAN_SCORING_CANDIDATES]
+    if plan_scoring:
+        # Greedy placements alone bound the input order's searched plan from above; where that
+        # bound leaves the shortlist nothing to gain, the search (most of the time here) is not
+        # needed: YOLO's shortlists hold the input order's own peak, 64 bytes under its arena.
+        greedy = plan_flow(flow, identity, search_work=0, exact_nodes=0).arena_bytes
+        if not shortlist or _cannot_gain(shortlist[0][0], greedy, min_gain):
+            return Schedule(
+                tuple(identity), original_peak, original_peak, "input order", greedy, greedy
+            )
     original = (arena_of(identity, original_peak), original_peak)
     best_name, best_order, best = "input order", identity, original
-    for peak, _, name, order in shortlist[:PLAN_SCORING_CANDIDATES]:
+    for peak, _, name, order in shortlist:
+        if plan_scoring and (
+            _cannot_gain(peak, best[0], 0.0) or _cannot_gain(peak, original[0], min_gain)
+        ):
+            break  # (and so does the rest of the shortlist: it is sorted by peak)
         score = (arena_of(order, peak), peak)
         if score < best:
             best_name, best_order, best = name, order, score
     return Schedule(tuple(best_order), best[1], original[1], best_name, best[0], original[0])
+
+
+def _cannot_gain(peak: int, arena: int, min_gain: float) -> bool:
+    """Whether an order whose lower bound is ``peak`` cannot plan ``min_gain`` (a fraction) below
+    ``arena``: a plan holds at least what is live at the peak."""
+    return peak >= arena or peak > (1 - min_gain) * arena
 
 
 def ort_walk_constraints(flow: Dataflow, file_order: Sequence[int]) -> list[list[int]]:

@@ -113,7 +113,7 @@ class ReorderForMemoryPass(Pass):
         applied = False
         for _ in range(_MAX_ROUNDS):
             flow = build_dataflow(graph, sizes, inplace=True)
-            schedule = schedule_for_memory(flow)
+            schedule = schedule_for_memory(flow, min_gain=_MIN_GAIN)
             if first_peak is None:
                 first_peak, first_arena = schedule.original_peak, schedule.original_arena
             if not _worth_moving(schedule) or not is_topological(flow, schedule.order):
