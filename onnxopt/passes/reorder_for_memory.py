@@ -12,6 +12,7 @@ from onnxopt.ops import all_graphs
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.drop_shape_annotations import dropped_annotations
 from onnxopt.passes.infer_shapes import InferShapesPass
+from onnxopt.passes.options import PassOptions
 
 
 def apply_order(graph: ir.Graph, order: list[ir.Node]) -> None:
@@ -27,6 +28,15 @@ _MAX_UNKNOWN_FRACTION = 0.02
 # peak) at least 1% lower. YOLO11's dynamic export, sized at 64 for its unnamed dims, moved 232 of
 # its 323 nodes for 64 bytes, an order chosen for a size the model never runs at.
 _MIN_GAIN = 0.01
+
+
+def _pinned_inference(model: ir.Model, options: PassOptions) -> bool:
+    """Whether ``tensor_sizes`` will infer shapes itself, on a copy with the inputs' dims bound
+    (dims named by ``--dim`` or ``--input-shape``, or an input with a symbolic dim)."""
+    return bool(options.dims or options.input_shapes) or any(
+        value.shape is not None and any(not isinstance(d, int) for d in value.shape)
+        for value in model.graph.inputs
+    )
 
 
 def _worth_moving(schedule: Schedule) -> bool:
@@ -74,7 +84,10 @@ class ReorderForMemoryPass(Pass):
             for value in dropped_annotations(model):
                 value.type = None
                 value.shape = None
-            InferShapesPass(self.options)(model)
+            if not _pinned_inference(model, self.options):
+                InferShapesPass(self.options)(model)
+            # (else tensor_sizes infers on a copy with the inputs' dims bound: a run here too
+            # would only be merged into that one)
             return measure()
         finally:
             for value, type_, shape in saved:
