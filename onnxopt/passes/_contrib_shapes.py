@@ -56,11 +56,12 @@ unknown, as before.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import onnx
 import onnx.numpy_helper
 
-from onnxopt.ops import MS_DOMAIN
+from onnxopt.ops import GRAPH_HOLDERS, MS_DOMAIN, ONNX_DOMAINS
 
 _SHAPE_OF_FIRST_INPUT = {
     (MS_DOMAIN, "RotaryEmbedding"),
@@ -79,6 +80,9 @@ _SHAPE_OF_FIRST_INPUT = {
     ("", "ParametricSoftplus"),
     ("", "ThresholdedRelu"),
 }
+
+# The default-domain ops above: every other node a stand-in replaces is a com.microsoft one.
+_STANDARD_DOMAIN_OPS = frozenset(op for domain, op in _SHAPE_OF_FIRST_INPUT if not domain)
 
 
 def _dims(info: onnx.ValueInfoProto | None) -> list[int | None] | None:
@@ -327,6 +331,14 @@ def with_stand_ins(proto: onnx.ModelProto) -> int:
     the input whose shape its output has, or for the standard op computing its shape; return how
     many were swapped."""
     graph = proto.graph
+    candidates = [
+        index
+        for index, node in enumerate(graph.node)
+        if node.domain == MS_DOMAIN
+        or (node.domain in ("", "ai.onnx") and node.op_type in _STANDARD_DOMAIN_OPS)
+    ]
+    if not candidates:
+        return 0  # (most models before fusion: the tables below cost more than inference)
     infos = {i.name: i for i in (*graph.input, *graph.value_info, *graph.output)}
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     producers = {name: node for node in graph.node for name in node.output if name}
@@ -348,8 +360,8 @@ def with_stand_ins(proto: onnx.ModelProto) -> int:
     pairs: list[tuple[int, onnx.NodeProto]] = []  # the skip norms' second Identity, after its index
     read = _read_names(graph)
     typed_inputs: list[str] = []  # the stand-in inputs already in ``typed``
-    for index, node in enumerate(graph.node):
-        node = _attention_output_alone(node, read)
+    for index in candidates:
+        node = _attention_output_alone(graph.node[index], read)
         source = _same_shape_input(node, infos)
         stand_in = (
             onnx.NodeProto(op_type="Identity", input=[source], output=[node.output[0]])
@@ -377,18 +389,28 @@ def with_stand_ins(proto: onnx.ModelProto) -> int:
     return swapped
 
 
-def _read_names(graph: onnx.GraphProto) -> set[str]:
-    """Every name a node of ``graph`` or of a graph nested in it reads."""
-    read: set[str] = set()
+def graph_protos(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph nested in its nodes' attributes (the standard ops hold
+    graphs only where ``GRAPH_HOLDERS`` says: the others' attributes are not looked into)."""
     stack = [graph]
     while stack:
         current = stack.pop()
+        yield current
         for node in current.node:
-            read.update(node.input)
+            if node.op_type not in GRAPH_HOLDERS and node.domain in ONNX_DOMAINS:
+                continue
             for attr in node.attribute:
                 if attr.HasField("g"):
                     stack.append(attr.g)
                 stack.extend(attr.graphs)
+
+
+def _read_names(graph: onnx.GraphProto) -> set[str]:
+    """Every name a node of ``graph`` or of a graph nested in it reads."""
+    read: set[str] = set()
+    for current in graph_protos(graph):
+        for node in current.node:
+            read.update(node.input)
     return read
 
 

@@ -9,7 +9,7 @@ import onnx_ir as ir
 
 from onnxopt import io
 from onnxopt.ops import all_graphs
-from onnxopt.passes._contrib_shapes import with_stand_ins
+from onnxopt.passes._contrib_shapes import graph_protos, with_stand_ins
 from onnxopt.passes._refine_shapes import (
     EXPRESSION,
     GENERATED_DIM_PREFIX,
@@ -79,24 +79,11 @@ def pin_input_shapes(model: ir.Model, shapes: dict[str, tuple[int, ...]]) -> int
     return changed
 
 
-def _graph_protos(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and every subgraph nested in its nodes' attributes."""
-    stack = [graph]
-    while stack:
-        current = stack.pop()
-        yield current
-        for node in current.node:
-            for attr in node.attribute:
-                if attr.HasField("g"):
-                    stack.append(attr.g)
-                stack.extend(attr.graphs)
-
-
 def _value_infos(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
     """Inferred types by value name, over the graph and its subgraphs; names seen twice are dropped."""
     found: dict[str, onnx.ValueInfoProto] = {}
     ambiguous: set[str] = set()
-    for current in _graph_protos(graph):
+    for current in graph_protos(graph):
         for info in (*current.value_info, *current.output):
             if info.name in found and found[info.name].type != info.type:
                 ambiguous.add(info.name)
@@ -123,7 +110,7 @@ def _vector_sizes(proto: onnx.ModelProto) -> tuple[int, int]:
     without data propagation). Initializers are left out: propagation reads only an integer
     one's data, and those travel inline only up to 1 kB."""
     longest = total = 0
-    for graph in _graph_protos(proto.graph):
+    for graph in graph_protos(proto.graph):
         for info in (*graph.input, *graph.value_info, *graph.output):
             dims = info.type.tensor_type.shape.dim
             if len(dims) == 1 and dims[0].HasField("dim_value"):
@@ -148,7 +135,7 @@ def _reinfer_if_branches(
     the outer values it reads as typed inputs (small outer constants as initializers), the branch
     gets the main graph's data propagation. Its value_info and output types are replaced in place.
     """
-    graphs = list(_graph_protos(proto.graph))
+    graphs = list(graph_protos(proto.graph))
     branching = [
         node
         for graph in graphs
@@ -187,7 +174,7 @@ def _reinfer_branch(
 ) -> bool:
     defined: set[str] = set()
     read: dict[str, None] = {}  # in order of first use: the inputs' order is deterministic
-    for graph in _graph_protos(branch):
+    for graph in graph_protos(branch):
         defined.update(i.name for i in graph.input)
         defined.update(t.name for t in graph.initializer)
         for node in graph.node:
@@ -265,7 +252,7 @@ def _placeholder_dims(
     graph: onnx.GraphProto, interface: frozenset[str]
 ) -> Iterator[onnx.TensorShapeProto.Dimension]:
     """The dims under made-up names in ``graph``'s value_info and its subgraphs'."""
-    for current in _graph_protos(graph):
+    for current in graph_protos(graph):
         for info in current.value_info:
             for dim in info.type.tensor_type.shape.dim:
                 if dim.HasField("dim_param") and _made_up(dim.dim_param, interface):
