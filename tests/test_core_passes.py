@@ -187,6 +187,23 @@ def test_topological_sort_is_stable_and_fixes_order() -> None:
     assert op_types(result.model) == ["Relu", "Abs", "Add"]
 
 
+def test_topological_sort_sees_a_branch_reading_a_later_outer_value() -> None:
+    # the If node has no input from Abs: only its branches read it (an outer-scope read)
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x, bool flag) => (float[4] y) {
+            y = If(flag) <then_branch = t () => (float[4] a) { a = Relu(late) },
+                          else_branch = e () => (float[4] b) { b = Neg(late) }>
+            late = Abs(x)
+        }
+        """
+    )
+    result = SortTopologicallyPass()(model)
+    assert result.modified
+    assert [node.op_type for node in result.model.graph] == ["Abs", "If"]
+
+
 def test_shape_inference_keeps_symbolic_dims() -> None:
     model = parse_model(
         """

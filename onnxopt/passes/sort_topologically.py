@@ -4,6 +4,7 @@ from collections import Counter
 
 import onnx_ir as ir
 
+from onnxopt.ops import GRAPH_HOLDERS, ONNX_DOMAINS, node_subgraphs
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite.driver import iter_graphs
 
@@ -15,9 +16,27 @@ def _order(model: ir.Model) -> list[list[int]]:
 def sort_model(model: ir.Model) -> None:
     """Stable topological sort of the main graph and every local function (the identity on a
     sorted graph): fusions that place new nodes before their inputs' producers call it."""
-    model.graph.sort()
-    for function in model.functions.values():
-        function.sort()
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    for graph in graphs:
+        if not _in_order(graph):
+            graph.sort()
+
+
+def _in_order(graph: ir.Graph | ir.Function) -> bool:
+    """Whether every node of ``graph`` comes after the producers of its inputs, where it holds
+    no graph (a nested graph's reads of outer values are left to the sort): onnx-ir's sort
+    rebuilds the graph even where it keeps the order (35 ms on GPT-2, 2400 nodes)."""
+    position: dict[ir.Node, int] = {}
+    for index, node in enumerate(graph):
+        holder = node.op_type in GRAPH_HOLDERS or node.domain not in ONNX_DOMAINS
+        if holder and node_subgraphs(node):
+            return False
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if producer is not None and position.get(producer, index) >= index:
+                return False
+        position[node] = index
+    return True
 
 
 class SortTopologicallyPass(Pass):
