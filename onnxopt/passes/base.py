@@ -17,6 +17,8 @@ import onnx_ir as ir
 
 from onnxopt.io import unique_node_names, unique_value_names
 from onnxopt.passes.options import PassOptions
+from onnxopt.rewrite.driver import apply_rules
+from onnxopt.rewrite.rule import Rule
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,16 @@ class Pass(ir.passes.InPlacePass):
         result = super().__call__(model_or_result)
         assert isinstance(result, PassResult)
         return result
+
+
+class RulePass(Pass):
+    """A pass that applies its ``rules`` through the rewrite driver: most fusions and cleanups."""
+
+    rules: ClassVar[Sequence[Rule]]
+
+    def call(self, model: ir.Model) -> PassResult:
+        stats, notes = apply_rules(model, self.rules, self.options)
+        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
 
 
 @dataclass(frozen=True)

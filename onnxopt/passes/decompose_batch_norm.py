@@ -7,14 +7,12 @@ the Mul/Add into a neighbour. BatchNormalizations right after Conv/Gemm are left
 
 from __future__ import annotations
 
-from collections import Counter
-
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
-from onnxopt.passes.base import Pass, PassResult
+from onnxopt.passes.base import RulePass
 from onnxopt.passes.fuse_conv_bn import bn_affine
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import new_constant
 
 
@@ -55,12 +53,9 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
 RULES = (Rule("bn->mul+add", "BatchNormalization", _match, _rewrite),)
 
 
-class DecomposeBatchNormPass(Pass):
+class DecomposeBatchNormPass(RulePass):
     """Lone BatchNormalization (inference mode, constant statistics) -> Mul + Add."""
 
     name = "decompose-batch-norm"
     summary = "rewrite a lone BatchNormalization as Mul + Add (not in default levels)"
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+    rules = RULES

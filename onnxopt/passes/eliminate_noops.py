@@ -36,8 +36,8 @@ from onnxopt.passes._shape_facts import (
     same_known_dims,
     slice_params,
 )
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 
 
 def _keep(node: ir.Node, source: ir.Value | None, *inner: ir.Node) -> Match | Mismatch:
@@ -555,7 +555,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-class EliminateNoopsPass(Pass):
+class EliminateNoopsPass(RulePass):
     """Remove ops proven to return their input: Identity, inference Dropout, same-dtype Cast,
     shape-preserving Reshape/Expand/Flatten, Expand to the shape of the tensor it is combined with,
     identity Transpose, zero Pad, whole-axis Slice,
@@ -568,7 +568,4 @@ class EliminateNoopsPass(Pass):
 
     name = "eliminate-noops"
     summary = "remove ops that provably return their input (Identity, Dropout, x*1, identity Transpose, ...)"
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
+    rules = RULES

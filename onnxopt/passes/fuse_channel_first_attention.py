@@ -29,15 +29,13 @@ channels-first without a token-major source and is left, as are float16 blocks.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, is_op
 from onnxopt.passes._attention_shapes import softmax_axis, transpose_perm
 from onnxopt.passes._shape_facts import int_param
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import const_scalar, ensure_opset, int64_constant, only_user
 
 _TOKENS_LAST = [0, 2, 3, 1]
@@ -199,7 +197,7 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
 RULES = (Rule("channel-first-attention->mha", "Transpose", _match, _rewrite),)
 
 
-class FuseChannelFirstAttentionPass(Pass):
+class FuseChannelFirstAttentionPass(RulePass):
     """Attention on channels-first heads (YOLO12's area attention) -> MultiHeadAttention (ort)."""
 
     name = "fuse-channel-first-attention"
@@ -207,7 +205,4 @@ class FuseChannelFirstAttentionPass(Pass):
         "fuse attention on [B, h, d, N] heads (q^T·k, v·P^T: YOLO12's area attention) into "
         "com.microsoft MultiHeadAttention (ort)"
     )
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+    rules = RULES

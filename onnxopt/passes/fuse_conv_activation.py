@@ -6,14 +6,12 @@ to the convolution's output inside the MLAS kernel, saving one pass over the act
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import PassResult, RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import ensure_opset, users
 
 _FLOAT_MAX = float(np.finfo(np.float32).max)
@@ -98,14 +96,14 @@ RULES = (
 )
 
 
-class FuseConvActivationPass(Pass):
+class FuseConvActivationPass(RulePass):
     """Conv + Relu/Tanh/Sigmoid/LeakyRelu/Clip/HardSigmoid -> com.microsoft FusedConv (target ort, float32)."""
 
     name = "fuse-conv-activation"
     summary = "fuse Conv + activation into com.microsoft FusedConv (ort)"
+    rules = RULES
 
     def call(self, model: ir.Model) -> PassResult:
         if self.options.target != "ort":
             return PassResult(model, modified=False)
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+        return super().call(model)

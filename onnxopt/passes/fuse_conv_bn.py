@@ -13,15 +13,13 @@ that dtype (float16's 65504) is refused.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import const_array, is_op
 from onnxopt.passes._shape_facts import axes_param
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import new_constant, other_input, producer_op, users
 from onnxopt.rewrite.rule import MatchFn
 
@@ -382,13 +380,10 @@ RULES = (
 )
 
 
-class FuseConvBnPass(Pass):
+class FuseConvBnPass(RulePass):
     """Fold BatchNormalization (after Conv, ConvTranspose, Gemm, 2-D MatMul) and constant per-channel
     Add/Mul (after Conv, ConvTranspose) into the layer's weights and bias."""
 
     name = "fuse-conv-bn"
     summary = "fold BatchNormalization and per-channel Add/Mul into the preceding Conv/Gemm weights"
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+    rules = RULES

@@ -33,8 +33,8 @@ import onnx_ir as ir
 from onnxopt.ops import MS_DOMAIN, const_array, is_op, is_scalar_constant
 from onnxopt.passes._attention_shapes import value_rank
 from onnxopt.passes._shape_facts import const_ints, optional_input
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 
 # GroupQueryAttention inputs.
 _PAST = (3, 4)
@@ -293,14 +293,11 @@ RULES = (
 )
 
 
-class FuseGqaRotaryPass(Pass):
+class FuseGqaRotaryPass(RulePass):
     """RotaryEmbedding(q), RotaryEmbedding(k) -> GroupQueryAttention(do_rotary=1) (--target ort)."""
 
     name = "fuse-gqa-rotary"
     summary = (
         "fold the Q/K RotaryEmbedding nodes into GroupQueryAttention (do_rotary=1, --target ort)"
     )
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
+    rules = RULES

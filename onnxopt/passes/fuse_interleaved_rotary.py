@@ -40,7 +40,6 @@ Anything not provably the same computation is refused with a reason.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,7 +48,7 @@ import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op
 from onnxopt.passes._shape_facts import cast_target, const_ints, int_param, slice_params
-from onnxopt.passes.base import Pass, PassResult
+from onnxopt.passes.base import RulePass
 from onnxopt.passes.fuse_rotary_embedding import (
     ROTARY_FLOATS,
     ROTARY_OPSET,
@@ -64,7 +63,7 @@ from onnxopt.passes.fuse_rotary_embedding import (
     same_dim,
     same_shape_as,
 )
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import ensure_opset, new_constant, other_input, producer_op
 
 _BSNH, _BNSH = "BSNH", "BNSH"
@@ -654,14 +653,11 @@ RULES = (
 )
 
 
-class FuseInterleavedRotaryPass(Pass):
+class FuseInterleavedRotaryPass(RulePass):
     """x*cos + rotate_every_two(x)*sin (GPT-J, CodeGen, Cohere), partial or full ->
     com.microsoft.RotaryEmbedding(interleaved=1); runs before attention, which then sees a plain
     head split."""
 
     name = "fuse-interleaved-rotary"
     summary = "fuse interleaved (GPT-J style) rotary embeddings, partial or full (ort)"
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+    rules = RULES

@@ -23,7 +23,7 @@ import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op, single_consumer
 from onnxopt.passes._shape_facts import const_ints, dims_of
-from onnxopt.passes.base import Pass, PassResult
+from onnxopt.passes.base import Pass, PassResult, RulePass
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
 from onnxopt.rewrite.patterns import (
     const_scalar,
@@ -796,15 +796,12 @@ SKIP_RULES = (
 )
 
 
-class FuseLayerNormPass(Pass):
+class FuseLayerNormPass(RulePass):
     """Decomposed layer norm (last axis) -> LayerNormalization (opset 17+; any opset for target ort)."""
 
     name = "fuse-layer-norm"
     summary = "fuse decomposed layer normalization into LayerNormalization"
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+    rules = RULES
 
 
 class FuseSkipLayerNormPass(Pass):

@@ -15,8 +15,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import onnx_ir as ir
 
@@ -29,8 +27,8 @@ from onnxopt.passes._attention_shapes import (
     target_entries,
     value_rank,
 )
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import (
     ensure_opset,
     new_constant,
@@ -259,7 +257,7 @@ RULES = (
 )
 
 
-class FuseMatMulPass(Pass):
+class FuseMatMulPass(RulePass):
     """Transpose into Gemm/MatMul (FusedMatMul for ort), 2-D MatMul + constant bias into Gemm, a
     Gemm between a flattening and an unflattening Reshape into MatMul."""
 
@@ -268,7 +266,4 @@ class FuseMatMulPass(Pass):
         "fold Transpose into Gemm (transA/B) and MatMul (ort FusedMatMul); 2-D MatMul+Add -> Gemm;"
         " Reshape+Gemm+Reshape (addmm between views) -> MatMul"
     )
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+    rules = RULES

@@ -9,14 +9,13 @@ MaxPool ignores its own padding, which equals padding with -inf.
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import onnx_ir as ir
 
 from onnxopt.ops import const_array, is_op
 from onnxopt.passes._shape_facts import axes_param
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import users
 
 
@@ -156,12 +155,9 @@ RULES = (
 )
 
 
-class FusePadPass(Pass):
+class FusePadPass(RulePass):
     """Fold constant spatial Pad into Conv/AveragePool (value 0) and MaxPool (value -inf)."""
 
     name = "fuse-pad"
     summary = "fold constant spatial Pad into the following Conv / AveragePool / MaxPool"
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+    rules = RULES

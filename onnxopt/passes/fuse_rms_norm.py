@@ -12,13 +12,11 @@ Target ``onnx``: RMSNormalization, which exists from opset 23 only; older models
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import is_op, single_consumer
-from onnxopt.passes.base import Pass, PassResult
+from onnxopt.passes.base import RulePass
 from onnxopt.passes.fuse_layer_norm import (
     last_axis_problem,
     mean_of,
@@ -26,7 +24,7 @@ from onnxopt.passes.fuse_layer_norm import (
     squared_value,
     widening_cast,
 )
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import (
     const_scalar,
     new_constant,
@@ -162,12 +160,9 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
 RULES = (Rule("rms-norm->RMSNormalization", "Mul", _match, _rewrite),)
 
 
-class FuseRmsNormPass(Pass):
+class FuseRmsNormPass(RulePass):
     """x * rsqrt(mean(x^2) + eps) * w -> SimplifiedLayerNormalization (ort) / RMSNormalization (onnx, opset 23+)."""
 
     name = "fuse-rms-norm"
     summary = "fuse RMS normalization (ort: SimplifiedLayerNormalization; onnx: RMSNormalization, opset 23+)"
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+    rules = RULES

@@ -54,7 +54,6 @@ Checked on ONNX Runtime 1.32 CPU: both ops rotate the first r dims and copy the 
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -72,8 +71,8 @@ from onnxopt.passes._shape_facts import (
     optional_input,
     slice_params,
 )
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import (
     ensure_opset,
     new_constant,
@@ -1169,7 +1168,7 @@ RULES = (
 )
 
 
-class FuseRotaryEmbeddingPass(Pass):
+class FuseRotaryEmbeddingPass(RulePass):
     """x*cos + rotate_half(x)*sin -> com.microsoft.RotaryEmbedding (ort) / RotaryEmbedding (onnx, opset 23+);
     Concat(rotary(x[..., :r]), x[..., r:]) -> one RotaryEmbedding with rotary_embedding_dim = r."""
 
@@ -1178,7 +1177,4 @@ class FuseRotaryEmbeddingPass(Pass):
         "fuse rotary position embeddings, full or partial (ort: com.microsoft RotaryEmbedding; "
         "onnx: opset 23+)"
     )
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+    rules = RULES

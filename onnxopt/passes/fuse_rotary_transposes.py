@@ -42,8 +42,8 @@ from onnxopt.passes._attention_shapes import (
     transpose_perm,
     value_rank,
 )
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import new_constant, only_user
 
 _SWAP = [0, 2, 1, 3]
@@ -287,12 +287,9 @@ RULES = (
 )
 
 
-class FuseRotaryTransposesPass(Pass):
+class FuseRotaryTransposesPass(RulePass):
     """RotaryEmbedding between a head split's Transposes reads and writes [B, S, N*d] instead."""
 
     name = "fuse-rotary-transposes"
     summary = "rotate Q/K as [B, S, N*d] (num_heads set), dropping the Transposes around the rotary"
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
+    rules = RULES

@@ -8,13 +8,11 @@ is one pass over the tensor instead of two. Target ``onnx``: Swish(alpha) (opset
 
 from __future__ import annotations
 
-from collections import Counter
-
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, is_op
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import const_scalar, ensure_opset, other_input, users
 
 SWISH_OPSET = 24
@@ -80,7 +78,7 @@ def _rewrite_silu(match: Match, context: RewriteContext) -> Replacement:
 RULES = (Rule("x*sigmoid(x)->QuickGelu/Swish", "Mul", _match_silu, _rewrite_silu),)
 
 
-class FuseSiluPass(Pass):
+class FuseSiluPass(RulePass):
     """``x * Sigmoid(x)`` (SiLU, Swish: YOLOv5/v8, EfficientNet, LLaMA's MLP gate) -> QuickGelu
     (ort) or Swish (onnx, opset 24+).
 
@@ -92,7 +90,4 @@ class FuseSiluPass(Pass):
 
     name = "fuse-silu"
     summary = "fuse x * Sigmoid(x) into com.microsoft QuickGelu (ort) or Swish (onnx, opset 24+)"
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+    rules = RULES

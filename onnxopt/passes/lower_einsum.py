@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 
 # MatMul's CPU kernels on ONNX Runtime; Einsum takes more types (int8, ...).
 _MATMUL_DTYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE)
@@ -115,12 +115,9 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
 RULES = (Rule("einsum->matmul", "Einsum", _match, _rewrite),)
 
 
-class LowerEinsumPass(Pass):
+class LowerEinsumPass(RulePass):
     """Two-operand Einsum that is a batched matrix product -> MatMul (+ Transposes)."""
 
     name = "lower-einsum"
     summary = "rewrite a batched-matmul Einsum (bhsd,bhtd->bhst) as MatMul and Transposes"
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
+    rules = RULES

@@ -79,8 +79,8 @@ from onnxopt.passes._shape_facts import (
 )
 from onnxopt.passes._softmax_form import SOFTMAX_RULE
 from onnxopt.passes._tf2onnx_forms import TF2ONNX_RULES
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import int64_constant, new_constant
 
 T = ir.DataType
@@ -1025,7 +1025,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-class MergeConsecutiveOpsPass(Pass):
+class MergeConsecutiveOpsPass(RulePass):
     """Merge Transpose∘Transpose (composed perm), Reshape∘(Reshape|Flatten|Squeeze|Unsqueeze), Squeeze∘Squeeze,
     Unsqueeze∘Unsqueeze (merged axes), exact Cast∘Cast, Slice∘Slice and Concat∘Concat into one op;
     a dim read Unsqueeze(Gather(Shape(x), i)) into Shape(x, start, end) (opset 15+); a MatMul
@@ -1042,7 +1042,4 @@ class MergeConsecutiveOpsPass(Pass):
         " move a Transpose past Add/Sub/Mul/Div or Concat of same-perm Transposes, or above"
         " Add/Sub/Mul/Div of its inverse"
     )
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
+    rules = RULES

@@ -22,15 +22,13 @@ so that fuse-conv-activation still sees Conv -> Relu.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op
 from onnxopt.passes._shape_facts import axes_param
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import new_constant, only_user, squeeze_op
 
 # Below these the 2-D kernels measured slower (see the module docstring).
@@ -187,7 +185,7 @@ def _sink_rules() -> tuple[Rule, ...]:
 RULES = (Rule("conv1d->conv2d", "Conv", _match_conv, _rewrite_conv), *_sink_rules())
 
 
-class PromoteConv1dPass(Pass):
+class PromoteConv1dPass(RulePass):
     """1-D Conv -> Unsqueeze, 2-D Conv of height 1, Squeeze, where ORT's CPU kernels run the 2-D
     form faster (>= 256 channels each way; one group, or a kernel >= 16 taps); the Squeeze then moves past
     the element-wise ops after it, so chains of convolutions stay 2-D inside."""
@@ -197,7 +195,4 @@ class PromoteConv1dPass(Pass):
         "target ort: run wide or long-kernel 1-D Convs as 2-D Convs of height 1 "
         "(ORT's NCHWc kernels; wav2vec2 1.08x)"
     )
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=Counter(stats), notes=notes)
+    rules = RULES

@@ -51,8 +51,8 @@ from onnxopt.passes._attention_shapes import (
 )
 from onnxopt.passes._evaluate import evaluate_numpy
 from onnxopt.passes._shape_facts import ELEMENT_MOVES, MULTIDIRECTIONAL, axes_param, const_ints
-from onnxopt.passes.base import Pass, PassResult
-from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule, apply_rules
+from onnxopt.passes.base import RulePass
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import new_constant, squeeze_op
 
 # A constant index left unfolded (folding it would grow the file: TorchScript's ``Slice(Range(0, 96,
@@ -568,7 +568,7 @@ RULES = (
 )
 
 
-class SimplifyIndexGridsPass(Pass):
+class SimplifyIndexGridsPass(RulePass):
     """GatherND over a grid of Range indices that visits the data in order -> Unsqueeze(data);
     a Gather at one constant index -> that row; ScatterNDs that overwrite every block -> Concat."""
 
@@ -577,7 +577,4 @@ class SimplifyIndexGridsPass(Pass):
         "replace a GatherND over an in-order Range index grid (exported masks) by an Unsqueeze;"
         " ScatterNDs that overwrite a whole tensor block by block by a Concat"
     )
-
-    def call(self, model: ir.Model) -> PassResult:
-        stats, notes = apply_rules(model, RULES, self.options)
-        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
+    rules = RULES
