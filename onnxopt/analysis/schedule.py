@@ -39,7 +39,9 @@ class Schedule:
     peak: int  # lower bound (largest live total) of ``order``
     original_peak: int
     strategy: str
-    arena: int = 0  # planned arena of ``order`` (the lower bound when plans were not scored)
+    # planned arena of ``order``: greedy placements only where no candidate could gain, the lower
+    # bound when plans were not scored
+    arena: int = 0
     original_arena: int = 0
 
 
