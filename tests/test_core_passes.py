@@ -204,6 +204,32 @@ def test_topological_sort_sees_a_branch_reading_a_later_outer_value() -> None:
     assert [node.op_type for node in result.model.graph] == ["Abs", "If"]
 
 
+@pytest.mark.parametrize("interface_unk", [False, True])
+def test_shape_inference_reads_an_exporters_unk_dims_as_unknown(interface_unk: bool) -> None:
+    # onnxruntime-genai's builder writes "unk" for every intermediate dim it cannot tell: not one
+    # dim (here two different ones), so inference's names replace it. A model input that names a
+    # dim "unk" declares it: then the name is kept everywhere.
+    dims = "unk, seq" if interface_unk else "batch, seq"
+    model = parse_model(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[{dims}] x) => (y) {{
+            a = Relu(x)
+            y = Neg(a)
+        }}
+        """
+    )
+    a = next(iter(model.graph)).outputs[0]
+    a.shape = ir.Shape(["unk", "unk"])
+    result = InferShapesPass()(model)
+    if interface_unk:
+        assert [str(d) for d in a.shape] == ["unk", "unk"]
+        assert "dims named 'unk' unnamed" not in result.stats
+    else:
+        assert [str(d) for d in a.shape] == ["batch", "seq"]
+        assert result.stats["dims named 'unk' unnamed"] == 2
+
+
 def test_shape_inference_keeps_symbolic_dims() -> None:
     model = parse_model(
         """

@@ -234,6 +234,33 @@ def _reinfer_branch(
     return True
 
 
+# onnxruntime-genai's builder annotates every intermediate dim it cannot tell "unk": one name for
+# many different dims, so not a claim that they are equal (ONNX inference, which keeps a name it
+# finds recorded, then kept [unk, unk] where it could prove [sequence_length, sequence_length],
+# and the second optimize run, the annotation gone, shared shape reads the first had not).
+ANONYMOUS_DIM = "unk"
+
+
+def _unname_anonymous_dims(model: ir.Model) -> int:
+    """Make every intermediate dim named ``ANONYMOUS_DIM`` an unknown one; return how many."""
+    unnamed = 0
+    for graph in all_graphs(model):
+        interface = {id(v) for v in (*graph.inputs, *graph.outputs)}
+        for node in graph:
+            for value in node.outputs:
+                shape = value.shape
+                if shape is None or id(value) in interface:
+                    continue
+                anonymous = [
+                    isinstance(d, ir.SymbolicDim) and d.value == ANONYMOUS_DIM for d in shape
+                ]
+                if any(anonymous):
+                    dims = [None if a else d for a, d in zip(anonymous, shape, strict=True)]
+                    value.shape = ir.Shape(dims)
+                    unnamed += sum(anonymous)
+    return unnamed
+
+
 def _made_up(name: str, interface: frozenset[str]) -> bool:
     """A name a shape inference made up ("unk__N"), or an exporter's expression for an
     intermediate dim that the model's inputs and outputs do not use."""
@@ -369,6 +396,10 @@ class InferShapesPass(Pass):
 
         data_prop = True
         interface = interface_names(model)
+        if ANONYMOUS_DIM not in interface:
+            unnamed = _unname_anonymous_dims(model)
+            if unnamed:
+                stats["dims named 'unk' unnamed"] = unnamed
 
         def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
             return onnx.shape_inference.infer_shapes(
