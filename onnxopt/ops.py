@@ -37,14 +37,25 @@ def is_op(node: ir.Node | None, op_type: str, domain: str = "") -> bool:
     return node.domain == domain
 
 
+def may_hold_graphs(op_type: str, domain: str) -> bool:
+    """Whether a node of this op can have graph attributes: of the standard ops only
+    ``GRAPH_HOLDERS`` (ONNX's checker rejects a graph attribute on any other); an op of another
+    domain may (ORT's BeamSearch holds its decoder)."""
+    return op_type in GRAPH_HOLDERS or domain not in ONNX_DOMAINS
+
+
 def node_subgraphs(node: ir.Node) -> list[ir.Graph]:
-    """The graphs ``node`` holds as attributes (If branches, Loop/Scan bodies), in order."""
+    """The graphs ``node`` holds as attributes (If branches, Loop/Scan bodies), in order; a
+    reference attribute (in a function body) holds none."""
     out: list[ir.Graph] = []
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            out.append(attr.as_graph())
-        elif attr.type == ir.AttributeType.GRAPHS:
-            out.extend(attr.as_graphs())
+    for attr in node.attributes.data.values():
+        if attr.type is ir.AttributeType.GRAPH:
+            inner = [attr.value]
+        elif attr.type is ir.AttributeType.GRAPHS:
+            inner = attr.value
+        else:
+            continue
+        out.extend(graph for graph in inner if isinstance(graph, ir.Graph))
     return out
 
 
@@ -53,27 +64,17 @@ def nested_graphs(graph: ir.Graph | ir.Function) -> list[ir.Graph]:
 
     The order of onnx-ir's ``Graph.subgraphs()`` (node order, a graph before the graphs inside
     it) in a sixth of its time: a pipeline asks some 150 times on a 300-node model, and its
-    generic traversal was a fifth of YOLO11n's optimize time. Of the standard ops only
-    ``GRAPH_HOLDERS`` take graph attributes (the checker rejects any other attribute), so the
-    others are not looked into; an op of another domain may hold graphs (ORT's BeamSearch).
+    generic traversal was a fifth of YOLO11n's optimize time. Only the nodes that
+    ``may_hold_graphs`` are looked into.
     """
     found: dict[ir.Graph, None] = {}
 
     def walk(outer: ir.Graph | ir.Function) -> None:
         for node in outer:
-            if node.op_type not in GRAPH_HOLDERS and node.domain in ONNX_DOMAINS:
-                continue
-            for attr in node.attributes.data.values():
-                if attr.type is ir.AttributeType.GRAPH:
-                    inner = [attr.value]
-                elif attr.type is ir.AttributeType.GRAPHS:
-                    inner = attr.value
-                else:
-                    continue
-                for graph in inner:
-                    if isinstance(graph, ir.Graph):  # a reference attribute has no graph
-                        found.setdefault(graph)
-                        walk(graph)
+            if may_hold_graphs(node.op_type, node.domain):
+                for inner in node_subgraphs(node):
+                    found.setdefault(inner)
+                    walk(inner)
 
     walk(graph)
     return list(found)

@@ -183,6 +183,14 @@ def _needs_inference(model: ir.Model) -> bool:
     return any(v.shape is None or v.dtype is None for n in model.graph for v in n.outputs)
 
 
+def has_symbolic_inputs(model: ir.Model) -> bool:
+    """Whether an input of the main graph has a dim that is not a number."""
+    return any(
+        v.shape is not None and any(not isinstance(d, int) for d in v.shape)
+        for v in model.graph.inputs
+    )
+
+
 def tensor_sizes(
     model: ir.Model,
     dims: Mapping[str, int] | None = None,
@@ -199,10 +207,7 @@ def tensor_sizes(
     """
     dims = dict(dims or {})
     bind: Mapping[str, int] = _DefaultDims(dims, default_dim) if default_dim is not None else dims
-    symbolic_inputs = any(
-        v.shape is not None and any(not isinstance(d, int) for d in v.shape)
-        for v in model.graph.inputs
-    )
+    symbolic_inputs = has_symbolic_inputs(model)
     source = model
     wanted = (
         dims

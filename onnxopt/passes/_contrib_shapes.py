@@ -61,7 +61,7 @@ from collections.abc import Iterator
 import onnx
 import onnx.numpy_helper
 
-from onnxopt.ops import GRAPH_HOLDERS, MS_DOMAIN, ONNX_DOMAINS
+from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, may_hold_graphs
 
 _SHAPE_OF_FIRST_INPUT = {
     (MS_DOMAIN, "RotaryEmbedding"),
@@ -165,20 +165,34 @@ def _typed_input(name: str, shape: list[int], dtype: int, inputs: list[onnx.Valu
     return name
 
 
+def _int64_constant(
+    name: str, producers: dict[str, onnx.NodeProto], initializers: dict[str, onnx.TensorProto]
+) -> onnx.TensorProto | None:
+    """The int64 tensor an initializer or a Constant node holds under ``name``, or None."""
+    tensor = initializers.get(name)
+    node = producers.get(name)
+    constant = node is not None and node.op_type == "Constant" and node.domain in ONNX_DOMAINS
+    if tensor is None and node is not None and constant:
+        tensor = next((a.t for a in node.attribute if a.name == "value"), None)
+    return tensor if tensor is not None and tensor.data_type == onnx.TensorProto.INT64 else None
+
+
 def _reshaped(
     name: str,
     producers: dict[str, onnx.NodeProto],
     typed: dict[str, tuple[list[int | None], int]],
-    constants: dict[str, onnx.TensorProto],
+    initializers: dict[str, onnx.TensorProto],
 ) -> tuple[list[int | None], int] | None:
     """(dims, element type) of a Reshape of a recorded tensor by a constant shape (the tied
     embedding's view of the output projection's packed weight), or None."""
     node = producers.get(name)
-    if node is None or node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+    if node is None or node.op_type != "Reshape" or node.domain not in ONNX_DOMAINS:
         return None
     source = typed.get(node.input[0]) if node.input else None
-    target = constants.get(node.input[1]) if len(node.input) == 2 else None
-    if source is None or target is None or target.data_type != onnx.TensorProto.INT64:
+    target = (
+        _int64_constant(node.input[1], producers, initializers) if len(node.input) == 2 else None
+    )
+    if source is None or target is None:
         return None
     dims = [int(d) for d in onnx.numpy_helper.to_array(target).reshape(-1)]
     allow_zero = any(a.name == "allowzero" and a.i for a in node.attribute)
@@ -202,7 +216,7 @@ def _dequantized_gather(
     node: onnx.NodeProto,
     producers: dict[str, onnx.NodeProto],
     typed: dict[str, tuple[list[int | None], int]],
-    constants: dict[str, onnx.TensorProto],
+    initializers: dict[str, onnx.TensorProto],
     inputs: list[onnx.ValueInfoProto],
 ) -> onnx.NodeProto | None:
     """GatherBlockQuantized as ``Gather`` from a typed stand-in input: the data's shape (uint8 data
@@ -212,7 +226,7 @@ def _dequantized_gather(
     operands = [*node.input, "", ""]
     data, scales = typed.get(operands[0]), typed.get(operands[2])
     if data is None:
-        data = _reshaped(operands[0], producers, typed, constants)
+        data = _reshaped(operands[0], producers, typed, initializers)
     if data is None or scales is None or not operands[1]:
         return None
     shape = data[0]
@@ -243,7 +257,7 @@ def _projected(
     if node is None:
         return None
     operands = [*node.input, "", "", ""]
-    if node.op_type in ("MatMul", "Gemm") and node.domain in ("", "ai.onnx"):
+    if node.op_type in ("MatMul", "Gemm") and node.domain in ONNX_DOMAINS:
         transposed = any(a.name == "transB" and a.i for a in node.attribute)
         weight = typed.get(operands[1])
         if weight is None or len(weight[0]) != 2:
@@ -253,7 +267,7 @@ def _projected(
     if node.op_type == "MatMulNBits" and node.domain == MS_DOMAIN and operands[2] in typed:
         width = next((a.i for a in node.attribute if a.name == "N"), 0)
         return (width, typed[operands[2]][1]) if width else None  # (the scales' type is A's)
-    if node.op_type == "Add" and node.domain in ("", "ai.onnx"):
+    if node.op_type == "Add" and node.domain in ONNX_DOMAINS:
         for operand in operands[:2]:
             bias = typed.get(operand)
             if bias is not None and len(bias[0]) == 1 and (bias[0][0] or 0) > 1:
@@ -266,7 +280,7 @@ def _standard_stand_in(
     opset: int,
     producers: dict[str, onnx.NodeProto],
     typed: dict[str, tuple[list[int | None], int]],
-    constants: dict[str, onnx.TensorProto],
+    initializers: dict[str, onnx.TensorProto],
     inputs: list[onnx.ValueInfoProto],
 ) -> onnx.NodeProto | None:
     """A standard op computing the output shape of a node of the module docstring's second list,
@@ -305,7 +319,7 @@ def _standard_stand_in(
         if k_n.get("K", 0) > 0 and k_n.get("N", 0) > 0:  # (the scales' type is A's)
             return _narrowed(operands[0], k_n["K"], k_n["N"], typed[operands[2]][1], output, inputs)
     if node.op_type == "GatherBlockQuantized":
-        return _dequantized_gather(node, producers, typed, constants, inputs)
+        return _dequantized_gather(node, producers, typed, initializers, inputs)
     if node.op_type == "FusedConv" and len(node.input) >= 2 and all(node.input[:2]):
         conv = onnx.NodeProto(op_type="Conv", input=list(node.input[:3]), output=[output])
         conv.attribute.extend(a for a in node.attribute if a.name in _CONV_ATTRIBUTES)
@@ -335,22 +349,17 @@ def with_stand_ins(proto: onnx.ModelProto) -> int:
         index
         for index, node in enumerate(graph.node)
         if node.domain == MS_DOMAIN
-        or (node.domain in ("", "ai.onnx") and node.op_type in _STANDARD_DOMAIN_OPS)
+        or (node.domain in ONNX_DOMAINS and node.op_type in _STANDARD_DOMAIN_OPS)
     ]
     if not candidates:
         return 0  # (most models before fusion: the tables below cost more than inference)
     infos = {i.name: i for i in (*graph.input, *graph.value_info, *graph.output)}
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = next((o.version for o in proto.opset_import if o.domain in ONNX_DOMAINS), 0)
     producers = {name: node for node in graph.node for name in node.output if name}
+    initializers = {t.name: t for t in graph.initializer}
     typed: dict[str, tuple[list[int | None], int]] = {
-        t.name: (list(t.dims), t.data_type) for t in graph.initializer
+        name: (list(t.dims), t.data_type) for name, t in initializers.items()
     }
-    constants = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.INT64}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            if value is not None and value.data_type == onnx.TensorProto.INT64:
-                constants[node.output[0]] = value
     for name, info in infos.items():
         dims = _dims(info)
         if dims is not None:
@@ -367,7 +376,7 @@ def with_stand_ins(proto: onnx.ModelProto) -> int:
             onnx.NodeProto(op_type="Identity", input=[source], output=[node.output[0]])
             if source is not None
             else _skip_norm_stand_in(node, pairs, index)
-            or _standard_stand_in(node, opset, producers, typed, constants, inputs)
+            or _standard_stand_in(node, opset, producers, typed, initializers, inputs)
         )
         if stand_in is None:
             continue
@@ -390,14 +399,14 @@ def with_stand_ins(proto: onnx.ModelProto) -> int:
 
 
 def graph_protos(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and every subgraph nested in its nodes' attributes (the standard ops hold
-    graphs only where ``GRAPH_HOLDERS`` says: the others' attributes are not looked into)."""
+    """``graph`` and every subgraph nested in its nodes' attributes (only the nodes that
+    ``may_hold_graphs`` are looked into)."""
     stack = [graph]
     while stack:
         current = stack.pop()
         yield current
         for node in current.node:
-            if node.op_type not in GRAPH_HOLDERS and node.domain in ONNX_DOMAINS:
+            if not may_hold_graphs(node.op_type, node.domain):
                 continue
             for attr in node.attribute:
                 if attr.HasField("g"):

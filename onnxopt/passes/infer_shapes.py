@@ -245,11 +245,10 @@ def _unname_anonymous_dims(model: ir.Model) -> int:
     """Make every intermediate dim named ``ANONYMOUS_DIM`` an unknown one; return how many."""
     unnamed = 0
     for graph in all_graphs(model):
-        interface = {id(v) for v in (*graph.inputs, *graph.outputs)}
         for node in graph:
             for value in node.outputs:
                 shape = value.shape
-                if shape is None or id(value) in interface:
+                if shape is None or value.is_graph_output():
                     continue
                 anonymous = [
                     isinstance(d, ir.SymbolicDim) and d.value == ANONYMOUS_DIM for d in shape

@@ -6,7 +6,13 @@ from collections import Counter
 
 import onnx_ir as ir
 
-from onnxopt.analysis.memory import DEFAULT_SYMBOLIC_DIM, TensorSizes, build_dataflow, tensor_sizes
+from onnxopt.analysis.memory import (
+    DEFAULT_SYMBOLIC_DIM,
+    TensorSizes,
+    build_dataflow,
+    has_symbolic_inputs,
+    tensor_sizes,
+)
 from onnxopt.analysis.schedule import Schedule, is_topological, schedule_for_memory
 from onnxopt.ops import all_graphs
 from onnxopt.passes.base import Pass, PassResult
@@ -33,10 +39,7 @@ _MIN_GAIN = 0.01
 def _pinned_inference(model: ir.Model, options: PassOptions) -> bool:
     """Whether ``tensor_sizes`` will infer shapes itself, on a copy with the inputs' dims bound
     (dims named by ``--dim`` or ``--input-shape``, or an input with a symbolic dim)."""
-    return bool(options.dims or options.input_shapes) or any(
-        value.shape is not None and any(not isinstance(d, int) for d in value.shape)
-        for value in model.graph.inputs
-    )
+    return bool(options.dims or options.input_shapes) or has_symbolic_inputs(model)
 
 
 def _worth_moving(schedule: Schedule) -> bool:

@@ -4,7 +4,7 @@ from collections import Counter
 
 import onnx_ir as ir
 
-from onnxopt.ops import GRAPH_HOLDERS, ONNX_DOMAINS, node_subgraphs
+from onnxopt.ops import may_hold_graphs, node_subgraphs
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite.driver import iter_graphs
 
@@ -28,8 +28,7 @@ def _in_order(graph: ir.Graph | ir.Function) -> bool:
     rebuilds the graph even where it keeps the order (35 ms on GPT-2, 2400 nodes)."""
     position: dict[ir.Node, int] = {}
     for index, node in enumerate(graph):
-        holder = node.op_type in GRAPH_HOLDERS or node.domain not in ONNX_DOMAINS
-        if holder and node_subgraphs(node):
+        if may_hold_graphs(node.op_type, node.domain) and node_subgraphs(node):
             return False
         for value in node.inputs:
             producer = value.producer() if value is not None else None
