@@ -135,6 +135,15 @@ def single_consumer(value: ir.Value) -> ir.Node | None:
     return uses[0].node
 
 
+def is_unread(node: ir.Node, depth: int = 1) -> bool:
+    """Nothing reads what ``node`` computes: no output is a graph output or has a use, or (with
+    ``depth`` > 1) every user is itself unread through at most ``depth`` - 1 more nodes."""
+    return depth > 0 and all(
+        not out.is_graph_output() and all(is_unread(use.node, depth - 1) for use in out.uses())
+        for out in node.outputs
+    )
+
+
 def constant_of_shape_fill(node: ir.Node) -> np.ndarray:
     """What a ConstantOfShape fills its output with, flattened: its ``value`` attribute, or the
     float32 0 the operator defaults to."""

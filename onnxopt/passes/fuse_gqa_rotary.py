@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import MS_DOMAIN, const_array, is_op, is_scalar_constant
+from onnxopt.ops import MS_DOMAIN, const_array, is_op, is_scalar_constant, is_unread
 from onnxopt.passes._attention_shapes import value_rank
 from onnxopt.passes._shape_facts import const_ints, optional_input
 from onnxopt.passes.base import RulePass
@@ -70,16 +70,6 @@ def _heads_merged_back(value: ir.Value | None) -> tuple[ir.Value, list[ir.Node]]
     return None if source is None else (source, [inner, outer])
 
 
-def _dead(node: ir.Node, depth: int = 4) -> bool:
-    """Nothing reads what ``node`` computes, through at most ``depth`` nodes: the views and
-    transposes the attention fusions left of a layer's former 4-D heads, which dead-code
-    elimination removes only after this pass."""
-    return depth > 0 and all(
-        not out.is_graph_output() and all(_dead(use.node, depth - 1) for use in out.uses())
-        for out in node.outputs
-    )
-
-
 def _rotary(value: ir.Value | None, gqa: ir.Node, name: str) -> ir.Node | Mismatch:
     reader, views = gqa, list[ir.Node]()
     merged = _heads_merged_back(value)
@@ -94,8 +84,14 @@ def _rotary(value: ir.Value | None, gqa: ir.Node, name: str) -> ir.Node | Mismat
     assert value is not None
     if value.is_graph_output():
         return Mismatch(f"the rotated {name} is a graph output")
+    # Unread readers (through 4 nodes) are the views and transposes the attention fusions left of
+    # a layer's former 4-D heads, which dead-code elimination removes only after this pass.
     others = sorted(
-        {use.node.op_type for use in value.uses() if use.node is not reader and not _dead(use.node)}
+        {
+            use.node.op_type
+            for use in value.uses()
+            if use.node is not reader and not is_unread(use.node, 4)
+        }
     )
     if others:
         return Mismatch(f"the rotated {name} is also read by {', '.join(others)}")

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import MS_DOMAIN, const_array, is_op, single_consumer
+from onnxopt.ops import MS_DOMAIN, const_array, is_op, is_unread, single_consumer
 from onnxopt.passes._attention_shapes import (
     ATTENTION_DTYPES,
     peel_scale,
@@ -367,10 +367,6 @@ def _rewrite_shape(match: Match, context: RewriteContext) -> Replacement:
     tape = ir.tape.Tape()
     new = tape.op("Shape", [match.bindings["source"]], attributes)
     return Replacement(tape.nodes, [(shape.outputs[0], new)])
-
-
-def _is_dead(node: ir.Node) -> bool:
-    return all(not out.uses() and not out.is_graph_output() for out in node.outputs)
 
 
 @dataclass(frozen=True)
@@ -795,7 +791,7 @@ def _match_attention(
     dead: list[ir.Node] = []  # leftovers of fuse-attention that dead-code elimination drops later
     for part in (query, key, value):
         others = [u.node for u in part.uses() if u.node is not mha and u.node not in scale_nodes]
-        if part.is_graph_output() or not all(_is_dead(n) for n in others):
+        if part.is_graph_output() or not all(is_unread(n) for n in others):
             return Mismatch("a Q/K/V projection has other consumers than the attention")
         dead += [n for n in others if all(n is not d for d in dead)]
     source = qkv.source

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 
 import onnx_ir as ir
 
-from onnxopt.ops import is_op, nested_graphs, remove_nodes
+from onnxopt.ops import is_op, is_unread, nested_graphs, remove_nodes
 from onnxopt.passes.options import PassOptions
 from onnxopt.rewrite.rule import Match, Mismatch, Replacement, RewriteContext, Rule
 
@@ -139,9 +139,7 @@ def apply_replacement(
             old.name = None
             new.name = name
     for node in reversed(list(match.nodes)):
-        if node.graph is body(graph) and all(
-            not out.uses() and not out.is_graph_output() for out in node.outputs
-        ):
+        if node.graph is body(graph) and is_unread(node):
             remove_nodes(graph, node)
     return None
 
