@@ -119,3 +119,77 @@ def test_a_pass_that_found_nothing_is_not_run_again_on_the_same_model() -> None:
     _CountsRuns.runs = 0
     Pipeline([idle, _CountsRuns(PassOptions(target="onnx"))])(parse_model(TEXT))
     assert _CountsRuns.runs == 2
+
+
+class _SettlesOnFirstRun(Pass):
+    """Changes the model on its first run and says a second run would find nothing."""
+
+    name = "settles"
+    summary = "test pass whose first run changes the model and is settled"
+    reads_producers_only = True
+    runs = 0
+
+    def call(self, model: ir.Model) -> PassResult:
+        type(self).runs += 1
+        first = type(self).runs == 1
+        return PassResult(model, modified=first, settled=True)
+
+
+class _RemovesOnce(_ChangesOnce):
+    name = "removes-once"
+    summary = "test pass that claims to remove something unread on its first run only"
+    removes_unread_only = True
+
+
+def test_a_settled_run_is_not_repeated_until_something_else_changes_the_model() -> None:
+    _SettlesOnFirstRun.runs = 0
+    result = Pipeline([FixedPoint([_SettlesOnFirstRun(PassOptions())])])(parse_model(TEXT))
+    # The first round changed the model, so a second round runs, but the settled pass is left out.
+    assert _SettlesOnFirstRun.runs == 1 and result.skipped == 1
+    # A change by another pass that adds to the model: it runs again.
+    _SettlesOnFirstRun.runs = 0
+    options = PassOptions()
+    steps = [_SettlesOnFirstRun(options), _ChangesOnce(), _SettlesOnFirstRun(options)]
+    assert Pipeline(steps)(parse_model(TEXT)).skipped == 0 and _SettlesOnFirstRun.runs == 2
+
+
+def test_removing_unread_parts_does_not_rerun_a_pass_that_reads_producers_only() -> None:
+    _SettlesOnFirstRun.runs = 0
+    options = PassOptions()
+    steps = [_SettlesOnFirstRun(options), _RemovesOnce(), _SettlesOnFirstRun(options)]
+    result = Pipeline(steps)(parse_model(TEXT))
+    assert _SettlesOnFirstRun.runs == 1 and result.skipped == 1
+    # Any other pass still sees the removal: it may have made a merge or fold possible.
+    _CountsRuns.runs = 0
+    steps = [_CountsRuns(options), _RemovesOnce(), _CountsRuns(options)]
+    assert Pipeline(steps)(parse_model(TEXT)).skipped == 0 and _CountsRuns.runs == 2
+
+
+def test_shape_inference_is_settled_only_when_onnx_inference_alone_changed_the_model() -> None:
+    from onnxopt.passes.infer_shapes import InferShapesPass
+
+    inferred = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 3] x) => (float[2, 3] y) { t = Relu(x) y = Neg(t) }
+    """)
+    first = InferShapesPass()(inferred)
+    assert (
+        first.modified
+        and first.settled
+        and first.stats == {"shapes inferred": 1, "types inferred": 1}
+    )
+    assert not InferShapesPass()(inferred).modified  # what "settled" promises
+    # A Slice along axis 0 from a start read at run time: ONNX infers only its rank, the dim it
+    # leaves alone is copied from the input by the pass's own refinement, which a second run's
+    # inference can carry further: not settled.
+    refined = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x, int64[1] s) => (float[M, 4] y) {
+        e = Constant<value = int64[1] {9}>()
+        a = Constant<value = int64[1] {0}>()
+        t = Slice(x, s, e, a)
+        y = Relu(t)
+    }
+    """)
+    result = InferShapesPass()(refined)
+    assert result.stats["shapes refined"] >= 1 and not result.settled

@@ -30,6 +30,9 @@ class PassResult(ir.passes.PassResult):
     stats: Counter[str] = field(default_factory=Counter)
     # Why candidate rewrites were not applied, as "rule: where: reason" lines (feeds --explain).
     notes: list[str] = field(default_factory=list)
+    # Running the pass again on its own output would change nothing: the pipeline then skips
+    # that run, as after a run that changed nothing (see Pipeline).
+    settled: bool = False
 
 
 class Pass(ir.passes.InPlacePass):
@@ -37,6 +40,12 @@ class Pass(ir.passes.InPlacePass):
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    # The pass only removes what nothing reads (nodes, initializers, functions, opset imports):
+    # every value left keeps the nodes it is computed from.
+    removes_unread_only: ClassVar[bool] = False
+    # What the pass finds about a value depends only on the nodes the value is computed from, so
+    # a pass that removes unread parts cannot give it more to do (see Pipeline).
+    reads_producers_only: ClassVar[bool] = False
 
     def __init__(self, options: PassOptions | None = None) -> None:
         self.options = options or PassOptions()
@@ -123,14 +132,20 @@ class Pipeline:
     their options, so the run could only find nothing again. This drops the last round of each
     fixed point's passes that no other pass disturbed since, and the repeated shape inference at
     the ends of consecutive groups (most of the optimizer's time on small convolutional models).
+    The same holds after a run that changed the model but says it is ``settled`` (a second run
+    would find nothing), and, for a pass that ``reads_producers_only``, across passes that
+    ``removes_unread_only``: shape inference after a fusion round is not repeated because
+    dead-code elimination then removed the nodes the fusions left unread.
     """
 
     def __init__(self, steps: Sequence[Step], instruments: Sequence[Instrument] = ()) -> None:
         self.steps = list(steps)
         self.instruments = list(instruments)
-        # Per call: how many runs changed the model so far, that count when each pass (by class
-        # and options) last found nothing to do, and the runs left out.
+        # Per call: how many runs changed the model so far, how many of them did more than remove
+        # unread parts, the count (of the kind the pass heeds) when each pass (by class and
+        # options) last had nothing left to do, and the runs left out.
         self._changes = 0
+        self._growth = 0
         self._idle_at: dict[tuple[type[Pass], int], int] = {}
         self._skipped = 0
 
@@ -139,7 +154,7 @@ class Pipeline:
     ) -> PipelineResult:
         records: list[PassRecord] = []
         warnings: list[str] = []
-        self._changes, self._idle_at, self._skipped = 0, {}, 0
+        self._changes, self._growth, self._idle_at, self._skipped = 0, 0, {}, 0
         for step in self.steps:
             if isinstance(step, FixedPoint):
                 for iteration in range(step.max_iterations):
@@ -168,7 +183,7 @@ class Pipeline:
         self, pass_: Pass, model: ir.Model, iteration: int, progress: Callable[[str], None] | None
     ) -> PassRecord | None:
         key = (type(pass_), id(pass_.options))
-        if self._idle_at.get(key) == self._changes:
+        if self._idle_at.get(key) == self._heeded(pass_):
             self._skipped += 1
             return None
         if progress is not None:
@@ -182,8 +197,10 @@ class Pipeline:
         renamed = unique_value_names(model)
         if result.modified or renamed:
             self._changes += 1
-        else:
-            self._idle_at[key] = self._changes
+            if renamed or not pass_.removes_unread_only:
+                self._growth += 1
+        if not (result.modified or renamed) or (result.settled and not renamed):
+            self._idle_at[key] = self._heeded(pass_)
         seconds = time.perf_counter() - start
         record = PassRecord(
             name=pass_.name,
@@ -199,6 +216,10 @@ class Pipeline:
         for instrument in self.instruments:
             instrument.after_pass(pass_, model, record)
         return record
+
+    def _heeded(self, pass_: Pass) -> int:
+        """The count of changes that can give ``pass_`` more to do."""
+        return self._growth if pass_.reads_producers_only else self._changes
 
 
 class VerifyEach:

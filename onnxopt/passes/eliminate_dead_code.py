@@ -20,6 +20,7 @@ class EliminateDeadCodePass(Pass):
 
     name = "eliminate-dead-code"
     summary = "remove unused nodes, initializers, functions and opset imports (graph outputs kept)"
+    removes_unread_only = True
 
     def call(self, model: ir.Model) -> PassResult:
         before = ModelCensus.of(model)

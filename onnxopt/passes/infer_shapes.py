@@ -8,7 +8,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxopt import io
-from onnxopt.ops import all_graphs
+from onnxopt.ops import all_graphs, static_shape
 from onnxopt.passes._contrib_shapes import graph_protos, with_stand_ins
 from onnxopt.passes._refine_shapes import (
     EXPRESSION,
@@ -313,6 +313,8 @@ def _resolved_placeholders(
             info = fresh.get(value.name or "")
             if info is None or value.shape is None:
                 continue
+            if not any(_is_placeholder(dim, interface) for dim in value.shape):
+                continue  # (most values: skipped before the costlier read of the fresh shape)
             shape = ir.serde.deserialize_type_proto_for_shape(info.type)
             if shape is None or len(shape) != len(value.shape):
                 continue
@@ -385,6 +387,9 @@ class InferShapesPass(Pass):
 
     name = "infer-shapes"
     summary = "ONNX shape/type inference with data propagation; symbolic dims stay symbolic"
+    # ONNX inference visits nodes in order, each from its inputs; the refinements and placeholder
+    # proofs read a node's inputs and outputs, or a value's shape as inferred from its inputs.
+    reads_producers_only = True
 
     def call(self, model: ir.Model) -> PassResult:
         stats: Counter[str] = Counter()
@@ -464,6 +469,8 @@ class InferShapesPass(Pass):
         infos = _value_infos(inferred.graph)
         for graph in all_graphs(model):
             for value in _graph_values(graph):
+                if value.type is not None and static_shape(value) is not None:
+                    continue  # nothing is more precise than a known type and static shape
                 info = infos.get(value.name or "")
                 if info is None:
                     continue
@@ -480,4 +487,9 @@ class InferShapesPass(Pass):
         if refined:
             stats["shapes refined"] += refined
         notes = [] if data_prop else [_NO_DATA_PROP]
-        return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
+        # What ONNX inference alone adds is what a second run would infer again from the same
+        # inputs; a refined dim or a renamed placeholder can let it infer more downstream (on the
+        # regression set, 26 of 433 runs that did were followed by a run that changed more; none
+        # of the 365 that did not).
+        settled = set(stats) <= {"shapes inferred", "types inferred"}
+        return PassResult(model, modified=bool(stats), stats=stats, notes=notes, settled=settled)
