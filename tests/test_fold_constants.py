@@ -454,6 +454,41 @@ def test_lift_constants_turns_constant_nodes_into_initializers() -> None:
     assert not LiftConstantsPass()(result.model).modified
 
 
+def test_lift_constants_writes_what_onnx_irs_own_lifting_writes() -> None:
+    # The pass is a faster rewrite of onnx-ir's LiftConstantsToInitializersPass: every Constant
+    # form, a graph-output Constant and a Constant inside an If branch give the same file.
+    from onnx_ir.passes.common import LiftConstantsToInitializersPass
+
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x, bool b) => (float[4] y, float[2] k, string[2] s, float[4] z) {
+            c = Constant<value = float[4] {1, 2, 3, 4}>()
+            k = Constant<value_floats = [5.0, 6.0]>()
+            f = Constant<value_float = 2.0>()
+            i = Constant<value_int = 3>()
+            n = Constant<value_ints = [4]>()
+            s = Constant<value_strings = ["a", "b"]>()
+            t = Constant<value_string = "c">()
+            r = Reshape(x, n)
+            y = Add(r, c)
+            z = If(b) <
+                then_branch = g1 () => (float[4] o) {
+                    w = Constant<value = float[4] {7, 8, 9, 10}>()
+                    o = Mul(y, w)
+                },
+                else_branch = g2 () => (float[4] o) { o = Mul(y, f) }
+            >
+        }
+        """
+    )
+    ours = LiftConstantsPass()(model.clone()).model
+    theirs = model.clone()
+    LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(theirs)
+    assert op_types(ours) == ["Constant", "Constant", "Reshape", "Add", "If", "Mul", "Mul"]
+    assert ir.to_proto(ours).SerializeToString() == ir.to_proto(theirs).SerializeToString()
+
+
 # The numpy kernels must agree exactly with ONNX Runtime on the cases they accept.
 KERNEL_CASES = [
     ("Gather", [np.array([5, 6, 7, 8]), np.array([-1, 0])], {"axis": 0}),

@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import const_array, constant_of_shape_fill, is_op
+from onnxopt.ops import const_array, const_tensor, constant_of_shape_fill, is_op
 from onnxopt.passes._attention_shapes import (
     peel_torch_expand_shape,
     producer_of,
@@ -84,7 +84,7 @@ def leading_axes_peeled(value: ir.Value) -> ir.Value:
 
 def _small_constant(value: ir.Value | None) -> np.ndarray | None:
     """A constant's values, when it has at most _MOST_ELEMENTS (a weight is never a mask)."""
-    tensor = ir.convenience.get_const_tensor(value) if value is not None else None
+    tensor = const_tensor(value) if value is not None else None
     if tensor is not None and tensor.size > _MOST_ELEMENTS:
         return None
     return const_array(value)

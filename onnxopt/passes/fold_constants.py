@@ -47,6 +47,7 @@ import onnx_ir as ir
 from onnxopt.ops import (
     NONDETERMINISTIC_OPS,
     ONNX_DOMAINS,
+    const_tensor,
     constant_of_shape_fill,
     nested_graphs,
     remove_nodes,
@@ -199,7 +200,7 @@ class _Folder:
         overridable = value.is_graph_input() and not (self.legacy_inputs and value.is_initializer())
         if not overridable and (producer is None or is_constant_node):
             try:
-                tensor = ir.convenience.get_const_tensor(value)
+                tensor = const_tensor(value)
             except ValueError:
                 tensor = None
             if tensor is not None and tensor.dtype in SUPPORTED_DTYPES:

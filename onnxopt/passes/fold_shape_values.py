@@ -37,7 +37,15 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import all_graphs, is_onnx_domain, is_op, opset_version, remove_nodes
+from onnxopt.ops import (
+    all_graphs,
+    const_tensor,
+    is_onnx_domain,
+    is_op,
+    is_unread,
+    opset_version,
+    remove_nodes,
+)
 from onnxopt.passes._evaluate import evaluate_numpy
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.passes.fold_constants import ConstantPool, replace_with_initializer
@@ -80,7 +88,7 @@ def _from_constant(value: ir.Value) -> ShapeVector | None:
     if value.is_graph_input():
         return None
     try:
-        tensor = ir.convenience.get_const_tensor(value)
+        tensor = const_tensor(value)
     except ValueError:
         return None
     if (
@@ -1002,5 +1010,5 @@ def _remove_dead_producers(graphs: list[ir.Graph]) -> None:
         for node in reversed(list(graph)):
             if not is_onnx_domain(node.domain) or not hasattr(_Tracker, f"_op_{node.op_type}"):
                 continue
-            if all(not out.uses() and not out.is_graph_output() for out in node.outputs):
+            if is_unread(node):
                 remove_nodes(graph, node)

@@ -39,7 +39,7 @@ import itertools
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import const_array, is_op
+from onnxopt.ops import const_array, const_tensor, is_op
 from onnxopt.passes._attention_shapes import (
     Entry,
     gathered_dim,
@@ -63,7 +63,7 @@ _SMALL_INDEX = 1 << 12
 def _small_index(value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
     """``value`` as an integer array when it is a constant, or computed from constants by a few
     index ops, and holds at most ``_SMALL_INDEX`` elements."""
-    tensor = ir.convenience.get_const_tensor(value) if value is not None else None
+    tensor = const_tensor(value) if value is not None else None
     if tensor is not None and tensor.size > _SMALL_INDEX:
         return None  # not read at all
     array = const_array(value)
@@ -495,7 +495,7 @@ def _uniform_int(value: ir.Value | None, depth: int = 0) -> int | None:
     has one element per position)."""
     if value is None or value.dtype not in _INTEGERS:
         return None
-    tensor = ir.convenience.get_const_tensor(value)
+    tensor = const_tensor(value)
     if tensor is not None and tensor.size > 1 << 20:
         return None
     array = const_array(value)
