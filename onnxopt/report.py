@@ -113,7 +113,7 @@ class OptimizeReport:
     reference: ReferenceReport | None = None
     # "opset 17 → 23 (onnx.version_converter)" when --opset raised the opset before the passes.
     opset_conversion: str | None = None
-    # Pass runs left out because that pass had found nothing to do in the same model.
+    # Pass runs left out because they could only repeat that pass's last run (see Pipeline).
     passes_skipped: int = 0
 
     def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
@@ -226,8 +226,8 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
         passes.add_row(name, str(runs), f"{seconds * 1000:.1f} ms", text)
     passes.add_section()
     skipped = (
-        f"[dim]{report.passes_skipped} run(s) skipped: the model was as when that pass last "
-        "found nothing[/dim]"
+        f"[dim]{report.passes_skipped} run(s) skipped: each could only repeat that pass's last "
+        "run[/dim]"
         if report.passes_skipped
         else ""
     )

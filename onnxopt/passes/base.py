@@ -92,7 +92,7 @@ class PipelineResult:
     model: ir.Model
     records: tuple[PassRecord, ...]
     warnings: tuple[str, ...] = ()
-    # Runs left out because the pass had found nothing to do in the same model (see Pipeline).
+    # Runs left out because they could only repeat that pass's last run (see Pipeline).
     skipped: int = 0
 
     @property
