@@ -278,6 +278,37 @@ def test_placeholder_dims_are_renamed_once_a_rewrite_proves_them() -> None:
     assert not InferShapesPass()(model).modified
 
 
+def test_shape_inference_does_not_run_onnx_on_a_fully_known_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import onnx.shape_inference
+
+    calls: list[int] = []
+    real = onnx.shape_inference.infer_shapes
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", counted)
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 3] x) => (float[2, 3] y) { t = Relu(x) y = Neg(t) }
+    """
+    model = parse_model(text)
+    first = InferShapesPass()(model)  # t has no recorded shape: ONNX runs
+    assert first.stats == {"shapes inferred": 1, "types inferred": 1} and calls
+    calls.clear()
+    again = InferShapesPass()(model)  # every value typed and static: nothing to learn
+    assert not again.modified and again.settled and not calls
+    # One symbolic dim anywhere and inference runs: a name can still be learnt.
+    symbolic = parse_model(text.replace("float[2, 3] x", "float[N, 3] x"))
+    InferShapesPass()(symbolic)
+    calls.clear()
+    InferShapesPass()(symbolic)
+    assert calls
+
+
 def test_shape_inference_names_a_recorded_unknown_dim() -> None:
     # Exporters record unknown dims (r: [batch, 4, ?]); inference proves it is "length". Before,
     # only more sizes counted, and a second optimize run (shapes dropped, inferred from scratch)

@@ -377,6 +377,15 @@ def _graph_values(graph: ir.Graph) -> list[ir.Value]:
     return values
 
 
+def _fully_known(model: ir.Model) -> bool:
+    """Whether every value a graph defines (inputs, node outputs) has a type and a static shape."""
+    return all(
+        value.type is not None and static_shape(value) is not None
+        for graph in all_graphs(model)
+        for value in _graph_values(graph)
+    )
+
+
 class InferShapesPass(Pass):
     """Run ONNX shape inference (with data propagation) and record every value's type and shape.
 
@@ -397,6 +406,11 @@ class InferShapesPass(Pass):
             pinned = pin_input_shapes(model, self.options.input_shapes)
             if pinned:
                 stats["inputs pinned"] = pinned
+        if _fully_known(model):
+            # Every value has a type and a static shape: inference could only find them again,
+            # and nothing is more precise (most CNN exports, annotated by the exporter or by
+            # onnxsim/onnxslim, and kept so by the rewrites).
+            return PassResult(model, modified=bool(stats), stats=stats, settled=not stats)
 
         data_prop = True
         interface = interface_names(model)
