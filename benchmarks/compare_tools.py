@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -340,6 +341,29 @@ def _err(value: float | None, agrees: bool | None = None) -> str:
     return text if agrees is not False else f"**{text}** (off)"
 
 
+def combined(cells: list[Cell]) -> Cell:
+    """One cell for repeated runs of a tool on a model: the first failure, else the medians of
+    time, CPU time and peak memory (node counts are the same every run: the tools are
+    deterministic)."""
+    failed = next((c for c in cells if c.error), None)
+    if failed is not None:
+        return failed
+    first = cells[0]
+
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    peak = median([c.peak_growth for c in cells])
+    return Cell(
+        first.tool,
+        nodes=first.nodes,
+        seconds=median([c.seconds for c in cells]),
+        cpu_seconds=median([c.cpu_seconds for c in cells]),
+        peak_growth=None if peak is None else int(peak),
+    )
+
+
 def markdown(
     rows: list[tuple[ModelCase, int, Cell]], args: argparse.Namespace, seconds: float
 ) -> str:
@@ -369,12 +393,17 @@ def markdown(
             lines[index] += (
                 f" {cell.cpu_seconds:.2f} s |" if cell.cpu_seconds is not None else " - |"
             )
+        repeated = (
+            f" (median of {args.repeat} runs, the tools taking turns)" if args.repeat > 1 else ""
+        )
+        repeat_flag = f" --repeat {args.repeat}" if args.repeat > 1 else ""
         lines += [
             "",
-            "Optimize time: reading the model, optimizing and writing it, in a fresh process; peak RSS: "
+            f"Optimize time{repeated}: reading the model, optimizing and writing it, in a fresh "
+            "process; peak RSS: "
             "its resident-memory growth over the interpreter with the tool imported, and that growth "
             f"as a multiple of the model's file size. Generated in {seconds / 60:.0f} min by "
-            "`benchmarks/compare_tools.py --no-latency`.",
+            f"`benchmarks/compare_tools.py --no-latency{repeat_flag}`.",
         ]
         return "\n".join(lines) + "\n"
     lines += [
@@ -426,6 +455,13 @@ def main() -> None:
         default="cpu",
         help="bench --clock (cpu: steadier on a shared machine)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="Run each tool this many times per model, in turns, and report the medians of its "
+        "time and memory (a shared machine's single runs can differ by 2x)",
+    )
     parser.add_argument("--no-small", action="store_true", help="Only the --hf models")
     parser.add_argument(
         "--keep", action="store_true", help="Keep the optimized models in --workdir"
@@ -456,10 +492,17 @@ def main() -> None:
         rows: list[tuple[ModelCase, int, Cell]] = []
         for case in cases:
             nodes_before = _count_nodes(case.path)
+            runs: dict[str, list[Cell]] = {tool: [] for tool in tools}
+            for _ in range(max(args.repeat, 1)):
+                for tool in tools:
+                    if runs[tool] and runs[tool][-1].error:
+                        continue  # a failure is reported, not retried
+                    print(f"{case.name}: {tool} ...", file=sys.stderr, flush=True)
+                    out = workdir / f"{case.name}.{tool}.onnx"
+                    runs[tool].append(run_tool(tool, case.path, out))
             for tool in tools:
-                print(f"{case.name}: {tool} ...", file=sys.stderr, flush=True)
                 out = workdir / f"{case.name}.{tool}.onnx"
-                cell = run_tool(tool, case.path, out)
+                cell = combined(runs[tool])
                 if cell.error is None and not args.no_latency:
                     try:
                         fill_from_bench(cell, bench(case.path, out, case.torch, args))
