@@ -325,3 +325,103 @@ def test_long_chains_of_moved_nodes_stop_at_a_depth_and_stay_topological():
     a0, a, b, y = range(count, count + 4)
     assert sunk == [*range(stayed), a0, a, *range(stayed, count), b, y]
     assert simulate(flow, sunk).peak <= simulate(flow, identity).peak
+
+
+# Diamonds of element-wise ops (in-place writes), a view, a Concat and a workspace-free tail.
+INPLACE_DAG = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[8, 16] x) => (float[8, 32] y, float[8, 16] z) {
+  shape = Constant<value = int64[2] {8, 16}>()
+  a = Exp(x)
+  b = Relu(a)
+  c = Sigmoid(a)
+  d = Add(b, c)
+  e = Reshape(d, shape)
+  f = Neg(e)
+  h = Concat<axis=1>(f, b)
+  y = Relu(h)
+  z = Mul(c, c)
+}
+"""
+
+
+def _all_topological_orders(flow) -> list[list[int]]:
+    n = len(flow.nodes)
+    orders: list[list[int]] = []
+
+    def extend(prefix: list[int]) -> None:
+        if len(prefix) == n:
+            orders.append(list(prefix))
+        for v in range(n):
+            if v not in prefix and all(u in prefix for u in flow.preds[v]):
+                extend([*prefix, v])
+
+    extend([])
+    assert all(is_topological(flow, o) for o in orders)
+    return orders
+
+
+@pytest.mark.parametrize("text", [BRANCHES, CHAIN, INPLACE_DAG], ids=["branches", "chain", "dag"])
+def test_forced_peak_bounds_the_peak_of_every_order(text):
+    from onnxopt.analysis.schedule import forced_peak
+
+    model = parse(text)
+    flow = build_dataflow(model.graph, tensor_sizes(model, {"N": 8}), inplace=True)
+    bound = forced_peak(flow)
+    peaks = [simulate(flow, o, with_buffers=False).peak for o in _all_topological_orders(flow)]
+    assert bound is not None and 0 < bound <= min(peaks)
+
+
+def test_forced_peak_bounds_random_orders_of_light_models():
+    import random
+
+    from onnxopt import io
+    from onnxopt.analysis.schedule import forced_peak
+
+    for name in ("light_inception_v1.onnx", "light_resnet50.onnx", "light_densenet121.onnx"):
+        model = io.load_model(str(LIGHT / name)).model
+        flow = build_dataflow(model.graph, tensor_sizes(model), inplace=True)
+        bound = forced_peak(flow)
+        assert bound is not None
+        rng = random.Random(0)
+        succs = [[v for v, ps in enumerate(flow.preds) if u in ps] for u in range(len(flow.nodes))]
+        for _ in range(5):
+            indeg = [len(set(ps)) for ps in flow.preds]
+            ready = [v for v, d in enumerate(indeg) if d == 0]
+            order_ = []
+            while ready:
+                v = ready.pop(rng.randrange(len(ready)))
+                order_.append(v)
+                for w in succs[v]:
+                    indeg[w] -= 1
+                    if indeg[w] == 0:
+                        ready.append(w)
+            assert simulate(flow, order_, with_buffers=False).peak >= bound
+
+
+def test_the_search_is_skipped_where_the_bound_meets_the_input_orders_peak(monkeypatch):
+    from onnxopt.analysis import schedule as scheduling
+
+    real_bound = scheduling.forced_peak
+    real_refine = scheduling._refine
+    searched: list[int] = []
+    monkeypatch.setattr(scheduling, "_refine", lambda *a: searched.append(1) or real_refine(*a))
+
+    model = parse(CHAIN)  # one order only: its peak is the bound
+    flow = build_dataflow(model.graph, tensor_sizes(model, {"N": 8}), inplace=True)
+    assert real_bound(flow) == simulate(flow, list(range(len(flow.nodes)))).peak
+    quick = schedule_for_memory(flow, min_gain=0.01)
+    assert not searched and quick.strategy == "input order"
+    monkeypatch.setattr(scheduling, "forced_peak", lambda flow: None)
+    assert schedule_for_memory(flow, min_gain=0.01) == quick  # what the search returns
+    assert searched
+
+    # BRANCHES: only p and p2 must be live together (320 bytes), the input order holds 576: the
+    # search runs and finds the better order.
+    monkeypatch.setattr(scheduling, "forced_peak", real_bound)
+    searched.clear()
+    model = parse(BRANCHES)
+    flow = build_dataflow(model.graph, tensor_sizes(model), inplace=True)
+    assert real_bound(flow) == 320
+    assert schedule_for_memory(flow, min_gain=0.01).arena == 384
+    assert searched
