@@ -60,6 +60,37 @@ def test_dead_code_keeps_a_graph_output_nothing_else_uses() -> None:
     assert not EliminateDeadCodePass()(model).modified
 
 
+def test_dead_code_leaves_nothing_for_a_second_run() -> None:
+    # A dead chain whose last reader sits in an If branch that is itself dead within the
+    # branch, an initializer read only there, and a local function only dead nodes call: one run
+    # removes all of it, as "settled" promises.
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17, "local" : 1]>
+        g (float[4] x, bool c) => (float[4] y) <float[4] w = {1, 2, 3, 4}> {
+            a = Relu(x)
+            b = local.Twice(a)
+            y = If(c) <
+                then_branch = t () => (float[4] t_out) { dead = Add(b, w) t_out = Abs(x) },
+                else_branch = e () => (float[4] e_out) { e_out = Neg(x) }
+            >
+        }
+        <domain: "local", opset_import: ["" : 17]>
+        Twice (v) => (out) { out = Add(v, v) }
+        """
+    )
+    result = EliminateDeadCodePass()(model.clone())
+    assert result.settled
+    assert result.stats == {
+        "nodes removed": 4,  # Relu, the call, the branch's Add, and the function's Add
+        "initializers removed": 1,
+        "functions removed": 1,
+        "opsets removed": 1,
+    }
+    assert not EliminateDeadCodePass()(result.model).modified
+    assert_numerically_equal(model, result.model)
+
+
 CSE = """
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[N, 8] x) => (float[N, 8] y) {

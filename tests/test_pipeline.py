@@ -193,3 +193,36 @@ def test_shape_inference_is_settled_only_when_onnx_inference_alone_changed_the_m
     """)
     result = InferShapesPass()(refined)
     assert result.stats["shapes refined"] >= 1 and not result.settled
+
+
+def test_merging_passes_are_not_rerun_after_a_removal() -> None:
+    from onnxopt.passes.deduplicate_initializers import DeduplicateInitializersPass
+    from onnxopt.passes.eliminate_common_subexpressions import EliminateCommonSubexpressionsPass
+    from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
+    from onnxopt.passes.eliminate_noops import EliminateNoopsPass
+
+    # Equal nodes and equal tensors are equal whoever reads them: once the merging passes found
+    # nothing, removing an unread node cannot give them more; another pass runs again.
+    model = parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 3] x) => (float[2, 3] y) {
+        a = Relu(x)
+        unread = Neg(a)
+        y = Abs(a)
+    }
+    """)
+    options = PassOptions()
+    passes = [
+        EliminateCommonSubexpressionsPass(options),
+        DeduplicateInitializersPass(options),
+        EliminateNoopsPass(options),
+    ]
+    result = Pipeline([*passes, EliminateDeadCodePass(options), *passes])(model)
+    assert [r.name for r in result.records] == [
+        "eliminate-common-subexpressions",
+        "deduplicate-initializers",
+        "eliminate-noops",
+        "eliminate-dead-code",
+        "eliminate-noops",
+    ]
+    assert result.skipped == 2 and result.records[3].stats == {"nodes removed": 1}

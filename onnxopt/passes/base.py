@@ -43,8 +43,9 @@ class Pass(ir.passes.InPlacePass):
     # The pass only removes what nothing reads (nodes, initializers, functions, opset imports):
     # every value left keeps the nodes it is computed from.
     removes_unread_only: ClassVar[bool] = False
-    # What the pass finds about a value depends only on the nodes the value is computed from, so
-    # a pass that removes unread parts cannot give it more to do (see Pipeline).
+    # What the pass finds depends only on values and the nodes they are computed from, never on
+    # what reads them, so a pass that removes unread parts cannot give it more to do (see
+    # Pipeline).
     reads_producers_only: ClassVar[bool] = False
 
     def __init__(self, options: PassOptions | None = None) -> None:

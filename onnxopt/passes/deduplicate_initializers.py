@@ -114,6 +114,8 @@ class DeduplicateInitializersPass(Pass):
 
     name = "deduplicate-initializers"
     summary = "merge initializers with identical dtype, shape and contents"
+    # Two initializers are equal by their tensors, whoever reads them.
+    reads_producers_only = True
 
     def call(self, model: ir.Model) -> PassResult:
         before = ModelCensus.of(model).initializers

@@ -68,6 +68,8 @@ class EliminateCommonSubexpressionsPass(Pass):
 
     name = "eliminate-common-subexpressions"
     summary = "merge nodes computing the same op on the same inputs (random ops excluded)"
+    # Two nodes are equal by their op, attributes and inputs, whoever reads them.
+    reads_producers_only = True
 
     def call(self, model: ir.Model) -> PassResult:
         before = ModelCensus.of(model).nodes

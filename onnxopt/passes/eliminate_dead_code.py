@@ -29,4 +29,7 @@ class EliminateDeadCodePass(Pass):
         ir_common.RemoveUnusedFunctionsPass()(model)
         ir_common.RemoveUnusedOpsetsPass()(model)
         stats = ModelCensus.of(model).removed_since(before)
-        return PassResult(model, modified=bool(stats), stats=stats)
+        # onnx-ir walks each graph backwards, a node's bodies when it reaches the node, so a
+        # producer is reached after every reader, nested ones included: what one run leaves is
+        # all read, and a second run would remove nothing.
+        return PassResult(model, modified=bool(stats), stats=stats, settled=True)
