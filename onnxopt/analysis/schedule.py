@@ -382,15 +382,21 @@ def forced_peak(flow: Dataflow) -> int | None:
 
     While node v runs, every order holds each view group made at or before v (by v or one of its
     ancestors) that something at or after v (v or one of its descendants) still reads or views:
-    it was made before and is read later, whatever the order. The bound is the largest such total
-    at any node, plus its workspace, less the outputs it may write over a dying input (the one
-    step where a buffer and the group written into it are both counted). A group that may be
+    it was made before and is read later, whatever the order. A group made before v whose other
+    readers may run before or after v (neither ancestors nor descendants of v) holds its bytes at
+    v too, unless all of them ran first, and then what they made that is read at or after v is
+    live instead: the smaller of the two counts (each node standing in for one group only, the
+    first it reads; outputs it may write over an input are not counted). The bound is the largest
+    total at any node, plus its workspace, less the outputs it may write over a dying input (the
+    one step where a buffer and the group written into it are both counted). A group that may be
     written into another buffer counts at that buffer's size if smaller (through a chain of such
     writes). None when the node order is not topological or the graph has more than
     ``FORCED_BOUND_NODES`` nodes.
 
     On the zoo's optimized transformers and ResNet-50 it equals the input order's peak, so no
-    order can be better and the search is not needed.
+    order can be better and the search is not needed. (The second rule is a gated MLP's: its
+    input is read by the gate and the up projection, and while the gate's activation runs either
+    that input or the up projection's output is live.)
     """
     import numpy as np
 
@@ -415,6 +421,15 @@ def forced_peak(flow: Dataflow) -> int | None:
         for w in succs[v]:
             mask |= after[w]
         after[v] = mask
+    nbytes = (n + 7) // 8
+
+    def nodes_of(mask: int) -> np.ndarray:
+        return np.unpackbits(
+            np.frombuffer(mask.to_bytes(nbytes, "little"), dtype=np.uint8),
+            count=n,
+            bitorder="little",
+        ).astype(np.int64)
+
     # The size a group is counted at: its own, or that of a buffer it may be written into.
     hosted: dict[int, int] = {}
     counted: dict[int, int] = {}
@@ -427,23 +442,51 @@ def forced_peak(flow: Dataflow) -> int | None:
         for out in flow.node_outputs[v]:
             if out in flow.group_members:
                 counted[out] = hosted.get(out, flow.sizes[out])
-    nbytes = (n + 7) // 8
+    # Per group: the nodes at or before one of its span's (read or viewed at or after them).
+    read_after = {}
+    for g in flow.group_members:
+        mask = 0
+        for node in flow.group_span[g]:
+            mask |= before[node]
+        read_after[g] = mask
+    # Per node u: what u's own buffers (none it may write in place) hold at each v when u ran
+    # before v: those read at or after v.
+    held: dict[int, np.ndarray] = {}
+
+    def held_by(u: int) -> np.ndarray:
+        if u not in held:
+            in_place = {out for out, _ in flow.inplace[u]}
+            vector = np.zeros(n, dtype=np.int64)
+            for out in flow.node_outputs[u]:
+                if out in flow.group_members and out not in in_place and flow.sizes[out]:
+                    vector += nodes_of(read_after[out]) * flow.sizes[out]
+            held[u] = vector
+        return held[u]
+
+    standing_for = {}  # node -> the one group it may stand in for
+    for u in range(n):
+        for g in flow.node_groups_in[u]:
+            if g in flow.group_members:
+                standing_for[u] = g
+                break
     live = np.zeros(n, dtype=np.int64)
     for g in flow.group_members:
         size = counted.get(g, flow.sizes[g])
         if not size:
             continue
-        readers = 0
-        for node in flow.group_span[g]:
-            readers |= before[node]
-        forced = after[flow.producer[g]] & readers
+        made = after[flow.producer[g]]
+        forced = made & read_after[g]
         if forced:
-            bits = np.unpackbits(
-                np.frombuffer(forced.to_bytes(nbytes, "little"), dtype=np.uint8),
-                count=n,
-                bitorder="little",
-            )
-            live += bits.astype(np.int64) * size
+            live += nodes_of(forced) * size
+        unread_after = made & ~read_after[g]
+        if not unread_after:
+            continue
+        instead = np.zeros(n, dtype=np.int64)
+        for node in flow.group_span[g]:
+            either_side = unread_after & ~after[node]  # node neither before nor after v
+            if either_side and standing_for.get(node) == g:
+                instead += nodes_of(either_side) * held_by(node)
+        live += np.minimum(instead, size)
     for v in range(n):
         outs = {out for out, _ in flow.inplace[v]}
         live[v] += flow.workspace[v] - sum(counted.get(out, flow.sizes[out]) for out in outs)
