@@ -476,6 +476,8 @@ def main() -> None:
     unknown = [t for t in tools if t not in RUNNERS]
     if unknown:
         parser.error(f"unknown tools: {', '.join(unknown)}")
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, not {args.repeat}")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="compare-tools-") as tmp:
         workdir = args.workdir or Path(tmp)
@@ -493,15 +495,15 @@ def main() -> None:
         for case in cases:
             nodes_before = _count_nodes(case.path)
             runs: dict[str, list[Cell]] = {tool: [] for tool in tools}
-            for _ in range(max(args.repeat, 1)):
+            outputs = {tool: workdir / f"{case.name}.{tool}.onnx" for tool in tools}
+            for _ in range(args.repeat):
                 for tool in tools:
                     if runs[tool] and runs[tool][-1].error:
                         continue  # a failure is reported, not retried
                     print(f"{case.name}: {tool} ...", file=sys.stderr, flush=True)
-                    out = workdir / f"{case.name}.{tool}.onnx"
-                    runs[tool].append(run_tool(tool, case.path, out))
+                    runs[tool].append(run_tool(tool, case.path, outputs[tool]))
             for tool in tools:
-                out = workdir / f"{case.name}.{tool}.onnx"
+                out = outputs[tool]
                 cell = combined(runs[tool])
                 if cell.error is None and not args.no_latency:
                     try:
