@@ -524,26 +524,18 @@ def schedule_for_memory(
     if plan_scoring is None:
         plan_scoring = model.n <= PLAN_SCORING_NODES
     identity = list(range(model.n))
+    # Greedy placements alone bound the input order's searched plan from above.
+    greedy = (
+        plan_flow(flow, identity, search_work=0, exact_nodes=0).arena_bytes if plan_scoring else 0
+    )
     bound = forced_peak(flow)
     if bound is not None:
         # No order's peak is below the bound: where it already leaves nothing to gain, the
         # answer is the one the search would reach (the input order), without the search.
-        original_peak = simulate(flow, identity, with_buffers=False).peak
-        if plan_scoring:
-            greedy = plan_flow(flow, identity, search_work=0, exact_nodes=0).arena_bytes
-            if _cannot_gain(bound, greedy, min_gain):
-                return Schedule(
-                    tuple(identity), original_peak, original_peak, "input order", greedy, greedy
-                )
-        elif bound >= original_peak:
-            return Schedule(
-                tuple(identity),
-                original_peak,
-                original_peak,
-                "input order",
-                original_peak,
-                original_peak,
-            )
+        peak = simulate(flow, identity, with_buffers=False).peak
+        arena = greedy if plan_scoring else peak
+        if _cannot_gain(bound, arena, min_gain) if plan_scoring else bound >= peak:
+            return Schedule(tuple(identity), peak, peak, "input order", arena, arena)
     candidates: list[tuple[str, list[int]]] = [("input order", identity)]
     for rule in ("net", "chain"):
         candidates.append((f"greedy-{rule}", _greedy(model, rule)))
@@ -610,15 +602,13 @@ def schedule_for_memory(
         shortlist.append((peak, index, name, order))
     shortlist.sort()
     shortlist = shortlist[:PLAN_SCORING_CANDIDATES]
-    if plan_scoring:
-        # Greedy placements alone bound the input order's searched plan from above; where that
-        # bound leaves the shortlist nothing to gain, the search (most of the time here) is not
-        # needed: YOLO's shortlists hold the input order's own peak, 64 bytes under its arena.
-        greedy = plan_flow(flow, identity, search_work=0, exact_nodes=0).arena_bytes
-        if not shortlist or _cannot_gain(shortlist[0][0], greedy, min_gain):
-            return Schedule(
-                tuple(identity), original_peak, original_peak, "input order", greedy, greedy
-            )
+    # Where the greedy plan leaves the shortlist nothing to gain, the search (most of the time
+    # here) is not needed: YOLO's shortlists hold the input order's own peak, 64 bytes under its
+    # arena.
+    if plan_scoring and (not shortlist or _cannot_gain(shortlist[0][0], greedy, min_gain)):
+        return Schedule(
+            tuple(identity), original_peak, original_peak, "input order", greedy, greedy
+        )
     original = (arena_of(identity, original_peak), original_peak)
     best_name, best_order, best = "input order", identity, original
     for peak, _, name, order in shortlist:
