@@ -449,3 +449,26 @@ def test_the_search_is_skipped_where_the_bound_meets_the_input_orders_peak(monke
     assert real_bound(flow) == 320
     assert schedule_for_memory(flow, min_gain=0.01).arena == 384
     assert searched
+
+
+def test_tensors_no_run_could_hold_leave_the_bound_out():
+    from onnxopt.analysis.schedule import forced_peak
+
+    # 2**64 floats: byte counts past int64 (a hostile input); the bound is not computed and the
+    # pass ends as before, order kept.
+    model = parse("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[4] x) => (float[4] y, float z) {
+      s = Constant<value = int64[2] {4294967296, 4294967296}>()
+      big = ConstantOfShape<value = float[1] {1.0}>(s)
+      t = Relu(big)
+      z = ReduceSum<keepdims = 0>(t)
+      y = Neg(x)
+    }
+    """)
+    flow = build_dataflow(model.graph, tensor_sizes(model), inplace=True)
+    assert max(flow.sizes) >= 1 << 64
+    assert forced_peak(flow) is None
+    before = order(model)
+    ReorderForMemoryPass()(model)
+    assert order(model) == before

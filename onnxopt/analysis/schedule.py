@@ -390,8 +390,8 @@ def forced_peak(flow: Dataflow) -> int | None:
     total at any node, plus its workspace, less the outputs it may write over a dying input (the
     one step where a buffer and the group written into it are both counted). A group that may be
     written into another buffer counts at that buffer's size if smaller (through a chain of such
-    writes). None when the node order is not topological or the graph has more than
-    ``FORCED_BOUND_NODES`` nodes.
+    writes). None when the node order is not topological, the graph has more than
+    ``FORCED_BOUND_NODES`` nodes or its sizes add up past 2**62 bytes.
 
     On the zoo's optimized transformers and ResNet-50 it equals the input order's peak, so no
     order can be better and the search is not needed. (The second rule is a gated MLP's: its
@@ -403,6 +403,8 @@ def forced_peak(flow: Dataflow) -> int | None:
     n = len(flow.nodes)
     if n > FORCED_BOUND_NODES:
         return None
+    if sum(flow.sizes) + max(flow.workspace, default=0) >= 1 << 62:
+        return None  # (totals past int64; sizes of tensors no run could hold)
     before = [0] * n  # bit u set: u runs before v in every order (v's ancestors and v)
     for v, preds in enumerate(flow.preds):
         mask = 1 << v
