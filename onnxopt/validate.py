@@ -28,7 +28,7 @@ from onnxopt import input_sizes, io
 from onnxopt.errors import OnnxoptError, UsageError
 from onnxopt.input_sizes import FALLBACK_SIZES, SIGNAL_SIZES, DimSymbols, Relation, SizePlan
 from onnxopt.kv_cache_inputs import KVCacheFacts, kv_cache_facts
-from onnxopt.ops import MS_DOMAIN, NONDETERMINISTIC_OPS, const_array, is_op
+from onnxopt.ops import MS_DOMAIN, NONDETERMINISTIC_OPS, all_graphs, const_array, is_op
 
 logger = logging.getLogger(__name__)
 
@@ -796,6 +796,20 @@ def validate(
         for plan in plans[:given]:
             if short():
                 attempt(plan)
+        spectral = spectral_signal(optimized, specs)
+        if short() and spectral:
+            # A spectral front end needs a frame of signal: ONNX Runtime 1.32 dies (SIGFPE, not
+            # an exception) on onnx-asr's wespeaker features given fewer samples than its window.
+            before = len(runs)
+            for plan in symbols.signal_plans(spectral):
+                if short():
+                    attempt(plan)
+            if len(runs) > before:
+                notes.append(
+                    f"input sizes chosen with {', '.join(spectral)} from "
+                    f"{', '.join(map(str, SIGNAL_SIZES))} first (the model computes a spectrum "
+                    "of that signal)"
+                )
         steps = [
             what
             for what, plan in kv_cache_steps(specs, symbols, sizes)
@@ -987,6 +1001,22 @@ def find_relation(
         if runs(plan.with_relation(relation)) and runs(other.with_relation(relation)):
             return relation
     return None
+
+
+# Ops of a spectral front end (short-time transforms of raw audio into features).
+_SPECTRAL_OPS = frozenset({"DFT", "STFT", "MelWeightMatrix"})
+
+
+def spectral_signal(model: ir.Model, specs: Sequence[InputSpec]) -> list[str]:
+    """The signal dims (:func:`_signal_dims`) of a model that computes a spectrum, else none."""
+    signal = _signal_dims(specs, DimSymbols.of(specs))
+    if not signal:
+        return []
+    for graph in all_graphs(model):
+        for node in graph:
+            if node.op_type in _SPECTRAL_OPS and node.domain in ("", "ai.onnx"):
+                return signal
+    return []
 
 
 def _signal_dims(specs: Sequence[InputSpec], symbols: DimSymbols) -> list[str]:

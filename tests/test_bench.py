@@ -385,3 +385,13 @@ def test_bench_times_a_waveform_model_at_a_signal_length_it_runs_at(tmp_path):
     report = bench(str(path), "--budget", "0.2", "--no-memory", "--clock", "cpu")
     assert report["points"][0]["shapes"] == {"x": [1, 1000]}
     assert variants(report)["optimized (all)"]["latency"]["runs"] > 0
+
+
+def test_bench_times_a_spectral_front_end_at_a_second_of_audio(tmp_path):
+    from tests.test_input_sizes import _spectrum_model
+
+    path = tmp_path / "spectrum.onnx"
+    onnx.save(_spectrum_model(), path)
+    report = bench(str(path), "--budget", "0.2", "--no-memory", "--clock", "cpu")
+    assert report["points"][0]["shapes"] == {"x": [1, 16000]}
+    assert any("computes a spectrum" in note for note in report["notes"])

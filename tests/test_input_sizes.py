@@ -276,6 +276,35 @@ def test_a_waveform_longer_than_the_fallback_sizes_is_tried_at_signal_lengths() 
     assert any("samples from 1000, 1600, 4000, 16000" in note for note in report.notes)
 
 
+def _spectrum_model() -> onnx.ModelProto:
+    """A spectral front end: raw audio [batch, samples] -> DFT along the samples -> power. It runs
+    at any length, but one like onnx-asr's wespeaker features kills ONNX Runtime 1.32 (SIGFPE)
+    given fewer samples than its window."""
+    graph = oh.make_graph(
+        [
+            oh.make_node("Unsqueeze", ["x", "last"], ["x3"]),
+            oh.make_node("DFT", ["x3"], ["spectrum"], axis=1, onesided=1),
+            oh.make_node("ReduceSumSquare", ["spectrum"], ["y"], axes=[-1], keepdims=0),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "samples"])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [oh.make_tensor("last", onnx.TensorProto.INT64, [1], [-1])],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_a_spectral_front_end_is_tried_at_signal_lengths_first() -> None:
+    model = io.model_from_proto(_spectrum_model())
+    report = validate(model, model.clone())
+    assert report.passed
+    assert report.trials == ({"x": (1, 1000)}, {"x": (1, 1600)})
+    assert any("computes a spectrum" in note for note in report.notes)
+    # The same signal without the DFT starts at the usual sizes.
+    plain = io.model_from_proto(_waveform_model(taps=1, stride=1))
+    assert validate(plain, plain.clone()).trials[0] == {"x": (1, 1)}
+
+
 def test_signal_lengths_are_not_tried_for_token_ids_or_images() -> None:
     ids = InputSpec("ids", np.dtype(np.int64), ("batch", "seq"))
     image = InputSpec("image", np.dtype(np.float32), ("batch", 3, "height", "width"))
