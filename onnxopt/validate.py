@@ -28,7 +28,14 @@ from onnxopt import input_sizes, io
 from onnxopt.errors import OnnxoptError, UsageError
 from onnxopt.input_sizes import FALLBACK_SIZES, SIGNAL_SIZES, DimSymbols, Relation, SizePlan
 from onnxopt.kv_cache_inputs import KVCacheFacts, kv_cache_facts
-from onnxopt.ops import MS_DOMAIN, NONDETERMINISTIC_OPS, all_graphs, const_array, is_op
+from onnxopt.ops import (
+    MS_DOMAIN,
+    NONDETERMINISTIC_OPS,
+    all_graphs,
+    const_array,
+    is_onnx_domain,
+    is_op,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -1014,7 +1021,7 @@ def spectral_signal(model: ir.Model, specs: Sequence[InputSpec]) -> list[str]:
         return []
     for graph in all_graphs(model):
         for node in graph:
-            if node.op_type in _SPECTRAL_OPS and node.domain in ("", "ai.onnx"):
+            if node.op_type in _SPECTRAL_OPS and is_onnx_domain(node.domain):
                 return signal
     return []
 

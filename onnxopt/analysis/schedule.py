@@ -530,14 +530,16 @@ def schedule_for_memory(
     greedy = (
         plan_flow(flow, identity, search_work=0, exact_nodes=0).arena_bytes if plan_scoring else 0
     )
+    original_peak = simulate(flow, identity, with_buffers=False).peak
     bound = forced_peak(flow)
     if bound is not None:
         # No order's peak is below the bound: where it already leaves nothing to gain, the
         # answer is the one the search would reach (the input order), without the search.
-        peak = simulate(flow, identity, with_buffers=False).peak
-        arena = greedy if plan_scoring else peak
-        if _cannot_gain(bound, arena, min_gain) if plan_scoring else bound >= peak:
-            return Schedule(tuple(identity), peak, peak, "input order", arena, arena)
+        arena = greedy if plan_scoring else original_peak
+        if _cannot_gain(bound, arena, min_gain) if plan_scoring else bound >= original_peak:
+            return Schedule(
+                tuple(identity), original_peak, original_peak, "input order", arena, arena
+            )
     candidates: list[tuple[str, list[int]]] = [("input order", identity)]
     for rule in ("net", "chain"):
         candidates.append((f"greedy-{rule}", _greedy(model, rule)))
@@ -586,7 +588,6 @@ def schedule_for_memory(
             else peak
         )
 
-    original_peak = peak_of(identity)
     ort_original = peak_of(ort_default_order(flow, identity)) if ort_guard else 0
     # Cheap filter first (lower bound, ORT's walk), then plan only the few most promising.
     shortlist: list[tuple[int, int, str, list[int]]] = []

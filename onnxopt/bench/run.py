@@ -710,6 +710,17 @@ def run_bench(
         # A spectral front end needs a frame of signal, and ONNX Runtime 1.32 can die (SIGFPE) on
         # a shorter one: its signal is timed at a second of 16 kHz audio instead of 128 samples.
         spectral = spectral_signal(optimized_model, specs) if own_sizes else []
+        spectral_shapes = None
+        if spectral:
+            symbols = DimSymbols.of(specs)
+            plan = symbols.signal_plans(spectral)[-1]
+            listed = symbols.shapes(specs, plan)
+            if listed is not None:
+                spectral_shapes = {spec.name: s for spec, s in zip(specs, listed, strict=True)}
+                notes.append(
+                    f"timed with {', '.join(spectral)} = {plan.sizes[spectral[0]]}: the model "
+                    "computes a spectrum of that signal (choose sizes with --shape or --sweep)"
+                )
 
         def timed(feeds: Mapping[str, Any]) -> list[GroupResult]:
             setup = _Setup(
@@ -729,15 +740,8 @@ def run_bench(
             if options.inputs is not None:
                 feeds = {k: np.asarray(v) for k, v in options.inputs.items()}
                 shapes = {k: tuple(v.shape) for k, v in feeds.items()}
-            elif spectral:
-                symbols = DimSymbols.of(specs)
-                plan = symbols.signal_plans(spectral)[-1]
-                listed = symbols.shapes(specs, plan) or []
-                shapes = {spec.name: shape for spec, shape in zip(specs, listed, strict=True)}
-                notes.append(
-                    f"timed with {', '.join(spectral)} = {plan.sizes[spectral[0]]}: the model "
-                    "computes a spectrum of that signal (choose sizes with --shape or --sweep)"
-                )
+            elif spectral_shapes is not None:
+                shapes = spectral_shapes
             else:
                 shapes = resolve_shapes(specs, options.shapes, sweep, examples, relation)
             refuse_beyond_memory(shapes)
