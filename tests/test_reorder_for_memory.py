@@ -396,6 +396,22 @@ def test_forced_peak_bounds_the_peak_of_every_order(text, tight):
     assert (bound == min(peaks)) == tight
 
 
+def random_topological_order(flow, rng) -> list[int]:
+    """A topological order of ``flow``'s nodes, each step a random pick among the ready ones."""
+    succs = [[v for v, ps in enumerate(flow.preds) if u in ps] for u in range(len(flow.nodes))]
+    indeg = [len(set(ps)) for ps in flow.preds]
+    ready = [v for v, d in enumerate(indeg) if d == 0]
+    order_: list[int] = []
+    while ready:
+        v = ready.pop(rng.randrange(len(ready)))
+        order_.append(v)
+        for w in succs[v]:
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                ready.append(w)
+    return order_
+
+
 def test_forced_peak_bounds_random_orders_of_light_models():
     import random
 
@@ -408,18 +424,8 @@ def test_forced_peak_bounds_random_orders_of_light_models():
         bound = forced_peak(flow)
         assert bound is not None
         rng = random.Random(0)
-        succs = [[v for v, ps in enumerate(flow.preds) if u in ps] for u in range(len(flow.nodes))]
         for _ in range(5):
-            indeg = [len(set(ps)) for ps in flow.preds]
-            ready = [v for v, d in enumerate(indeg) if d == 0]
-            order_ = []
-            while ready:
-                v = ready.pop(rng.randrange(len(ready)))
-                order_.append(v)
-                for w in succs[v]:
-                    indeg[w] -= 1
-                    if indeg[w] == 0:
-                        ready.append(w)
+            order_ = random_topological_order(flow, rng)
             assert simulate(flow, order_, with_buffers=False).peak >= bound
 
 
@@ -472,3 +478,42 @@ def test_tensors_no_run_could_hold_leave_the_bound_out():
     before = order(model)
     ReorderForMemoryPass()(model)
     assert order(model) == before
+
+
+def test_a_window_search_cut_at_its_target_finds_the_same_best_order():
+    """The exact window search drops partial orders whose peak already reaches the window's
+    current peak (only a lower one is taken): it must find the same best peak as a search without
+    the cut wherever that is lower, and report nothing to gain where it is not."""
+    import random
+
+    from onnxopt import io
+    from onnxopt.analysis.schedule import _Model, _resting_before, _window_dp
+
+    rng = random.Random(1)
+    gains = cut = 0
+    for name in ("light_inception_v1.onnx", "light_densenet121.onnx"):
+        model = io.load_model(str(LIGHT / name)).model
+        flow = build_dataflow(model.graph, tensor_sizes(model), inplace=True)
+        state = _Model(flow)
+        for _ in range(3):
+            order_ = random_topological_order(flow, rng)
+            steps = simulate(flow, order_, with_buffers=False).step_bytes
+            resting = _resting_before(state, order_)
+            pos = [0] * len(order_)
+            for q, v in enumerate(order_):
+                pos[v] = q
+            for a in range(0, len(order_) - 10, 7):
+                b = a + 10
+                target = max(steps[a:b])
+                whole = _window_dp(state, order_, a, b, resting[a], pos, [10**9], 2**62)
+                found = _window_dp(state, order_, a, b, resting[a], pos, [10**9], target)
+                assert whole is not None and found is not None
+                if whole[0] < target:
+                    gains += 1
+                    assert found[0] == whole[0]
+                    assert sorted(found[1]) == sorted(order_[a:b])
+                    assert max(found[2]) == found[0]
+                else:
+                    cut += 1
+                    assert found == (target, [], [], [])
+    assert gains and cut  # both cases were seen

@@ -162,9 +162,13 @@ def _window_dp(
     base: int,
     pos: Sequence[int],
     work: list[int],
+    target: int,
 ) -> tuple[int, list[int], list[int], list[int]] | None:
-    """Best order of ``order[a:b]``: (its peak, the order, step bytes, resting bytes before each step).
+    """Best order of ``order[a:b]`` if its peak is below ``target``: (its peak, the order, step
+    bytes, resting bytes before each step); ``(target, [], [], [])`` when no order is.
 
+    A partial order whose peak already reaches ``target`` is not extended (the peak only grows
+    along an order), so a window with no better order costs only the states that could still be.
     None when the window has more downsets than the state cap or the work budget ran out.
     """
     nodes = list(order[a:b])
@@ -235,6 +239,8 @@ def _window_dp(
                     continue
                 during, rest = step(state, i, mem)
                 new_peak = max(peak, during)
+                if new_peak >= target:
+                    continue
                 new = state | bit
                 old = nxt.get(new)
                 if old is None or new_peak < old[0]:
@@ -246,7 +252,7 @@ def _window_dp(
         parents.append(back)
         level = nxt
     if full not in level:
-        return None
+        return target, [], [], []
     best_peak = level[full][0]
     local_order: list[int] = []
     state = full
@@ -291,11 +297,12 @@ def _refine(model: _Model, order: list[int], work: int, deadline: float) -> list
                     if (a, b) in tried or b - a < 2:
                         continue
                     tried.add((a, b))
-                    result = _window_dp(model, order, a, b, resting[a], pos, budget)
+                    target = max(steps[a:b])
+                    result = _window_dp(model, order, a, b, resting[a], pos, budget, target)
                     if result is None:
                         break
                     best, new_nodes, new_steps, new_rests = result
-                    if best < max(steps[a:b]):
+                    if best < target:
                         # Only the window changes: what is live across its borders stays the same.
                         order[a:b] = new_nodes
                         steps[a:b] = new_steps
