@@ -18,6 +18,7 @@ from onnxopt import io
 from onnxopt.analysis.memory_plan import MemoryPlan, memory_report
 from onnxopt.errors import UsageError
 from onnxopt.passes.base import Pipeline, VerifyEach
+from onnxopt.passes.infer_shapes import declared_output_dims, keep_declared_outputs
 from onnxopt.passes.levels import DEFAULT_LEVEL, build_steps
 from onnxopt.passes.options import DEFAULT_FOLD_LIMIT_BYTES, PassOptions, Target
 from onnxopt.reference import Reference, load_reference, reference_path_for
@@ -190,7 +191,9 @@ def optimize(
         if from_opset != opset:
             conversion = f"opset {from_opset} → {opset} (onnx.version_converter)"
     instruments = [VerifyEach()] if verify_each else []
+    declared = declared_output_dims(working)
     result = Pipeline(steps, instruments)(working, progress)
+    keep_declared_outputs(working, declared)
     optimize_seconds = time.perf_counter() - start
     working.metadata_props[TARGET_METADATA_KEY] = target
 

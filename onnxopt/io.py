@@ -1291,7 +1291,7 @@ def _graph_values(graph: ir.Graph) -> Iterator[ir.Value]:
         yield from node.outputs
 
 
-def _holds_map(kind: onnx.TypeProto) -> bool:
+def holds_map(kind: onnx.TypeProto) -> bool:
     """A map type, or a sequence / optional of one (ZipMap's ``seq(map(int64, float))``)."""
     while True:
         if kind.HasField("map_type"):
@@ -1304,37 +1304,46 @@ def _holds_map(kind: onnx.TypeProto) -> bool:
             return False
 
 
-def _check_no_maps(where: str, graph: onnx.GraphProto) -> None:
-    """Name the first value of a map type: onnx-ir holds no map types, so onnxopt cannot load it."""
-    for current in _graph_protos(graph):
+MAP_TYPE = "onnxopt.map_type"  # a graph output's meta: its TypeProto, serialized
+
+
+def _set_aside_map_types(where: str, proto: onnx.GraphProto) -> dict[str, bytes]:
+    """Take map types out of the graph, which onnx-ir cannot hold; return the outputs' to restore.
+
+    A classifier converted by skl2onnx (or onnxmltools) ends in a ZipMap whose output is a
+    ``seq(map(int64, float))``: that output's type is kept aside (the value is typeless inside
+    onnxopt, and :func:`serialize` writes the type back), and value_info entries of map types
+    (annotations) are dropped. A map-typed graph input (DictVectorizer's) or a subgraph's
+    interface is refused: validation cannot make such inputs.
+    """
+    kept: dict[str, bytes] = {}
+    for current in _graph_protos(proto):
         assert isinstance(current, onnx.GraphProto)
-        for label, infos in (
-            ("input", current.input),
-            ("output", current.output),
-            ("value", current.value_info),
-        ):
-            for info in infos:
-                if _holds_map(info.type):
-                    found = (
-                        n for g in _graph_protos(graph) for n in g.node if n.op_type == "ZipMap"
-                    )
-                    zipmap = next(found, None)
-                    hint = (
-                        f" (made by ZipMap '{zipmap.name or zipmap.output[0]}'; skl2onnx leaves it "
-                        "out with options={id(model): {'zipmap': False}})"
-                        if zipmap is not None
-                        else ""
-                    )
-                    raise ModelLoadError(
-                        f"{where}: {label} '{info.name}' is a map or a sequence of maps; "
-                        f"map types are not supported (onnx-ir holds none){hint}"
-                    )
+        main = current is proto
+        refused = [*current.input] if main else [*current.input, *current.output]
+        for info in refused:
+            if holds_map(info.type):
+                label = "input" if info in current.input else "subgraph output"
+                raise ModelLoadError(
+                    f"{where}: {label} '{info.name}' is a map or a sequence of maps; map "
+                    "inputs are not supported (onnx-ir holds no map types)"
+                )
+        if main:
+            for info in current.output:
+                if holds_map(info.type):
+                    kept[info.name] = info.type.SerializeToString()
+                    info.ClearField("type")
+        annotations = [info for info in current.value_info if not holds_map(info.type)]
+        if len(annotations) != len(current.value_info):
+            del current.value_info[:]
+            current.value_info.extend(annotations)
+    return kept
 
 
 def _deserialize(where: str, proto: onnx.ModelProto) -> ir.Model:
-    _check_no_maps(where, proto.graph)
+    map_types = _set_aside_map_types(where, proto.graph)
     try:
-        return ir.serde.deserialize_model(proto)
+        model = ir.serde.deserialize_model(proto)
     except RecursionError:
         raise ModelLoadError(f"{where}: the model nests subgraphs too deeply") from None
     except Exception as exc:  # onnx-ir rejects malformed protos with assorted exception types
@@ -1344,10 +1353,23 @@ def _deserialize(where: str, proto: onnx.ModelProto) -> ir.Model:
             cause = cause.__cause__
         first_line = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         raise ModelLoadError(f"{where}: cannot read the graph: {first_line}") from exc
+    for output in model.graph.outputs:
+        if output.name in map_types:
+            output.meta[MAP_TYPE] = map_types[output.name]  # value metadata survives clones
+    return model
+
+
+def serialize(model: ir.Model) -> onnx.ModelProto:
+    """The model's proto, with the map types of its outputs that loading set aside."""
+    proto = ir.serde.serialize_model(model)
+    for value, info in zip(model.graph.outputs, proto.graph.output, strict=True):
+        if MAP_TYPE in value.meta:
+            info.type.ParseFromString(value.meta[MAP_TYPE])
+    return proto
 
 
 def to_proto(model: ir.Model) -> onnx.ModelProto:
-    return ir.serde.serialize_model(model)
+    return serialize(model)
 
 
 def parameter_bytes(model: ir.Model) -> int:
@@ -1441,7 +1463,7 @@ def _write_single_file(model: ir.Model, f: BinaryIO) -> None:
         tensors.append(tensor)
         value.const_value = _reference_to(tensor, value, _PLACEHOLDER, index, None)
     try:
-        proto = ir.serde.serialize_model(model)
+        proto = serialize(model)
     finally:
         for value, tensor in zip(graph_proto_values, tensors, strict=True):
             value.const_value = tensor
@@ -1547,7 +1569,7 @@ def _write_with_external_data(model: ir.Model, f: BinaryIO, data: BinaryIO, loca
                 offset += length
             elif isinstance(tensor, ir.ExternalTensor):
                 value.const_value = _read_in(tensor)
-        f.write(ir.serde.serialize_model(model).SerializeToString())
+        f.write(serialize(model).SerializeToString())
     finally:
         for value, tensor in zip(values, tensors, strict=True):
             value.const_value = tensor
@@ -1844,7 +1866,7 @@ def call_onnx_api(
         elif value not in is_input:
             model.graph.inputs.append(value)
     try:
-        proto = ir.serde.serialize_model(model)
+        proto = serialize(model)
         proto.graph.initializer.extend(dataless)
         return func(proto)
     finally:

@@ -635,6 +635,18 @@ def _flatten_output(
             return [(name, np.zeros((1,)), np.zeros((0,)))]
         if len(expected) != len(actual):
             return [(name, np.zeros((len(expected),)), np.zeros((len(actual),)))]
+        if expected and all(isinstance(e, dict) for e in (*expected, *actual)):
+            # ZipMap's per-row class scores: one [rows, classes] array, one line of the report
+            keys = sorted(expected[0])
+            if any(sorted(row) != keys for row in (*expected, *actual)):
+                return [(name, np.zeros((1,)), np.zeros((0,)))]
+            return [
+                (
+                    name,
+                    np.stack([_map_values(row, keys) for row in expected]),
+                    np.stack([_map_values(row, keys) for row in actual]),
+                )
+            ]
         pairs: list[tuple[str, np.ndarray, np.ndarray]] = []
         for index, (e, a) in enumerate(zip(expected, actual)):
             pairs.extend(_flatten_output(f"{name}[{index}]", e, a))
@@ -643,7 +655,20 @@ def _flatten_output(
         if expected is None and actual is None:
             return []
         return [(name, np.zeros((1,)), np.zeros((0,)))]
+    if isinstance(expected, dict) or isinstance(actual, dict):  # a map: ZipMap's class scores
+        if not (isinstance(expected, dict) and isinstance(actual, dict)):
+            return [(name, np.zeros((1,)), np.zeros((0,)))]
+        keys = sorted(expected)
+        if sorted(actual) != keys:
+            return [(name, np.zeros((len(expected),)), np.zeros((len(actual),)))]
+        return [(name, _map_values(expected, keys), _map_values(actual, keys))]
     return [(name, np.asarray(expected), np.asarray(actual))]
+
+
+def _map_values(found: dict[Any, Any], keys: list[Any]) -> np.ndarray:
+    """A map's values in key order; ONNX Runtime hands float32 values over as Python floats."""
+    values = np.asarray([found[key] for key in keys])
+    return values.astype(np.float32) if values.dtype == np.float64 else values
 
 
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : (Load model from .* failed:)?")

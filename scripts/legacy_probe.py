@@ -1075,6 +1075,11 @@ _SKLEARN = (
     ("RandomForestClassifier default target_opset", False),
     ("RandomForestRegressor", False),
     ("LinearRegression", False),
+    ("RandomForestClassifier", True),
+    ("SVC", True),
+    ("KNeighborsClassifier", True),
+    ("IsolationForest", False),
+    ("GaussianProcessRegressor", False),
 )
 
 
@@ -1083,10 +1088,13 @@ def _estimator(kind: str) -> object:
     from sklearn.decomposition import PCA
     from sklearn.ensemble import (
         GradientBoostingClassifier,
+        IsolationForest,
         RandomForestClassifier,
         RandomForestRegressor,
     )
+    from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.linear_model import LinearRegression, LogisticRegression
+    from sklearn.neighbors import KNeighborsClassifier
     from sklearn.neural_network import MLPClassifier
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -1106,6 +1114,9 @@ def _estimator(kind: str) -> object:
         ),
         "RandomForestRegressor": lambda: RandomForestRegressor(4, max_depth=3, random_state=0),
         "LinearRegression": LinearRegression,
+        "KNeighborsClassifier": lambda: KNeighborsClassifier(5),
+        "IsolationForest": lambda: IsolationForest(n_estimators=8, random_state=0),
+        "GaussianProcessRegressor": GaussianProcessRegressor,
     }[kind]()
 
 
@@ -1129,7 +1140,8 @@ for _kind, _zipmap in _SKLEARN:
                 estimator.fit(x, x[:, 0] * 2 + x[:, 1])  # type: ignore[attr-defined]
             else:
                 estimator.fit(x, labels)  # type: ignore[attr-defined]
-        options = {} if zipmap or regression or kind == "KMeans" else {"zipmap": False}
+        unsupervised = kind in ("KMeans", "IsolationForest")  # no class scores: no ZipMap
+        options = {} if zipmap or regression or unsupervised else {"zipmap": False}
         path = (
             work / f"skl_{kind.split('(')[0].replace(' ', '_')}{'_zipmap' if zipmap else ''}.onnx"
         )
@@ -1137,10 +1149,7 @@ for _kind, _zipmap in _SKLEARN:
             estimator, x, path, default, options={id(estimator): options} if options else None
         )
 
-    form(
-        f"skl2onnx {_kind}{' with ZipMap' if _zipmap else ''}",
-        refused="map types are not supported" if _zipmap else "",
-    )(_skl)
+    form(f"skl2onnx {_kind}{' with ZipMap' if _zipmap else ''}")(_skl)
 
 
 # ---------------------------------------------------------------- TorchScript exporter, old opsets

@@ -1023,3 +1023,26 @@ def test_a_reshape_target_with_a_computed_piece_keeps_its_rank_and_read_dims() -
     assert r.shape is not None
     assert [str(d) for d in r.shape][1:] == ["4", "S", "16"]
     assert not isinstance(r.shape[0], int) and str(r.shape[0]) != "B"
+
+
+def test_outputs_keep_the_dims_they_declare_anonymous_where_inference_only_names_them() -> None:
+    """ONNX's shape inference calls an unnamed input dim "unk__0" and carries the name to the
+    outputs; written there, it would change the model's interface for a placeholder. A dim
+    inference proves (a size, a name an input declares) is a fact and is written."""
+    from onnxopt import api
+
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[?, 4] x, float[batch, 3] z) => (float[?, 4] y, int64[?] arg, float[?, ?] w)
+        {
+            y = Relu(x)
+            arg = ArgMax<axis = 1, keepdims = 0>(y)
+            w = Sigmoid(z)
+        }
+        """
+    )
+    optimized = api.optimize(model, check=False).model
+
+    shapes = {str(v.name): [str(d) for d in v.shape or []] for v in optimized.graph.outputs}
+    assert shapes == {"y": ["None", "4"], "arg": ["None"], "w": ["batch", "3"]}

@@ -16,7 +16,7 @@ import pytest
 
 from onnxopt import api
 from onnxopt.errors import ModelLoadError
-from onnxopt.io import load_model, model_from_proto
+from onnxopt.io import load_model, model_from_proto, save_model
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -246,50 +246,108 @@ def test_empty_trailing_outputs_inside_a_local_function_branch_are_dropped(tmp_p
     assert sorted(list(n.output) for b in branches for n in b.node) == [["e"], ["t"]]
 
 
-def test_a_zipmap_output_is_refused_with_the_converter_option_that_leaves_it_out(
-    tmp_path: Path,
-) -> None:
-    """skl2onnx classifiers end in ZipMap by default: a seq(map(int64, float)) onnx-ir cannot hold."""
+def _classifier(scale: float = 0.1, cast: bool = True) -> onnx.ModelProto:
+    """As skl2onnx converts a classifier by default: scores, a Cast, and a ZipMap whose output is
+    a ``seq(map(int64, float))`` (one map of class scores per row)."""
     nodes = [
         oh.make_node(
             "LinearClassifier",
             ["X"],
             ["label", "probabilities"],
             domain="ai.onnx.ml",
-            classlabels_ints=[0, 1],
-            coefficients=[0.1 * i for i in range(8)],
-            intercepts=[0.1, 0.2],
+            classlabels_ints=[0, 1, 2],
+            coefficients=[scale * i for i in range(12)],
+            intercepts=[0.1, 0.2, 0.3],
+            post_transform="SOFTMAX",
         ),
+        oh.make_node("Cast", ["label"], ["output_label"], to=onnx.TensorProto.INT64),
         oh.make_node(
             "ZipMap",
             ["probabilities"],
             ["output_probability"],
             name="ZipMap",
             domain="ai.onnx.ml",
-            classlabels_int64s=[0, 1],
+            classlabels_int64s=[0, 1, 2],
         ),
     ]
+    if not cast:
+        nodes[1] = oh.make_node("Identity", ["label"], ["output_label"])
     seq_map = oh.make_sequence_type_proto(
         oh.make_map_type_proto(onnx.TensorProto.INT64, oh.make_tensor_type_proto(1, []))
     )
     graph = oh.make_graph(
         nodes,
         "classifier",
-        [oh.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", 4])],
+        [oh.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [None, 4])],
         [
-            oh.make_tensor_value_info("label", onnx.TensorProto.INT64, ["N"]),
+            oh.make_tensor_value_info("output_label", onnx.TensorProto.INT64, [None]),
             oh.make_value_info("output_probability", seq_map),
         ],
+        value_info=[oh.make_value_info("annotated", seq_map)],
     )
     opsets = [oh.make_opsetid("", 9), oh.make_opsetid("ai.onnx.ml", 1)]
+    return oh.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def test_a_zipmap_classifier_is_optimized_and_its_class_scores_compared(tmp_path: Path) -> None:
+    """skl2onnx and onnxmltools end every classifier in ZipMap by default; onnx-ir holds no map
+    type, so the output's type is kept aside and written back, and validation compares the
+    per-row maps of class scores as one [rows, classes] array."""
     source = tmp_path / "skl.onnx"
+    onnx.save(_classifier(), str(source))
+    target = tmp_path / "out.onnx"
+
+    result = api.optimize(source)
+    save_model(result.model, target)
+
+    validation = result.report.validation
+    assert validation is not None and validation.passed
+    compared = {c.name: c for c in validation.outputs}
+    assert compared["output_probability"].dtype == "float32"
+    rows = sum(trial["X"][0] for trial in validation.trials)
+    assert compared["output_probability"].elements == rows * 3 > 3  # three classes per row
+    written = onnx.load(str(target))
+    assert [n.op_type for n in written.graph.node] == ["LinearClassifier", "ZipMap"]
+    assert written.graph.output[1] == _classifier().graph.output[1]  # seq(map(int64, float))
+    dims = written.graph.output[0].type.tensor_type.shape.dim
+    assert len(dims) == 1 and not dims[0].dim_param  # no made-up "unk__0" in the interface
+    # the output runs on ONNX Runtime as the original does, and optimizes to itself
+    again = tmp_path / "again.onnx"
+    save_model(api.optimize(target).model, again)
+    assert again.read_bytes() == target.read_bytes()
+
+
+def test_a_changed_class_score_in_a_zipmap_output_fails_validation(tmp_path: Path) -> None:
+    from onnxopt.validate import validate
+
+    original = model_from_proto(_classifier(0.1, cast=False))
+    changed = model_from_proto(_classifier(0.11, cast=False))
+
+    report = validate(original, changed)
+
+    assert "output_probability" in report.failing_outputs()
+
+
+def test_a_map_input_is_refused_with_its_name(tmp_path: Path) -> None:
+    """DictVectorizer reads a map(string, float): validation could not make such inputs."""
+    node = oh.make_node(
+        "DictVectorizer", ["D"], ["Y"], domain="ai.onnx.ml", string_vocabulary=["a", "b"]
+    )
+    map_type = oh.make_map_type_proto(onnx.TensorProto.STRING, oh.make_tensor_type_proto(1, []))
+    graph = oh.make_graph(
+        [node],
+        "vectorizer",
+        [oh.make_value_info("D", map_type)],
+        [oh.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [None, 2])],
+    )
+    source = tmp_path / "dv.onnx"
+    opsets = [oh.make_opsetid("", 9), oh.make_opsetid("ai.onnx.ml", 1)]
     onnx.save(oh.make_model(graph, opset_imports=opsets, ir_version=8), str(source))
 
     with pytest.raises(ModelLoadError) as caught:
         load_model(source)
 
     assert str(caught.value) == (
-        f"{source}: output 'output_probability' is a map or a sequence of maps; map types are not "
-        "supported (onnx-ir holds none) (made by ZipMap 'ZipMap'; skl2onnx leaves it out with "
-        "options={id(model): {'zipmap': False}})"
+        f"{source}: input 'D' is a map or a sequence of maps; map inputs are not supported "
+        "(onnx-ir holds no map types)"
     )

@@ -85,6 +85,8 @@ def _value_infos(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
     ambiguous: set[str] = set()
     for current in graph_protos(graph):
         for info in (*current.value_info, *current.output):
+            if io.holds_map(info.type):  # ZipMap's output: onnx-ir holds no map types
+                continue
             if info.name in found and found[info.name].type != info.type:
                 ambiguous.add(info.name)
             found[info.name] = info
@@ -512,3 +514,36 @@ class InferShapesPass(Pass):
         notes = [] if data_prop else [_NO_DATA_PROP]
         settled = set(stats) <= _ONNX_INFERENCE_ONLY
         return PassResult(model, modified=bool(stats), stats=stats, notes=notes, settled=settled)
+
+
+def declared_output_dims(model: ir.Model) -> dict[str, ir.Shape | None]:
+    """The main graph's outputs' shapes as the file declares them (see :func:`keep_declared_outputs`)."""
+    return {str(value.name): value.shape for value in model.graph.outputs}
+
+
+def keep_declared_outputs(model: ir.Model, declared: dict[str, ir.Shape | None]) -> int:
+    """Give back the anonymous dims of the outputs where inference only made a name up.
+
+    ONNX names a dim it cannot tell "unk__0"; written into an output it changes the model's
+    declared interface for a placeholder, not a fact (a size, or a name an input declares, is one
+    and stays). Returns how many dims were given back.
+    """
+    cleared = 0
+    for value in model.graph.outputs:
+        old = declared.get(str(value.name))
+        new = value.shape
+        if new is None or (old is not None and len(old) != len(new)):
+            continue
+        dims: list[int | ir.SymbolicDim] = []
+        for index, dim in enumerate(new):
+            before = old[index] if old is not None else None
+            made_up = (
+                isinstance(dim, ir.SymbolicDim)
+                and str(dim.value).startswith(GENERATED_DIM_PREFIX)
+                and not (isinstance(before, ir.SymbolicDim) and before.value == dim.value)
+            )
+            dims.append(ir.SymbolicDim(None) if made_up else dim)
+            cleared += made_up
+        if cleared:
+            value.shape = ir.Shape(dims)
+    return cleared
