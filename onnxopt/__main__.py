@@ -1,3 +1,3 @@
-from onnxopt.cli import main
+from onnxopt.guard import main
 
 main()

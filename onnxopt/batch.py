@@ -6,6 +6,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from onnxopt.api import OptimizeResult
 from onnxopt.checks import Measurements, Thresholds, evaluate
 from onnxopt.ci_report import ModelOutcome, outcome_failures
 from onnxopt.errors import UsageError, describe
+from onnxopt.guard import doing, last_note
 
 
 def output_paths(models: Sequence[Path], out_dir: Path) -> list[Path]:
@@ -103,7 +105,8 @@ def optimize_one(
 
     start = time.perf_counter()
     try:
-        result = api.optimize(model, **options)
+        with doing(f"optimizing {model}"):
+            result = api.optimize(model, **options)
         return check_and_write(
             model, result, thresholds, output, external_data, seconds=time.perf_counter() - start
         )
@@ -143,7 +146,17 @@ def optimize_many(
             }
             for future in as_completed(futures):
                 index = futures[future]
-                results[index] = future.result()
+                try:
+                    results[index] = future.result()
+                except BrokenProcessPool:  # a worker died of a signal: every pending model fails
+                    noted = last_note()
+                    results[index] = ModelOutcome(
+                        str(models[index]),
+                        error="a worker process crashed (a native fault, e.g. in ONNX Runtime) "
+                        "while optimizing this model or one beside it"
+                        + (f", last noted: {noted}" if noted else "")
+                        + "; rerun it alone (-j 1) to see which",
+                    )
                 if progress is not None:
                     progress(results[index])
     return [results[i] for i in range(len(models))]

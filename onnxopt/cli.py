@@ -19,6 +19,7 @@ import click
 
 from onnxopt import __version__
 from onnxopt.errors import CheckFailed, ModelSaveError, OnnxoptError, UsageError, describe
+from onnxopt.guard import doing
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -677,7 +678,7 @@ def _optimize_single(
     from onnxopt.report import render
 
     console = _stderr_console()
-    with console.status("optimizing", spinner="dots") as status:
+    with console.status("optimizing", spinner="dots") as status, doing(f"optimizing {model}"):
         result = api.optimize(model, progress=lambda step: status.update(f"{step} …"), **options)
     outcome = check_and_write(
         model,
@@ -1197,7 +1198,10 @@ def bench(
         seed=seed,
         run_timeout=run_timeout,
     )
-    with _stderr_console().status("benchmarking", spinner="dots") as status:
+    with (
+        _stderr_console().status("benchmarking", spinner="dots") as status,
+        doing(f"benchmarking {model}"),
+    ):
         report = run_bench(model, options, progress=lambda step: status.update(f"{step} …"))
     if plot_path is not None:
         click.echo(f"wrote {plot(report, plot_path)}", err=True)

@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from onnxopt import input_sizes, io
 from onnxopt.errors import OnnxoptError, UsageError
+from onnxopt.guard import doing
 from onnxopt.input_sizes import FALLBACK_SIZES, SIGNAL_SIZES, DimSymbols, Relation, SizePlan
 from onnxopt.kv_cache_inputs import KVCacheFacts, kv_cache_facts
 from onnxopt.ops import (
@@ -411,12 +412,15 @@ def shared_sessions() -> Iterator[None]:
         _SESSIONS.reset(token)
 
 
-def _session(model: ir.Model | Path, threads: int = 2) -> Any:
+def _session(model: ir.Model | Path, threads: int = 2, role: str = "the model") -> Any:
+    """An ORT session of ``model``; ``role`` ("the original model") names it in crash reports."""
     cache = _SESSIONS.get()
     key = (model if isinstance(model, Path) else id(model), threads)
     if cache is not None and key in cache:
         return cache[key]
-    session = _new_session(model, threads)
+    with doing(f"ONNX Runtime loaded {role}"):
+        session = _new_session(model, threads)
+    session.onnxopt_role = role
     if cache is not None:
         cache[key] = session
     return session
@@ -692,6 +696,14 @@ class RunTimedOut(Exception):
     """An ORT run was stopped at the time limit."""
 
 
+_OTHER_INPUTS = "--inputs FILE.npz gives other inputs"
+
+
+def describe_feeds(feeds: Mapping[str, Any]) -> str:
+    """``x[1, 400], mask[1, 400]``: each input with its shape (a sequence input's: [])."""
+    return ", ".join(f"{k}{list(getattr(v, 'shape', []))}" for k, v in feeds.items())
+
+
 def _run_bounded(
     session: Any, names: Sequence[str], feeds: Mapping[str, Any], seconds: float
 ) -> list[Any]:
@@ -704,9 +716,12 @@ def _run_bounded(
     options.log_severity_level = 4  # the stop is reported by the exception, not by ORT's log
     timer = threading.Timer(seconds, lambda: setattr(options, "terminate", True))
     timer.daemon = True
+    role = getattr(session, "onnxopt_role", "the model")
     timer.start()
     try:
-        outputs: list[Any] = session.run(list(names), dict(feeds), options)
+        ran = f"ONNX Runtime ran {role} on inputs {describe_feeds(feeds)}"
+        with doing(f"{ran} ({_OTHER_INPUTS}, --no-validate skips validation)"):
+            outputs: list[Any] = session.run(list(names), dict(feeds), options)
         return outputs
     except Exception as exc:
         if options.terminate:
@@ -749,7 +764,7 @@ def validate(
     # Two phases, one ORT session at a time (each holds a copy of the weights): the original runs
     # every trial first and its outputs are kept, then it is released and the optimized model runs.
     try:
-        reference = _session(original)
+        reference = _session(original, role="the original model")
     except Exception as exc:
         raise CannotValidate(
             f"ONNX Runtime cannot load the original model, so it cannot be validated "
@@ -773,10 +788,9 @@ def validate(
         try:
             expected = _run_bounded(reference, output_names, feeds, run_timeout)
         except RunTimedOut as exc:
-            shapes = ", ".join(f"{k}{list(getattr(v, 'shape', []))}" for k, v in feeds.items())
             raise CannotValidate(
                 f"the original model ran longer than --run-timeout ({run_timeout:g} s) on ONNX "
-                f"Runtime with inputs {shapes}; pass --inputs FILE.npz, a longer --run-timeout "
+                f"Runtime with inputs {describe_feeds(feeds)}; pass --inputs FILE.npz, a longer --run-timeout "
                 "or --no-validate"
             ) from exc
         except Exception as exc:
@@ -954,7 +968,7 @@ def validate(
     reference = None  # the closure above holds it too
     release_session(original)
     try:
-        candidate = _session(optimized)
+        candidate = _session(optimized, role="the optimized model")
     except Exception as exc:
         return ValidationReport(
             (), (), (f"ONNX Runtime cannot load the optimized model: {_first_line(exc)}",)
@@ -1158,7 +1172,11 @@ def compare_to_eager(
                 (),
                 f"the model has no output named {', '.join(missing)} (the reference names {', '.join(expected)})",
             )
-        actual = session.run(list(expected), {k: v for k, v in inputs.items() if k in names})
+        feeds = {k: v for k, v in inputs.items() if k in names}
+        with doing(
+            f"ONNX Runtime ran the model on the eager reference's inputs {describe_feeds(feeds)}"
+        ):
+            actual = session.run(list(expected), feeds)
     except Exception as exc:
         return (), f"ONNX Runtime fails on the reference inputs: {_first_line(exc)}"
     return tuple(

@@ -34,12 +34,14 @@ from onnxopt.bench.report import (
 )
 from onnxopt.bench.stats import LatencyStats, paired_speedup
 from onnxopt.errors import ModelLoadError, UsageError
+from onnxopt.guard import doing
 from onnxopt.input_sizes import DimSymbols, Relation, SizePlan
 from onnxopt.passes.levels import DEFAULT_LEVEL
 from onnxopt.report import ModelSummary, format_bytes
 from onnxopt.validate import (
     InputSpec,
     compare_arrays,
+    describe_feeds,
     find_relation,
     input_specs,
     make_inputs,
@@ -380,7 +382,8 @@ def _load_group(provider: str, setup: _Setup) -> list[_Loaded]:
                 mem = memory.measure(job, feeds)
             progress(f"{provider}: loading {name} ({level})")
             try:
-                runner = providers.create_runner(path, provider, level, threads, feeds)
+                with doing(f"ONNX Runtime ({provider}) loaded the {name} model at {level}"):
+                    runner = providers.create_runner(path, provider, level, threads, feeds)
             except Exception as error:  # ORT's own exception types
                 why = _first_line(error)
                 if name not in options.compare:
@@ -395,8 +398,10 @@ def _load_group(provider: str, setup: _Setup) -> list[_Loaded]:
             )
             stop.daemon = True
             stop.start()
+            ran = f"ONNX Runtime ({provider}) ran the {name} model at {level} on inputs"
             try:
-                first, outputs = _timed_first_run(runner.outputs)
+                with doing(f"{ran} {describe_feeds(feeds)} (--inputs FILE.npz gives others)"):
+                    first, outputs = _timed_first_run(runner.outputs)
             except Exception as error:  # ORT's own exception types
                 if runner.run_options.terminate:
                     raise ModelLoadError(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from onnxopt.guard import doing
 from onnxopt.ops import constant_of_shape_fill
 
 logger = logging.getLogger(__name__)
@@ -542,10 +543,15 @@ def evaluate_on_runtime(
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 2
     options.log_severity_level = 4
+    named = ", ".join(f"{n.op_type} '{n.name}'" if n.name else n.op_type for n in nodes[:3])
+    named += f" and {len(nodes) - 3} more nodes" if len(nodes) > 3 else ""
     try:
-        with io.ort_model_source(model) as source:
-            session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-        results = session.run(list(outputs), dict(feeds))
+        with doing(
+            f"ONNX Runtime evaluated {named} to fold them (--disable fold-constants skips it)"
+        ):
+            with io.ort_model_source(model) as source:
+                session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+            results = session.run(list(outputs), dict(feeds))
     except Exception as exc:
         lines = str(exc).strip().splitlines()
         raise RuntimeEvaluationError(lines[-1] if lines else type(exc).__name__) from exc

@@ -8,6 +8,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxopt import io
+from onnxopt.guard import doing
 from onnxopt.ops import all_graphs, static_shape
 from onnxopt.passes._contrib_shapes import graph_protos, with_stand_ins
 from onnxopt.passes._refine_shapes import (
@@ -431,9 +432,10 @@ class InferShapesPass(Pass):
                 stats["dims named 'unk' unnamed"] = unnamed
 
         def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
-            return onnx.shape_inference.infer_shapes(
-                proto, check_type=False, strict_mode=False, data_prop=data_prop
-            )
+            with doing("onnx's shape inference ran on the model"):
+                return onnx.shape_inference.infer_shapes(
+                    proto, check_type=False, strict_mode=False, data_prop=data_prop
+                )
 
         def infer_both(
             proto: onnx.ModelProto,
@@ -444,9 +446,10 @@ class InferShapesPass(Pass):
             # ORT's ops are unknown to ONNX inference: shape-preserving ones become Identity here
             # (this proto is a throwaway copy), so the values after them keep their shapes.
             with_stand_ins(proto)
-            longest, total = _vector_sizes(
-                onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False)
-            )
+            with doing("onnx's shape inference ran on the model"):
+                longest, total = _vector_sizes(
+                    onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False)
+                )
             if longest > MAX_DATA_PROP_ELEMENTS or total > MAX_DATA_PROP_TOTAL:
                 data_prop = False
                 logger.info(

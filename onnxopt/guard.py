@@ -1,0 +1,155 @@
+"""The ``onnxopt`` command runs its work in a child process, so that a native crash is one error line.
+
+ONNX Runtime (and onnx's C++ shape inference) can die on an unusual or hostile model with a signal
+instead of an exception: onnx-asr's wespeaker front end, given less audio than one frame, kills
+ORT 1.32 with SIGFPE. The process is then gone with no message (exit 136 or 139), whatever
+handler Python has. So the command starts itself again as a child (marked by an environment
+variable) and only waits; the child notes what it is about to do (:func:`doing`) in a file the
+two share, and when it dies of a crash signal the parent prints what it was doing, in one line,
+and exits 2 like any other bad input. Other ends pass through unchanged: an exit code as it is,
+SIGKILL (the out-of-memory killer) or SIGTERM by dying of the same signal.
+
+The parent imports nothing heavy (one Python start, ~30 ms), forwards SIGTERM and SIGHUP to the
+child and leaves Ctrl-C to it (both are in the terminal's process group). ``ONNXOPT_NO_GUARD=1``,
+or a platform without inherited file descriptors (not POSIX), runs the command in-process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+
+NOTES_FD = "ONNXOPT_NOTES_FD"  # the child's end: the shared notes file's descriptor
+PROG_NAME = "ONNXOPT_PROG_NAME"  # the name the user typed, for usage lines
+NO_GUARD = "ONNXOPT_NO_GUARD"
+EXIT_ERROR = 2  # cli.EXIT_ERROR (not imported: click costs the parent 60 ms)
+_NOTE_BYTES = 2000
+
+# Signals a process dies of by itself (a fault in native code), with what each means.
+CRASHES = {
+    signal.SIGSEGV: "a segmentation fault",
+    signal.SIGFPE: "an arithmetic fault",
+    signal.SIGBUS: "a bus error",
+    signal.SIGILL: "an illegal instruction",
+    signal.SIGABRT: "an abort",
+}
+
+_notes_fd: int | None = None
+_stack: list[str] = []
+
+
+def _write_note() -> None:
+    global _notes_fd
+    if _notes_fd is None:
+        return
+    data = ": ".join(_stack).encode("utf-8", "replace")[:_NOTE_BYTES]
+    try:
+        os.ftruncate(_notes_fd, 0)
+        os.pwrite(_notes_fd, data, 0)
+    except OSError:
+        _notes_fd = None  # the parent is gone or the file unusable: stop noting
+
+
+@contextlib.contextmanager
+def doing(activity: str) -> Iterator[None]:
+    """Note ``activity`` ("ONNX Runtime ran the original model on inputs x[1, 400]") for the
+    length of the block: a native crash inside it is reported as happening "while" it, after
+    the activities it is nested in ("optimizing m.onnx: ONNX Runtime ran ...")."""
+    _stack.append(activity)
+    _write_note()
+    try:
+        yield
+    finally:
+        _stack.pop()
+        _write_note()
+
+
+def last_note() -> str:
+    """What the notes file holds now: in a process pool's parent, what a worker that died last
+    noted (the workers, forked, share the file)."""
+    if _notes_fd is None:
+        return ""
+    with contextlib.suppress(OSError):
+        return os.pread(_notes_fd, _NOTE_BYTES, 0).decode("utf-8", "replace")
+    return ""
+
+
+def crash_message(signal_number: int, activity: str, command: str) -> str:
+    """The one line the parent prints for a child that died of ``signal_number``."""
+    name = signal.Signals(signal_number).name
+    during = activity or f"running '{command}'"
+    return (
+        f"onnxopt: error: the process crashed ({name}, {CRASHES[signal.Signals(signal_number)]}) "
+        f"while {during}"
+    )
+
+
+def _run_child() -> int:
+    """Run this command again as a child; its exit code, or the crash line's code."""
+    script = os.path.basename(sys.argv[0])
+    with tempfile.TemporaryFile(prefix="onnxopt-notes-") as notes:
+        fd = notes.fileno()
+        env = dict(os.environ)
+        env[NOTES_FD] = str(fd)
+        if script != "__main__.py":
+            env[PROG_NAME] = script
+        command = [sys.executable, "-m", "onnxopt", *sys.argv[1:]]
+        child = subprocess.Popen(command, env=env, pass_fds=(fd,))
+
+        def forward(number: int, _frame: object) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(number)
+
+        handlers = {
+            signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),  # the child answers it
+            signal.SIGTERM: signal.signal(signal.SIGTERM, forward),
+            signal.SIGHUP: signal.signal(signal.SIGHUP, forward),
+        }
+        try:
+            code = child.wait()
+        finally:
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
+        activity = os.pread(fd, _NOTE_BYTES, 0).decode("utf-8", "replace")
+    if code >= 0:
+        return code
+    died_of = -code
+    if died_of in CRASHES:
+        shown = " ".join(["onnxopt", *sys.argv[1:]])
+        print(crash_message(died_of, activity, shown), file=sys.stderr, flush=True)
+        return EXIT_ERROR
+    # Killed from outside: end the same way, so that whoever started us sees what they did.
+    signal.signal(died_of, signal.SIG_DFL)
+    os.kill(os.getpid(), died_of)
+    return 128 + died_of
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM when the parent dies (even by SIGKILL), instead of running on."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+def main() -> None:
+    """The ``onnxopt`` command: the guarding parent, or (in the child) the command line itself."""
+    global _notes_fd
+    notes = os.environ.pop(NOTES_FD, None)
+    prog_name = os.environ.pop(PROG_NAME, None)
+    guarded = notes is None and os.name == "posix" and not os.environ.get(NO_GUARD)
+    if guarded:
+        sys.exit(_run_child())
+    if notes is not None:
+        _notes_fd = int(notes)
+        _die_with_parent()
+    from onnxopt.cli import main as cli
+
+    cli(prog_name=prog_name)
