@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import IO
 
 NOTES_FD = "ONNXOPT_NOTES_FD"  # the child's end: the shared notes file's descriptor
 PROG_NAME = "ONNXOPT_PROG_NAME"  # the name the user typed, for usage lines
@@ -89,17 +90,31 @@ def crash_message(signal_number: int, activity: str, command: str) -> str:
     )
 
 
-def _run_child() -> int:
-    """Run this command again as a child; its exit code, or the crash line's code."""
+def _notes_file() -> IO[bytes] | None:
+    try:
+        return tempfile.TemporaryFile(prefix="onnxopt-notes-")
+    except OSError:
+        return None
+
+
+def _run_child() -> int | None:
+    """Run this command again as a child; its exit code, or the crash line's code (None: no
+    child could be started, no temp file or no interpreter to start: run in-process instead)."""
     script = os.path.basename(sys.argv[0])
-    with tempfile.TemporaryFile(prefix="onnxopt-notes-") as notes:
+    notes = _notes_file()
+    if notes is None:
+        return None
+    with notes:
         fd = notes.fileno()
         env = dict(os.environ)
         env[NOTES_FD] = str(fd)
         if script != "__main__.py":
             env[PROG_NAME] = script
         command = [sys.executable, "-m", "onnxopt", *sys.argv[1:]]
-        child = subprocess.Popen(command, env=env, pass_fds=(fd,))
+        try:
+            child = subprocess.Popen(command, env=env, pass_fds=(fd,))
+        except OSError:
+            return None
 
         def forward(number: int, _frame: object) -> None:
             with contextlib.suppress(ProcessLookupError):
@@ -144,9 +159,11 @@ def main() -> None:
     global _notes_fd
     notes = os.environ.pop(NOTES_FD, None)
     prog_name = os.environ.pop(PROG_NAME, None)
-    guarded = notes is None and os.name == "posix" and not os.environ.get(NO_GUARD)
-    if guarded:
-        sys.exit(_run_child())
+    guarded = notes is None and os.name == "posix" and bool(sys.executable)
+    if guarded and not os.environ.get(NO_GUARD):
+        code = _run_child()
+        if code is not None:
+            sys.exit(code)
     if notes is not None:
         _notes_fd = int(notes)
         _die_with_parent()
