@@ -1307,6 +1307,20 @@ def holds_map(kind: onnx.TypeProto) -> bool:
 MAP_TYPE = "onnxopt.map_type"  # a graph output's meta: its TypeProto, serialized
 
 
+def type_text(kind: onnx.TypeProto) -> str:
+    """``seq(map(int64, float))``: a type as inspect shows it (a tensor by its element type)."""
+    if kind.HasField("tensor_type"):
+        return onnx.TensorProto.DataType.Name(kind.tensor_type.elem_type).lower()
+    if kind.HasField("sequence_type"):
+        return f"seq({type_text(kind.sequence_type.elem_type)})"
+    if kind.HasField("optional_type"):
+        return f"optional({type_text(kind.optional_type.elem_type)})"
+    if kind.HasField("map_type"):
+        key = onnx.TensorProto.DataType.Name(kind.map_type.key_type).lower()
+        return f"map({key}, {type_text(kind.map_type.value_type)})"
+    return "?"
+
+
 def _set_aside_map_types(where: str, proto: onnx.GraphProto) -> dict[str, bytes]:
     """Take map types out of the graph, which onnx-ir cannot hold; return the outputs' to restore.
 

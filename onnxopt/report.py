@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import onnx
 import onnx_ir as ir
 
 from onnxopt import io
@@ -74,6 +75,10 @@ def _dim(dim: Any) -> int | str | None:
 def _info(value: ir.Value) -> TensorInfo:
     shape = None if value.shape is None else tuple(_dim(d) for d in value.shape)
     dtype = value.dtype.name.lower() if value.dtype is not None else "?"
+    if io.MAP_TYPE in value.meta:  # ZipMap's output: a type onnx-ir cannot hold
+        kind = onnx.TypeProto()
+        kind.ParseFromString(value.meta[io.MAP_TYPE])
+        dtype = io.type_text(kind)
     return TensorInfo(str(value.name), dtype, shape)
 
 

@@ -311,6 +311,10 @@ def test_a_zipmap_classifier_is_optimized_and_its_class_scores_compared(tmp_path
     assert written.graph.output[1] == _classifier().graph.output[1]  # seq(map(int64, float))
     dims = written.graph.output[0].type.tensor_type.shape.dim
     assert len(dims) == 1 and not dims[0].dim_param  # no made-up "unk__0" in the interface
+    from onnxopt.report import ModelSummary
+
+    outputs = ModelSummary.of(load_model(target).model).outputs
+    assert [o.dtype for o in outputs] == ["int64", "seq(map(int64, float))"]  # as inspect shows
     # the output runs on ONNX Runtime as the original does, and optimizes to itself
     again = tmp_path / "again.onnx"
     save_model(api.optimize(target).model, again)
