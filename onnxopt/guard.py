@@ -110,7 +110,9 @@ def _run_child() -> int | None:
         env[NOTES_FD] = str(fd)
         if script != "__main__.py":
             env[PROG_NAME] = script
-        command = [sys.executable, "-m", "onnxopt", *sys.argv[1:]]
+        # the interpreter's own options too (-X utf8, -W error, -I ...), as multiprocessing does
+        flags: list[str] = getattr(subprocess, "_args_from_interpreter_flags", list)()
+        command = [sys.executable, *flags, "-m", "onnxopt", *sys.argv[1:]]
         try:
             child = subprocess.Popen(command, env=env, pass_fds=(fd,))
         except OSError:
