@@ -642,10 +642,7 @@ def _ml_without_import(base: Path, work: Path) -> Path:
     return _save(model, work / "ml_no_import.onnx")
 
 
-@form(
-    "sklearn-style classifier with ZipMap (seq(map) output)",
-    refused="map types are not supported",
-)
+@form("sklearn-style classifier with ZipMap (seq(map) output)")
 def _zipmap(base: Path, work: Path) -> Path:
     nodes = [
         oh.make_node(
