@@ -17,6 +17,7 @@ import onnx_ir as ir
 from onnxopt import io
 from onnxopt.analysis.memory_plan import MemoryPlan, memory_report
 from onnxopt.errors import UsageError
+from onnxopt.guard import doing
 from onnxopt.passes.base import Pipeline, VerifyEach
 from onnxopt.passes.infer_shapes import declared_output_dims, keep_declared_outputs
 from onnxopt.passes.levels import DEFAULT_LEVEL, build_steps
@@ -216,7 +217,7 @@ def optimize(
             if progress is not None:
                 progress("validate")
             start = time.perf_counter()
-            with _located(loaded):
+            with _located(loaded), doing("validating (--no-validate skips it)"):
                 if specs is None and inputs is None:
                     # pinned shapes: generate inputs of the pinned sizes
                     specs = input_specs(working)

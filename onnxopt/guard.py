@@ -9,7 +9,7 @@ two share, and when it dies of a crash signal the parent prints what it was doin
 and exits 2 like any other bad input. Other ends pass through unchanged: an exit code as it is,
 SIGKILL (the out-of-memory killer) or SIGTERM by dying of the same signal.
 
-The parent imports nothing heavy (one Python start, ~30 ms), forwards SIGTERM and SIGHUP to the
+The parent imports nothing heavy (one more Python start, ~50 ms), forwards SIGTERM and SIGHUP to the
 child and leaves Ctrl-C to it (both are in the terminal's process group). ``ONNXOPT_NO_GUARD=1``,
 or a platform without inherited file descriptors (not POSIX), runs the command in-process.
 """

@@ -1334,13 +1334,14 @@ def _set_aside_map_types(where: str, proto: onnx.GraphProto) -> dict[str, bytes]
     for current in _graph_protos(proto):
         assert isinstance(current, onnx.GraphProto)
         main = current is proto
-        refused = [*current.input] if main else [*current.input, *current.output]
-        for info in refused:
+        refused = [("input", info) for info in current.input]
+        if not main:
+            refused += [("subgraph output", info) for info in current.output]
+        for label, info in refused:
             if holds_map(info.type):
-                label = "input" if info in current.input else "subgraph output"
                 raise ModelLoadError(
-                    f"{where}: {label} '{info.name}' is a map or a sequence of maps; map "
-                    "inputs are not supported (onnx-ir holds no map types)"
+                    f"{where}: {label} '{info.name}' is a map or a sequence of maps; a map-typed "
+                    f"{label} is not supported (onnx-ir holds no map types)"
                 )
         if main:
             for info in current.output:

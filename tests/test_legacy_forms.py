@@ -352,6 +352,6 @@ def test_a_map_input_is_refused_with_its_name(tmp_path: Path) -> None:
         load_model(source)
 
     assert str(caught.value) == (
-        f"{source}: input 'D' is a map or a sequence of maps; map inputs are not supported "
-        "(onnx-ir holds no map types)"
+        f"{source}: input 'D' is a map or a sequence of maps; a map-typed input is not "
+        "supported (onnx-ir holds no map types)"
     )

@@ -519,12 +519,20 @@ class InferShapesPass(Pass):
         return PassResult(model, modified=bool(stats), stats=stats, notes=notes, settled=settled)
 
 
-def declared_output_dims(model: ir.Model) -> dict[str, ir.Shape | None]:
-    """The main graph's outputs' shapes as the file declares them (see :func:`keep_declared_outputs`)."""
-    return {str(value.name): value.shape for value in model.graph.outputs}
+def declared_output_dims(model: ir.Model) -> dict[str, tuple[int | str | None, ...] | None]:
+    """The main graph's outputs' dims as the file declares them, as plain values (a size, a
+    name, None), for :func:`keep_declared_outputs`."""
+    return {
+        str(value.name): None
+        if value.shape is None
+        else tuple(dim if isinstance(dim, int) else dim.value for dim in value.shape)
+        for value in model.graph.outputs
+    }
 
 
-def keep_declared_outputs(model: ir.Model, declared: dict[str, ir.Shape | None]) -> int:
+def keep_declared_outputs(
+    model: ir.Model, declared: dict[str, tuple[int | str | None, ...] | None]
+) -> int:
     """Give back the anonymous dims of the outputs where inference only made a name up.
 
     ONNX names a dim it cannot tell "unk__0"; written into an output it changes the model's
@@ -537,16 +545,18 @@ def keep_declared_outputs(model: ir.Model, declared: dict[str, ir.Shape | None])
         new = value.shape
         if new is None or (old is not None and len(old) != len(new)):
             continue
-        dims: list[int | ir.SymbolicDim] = []
-        for index, dim in enumerate(new):
-            before = old[index] if old is not None else None
-            made_up = (
-                isinstance(dim, ir.SymbolicDim)
-                and str(dim.value).startswith(GENERATED_DIM_PREFIX)
-                and not (isinstance(before, ir.SymbolicDim) and before.value == dim.value)
+        made_up = [
+            isinstance(dim, ir.SymbolicDim)
+            and str(dim.value).startswith(GENERATED_DIM_PREFIX)
+            and (old is None or old[index] != dim.value)
+            for index, dim in enumerate(new)
+        ]
+        if any(made_up):
+            value.shape = ir.Shape(
+                [
+                    ir.SymbolicDim(None) if gone else dim
+                    for dim, gone in zip(new, made_up, strict=True)
+                ]
             )
-            dims.append(ir.SymbolicDim(None) if made_up else dim)
-            cleared += made_up
-        if cleared:
-            value.shape = ir.Shape(dims)
+            cleared += sum(made_up)
     return cleared
