@@ -124,39 +124,56 @@ def optimize_many(
     external_data: bool | None = None,
     progress: Callable[[ModelOutcome], None] | None = None,
 ) -> list[ModelOutcome]:
-    """Outcomes in the order of ``models``, whatever order the workers finish in."""
+    """Outcomes in the order of ``models``, whatever order the workers finish in.
+
+    Several models run in worker processes (``jobs`` at a time, one at a time for ``jobs=1``),
+    so that one whose run kills its process (ONNX Runtime dying of SIGFPE or SIGSEGV) fails
+    alone: the pool's other models are run again, one at a time until the model that crashed
+    is known, and it gets an error saying what its worker was doing. One model runs in-process.
+    """
     outputs: list[Path | None] = (
         list(output_paths(models, out_dir)) if out_dir is not None else [None] * len(models)
     )
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     results: dict[int, ModelOutcome] = {}
-    if jobs <= 1:
-        for index, (model, output) in enumerate(zip(models, outputs)):
-            results[index] = optimize_one(model, output, options, thresholds, external_data)
-            if progress is not None:
-                progress(results[index])
-    else:
+
+    def done(index: int, outcome: ModelOutcome) -> None:
+        results[index] = outcome
+        if progress is not None:
+            progress(outcome)
+
+    if len(models) == 1:
+        done(0, optimize_one(models[0], outputs[0], options, thresholds, external_data))
+        return [results[0]]
+    pending = list(range(len(models)))
+    while pending:
+        broken: list[int] = []
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {
                 pool.submit(
-                    optimize_one, model, output, dict(options), thresholds, external_data
-                ): index
-                for index, (model, output) in enumerate(zip(models, outputs))
+                    optimize_one, models[i], outputs[i], dict(options), thresholds, external_data
+                ): i
+                for i in pending
             }
             for future in as_completed(futures):
-                index = futures[future]
                 try:
-                    results[index] = future.result()
-                except BrokenProcessPool:  # a worker died of a signal: every pending model fails
-                    noted = last_note()
-                    results[index] = ModelOutcome(
-                        str(models[index]),
-                        error="a worker process crashed (a native fault, e.g. in ONNX Runtime) "
-                        "while optimizing this model or one beside it"
-                        + (f", last noted: {noted}" if noted else "")
-                        + "; rerun it alone (-j 1) to see which",
-                    )
-                if progress is not None:
-                    progress(results[index])
+                    done(futures[future], future.result())
+                except BrokenProcessPool:  # a worker died of a signal: the pool's rest fails
+                    broken.append(futures[future])
+        broken.sort()
+        if broken and jobs == 1:
+            # one worker, models in order: the first that did not finish is the one that crashed
+            crashed, *pending = broken
+            noted = last_note()
+            done(
+                crashed,
+                ModelOutcome(
+                    str(models[crashed]),
+                    error="its worker process crashed (a native fault, e.g. in ONNX Runtime)"
+                    + (f" while {noted}" if noted else ""),
+                ),
+            )
+        else:
+            pending, jobs = broken, 1  # which of those running crashed is unknown: one at a time
     return [results[i] for i in range(len(models))]
