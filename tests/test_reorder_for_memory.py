@@ -517,3 +517,45 @@ def test_a_window_search_cut_at_its_target_finds_the_same_best_order():
                     cut += 1
                     assert found == (target, [], [], [])
     assert gains and cut  # both cases were seen
+
+
+def test_list_orders_far_above_the_best_refined_one_are_not_refined(monkeypatch):
+    """Six branches that each make a big temporary and reduce it: the input order makes all six
+    temporaries first, the list schedules finish one branch at a time. Refined first (best
+    first), they leave the input order (six temporaries, over twice their peak) unrefined; the
+    result is the one refining every order gives."""
+    from onnxopt.analysis import schedule as scheduling
+    from onnxopt.analysis.schedule import schedule_for_memory
+
+    branches = range(6)
+    body = "\n".join(
+        [f"  p{i} = Concat<axis=0>(x, x, x, x, x, x, x, x)" for i in branches]
+        + [f"  q{i} = ReduceSum(p{i})" for i in branches]
+        + ["  y = Sum(" + ", ".join(f"q{i}" for i in branches) + ")"]
+    )
+    model = parse(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[16] x) => (float[1] y) {{
+    {body}
+    }}
+    """)
+    flow = build_dataflow(model.graph, tensor_sizes(model), inplace=True)
+    real_refine = scheduling._refine
+    started: list[int] = []
+
+    def recording(state, order, work, deadline):
+        started.append(simulate(flow, order, with_buffers=False).peak)
+        return real_refine(state, order, work, deadline)
+
+    monkeypatch.setattr(scheduling, "_refine", recording)
+    monkeypatch.setattr(scheduling, "forced_peak", lambda flow: None)  # search, not shortcut
+    cut = schedule_for_memory(flow, min_gain=0.01)
+    refined_from = list(started)
+    monkeypatch.setattr(scheduling, "REFINE_CUTOFF", float("inf"))
+    started.clear()
+    everything = schedule_for_memory(flow, min_gain=0.01)
+
+    input_peak = simulate(flow, list(range(len(flow.nodes))), with_buffers=False).peak
+    assert input_peak in started and input_peak not in refined_from
+    assert max(refined_from) < 2 * cut.peak
+    assert cut == everything
