@@ -1091,16 +1091,19 @@ def sizes_that_run(
     *,
     seed: int = 0,
     run_timeout: float = DEFAULT_RUN_TIMEOUT,
+    spectral: Sequence[str] = (),
 ) -> dict[str, tuple[int, ...]] | None:
     """Input shapes ``model`` runs at (optimizations off), for when a benchmark's defaults do not:
     every dynamic dim at one size (unnamed dims too, which a benchmark sizes apart), larger
     sizes first, then a signal's length at validation's signal sizes, then distinct sizes per
-    name, then 1; None when none runs."""
+    name, then 1; None when none runs. The ``spectral`` signal dims (:func:`spectral_signal`)
+    are tried at signal lengths first: shorter signals can crash ONNX Runtime."""
     symbols = DimSymbols.of(specs)
     session = _session(model)
     rng = np.random.default_rng(seed)
-    plans = [symbols.constant(size) for size in _BENCH_FALLBACK_SIZES]
-    plans += symbols.signal_plans(_signal_dims(specs, symbols))
+    signal = symbols.signal_plans(list(spectral) or _signal_dims(specs, symbols))
+    plans = [] if spectral else [symbols.constant(size) for size in _BENCH_FALLBACK_SIZES]
+    plans += signal
     plans += [symbols.distinct(), symbols.one_batch(symbols.distinct()), symbols.constant(1)]
     for plan in plans:
         shapes = _shapes_if_it_runs(session, specs, symbols, plan, rng, run_timeout)

@@ -356,3 +356,16 @@ def test_generated_attention_masks_keep_a_token_in_every_row() -> None:
         assert mask.any(axis=-1).all() and set(np.unique(mask)) == {0, 1}
         assert not mask.all(axis=-1).all()  # still padded where drawn so
     assert not keep.any(axis=-1).all()  # about 64 of 512 rows drawn empty stay empty
+
+
+def test_bench_looks_for_sizes_of_a_spectral_front_end_at_signal_lengths(tmp_path: Path) -> None:
+    """When a benchmark's sizes fail, its search starts at the signal lengths for a spectrum's
+    signal (128 samples first, as for other models, could crash ONNX Runtime)."""
+    from onnxopt.validate import shared_sessions, sizes_that_run
+
+    path = tmp_path / "spectrum.onnx"
+    onnx.save(_spectrum_model(), path)
+    specs = input_specs(io.model_from_proto(_spectrum_model()))
+    with shared_sessions():
+        assert sizes_that_run(path, specs, spectral=["samples"]) == {"x": (1, 1000)}
+        assert sizes_that_run(path, specs) == {"x": (1, 128)}

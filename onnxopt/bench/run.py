@@ -759,7 +759,7 @@ def run_bench(
                     raise
                 say("the original does not run at the default sizes: looking for sizes it runs at")
                 with shared_sessions():
-                    found = sizes_that_run(path, specs, seed=options.seed)
+                    found = sizes_that_run(path, specs, seed=options.seed, spectral=spectral)
                 if found is None:
                     raise failure from None
                 shapes = found
