@@ -1368,9 +1368,13 @@ def _deserialize(where: str, proto: onnx.ModelProto) -> ir.Model:
             cause = cause.__cause__
         first_line = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         raise ModelLoadError(f"{where}: cannot read the graph: {first_line}") from exc
-    for output in model.graph.outputs:
-        if output.name in map_types:
-            output.meta[MAP_TYPE] = map_types[output.name]  # value metadata survives clones
+    if map_types:
+        # on each output value (which a renaming keeps) and by name on the graph (which holds
+        # when a pass puts another value in the output's place: inlining a function)
+        model.graph.meta[MAP_TYPE] = map_types
+        for output in model.graph.outputs:
+            if output.name in map_types:
+                output.meta[MAP_TYPE] = map_types[output.name]
     return model
 
 
@@ -1378,9 +1382,18 @@ def serialize(model: ir.Model) -> onnx.ModelProto:
     """The model's proto, with the map types of its outputs that loading set aside."""
     proto = ir.serde.serialize_model(model)
     for value, info in zip(model.graph.outputs, proto.graph.output, strict=True):
-        if MAP_TYPE in value.meta:
-            info.type.ParseFromString(value.meta[MAP_TYPE])
+        kept = kept_map_type(model, value)
+        if kept is not None:
+            info.type.ParseFromString(kept)
     return proto
+
+
+def kept_map_type(model: ir.Model, output: ir.Value) -> bytes | None:
+    """The map type loading set aside for this graph output (serialized), if any."""
+    kept: bytes | None = output.meta.get(MAP_TYPE)
+    if kept is None and output.type is None:
+        kept = model.graph.meta.get(MAP_TYPE, {}).get(str(output.name))
+    return kept
 
 
 def to_proto(model: ir.Model) -> onnx.ModelProto:

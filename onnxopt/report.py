@@ -61,7 +61,7 @@ class ModelSummary:
             opsets=dict(sorted(model.opset_imports.items())),
             ir_version=model.ir_version,
             inputs=tuple(_info(v) for v in model.graph.inputs if not v.is_initializer()),
-            outputs=tuple(_info(v) for v in model.graph.outputs),
+            outputs=tuple(_info(v, io.kept_map_type(model, v)) for v in model.graph.outputs),
             producer=f"{model.producer_name or ''} {model.producer_version or ''}".strip(),
         )
 
@@ -72,12 +72,12 @@ def _dim(dim: Any) -> int | str | None:
     return getattr(dim, "value", None)
 
 
-def _info(value: ir.Value) -> TensorInfo:
+def _info(value: ir.Value, map_type: bytes | None = None) -> TensorInfo:
     shape = None if value.shape is None else tuple(_dim(d) for d in value.shape)
     dtype = value.dtype.name.lower() if value.dtype is not None else "?"
-    if io.MAP_TYPE in value.meta:  # ZipMap's output: a type onnx-ir cannot hold
+    if map_type is not None:  # ZipMap's output: a type onnx-ir cannot hold
         kind = onnx.TypeProto()
-        kind.ParseFromString(value.meta[io.MAP_TYPE])
+        kind.ParseFromString(map_type)
         dtype = io.type_text(kind)
     return TensorInfo(str(value.name), dtype, shape)
 

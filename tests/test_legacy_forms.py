@@ -355,3 +355,42 @@ def test_a_map_input_is_refused_with_its_name(tmp_path: Path) -> None:
         f"{source}: input 'D' is a map or a sequence of maps; a map-typed input is not "
         "supported (onnx-ir holds no map types)"
     )
+
+
+def test_a_zipmap_output_made_inside_a_local_function_keeps_its_type(tmp_path: Path) -> None:
+    """Inlining the function puts another value in the output's place: the type set aside at
+    load is found again by the output's name."""
+    classifier = _classifier(cast=False)
+    function = oh.make_function(
+        "custom",
+        "Classify",
+        ["X"],
+        ["output_label", "output_probability"],
+        list(classifier.graph.node),
+        [oh.make_opsetid("", 9), oh.make_opsetid("ai.onnx.ml", 1)],
+    )
+    graph = oh.make_graph(
+        [oh.make_node("Classify", ["X"], ["label", "scores"], domain="custom")],
+        "wrapped",
+        list(classifier.graph.input),
+        [
+            oh.make_tensor_value_info("label", onnx.TensorProto.INT64, [None]),
+            oh.make_value_info("scores", classifier.graph.output[1].type),
+        ],
+    )
+    opsets = [*classifier.opset_import, oh.make_opsetid("custom", 1)]
+    source = tmp_path / "wrapped.onnx"
+    onnx.save(
+        oh.make_model(graph, opset_imports=opsets, functions=[function], ir_version=8), str(source)
+    )
+    target = tmp_path / "out.onnx"
+
+    result = api.optimize(source)
+    save_model(result.model, target)
+
+    assert result.validated
+    written = onnx.load(str(target))
+    assert [n.op_type for n in written.graph.node] == ["LinearClassifier", "ZipMap"]
+    assert written.graph.output[1].type == classifier.graph.output[1].type
+    onnx.checker.check_model(written)
+    assert result.report.after.outputs[1].dtype == "seq(map(int64, float))"
