@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -14,7 +15,7 @@ from onnxopt.api import OptimizeResult
 from onnxopt.checks import Measurements, Thresholds, evaluate
 from onnxopt.ci_report import ModelOutcome, outcome_failures
 from onnxopt.errors import UsageError, describe
-from onnxopt.guard import doing, last_note
+from onnxopt.guard import adopt_notes, doing, last_note, notes_path
 
 
 def output_paths(models: Sequence[Path], out_dir: Path) -> list[Path]:
@@ -126,9 +127,9 @@ def optimize_many(
 ) -> list[ModelOutcome]:
     """Outcomes in the order of ``models``, whatever order the workers finish in.
 
-    Several models run in worker processes (``jobs`` at a time, one at a time for ``jobs=1``),
-    so that one whose run kills its process (ONNX Runtime dying of SIGFPE or SIGSEGV) fails
-    alone: the pool's other models are run again, one at a time until the model that crashed
+    Several models run in spawned worker processes (``jobs`` at a time, one at a time for
+    ``jobs=1``; each worker imports onnxopt, about a second), so that one whose run kills its
+    process (ONNX Runtime dying of SIGFPE or SIGSEGV) fails alone: the pool's other models are run again, one at a time until the model that crashed
     is known, and it gets an error saying what its worker was doing. One model runs in-process.
     """
     outputs: list[Path | None] = (
@@ -149,7 +150,14 @@ def optimize_many(
     pending = list(range(len(models)))
     while pending:
         broken: list[int] = []
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        # Spawned, not forked: a process that already ran ONNX Runtime (the API in a notebook, a
+        # probe) holds thread pools and locks that a forked worker can inherit locked, and hang.
+        with ProcessPoolExecutor(
+            max_workers=jobs,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=adopt_notes,
+            initargs=(notes_path(),),
+        ) as pool:
             futures = {
                 pool.submit(
                     optimize_one, models[i], outputs[i], dict(options), thresholds, external_data

@@ -5,7 +5,8 @@ instead of an exception: onnx-asr's wespeaker front end, given less audio than o
 ORT 1.32 with SIGFPE. The process is then gone with no message (exit 136 or 139), whatever
 handler Python has. So the command starts itself again as a child (marked by an environment
 variable) and only waits; the child notes what it is about to do (:func:`doing`) in a file the
-two share, and when it dies of a crash signal the parent prints what it was doing, in one line,
+two share (named in the environment, so that the child's own worker processes can note there
+too), and when it dies of a crash signal the parent prints what it was doing, in one line,
 and exits 2 like any other bad input. Other ends pass through unchanged: an exit code as it is,
 SIGKILL (the out-of-memory killer) or SIGTERM by dying of the same signal.
 
@@ -23,9 +24,8 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import IO
 
-NOTES_FD = "ONNXOPT_NOTES_FD"  # the child's end: the shared notes file's descriptor
+NOTES = "ONNXOPT_NOTES"  # the shared notes file's path
 PROG_NAME = "ONNXOPT_PROG_NAME"  # the name the user typed, for usage lines
 NO_GUARD = "ONNXOPT_NO_GUARD"
 EXIT_ERROR = 2  # cli.EXIT_ERROR (not imported: click costs the parent 60 ms)
@@ -41,6 +41,7 @@ CRASHES = {
 }
 
 _notes_fd: int | None = None
+_notes_path: str | None = None
 _stack: list[str] = []
 
 
@@ -70,6 +71,23 @@ def doing(activity: str) -> Iterator[None]:
         _write_note()
 
 
+def notes_path() -> str | None:
+    """The notes file of this process (None outside a guarded command), for worker processes."""
+    return _notes_path
+
+
+def adopt_notes(path: str | None) -> None:
+    """In a worker process: note into ``path`` too (a pool's initializer)."""
+    global _notes_fd, _notes_path
+    if path is None or _notes_fd is not None:
+        return
+    try:
+        _notes_fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return
+    _notes_path = path
+
+
 def last_note() -> str:
     """What the notes file holds now: in a process pool's parent, what a worker that died last
     noted (the workers, forked, share the file)."""
@@ -90,31 +108,24 @@ def crash_message(signal_number: int, activity: str, command: str) -> str:
     )
 
 
-def _notes_file() -> IO[bytes] | None:
-    try:
-        return tempfile.TemporaryFile(prefix="onnxopt-notes-")
-    except OSError:
-        return None
-
-
 def _run_child() -> int | None:
     """Run this command again as a child; its exit code, or the crash line's code (None: no
     child could be started, no temp file or no interpreter to start: run in-process instead)."""
     script = os.path.basename(sys.argv[0])
-    notes = _notes_file()
-    if notes is None:
+    try:
+        fd, path = tempfile.mkstemp(prefix="onnxopt-notes-")
+    except OSError:
         return None
-    with notes:
-        fd = notes.fileno()
+    try:
         env = dict(os.environ)
-        env[NOTES_FD] = str(fd)
+        env[NOTES] = path
         if script != "__main__.py":
             env[PROG_NAME] = script
         # the interpreter's own options too (-X utf8, -W error, -I ...), as multiprocessing does
         flags: list[str] = getattr(subprocess, "_args_from_interpreter_flags", list)()
         command = [sys.executable, *flags, "-m", "onnxopt", *sys.argv[1:]]
         try:
-            child = subprocess.Popen(command, env=env, pass_fds=(fd,))
+            child = subprocess.Popen(command, env=env)
         except OSError:
             return None
 
@@ -133,6 +144,10 @@ def _run_child() -> int | None:
             for number, handler in handlers.items():
                 signal.signal(number, handler)
         activity = os.pread(fd, _NOTE_BYTES, 0).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
     if code >= 0:
         return code
     died_of = -code
@@ -158,8 +173,7 @@ def _die_with_parent() -> None:
 
 def main() -> None:
     """The ``onnxopt`` command: the guarding parent, or (in the child) the command line itself."""
-    global _notes_fd
-    notes = os.environ.pop(NOTES_FD, None)
+    notes = os.environ.pop(NOTES, None)
     prog_name = os.environ.pop(PROG_NAME, None)
     guarded = notes is None and os.name == "posix" and bool(sys.executable)
     if guarded and not os.environ.get(NO_GUARD):
@@ -167,7 +181,7 @@ def main() -> None:
         if code is not None:
             sys.exit(code)
     if notes is not None:
-        _notes_fd = int(notes)
+        adopt_notes(notes)
         _die_with_parent()
     from onnxopt.cli import main as cli
 
