@@ -534,11 +534,20 @@ def schedule_for_memory(
     if plan_scoring is None:
         plan_scoring = model.n <= PLAN_SCORING_NODES
     identity = list(range(model.n))
+    simulated: dict[tuple[int, ...], int] = {}
+
+    def peak_of(order: Sequence[int]) -> int:
+        """An order's lower bound, simulated once (the refinement and the shortlist both ask)."""
+        key = tuple(order)
+        if key not in simulated:
+            simulated[key] = simulate(flow, order, with_buffers=False).peak
+        return simulated[key]
+
     # Greedy placements alone bound the input order's searched plan from above.
     greedy = (
         plan_flow(flow, identity, search_work=0, exact_nodes=0).arena_bytes if plan_scoring else 0
     )
-    original_peak = simulate(flow, identity, with_buffers=False).peak
+    original_peak = peak_of(identity)
     bound = forced_peak(flow)
     if bound is not None:
         # No order's peak is below the bound: where it already leaves nothing to gain, the
@@ -563,7 +572,7 @@ def schedule_for_memory(
         # graphs of many parallel branches it spends its whole budget on such orders (an
         # IsolationForest: 0.5 s of its 0.55 s refining orders that stay 2.8x worse).
         base = list(candidates)
-        peaks = [simulate(flow, order, with_buffers=False).peak for _, order in base]
+        peaks = [peak_of(order) for _, order in base]
         refined: dict[int, list[int]] = {}
         best_refined: int | None = None
         for index in sorted(range(len(base)), key=lambda i: (peaks[i], i)):
@@ -572,7 +581,7 @@ def schedule_for_memory(
             name, order = base[index]
             refiner = kept if name.endswith("ORT walk kept") else model
             refined[index] = _refine(refiner, order, work, deadline)
-            found = simulate(flow, refined[index], with_buffers=False).peak
+            found = peak_of(refined[index])
             best_refined = found if best_refined is None else min(best_refined, found)
         for index, (name, _) in enumerate(base):
             if index in refined:
@@ -599,9 +608,6 @@ def schedule_for_memory(
                 )
             constrained = kept if "ORT walk kept" in name else model
             candidates.append((f"{name}, just in time", _sink(constrained, order, sinkable)))
-
-    def peak_of(order: list[int]) -> int:
-        return simulate(flow, order, with_buffers=False).peak
 
     def arena_of(order: list[int], peak: int) -> int:
         return (
