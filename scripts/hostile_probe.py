@@ -33,6 +33,9 @@ from click.testing import CliRunner
 
 from onnxopt.cli import main
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from realworld_probe import SEQ_MAP, zipmap_classifier
+
 T = onnx.TensorProto
 
 
@@ -1025,42 +1028,19 @@ def _(d: Path) -> list[str]:
     return opt(d, m)
 
 
-def _zipmap_nodes(probabilities: str = "probabilities") -> list[onnx.NodeProto]:
-    return [
-        oh.make_node(
-            "LinearClassifier",
-            ["x"],
-            ["label", probabilities],
-            domain="ai.onnx.ml",
-            classlabels_ints=[0, 1, 2],
-            coefficients=[0.1 * i for i in range(12)],
-            intercepts=[0.1, 0.2, 0.3],
-            post_transform="SOFTMAX",
-        ),
-        oh.make_node(
-            "ZipMap", [probabilities], ["zm"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2]
-        ),
-    ]
-
-
-_SEQ_MAP = oh.make_sequence_type_proto(
-    oh.make_map_type_proto(T.INT64, oh.make_tensor_type_proto(T.FLOAT, []))
-)
-
-
-def _ml_model(graph: onnx.GraphProto, **kw: object) -> onnx.ModelProto:
+def _ml_model(graph: onnx.GraphProto) -> onnx.ModelProto:
     opsets = [oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.ml", 1)]
-    return oh.make_model(graph, opset_imports=opsets + kw.pop("extra", []), ir_version=8, **kw)
+    return oh.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
 @case("ZipMap classifier: seq(map) output, a map value_info, a stale map annotation", "ok")
 def _(d: Path) -> list[str]:
     g = oh.make_graph(
-        _zipmap_nodes(),
+        zipmap_classifier(scores="zm"),
         "g",
         [vi("x", T.FLOAT, ["N", 4])],
-        [vi("label", T.INT64, ["N"]), oh.make_value_info("zm", _SEQ_MAP)],
-        value_info=[oh.make_value_info("zm", _SEQ_MAP), oh.make_value_info("gone", _SEQ_MAP)],
+        [vi("label", T.INT64, ["N"]), oh.make_value_info("zm", SEQ_MAP)],
+        value_info=[oh.make_value_info("zm", SEQ_MAP), oh.make_value_info("gone", SEQ_MAP)],
     )
     return opt(d, _ml_model(g))
 
@@ -1068,10 +1048,10 @@ def _(d: Path) -> list[str]:
 @case("ZipMap output read by another node (ORT refuses the original)", "error")
 def _(d: Path) -> list[str]:
     g = oh.make_graph(
-        [*_zipmap_nodes(), oh.make_node("SequenceLength", ["zm"], ["n"])],
+        [*zipmap_classifier(scores="zm"), oh.make_node("SequenceLength", ["zm"], ["n"])],
         "g",
         [vi("x", T.FLOAT, ["N", 4])],
-        [vi("label", T.INT64, ["N"]), oh.make_value_info("zm", _SEQ_MAP), vi("n", T.INT64, [])],
+        [vi("label", T.INT64, ["N"]), oh.make_value_info("zm", SEQ_MAP), vi("n", T.INT64, [])],
     )
     return opt(d, _ml_model(g))
 
@@ -1079,16 +1059,16 @@ def _(d: Path) -> list[str]:
 @case("seq(map) output of an If branch (a subgraph's map interface)", "error")
 def _(d: Path) -> list[str]:
     branch = oh.make_graph(
-        _zipmap_nodes("p"),
+        zipmap_classifier("p", "zm"),
         "b",
         [],
-        [vi("label", T.INT64, ["N"]), oh.make_value_info("zm", _SEQ_MAP)],
+        [vi("label", T.INT64, ["N"]), oh.make_value_info("zm", SEQ_MAP)],
     )
     g = oh.make_graph(
         [oh.make_node("If", ["c"], ["l", "z"], then_branch=branch, else_branch=branch)],
         "g",
         [vi("x", T.FLOAT, ["N", 4]), vi("c", T.BOOL, [])],
-        [vi("l", T.INT64, ["N"]), oh.make_value_info("z", _SEQ_MAP)],
+        [vi("l", T.INT64, ["N"]), oh.make_value_info("z", SEQ_MAP)],
     )
     return opt(d, _ml_model(g))
 

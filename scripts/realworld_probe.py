@@ -642,13 +642,22 @@ def _ml_without_import(base: Path, work: Path) -> Path:
     return _save(model, work / "ml_no_import.onnx")
 
 
-@form("sklearn-style classifier with ZipMap (seq(map) output)")
-def _zipmap(base: Path, work: Path) -> Path:
-    nodes = [
+# ZipMap's output type: one map of class scores per row
+SEQ_MAP = oh.make_sequence_type_proto(
+    oh.make_map_type_proto(T.INT64, oh.make_tensor_type_proto(T.FLOAT, []))
+)
+
+
+def zipmap_classifier(
+    probabilities: str = "probabilities", scores: str = "output_probability"
+) -> list[onnx.NodeProto]:
+    """As skl2onnx converts a classifier: ``x`` [N, 4] -> ``label`` and ``scores`` (SEQ_MAP)
+    through a LinearClassifier and a ZipMap (also used by hostile_probe.py)."""
+    return [
         oh.make_node(
             "LinearClassifier",
             ["x"],
-            ["label", "probabilities"],
+            ["label", probabilities],
             domain="ai.onnx.ml",
             classlabels_ints=[0, 1, 2],
             coefficients=[0.1 * i for i in range(12)],
@@ -656,23 +665,20 @@ def _zipmap(base: Path, work: Path) -> Path:
             post_transform="SOFTMAX",
         ),
         oh.make_node(
-            "ZipMap",
-            ["probabilities"],
-            ["output_probability"],
-            domain="ai.onnx.ml",
-            classlabels_int64s=[0, 1, 2],
+            "ZipMap", [probabilities], [scores], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2]
         ),
     ]
-    seq_map = oh.make_sequence_type_proto(
-        oh.make_map_type_proto(T.INT64, oh.make_tensor_type_proto(T.FLOAT, []))
-    )
+
+
+@form("sklearn-style classifier with ZipMap (seq(map) output)")
+def _zipmap(base: Path, work: Path) -> Path:
     graph = oh.make_graph(
-        nodes,
+        zipmap_classifier(),
         "classifier",
         [oh.make_tensor_value_info("x", T.FLOAT, ["N", 4])],
         [
             oh.make_tensor_value_info("label", T.INT64, ["N"]),
-            oh.make_value_info("output_probability", seq_map),
+            oh.make_value_info("output_probability", SEQ_MAP),
         ],
     )
     opsets = [oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.ml", 1)]
