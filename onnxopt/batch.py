@@ -129,8 +129,9 @@ def optimize_many(
 
     Several models run in spawned worker processes (``jobs`` at a time, one at a time for
     ``jobs=1``; each worker imports onnxopt, about a second), so that one whose run kills its
-    process (ONNX Runtime dying of SIGFPE or SIGSEGV) fails alone: the pool's other models are run again, one at a time until the model that crashed
-    is known, and it gets an error saying what its worker was doing. One model runs in-process.
+    process (ONNX Runtime dying of SIGFPE or SIGSEGV) fails alone: the pool's other models are
+    run again, one at a time until the model that crashed is known, and it gets an error saying
+    what its worker was doing. One model runs in-process.
     """
     outputs: list[Path | None] = (
         list(output_paths(models, out_dir)) if out_dir is not None else [None] * len(models)

@@ -10,9 +10,10 @@ too), and when it dies of a crash signal the parent prints what it was doing, in
 and exits 2 like any other bad input. Other ends pass through unchanged: an exit code as it is,
 SIGKILL (the out-of-memory killer) or SIGTERM by dying of the same signal.
 
-The parent imports nothing heavy (one more Python start, ~50 ms), forwards SIGTERM and SIGHUP to the
-child and leaves Ctrl-C to it (both are in the terminal's process group). ``ONNXOPT_NO_GUARD=1``,
-or a platform without inherited file descriptors (not POSIX), runs the command in-process.
+The parent imports nothing heavy (one more Python start, ~50 ms), forwards SIGTERM and SIGHUP
+to the child and leaves Ctrl-C to it (both are in the terminal's process group).
+``ONNXOPT_NO_GUARD=1``, or a platform where a child's exit status does not say which signal
+ended it (not POSIX), runs the command in-process.
 """
 
 from __future__ import annotations
@@ -100,11 +101,10 @@ def last_note() -> str:
 
 def crash_message(signal_number: int, activity: str, command: str) -> str:
     """The one line the parent prints for a child that died of ``signal_number``."""
-    name = signal.Signals(signal_number).name
+    died_of = signal.Signals(signal_number)
     during = activity or f"running '{command}'"
     return (
-        f"onnxopt: error: the process crashed ({name}, {CRASHES[signal.Signals(signal_number)]}) "
-        f"while {during}"
+        f"onnxopt: error: the process crashed ({died_of.name}, {CRASHES[died_of]}) while {during}"
     )
 
 
