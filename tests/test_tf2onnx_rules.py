@@ -92,6 +92,17 @@ def test_squeeze_of_reshape_drops_the_squeezed_entries() -> None:
     assert_rewrites(MergeConsecutiveOpsPass, text, {"Squeeze∘Reshape": 1}, ["Reshape", "Relu"])
 
 
+def test_squeeze_of_reshape_to_a_scalar_views_to_an_empty_target() -> None:
+    # every entry squeezed: the view is Reshape(x, []), a scalar (fuzz seeds 2298, 2574 of
+    # test_cleanup_fuzz's generator were an IndexError here)
+    text = model(
+        "<int64[2] t = {1, 1}, int64[2] a = {0, 1}> { r = Reshape(x, t)\n s = Squeeze(r, a)\n y = Relu(s) }",
+        inputs="float[1] x",
+        outputs="float y",
+    )
+    assert_rewrites(MergeConsecutiveOpsPass, text, {"Squeeze∘Reshape": 1}, ["Reshape", "Relu"])
+
+
 def test_squeeze_of_reshape_refuses_a_copy_after_the_squeezed_axis() -> None:
     # [2, 1, 3, 0] copies x's dim 3; without the 1 the 0 would copy dim 2 instead
     text = model(

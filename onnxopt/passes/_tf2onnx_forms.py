@@ -252,6 +252,9 @@ def _rewrite_squeeze_of_reshape(match: Match, context: RewriteContext) -> Replac
         if left:
             constants.append(int64_constant(left))
             kept.append(constants[-1])
+    if not kept:  # every entry squeezed: a view to a scalar, Reshape(x, [])
+        constants.append(int64_constant([]))
+        kept.append(constants[-1])
     nodes: list[ir.Node] = []
     if len(kept) > 1:
         nodes.append(ir.node("Concat", kept, {"axis": 0}))
