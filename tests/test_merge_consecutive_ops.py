@@ -995,3 +995,73 @@ def test_transpose_in_a_branch_is_not_hoisted_out_of_it() -> None:
     result = MergeConsecutiveOpsPass()(original.clone())
     assert HOIST not in result.stats
     assert validate(original, result.model).passed
+
+
+KEEP = "Reshape∘Reduce(keepdims=0)->Reduce(keepdims=1)"
+
+
+@pytest.mark.parametrize(
+    ("body", "rule", "outputs"),
+    [
+        # the dynamo exporter's x.var(-1, keepdim=True): keepdims=0, then a view to [b, s, 1]
+        (
+            "<int64[1] a = {2}, int64[3] t = {0, 0, 1}> { r = ReduceMean<keepdims=0>(x, a)\n"
+            " v = Reshape(r, t)\n y = Relu(v) }",
+            KEEP,
+            "float[2,3,1] y",
+        ),
+        (
+            "<int64[1] a = {-2}, int64[3] t = {2, -1, 4}> { r = ReduceMean<keepdims=0>(x, a)\n"
+            " v = Reshape(r, t)\n y = Relu(v) }",
+            KEEP,
+            "float[2,1,4] y",
+        ),
+        (
+            "<int64[1] a = {1}> { r = ReduceSum<keepdims=0>(x, a)\n v = Unsqueeze(r, a)\n y = Relu(v) }",
+            KEEP.replace("Reshape", "Unsqueeze"),
+            "float[2,1,4] y",
+        ),
+        # every axis (no axes given): a scalar viewed as [1, 1, 1]
+        (
+            "<int64[3] t = {1, 1, 1}> { r = ReduceMax<keepdims=0>(x)\n v = Reshape(r, t)\n y = Relu(v) }",
+            KEEP,
+            "float[1,1,1] y",
+        ),
+    ],
+)
+def test_a_view_that_puts_the_reduced_axes_back_keeps_the_dims(
+    body: str, rule: str, outputs: str
+) -> None:
+    text = model(body, outputs=outputs, opset=18)
+    reduce = next(w for w in ("ReduceMean", "ReduceSum", "ReduceMax") if w in body)
+    optimized = assert_rewrites(MergeConsecutiveOpsPass, text, {rule: 1}, [reduce, "Relu"])
+    node = next(iter(optimized.graph))
+    assert node.attributes.get_int("keepdims", 1) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "outputs", "reason"),
+    [
+        # the 1 goes after the kept dims: the same elements in another shape
+        (
+            "<int64[1] a = {1}, int64[3] t = {2, 4, 1}> { r = ReduceMean<keepdims=0>(x, a)\n"
+            " v = Reshape(r, t)\n y = Relu(v) }",
+            "float[2,4,1] y",
+            "target dim 1 is 4, not the reduced axis' 1",
+        ),
+        (
+            "<int64[1] a = {1}, int64[1] b = {2}> { r = ReduceMean<keepdims=0>(x, a)\n"
+            " v = Unsqueeze(r, b)\n y = Relu(v) }",
+            "float[2,4,1] y",
+            "the Unsqueeze adds other axes than the reduction dropped",
+        ),
+        (
+            "<int64[1] a = {2}, int64[3] t = {0, 0, 1}> { r = ReduceMean<keepdims=0>(x, a)\n"
+            " v = Reshape(r, t)\n w = Relu(r)\n y = Add(v, w) }",
+            "float[2,3,3] y",
+            "the reduction has other users",
+        ),
+    ],
+)
+def test_a_view_that_moves_the_reduced_data_stays(body: str, outputs: str, reason: str) -> None:
+    assert_refuses(MergeConsecutiveOpsPass, model(body, outputs=outputs, opset=18), reason)

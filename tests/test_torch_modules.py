@@ -274,3 +274,34 @@ def _optimized_matches_eager(module: Any, tmp_path: Path, left: bool = False) ->
             eager = module(torch.from_numpy(feed["x"]), torch.from_numpy(feed["mask"])).numpy()
         np.testing.assert_allclose(session.run(None, feed)[0], eager, rtol=1e-4, atol=1e-4)
     return _ops(result.model)
+
+
+@pytest.mark.parametrize(("unbiased", "norms"), [(False, 1), (True, 0)])
+def test_hand_written_layer_norm_with_var_fuses_only_when_biased(
+    unbiased: bool, norms: int, tmp_path: Path
+) -> None:
+    # The dynamo exporter writes x.var(-1, keepdim=True) as a keepdims=0 mean viewed back to
+    # [b, s, 1]; with unbiased=True the variance is scaled by n / (n - 1): no LayerNormalization.
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Norm(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.rand(16) + 0.5)
+            self.bias = torch.nn.Parameter(torch.rand(16) - 0.5)
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            mean = x.mean(-1, keepdim=True)
+            var = x.var(-1, keepdim=True, unbiased=unbiased)
+            return (x - mean) / torch.sqrt(var + 1e-5) * self.weight + self.bias
+
+    path = tmp_path / "norm.onnx"
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+    program = torch.onnx.export(Norm().eval(), (torch.randn(2, 5, 16),), dynamo=True,
+                                input_names=["x"], dynamic_shapes=({0: batch, 1: seq},))  # fmt: skip
+    assert program is not None
+    program.save(str(path))
+    result = onnxopt.optimize(path)
+    assert result.report.validation is not None and result.report.validation.passed
+    assert _ops(result.model)["LayerNormalization"] == norms, _ops(result.model)

@@ -966,6 +966,112 @@ def _rewrite_concat_of_transposes(match: Match, context: RewriteContext) -> Repl
     return _then_transpose(inner, node.outputs[0], match.bindings["perm"])
 
 
+# A reduction whose dropped axes a view puts back --------------------------------------------------
+
+REDUCE_OPS = (
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSum",
+    "ReduceSumSquare",
+)
+
+
+def _dropped_reduction(value: ir.Value | None) -> tuple[ir.Node, tuple[int, ...]] | Mismatch:
+    """(Reduce node, its reduced axes) when ``value`` is a keepdims=0 reduction read only once."""
+    node = None if value is None else value.producer()
+    if node is None or not any(is_op(node, op) for op in REDUCE_OPS):
+        return Mismatch("not a view of a reduction", candidate=False)
+    if node.attributes.get_int("keepdims", 1) != 0:
+        return Mismatch("the reduction keeps its dims", candidate=False)
+    rank = _rank(node.inputs[0])
+    if rank is None:
+        return Mismatch("the reduction's input rank is unknown")
+    axes = axes_param(node, rank)
+    if isinstance(axes, Mismatch):
+        return axes
+    if axes is None or not axes:
+        if node.attributes.get_int("noop_with_empty_axes", 0):
+            return Mismatch(
+                "the reduction has no axes and noop_with_empty_axes: it reduces nothing"
+            )
+        axes = tuple(range(rank))
+    assert value is not None
+    if value.is_graph_output() or len(value.uses()) != 1:
+        return Mismatch("the reduction has other users: keeping its dims would add a node")
+    return node, axes
+
+
+def _puts_back(view: ir.Node, data: ir.Value, axes: Sequence[int]) -> str | None:
+    """Why ``view`` (a Reshape of ``data``'s keepdims=0 reduction over ``axes``) may not give the
+    shape keepdims=1 gives (None: it provably does). Views keep the element order, so that shape
+    is all that matters."""
+    dims = data.shape
+    assert dims is not None
+    kept = ir.Shape([1 if axis in axes else dim for axis, dim in enumerate(dims)])
+    if same_dims(view.outputs[0].shape, kept):
+        return None
+    if "shape" in view.attributes or view.attributes.get_int("allowzero", 0) != 0:
+        return "a Reshape-1 or allowzero view whose result shape is not known"
+    target = const_ints(view.inputs[1] if len(view.inputs) > 1 else None)
+    if target is None or len(target) != len(dims):
+        return "the view's target is not a constant of the input's rank"
+    if target.count(-1) > 1:
+        return "the view's target has several -1 dims"
+    for axis, want in enumerate(target):
+        if want == -1:
+            continue  # the one dim left: equal once every other dim is
+        if axis in axes:
+            if want != 1:
+                return f"the view's target dim {axis} is {want}, not the reduced axis' 1"
+        elif want == 0:
+            if axis > min(axes):
+                return f"the view's target dim {axis} copies a dim the reduction moved"
+        elif not isinstance(dims[axis], int) or dims[axis] != want:
+            return f"the view's target dim {axis} is {want}, not the input's dim"
+    return None
+
+
+def _match_view_of_reduction(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``Reshape(ReduceX(x, axes, keepdims=0), t)`` where the view only puts the reduced axes back
+    as 1s, or ``Unsqueeze`` of exactly those axes: ``ReduceX(x, axes, keepdims=1)`` (the dynamo
+    exporter writes ``x.var(-1, keepdim=True)`` so, and the LayerNorm fusion reads keepdims=1)."""
+    found = _dropped_reduction(node.inputs[0])
+    if isinstance(found, Mismatch):
+        return found
+    reduce, axes = found
+    data = reduce.inputs[0]
+    assert data is not None and data.shape is not None
+    if node.op_type == "Unsqueeze":
+        added = axes_param(node, len(data.shape))
+        if isinstance(added, Mismatch):
+            return added
+        if added is None or sorted(added) != sorted(axes):
+            return Mismatch("the Unsqueeze adds other axes than the reduction dropped")
+    else:
+        problem = _puts_back(node, data, axes)
+        if problem is not None:
+            return Mismatch(problem)
+    return Match([reduce, node])
+
+
+def _rewrite_view_of_reduction(match: Match, context: RewriteContext) -> Replacement:
+    reduce, view = match.nodes
+    attributes = [a for a in reduce.attributes.values() if a.name != "keepdims"]
+    kept = ir.Node(
+        reduce.domain,
+        reduce.op_type,
+        list(reduce.inputs),
+        [*attributes, ir.AttrInt64("keepdims", 1)],
+    )
+    return Replacement([kept], ((view.outputs[0], kept.outputs[0]),))
+
+
 def _rule(
     name: str,
     op_type: str,
@@ -1011,6 +1117,15 @@ RULES: tuple[Rule, ...] = (
     *TF2ONNX_RULES,
     SOFTMAX_RULE,
     _rule("Unsqueeze∘Unsqueeze", "Unsqueeze", _match_unsqueezes, _rewrite_axes_merge),
+    *(
+        _rule(
+            f"{view}∘Reduce(keepdims=0)->Reduce(keepdims=1)",
+            view,
+            _match_view_of_reduction,
+            _rewrite_view_of_reduction,
+        )
+        for view in ("Reshape", "Unsqueeze")
+    ),
     _rule("Unsqueeze∘Gather∘Shape->Shape", "Unsqueeze", _match_dim_read, _rewrite_dim_read),
     _rule("Squeeze∘Squeeze", "Squeeze", _match_squeezes, _rewrite_axes_merge),
     _rule("Cast∘Cast", "Cast", _match_casts, _rewrite_casts),
