@@ -122,3 +122,112 @@ def annotated_transformer() -> tuple[Any, dict[str, Any], dict[str, dict[int, st
 def annotated_transformer_tiny() -> tuple[Any, dict[str, Any], dict[str, dict[int, str]]]:
     module = _annotated(width=32, heads=4, layers=2, ffn=64, vocab=50)
     return module, _inputs(50, 2, 7, 6), _AXES
+
+
+# MobileNetV3-Small as the widely copied pre-nn.Hardswish implementations write it: h_sigmoid is
+# relu6(x + 3) / 6 and h_swish x * h_sigmoid(x), the squeeze-excite gate two Linears on the pooled
+# channels. (kernel, expansion, out channels, squeeze-excite, hard-swish, stride) per block.
+_MOBILENET_V3_SMALL = [
+    (3, 1.0, 16, True, False, 2),
+    (3, 4.5, 24, False, False, 2),
+    (3, 3.67, 24, False, False, 1),
+    (5, 4.0, 40, True, True, 2),
+    (5, 6.0, 40, True, True, 1),
+    (5, 6.0, 40, True, True, 1),
+    (5, 3.0, 48, True, True, 1),
+    (5, 3.0, 48, True, True, 1),
+    (5, 6.0, 96, True, True, 2),
+    (5, 6.0, 96, True, True, 1),
+    (5, 6.0, 96, True, True, 1),
+]
+
+
+def _round8(value: float) -> int:
+    """``value`` to a multiple of 8, never more than 10% below it."""
+    rounded = max(8, int(value + 4) // 8 * 8)
+    return rounded + 8 if rounded < 0.9 * value else rounded
+
+
+def _mobilenet_v3_small(classes: int) -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    class HardSigmoid(nn.Module):
+        def forward(self, x: Any) -> Any:
+            return nn.functional.relu6(x + 3) / 6
+
+    class HardSwish(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = HardSigmoid()
+
+        def forward(self, x: Any) -> Any:
+            return x * self.gate(x)
+
+    def conv_bn(cin: int, cout: int, kernel: int, stride: int, groups: int, act: Any) -> Any:
+        layers = [
+            nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
+            nn.BatchNorm2d(cout),
+        ]
+        return nn.Sequential(*layers, act) if act is not None else nn.Sequential(*layers)
+
+    class Excite(nn.Module):
+        def __init__(self, channels: int) -> None:
+            super().__init__()
+            hidden = _round8(channels / 4)
+            self.fc = nn.Sequential(
+                nn.Linear(channels, hidden), nn.ReLU(), nn.Linear(hidden, channels), HardSigmoid()
+            )
+
+        def forward(self, x: Any) -> Any:
+            b, c = x.shape[0], x.shape[1]
+            return x * self.fc(x.mean((2, 3))).view(b, c, 1, 1)
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, kernel: int, expand: float, cout: int, se: bool, hs: bool,
+                     stride: int) -> None:  # fmt: skip
+            super().__init__()
+            hidden = _round8(cin * expand)
+            act = HardSwish() if hs else nn.ReLU()
+            layers = [] if hidden == cin else [conv_bn(cin, hidden, 1, 1, 1, act)]
+            layers.append(conv_bn(hidden, hidden, kernel, stride, hidden, act))
+            if se:
+                layers.append(Excite(hidden))
+            layers.append(conv_bn(hidden, cout, 1, 1, 1, None))
+            self.body = nn.Sequential(*layers)
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x: Any) -> Any:
+            return x + self.body(x) if self.residual else self.body(x)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            layers, cin = [conv_bn(3, 16, 3, 2, 1, HardSwish())], 16
+            for kernel, expand, cout, se, hs, stride in _MOBILENET_V3_SMALL:
+                layers.append(Block(cin, kernel, expand, cout, se, hs, stride))
+                cin = cout
+            layers.append(conv_bn(cin, 576, 1, 1, 1, HardSwish()))
+            self.features = nn.Sequential(*layers)
+            self.head = nn.Sequential(nn.Linear(576, 1024), HardSwish(), nn.Linear(1024, classes))
+
+        def forward(self, x: Any) -> Any:
+            return self.head(self.features(x).mean((2, 3)))
+
+    model = Model().eval()
+    with torch.no_grad():  # trained-like BatchNorm statistics, not a fresh one's identity
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.2, 0.2)
+                module.running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def mobilenet_v3_hand_written() -> tuple[Any, dict[str, Any], dict[str, dict[int, str]]]:
+    """MobileNetV3-Small, hand-written hard-sigmoid/hard-swish, 1 x 3 x 224 x 224."""
+    import torch
+
+    image = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    return _mobilenet_v3_small(1000), {"image": image}, {"image": {0: "batch"}}

@@ -17,7 +17,9 @@ from onnxopt.rewrite.patterns import ensure_opset, users
 _FLOAT_MAX = float(np.finfo(np.float32).max)
 
 
-def _clip_bounds(node: ir.Node) -> list[float] | Mismatch:
+def clip_bounds(node: ir.Node) -> list[float] | Mismatch:
+    """A Clip's [min, max] (attributes below opset 11, constant inputs from 11; a missing bound is
+    float32's lowest or largest)."""
     if "min" in node.attributes or "max" in node.attributes:  # opset < 11
         return [
             node.attributes.get_float("min", -_FLOAT_MAX),
@@ -44,7 +46,7 @@ def _activation_params(node: ir.Node) -> list[float] | Mismatch | None:
         return [node.attributes.get_float("alpha", 0.01)]
     if op == "HardSigmoid":
         return [node.attributes.get_float("alpha", 0.2), node.attributes.get_float("beta", 0.5)]
-    return _clip_bounds(node)
+    return clip_bounds(node)
 
 
 def _match(activation: ir.Node, context: RewriteContext) -> Match | Mismatch:

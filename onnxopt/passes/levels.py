@@ -21,6 +21,7 @@ from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
 from onnxopt.passes.fuse_gelu import FuseBiasGeluPass, FuseGeluPass
 from onnxopt.passes.fuse_gqa_rotary import FuseGqaRotaryPass
 from onnxopt.passes.fuse_group_query_attention import FuseGroupQueryAttentionPass
+from onnxopt.passes.fuse_hard_swish import FuseHardSwishPass
 from onnxopt.passes.fuse_interleaved_rotary import FuseInterleavedRotaryPass
 from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormPass
 from onnxopt.passes.fuse_matmul import FuseMatMulPass
@@ -61,6 +62,9 @@ FUSIONS: list[PassClass] = [
     # ort: wide 1-D Convs as 2-D ones (ORT's NCHWc kernels); before fuse-conv-activation, which
     # then fuses the 2-D Conv with the activation the Squeeze was moved past.
     PromoteConv1dPass,
+    # Before fuse-conv-activation: a hard-sigmoid after a Conv (MobileNetV3's squeeze-excite gate)
+    # then becomes FusedConv's HardSigmoid activation.
+    FuseHardSwishPass,
     FuseConvActivationPass,
     FuseLayerNormPass,
     FuseRmsNormPass,
