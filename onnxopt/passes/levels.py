@@ -15,6 +15,7 @@ from onnxopt.passes.eliminate_noops import EliminateNoopsPass
 from onnxopt.passes.fold_constants import FoldConstantsPass
 from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
 from onnxopt.passes.fuse_attention import FuseAttentionPass
+from onnxopt.passes.fuse_channel_affine import FuseChannelAffinePass
 from onnxopt.passes.fuse_channel_first_attention import FuseChannelFirstAttentionPass
 from onnxopt.passes.fuse_conv_activation import FuseConvActivationPass
 from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
@@ -66,6 +67,9 @@ FUSIONS: list[PassClass] = [
     # then becomes FusedConv's HardSigmoid activation.
     FuseHardSwishPass,
     FuseConvActivationPass,
+    # After fuse-conv-bn, which folds an affine right after a Conv into its weights: this one
+    # makes the affines between convolutions depthwise Convs (ort), which ORT runs in NCHWc.
+    FuseChannelAffinePass,
     FuseLayerNormPass,
     FuseRmsNormPass,
     # After attention (which runs before FUSIONS): attention patterns see the rotary as they were
