@@ -11,6 +11,14 @@ MS_DOMAIN = "com.microsoft"
 # The standard ops with graph attributes (branches, loop and scan bodies, SequenceMap's body).
 GRAPH_HOLDERS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
+# The standard reductions (axes as an attribute, or an input from opset 13/18; keepdims).
+REDUCTIONS = frozenset(
+    {
+        "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
+        "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare",
+    }
+)  # fmt: skip
+
 # Ops whose outputs are drawn at random: never folded, and without a seed each run differs.
 NONDETERMINISTIC_OPS = frozenset(
     {

@@ -6,19 +6,11 @@ from collections import Counter
 import onnx_ir as ir
 from onnx_ir.passes import common as ir_common
 
-from onnxopt.ops import all_graphs, nested_graphs
+from onnxopt.ops import REDUCTIONS, all_graphs, nested_graphs
 from onnxopt.passes._counting import ModelCensus
 from onnxopt.passes._shape_facts import axes_param
 from onnxopt.passes.base import Pass, PassResult
 from onnxopt.rewrite import Mismatch
-
-# Reductions whose axes are a set: [-1] and [rank - 1] (or [1, 2] and [2, 1]) reduce the same dims.
-_REDUCTIONS = frozenset(
-    {
-        "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
-        "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare",
-    }
-)  # fmt: skip
 
 
 def _reduced_axes(node: ir.Node) -> tuple[int, ...] | None:
@@ -33,13 +25,14 @@ def _reduced_axes(node: ir.Node) -> tuple[int, ...] | None:
 
 
 def _unify_reduction_axes(graph: ir.Graph) -> None:
-    """Give a reduction the axes spelling of an earlier one of the same input that reduces the
+    """Give a reduction (whose axes are a set: [-1] and [rank - 1], or [1, 2] and [2, 1], reduce
+    the same dims) the axes spelling of an earlier one of the same input that reduces the
     same dims with the same attributes (torch's dynamo export of ``x.std(-1)`` beside
     ``x.mean(-1)`` reads the last dim as [2] in one and [-1] in the other), so that the merge
     below sees two equal nodes. Only such pairs change: a reduction alone keeps its axes."""
     first: dict[tuple[object, ...], ir.Node] = {}
     for node in graph:
-        if node.domain != "" or node.op_type not in _REDUCTIONS or not node.inputs:
+        if node.domain != "" or node.op_type not in REDUCTIONS or not node.inputs:
             continue
         axes = _reduced_axes(node)
         if axes is None or node.inputs[0] is None:

@@ -32,11 +32,6 @@ HARD_SWISH_OPSET = 14
 SIXTH = float(np.float32(1 / 6))
 
 
-def _only_user(value: ir.Value | None, node: ir.Node) -> bool:
-    """Whether ``node`` is the one reader of ``value`` (which is no graph output)."""
-    return value is not None and only_user(value) and all(u.node is node for u in value.uses())
-
-
 def _constant(value: ir.Value | None, rank: int) -> float | None:
     """A float32 constant of one element that does not raise the rank of a rank-``rank`` x."""
     if value is None or value.dtype != ir.DataType.FLOAT:
@@ -110,11 +105,9 @@ def _match_hard_swish(node: ir.Node, context: RewriteContext) -> Match | Mismatc
         add = found[0]
         if not _keeps_rank(x, rank):
             return Mismatch("a constant raises x's rank (or x's rank is not known)")
-        if not (
-            _only_user(product, node)
-            and _only_user(clip.outputs[0], mul)
-            and _only_user(add.outputs[0], clip)
-        ):
+        # (each is an input of the next node: read once, it is read by that node alone)
+        assert product is not None
+        if not (only_user(product) and only_user(clip.outputs[0]) and only_user(add.outputs[0])):
             return Mismatch("a partial result of the hard-swish has other users")
         return Match([add, clip, mul, node], {"x": x})
     return Mismatch("no factor is relu6(x + 3) of the other", candidate=False)
@@ -129,13 +122,13 @@ def _match_hard_sigmoid(node: ir.Node, context: RewriteContext) -> Match | Misma
     clip = _relu6(_sixth_of(node, rank), rank)
     if clip is None:
         return Mismatch("not a sixth of relu6(z)", candidate=False)
-    if not _only_user(clip.outputs[0], node):
+    if not only_user(clip.outputs[0]):
         return Mismatch("the clipped value has other users")
     x = clip.inputs[0]
     assert x is not None
     nodes, beta = [clip, node], 0.0
     found = _plus_3(x, rank)
-    if found is not None and _only_user(found[0].outputs[0], clip):
+    if found is not None and only_user(found[0].outputs[0]):
         x = found[1]
         nodes, beta = [found[0], clip, node], 0.5
     if not _keeps_rank(x, rank):
@@ -159,7 +152,8 @@ def _match_gated(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
             return Mismatch("HardSwish is fused for float32 only")
         if context.opset() < HARD_SWISH_OPSET:
             return Mismatch(f"HardSwish needs opset {HARD_SWISH_OPSET}")
-        if not _only_user(gate, node):
+        assert gate is not None
+        if not only_user(gate):
             return Mismatch("the HardSigmoid's result has other users")
         return Match([sigmoid, node], {"x": x})
     return Mismatch("no input is HardSigmoid of the other", candidate=False)

@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import MS_DOMAIN, const_array, is_op
+from onnxopt.ops import MS_DOMAIN, REDUCTIONS, const_array, is_onnx_domain, is_op
 from onnxopt.passes._attention_shapes import (
     flattens_rows,
     piece_entries,
@@ -81,7 +81,7 @@ from onnxopt.passes._softmax_form import SOFTMAX_RULE
 from onnxopt.passes._tf2onnx_forms import TF2ONNX_RULES
 from onnxopt.passes.base import RulePass
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
-from onnxopt.rewrite.patterns import int64_constant, new_constant
+from onnxopt.rewrite.patterns import int64_constant, new_constant, only_user
 
 T = ir.DataType
 _FLOATS = (T.FLOAT16, T.BFLOAT16, T.FLOAT, T.DOUBLE)
@@ -968,24 +968,11 @@ def _rewrite_concat_of_transposes(match: Match, context: RewriteContext) -> Repl
 
 # A reduction whose dropped axes a view puts back --------------------------------------------------
 
-REDUCE_OPS = (
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "ReduceMax",
-    "ReduceMean",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceSum",
-    "ReduceSumSquare",
-)
-
 
 def _dropped_reduction(value: ir.Value | None) -> tuple[ir.Node, tuple[int, ...]] | Mismatch:
     """(Reduce node, its reduced axes) when ``value`` is a keepdims=0 reduction read only once."""
     node = None if value is None else value.producer()
-    if node is None or not any(is_op(node, op) for op in REDUCE_OPS):
+    if node is None or not is_onnx_domain(node.domain) or node.op_type not in REDUCTIONS:
         return Mismatch("not a view of a reduction", candidate=False)
     if node.attributes.get_int("keepdims", 1) != 0:
         return Mismatch("the reduction keeps its dims", candidate=False)
@@ -1002,7 +989,7 @@ def _dropped_reduction(value: ir.Value | None) -> tuple[ir.Node, tuple[int, ...]
             )
         axes = tuple(range(rank))
     assert value is not None
-    if value.is_graph_output() or len(value.uses()) != 1:
+    if not only_user(value):
         return Mismatch("the reduction has other users: keeping its dims would add a node")
     return node, axes
 
