@@ -256,36 +256,16 @@ def build(config: Config) -> tuple[Any, dict[str, Any], dict[str, dict[int, str]
 
 
 def export(config: Config, module: Any, inputs: dict[str, Any], axes: dict, path: Path) -> None:
-    import torch
+    """With ``onnxopt export``'s own exporter calls (TorchScript at opset 17, dynamo at its default)."""
+    from onnxopt.export import Exportable, _export_dynamo, _export_torchscript
 
-    args = tuple(inputs.values())
+    model = Exportable(f"attention seed {config.seed}", module, inputs, axes)
+    run, opset = (
+        (_export_torchscript, 17) if config.exporter == "torchscript" else (_export_dynamo, None)
+    )
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        if config.exporter == "torchscript":
-            torch.onnx.export(
-                module,
-                args,
-                str(path),
-                dynamo=False,
-                input_names=list(inputs),
-                output_names=["y"],
-                dynamic_axes=axes,
-                opset_version=17,
-            )
-            return
-        batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", min=2)
-        shapes = tuple({0: batch, 1: seq} for _ in inputs)
-        program = torch.onnx.export(
-            module,
-            args,
-            dynamo=True,
-            input_names=list(inputs),
-            output_names=["y"],
-            dynamic_shapes=shapes,
-            verbose=False,
-        )
-        assert program is not None
-        program.save(str(path))
+        run(model, path, ["y"], opset, True, False)
 
 
 def given_inputs(config: Config, hidden: int) -> list[dict[str, np.ndarray]]:
