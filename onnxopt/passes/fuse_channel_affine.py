@@ -23,6 +23,7 @@ import onnx_ir as ir
 
 from onnxopt.ops import const_array, is_op
 from onnxopt.passes.base import RulePass
+from onnxopt.passes.fuse_conv_bn import per_channel
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import new_constant, only_user, other_input
 
@@ -30,15 +31,13 @@ _OWN_FOLDS = frozenset({"Conv", "ConvTranspose", "FusedConv", "Gemm", "MatMul", 
 
 
 def _per_channel(value: ir.Value | None, channels: int) -> np.ndarray | None:
-    """A float32 constant of one element, or of shape [C, 1, 1] / [1, C, 1, 1], as [C] values."""
+    """A float32 constant of one number per channel of a 4-D NCHW tensor (one element, or
+    [C, 1, 1] / [1, C, 1, 1]), as its [C] values."""
     array = const_array(value)
     if array is None or array.dtype != np.float32:
         return None
-    if array.size == 1 and array.ndim <= 4:
-        return np.full((channels,), array.reshape(()), dtype=np.float32)
-    if array.shape in ((channels, 1, 1), (1, channels, 1, 1)):
-        return array.reshape(channels).astype(np.float32)
-    return None
+    found = per_channel(value, 4, channels, 1)
+    return None if isinstance(found, Mismatch) else found.astype(np.float32)
 
 
 def _match_affine(add: ir.Node, context: RewriteContext) -> Match | Mismatch:

@@ -56,7 +56,7 @@ def bn_affine(bn: ir.Node) -> tuple[np.ndarray, np.ndarray] | Mismatch:
     return s, bias - mean * s
 
 
-def _per_channel(
+def per_channel(
     value: ir.Value | None, out_rank: int, channels: int, channel_axis: int
 ) -> np.ndarray | Mismatch:
     """A constant broadcastable as one number per channel along ``channel_axis`` of the output."""
@@ -253,7 +253,7 @@ def _match_affine(op: str) -> MatchFn:
         # Squeezed spatial axes of size 1 leave the channels at axis 1.
         rank = weight.ndim - (len(_squeeze_axes(squeeze, weight.ndim) or ()) if squeeze else 0)
         seen = squeeze.outputs[0] if squeeze is not None else operand
-        factor = _per_channel(other_input(root, seen), rank, channels, 1)
+        factor = per_channel(other_input(root, seen), rank, channels, 1)
         if isinstance(factor, Mismatch):
             return factor
         s, t = (np.ones(channels), factor) if op == "Add" else (factor, np.zeros(channels))
@@ -293,12 +293,12 @@ def _match_scaled_linear(root: ir.Node, context: RewriteContext) -> Match | Mism
         if rank is None or rank < 2:
             return Mismatch("the projection's rank is unknown")
         channels = int(weight.shape[1])
-        factor = _per_channel(other_input(root, scaled), rank, channels, rank - 1)
+        factor = per_channel(other_input(root, scaled), rank, channels, rank - 1)
         if isinstance(factor, Mismatch):
             return factor
         shift = np.zeros(channels)
         if bias is not None:
-            found = _per_channel(bias, rank, channels, rank - 1)
+            found = per_channel(bias, rank, channels, rank - 1)
             if isinstance(found, Mismatch):
                 return Mismatch(f"the bias: {found.reason}")
             shift = found
@@ -307,7 +307,7 @@ def _match_scaled_linear(root: ir.Node, context: RewriteContext) -> Match | Mism
         # A per-column shift after the scale (MobileBERT's NoNorm beta) joins the bias.
         after = _single_user(root.outputs[0])
         beta = (
-            _per_channel(other_input(after, root.outputs[0]), rank, channels, rank - 1)
+            per_channel(other_input(after, root.outputs[0]), rank, channels, rank - 1)
             if is_op(after, "Add") and after is not None
             else None
         )
