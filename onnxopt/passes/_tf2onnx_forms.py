@@ -33,7 +33,14 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
-from onnxopt.passes._shape_facts import axes_param, const_array, const_ints, dims_of, producer_op
+from onnxopt.passes._shape_facts import (
+    axes_param,
+    const_array,
+    const_ints,
+    dims_of,
+    producer_op,
+    rank_of,
+)
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import int64_constant, new_constant
 
@@ -44,11 +51,6 @@ def _made_by(value: ir.Value | None) -> ir.Node | None:
 
 def _only_user(value: ir.Value, node: ir.Node) -> bool:
     return not value.is_graph_output() and all(use.node is node for use in value.uses())
-
-
-def _rank(value: ir.Value | None) -> int | None:
-    dims = dims_of(value)
-    return len(dims) if dims is not None else None
 
 
 def _copy(node: ir.Node, inputs: Sequence[ir.Value | None]) -> ir.Node:
@@ -321,7 +323,7 @@ def _match_transposed_softmax(node: ir.Node, context: RewriteContext) -> Match |
     softmax = producer_op(node, "Softmax")
     if isinstance(softmax, Mismatch):
         return Mismatch("not a Transpose of a Softmax", candidate=False)
-    rank = _rank(node.inputs[0])
+    rank = rank_of(node.inputs[0])
     perm = node.attributes.get_ints("perm", None)
     if (
         rank is None
@@ -359,7 +361,7 @@ def _match_transposed_softmax(node: ir.Node, context: RewriteContext) -> Match |
         return Mismatch("the masked scores or the Softmax have users other than dim reads")
     if not _only_user(matmul.outputs[0], add):
         return Mismatch("the scores have other users")
-    if any(_rank(v) != rank for v in (*matmul.inputs, mask)):
+    if any(rank_of(v) != rank for v in (*matmul.inputs, mask)):
         return Mismatch("the MatMul's operands or the mask are not of the Softmax's rank")
     return Match([matmul, add, softmax, node], {"mask": mask, "swap": list(perm), "reads": reads})
 
@@ -415,12 +417,12 @@ def _match_transposed_product(node: ir.Node, context: RewriteContext) -> Match |
     matmul = producer_op(node, "MatMul")
     if isinstance(matmul, Mismatch) or len(matmul.inputs) != 2:
         return Mismatch("not a Transpose of a MatMul", candidate=False)
-    rank = _rank(node.inputs[0])
+    rank = rank_of(node.inputs[0])
     perm = node.attributes.get_ints("perm", None)
     if rank is None or rank < 2 or perm is None or sorted(perm) != list(range(rank)):
         return Mismatch("not a Transpose of known rank", candidate=False)
     operands = [_made_by(v) for v in matmul.inputs]
-    ranks = [_rank(v) for v in matmul.inputs]
+    ranks = [rank_of(v) for v in matmul.inputs]
     if any(o is None or not is_op(o, "Transpose") for o in operands) or any(
         r is None or r < 2 for r in ranks
     ):
@@ -508,7 +510,7 @@ def _match_padded_vector(node: ir.Node, context: RewriteContext) -> Match | Mism
         array = const_array(node.inputs[index])
         if array is None or array.ndim < 2 or array.shape[-1] < 2 or array.size != array.shape[-1]:
             continue
-        rank = _rank(node.inputs[1 - index])
+        rank = rank_of(node.inputs[1 - index])
         if rank is None or array.ndim > rank:
             return Mismatch("the constant's leading 1s raise the other operand's rank")
         return Match([node], {"index": index, "vector": array.reshape(-1)})
@@ -607,7 +609,7 @@ def _complement(value: ir.Value, of: ir.Value) -> bool:
         return (
             one is not None
             and one.size == 1
-            and one.ndim <= (_rank(of) or 0)
+            and one.ndim <= (rank_of(of) or 0)
             and bool(one.reshape(-1)[0] == 1)
         )
     flag, negated = _flag(of), _flag(value)
@@ -644,7 +646,7 @@ def _match_select(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Match([first, second, node], {"flag": flag, "chosen": chosen, "other": other})
     if constant is None or constant.size != 1 or not np.isfinite(constant).all():
         return Mismatch("the value chosen where the flag is 0 is not one finite constant")
-    if constant.ndim > max(_rank(chosen) or 0, _rank(flag) or 0):
+    if constant.ndim > max(rank_of(chosen) or 0, rank_of(flag) or 0):
         return Mismatch("the constant would raise the result's rank")
     # The constant's product does not depend on x: layers may share it (KerasHub's masks).
     if not _only_user(kept.outputs[0], node):

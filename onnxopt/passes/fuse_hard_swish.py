@@ -23,6 +23,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
+from onnxopt.passes._shape_facts import rank_of
 from onnxopt.passes.base import RulePass
 from onnxopt.passes.fuse_conv_activation import clip_bounds
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
@@ -77,20 +78,14 @@ def _plus_3(value: ir.Value | None, rank: int) -> tuple[ir.Node, ir.Value] | Non
     return None
 
 
-def _rank(node: ir.Node) -> int | None:
-    """The rank of ``node``'s output when known (the rank the fused op must keep)."""
-    shape = node.outputs[0].shape
-    return None if shape is None else len(shape)
-
-
 def _keeps_rank(x: ir.Value, rank: int) -> bool:
     """Whether x has the result's rank (no constant broadcast it up, which the fused op would not)."""
-    return x.shape is not None and len(x.shape) == rank
+    return rank_of(x) == rank
 
 
 def _match_hard_swish(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """``Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6)`` (or ``* 1/6``): x * relu6(x + 3) / 6."""
-    rank = _rank(node)
+    rank = rank_of(node.outputs[0])  # the rank the fused op must keep
     if rank is None:
         return Mismatch("the rank is not known", candidate=False)
     product = _sixth_of(node, rank)
@@ -116,7 +111,7 @@ def _match_hard_swish(node: ir.Node, context: RewriteContext) -> Match | Mismatc
 def _match_hard_sigmoid(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """``Div(Clip(Add(x, 3), 0, 6), 6)`` (or ``* 1/6``): relu6(x + 3) / 6; or of z without the
     Add (a Conv's bias took the 3): relu6(z) / 6 = HardSigmoid(z, 1/6, 0)."""
-    rank = _rank(node)
+    rank = rank_of(node.outputs[0])  # the rank the fused op must keep
     if rank is None:
         return Mismatch("the rank is not known", candidate=False)
     clip = _relu6(_sixth_of(node, rank), rank)

@@ -73,6 +73,7 @@ from onnxopt.passes._shape_facts import (
     dims_of,
     normalize_axes,
     producer_op,
+    rank_of,
     reshape_identity_problem,
     same_dims,
     slice_params,
@@ -288,7 +289,7 @@ def _match_transpose_hoist(node: ir.Node, context: RewriteContext) -> Match | Mi
             operands.append(before.inputs[0])
         elif array is not None and array.ndim <= rank:
             operands.append(array.reshape((1,) * (rank - array.ndim) + array.shape).transpose(perm))
-        elif _rank(value) == rank:
+        elif rank_of(value) == rank:
             operands.append(None)  # transposed by a new node
         else:
             return Mismatch(f"an operand of the {op.op_type} has another rank than its result")
@@ -490,7 +491,7 @@ def _axes_kept(inner: ir.Node, inner_type: str) -> int:
     """How many leading axes an Unsqueeze or Squeeze leaves where they are (0 for other ops)."""
     if inner_type not in ("Unsqueeze", "Squeeze"):
         return 0
-    rank = _rank(inner.outputs[0] if inner_type == "Unsqueeze" else inner.inputs[0])
+    rank = rank_of(inner.outputs[0] if inner_type == "Unsqueeze" else inner.inputs[0])
     axes = axes_param(inner, rank)
     if isinstance(axes, Mismatch) or not axes:
         return 0
@@ -560,10 +561,10 @@ def _match_matmul_between_views(node: ir.Node, context: RewriteContext) -> Match
     if isinstance(flatten, Mismatch):
         return Mismatch("not a MatMul between views", candidate=False)
     source, weight = flatten.inputs[0], matmul.inputs[1]
-    rank = _rank(source)
+    rank = rank_of(source)
     if source is None or rank is None or rank < 3:
         return Mismatch("the MatMul's input is not a flattened tensor of known rank >= 3")
-    if _rank(weight) != 2:
+    if rank_of(weight) != 2:
         return Mismatch("the MatMul's second operand is not a matrix")
     chain = [matmul] if product_of is None or bias is None else [matmul, product_of]
     for inner, outer in zip(chain, [*chain[1:], node], strict=True):
@@ -605,7 +606,7 @@ def _row_bias(node: ir.Node | None) -> int | None:
         return None
     for index in (0, 1):
         value = node.inputs[index]
-        if value is not None and value.const_value is not None and _rank(value) == 1:
+        if value is not None and value.const_value is not None and rank_of(value) == 1:
             return index
     return None
 
@@ -658,17 +659,12 @@ def merge_squeeze_axes(first: Sequence[int], second: Sequence[int]) -> tuple[int
     return tuple(sorted({*first, *(_nth_free(first, axis) for axis in second)}))
 
 
-def _rank(value: ir.Value | None) -> int | None:
-    dims = dims_of(value)
-    return len(dims) if dims is not None else None
-
-
 def _match_unsqueezes(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     inner = producer_op(node, "Unsqueeze")
     if isinstance(inner, Mismatch):
         return inner
-    first = axes_param(inner, _rank(inner.outputs[0]))
-    second = axes_param(node, _rank(node.outputs[0]))
+    first = axes_param(inner, rank_of(inner.outputs[0]))
+    second = axes_param(node, rank_of(node.outputs[0]))
     for axes in (first, second):
         if isinstance(axes, Mismatch):
             return axes
@@ -682,8 +678,8 @@ def _match_squeezes(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     inner = producer_op(node, "Squeeze")
     if isinstance(inner, Mismatch):
         return inner
-    first = axes_param(inner, _rank(inner.inputs[0]))
-    second = axes_param(node, _rank(node.inputs[0]))
+    first = axes_param(inner, rank_of(inner.inputs[0]))
+    second = axes_param(node, rank_of(node.inputs[0]))
     for axes in (first, second):
         if isinstance(axes, Mismatch):
             return axes
@@ -735,7 +731,7 @@ def _match_dim_read(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if gathered.is_graph_output() or any(use.node is not node for use in gathered.uses()):
         return Mismatch("the scalar dim has other users; merging would remove nothing")
     source = shape.inputs[0]
-    if _rank(source) is None:
+    if rank_of(source) is None:
         return Mismatch("the Shape's input has no known rank")
     dims = piece_entries(shape.outputs[0])  # ("dim", source, axis) for each dim the Shape reads
     (i,) = index
@@ -832,7 +828,7 @@ def _match_slices(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
             return params
     assert isinstance(first, SliceParams) and isinstance(second, SliceParams)
     source_dims, middle_dims = dims_of(inner.inputs[0]), dims_of(inner.outputs[0])
-    rank = len(source_dims) if source_dims is not None else _rank(inner.outputs[0])
+    rank = len(source_dims) if source_dims is not None else rank_of(inner.outputs[0])
     first_axes, second_axes = normalize_axes(first.axes, rank), normalize_axes(second.axes, rank)
     if first_axes is None or second_axes is None:
         return Mismatch("the slice axes are negative and the rank is unknown")
@@ -882,7 +878,7 @@ def _concat_axis(node: ir.Node, context: RewriteContext) -> int | None:
     axis = node.attributes.get_int("axis", 1 if context.opset() < 4 else None)
     if axis is None or axis >= 0:
         return axis
-    rank = _rank(node.outputs[0])
+    rank = rank_of(node.outputs[0])
     return None if rank is None else axis + rank
 
 
@@ -976,7 +972,7 @@ def _dropped_reduction(value: ir.Value | None) -> tuple[ir.Node, tuple[int, ...]
         return Mismatch("not a view of a reduction", candidate=False)
     if node.attributes.get_int("keepdims", 1) != 0:
         return Mismatch("the reduction keeps its dims", candidate=False)
-    rank = _rank(node.inputs[0])
+    rank = rank_of(node.inputs[0])
     if rank is None:
         return Mismatch("the reduction's input rank is unknown")
     axes = axes_param(node, rank)
