@@ -87,7 +87,7 @@ def _producer(value: ir.Value | None) -> ir.Node | Mismatch:
     return node
 
 
-def _weight(node: ir.Node, index: int, may_copy: bool) -> np.ndarray | Mismatch:
+def weight_to_fold(node: ir.Node, index: int, may_copy: bool) -> np.ndarray | Mismatch:
     value = node.inputs[index] if index < len(node.inputs) else None
     array = const_array(value)
     if value is None or array is None:
@@ -155,7 +155,7 @@ def _fold(
 ) -> Match | Mismatch:
     """Match ``root`` (y = x*s + t per channel) onto ``node`` and precompute the new weights."""
     weight_index = 1
-    weight = _weight(node, weight_index, may_copy)
+    weight = weight_to_fold(node, weight_index, may_copy)
     if isinstance(weight, Mismatch):
         return weight
     problem = _layer_checks(node, weight)
@@ -179,13 +179,23 @@ def _fold(
         if isinstance(old_bias, Mismatch):
             return old_bias
         new_bias = old_bias * s + t
-    wide = (_scale_layer(node, weight, s), new_bias)
-    with np.errstate(over="ignore"):  # an overflow is refused just below
-        narrow = tuple(array.astype(weight.dtype) for array in wide)
-    for before, after in zip(wide, narrow, strict=True):
-        if np.isfinite(before).all() and not np.isfinite(after).all():
-            return Mismatch(f"the folded weights overflow {weight.dtype} (the layer's weight type)")
+    narrow = narrowed((_scale_layer(node, weight, s), new_bias), weight.dtype)
+    if isinstance(narrow, Mismatch):
+        return narrow
     return Match([node, root], {"weight": narrow[0], "bias": narrow[1]})
+
+
+def narrowed(
+    wide: tuple[np.ndarray, np.ndarray], dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray] | Mismatch:
+    """Folded (weight, bias), computed in float64, rounded once to the layer's weight dtype; a
+    Mismatch where a finite result overflows that dtype (float16's 65504)."""
+    with np.errstate(over="ignore"):  # an overflow is refused just below
+        weight, bias = (array.astype(dtype) for array in wide)
+    for before, after in zip(wide, (weight, bias), strict=True):
+        if np.isfinite(before).all() and not np.isfinite(after).all():
+            return Mismatch(f"the folded weights overflow {dtype} (the layer's weight type)")
+    return weight, bias
 
 
 def _rewrite(match: Match, context: RewriteContext) -> Replacement:
@@ -284,7 +294,7 @@ def _match_scaled_linear(root: ir.Node, context: RewriteContext) -> Match | Mism
         matmul = producer_op(product, "MatMul")
         if matmul is None or product is None or users(product) != 1 or matmul.inputs[1] is None:
             continue
-        weight = _weight(matmul, 1, context.options.fold_may_grow)
+        weight = weight_to_fold(matmul, 1, context.options.fold_may_grow)
         if isinstance(weight, Mismatch):
             return weight
         if weight.ndim != 2:

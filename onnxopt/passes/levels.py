@@ -14,6 +14,7 @@ from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
 from onnxopt.passes.eliminate_noops import EliminateNoopsPass
 from onnxopt.passes.fold_constants import FoldConstantsPass
 from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
+from onnxopt.passes.fuse_affine_conv import FuseAffineConvPass
 from onnxopt.passes.fuse_attention import FuseAttentionPass
 from onnxopt.passes.fuse_channel_affine import FuseChannelAffinePass
 from onnxopt.passes.fuse_channel_first_attention import FuseChannelFirstAttentionPass
@@ -66,6 +67,13 @@ FUSIONS: list[PassClass] = [
     # Before fuse-conv-activation: a hard-sigmoid after a Conv (MobileNetV3's squeeze-excite gate)
     # then becomes FusedConv's HardSigmoid activation.
     FuseHardSwishPass,
+    # After fuse-conv-bn, which folds an affine right after a Conv into that Conv (the same rule
+    # on every run): this folds one that a Conv reads into the reading Conv. After the activation
+    # fusions, whose last op can be a constant Mul or Div (hard-swish's / 6, a Gelu's * 0.5), and
+    # before fuse-conv-activation, which would make the reading Conv a FusedConv; before
+    # fuse-channel-affine, which makes the affines left (a shift before a padded Conv) depthwise
+    # Convs.
+    FuseAffineConvPass,
     FuseConvActivationPass,
     # After fuse-conv-bn, which folds an affine right after a Conv into its weights: this one
     # makes the affines between convolutions depthwise Convs (ort), which ORT runs in NCHWc.
