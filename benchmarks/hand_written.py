@@ -11,7 +11,9 @@ downloaded.
 
 ``annotated_transformer`` is the paper's base size (6 + 6 layers, d=512, 8 heads, FFN 2048,
 vocabulary 1000) on 1 x 128 source and target tokens; ``annotated_transformer_tiny`` is 2 + 2
-layers of d=32 on 2 x 7 / 2 x 6 tokens.
+layers of d=32 on 2 x 7 / 2 x 6 tokens. ``mobilenet_v3_hand_written`` is MobileNetV3-Small with
+its activations written out, ``tabular_mlp`` a fastai-style tabular MLP (a BatchNorm1d before each
+hidden Linear).
 """
 
 from __future__ import annotations
@@ -231,3 +233,52 @@ def mobilenet_v3_hand_written() -> tuple[Any, dict[str, Any], dict[str, dict[int
 
     image = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     return _mobilenet_v3_small(1000), {"image": image}, {"image": {0: "batch"}}
+
+
+def _tabular(features: int, widths: tuple[int, ...]) -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    class Tabular(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("mean", torch.randn(features))
+            self.register_buffer("std", torch.rand(features) + 0.5)
+            layers: list[nn.Module] = []
+            for width_in, width in zip((features, *widths), widths, strict=False):
+                layers += [nn.Linear(width_in, width), nn.ReLU(), nn.BatchNorm1d(width)]
+                layers.append(nn.Dropout(0.1))
+            self.layers = nn.Sequential(*layers, nn.Linear(widths[-1], 2))
+
+        def forward(self, x: Any) -> Any:
+            return self.layers((x - self.mean) / self.std)
+
+    model = Tabular().eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm1d):
+                module.running_mean.uniform_(-1, 1)
+                module.running_var.uniform_(0.5, 2)
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.5, 0.5)
+    return model
+
+
+def tabular_mlp() -> tuple[Any, dict[str, Any], dict[str, dict[int, str]]]:
+    """A tabular MLP as fastai's ``TabularModel`` lays it out (``LinBnDrop`` with ``lin_first``):
+    64 standardized inputs (``(x - mean) / std`` in the graph), then Linear, ReLU, BatchNorm1d,
+    Dropout for widths 512 and 256, and a Linear to 2 outputs; trained-like statistics; 1 x 64."""
+    import torch
+
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(1))
+    return _tabular(64, (512, 256)), {"x": x}, {"x": {0: "batch"}}
+
+
+def tabular_mlp_tiny() -> tuple[Any, dict[str, Any], dict[str, dict[int, str]]]:
+    """``tabular_mlp`` at 8 inputs and widths 16, 16, on a batch of 4."""
+    import torch
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    return _tabular(8, (16, 16)), {"x": x}, {"x": {0: "batch"}}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import onnxopt
-from onnxopt.passes.fuse_affine_conv import FuseAffineConvPass
+from onnxopt.passes.fuse_affine_conv import FuseAffineConvPass, FuseAffineMatMulPass
 from onnxopt.passes.options import PassOptions
 from tests._pass_check import assert_refuses, assert_rewrites, load, op_types
 from tests.test_eliminate_noops import model
@@ -230,3 +230,103 @@ def test_an_lcnet_block_folds_its_affines(exporter: str, target: str, tmp_path: 
     assert totals["fuse-affine-conv"] == {RULE: 3}, totals["fuse-affine-conv"]
     again = onnxopt.optimize(result.model, check=False, target=target)
     assert op_types(again.model) == ops
+
+
+PRODUCT = {"inputs": "float[N,4] x", "outputs": "float[N,3] y"}
+G = "float[3,4] gw = {1.0, 0.5, -1.0, 0.25, 0.0, 2.0, 0.5, -0.5, 1.5, 0.0, 1.0, 1.0}"
+M = "float[4,3] mw = {1.0, 0.5, -1.0, 0.25, 0.0, 2.0, 0.5, -0.5, 1.5, 0.0, 1.0, 1.0}"
+VEC = "float[4] va = {1.5, 0.5, 2.0, -1.0}, float[1,4] vb = {0.1, 0.2, 0.3, 0.4}"
+
+
+@pytest.mark.parametrize(
+    ("constants", "body", "io", "stats", "ops"),
+    [
+        # a tabular MLP's BatchNorm1d after the activation, before the next Linear
+        (
+            f"{G}, {BN}, float[3] gc = {{1.0, 2.0, 3.0}}",
+            "r = Relu(x)\n h = BatchNormalization(r, g, beta, mu, var)\n"
+            " y = Gemm <transB = 1> (h, gw, gc)",
+            PRODUCT,
+            {"affine+gemm->gemm": 1},
+            ["Relu", "Gemm"],
+        ),
+        # an input standardization into a Gemm with alpha and beta and no transpose
+        (
+            f"{M}, {VEC}, float[1,3] gc = {{1.0, 2.0, 3.0}}",
+            "s = Sub(x, vb)\n h = Div(s, va)\n y = Gemm <alpha = 0.5, beta = 2.0> (h, mw, gc)",
+            PRODUCT,
+            {"affine+gemm->gemm": 1},
+            ["Gemm"],
+        ),
+        # a rank-3 activation, the shift joining the Linear's bias Add
+        (
+            f"{M}, {VEC}, float[3] mb = {{1.0, 2.0, 3.0}}",
+            "r = Relu(x)\n m = Mul(r, va)\n h = Add(m, vb)\n p = MatMul(h, mw)\n y = Add(p, mb)",
+            {"inputs": "float[N,S,4] x", "outputs": "float[N,S,3] y"},
+            {"affine+matmul->matmul": 1},
+            ["Relu", "MatMul", "Add"],
+        ),
+        # no bias to join: an Add of the shift's image replaces the two affine ops
+        (
+            f"{M}, {VEC}",
+            "m = Mul(x, va)\n h = Sub(vb, m)\n y = MatMul(h, mw)",
+            PRODUCT,
+            {"affine+matmul->matmul": 1},
+            ["MatMul", "Add"],
+        ),
+    ],
+    ids=["batch-norm-gemm", "standardize-gemm", "matmul-bias", "matmul-no-bias"],
+)
+def test_affines_fold_into_the_product_they_feed(
+    constants: str, body: str, io: dict[str, str], stats: dict[str, int], ops: list[str]
+) -> None:
+    text = model(f"<{constants}> {{ {body} }}", **io)
+    assert_rewrites(FuseAffineMatMulPass, text, stats, ops, 2)
+
+
+@pytest.mark.parametrize(
+    ("body", "io", "reason"),
+    [
+        ("h = Add(x, vb)\n y = MatMul(h, mw)", PRODUCT, "the shift would need an Add of its own"),
+        (
+            "h = BatchNormalization(x, g, beta, mu, var)\n y = MatMul(h, mw)",
+            {"inputs": "float[N,4,4] x", "outputs": "float[N,4,3] y"},
+            "normalizes axis 1, the product reads axis 2",
+        ),
+        (
+            "h = Mul(x, va)\n y = Gemm <transA = 1> (h, mw)",
+            {"inputs": "float[4,N] x", "outputs": "float[N,3] y"},
+            "transA=1",
+        ),
+        ("h = Mul(x, va)\n y = MatMul(h, x4)", PRODUCT, "weight is not a constant"),
+    ],
+    ids=["lone-shift", "batch-norm-axis", "trans-a", "no-weight"],
+)
+def test_product_affines_it_leaves_are_explained(
+    body: str, io: dict[str, str], reason: str
+) -> None:
+    inputs = io["inputs"] + (", float[4,3] x4" if "x4" in body else "")
+    text = model(f"<{M}, {VEC}, {BN}> {{ {body} }}", inputs=inputs, outputs=io["outputs"])
+    assert_refuses(FuseAffineMatMulPass, text, reason)
+
+
+def test_a_weight_over_the_fold_limit_stays() -> None:
+    text = model(f"<{M}, {VEC}> {{ h = Mul(x, va)\n y = MatMul(h, mw) }}", **PRODUCT)
+    result = FuseAffineMatMulPass(PassOptions(fold_limit_bytes=16, explain=True))(load(text))
+    assert not result.modified
+    assert any("over the fold limit" in note for note in result.notes), result.notes
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_a_tabular_mlp_folds_its_batch_norms(exporter: str, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from onnxopt.export import export
+
+    path = tmp_path / "tabular.onnx"
+    export("benchmarks.hand_written:tabular_mlp_tiny", path, exporter=exporter)  # type: ignore[arg-type]
+    result = onnxopt.optimize(path)
+    assert result.report.validation is not None and result.report.validation.passed
+    assert op_types(result.model) == ["Gemm", "Relu", "Gemm", "Relu", "Gemm"]
+    again = onnxopt.optimize(result.model, check=False)
+    assert op_types(again.model) == op_types(result.model)

@@ -22,6 +22,7 @@ rounding is gone). A fold whose weights overflow their dtype is refused.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -30,7 +31,7 @@ from onnxopt.ops import const_array, is_op
 from onnxopt.passes.base import RulePass
 from onnxopt.passes.fuse_conv_bn import bn_affine, narrowed, per_channel, weight_to_fold
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
-from onnxopt.rewrite.patterns import new_constant, only_user, other_input
+from onnxopt.rewrite.patterns import new_constant, only_user, other_input, rank_of
 
 _ELEMENTWISE = ("Mul", "Div", "Add", "Sub")
 
@@ -46,10 +47,14 @@ class _Affine:
 
 
 def _operation(
-    node: ir.Node, rank: int, channels: int
+    node: ir.Node, rank: int, channels: int, axis: int
 ) -> tuple[ir.Value | None, np.ndarray, np.ndarray] | Mismatch:
-    """``node`` as ``(h, s, t)``: its output is ``h * s + t`` per channel."""
+    """``node`` as ``(h, s, t)``: its output is ``h * s + t`` per channel along ``axis``."""
     if is_op(node, "BatchNormalization"):
+        if axis != 1:
+            return Mismatch(
+                f"the BatchNormalization normalizes axis 1, the product reads axis {axis}"
+            )
         found = bn_affine(node)
         if isinstance(found, Mismatch):
             return found
@@ -63,7 +68,7 @@ def _operation(
     source = next((x for x in node.inputs if x is not None and const_array(x) is None), None)
     if source is None:
         return Mismatch(f"the {node.op_type} has no non-constant operand", candidate=False)
-    c = per_channel(other_input(node, source), rank, channels, 1)
+    c = per_channel(other_input(node, source), rank, channels, axis)
     if isinstance(c, Mismatch):
         return Mismatch(f"the {node.op_type}: {c.reason}", candidate=c.candidate)
     ones, zeros = np.ones(channels), np.zeros(channels)
@@ -81,21 +86,23 @@ def _operation(
     return source, 1.0 / c, zeros
 
 
-def _step(node: ir.Node, affine: _Affine, rank: int, channels: int) -> _Affine | Mismatch:
+def _step(
+    node: ir.Node, affine: _Affine, rank: int, channels: int, axis: int
+) -> _Affine | Mismatch:
     """``affine`` extended back over ``node`` (the producer of ``affine.h``)."""
-    found = _operation(node, rank, channels)
+    found = _operation(node, rank, channels, axis)
     if isinstance(found, Mismatch):
         return found
     source, s, t = found
     if source is None or source.dtype != affine.h.dtype:
         return Mismatch("the affine changes the dtype", candidate=False)
     shape = source.shape
-    if shape is None or len(shape) != rank or shape[1] != channels:
-        # A constant with C channels would broadcast a one-channel h up to the Conv's C.
+    if shape is None or len(shape) != rank or shape[axis] != channels:
+        # A constant with C channels would broadcast a one-channel h up to the layer's C.
         return Mismatch(
             f"the affine's input is not known to be rank {rank} with {channels} channels"
         )
-    # conv input = (h_prev * s + t) * scale + shift
+    # the layer's input = (h_prev * s + t) * scale + shift
     return _Affine(source, affine.scale * s, affine.shift + t * affine.scale, [node, *affine.nodes])
 
 
@@ -109,14 +116,50 @@ def _pads(conv: ir.Node, kernel: tuple[int, ...]) -> bool:
     return any(p != 0 for p in conv.attributes.get_ints("pads", ()))
 
 
-def _match(conv: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    x = conv.inputs[0]
+def _walk(
+    x: ir.Value, rank: int, channels: int, axis: int, no_shift: str | None
+) -> _Affine | Mismatch:
+    """The longest chain of per-channel affine ops ending in ``x`` (a layer's input), each
+    result read only by the next; with ``no_shift`` (why a shift cannot fold), the longest that
+    is a pure scale."""
+    affine = _Affine(x, np.ones(channels), np.zeros(channels), [])
+    best: _Affine | Mismatch = Mismatch("not a per-channel affine", candidate=False)
+    while (node := affine.h.producer()) is not None:
+        if not only_user(affine.h):
+            return (
+                best
+                if isinstance(best, _Affine)
+                else Mismatch(f"the {node.op_type}'s output has other users")
+            )
+        extended = _step(node, affine, rank, channels, axis)
+        if isinstance(extended, Mismatch):
+            return best if isinstance(best, _Affine) else extended
+        affine = extended
+        if no_shift is not None and np.any(affine.shift):
+            return (
+                best
+                if isinstance(best, _Affine)
+                else Mismatch(f"{no_shift}: the affine's shift would move into the padding")
+            )
+        best = affine
+    return best
+
+
+def _layer_input(node: ir.Node) -> ir.Value | Mismatch:
+    x = node.inputs[0] if node.inputs else None
     producer = None if x is None else x.producer()
-    if producer is None or not any(
-        is_op(producer, op) for op in (*_ELEMENTWISE, "BatchNormalization")
-    ):
-        return Mismatch("the Conv's input is not a Mul, Div, Add, Sub or BatchNormalization", False)
-    assert x is not None
+    if x is None or not any(is_op(producer, op) for op in (*_ELEMENTWISE, "BatchNormalization")):
+        return Mismatch(
+            f"the {node.op_type}'s input is not a Mul, Div, Add, Sub or BatchNormalization",
+            candidate=False,
+        )
+    return x
+
+
+def _match(conv: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    x = _layer_input(conv)
+    if isinstance(x, Mismatch):
+        return x
     weight = weight_to_fold(conv, 1, context.options.fold_may_grow)
     if isinstance(weight, Mismatch):
         return weight
@@ -125,29 +168,9 @@ def _match(conv: ir.Node, context: RewriteContext) -> Match | Mismatch:
     group = conv.attributes.get_int("group", 1)
     rank, channels = weight.ndim, int(weight.shape[1]) * group
     padded = _pads(conv, tuple(weight.shape[2:]))
-    affine = _Affine(x, np.ones(channels), np.zeros(channels), [])
-    best: _Affine | None = None
-    reason = Mismatch("not a per-channel affine", candidate=False)
-    while True:
-        node = affine.h.producer()
-        if node is None:
-            break
-        if not only_user(affine.h):
-            reason = Mismatch(f"the {node.op_type}'s output has other users")
-            break
-        extended = _step(node, affine, rank, channels)
-        if isinstance(extended, Mismatch):
-            reason = extended
-            break
-        affine = extended
-        if padded and np.any(affine.shift):
-            reason = Mismatch(
-                "the Conv pads with zeros: the affine's shift would move into the padding"
-            )
-            break
-        best = affine
-    if best is None:
-        return reason
+    best = _walk(x, rank, channels, 1, "the Conv pads with zeros" if padded else None)
+    if isinstance(best, Mismatch):
+        return best
     folded = _fold(conv, weight, best, group)
     if isinstance(folded, Mismatch):
         return folded
@@ -184,7 +207,124 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     return Replacement([new], [(conv.outputs[0], new.outputs[0])], constants=[weight, bias])
 
 
+def _product_weight(node: ir.Node, context: RewriteContext) -> np.ndarray | Mismatch:
+    """A Gemm's or MatMul's constant weight as [K, N] (the rows the affine's channels scale)."""
+    weight = weight_to_fold(node, 1, context.options.fold_may_grow)
+    if isinstance(weight, Mismatch):
+        return weight
+    if weight.ndim != 2:
+        return Mismatch(f"{node.op_type} weight has rank {weight.ndim}, expected 2")
+    if weight.nbytes > context.options.fold_limit_bytes:
+        return Mismatch(
+            f"{node.op_type} weight is {weight.nbytes} bytes, over the fold limit "
+            f"({context.options.fold_limit_bytes})"
+        )
+    if is_op(node, "Gemm") and node.attributes.get_int("transB", 0) == 1:
+        return weight.T
+    return weight
+
+
+def _match_product(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``(h * a + b) @ W`` -> ``h @ (a * W) + b @ W``: a per-feature affine (a BatchNorm1d after
+    an activation in a tabular MLP, an input standardization) folded into the product's weight;
+    its shift into a Gemm's C, or the bias Add after a MatMul."""
+    x = _layer_input(node)
+    if isinstance(x, Mismatch):
+        return x
+    if is_op(node, "Gemm") and node.attributes.get_int("transA", 0) == 1:
+        return Mismatch("the Gemm reads A transposed (transA=1)")
+    kn = _product_weight(node, context)
+    if isinstance(kn, Mismatch):
+        return kn
+    rank = rank_of(x)
+    if rank is None:
+        return Mismatch("the product's input rank is unknown")
+    best = _walk(x, rank, int(kn.shape[0]), rank - 1, None)
+    if isinstance(best, Mismatch):
+        return best
+    wide = kn.astype(np.float64)
+    scaled = wide * best.scale[:, None]
+    if is_op(node, "Gemm") and node.attributes.get_int("transB", 0) == 1:
+        scaled = scaled.T
+    shift = best.shift @ wide  # [N]
+    bindings: dict[str, Any] = {"h": best.h}
+    nodes = [*best.nodes, node]
+    if is_op(node, "Gemm"):
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        c_array = np.zeros(1) if c is None else const_array(c)
+        if np.any(shift) and c_array is None:
+            return Mismatch("the Gemm's C is not a constant (the shift cannot join it)")
+        if np.any(shift) and c_array is not None:
+            alpha = node.attributes.get_float("alpha", 1.0)
+            beta = node.attributes.get_float("beta", 1.0)
+            bindings["bias"] = beta * c_array.astype(np.float64) + alpha * shift
+    elif np.any(shift):
+        add = _bias_add(node, int(kn.shape[1]))
+        if add is not None:
+            bindings["bias"], bindings["add"] = add[1] + shift, add[0]
+            nodes.append(add[0])
+        elif len(best.nodes) < 2:
+            return Mismatch("the shift would need an Add of its own (nothing saved)")
+        else:
+            bindings["bias"] = shift
+    narrow = narrowed((scaled, bindings.get("bias", np.zeros(1))), kn.dtype)
+    if isinstance(narrow, Mismatch):
+        return narrow
+    bindings["weight"] = narrow[0]
+    if "bias" in bindings:
+        bindings["bias"] = narrow[1]
+    return Match(nodes, bindings)
+
+
+def _bias_add(matmul: ir.Node, columns: int) -> tuple[ir.Node, np.ndarray] | None:
+    """The Add of a constant per-column bias that alone reads ``matmul``'s product."""
+    product = matmul.outputs[0]
+    if not only_user(product):
+        return None
+    add = next(iter(product.uses())).node
+    rank = rank_of(product)
+    if not is_op(add, "Add") or rank is None:
+        return None
+    bias = per_channel(other_input(add, product), rank, columns, rank - 1)
+    return None if isinstance(bias, Mismatch) else (add, bias)
+
+
+def _rewrite_product(match: Match, context: RewriteContext) -> Replacement:
+    layer = next(node for node in match.nodes if node.op_type in ("Gemm", "MatMul"))
+    hint = layer.inputs[1].name if layer.inputs[1] is not None else None
+    weight = new_constant(match.bindings["weight"], hint)
+    constants = [weight]
+    bias = None
+    if "bias" in match.bindings:
+        bias = new_constant(match.bindings["bias"], f"{layer.name or layer.op_type}_bias")
+        constants.append(bias)
+    inputs = [match.bindings["h"], weight]
+    if is_op(layer, "Gemm"):
+        attributes = {a.name: a for a in layer.attributes.values()}
+        if bias is not None:
+            attributes["beta"] = ir.AttrFloat32("beta", 1.0)
+        c = bias if bias is not None else (layer.inputs[2] if len(layer.inputs) > 2 else None)
+        new = ir.Node("", "Gemm", [*inputs, *([c] if c is not None else [])], attributes.values(),
+                      name=layer.name)  # fmt: skip
+        return Replacement([new], [(layer.outputs[0], new.outputs[0])], constants=constants)
+    product = ir.Node("", "MatMul", inputs, name=layer.name)
+    # the product keeps the old one's type and shape (fuse-bias-gelu reads its last dim)
+    product.outputs[0].type, product.outputs[0].shape = (
+        layer.outputs[0].type,
+        layer.outputs[0].shape,
+    )
+    if bias is None:
+        return Replacement([product], [(layer.outputs[0], product.outputs[0])], constants=constants)
+    add = ir.Node("", "Add", [product.outputs[0], bias])
+    replaced = match.bindings.get("add", layer)
+    return Replacement([product, add], [(replaced.outputs[0], add.outputs[0])], constants=constants)
+
+
 RULES = (Rule("affine+conv->conv", "Conv", _match, _rewrite),)
+PRODUCT_RULES = (
+    Rule("affine+gemm->gemm", "Gemm", _match_product, _rewrite_product),
+    Rule("affine+matmul->matmul", "MatMul", _match_product, _rewrite_product),
+)
 
 
 class FuseAffineConvPass(RulePass):
@@ -197,3 +337,15 @@ class FuseAffineConvPass(RulePass):
         "the Conv's weights and bias"
     )
     rules = RULES
+
+
+class FuseAffineMatMulPass(RulePass):
+    """A per-feature Mul/Div/Add/Sub/BatchNormalization chain read by a Gemm or a MatMul with a
+    constant 2-D weight -> that weight, and the shift into its bias."""
+
+    name = "fuse-affine-matmul"
+    summary = (
+        "fold a per-feature affine (Mul/Div/Add/Sub, BatchNormalization) that a Gemm or MatMul "
+        "with a constant weight reads into the weight and bias"
+    )
+    rules = PRODUCT_RULES

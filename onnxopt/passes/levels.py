@@ -14,7 +14,7 @@ from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
 from onnxopt.passes.eliminate_noops import EliminateNoopsPass
 from onnxopt.passes.fold_constants import FoldConstantsPass
 from onnxopt.passes.fold_shape_values import FoldShapeValuesPass
-from onnxopt.passes.fuse_affine_conv import FuseAffineConvPass
+from onnxopt.passes.fuse_affine_conv import FuseAffineConvPass, FuseAffineMatMulPass
 from onnxopt.passes.fuse_attention import FuseAttentionPass
 from onnxopt.passes.fuse_channel_affine import FuseChannelAffinePass
 from onnxopt.passes.fuse_channel_first_attention import FuseChannelFirstAttentionPass
@@ -80,6 +80,9 @@ FUSIONS: list[PassClass] = [
     FuseChannelAffinePass,
     FuseLayerNormPass,
     FuseRmsNormPass,
+    # After the norm fusions, which own the scale and shift that end a decomposed LayerNorm or
+    # RMSNorm; before fuse-matmul, which makes a 2-D MatMul and its bias Add one Gemm.
+    FuseAffineMatMulPass,
     # After attention (which runs before FUSIONS): attention patterns see the rotary as they were
     # exported, and the fused RotaryEmbedding keeps its output value, which attention consumes.
     FuseRotaryEmbeddingPass,
