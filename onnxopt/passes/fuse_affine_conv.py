@@ -1,4 +1,4 @@
-"""Fold a per-channel affine that a Conv reads into the Conv's weights and bias.
+"""Fold a per-channel affine that a Conv, Gemm or MatMul reads into that layer's weights and bias.
 
 ``Conv(h * a + b)`` with a and b constant per input channel is ``Conv'(h)`` with
 ``W'[m, c, k] = W[m, c, k] * a[c]`` and ``bias'[m] = bias[m] + sum over c, k of W[m, c, k] * b[c]``:
@@ -17,6 +17,10 @@ BatchNormalization folds; the ops are removed for every runtime (standard ONNX, 
 Arithmetic runs in float64 and is rounded once to the weight's dtype, as in fuse-conv-bn: the
 result differs from the unfused graph by the rounding of the folded weights (the affine's own
 rounding is gone). A fold whose weights overflow their dtype is refused.
+
+fuse-affine-matmul (a second pass: it runs after the norm fusions, which own the scale and shift
+that end a decomposed LayerNorm) does the same for a product by a constant 2-D weight:
+``(h * a + b) @ W`` is ``h @ (a * W) + b @ W``, the affine per feature (the product's last axis).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ _ELEMENTWISE = ("Mul", "Div", "Add", "Sub")
 
 @dataclass
 class _Affine:
-    """The Conv's input as ``h * scale + shift`` of ``h``, through the ``nodes`` walked so far."""
+    """The layer's input as ``h * scale + shift`` of ``h``, through the ``nodes`` walked so far."""
 
     h: ir.Value
     scale: np.ndarray
