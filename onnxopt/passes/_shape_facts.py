@@ -41,11 +41,6 @@ MULTIDIRECTIONAL = frozenset(
 )  # fmt: skip
 
 
-def rank_of(value: ir.Value | None) -> int | None:
-    """The value's rank, or None when it is not known."""
-    return None if value is None or value.shape is None else len(value.shape)
-
-
 def dims_of(value: ir.Value | None) -> Dims | None:
     """The value's dims (None for symbolic/unknown ones), or None when even the rank is unknown."""
     if value is None or value.shape is None:

@@ -33,16 +33,9 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
-from onnxopt.passes._shape_facts import (
-    axes_param,
-    const_array,
-    const_ints,
-    dims_of,
-    producer_op,
-    rank_of,
-)
+from onnxopt.passes._shape_facts import axes_param, const_array, const_ints, dims_of, producer_op
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
-from onnxopt.rewrite.patterns import int64_constant, new_constant
+from onnxopt.rewrite.patterns import int64_constant, new_constant, rank_of
 
 
 def _made_by(value: ir.Value | None) -> ir.Node | None:

@@ -64,7 +64,7 @@ def _operation(
             return found
         if found[0].shape != (channels,):
             return Mismatch(
-                f"the BatchNormalization has {found[0].shape[0]} channels, the Conv {channels}"
+                f"the BatchNormalization has {found[0].shape[0]} channels, the layer {channels}"
             )
         return node.inputs[0], *found
     if not any(is_op(node, op) for op in _ELEMENTWISE) or len(node.inputs) != 2:
@@ -120,33 +120,27 @@ def _pads(conv: ir.Node, kernel: tuple[int, ...]) -> bool:
     return any(p != 0 for p in conv.attributes.get_ints("pads", ()))
 
 
-def _walk(
-    x: ir.Value, rank: int, channels: int, axis: int, no_shift: str | None
-) -> _Affine | Mismatch:
+def _walk(x: ir.Value, rank: int, channels: int, axis: int, padded: bool) -> _Affine | Mismatch:
     """The longest chain of per-channel affine ops ending in ``x`` (a layer's input), each
-    result read only by the next; with ``no_shift`` (why a shift cannot fold), the longest that
-    is a pure scale."""
+    result read only by the next; where the layer pads, the longest that is a pure scale."""
     affine = _Affine(x, np.ones(channels), np.zeros(channels), [])
-    best: _Affine | Mismatch = Mismatch("not a per-channel affine", candidate=False)
+    best: _Affine | None = None
+    reason = Mismatch("not a per-channel affine", candidate=False)
     while (node := affine.h.producer()) is not None:
         if not only_user(affine.h):
-            return (
-                best
-                if isinstance(best, _Affine)
-                else Mismatch(f"the {node.op_type}'s output has other users")
-            )
+            reason = Mismatch(f"the {node.op_type}'s output has other users")
+            break
         extended = _step(node, affine, rank, channels, axis)
         if isinstance(extended, Mismatch):
-            return best if isinstance(best, _Affine) else extended
-        affine = extended
-        if no_shift is not None and np.any(affine.shift):
-            return (
-                best
-                if isinstance(best, _Affine)
-                else Mismatch(f"{no_shift}: the affine's shift would move into the padding")
+            reason = extended
+            break
+        if padded and np.any(extended.shift):
+            reason = Mismatch(
+                "the Conv pads with zeros: the affine's shift would move into the padding"
             )
-        best = affine
-    return best
+            break
+        affine = best = extended
+    return reason if best is None else best
 
 
 def _layer_input(node: ir.Node) -> ir.Value | Mismatch:
@@ -172,7 +166,7 @@ def _match(conv: ir.Node, context: RewriteContext) -> Match | Mismatch:
     group = conv.attributes.get_int("group", 1)
     rank, channels = weight.ndim, int(weight.shape[1]) * group
     padded = _pads(conv, tuple(weight.shape[2:]))
-    best = _walk(x, rank, channels, 1, "the Conv pads with zeros" if padded else None)
+    best = _walk(x, rank, channels, 1, padded)
     if isinstance(best, Mismatch):
         return best
     folded = _fold(conv, weight, best, group)
@@ -223,9 +217,12 @@ def _product_weight(node: ir.Node, context: RewriteContext) -> np.ndarray | Mism
             f"{node.op_type} weight is {weight.nbytes} bytes, over the fold limit "
             f"({context.options.fold_limit_bytes})"
         )
-    if is_op(node, "Gemm") and node.attributes.get_int("transB", 0) == 1:
-        return weight.T
-    return weight
+    return weight.T if _transposed_weight(node) else weight
+
+
+def _transposed_weight(node: ir.Node) -> bool:
+    """A Gemm that reads its weight as [N, K] (transB=1)."""
+    return is_op(node, "Gemm") and node.attributes.get_int("transB", 0) == 1
 
 
 def _match_product(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -243,12 +240,12 @@ def _match_product(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     rank = rank_of(x)
     if rank is None:
         return Mismatch("the product's input rank is unknown")
-    best = _walk(x, rank, int(kn.shape[0]), rank - 1, None)
+    best = _walk(x, rank, int(kn.shape[0]), rank - 1, False)
     if isinstance(best, Mismatch):
         return best
     wide = kn.astype(np.float64)
     scaled = wide * best.scale[:, None]
-    if is_op(node, "Gemm") and node.attributes.get_int("transB", 0) == 1:
+    if _transposed_weight(node):
         scaled = scaled.T
     shift = best.shift @ wide  # [N]
     bindings: dict[str, Any] = {"h": best.h}

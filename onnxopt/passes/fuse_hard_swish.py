@@ -23,11 +23,10 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import is_op
-from onnxopt.passes._shape_facts import rank_of
 from onnxopt.passes.base import RulePass
 from onnxopt.passes.fuse_conv_activation import clip_bounds
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
-from onnxopt.rewrite.patterns import const_scalar_within, only_user
+from onnxopt.rewrite.patterns import const_scalar_within, only_user, rank_of
 
 HARD_SWISH_OPSET = 14
 SIXTH = float(np.float32(1 / 6))

@@ -73,7 +73,6 @@ from onnxopt.passes._shape_facts import (
     dims_of,
     normalize_axes,
     producer_op,
-    rank_of,
     reshape_identity_problem,
     same_dims,
     slice_params,
@@ -82,7 +81,7 @@ from onnxopt.passes._softmax_form import SOFTMAX_RULE
 from onnxopt.passes._tf2onnx_forms import TF2ONNX_RULES
 from onnxopt.passes.base import RulePass
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
-from onnxopt.rewrite.patterns import int64_constant, new_constant, only_user
+from onnxopt.rewrite.patterns import int64_constant, new_constant, only_user, rank_of
 
 T = ir.DataType
 _FLOATS = (T.FLOAT16, T.BFLOAT16, T.FLOAT, T.DOUBLE)
