@@ -1794,13 +1794,16 @@ def _current_umask() -> int:
 def mapped_arrays(model: ir.Model) -> dict[str, np.ndarray]:
     """The main graph's weights mapped from the source file, by name, as read-only array views.
 
+    Only those a node (of any graph) or a graph output reads: ORT drops an unread initializer
+    before it takes the buffers, and a buffer named for a dropped one fails the session's load.
+
     Empty when one of them has a type numpy lacks (bfloat16, float8, int4: ml_dtypes arrays,
     which ``OrtValue.ortvalue_from_numpy`` refuses): the caller then hands ORT a file instead.
     """
     mapped = {
         str(value.name): value.const_value
         for value in model.graph.initializers.values()
-        if isinstance(value.const_value, MappedTensor)
+        if isinstance(value.const_value, MappedTensor) and (value.uses() or value.is_graph_output())
     }
     if any(tensor.dtype.numpy().type.__module__ != "numpy" for tensor in mapped.values()):
         return {}

@@ -178,3 +178,22 @@ def test_many_mapped_weights_share_one_map_and_validate_under_a_low_file_limit(
     assert report.passed, report.errors
     assert np.array_equal(arrays["w1499"], weights[1499])
     assert len({id(t.file_map) for t in tensors if isinstance(t, io.MappedTensor)}) == 1
+
+
+def test_a_mapped_weight_no_node_reads_does_not_stop_validation(tmp_path: Path) -> None:
+    """A pass that replaces a weight leaves the old one behind until dead-code elimination (what
+    ``--bisect`` validates): ORT drops unread initializers before taking the mapped buffers, so
+    one of those handed to it failed the load ("Failed to find existing initializer")."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    v = rng.standard_normal((64, 64)).astype(np.float32)
+    source = _write(tmp_path / "m.onnx", w, v)
+    model = io.load_model(source).model
+    scaled = ir.Value(name="w_scaled", const_value=ir.tensor(w * np.float32(2.0)))
+    model.graph.register_initializer(scaled)
+    matmul = next(node for node in model.graph if node.inputs[1] is model.graph.initializers["w"])
+    matmul.replace_input_with(1, scaled)
+    assert not model.graph.initializers["w"].uses()  # still listed, mapped, read by no node
+    report = validate(source, model)
+    assert not report.errors, report.errors
+    assert not report.passed  # the doubled weight is seen: the session ran
