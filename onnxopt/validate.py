@@ -31,12 +31,12 @@ from onnxopt.input_sizes import FALLBACK_SIZES, SIGNAL_SIZES, DimSymbols, Relati
 from onnxopt.kv_cache_inputs import KVCacheFacts, kv_cache_facts
 from onnxopt.ops import (
     MS_DOMAIN,
-    NONDETERMINISTIC_OPS,
     all_graphs,
     const_array,
     is_onnx_domain,
     is_op,
 )
+from onnxopt.random_draws import CannotPin, PinnedDraws, describe, pin_draws, unseeded_draws
 
 logger = logging.getLogger(__name__)
 
@@ -613,20 +613,6 @@ def _same_values(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a, b, equal_nan=numeric))
 
 
-def _random_nodes(model: ir.Model | Path | str) -> list[str]:
-    """The model's unseeded random ops (any graph), as "OpType 'name'". A seeded one draws the
-    same numbers in every session, run by run, so the two models' runs still pair up."""
-    if not isinstance(model, ir.Model):
-        return []
-    return [
-        f"{node.op_type} '{node.name}'" if node.name else node.op_type
-        for node in ir.traversal.RecursiveGraphIterator(model.graph)
-        if node.op_type in NONDETERMINISTIC_OPS
-        and is_op(node, node.op_type)
-        and "seed" not in node.attributes
-    ]
-
-
 def _flatten_output(
     name: str, expected: object, actual: object
 ) -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -760,14 +746,26 @@ def validate(
     """
     # Two phases, one ORT session at a time (each holds a copy of the weights): the original runs
     # every trial first and its outputs are kept, then it is released and the optimized model runs.
+    # Random ops are pinned (random_draws): the original's copy also gives its draws, the
+    # optimized model's copy is fed them.
+    pins: PinnedDraws | None = None
+    unpinned = ""
+    if unseeded_draws(optimized):
+        try:
+            pins = pin_draws(original, optimized)
+        except CannotPin as exc:
+            unpinned = str(exc)
+    runs_original = pins.reference if pins is not None else original
     try:
-        reference = _session(original, role="the original model")
+        reference = _session(runs_original, role="the original model")
     except Exception as exc:
         raise CannotValidate(
             f"ONNX Runtime cannot load the original model, so it cannot be validated "
             f"({_ort_reason(exc)}); if it uses custom ops, rerun with --no-validate"
         ) from exc
-    output_names = [o.name for o in reference.get_outputs()]
+    added = pins.added if pins is not None else ()
+    output_names = [o.name for o in reference.get_outputs() if o.name not in added]
+    fetched = [*output_names, *added]  # the original's run: its outputs, then the pins'
     hints = [d for o in reference.get_outputs() for d in o.shape or () if isinstance(d, str)]
 
     if precisions is None and isinstance(original, ir.Model):
@@ -783,7 +781,7 @@ def validate(
         """Run the original on ``feeds``; keep its outputs if it ran."""
         nonlocal last_failure
         try:
-            expected = _run_bounded(reference, output_names, feeds, run_timeout)
+            expected = _run_bounded(reference, fetched, feeds, run_timeout)
         except RunTimedOut as exc:
             raise CannotValidate(
                 f"the original model ran longer than --run-timeout ({run_timeout:g} s) on ONNX "
@@ -946,10 +944,13 @@ def validate(
                     f"({last_failure}); validated with one value"
                 )
 
-    drawn = _random_nodes(original if isinstance(original, ir.Model) else optimized)
+    drawn = unseeded_draws(original if isinstance(original, ir.Model) else optimized)
+    if pins is not None:
+        drawn = []
     if drawn and runs:
-        # A model that draws random numbers unseeded gives other outputs on every run: it has
-        # nothing to be compared with, and a mismatch would blame the optimizer.
+        # A model that draws random numbers unseeded, where they could not be pinned, gives other
+        # outputs on every run: it has nothing to be compared with, and a mismatch would blame
+        # the optimizer.
         feeds, expected = runs[-1]
         again = _run_bounded(reference, output_names, feeds, run_timeout)
         if any(
@@ -957,21 +958,32 @@ def validate(
             for name, e, a in zip(output_names, expected, again)
             for _, e_item, a_item in _flatten_output(name, e, a)
         ):
+            why = f": {unpinned}" if unpinned else ""
             raise CannotValidate(
                 f"the original model's outputs change from run to run on the same inputs (it "
-                f"draws random numbers: {', '.join(drawn[:3])}), so they cannot be compared; "
-                "rerun with --no-validate"
+                f"draws random numbers: {describe(drawn)}), and the optimized model cannot "
+                f"be run on the same draws{why}; rerun with --no-validate"
             )
+    if pins is not None:
+        notes.append(
+            f"the model draws random numbers ({pins.ops}): the optimized model ran on the "
+            "original's draws, and the inputs of each random op were compared too"
+        )
+        release_session(pins.reference)
     reference = None  # the closure above holds it too
     release_session(original)
+    runs_optimized = pins.candidate if pins is not None else optimized
     try:
-        candidate = _session(optimized, role="the optimized model")
+        candidate = _session(runs_optimized, role="the optimized model")
     except Exception as exc:
         return ValidationReport(
             (), (), (f"ONNX Runtime cannot load the optimized model: {_first_line(exc)}",)
         )
+    checks = pins.checks if pins is not None else ()
+    compared = [*output_names, *(name for name, _ in checks)]
+    shown = [*output_names, *(label for _, label in checks)]
     candidate_outputs = {o.name for o in candidate.get_outputs()}
-    missing = [n for n in output_names if n not in candidate_outputs]
+    missing = [n for n in compared if n not in candidate_outputs]
     if missing:
         return ValidationReport((), (), (f"optimized model lost outputs: {', '.join(missing)}",))
 
@@ -983,17 +995,25 @@ def validate(
         for index, name in enumerate(output_names)
         if runs and all(_nan_everywhere(expected[index]) for _, expected in runs)
     )
-    for feeds, expected in runs:
+    for feeds, fetched_values in runs:
+        found = dict(zip(fetched, fetched_values, strict=True))
+        expected = [found[name] for name in compared]
+        fed = dict(feeds)
+        for drawn_name, input_name in pins.feeds if pins is not None else ():
+            fed[input_name] = found[drawn_name]
         try:
-            actual = _run_bounded(candidate, output_names, feeds, run_timeout)
+            actual = _run_bounded(candidate, compared, fed, run_timeout)
         except Exception as exc:
             errors.append(f"optimized model fails where the original runs: {_first_line(exc)}")
             break
-        for name, e, a in zip(output_names, expected, actual):
-            for item_name, e_item, a_item in _flatten_output(name, e, a):
+        for name, label, e, a in zip(compared, shown, expected, actual, strict=True):
+            for item_name, e_item, a_item in _flatten_output(label, e, a):
                 worst.add(compare_arrays(item_name, e_item, a_item, computed_in.get(name)))
         # Sequence and optional inputs (lists, None) have no single shape to report.
         used.append({k: tuple(v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray)})
+    if pins is not None:
+        candidate = None
+        release_session(pins.candidate)
     return ValidationReport(
         tuple(used),
         tuple(worst.comparisons.values()),

@@ -1,0 +1,183 @@
+"""Validate a model that draws random numbers: run the optimized model on the original's draws.
+
+A model with an unseeded random op (VITS / Piper text-to-speech: ``RandomNormalLike`` noise scaled
+by ``noise_scale``; a VAE's sampling) gives other outputs on every run, so its outputs cannot be
+compared as they are. Each random op left in the optimized model is pinned instead:
+
+- the original runs with each such op's output, and each of its inputs, as extra graph outputs;
+- the optimized model runs with each op replaced by a graph input, fed the numbers the original
+  drew on the same feeds, and with the op's inputs as extra outputs, compared with the original's
+  like any output: what decides the draw (a ``...Like`` op's input shape, Bernoulli's
+  probabilities, a Multinomial's logits) is checked, and everything computed from the draw is.
+
+An op is pinned only where the optimized model keeps it under the same output name, op and
+attributes as an op of the original's main graph (the passes never rewrite a random op); else the
+model cannot be validated, and the reason says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx_ir as ir
+
+from onnxopt import io
+from onnxopt.ops import NONDETERMINISTIC_OPS, is_op
+
+logger = logging.getLogger(__name__)
+
+_PREFIX = "onnxopt.draw"
+
+
+def unseeded_draws(model: ir.Model) -> list[ir.Node]:
+    """The model's random ops without a ``seed`` (any graph), in graph order. A seeded one draws
+    the same numbers in every session, run by run, so two models' runs still pair up."""
+    return [
+        node
+        for node in ir.traversal.RecursiveGraphIterator(model.graph)
+        if node.op_type in NONDETERMINISTIC_OPS
+        and is_op(node, node.op_type)
+        and "seed" not in node.attributes
+    ]
+
+
+def describe(nodes: list[ir.Node]) -> str:
+    """``RandomNormalLike '/m/RandomNormalLike', ...`` (the first three)."""
+    named = [f"{n.op_type} '{n.name}'" if n.name else n.op_type for n in nodes]
+    return ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
+
+
+@dataclass(frozen=True)
+class PinnedDraws:
+    """Copies of both models with their random ops pinned (see the module's docstring)."""
+
+    reference: ir.Model  # the original, with the draws and the ops' inputs as extra outputs
+    candidate: ir.Model  # the optimized model, each draw a graph input; the inputs as outputs
+    feeds: tuple[tuple[str, str], ...]  # (the original's draw output, the candidate's input)
+    # The ops' inputs: extra outputs of both copies, (name, words for the report).
+    checks: tuple[tuple[str, str], ...]
+    added: tuple[str, ...]  # every output the reference has that the original has not
+    ops: str  # the pinned ops, in words
+
+
+class CannotPin(Exception):
+    """The random ops cannot be pinned; the message says why."""
+
+
+def pin_draws(original: ir.Model | Path, optimized: ir.Model) -> PinnedDraws:
+    """Pin the unseeded random ops of ``optimized`` to those of ``original`` (a model, or the
+    file it was loaded from). Neither argument is changed."""
+    drawing = unseeded_draws(optimized)
+    nested = [n for n in drawing if n.graph is not optimized.graph]
+    if nested:
+        raise CannotPin(f"{describe(nested)} draws inside a subgraph")
+    source = io.load_model(original).model if isinstance(original, Path) else original.clone()
+    by_output = {
+        node.outputs[0].name: node
+        for node in source.graph
+        if node.op_type in NONDETERMINISTIC_OPS and is_op(node, node.op_type) and node.outputs
+    }
+    candidate = optimized.clone()
+    pinned = unseeded_draws(candidate)
+    taken = {v.name for g in (source.graph, candidate.graph) for v in _values(g)}
+    feeds: list[tuple[str, str]] = []
+    checks: list[tuple[str, str]] = []
+    added: list[str] = []
+    for index, node in enumerate(pinned):
+        out = node.outputs[0]
+        twin = by_output.get(out.name)
+        if twin is None or not _same_op(twin, node):
+            raise CannotPin(
+                f"the optimized model's {describe([node])} has no same op in the original's "
+                "main graph under its output's name"
+            )
+        for position, (theirs, ours) in enumerate(zip(twin.inputs, node.inputs, strict=True)):
+            if theirs is None or ours is None:
+                continue
+            name = _fresh(f"{_PREFIX}{index}.input{position}", taken)
+            _expose(source.graph, theirs, name)
+            _expose(candidate.graph, ours, name)
+            checks.append((name, f"{describe([twin])} input {position}"))
+            added.append(name)
+        drawn = twin.outputs[0]
+        if not drawn.is_graph_output():
+            source.graph.outputs.append(drawn)
+            added.append(str(drawn.name))
+        feed = ir.Value(
+            name=_fresh(f"{_PREFIX}{index}", taken), type=_drawn_type(node, twin), shape=out.shape
+        )
+        candidate.graph.inputs.append(feed)
+        copy = ir.Node("", "Identity", [feed], name=node.name)
+        candidate.graph.insert_before(node, copy)
+        ir.convenience.replace_all_uses_with(out, copy.outputs[0], replace_graph_outputs=True)
+        candidate.graph.remove(node, safe=True)
+        copy.outputs[0].name = out.name
+        feeds.append((str(drawn.name), str(feed.name)))
+    return PinnedDraws(
+        source, candidate, tuple(feeds), tuple(checks), tuple(added), describe(pinned)
+    )
+
+
+def _values(graph: ir.Graph) -> list[ir.Value]:
+    values = [*graph.inputs, *graph.initializers.values()]
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        values.extend(node.outputs)
+    return values
+
+
+def _fresh(name: str, taken: set[str | None]) -> str:
+    candidate, index = name, 0
+    while candidate in taken:
+        index += 1
+        candidate = f"{name}.{index}"
+    taken.add(candidate)
+    return candidate
+
+
+def _same_op(a: ir.Node, b: ir.Node) -> bool:
+    def attributes(node: ir.Node) -> dict[str, object]:
+        return {name: attr.value for name, attr in node.attributes.items()}
+
+    return (
+        a.op_type == b.op_type
+        and is_op(a, b.op_type, b.domain)
+        and len(a.inputs) == len(b.inputs)
+        and attributes(a) == attributes(b)
+    )
+
+
+# The element type an op draws when its ``dtype`` attribute is absent (ONNX's defaults); None: its
+# first input's.
+_DEFAULT_DTYPE = {
+    "RandomNormal": ir.DataType.FLOAT,
+    "RandomUniform": ir.DataType.FLOAT,
+    "Multinomial": ir.DataType.INT32,
+}
+
+
+def _drawn_type(node: ir.Node, twin: ir.Node) -> ir.TypeProtocol:
+    """The type of ``node``'s draw: recorded on either model's output, else from the op's rule."""
+    for known in (node.outputs[0].type, twin.outputs[0].type):
+        if known is not None:
+            return known
+    attr = node.attributes.get("dtype")
+    if attr is not None:
+        return ir.TensorType(ir.DataType(attr.value))
+    default = _DEFAULT_DTYPE.get(node.op_type)
+    if default is not None:
+        return ir.TensorType(default)
+    first = node.inputs[0] if node.inputs else None
+    if first is None or first.type is None:
+        raise CannotPin(f"the type {describe([node])} draws is unknown")
+    return first.type
+
+
+def _expose(graph: ir.Graph, value: ir.Value, name: str) -> None:
+    """Add ``Identity(value)`` as a graph output named ``name``."""
+    node = ir.Node("", "Identity", [value])
+    node.outputs[0].name = name
+    node.outputs[0].type = value.type
+    graph.append(node)
+    graph.outputs.append(node.outputs[0])

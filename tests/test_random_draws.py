@@ -1,0 +1,194 @@
+"""Validation of models that draw random numbers: the optimized model runs on the original's draws."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxopt import api, io
+from onnxopt.validate import CannotValidate, validate
+from tests.graphs import parse_model
+
+# VITS's shape: noise drawn like an intermediate, scaled and added to a mean computed before it.
+NOISY = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (float[N, 4] x) => (float[N, 4] y) {
+    two = Constant <value = float {2.0}> ()
+    half = Constant <value = float {0.5}> ()
+    shape = Shape(x)
+    flat = Reshape(x, shape)
+    mean = Mul(flat, two)
+    noise = RandomNormalLike <dtype = 1> (mean)
+    scaled = Mul(noise, half)
+    y = Add(mean, scaled)
+}
+"""
+
+
+def _mutated(text: str, old: str, new: str) -> onnx.ModelProto:
+    assert old in text
+    return onnx.parser.parse_model(text.replace(old, new))
+
+
+def test_an_optimized_random_model_validates_on_the_originals_draws() -> None:
+    original = parse_model(NOISY)
+    result = api.optimize(original)
+    report = result.report.validation
+    assert report is not None and report.passed, report
+    assert [n.op_type for n in result.model.graph].count("RandomNormalLike") == 1
+    assert len(result.model.graph) < len(original.graph)  # the Reshape to its own shape went
+    assert any("the optimized model ran on the original's draws" in n for n in report.notes)
+    compared = [o.name for o in report.outputs]
+    assert compared == ["y", "RandomNormalLike input 0"], compared
+
+
+def test_a_wrong_use_of_the_draw_fails() -> None:
+    wrong = io.model_from_proto(
+        _mutated(NOISY, "scaled = Mul(noise, half)", "scaled = Mul(noise, two)")
+    )
+    report = validate(parse_model(NOISY), wrong)
+    assert not report.passed
+    assert report.failing_outputs() == ["y"]
+
+
+def test_a_wrong_input_to_the_random_op_fails() -> None:
+    """The draw is fed from the original, so what decides it is compared on its own."""
+    wrong = io.model_from_proto(
+        _mutated(NOISY, "RandomNormalLike <dtype = 1> (mean)", "RandomNormalLike <dtype = 1> (x)")
+    )
+    report = validate(parse_model(NOISY), wrong)
+    assert report.failing_outputs() == ["RandomNormalLike input 0"]
+
+
+def test_bernoulli_probabilities_are_compared() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[N, 3] p) => (float[N, 3] y) {
+        s = Sigmoid(p)
+        keep = Bernoulli <dtype = 1> (s)
+        y = Mul(keep, p)
+    }
+    """
+    assert validate(parse_model(text), parse_model(text)).passed
+    wrong = parse_model(text.replace("s = Sigmoid(p)", "s = Tanh(p)"))
+    report = validate(parse_model(text), wrong)
+    assert "Bernoulli input 0" in report.failing_outputs()
+
+
+def test_a_draw_that_is_a_graph_output_is_fed_through() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[N, 4] x) => (float[N, 4] noise, float[N, 4] y) {
+        noise = RandomUniformLike <dtype = 1> (x)
+        y = Add(x, noise)
+    }
+    """
+    report = validate(parse_model(text), parse_model(text))
+    assert report.passed and [o.name for o in report.outputs][:2] == ["noise", "y"]
+
+
+def test_a_draw_inside_a_subgraph_is_not_pinned() -> None:
+    """A Loop body's draw cannot be fed from outside: validation says why it cannot compare."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[4] x, bool c) => (float[4] y) {
+        y = If (c) <then_branch = t () => (float[4] a) {
+            a = RandomNormalLike <dtype = 1> (x)
+        }, else_branch = e () => (float[4] b) {
+            b = Neg(x)
+        }>
+    }
+    """
+    model = parse_model(text)
+    with pytest.raises(CannotValidate, match="draws inside a subgraph"):
+        validate(model, model.clone(), inputs=[{"x": np.ones(4, np.float32), "c": np.array(True)}])
+
+
+def test_a_random_model_file_is_optimized_from_the_cli(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from onnxopt.cli import main
+
+    source = tmp_path / "noisy.onnx"
+    onnx.save(onnx.parser.parse_model(NOISY), source)
+    out = tmp_path / "noisy.opt.onnx"
+    result = CliRunner().invoke(main, ["optimize", str(source), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "original's draws" in result.output
+    assert [n.op_type for n in onnx.load(out).graph.node].count("RandomNormalLike") == 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a draw of a fixed shape, no input; the name the pin would take is already a value's
+        """
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[2, 3] x) => (float[2, 3] y) {
+            n = RandomNormal <shape = [2, 3], dtype = 1> ()
+            taken = Identity(x)
+            y = Add(taken, n)
+        }
+        """,
+        # sampled class indices (int32 by default) gathered back into the logits
+        """
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[N, 5] logits) => (float[N, 2] y) {
+            picked = Multinomial <sample_size = 2> (logits)
+            y = GatherElements <axis = 1> (logits, picked)
+        }
+        """,
+    ],
+    ids=["random-normal", "multinomial"],
+)
+def test_other_random_ops_are_pinned(text: str) -> None:
+    model = parse_model(text)
+    for node in model.graph:
+        if node.outputs[0].name == "taken":
+            node.outputs[0].name = "onnxopt.draw0"
+    report = validate(model, model.clone())
+    assert report.passed and any("original's draws" in n for n in report.notes), report
+
+
+def test_a_vits_text_to_speech_export_validates(tmp_path: Path) -> None:
+    """transformers' VITS (MMS-TTS; Piper's voices have the same graph): the stochastic duration
+    predictor and the prior each draw RandomNormalLike noise."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.VitsConfig(
+        vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, ffn_dim=64,
+        flow_size=16, spectrogram_bins=33, upsample_initial_channel=32, upsample_rates=[4, 4],
+        upsample_kernel_sizes=[8, 8], resblock_kernel_sizes=[3, 5],
+        resblock_dilation_sizes=[[1, 3], [1, 3]], prior_encoder_num_flows=2,
+        prior_encoder_num_wavenet_layers=2, duration_predictor_num_flows=2,
+        duration_predictor_filter_channels=32, posterior_encoder_num_wavenet_layers=2,
+        window_size=4,
+    )  # fmt: skip
+    vits = transformers.VitsModel(config).eval()
+
+    class Waveform(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.vits = vits
+
+        def forward(self, input_ids: object, attention_mask: object) -> object:
+            return self.vits(input_ids=input_ids, attention_mask=attention_mask).waveform
+
+    ids = torch.randint(1, 40, (1, 12))
+    path = tmp_path / "vits.onnx"
+    with torch.no_grad():
+        torch.onnx.export(
+            Waveform(), (ids, torch.ones_like(ids)), str(path), dynamo=False, opset_version=17,
+            input_names=["input_ids", "attention_mask"], output_names=["waveform"],
+            dynamic_axes={"input_ids": {0: "b", 1: "s"}, "attention_mask": {0: "b", 1: "s"}},
+        )  # fmt: skip
+    result = api.optimize(path)
+    report = result.report.validation
+    assert report is not None and report.passed, report
+    assert len(report.trials) == 2 and any("original's draws" in n for n in report.notes)
+    assert [n.op_type for n in result.model.graph].count("RandomNormalLike") == 2
+    assert result.report.after.nodes < result.report.before.nodes / 2
