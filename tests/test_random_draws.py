@@ -192,3 +192,17 @@ def test_a_vits_text_to_speech_export_validates(tmp_path: Path) -> None:
     assert len(report.trials) == 2 and any("original's draws" in n for n in report.notes)
     assert [n.op_type for n in result.model.graph].count("RandomNormalLike") == 2
     assert result.report.after.nodes < result.report.before.nodes / 2
+
+
+def test_bench_says_the_model_draws_random_numbers(tmp_path: Path) -> None:
+    from onnxopt.bench.run import BenchOptions, run_bench
+
+    source = tmp_path / "noisy.onnx"
+    onnx.save(onnx.parser.parse_model(NOISY), source)
+    options = BenchOptions(
+        ort_levels=("all",), budget_seconds=0.2, sessions=1, memory=False, min_rounds=3,
+        warmup_runs=1, shapes={"x": (2, 4)},
+    )  # fmt: skip
+    report = run_bench(source, options)
+    [note] = [n for n in report.notes if "draws random numbers" in n]
+    assert "RandomNormalLike" in note and "error columns compare outputs of different draws" in note

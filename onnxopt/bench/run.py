@@ -37,6 +37,7 @@ from onnxopt.errors import ModelLoadError, UsageError
 from onnxopt.guard import doing
 from onnxopt.input_sizes import DimSymbols, Relation, SizePlan
 from onnxopt.passes.levels import DEFAULT_LEVEL
+from onnxopt.random_draws import describe, unseeded_draws
 from onnxopt.report import ModelSummary, format_bytes
 from onnxopt.validate import (
     InputSpec,
@@ -621,6 +622,14 @@ def run_bench(
     say("loading")
     source = io.load_model(path)
     specs = input_specs(source.model)
+    drawing = unseeded_draws(source.model)
+    if drawing:
+        notes.append(
+            f"the model draws random numbers without a seed ({describe(drawing)}): each run draws "
+            "others, so the error columns compare outputs of different draws and run times vary "
+            "with them (a drawn duration sizes a text-to-speech model's output); onnxopt optimize "
+            "validates such a model on the original's draws"
+        )
     nodes_before = ModelSummary.of(source.model).nodes
     output_names = [str(v.name) for v in source.model.graph.outputs]
     input_names = [s.name for s in specs]
