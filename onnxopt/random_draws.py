@@ -1,14 +1,16 @@
 """Validate a model that draws random numbers: run the optimized model on the original's draws.
 
 A model with an unseeded random op (VITS / Piper text-to-speech: ``RandomNormalLike`` noise scaled
-by ``noise_scale``; a VAE's sampling) gives other outputs on every run, so its outputs cannot be
-compared as they are. Each random op left in the optimized model is pinned instead:
+by ``noise_scale``; a VAE's sampling; a Dropout in training mode, as an export with
+``training=TrainingMode.TRAINING`` writes it) gives other outputs on every run, so its outputs
+cannot be compared as they are. Each random op left in the optimized model is pinned instead:
 
 - the original runs with each such op's output, and each of its inputs, as extra graph outputs;
-- the optimized model runs with each op replaced by a graph input, fed the numbers the original
-  drew on the same feeds, and with the op's inputs as extra outputs, compared with the original's
-  like any output: what decides the draw (a ``...Like`` op's input shape, Bernoulli's
-  probabilities, a Multinomial's logits) is checked, and everything computed from the draw is.
+- the optimized model runs with each op replaced by graph inputs (one per output read), fed what
+  the original drew on the same feeds, and with the op's inputs as extra outputs (but constants
+  equal in both), compared with the original's like any output: what decides the draw (a
+  ``...Like`` op's input shape, Bernoulli's probabilities, a Multinomial's logits, what a Dropout
+  drops from) is checked, and everything computed from the draw is.
 
 An op is pinned only where the optimized model keeps it under the same output name, op and
 attributes as an op of the original's main graph (the passes never rewrite a random op); else the
@@ -18,17 +20,32 @@ model cannot be validated, and the reason says why.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxopt import io
-from onnxopt.ops import NONDETERMINISTIC_OPS, is_op
+from onnxopt.ops import NONDETERMINISTIC_OPS, const_array, is_op
 
 logger = logging.getLogger(__name__)
 
 _PREFIX = "onnxopt.draw"
+
+
+def draws(node: ir.Node) -> bool:
+    """Whether ``node`` draws random numbers (with a seed or without): a random op, or a Dropout
+    whose ``training_mode`` is true or not a constant."""
+    if not is_op(node, node.op_type):
+        return False
+    if node.op_type in NONDETERMINISTIC_OPS:
+        return True
+    if node.op_type != "Dropout" or len(node.inputs) < 3 or node.inputs[2] is None:
+        return False
+    training = const_array(node.inputs[2])
+    return training is None or bool(np.any(training))
 
 
 def unseeded_draws(model: ir.Model) -> list[ir.Node]:
@@ -37,9 +54,7 @@ def unseeded_draws(model: ir.Model) -> list[ir.Node]:
     return [
         node
         for node in ir.traversal.RecursiveGraphIterator(model.graph)
-        if node.op_type in NONDETERMINISTIC_OPS
-        and is_op(node, node.op_type)
-        and "seed" not in node.attributes
+        if draws(node) and "seed" not in node.attributes
     ]
 
 
@@ -61,6 +76,16 @@ class PinnedDraws:
     added: tuple[str, ...]  # every output the reference has that the original has not
     ops: str  # the pinned ops, in words
 
+    def type_feeds(self, drawn: Mapping[str, np.ndarray]) -> None:
+        """Give each of the candidate's draw inputs whose type neither model records (an
+        intermediate's, after drop-shape-annotations) the type of the array the original drew."""
+        inputs = {str(v.name): v for v in self.candidate.graph.inputs}
+        for drawn_name, input_name in self.feeds:
+            value = inputs[input_name]
+            if value.type is None and drawn_name in drawn:
+                dtype = ir.DataType.from_numpy(np.asarray(drawn[drawn_name]).dtype)
+                value.type = ir.TensorType(dtype)
+
 
 class CannotPin(Exception):
     """The random ops cannot be pinned; the message says why."""
@@ -75,9 +100,11 @@ def pin_draws(original: ir.Model | Path, optimized: ir.Model) -> PinnedDraws:
         raise CannotPin(f"{describe(nested)} draws inside a subgraph")
     source = io.load_model(original).model if isinstance(original, Path) else original.clone()
     by_output = {
-        node.outputs[0].name: node
+        str(out.name): node
         for node in source.graph
-        if node.op_type in NONDETERMINISTIC_OPS and is_op(node, node.op_type) and node.outputs
+        if draws(node)
+        for out in node.outputs
+        if out.name
     }
     candidate = optimized.clone()
     pinned = unseeded_draws(candidate)
@@ -86,35 +113,40 @@ def pin_draws(original: ir.Model | Path, optimized: ir.Model) -> PinnedDraws:
     checks: list[tuple[str, str]] = []
     added: list[str] = []
     for index, node in enumerate(pinned):
-        out = node.outputs[0]
-        twin = by_output.get(out.name)
+        twin = by_output.get(str(node.outputs[0].name))
         if twin is None or not _same_op(twin, node):
             raise CannotPin(
                 f"the optimized model's {describe([node])} has no same op in the original's "
                 "main graph under its output's name"
             )
         for position, (theirs, ours) in enumerate(zip(twin.inputs, node.inputs, strict=True)):
-            if theirs is None or ours is None:
-                continue
+            if theirs is None or ours is None or _same_constant(theirs, ours):
+                continue  # (a Dropout's ratio and training flag)
             name = _fresh(f"{_PREFIX}{index}.input{position}", taken)
             _expose(source.graph, theirs, name)
             _expose(candidate.graph, ours, name)
             checks.append((name, f"{describe([twin])} input {position}"))
             added.append(name)
-        drawn = twin.outputs[0]
-        if not drawn.is_graph_output():
-            source.graph.outputs.append(drawn)
-            added.append(str(drawn.name))
-        feed = ir.Value(
-            name=_fresh(f"{_PREFIX}{index}", taken), type=_drawn_type(node, twin), shape=out.shape
-        )
-        candidate.graph.inputs.append(feed)
-        copy = ir.Node("", "Identity", [feed], name=node.name)
-        candidate.graph.insert_before(node, copy)
-        ir.convenience.replace_all_uses_with(out, copy.outputs[0], replace_graph_outputs=True)
+        for position, out in enumerate(node.outputs):
+            if not out.name or not (out.uses() or out.is_graph_output()):
+                continue  # (a Dropout's mask no one reads)
+            drawn = twin.outputs[position]
+            if not drawn.is_graph_output():
+                source.graph.outputs.append(drawn)
+                added.append(str(drawn.name))
+            feed = ir.Value(
+                name=_fresh(f"{_PREFIX}{index}.output{position}", taken),
+                type=_drawn_type(node, twin, position),
+                shape=out.shape,
+            )
+            candidate.graph.inputs.append(feed)
+            copy = ir.Node("", "Identity", [feed], name=f"{node.name}.output{position}")
+            candidate.graph.insert_before(node, copy)
+            ir.convenience.replace_all_uses_with(out, copy.outputs[0], replace_graph_outputs=True)
+            copy.outputs[0].name = out.name
+            out.name = None
+            feeds.append((str(drawn.name), str(feed.name)))
         candidate.graph.remove(node, safe=True)
-        copy.outputs[0].name = out.name
-        feeds.append((str(drawn.name), str(feed.name)))
     return PinnedDraws(
         source, candidate, tuple(feeds), tuple(checks), tuple(added), describe(pinned)
     )
@@ -148,8 +180,8 @@ def _same_op(a: ir.Node, b: ir.Node) -> bool:
     )
 
 
-# The element type an op draws when its ``dtype`` attribute is absent (ONNX's defaults); None: its
-# first input's.
+# The element type an op draws when its ``dtype`` attribute is absent (ONNX's defaults); absent
+# here: its first input's.
 _DEFAULT_DTYPE = {
     "RandomNormal": ir.DataType.FLOAT,
     "RandomUniform": ir.DataType.FLOAT,
@@ -157,11 +189,14 @@ _DEFAULT_DTYPE = {
 }
 
 
-def _drawn_type(node: ir.Node, twin: ir.Node) -> ir.TypeProtocol:
-    """The type of ``node``'s draw: recorded on either model's output, else from the op's rule."""
-    for known in (node.outputs[0].type, twin.outputs[0].type):
+def _drawn_type(node: ir.Node, twin: ir.Node, position: int) -> ir.TypeProtocol | None:
+    """The type of ``node``'s output ``position`` as either model records it, else by the op's
+    rule; None if neither tells (``PinnedDraws.type_feeds`` then gives the drawn array's)."""
+    for known in (node.outputs[position].type, twin.outputs[position].type):
         if known is not None:
             return known
+    if node.op_type == "Dropout" and position == 1:
+        return ir.TensorType(ir.DataType.BOOL)  # its mask
     attr = node.attributes.get("dtype")
     if attr is not None:
         return ir.TensorType(ir.DataType(attr.value))
@@ -169,9 +204,12 @@ def _drawn_type(node: ir.Node, twin: ir.Node) -> ir.TypeProtocol:
     if default is not None:
         return ir.TensorType(default)
     first = node.inputs[0] if node.inputs else None
-    if first is None or first.type is None:
-        raise CannotPin(f"the type {describe([node])} draws is unknown")
-    return first.type
+    return None if first is None else first.type
+
+
+def _same_constant(a: ir.Value, b: ir.Value) -> bool:
+    left, right = const_array(a), const_array(b)
+    return left is not None and right is not None and np.array_equal(left, right)
 
 
 def _expose(graph: ir.Graph, value: ir.Value, name: str) -> None:

@@ -972,6 +972,8 @@ def validate(
         release_session(pins.reference)
     reference = None  # the closure above holds it too
     release_session(original)
+    if pins is not None and runs:
+        pins.type_feeds(dict(zip(fetched, runs[0][1], strict=True)))
     runs_optimized = pins.candidate if pins is not None else optimized
     try:
         candidate = _session(runs_optimized, role="the optimized model")

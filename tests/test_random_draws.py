@@ -206,3 +206,43 @@ def test_bench_says_the_model_draws_random_numbers(tmp_path: Path) -> None:
     report = run_bench(source, options)
     [note] = [n for n in report.notes if "draws random numbers" in n]
     assert "RandomNormalLike" in note and "error columns compare outputs of different draws" in note
+
+
+def test_a_dropout_in_training_mode_is_pinned_with_its_mask() -> None:
+    """torch.onnx.export(..., training=TrainingMode.TRAINING) keeps Dropout drawing: its output
+    and its mask are fed from the original; its constant ratio and flag are not compared."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 8] x) => (float[N, 8] y, bool[N, 8] kept) {
+        r = Constant <value = float {0.5}> ()
+        t = Constant <value = bool {1}> ()
+        h = Relu(x)
+        d, kept = Dropout(h, r, t)
+        y = Add(d, x)
+    }
+    """
+    report = validate(parse_model(text), parse_model(text))
+    assert report.passed, report
+    assert [o.name for o in report.outputs] == ["y", "kept", "Dropout input 0"]
+    wrong = parse_model(text.replace("y = Add(d, x)", "y = Sub(d, x)"))
+    assert validate(parse_model(text), wrong).failing_outputs() == ["y"]
+
+
+def test_a_torch_export_in_training_mode_validates(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 4)
+    )
+    path = tmp_path / "train.onnx"
+    torch.onnx.export(
+        net, (torch.randn(2, 16),), str(path), dynamo=False, opset_version=17,
+        training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+        input_names=["x"], dynamic_axes={"x": {0: "batch"}},
+    )  # fmt: skip
+    assert "Dropout" in [n.op_type for n in onnx.load(path).graph.node]
+    result = api.optimize(path)
+    report = result.report.validation
+    assert report is not None and report.passed, report
+    assert any("(Dropout" in n for n in report.notes), report.notes
+    assert [n.op_type for n in result.model.graph].count("Dropout") == 1
