@@ -22,6 +22,7 @@ from onnxopt.passes.base import Pipeline, VerifyEach
 from onnxopt.passes.infer_shapes import declared_output_dims, keep_declared_outputs
 from onnxopt.passes.levels import DEFAULT_LEVEL, build_steps
 from onnxopt.passes.options import DEFAULT_FOLD_LIMIT_BYTES, PassOptions, Target
+from onnxopt.random_draws import describe, unseeded_draws
 from onnxopt.reference import Reference, load_reference, reference_path_for
 from onnxopt.report import ModelSummary, OptimizeReport
 from onnxopt.validate import (
@@ -176,6 +177,14 @@ def optimize(
             f"{eager_source}: {unfit_inputs}; the model is not compared with eager PyTorch"
         )
         eager, eager_inputs = None, {}
+    drawing = unseeded_draws(working) if eager is not None else []
+    if drawing:
+        # PyTorch drew other numbers than ONNX Runtime will: a comparison would only show that.
+        extra_warnings.append(
+            f"{eager_source}: not compared with eager PyTorch: the model draws random numbers "
+            f"({describe(drawing)}), and PyTorch's outputs came from other draws"
+        )
+        eager = None  # (its inputs are still validation inputs)
     with _located(loaded):
         specs = input_specs(working) if check and inputs is None and not input_shapes else None
     # Read off the original before the passes run: an output computed in float16 behind float32
@@ -226,7 +235,7 @@ def optimize(
                     working,
                     specs=specs,
                     inputs=inputs,
-                    extra_inputs=[eager_inputs] if eager else [],
+                    extra_inputs=[eager_inputs] if eager_inputs else [],
                     run_timeout=run_timeout,
                     precisions=precisions,
                     sizes=dims,

@@ -246,3 +246,17 @@ def test_a_torch_export_in_training_mode_validates(tmp_path: Path) -> None:
     assert report is not None and report.passed, report
     assert any("(Dropout" in n for n in report.notes), report.notes
     assert [n.op_type for n in result.model.graph].count("Dropout") == 1
+
+
+def test_a_random_model_is_not_compared_with_eager_pytorch() -> None:
+    """PyTorch drew other numbers: the reference's outputs say nothing of the export, so they are
+    not compared (a warning says why); its inputs are still validation inputs."""
+    from onnxopt.reference import Reference
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    reference = Reference({"x": x}, {"y": np.zeros((3, 4), np.float32)}, {})
+    result = api.optimize(parse_model(NOISY), reference=reference)
+    assert result.report.reference is None
+    assert any("not compared with eager PyTorch" in w for w in result.report.warnings)
+    report = result.report.validation
+    assert report is not None and report.passed and report.trials[0] == {"x": (3, 4)}
