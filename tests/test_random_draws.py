@@ -237,3 +237,21 @@ def test_a_random_model_is_not_compared_with_eager_pytorch() -> None:
     assert any("not compared with eager PyTorch" in w for w in result.report.warnings)
     report = result.report.validation
     assert report is not None and report.passed and report.trials[0] == {"x": (3, 4)}
+
+
+def test_a_draw_read_inside_a_branch_is_fed_there_too() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[4] x, bool c) => (float[4] y) {
+        noise = RandomNormalLike <dtype = 1> (x)
+        y = If (c) <then_branch = t () => (float[4] a) {
+            a = Add(x, noise)
+        }, else_branch = e () => (float[4] b) {
+            b = Sub(x, noise)
+        }>
+    }
+    """
+    both = [{"x": np.ones(4, np.float32), "c": np.array(flag)} for flag in (True, False)]
+    assert validate(parse_model(text), parse_model(text), inputs=both).passed
+    wrong = parse_model(text.replace("b = Sub(x, noise)", "b = Sub(noise, x)"))
+    assert validate(parse_model(text), wrong, inputs=both).failing_outputs() == ["y"]
