@@ -20,6 +20,7 @@ model cannot be validated, and the reason says why.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,20 @@ def unseeded_draws(model: ir.Model) -> list[ir.Node]:
         for node in ir.traversal.RecursiveGraphIterator(model.graph)
         if draws(node) and "seed" not in node.attributes
     ]
+
+
+def seed_draws(model: ir.Model) -> int:
+    """Give every unseeded random op a ``seed`` made from its first output's name; return how
+    many. Two models whose twin ops share output names (an export and its optimized file) then
+    draw the same numbers run by run in every session."""
+    nodes = unseeded_draws(model)
+    for node in nodes:
+        name = str(node.outputs[0].name or node.name or node.op_type)
+        # (a float attribute: integers below 2**24 are exact, and ORT casts it to its seed)
+        node.attributes["seed"] = ir.AttrFloat32(
+            "seed", float(zlib.crc32(name.encode()) % (1 << 24))
+        )
+    return len(nodes)
 
 
 def describe(nodes: list[ir.Node]) -> str:

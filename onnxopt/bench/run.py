@@ -37,7 +37,7 @@ from onnxopt.errors import ModelLoadError, UsageError
 from onnxopt.guard import doing
 from onnxopt.input_sizes import DimSymbols, Relation, SizePlan
 from onnxopt.passes.levels import DEFAULT_LEVEL
-from onnxopt.random_draws import describe, unseeded_draws
+from onnxopt.random_draws import describe, seed_draws, unseeded_draws
 from onnxopt.report import ModelSummary, format_bytes
 from onnxopt.validate import (
     InputSpec,
@@ -307,6 +307,15 @@ def _feeds(
             f"inputs of shapes {dict(shapes)} are too large to generate; choose smaller --shape"
         )
     return {k: v for k, v in feeds.items() if isinstance(v, np.ndarray)}
+
+
+def _seeded_copy(path: str, target: Path) -> str:
+    """``path`` with every unseeded random op seeded from its output's name, written to
+    ``target``; ``path`` itself when nothing draws there."""
+    model = io.load_model(path).model
+    if not seed_draws(model):
+        return path
+    return str(io.save_model(model, target))
 
 
 def _agreement(
@@ -625,10 +634,10 @@ def run_bench(
     drawing = unseeded_draws(source.model)
     if drawing:
         notes.append(
-            f"the model draws random numbers without a seed ({describe(drawing)}): each run draws "
-            "others, so the error columns compare outputs of different draws and run times vary "
-            "with them (a drawn duration sizes a text-to-speech model's output); onnxopt optimize "
-            "validates such a model on the original's draws"
+            f"the model draws random numbers ({describe(drawing)}): every file was timed with "
+            "each random op given the same seed in all of them (from its output's name), so the "
+            "variants draw the same numbers run by run and their outputs compare; the files "
+            "themselves are unchanged"
         )
     nodes_before = ModelSummary.of(source.model).nodes
     output_names = [str(v.name) for v in source.model.graph.outputs]
@@ -685,6 +694,11 @@ def run_bench(
         for label, other in options.compare.items():
             io.load_model(other)  # refuses a bad file with its own clear error, before any timing
             models[label] = str(other)
+        if drawing:
+            # Unseeded, each session draws its own numbers: a text-to-speech model's output
+            # length is drawn, so its run time and outputs would differ between variants.
+            for label, file in models.items():
+                models[label] = _seeded_copy(file, Path(tmp) / f"{label}.seeded.onnx")
 
         torch_model = None
         if options.torch is not None:
