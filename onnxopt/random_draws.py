@@ -155,7 +155,7 @@ def pin_draws(original: ir.Model | Path, optimized: ir.Model) -> PinnedDraws:
                 shape=out.shape,
             )
             candidate.graph.inputs.append(feed)
-            copy = ir.Node("", "Identity", [feed], name=f"{node.name}.output{position}")
+            copy = ir.Node("", "Identity", [feed])  # (unnamed: two unnamed draws would clash)
             candidate.graph.insert_before(node, copy)
             ir.convenience.replace_all_uses_with(out, copy.outputs[0], replace_graph_outputs=True)
             copy.outputs[0].name = out.name

@@ -3930,6 +3930,43 @@ def _(d: Path) -> list[str]:
     return opt(d, m)
 
 
+@case("a draw inside a Loop body: refused with the reason, nothing written", "error")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) {
+            n = Constant <value = int64 {3}> ()
+            go = Constant <value = bool {1}> ()
+            y = Loop (n, go, x) <body = b (int64 i, bool c, float[4] h) => (bool c2, float[4] h2) {
+                c2 = Identity(c)
+                noise = RandomNormalLike <dtype = 1> (h)
+                h2 = Add(h, noise)
+            }>
+        }
+        """
+    )
+    return opt(d, m)
+
+
+@case("Bernoulli on computed probabilities, Dropout training flag as an input", "ok")
+def _(d: Path) -> list[str]:
+    m = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x, bool train) => (float[N, 4] y) {
+            p = Sigmoid(x)
+            keep = Bernoulli <dtype = 1> (p)
+            r = Constant <value = float {0.25}> ()
+            d = Dropout(x, r, train)
+            k = Mul(keep, d)
+            y = Relu(k)
+        }
+        """
+    )
+    return opt(d, m)
+
+
 # ------------------------------------------------------------------------------------------------
 
 

@@ -264,3 +264,24 @@ def test_a_draw_read_inside_a_branch_is_fed_there_too() -> None:
     assert validate(parse_model(text), parse_model(text), inputs=both).passed
     wrong = parse_model(text.replace("b = Sub(x, noise)", "b = Sub(noise, x)"))
     assert validate(parse_model(text), wrong, inputs=both).failing_outputs() == ["y"]
+
+
+def test_two_unnamed_draws_are_both_pinned() -> None:
+    """The feeds' Identity nodes are unnamed: named after the ops, two unnamed ops gave two nodes
+    of one name, which ONNX Runtime refuses to load. The Dropout's flag is an input here."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x, bool train) => (float[N, 4] y) {
+        p = Sigmoid(x)
+        keep = Bernoulli <dtype = 1> (p)
+        r = Constant <value = float {0.25}> ()
+        d = Dropout(x, r, train)
+        k = Mul(keep, d)
+        y = Relu(k)
+    }
+    """
+    report = validate(parse_model(text), parse_model(text))
+    assert report.passed, report
+    assert [o.name for o in report.outputs] == [
+        "y", "Bernoulli input 0", "Dropout input 0", "Dropout input 2"
+    ]  # fmt: skip
