@@ -12,15 +12,17 @@ cannot be compared as they are. Each random op left in the optimized model is pi
   ``...Like`` op's input shape, Bernoulli's probabilities, a Multinomial's logits, what a Dropout
   drops from) is checked, and everything computed from the draw is.
 
-An op is pinned only where the optimized model keeps it under the same output name, op and
-attributes as an op of the original's main graph (the passes never rewrite a random op); else the
-model cannot be validated, and the reason says why.
+An op is pinned only where the optimized model keeps it with the same op and attributes as an op
+of the original's main graph, found by its output's name or else its own name (a pass may give the
+output a graph output's name: the passes never rewrite a random op itself); else the model cannot
+be validated, and the reason says why.
 """
 
 from __future__ import annotations
 
 import logging
 import zlib
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,12 +62,12 @@ def unseeded_draws(model: ir.Model) -> list[ir.Node]:
 
 
 def seed_draws(model: ir.Model) -> int:
-    """Give every unseeded random op a ``seed`` made from its first output's name; return how
-    many. Two models whose twin ops share output names (an export and its optimized file) then
-    draw the same numbers run by run in every session."""
+    """Give every unseeded random op a ``seed`` made from its name (else its first output's);
+    return how many. Twin ops of two models (an export and its optimized file, whose passes keep
+    node names but may rename a random op's output) then draw the same numbers run by run."""
     nodes = unseeded_draws(model)
     for node in nodes:
-        name = str(node.outputs[0].name or node.name or node.op_type)
+        name = str(node.name or node.outputs[0].name or node.op_type)
         # (a float attribute: integers below 2**24 are exact, and ORT casts it to its seed)
         node.attributes["seed"] = ir.AttrFloat32(
             "seed", float(zlib.crc32(name.encode()) % (1 << 24))
@@ -114,13 +116,12 @@ def pin_draws(original: ir.Model | Path, optimized: ir.Model) -> PinnedDraws:
     if nested:
         raise CannotPin(f"{describe(nested)} draws inside a subgraph")
     source = io.load_model(original).model if isinstance(original, Path) else original.clone()
-    by_output = {
-        str(out.name): node
-        for node in source.graph
-        if draws(node)
-        for out in node.outputs
-        if out.name
-    }
+    drawing_ops = [node for node in source.graph if draws(node)]
+    by_output = {str(out.name): node for node in drawing_ops for out in node.outputs if out.name}
+    # A pass may rename an op's output (to the graph output a removed no-op wrote): the node's
+    # name, where it names one op only, finds the twin then.
+    names = Counter(node.name for node in drawing_ops if node.name)
+    by_name = {node.name: node for node in drawing_ops if node.name and names[node.name] == 1}
     candidate = optimized.clone()
     pinned = unseeded_draws(candidate)
     taken = {v.name for g in (source.graph, candidate.graph) for v in _values(g)}
@@ -128,11 +129,11 @@ def pin_draws(original: ir.Model | Path, optimized: ir.Model) -> PinnedDraws:
     checks: list[tuple[str, str]] = []
     added: list[str] = []
     for index, node in enumerate(pinned):
-        twin = by_output.get(str(node.outputs[0].name))
+        twin = by_output.get(str(node.outputs[0].name)) or by_name.get(node.name or "")
         if twin is None or not _same_op(twin, node):
             raise CannotPin(
                 f"the optimized model's {describe([node])} has no same op in the original's "
-                "main graph under its output's name"
+                "main graph under its output's name or its own"
             )
         for position, (theirs, ours) in enumerate(zip(twin.inputs, node.inputs, strict=True)):
             if theirs is None or ours is None or _same_constant(theirs, ours):

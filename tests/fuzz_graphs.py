@@ -3,7 +3,8 @@
 Each graph has a dynamic batch dim ``N`` and mixes the patterns exporters emit: element-wise chains,
 MatMul/Gemm/Conv with constant weights, Reshape/Transpose/Slice/Concat/Squeeze/Unsqueeze, Cast
 chains, reductions, Softmax, the LayerNorm decomposition, Shape->Gather->Concat->Reshape arithmetic,
-constant subexpressions, duplicated nodes, Dropout/Identity, If on a constant condition and a Loop.
+constant subexpressions, duplicated nodes, Dropout/Identity, If on a constant condition and a Loop,
+and unseeded random ops (RandomNormalLike, RandomUniformLike, Bernoulli, training-mode Dropout).
 Shapes are tracked during generation so every graph is valid by construction.
 
 Run many: ``python tests/fuzz_graphs.py --count 2000 --out fuzz-failures`` (failures are minimized
@@ -297,6 +298,29 @@ def _control_flow(b: _Builder) -> None:
         b.node("Loop", [trips, keep, name], shape, body=body)
 
 
+def _draws(b: _Builder) -> None:
+    """Unseeded random ops, validated on the original's draws (onnxopt.random_draws)."""
+    value = b.pick()
+    assert value is not None
+    name, shape = value
+    choice = b.rng.choice(["normal-like", "uniform-like", "bernoulli", "dropout-train"])
+    if choice == "normal-like":
+        noise = b.node("RandomNormalLike", [name], shape, dtype=TensorProto.FLOAT, scale=0.1)
+        b.node("Add", [name, noise], shape)
+    elif choice == "uniform-like":
+        noise = b.node("RandomUniformLike", [name], shape, dtype=TensorProto.FLOAT, low=0.5)
+        b.node("Mul", [noise, name], shape)
+    elif choice == "bernoulli":
+        chance = b.node("Sigmoid", [name], shape)
+        b.pool.pop()
+        keep = b.node("Bernoulli", [chance], shape, dtype=TensorProto.FLOAT)
+        b.node("Mul", [name, keep], shape)
+    else:
+        ratio = b.const(np.array(0.3, np.float32))
+        train = b.const(np.array(True))
+        b.node("Dropout", [name, ratio, train], shape)
+
+
 GENERATORS: list[tuple[Callable[[_Builder], None], int]] = [
     (_unary, 3),
     (_binary, 4),
@@ -307,6 +331,7 @@ GENERATORS: list[tuple[Callable[[_Builder], None], int]] = [
     (_shape_arith, 1),
     (_cast_and_noops, 2),
     (_control_flow, 1),
+    (_draws, 1),
 ]
 
 
@@ -343,7 +368,9 @@ def check_model(proto: onnx.ModelProto) -> str | None:
     model = model_from_proto(proto, "<fuzz>")
     try:
         result = api.optimize(model)
-    except CannotValidate:
+    except CannotValidate as exc:
+        if "draws random numbers" in str(exc):  # the generator's draws must be pinned
+            return f"optimize raised: {exc}"
         return None  # the generator made something ORT itself rejects: not an optimizer bug
     except OnnxoptError as exc:
         return f"optimize raised: {exc}"

@@ -285,3 +285,25 @@ def test_two_unnamed_draws_are_both_pinned() -> None:
     assert [o.name for o in report.outputs] == [
         "y", "Bernoulli input 0", "Dropout input 0", "Dropout input 2"
     ]  # fmt: skip
+
+
+def test_a_draw_whose_output_a_pass_renamed_is_found_by_its_node_name() -> None:
+    """eliminate-noops drops ``y = Identity(noise)`` and gives the draw the graph output's name;
+    the twin is then the original's op of the same node name (found by the fuzzer)."""
+    import onnx.helper as oh
+
+    graph = oh.make_graph(
+        [
+            oh.make_node("RandomNormalLike", ["x"], ["noise"], name="draw", dtype=1),
+            oh.make_node("Identity", ["noise"], ["y"], name="copy"),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4])],
+    )
+    model = io.model_from_proto(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))
+    result = api.optimize(model)
+    [draw] = [n for n in result.model.graph if n.op_type == "RandomNormalLike"]
+    assert draw.outputs[0].name == "y"
+    report = result.report.validation
+    assert report is not None and report.passed, report

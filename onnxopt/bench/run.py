@@ -310,7 +310,7 @@ def _feeds(
 
 
 def _seeded_copy(path: str, target: Path) -> str:
-    """``path`` with every unseeded random op seeded from its output's name, written to
+    """``path`` with every unseeded random op seeded from its name, written to
     ``target``; ``path`` itself when nothing draws there."""
     model = io.load_model(path).model
     if not seed_draws(model):
@@ -635,7 +635,7 @@ def run_bench(
     if drawing:
         notes.append(
             f"the model draws random numbers ({describe(drawing)}): every file was timed with "
-            "each random op given the same seed in all of them (from its output's name), so the "
+            "each random op given the same seed in all of them (from its name), so the "
             "variants draw the same numbers run by run and their outputs compare; the files "
             "themselves are unchanged"
         )
