@@ -14,3 +14,13 @@ def tiny_mlp() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 def not_a_module() -> int:
     return 3
+
+
+class _Noisy(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + 0.1 * torch.randn_like(x))
+
+
+def noisy() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Draws noise on every call: exported, a RandomNormalLike."""
+    return _Noisy().eval(), (torch.randn(2, 8),)

@@ -307,3 +307,24 @@ def test_a_draw_whose_output_a_pass_renamed_is_found_by_its_node_name() -> None:
     assert draw.outputs[0].name == "y"
     report = result.report.validation
     assert report is not None and report.passed, report
+
+
+def test_bench_says_eager_pytorch_draws_its_own(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from onnxopt.bench.run import BenchOptions, run_bench
+    from tests.bench_factories import noisy
+
+    module, example = noisy()
+    path = tmp_path / "noisy.onnx"
+    torch.onnx.export(
+        module, example, str(path), input_names=["x"], dynamic_axes={"x": {0: "batch"}},
+        dynamo=False,
+    )  # fmt: skip
+    assert "RandomNormalLike" in [n.op_type for n in onnx.load(path).graph.node]
+    options = BenchOptions(
+        ort_levels=("all",), budget_seconds=0.2, sessions=1, memory=False, min_rounds=3,
+        warmup_runs=1, torch="tests.bench_factories:noisy",
+    )  # fmt: skip
+    report = run_bench(path, options)
+    [note] = [n for n in report.notes if "draws random numbers" in n]
+    assert "PyTorch draws its own numbers" in note

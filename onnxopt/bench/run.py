@@ -638,6 +638,11 @@ def run_bench(
             "each random op given the same seed in all of them (from its name), so the "
             "variants draw the same numbers run by run and their outputs compare; the files "
             "themselves are unchanged"
+            + (
+                "; PyTorch draws its own numbers, so the vs-eager column compares other draws"
+                if options.torch is not None
+                else ""
+            )
         )
     nodes_before = ModelSummary.of(source.model).nodes
     output_names = [str(v.name) for v in source.model.graph.outputs]
