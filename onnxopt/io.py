@@ -1239,7 +1239,7 @@ def unique_node_names(model: ir.Model) -> int:
         if name not in seen:
             seen.add(name)
             continue
-        node.name = _free_name(name, taken)
+        node.name = free_name(name, taken)
         seen.add(node.name)
     return renamed
 
@@ -1257,32 +1257,33 @@ def unique_value_names(model: ir.Model) -> int:
     if not subgraphs:
         return 0
     graphs = [model.graph, *subgraphs]
-    taken = {str(v.name) for graph in graphs for v in _graph_values(graph) if v.name}
-    seen = {str(v.name) for v in _graph_values(model.graph) if v.name}
+    taken = {str(v.name) for graph in graphs for v in graph_values(graph) if v.name}
+    seen = {str(v.name) for v in graph_values(model.graph) if v.name}
     renamed = 0
     for graph in subgraphs:
-        for value in _graph_values(graph):
+        for value in graph_values(graph):
             name = value.name
             if not name:
                 continue
             if name in seen:
-                value.name = _free_name(name, taken)
+                value.name = free_name(name, taken)
                 renamed += 1
             seen.add(str(value.name))
     return renamed
 
 
-def _free_name(name: str, taken: set[str]) -> str:
-    """``name_1``, ``name_2``...: the first not in ``taken``, which it joins."""
-    suffix = 1
-    while f"{name}_{suffix}" in taken:
+def free_name(name: str, taken: set[str]) -> str:
+    """``name`` if ``taken`` lacks it, else ``name_1``, ``name_2``...: the first not in ``taken``,
+    which it joins."""
+    free, suffix = name, 1
+    while free in taken:
+        free = f"{name}_{suffix}"
         suffix += 1
-    free = f"{name}_{suffix}"
     taken.add(free)
     return free
 
 
-def _graph_values(graph: ir.Graph) -> Iterator[ir.Value]:
+def graph_values(graph: ir.Graph) -> Iterator[ir.Value]:
     """The values a graph defines: its inputs, initializers and node outputs (renaming an
     initializer re-keys the graph's dict, so it is read as a list)."""
     yield from graph.inputs

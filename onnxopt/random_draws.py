@@ -31,7 +31,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt import io
-from onnxopt.ops import NONDETERMINISTIC_OPS, const_array, is_op
+from onnxopt.ops import NONDETERMINISTIC_OPS, all_graphs, const_array, is_op
 
 logger = logging.getLogger(__name__)
 
@@ -94,14 +94,13 @@ class PinnedDraws:
     ops: str  # the pinned ops, in words
 
     def type_feeds(self, drawn: Mapping[str, np.ndarray]) -> None:
-        """Give each of the candidate's draw inputs whose type neither model records (an
-        intermediate's, after drop-shape-annotations) the type of the array the original drew."""
+        """Type each of the candidate's draw inputs as the array the original drew there (``drawn``:
+        one run's fetches by name), before its session is made. Neither model need record the
+        type (an intermediate's, after drop-shape-annotations), and the array is what it is fed."""
         inputs = {str(v.name): v for v in self.candidate.graph.inputs}
         for drawn_name, input_name in self.feeds:
-            value = inputs[input_name]
-            if value.type is None and drawn_name in drawn:
-                dtype = ir.DataType.from_numpy(np.asarray(drawn[drawn_name]).dtype)
-                value.type = ir.TensorType(dtype)
+            dtype = ir.DataType.from_numpy(np.asarray(drawn[drawn_name]).dtype)
+            inputs[input_name].type = ir.TensorType(dtype)
 
 
 class CannotPin(Exception):
@@ -124,7 +123,13 @@ def pin_draws(original: ir.Model | Path, optimized: ir.Model) -> PinnedDraws:
     by_name = {node.name: node for node in drawing_ops if node.name and names[node.name] == 1}
     candidate = optimized.clone()
     pinned = unseeded_draws(candidate)
-    taken = {v.name for g in (source.graph, candidate.graph) for v in _values(g)}
+    taken = {
+        str(v.name)
+        for model in (source, candidate)
+        for graph in all_graphs(model)
+        for v in io.graph_values(graph)
+        if v.name
+    }
     feeds: list[tuple[str, str]] = []
     checks: list[tuple[str, str]] = []
     added: list[str] = []
@@ -138,7 +143,7 @@ def pin_draws(original: ir.Model | Path, optimized: ir.Model) -> PinnedDraws:
         for position, (theirs, ours) in enumerate(zip(twin.inputs, node.inputs, strict=True)):
             if theirs is None or ours is None or _same_constant(theirs, ours):
                 continue  # (a Dropout's ratio and training flag)
-            name = _fresh(f"{_PREFIX}{index}.input{position}", taken)
+            name = io.free_name(f"{_PREFIX}{index}.input{position}", taken)
             _expose(source.graph, theirs, name)
             _expose(candidate.graph, ours, name)
             checks.append((name, f"{describe([twin])} input {position}"))
@@ -150,11 +155,8 @@ def pin_draws(original: ir.Model | Path, optimized: ir.Model) -> PinnedDraws:
             if not drawn.is_graph_output():
                 source.graph.outputs.append(drawn)
                 added.append(str(drawn.name))
-            feed = ir.Value(
-                name=_fresh(f"{_PREFIX}{index}.output{position}", taken),
-                type=_drawn_type(node, twin, position),
-                shape=out.shape,
-            )
+            # (typed by type_feeds, as the array the original draws)
+            feed = ir.Value(name=io.free_name(f"{_PREFIX}{index}.output{position}", taken))
             candidate.graph.inputs.append(feed)
             copy = ir.Node("", "Identity", [feed])  # (unnamed: two unnamed draws would clash)
             candidate.graph.insert_before(node, copy)
@@ -168,22 +170,6 @@ def pin_draws(original: ir.Model | Path, optimized: ir.Model) -> PinnedDraws:
     )
 
 
-def _values(graph: ir.Graph) -> list[ir.Value]:
-    values = [*graph.inputs, *graph.initializers.values()]
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        values.extend(node.outputs)
-    return values
-
-
-def _fresh(name: str, taken: set[str | None]) -> str:
-    candidate, index = name, 0
-    while candidate in taken:
-        index += 1
-        candidate = f"{name}.{index}"
-    taken.add(candidate)
-    return candidate
-
-
 def _same_op(a: ir.Node, b: ir.Node) -> bool:
     def attributes(node: ir.Node) -> dict[str, object]:
         return {name: attr.value for name, attr in node.attributes.items()}
@@ -194,33 +180,6 @@ def _same_op(a: ir.Node, b: ir.Node) -> bool:
         and len(a.inputs) == len(b.inputs)
         and attributes(a) == attributes(b)
     )
-
-
-# The element type an op draws when its ``dtype`` attribute is absent (ONNX's defaults); absent
-# here: its first input's.
-_DEFAULT_DTYPE = {
-    "RandomNormal": ir.DataType.FLOAT,
-    "RandomUniform": ir.DataType.FLOAT,
-    "Multinomial": ir.DataType.INT32,
-}
-
-
-def _drawn_type(node: ir.Node, twin: ir.Node, position: int) -> ir.TypeProtocol | None:
-    """The type of ``node``'s output ``position`` as either model records it, else by the op's
-    rule; None if neither tells (``PinnedDraws.type_feeds`` then gives the drawn array's)."""
-    for known in (node.outputs[position].type, twin.outputs[position].type):
-        if known is not None:
-            return known
-    if node.op_type == "Dropout" and position == 1:
-        return ir.TensorType(ir.DataType.BOOL)  # its mask
-    attr = node.attributes.get("dtype")
-    if attr is not None:
-        return ir.TensorType(ir.DataType(attr.value))
-    default = _DEFAULT_DTYPE.get(node.op_type)
-    if default is not None:
-        return ir.TensorType(default)
-    first = node.inputs[0] if node.inputs else None
-    return None if first is None else first.type
 
 
 def _same_constant(a: ir.Value, b: ir.Value) -> bool:

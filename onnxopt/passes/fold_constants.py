@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from onnxopt import io
 from onnxopt.ops import (
     NONDETERMINISTIC_OPS,
     ONNX_DOMAINS,
@@ -544,16 +545,16 @@ class _Folder:
         branch.outputs.clear()  # first: a graph output cannot leave its graph
         for name, init in list(branch.initializers.items()):
             del branch.initializers[name]
-            init.name = _fresh(name, taken)
+            init.name = io.free_name(name, taken)
             graph.register_initializer(init)
         moved = list(branch)
         branch.remove(moved)
         for inner in moved:
             if inner.name:
-                inner.name = _fresh(inner.name, taken)
+                inner.name = io.free_name(inner.name, taken)
             for out in inner.outputs:
                 if out.name:
-                    out.name = _fresh(out.name, taken)
+                    out.name = io.free_name(out.name, taken)
         graph.insert_before(node, moved)
         identities = []
         for old, new in zip(node.outputs, outputs, strict=False):
@@ -770,11 +771,11 @@ def _scalars_for_range(value: ir.Value, prefix: str, taken: set[str]) -> list[ir
         return []
     no_dims = ir.tensor(np.zeros(0, dtype=np.int64))
     shape_node = ir.Node("", "Constant", [], attributes=[ir.AttrTensor("value", no_dims)])
-    shape_node.outputs[0].name = _fresh(f"{prefix}_scalar_shape", taken)
+    shape_node.outputs[0].name = io.free_name(f"{prefix}_scalar_shape", taken)
     reshape = ir.Node(
-        "", "Reshape", [value, shape_node.outputs[0]], name=_fresh(f"{prefix}_scalar", taken)
+        "", "Reshape", [value, shape_node.outputs[0]], name=io.free_name(f"{prefix}_scalar", taken)
     )
-    reshape.outputs[0].name = _fresh(f"{value.name or prefix}_scalar", taken)
+    reshape.outputs[0].name = io.free_name(f"{value.name or prefix}_scalar", taken)
     reshape.outputs[0].type = value.type
     reshape.outputs[0].shape = ir.Shape([])
     for use in uses:
@@ -795,17 +796,6 @@ def _used_names(model: ir.Model, exclude: ir.Graph) -> set[str]:
                 names.add(node.name)
             names.update(out.name for out in node.outputs if out.name)
     return names
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    """``name`` when no other value or node uses it, else ``name_1``, ``name_2``, ... (recorded in ``taken``)."""
-    fresh = name
-    suffix = 1
-    while fresh in taken:
-        fresh = f"{name}_{suffix}"
-        suffix += 1
-    taken.add(fresh)
-    return fresh
 
 
 class FoldConstantsPass(Pass):
