@@ -274,8 +274,33 @@ VEC = "float[4] va = {1.5, 0.5, 2.0, -1.0}, float[1,4] vb = {0.1, 0.2, 0.3, 0.4}
             {"affine+matmul->matmul": 1},
             ["MatMul", "Add"],
         ),
+        # TorchScript's addmm on a flattened view: the affine folds through the Reshape, which
+        # stays (fuse-matmul makes Reshape + Gemm a MatMul later; before, a second run folded it)
+        (
+            f"{G}, {VEC}, float[3] gc = {{1.0, 2.0, 3.0}}, int64[2] flat = {{-1, 4}}",
+            "m = Mul(x, va)\n h = Add(m, vb)\n f = Reshape(h, flat)\n"
+            " y = Gemm <transB = 1> (f, gw, gc)",
+            {"inputs": "float[N,S,4] x", "outputs": "float[M,3] y"},
+            {"affine+gemm->gemm": 1},
+            ["Reshape", "Gemm"],
+        ),
+        # the same into a MatMul with its bias Add, the view splitting the rows instead
+        (
+            f"{M}, {VEC}, float[3] mb = {{1.0, 2.0, 3.0}}, int64[3] rows = {{1, -1, 4}}",
+            "m = Mul(x, va)\n f = Reshape(m, rows)\n p = MatMul(f, mw)\n y = Add(p, mb)",
+            {"inputs": "float[N,4] x", "outputs": "float[1,N,3] y"},
+            {"affine+matmul->matmul": 1},
+            ["Reshape", "MatMul", "Add"],
+        ),
     ],
-    ids=["batch-norm-gemm", "standardize-gemm", "matmul-bias", "matmul-no-bias"],
+    ids=[
+        "batch-norm-gemm",
+        "standardize-gemm",
+        "matmul-bias",
+        "matmul-no-bias",
+        "through-flatten",
+        "through-split-rows",
+    ],
 )
 def test_affines_fold_into_the_product_they_feed(
     constants: str, body: str, io: dict[str, str], stats: dict[str, int], ops: list[str]
@@ -308,6 +333,23 @@ def test_product_affines_it_leaves_are_explained(
     inputs = io["inputs"] + (", float[4,3] x4" if "x4" in body else "")
     text = model(f"<{M}, {VEC}, {BN}> {{ {body} }}", inputs=inputs, outputs=io["outputs"])
     assert_refuses(FuseAffineMatMulPass, text, reason)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["int64[2] flat = {-1, 2}", "int64[3] flat = {-1, 2, 2}"],
+    ids=["last-dim-split", "last-dim-moved"],
+)
+def test_a_reshape_that_moves_features_stops_the_fold(shape: str) -> None:
+    """Only a Reshape that keeps the last dim keeps each element's feature index."""
+    text = model(
+        f"<{VEC}, {shape}, float[2,3] w2 = {{1.0, 2.0, 3.0, 4.0, 5.0, 6.0}}> "
+        "{ m = Mul(x, va)\n f = Reshape(m, flat)\n y = MatMul(f, w2) }",
+        inputs="float[N,4] x",
+        outputs="float[M,3] y" if "{-1, 2}" in shape else "float[M,2,3] y",
+    )
+    result = FuseAffineMatMulPass()(load(text))
+    assert not result.modified, result.stats
 
 
 def test_a_weight_over_the_fold_limit_stays() -> None:

@@ -21,6 +21,11 @@ rounding is gone). A fold whose weights overflow their dtype is refused.
 fuse-affine-matmul (a second pass: it runs after the norm fusions, which own the scale and shift
 that end a decomposed LayerNorm) does the same for a product by a constant 2-D weight:
 ``(h * a + b) @ W`` is ``h @ (a * W) + b @ W``, the affine per feature (the product's last axis).
+A Reshape between the affine and the product that only merges or splits leading dims (the last dim
+the same static size on both sides: TorchScript's ``addmm`` on a flattened view) keeps every
+element's feature index, so the affine folds through it; the Reshape stays, reading ``h``.
+fuse-matmul turns that Reshape + Gemm into a MatMul later; without this, optimizing the result a
+second time would fold what the first run left.
 """
 
 from __future__ import annotations
@@ -143,19 +148,18 @@ def _walk(x: ir.Value, rank: int, channels: int, axis: int, padded: bool) -> _Af
     return reason if best is None else best
 
 
-def _layer_input(node: ir.Node) -> ir.Value | Mismatch:
-    x = node.inputs[0] if node.inputs else None
+def _layer_input(x: ir.Value | None, op_type: str) -> ir.Value | Mismatch:
     producer = None if x is None else x.producer()
     if x is None or not any(is_op(producer, op) for op in (*_ELEMENTWISE, "BatchNormalization")):
         return Mismatch(
-            f"the {node.op_type}'s input is not a Mul, Div, Add, Sub or BatchNormalization",
+            f"the {op_type}'s input is not a Mul, Div, Add, Sub or BatchNormalization",
             candidate=False,
         )
     return x
 
 
 def _match(conv: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    x = _layer_input(conv)
+    x = _layer_input(conv.inputs[0] if conv.inputs else None, conv.op_type)
     if isinstance(x, Mismatch):
         return x
     weight = weight_to_fold(conv, 1, context.options.fold_may_grow)
@@ -225,11 +229,43 @@ def _transposed_weight(node: ir.Node) -> bool:
     return is_op(node, "Gemm") and node.attributes.get_int("transB", 0) == 1
 
 
+def _leading_reshape(x: ir.Value | None, features: int) -> ir.Node | None:
+    """The Reshape that alone feeds ``x`` and keeps the last dim, ``features`` wide on both sides."""
+    reshape = None if x is None else x.producer()
+    if not is_op(reshape, "Reshape") or reshape is None or x is None or not only_user(x):
+        return None
+    data = reshape.inputs[0]
+    shapes = (None if data is None else data.shape, x.shape)
+    if any(shape is None or len(shape) == 0 or shape[-1] != features for shape in shapes):
+        return None
+    return reshape
+
+
 def _match_product(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """``(h * a + b) @ W`` -> ``h @ (a * W) + b @ W``: a per-feature affine (a BatchNorm1d after
     an activation in a tabular MLP, an input standardization) folded into the product's weight;
     its shift into a Gemm's C, or the bias Add after a MatMul."""
-    x = _layer_input(node)
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    features = None if weight is None or weight.shape is None else weight.shape
+    if features is not None and len(features) == 2:
+        k = features[1] if _transposed_weight(node) else features[0]
+        reshape = _leading_reshape(node.inputs[0], k) if isinstance(k, int) else None
+        if reshape is not None:
+            inner = _match_product_input(node, reshape.inputs[0], context)
+            if isinstance(inner, Match):
+                inner.bindings["reshape"] = reshape
+                at = list(inner.nodes).index(node)
+                return Match([*inner.nodes[:at], reshape, *inner.nodes[at:]], inner.bindings)
+            if inner.candidate:
+                return inner
+    return _match_product_input(node, node.inputs[0], context)
+
+
+def _match_product_input(
+    node: ir.Node, layer_input: ir.Value | None, context: RewriteContext
+) -> Match | Mismatch:
+    """_match_product for the affine that produces ``layer_input``."""
+    x = _layer_input(layer_input, node.op_type)
     if isinstance(x, Mismatch):
         return x
     if is_op(node, "Gemm") and node.attributes.get_int("transA", 0) == 1:
@@ -300,6 +336,15 @@ def _rewrite_product(match: Match, context: RewriteContext) -> Replacement:
         bias = new_constant(match.bindings["bias"], f"{layer.name or layer.op_type}_bias")
         constants.append(bias)
     inputs = [match.bindings["h"], weight]
+    replaced_reshape = match.bindings.get("reshape")
+    new_nodes: list[ir.Node] = []
+    if replaced_reshape is not None:  # the same Reshape, now of h
+        reshape = ir.Node("", "Reshape", [inputs[0], *replaced_reshape.inputs[1:]],
+                          replaced_reshape.attributes.values(), name=replaced_reshape.name)  # fmt: skip
+        reshape.outputs[0].type = replaced_reshape.outputs[0].type
+        reshape.outputs[0].shape = replaced_reshape.outputs[0].shape
+        inputs[0] = reshape.outputs[0]
+        new_nodes.append(reshape)
     if is_op(layer, "Gemm"):
         attributes = {a.name: a for a in layer.attributes.values()}
         if bias is not None:
@@ -307,7 +352,9 @@ def _rewrite_product(match: Match, context: RewriteContext) -> Replacement:
         c = bias if bias is not None else (layer.inputs[2] if len(layer.inputs) > 2 else None)
         new = ir.Node("", "Gemm", [*inputs, *([c] if c is not None else [])], attributes.values(),
                       name=layer.name)  # fmt: skip
-        return Replacement([new], [(layer.outputs[0], new.outputs[0])], constants=constants)
+        return Replacement(
+            [*new_nodes, new], [(layer.outputs[0], new.outputs[0])], constants=constants
+        )
     product = ir.Node("", "MatMul", inputs, name=layer.name)
     # the product keeps the old one's type and shape (fuse-bias-gelu reads its last dim)
     product.outputs[0].type, product.outputs[0].shape = (
@@ -315,10 +362,14 @@ def _rewrite_product(match: Match, context: RewriteContext) -> Replacement:
         layer.outputs[0].shape,
     )
     if bias is None:
-        return Replacement([product], [(layer.outputs[0], product.outputs[0])], constants=constants)
+        return Replacement(
+            [*new_nodes, product], [(layer.outputs[0], product.outputs[0])], constants=constants
+        )
     add = ir.Node("", "Add", [product.outputs[0], bias])
     replaced = match.bindings.get("add", layer)
-    return Replacement([product, add], [(replaced.outputs[0], add.outputs[0])], constants=constants)
+    return Replacement(
+        [*new_nodes, product, add], [(replaced.outputs[0], add.outputs[0])], constants=constants
+    )
 
 
 RULES = (Rule("affine+conv->conv", "Conv", _match, _rewrite),)
