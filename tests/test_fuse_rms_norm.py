@@ -98,3 +98,37 @@ def test_rms_norm_with_a_folded_scale_that_is_not_per_channel_is_left() -> None:
     model = parse(text, w=rng_array(2, 1, 1, seed=1), eps=rng_array(1)[0] * 0 + 1e-6)
     result = FuseRmsNormPass(PassOptions(explain=True))(model)
     assert not result.modified
+
+
+# ImageGPT's layer norm divides by the root instead of multiplying by its reciprocal:
+# ``x / sqrt(mean(x²) + eps) * w``.
+DIV_RMS = """
+<ir_version: 10, opset_import: ["" : 18]>
+g (float[B, S, 8] x) => (float[B, S, 8] y) {
+    sq = Mul (x, x)
+    axes = Constant <value = int64[1] {-1}> ()
+    ms = ReduceMean (sq, axes)
+    v = Add (ms, eps)
+    s = Sqrt (v)
+    n = Div (x, s)
+    y = Mul (n, w)
+}
+"""
+
+
+def test_rms_norm_dividing_by_the_root() -> None:
+    model = parse(DIV_RMS, w=rng_array(8, seed=1), eps=rng_array(1)[0] * 0 + 1e-5)
+    result = run_checked(FuseRmsNormPass(), model)
+    assert result.stats == {"rms-norm->RMSNormalization": 1}
+    assert [t for t in op_types(result.model) if t != "Constant"] == [
+        "SimplifiedLayerNormalization"
+    ]
+
+
+def test_a_division_by_another_root_is_left_alone() -> None:
+    """The root divides, but not the mean of the input's own square: not an RMS norm."""
+    text = DIV_RMS.replace("sq = Mul (x, x)", "sq = Mul (x, w)")
+    result = FuseRmsNormPass(PassOptions(explain=True))(
+        parse(text, w=rng_array(8), eps=rng_array(1)[0] * 0 + 1e-5)
+    )
+    assert not result.modified

@@ -1,6 +1,7 @@
 """Fuse LLaMA-style RMS normalization: ``y = x * rsqrt(mean(x^2, -1) + eps) * w``.
 
 rsqrt is spelled Reciprocal(Sqrt(.)), Div(1, Sqrt(.)) or Pow(., -0.5); x^2 as Pow(x, 2) or Mul(x, x).
+The normalization may also divide: ``x / sqrt(mean(x^2) + eps) * w`` (ImageGPT's layer norm).
 An identity Cast (to x's own type) between the normalization and the weight is absorbed. So is a
 float32 island around a float16 input, as ``LlamaRMSNorm`` in half precision exports it:
 ``Cast(Cast(x, float) * rsqrt(...), float16) * w`` becomes one float16 op (both ops compute in
@@ -74,7 +75,13 @@ def _scaled_rsqrt(
 def _match(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     found = None
     folded_weight = None
-    for operand in node.inputs[:2]:
+    h = None
+    if is_op(node, "Div"):  # h / sqrt(v)
+        sqrt = producer_op(node.inputs[1], "Sqrt")
+        if sqrt is None or sqrt.inputs[0] is None:
+            return Mismatch("the divisor is not sqrt(...)", candidate=False)
+        found, h = ([sqrt], sqrt.inputs[0]), node.inputs[0]
+    for operand in node.inputs[:2] if found is None else ():
         found = _rsqrt_of(operand)
         h = other_input(node, operand)
         if found is not None:
@@ -157,7 +164,10 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     return Replacement([new], [(match.root.outputs[0], new.outputs[0])], constants=[weight])
 
 
-RULES = (Rule("rms-norm->RMSNormalization", "Mul", _match, _rewrite),)
+RULES = (
+    Rule("rms-norm->RMSNormalization", "Mul", _match, _rewrite),
+    Rule("rms-norm->RMSNormalization", "Div", _match, _rewrite),
+)
 
 
 class FuseRmsNormPass(RulePass):
