@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 a check failed (validation, thresholds), 2 usage / bad input
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ from onnxopt.guard import doing
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+FALLBACK_LIMIT = 3  # passes --fallback may drop before it gives up
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -342,6 +344,12 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="When validation fails, find the first pass that broke the model.",
         ),
         click.option(
+            "--fallback",
+            is_flag=True,
+            help="When validation fails, drop the pass --bisect names and optimize again "
+            f"(up to {FALLBACK_LIMIT} passes; the report names them).",
+        ),
+        click.option(
             "--max-abs-error",
             type=NON_NEGATIVE,
             help="Fail (exit 1) when any output's max abs error is above this.",
@@ -445,6 +453,7 @@ def _optimize_command(
     explain: bool,
     verify_each: bool,
     bisect: bool,
+    fallback: bool,
     max_abs_error: float | None,
     max_rel_error: float | None,
     min_node_reduction: str | None,
@@ -512,18 +521,19 @@ def _optimize_command(
     }
     if memory_plan is not None and (len(models) > 1 or out_dir is not None):
         raise UsageError("--memory-plan takes one model")
+    if fallback and (len(models) > 1 or out_dir is not None):
+        raise UsageError("--fallback takes one model (not --out-dir)")
+    explained = False  # the failure's lines and its bisection were printed by --fallback
     if len(models) == 1 and out_dir is None:
-        outcome = _optimize_single(
-            models[0],
-            output,
-            options,
-            thresholds,
-            external_data,
-            overwrite,
-            as_json,
-            explain,
-            memory_plan,
-        )
+        single = functools.partial(
+            _optimize_single, models[0], output, thresholds=thresholds,
+            external_data=external_data, overwrite=overwrite,
+        )  # fmt: skip
+        outcome, result = single(options)
+        if fallback:
+            outcome, result = _fall_back(models[0], outcome, result, options, single)
+            explained = _validation_failed(outcome)
+        _show_single(outcome, result, output, as_json, explain, memory_plan)
         outcomes = [outcome]
     else:
         outcomes = _optimize_batch(
@@ -535,6 +545,8 @@ def _optimize_command(
     if len(outcomes) == 1:
         if errors:  # a one-model batch (--out-dir): its error is the command's error
             raise OnnxoptError(str(errors[0].error))
+        if failures and explained:
+            raise CheckFailed(f"{failures[0].failures[0]}; nothing was written")
         if failures:
             for line in failures[0].failures[1:]:
                 click.echo(f"onnxopt: {line}", err=True)
@@ -550,7 +562,8 @@ def _optimize_command(
                 and not failures[0].report.validation.passed
             ):
                 click.echo(
-                    "onnxopt: hint: rerun with --bisect to name the pass that introduced the mismatch",
+                    "onnxopt: hint: rerun with --bisect to name the pass that introduced the "
+                    "mismatch, or with --fallback to optimize without it",
                     err=True,
                 )
             raise CheckFailed(f"{failures[0].failures[0]}; nothing was written")
@@ -666,20 +679,27 @@ def _optimize_single(
     model: Path,
     output: Path | None,
     options: dict[str, Any],
+    *,
     thresholds: Any,
     external_data: bool | None,
     overwrite: bool,
-    as_json: bool,
-    explain: bool,
-    memory_plan: Path | None = None,
-) -> Any:
+    dropped: tuple[tuple[str, str], ...] = (),
+) -> tuple[Any, Any]:
+    """Optimize, check and (when every check passed) write; ``dropped``: (pass, why) left out by
+    --fallback, recorded in the report."""
     from onnxopt import api
     from onnxopt.batch import check_and_write
-    from onnxopt.report import render
 
     console = _stderr_console()
     with console.status("optimizing", spinner="dots") as status, doing(f"optimizing {model}"):
         result = api.optimize(model, progress=lambda step: status.update(f"{step} …"), **options)
+    if dropped:
+        report = dataclasses.replace(
+            result.report,
+            dropped_passes=tuple(name for name, _ in dropped),
+            warnings=(*result.report.warnings, *(why for _, why in dropped)),
+        )
+        result = dataclasses.replace(result, report=report)
     outcome = check_and_write(
         model,
         result,
@@ -689,6 +709,57 @@ def _optimize_single(
         _measure(model, result, thresholds),
         overwrite=overwrite,
     )
+    return outcome, result
+
+
+def _fall_back(
+    model: Path,
+    outcome: Any,
+    result: Any,
+    options: dict[str, Any],
+    single: Callable[..., tuple[Any, Any]],
+) -> tuple[Any, Any]:
+    """--fallback: while validation fails, let --bisect name the pass that broke the model and
+    optimize again without it (at most FALLBACK_LIMIT times); the last outcome and result. The
+    failure lines of every failed attempt are printed here."""
+    dropped: list[tuple[str, str]] = []
+    while _validation_failed(outcome):
+        for line in outcome.failures:
+            click.echo(f"onnxopt: {line}", err=True)
+        if len(dropped) == FALLBACK_LIMIT:
+            click.echo(
+                f"onnxopt: fallback: still failing after dropping {FALLBACK_LIMIT} passes; giving up",
+                err=True,
+            )
+            return outcome, result
+        found = _run_bisect(model, outcome, options)
+        if found is None:
+            return outcome, result
+        culprit, detail = found
+        dropped.append(
+            (culprit, f"--fallback dropped pass '{culprit}': validation failed with it{detail}")
+        )
+        options["disable"] = [*options["disable"], culprit]
+        click.echo(f"onnxopt: fallback: optimizing again without {culprit}", err=True)
+        outcome, result = single(options, dropped=tuple(dropped))
+    return outcome, result
+
+
+def _validation_failed(outcome: Any) -> bool:
+    validation = outcome.report.validation if outcome.report is not None else None
+    return validation is not None and not validation.passed
+
+
+def _show_single(
+    outcome: Any,
+    result: Any,
+    output: Path | None,
+    as_json: bool,
+    explain: bool,
+    memory_plan: Path | None,
+) -> None:
+    from onnxopt.report import render
+
     report, checks, written = outcome.report, outcome.checks, outcome.output
     assert report is not None
     if memory_plan is not None and result.memory_plan is not None:
@@ -710,7 +781,6 @@ def _optimize_single(
             click.echo("no output written (give -o OUTPUT to write the optimized model)", err=True)
         elif written is not None:
             click.echo(f"wrote {written}", err=True)
-    return outcome
 
 
 def _measure(model: Path, result: Any, thresholds: Any) -> Any:
@@ -826,7 +896,8 @@ def _write_ci_reports(
             _write_file("--markdown", markdown_path, text.encode("utf-8"))
 
 
-def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> None:
+def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> tuple[str, str] | None:
+    """Name the first pass that broke validation (on stderr); (pass, what it broke) or None."""
     from onnxopt.bisect import bisect_passes
     from onnxopt.passes.options import PassOptions
 
@@ -850,7 +921,7 @@ def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> None:
         click.echo(
             "onnxopt: bisect: every prefix validates; the mismatch did not reproduce", err=True
         )
-        return
+        return None
     assert result.first_bad_index is not None
     detail = ""
     if result.report is not None:
@@ -864,6 +935,7 @@ def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> None:
         f"rerun with --disable {result.culprit} ({result.probes} probes)",
         err=True,
     )
+    return result.culprit, detail
 
 
 def _stdout_console() -> Any:

@@ -120,6 +120,8 @@ class OptimizeReport:
     opset_conversion: str | None = None
     # Pass runs left out because they could only repeat that pass's last run (see Pipeline).
     passes_skipped: int = 0
+    # Passes left out by --fallback, each after --bisect named it as breaking validation.
+    dropped_passes: tuple[str, ...] = ()
 
     def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
         """(name, runs, seconds, summed stats) per pass, in first-run order."""

@@ -176,6 +176,65 @@ def test_bisect_names_the_pass_that_broke_validation(
     assert not (tmp_path / "o.onnx").exists()
 
 
+class _BreakReluAgain(_BreakRelu):
+    """A second saboteur: once break-relu is dropped, this one breaks the model the same way."""
+
+    name = "break-relu-again"
+
+
+def test_fallback_drops_each_pass_that_breaks_validation_and_writes_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(levels, "ALL_PASSES", [*levels.ALL_PASSES, _BreakRelu, _BreakReluAgain])
+    model = _small_model(tmp_path / "m.onnx")
+    out = tmp_path / "o.onnx"
+    passes = "eliminate-common-subexpressions,break-relu,eliminate-noops,break-relu-again"
+    code, stdout, err = _run(
+        ["optimize", str(model), "--passes", passes, "--fallback", "--json", "-o", str(out)]
+    )
+    assert code == 0, err
+    assert "pass #2 'break-relu' introduced the mismatch" in err
+    assert "pass #3 'break-relu-again' introduced the mismatch" in err
+    assert "fallback: optimizing again without break-relu-again" in err
+    report = json.loads(stdout)  # one JSON document: the failed attempts print no report
+    assert report["dropped_passes"] == ["break-relu", "break-relu-again"]
+    assert report["passes_run"] == ["eliminate-common-subexpressions", "eliminate-noops"]
+    assert report["validation"]["passed"]
+    assert any("--fallback dropped pass 'break-relu'" in w for w in report["warnings"])
+    written = onnx.load(out)
+    assert [n.op_type for n in written.graph.node] == ["Relu", "Add"]  # the rest still applied
+
+
+def test_fallback_gives_up_after_its_limit_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(levels, "ALL_PASSES", [*levels.ALL_PASSES, _BreakRelu, _BreakReluAgain])
+    monkeypatch.setattr(cli, "FALLBACK_LIMIT", 1)
+    model = _small_model(tmp_path / "m.onnx")
+    out = tmp_path / "o.onnx"
+    code, _, err = _run(
+        [
+            "optimize",
+            str(model),
+            "--passes",
+            "break-relu,break-relu-again",
+            "--fallback",
+            "-o",
+            str(out),
+        ]
+    )
+    assert code == 1
+    assert "without break-relu" in err and "still failing after dropping 1 passes" in err
+    assert "hint" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_fallback_takes_one_model(tmp_path: Path) -> None:
+    model = _small_model(tmp_path / "m.onnx")
+    code, _, err = _run(["check", str(model), "--out-dir", str(tmp_path), "--fallback"])
+    assert code == 2 and "--fallback takes one model" in err
+
+
 def test_latency_and_memory_thresholds_run_a_benchmark(tmp_path: Path) -> None:
     model = _small_model(tmp_path / "m.onnx")
     code, out, err = _run(
