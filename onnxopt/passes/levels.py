@@ -29,6 +29,7 @@ from onnxopt.passes.fuse_layer_norm import FuseLayerNormPass, FuseSkipLayerNormP
 from onnxopt.passes.fuse_matmul import FuseMatMulPass
 from onnxopt.passes.fuse_packed_attention import FusePackedAttentionPass
 from onnxopt.passes.fuse_pad import FusePadPass
+from onnxopt.passes.fuse_parallel_convs import FuseParallelConvsPass
 from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.fuse_rotary_embedding import FuseRotaryEmbeddingPass
 from onnxopt.passes.fuse_rotary_transposes import FuseRotaryTransposesPass
@@ -58,6 +59,9 @@ LevelSpec = Sequence[PassClass | tuple[PassClass, ...]]
 FUSIONS: list[PassClass] = [
     FusePadPass,
     FuseConvBnPass,
+    # After each branch's BatchNormalization folded into its Conv; before promote-conv1d, which
+    # would hide a 1-D branch behind an Unsqueeze, and before fuse-conv-activation.
+    FuseParallelConvsPass,
     # Before promote-conv1d, whose Squeeze then moves past a Conv's fused Gelu in the same run
     # (tf2onnx's Conv1D and TorchScript's erf Gelu: a fixed point in one run).
     FuseGeluPass,

@@ -1,0 +1,276 @@
+"""Merge Convs that read one input and are summed into one Conv (RepVGG / ACNet re-parameterization).
+
+``Conv(x, W1, b1) + Conv(x, W2, b2)`` is ``Conv(x, W, b1 + b2)`` when both slide with the same
+strides, dilations and groups: W is W1 + W2 after each is zero-padded into the common window, at
+the offset its own padding puts it (a 3x1 or a 1x3 kernel lies on the middle column or row of the
+3x3). An identity branch, x itself or an inference-mode BatchNormalization of x (``x * s + t``),
+is a 1x1 kernel holding ``s`` on its own channel, so it joins a stride-1 Conv with as many output
+as input channels. Models trained with such branches and exported without re-parameterizing
+(TextNet / FAST, RepVGG, MobileOne, ACNet, the RepVGG blocks of RT-DETR's encoder) run one Conv
+instead of two to four per block, and the Adds between them go.
+
+Conditions, each a stated mismatch: the same strides and groups, the same dilation on every axis
+where more than one tap is dilated (a 1-wide kernel has none), and no ``auto_pad``;
+for every spatial axis the branches' window starts differ by whole dilation steps, and the room
+left after each window (its end padding less the window's end) is the same, so every branch has
+the same output size for every input size; the merged window is one branch's own window, so the
+merged Conv reads no input position that no branch read (a zero weight times an infinity would
+be NaN). Weights and biases are summed in float64 and rounded once to the weight dtype: the
+result differs from the unmerged graph by the rounding of one sum of the branch outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxopt.ops import const_array, is_op
+from onnxopt.passes.base import RulePass
+from onnxopt.passes.fuse_conv_bn import bn_affine, narrowed, weight_to_fold
+from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
+from onnxopt.rewrite.patterns import new_constant, only_user
+
+
+@dataclass(frozen=True)
+class _Branch:
+    """One summand as a Conv of x: its weight [M, C/group, *k] and bias in float64, where its
+    window starts and the room after it on each spatial axis (``tail``: end pad - window end)."""
+
+    weight: np.ndarray | None  # None: the identity branch, its kernel built once the shape is known
+    bias: np.ndarray | None
+    scale: np.ndarray | None  # the identity branch's per-channel scale (BatchNormalization)
+    start: tuple[int, ...]
+    tail: tuple[int, ...]
+    node: ir.Node | None  # the Conv or BatchNormalization; None for x itself
+    dtype: np.dtype | None
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    group: int
+
+
+def _geometry(conv: ir.Node, spatial: int) -> _Geometry | Mismatch:
+    if conv.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
+        return Mismatch("a Conv uses auto_pad")
+    strides = tuple(conv.attributes.get_ints("strides", (1,) * spatial))
+    dilations = tuple(conv.attributes.get_ints("dilations", (1,) * spatial))
+    return _Geometry(strides, dilations, conv.attributes.get_int("group", 1))
+
+
+def _conv_branch(
+    conv: ir.Node, x: ir.Value, context: RewriteContext
+) -> tuple[_Branch, _Geometry] | Mismatch:
+    weight = weight_to_fold(conv, 1, context.options.fold_may_grow)
+    if isinstance(weight, Mismatch):
+        return weight
+    if weight.ndim < 3:
+        return Mismatch(f"a Conv weight has rank {weight.ndim}")
+    spatial = weight.ndim - 2
+    geometry = _geometry(conv, spatial)
+    if isinstance(geometry, Mismatch):
+        return geometry
+    kernel = tuple(int(k) for k in weight.shape[2:])
+    declared = conv.attributes.get_ints("kernel_shape", kernel)
+    if tuple(declared) != kernel:
+        return Mismatch("a Conv's kernel_shape differs from its weight's shape")
+    # A 1-wide axis has no dilation to agree on: 0 stands for "any".
+    dilations = tuple(0 if k == 1 else d for k, d in zip(kernel, geometry.dilations, strict=True))
+    geometry = _Geometry(geometry.strides, dilations, geometry.group)
+    pads = tuple(conv.attributes.get_ints("pads", (0,) * (2 * spatial)))
+    bias_value = conv.inputs[2] if len(conv.inputs) > 2 else None
+    bias = np.zeros(weight.shape[0]) if bias_value is None else const_array(bias_value)
+    if bias is None:
+        return Mismatch("a Conv bias is not a constant")
+    start = tuple(-pads[i] for i in range(spatial))
+    end = tuple(start[i] + geometry.dilations[i] * (kernel[i] - 1) for i in range(spatial))
+    tail = tuple(pads[spatial + i] - end[i] for i in range(spatial))
+    branch = _Branch(
+        weight.astype(np.float64), bias.astype(np.float64), None, start, tail, conv, weight.dtype
+    )
+    return branch, geometry
+
+
+def _branch(
+    value: ir.Value | None, x: ir.Value, context: RewriteContext
+) -> tuple[_Branch, _Geometry | None] | Mismatch:
+    """``value`` (a summand) as a branch over ``x``; the geometry of a Conv branch."""
+    if value is None:
+        return Mismatch("the Add has a missing input", candidate=False)
+    if value is x:
+        return _Branch(None, None, None, (), (), None, None), None
+    node = value.producer()
+    if node is None or not only_user(value):
+        return Mismatch("a summand has other users or is not computed here", candidate=False)
+    if is_op(node, "Conv") and node.inputs[0] is x:
+        return _conv_branch(node, x, context)
+    if is_op(node, "BatchNormalization") and node.inputs[0] is x:
+        found = bn_affine(node)
+        if isinstance(found, Mismatch):
+            return found
+        return _Branch(None, found[1], found[0], (), (), node, None), None
+    return Mismatch("a summand is not a Conv or BatchNormalization of the shared input", False)
+
+
+def _common_geometry(geometries: list[_Geometry]) -> _Geometry | Mismatch:
+    """The strides, dilations and group all Conv branches share (a 0 dilation agrees with any)."""
+    if len({(g.strides, g.group, len(g.dilations)) for g in geometries}) != 1:
+        return Mismatch("the Convs differ in strides or groups")
+    dilations = []
+    for axis in range(len(geometries[0].dilations)):
+        values = sorted({g.dilations[axis] for g in geometries} - {0})
+        if len(values) > 1:
+            return Mismatch("the Convs differ in dilations")
+        dilations.append(values[0] if values else 1)
+    return _Geometry(geometries[0].strides, tuple(dilations), geometries[0].group)
+
+
+def _shared_input(add: ir.Node) -> ir.Value | None:
+    """The x both summands read: a Conv's input, else one summand itself."""
+    a, b = add.inputs[0], add.inputs[1]
+    for value in (a, b):
+        node = None if value is None else value.producer()
+        if is_op(node, "Conv") and node is not None:
+            return node.inputs[0]
+    return None
+
+
+def _layout(
+    branches: list[_Branch], geometry: _Geometry, spatial: int, kernels: list[tuple[int, ...]]
+) -> tuple[list[tuple[int, ...]], tuple[int, ...], tuple[int, ...]] | Mismatch:
+    """Each branch's kernel offset in the merged window, the window and the merged pads."""
+    starts = [b.start if b.weight is not None else (0,) * spatial for b in branches]
+    tails = [b.tail if b.weight is not None else (0,) * spatial for b in branches]
+    if len(set(tails)) != 1:
+        return Mismatch("the branches' output sizes could differ (their end padding differs)")
+    origin = tuple(min(s[i] for s in starts) for i in range(spatial))
+    offsets = []
+    for start in starts:
+        steps = []
+        for i in range(spatial):
+            shift, rest = divmod(start[i] - origin[i], geometry.dilations[i])
+            if rest:
+                return Mismatch("the branches' windows are not aligned on the dilation")
+            steps.append(shift)
+        offsets.append(tuple(steps))
+    window = tuple(
+        max(o[i] + k[i] for o, k in zip(offsets, kernels, strict=True)) for i in range(spatial)
+    )
+    if not any(o == (0,) * spatial and k == window for o, k in zip(offsets, kernels, strict=True)):
+        return Mismatch("no branch's window covers the others' (the merged Conv would read more)")
+    end = tuple(origin[i] + geometry.dilations[i] * (window[i] - 1) for i in range(spatial))
+    pads = tuple(-o for o in origin) + tuple(tails[0][i] + end[i] for i in range(spatial))
+    return offsets, window, pads
+
+
+def _summed(
+    branches: list[_Branch],
+    offsets: list[tuple[int, ...]],
+    kernels: list[tuple[int, ...]],
+    shape: tuple[int, ...],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The merged weight of ``shape`` [M, C/group, *window] and bias, in float64."""
+    merged = np.zeros(shape)
+    bias = np.zeros(shape[0])
+    channel = np.arange(shape[0])
+    for branch, offset, kernel in zip(branches, offsets, kernels, strict=True):
+        if branch.weight is not None:
+            window = [slice(o, o + k) for o, k in zip(offset, kernel, strict=True)]
+            at: tuple[Any, ...] = (slice(None), slice(None), *window)
+            merged[at] += branch.weight
+        else:  # x * scale on its own channel: the centre tap of the identity's 1x1 kernel
+            scale = np.ones(shape[0]) if branch.scale is None else branch.scale
+            tap: tuple[Any, ...] = (channel, channel % shape[1], *offset)
+            merged[tap] += scale
+        if branch.bias is not None:
+            bias += branch.bias
+    return merged, bias
+
+
+def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if len(add.inputs) != 2:
+        return Mismatch("not a binary Add", candidate=False)
+    x = _shared_input(add)
+    if x is None:
+        return Mismatch("no summand is a Conv", candidate=False)
+    found = [_branch(value, x, context) for value in add.inputs]
+    for item in found:
+        if isinstance(item, Mismatch):
+            return item
+    pairs = [item for item in found if not isinstance(item, Mismatch)]
+    branches = [branch for branch, _ in pairs]
+    geometry = _common_geometry([g for _, g in pairs if g is not None])
+    if isinstance(geometry, Mismatch):
+        return geometry
+    convs = [b for b in branches if b.weight is not None]
+    shapes = {b.weight.shape[:2] for b in convs if b.weight is not None}
+    spatial = len(geometry.strides)
+    if len(shapes) != 1 or len({b.weight.ndim for b in convs if b.weight is not None}) != 1:
+        return Mismatch("the Convs differ in channels or spatial rank")
+    if len({b.dtype for b in convs}) != 1:
+        return Mismatch("the Conv weights differ in dtype")
+    (channels,) = shapes
+    out_channels, per_group = int(channels[0]), int(channels[1])
+    identity = [b for b in branches if b.weight is None]
+    if identity and out_channels != per_group * geometry.group:
+        return Mismatch("an identity branch needs as many output as input channels")
+    if identity and any(s != 1 for s in geometry.strides):
+        return Mismatch("an identity branch needs stride 1")
+    kernels = [
+        tuple(int(k) for k in b.weight.shape[2:]) if b.weight is not None else (1,) * spatial
+        for b in branches
+    ]
+    layout = _layout(branches, geometry, spatial, kernels)
+    if isinstance(layout, Mismatch):
+        return layout
+    offsets, window, pads = layout
+    merged, bias = _summed(branches, offsets, kernels, (out_channels, per_group, *window))
+    dtype = convs[0].dtype
+    assert dtype is not None
+    narrow = narrowed((merged, bias), dtype)
+    if isinstance(narrow, Mismatch):
+        return narrow
+    nodes = [b.node for b in branches if b.node is not None]
+    return Match(
+        [*nodes, add],
+        {"x": x, "weight": narrow[0], "bias": narrow[1], "pads": pads, "geometry": geometry},
+    )
+
+
+def _rewrite(match: Match, context: RewriteContext) -> Replacement:
+    add = match.root
+    first = next(node for node in match.nodes if is_op(node, "Conv"))
+    geometry: _Geometry = match.bindings["geometry"]
+    weight = new_constant(
+        match.bindings["weight"], first.inputs[1].name if first.inputs[1] else None
+    )
+    bias = new_constant(match.bindings["bias"], f"{first.name or 'Conv'}_bias")
+    attributes: dict[str, Any] = {
+        "dilations": list(geometry.dilations),
+        "group": geometry.group,
+        "kernel_shape": list(match.bindings["weight"].shape[2:]),
+        "pads": list(match.bindings["pads"]),
+        "strides": list(geometry.strides),
+    }
+    conv = ir.node("Conv", [match.bindings["x"], weight, bias], attributes, name=first.name)
+    conv.outputs[0].type, conv.outputs[0].shape = add.outputs[0].type, add.outputs[0].shape
+    return Replacement([conv], [(add.outputs[0], conv.outputs[0])], constants=[weight, bias])
+
+
+RULES = (Rule("conv+conv->conv", "Add", _match, _rewrite),)
+
+
+class FuseParallelConvsPass(RulePass):
+    """Summed Convs of one input (and an identity or BatchNormalization branch) -> one Conv."""
+
+    name = "fuse-parallel-convs"
+    summary = (
+        "merge Convs of one input that are summed (RepVGG / ACNet branches, an identity or "
+        "BatchNormalization branch among them) into one Conv"
+    )
+    rules = RULES
