@@ -2491,6 +2491,808 @@ def patchtst() -> Factory:
     return _named(PatchTSTModel(cfg), inputs, ("last_hidden_state",), {"past_values": {0: "batch"}})
 
 
+# ---------------------------------------------------------------------------- 2026-12-07 additions
+
+
+@seeded
+def longformer() -> Factory:
+    from transformers import LongformerConfig, LongformerModel
+
+    cfg = LongformerConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        attention_window=[8, 8],
+        max_position_embeddings=130,
+    )
+    return _text(LongformerModel, cfg)
+
+
+@seeded
+def perceiver() -> Factory:
+    import torch
+    from transformers import PerceiverConfig, PerceiverModel
+
+    cfg = PerceiverConfig(
+        num_latents=8,
+        d_latents=32,
+        d_model=16,
+        num_blocks=1,
+        num_self_attends_per_block=2,
+        num_self_attention_heads=2,
+        num_cross_attention_heads=2,
+        qk_channels=None,
+        v_channels=None,
+    )
+    inputs = {"inputs": torch.randn(2, 12, 16)}
+    return _named(PerceiverModel(cfg), inputs, ("last_hidden_state",), {"inputs": TOKENS})
+
+
+@seeded
+def canine() -> Factory:
+    from transformers import CanineConfig, CanineModel
+
+    cfg = CanineConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_hash_buckets=64,
+        local_transformer_stride=4,
+        downsampling_rate=4,
+    )
+    return _text(CanineModel, cfg)
+
+
+@seeded
+def tapas() -> Factory:
+    import torch
+    from transformers import TapasConfig, TapasModel
+
+    from onnxopt.zoo.transformers_models import _tokens
+
+    cfg = TapasConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+    )
+    inputs = _tokens(1000)
+    inputs["token_type_ids"] = torch.zeros(2, 16, 7, dtype=torch.int64)
+    inputs["token_type_ids"][:, :, 1] = torch.arange(16) % 3
+    return _named(TapasModel(cfg), inputs, ("last_hidden_state",), dict.fromkeys(inputs, TOKENS))
+
+
+@seeded
+def lilt() -> Factory:
+    import torch
+    from transformers import LiltConfig, LiltModel
+
+    from onnxopt.zoo.transformers_models import _tokens
+
+    cfg = LiltConfig(
+        vocab_size=1000,
+        hidden_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        channel_shrink_ratio=2,
+    )
+    inputs = _tokens(1000)
+    b = torch.randint(0, 500, (2, 16, 4))
+    b[..., 2:] += 400
+    inputs["bbox"] = b
+    return _named(LiltModel(cfg), inputs, ("last_hidden_state",), dict.fromkeys(inputs, TOKENS))
+
+
+@seeded
+def bros() -> Factory:
+    import torch
+    from transformers import BrosConfig, BrosModel
+
+    from onnxopt.zoo.transformers_models import _tokens
+
+    cfg = BrosConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+    )
+    inputs = _tokens(1000)
+    inputs["bbox"] = torch.rand(2, 16, 8)
+    return _named(BrosModel(cfg), inputs, ("last_hidden_state",), dict.fromkeys(inputs, TOKENS))
+
+
+@seeded
+def encodec() -> Factory:
+    import torch
+    from transformers import EncodecConfig, EncodecModel
+
+    cfg = EncodecConfig(
+        hidden_size=16,
+        num_filters=4,
+        upsampling_ratios=[4, 2],
+        codebook_size=32,
+        num_lstm_layers=2,
+        target_bandwidths=[10.0],
+        sampling_rate=8000,
+    )
+    inputs = {"input_values": torch.randn(2, 1, 800)}
+    return _named(
+        EncodecModel(cfg), inputs, ("audio_values",), {"input_values": {0: "batch", 2: "samples"}}
+    )
+
+
+@seeded
+def speech2text() -> Factory:
+    import torch
+    from transformers import Speech2TextConfig, Speech2TextModel
+
+    cfg = Speech2TextConfig(
+        vocab_size=100,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        input_feat_per_channel=16,
+        conv_channels=32,
+        max_source_positions=200,
+    )
+    inputs = {
+        "input_features": torch.randn(2, 40, 16),
+        "decoder_input_ids": torch.randint(0, 100, (2, 6)),
+    }
+    return _named(
+        Speech2TextModel(cfg),
+        inputs,
+        ("last_hidden_state",),
+        {
+            "input_features": {0: "batch", 1: "frames"},
+            "decoder_input_ids": {0: "batch", 1: "decoder_sequence"},
+        },
+    )
+
+
+@seeded
+def autoformer() -> Factory:
+    import torch
+    from transformers import AutoformerConfig, AutoformerModel
+
+    cfg = AutoformerConfig(
+        prediction_length=4,
+        context_length=8,
+        lags_sequence=[1, 2],
+        num_time_features=1,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        label_length=4,
+    )
+    L = 8 + 2
+    inputs = {
+        "past_values": torch.randn(2, L),
+        "past_time_features": torch.randn(2, L, 1),
+        "past_observed_mask": torch.ones(2, L),
+        "future_values": torch.randn(2, 4),
+        "future_time_features": torch.randn(2, 4, 1),
+    }
+    return _named(
+        AutoformerModel(cfg), inputs, ("last_hidden_state",), {k: {0: "batch"} for k in inputs}
+    )
+
+
+@seeded
+def rwkv() -> Factory:
+    from transformers import RwkvConfig, RwkvModel
+
+    cfg = RwkvConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        attention_hidden_size=64,
+        intermediate_size=128,
+        context_length=64,
+        use_cache=False,
+    )
+    return _decoder(RwkvModel, cfg)
+
+
+@seeded
+def xlstm() -> Factory:
+    from transformers import xLSTMConfig, xLSTMModel
+
+    cfg = xLSTMConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        embedding_dim=64,
+        num_hidden_layers=2,
+        num_heads=4,
+        use_cache=False,
+        mode="train",
+        chunkwise_kernel="chunkwise--native_autograd",
+        sequence_kernel="native_sequence__native",
+        step_kernel="native",
+        chunk_size=8,
+    )
+    return _decoder(xLSTMModel, cfg)
+
+
+@seeded
+def recurrent_gemma() -> Factory:
+    from transformers import RecurrentGemmaConfig, RecurrentGemmaModel
+
+    cfg = RecurrentGemmaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        lru_width=64,
+        attention_window_size=16,
+        head_dim=16,
+        use_cache=False,
+    )
+    return _decoder(RecurrentGemmaModel, cfg)
+
+
+@seeded
+def zamba2() -> Factory:
+    from transformers import Zamba2Config, Zamba2Model
+
+    cfg = Zamba2Config(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=128,
+        mamba_d_state=8,
+        mamba_headdim=16,
+        mamba_ngroups=1,
+        n_mamba_heads=8,
+        layers_block_type=["mamba", "hybrid"],
+        hybrid_layer_ids=[1],
+        use_cache=False,
+        use_mem_rope=True,
+    )
+    return _decoder(Zamba2Model, cfg)
+
+
+@seeded
+def falcon_mamba() -> Factory:
+    from transformers import FalconMambaConfig, FalconMambaModel
+
+    cfg = FalconMambaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        state_size=8,
+        num_hidden_layers=2,
+        use_cache=False,
+        use_falcon_mambapy=False,
+    )
+    return _decoder(FalconMambaModel, cfg)
+
+
+@seeded
+def bamba() -> Factory:
+    from transformers import BambaConfig, BambaModel
+
+    cfg = BambaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        attn_layer_indices=[1],
+        mamba_d_state=8,
+        mamba_d_head=16,
+        mamba_n_heads=8,
+        mamba_n_groups=1,
+        mamba_chunk_size=8,
+        use_cache=False,
+    )
+    return _decoder(BambaModel, cfg)
+
+
+@seeded
+def falcon_h1() -> Factory:
+    from transformers import FalconH1Config, FalconH1Model
+
+    cfg = FalconH1Config(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        mamba_d_state=8,
+        mamba_d_head=16,
+        mamba_n_heads=8,
+        mamba_n_groups=1,
+        mamba_chunk_size=8,
+        mamba_d_ssm=128,
+        use_cache=False,
+    )
+    return _decoder(FalconH1Model, cfg)
+
+
+@seeded
+def glpn() -> Factory:
+    from transformers import GLPNConfig, GLPNForDepthEstimation
+
+    cfg = GLPNConfig(
+        num_encoder_blocks=2,
+        depths=[1, 1],
+        sr_ratios=[2, 1],
+        hidden_sizes=[16, 32],
+        patch_sizes=[7, 3],
+        strides=[4, 2],
+        num_attention_heads=[1, 2],
+        mlp_ratios=[2, 2],
+        decoder_hidden_size=16,
+    )
+    return _pixels(GLPNForDepthEstimation, cfg, 64, ("predicted_depth",))
+
+
+@seeded
+def mgp_str() -> Factory:
+    from transformers import MgpstrConfig, MgpstrForSceneTextRecognition
+
+    cfg = MgpstrConfig(
+        image_size=[32, 64],
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_token_length=10,
+        num_character_labels=20,
+        num_bpe_labels=30,
+        num_wordpiece_labels=30,
+    )
+    import torch
+
+    from onnxopt.zoo.transformers_models import _Outputs
+
+    inputs = {"pixel_values": torch.randn(2, 3, 32, 64)}
+    return _finish(
+        _Outputs(MgpstrForSceneTextRecognition(cfg), ("pixel_values",), ("logits",)),
+        inputs,
+        {"pixel_values": BATCH},
+    )
+
+
+@seeded
+def vit_mae() -> Factory:
+    from transformers import ViTMAEConfig, ViTMAEModel
+
+    cfg = ViTMAEConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        image_size=32,
+        patch_size=8,
+        mask_ratio=0.75,
+    )
+    return _pixels(ViTMAEModel, cfg, 32)
+
+
+@seeded
+def swiftformer() -> Factory:
+    from transformers import SwiftFormerConfig, SwiftFormerModel
+
+    cfg = SwiftFormerConfig(depths=[1, 1, 1, 1], embed_dims=[16, 24, 32, 48])
+    return _pixels(SwiftFormerModel, cfg, 64)
+
+
+@seeded
+def bit() -> Factory:
+    from transformers import BitConfig, BitModel
+
+    cfg = BitConfig(
+        embedding_size=32,
+        hidden_sizes=[32, 64, 96, 128],
+        num_groups=8,
+        depths=[1, 1, 1, 1],
+        layer_type="preactivation",
+        global_padding="SAME",
+    )
+    return _pixels(BitModel, cfg, 64)
+
+
+@seeded
+def mobilenet_v1() -> Factory:
+    from transformers import MobileNetV1Config, MobileNetV1Model
+
+    cfg = MobileNetV1Config(depth_multiplier=0.25, image_size=64)
+    return _pixels(MobileNetV1Model, cfg, 64)
+
+
+@seeded
+def upernet() -> Factory:
+    from transformers import ConvNextConfig, UperNetConfig, UperNetForSemanticSegmentation
+
+    bb = ConvNextConfig(
+        hidden_sizes=[16, 32, 48, 64],
+        depths=[1, 1, 1, 1],
+        out_features=["stage1", "stage2", "stage3", "stage4"],
+    )
+    cfg = UperNetConfig(
+        backbone_config=bb,
+        hidden_size=32,
+        auxiliary_channels=16,
+        num_labels=5,
+        use_auxiliary_head=False,
+    )
+    return _pixels(UperNetForSemanticSegmentation, cfg, 64, ("logits",))
+
+
+@seeded
+def groupvit() -> Factory:
+    from transformers import GroupViTVisionConfig, GroupViTVisionModel
+
+    cfg = GroupViTVisionConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        depths=[2, 2],
+        num_group_tokens=[8, 0],
+        num_output_groups=[8, 8],
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
+    )
+    return _pixels(GroupViTVisionModel, cfg, 32, ("last_hidden_state",))
+
+
+@seeded
+def owlvit_vision() -> Factory:
+    from transformers import OwlViTVisionConfig, OwlViTVisionModel
+
+    cfg = OwlViTVisionConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
+    )
+    return _pixels(OwlViTVisionModel, cfg, 32)
+
+
+@seeded
+def vitpose() -> Factory:
+    import torch
+    from transformers import VitPoseBackboneConfig, VitPoseConfig, VitPoseForPoseEstimation
+
+    bb = VitPoseBackboneConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=[64, 48],
+        patch_size=[8, 8],
+        out_indices=[2],
+    )
+    cfg = VitPoseConfig(backbone_config=bb, num_labels=5)
+    from onnxopt.zoo.transformers_models import _Outputs
+
+    inputs = {"pixel_values": torch.randn(2, 3, 64, 48)}
+    return _finish(
+        _Outputs(VitPoseForPoseEstimation(cfg), ("pixel_values",), ("heatmaps",)),
+        inputs,
+        {"pixel_values": BATCH},
+    )
+
+
+@seeded
+def textnet() -> Factory:
+    from transformers import TextNetConfig, TextNetModel
+
+    cfg = TextNetConfig()
+    return _pixels(TextNetModel, cfg, 64)
+
+
+@seeded
+def pix2struct_vision() -> Factory:
+    import torch
+    from transformers import Pix2StructVisionConfig, Pix2StructVisionModel
+
+    cfg = Pix2StructVisionConfig(
+        hidden_size=32,
+        patch_embed_hidden_size=48,
+        d_ff=64,
+        d_kv=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+    )
+    fp = torch.randn(2, 20, 2 + 48)
+    fp[:, :, 0] = torch.arange(20) // 5 + 1
+    fp[:, :, 1] = torch.arange(20) % 5 + 1
+    inputs = {"flattened_patches": fp, "attention_mask": torch.ones(2, 20)}
+    inputs["attention_mask"][1, 16:] = 0
+    return _named(
+        Pix2StructVisionModel(cfg), inputs, ("last_hidden_state",), dict.fromkeys(inputs, TOKENS)
+    )
+
+
+@seeded
+def longt5() -> Factory:
+    from transformers import LongT5Config, LongT5Model
+
+    cfg = LongT5Config(
+        vocab_size=1000,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        local_radius=4,
+        encoder_attention_type="transient-global",
+        global_block_size=4,
+    )
+    return _seq2seq(LongT5Model, cfg)
+
+
+@seeded
+def switch_transformers() -> Factory:
+    from transformers import SwitchTransformersConfig, SwitchTransformersModel
+
+    cfg = SwitchTransformersConfig(
+        vocab_size=1000,
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        num_experts=4,
+        encoder_sparse_step=2,
+        decoder_sparse_step=2,
+        expert_capacity=8,
+    )
+    return _seq2seq(SwitchTransformersModel, cfg)
+
+
+@seeded
+def prophetnet() -> Factory:
+    from transformers import ProphetNetConfig, ProphetNetModel
+
+    cfg = ProphetNetConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        num_encoder_attention_heads=4,
+        num_decoder_attention_heads=4,
+        ngram=2,
+        num_buckets=8,
+        relative_max_distance=16,
+    )
+    return _seq2seq(ProphetNetModel, cfg)
+
+
+@seeded
+def led() -> Factory:
+    from transformers import LEDConfig, LEDModel
+
+    cfg = LEDConfig(
+        vocab_size=1000,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        attention_window=[8, 8],
+        max_encoder_position_embeddings=128,
+        max_decoder_position_embeddings=128,
+    )
+    return _seq2seq(LEDModel, cfg)
+
+
+@seeded
+def fsmt() -> Factory:
+    from transformers import FSMTConfig, FSMTModel
+
+    cfg = FSMTConfig(
+        langs=["en", "de"],
+        src_vocab_size=1000,
+        tgt_vocab_size=1000,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+    )
+    return _seq2seq(FSMTModel, cfg)
+
+
+@seeded
+def hgnet_v2() -> Factory:
+    from transformers import HGNetV2Backbone, HGNetV2Config
+
+    cfg = HGNetV2Config(
+        stem_channels=[3, 8, 16],
+        stage_in_channels=[16, 16, 32, 48],
+        stage_mid_channels=[8, 16, 24, 32],
+        stage_out_channels=[16, 32, 48, 64],
+        stage_num_blocks=[1, 1, 1, 1],
+        stage_numb_of_layers=[2, 2, 2, 2],
+        out_features=["stage4"],
+    )
+    return _pixels(HGNetV2Backbone, cfg, 64, ("feature_maps",))
+
+
+@seeded
+def imagegpt() -> Factory:
+    from transformers import ImageGPTConfig, ImageGPTModel
+
+    cfg = ImageGPTConfig(vocab_size=513, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    return _decoder(ImageGPTModel, cfg)
+
+
+@seeded
+def decision_transformer() -> Factory:
+    import torch
+    from transformers import DecisionTransformerConfig, DecisionTransformerModel
+
+    cfg = DecisionTransformerConfig(
+        state_dim=5, act_dim=3, hidden_size=32, n_layer=2, n_head=2, max_ep_len=100
+    )
+    T = 6
+    inputs = {
+        "states": torch.randn(2, T, 5),
+        "actions": torch.randn(2, T, 3),
+        "rewards": torch.randn(2, T, 1),
+        "returns_to_go": torch.randn(2, T, 1),
+        "timesteps": torch.randint(0, 100, (2, T)),
+        "attention_mask": torch.ones(2, T, dtype=torch.int64),
+    }
+    return _named(
+        DecisionTransformerModel(cfg),
+        inputs,
+        ("last_hidden_state",),
+        {k: {0: "batch", 1: "steps"} for k in inputs},
+    )
+
+
+@seeded
+def wav2vec2_bert() -> Factory:
+    import torch
+    from transformers import Wav2Vec2BertConfig, Wav2Vec2BertModel
+
+    cfg = Wav2Vec2BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        feature_projection_input_dim=16,
+        conv_depthwise_kernel_size=5,
+        output_hidden_size=32,
+        add_adapter=False,
+    )
+    inputs = {
+        "input_features": torch.randn(2, 20, 16),
+        "attention_mask": torch.ones(2, 20, dtype=torch.int64),
+    }
+    inputs["attention_mask"][1, 16:] = 0
+    return _named(
+        Wav2Vec2BertModel(cfg), inputs, ("last_hidden_state",), dict.fromkeys(inputs, TOKENS)
+    )
+
+
+@seeded
+def sew_d() -> Factory:
+    import torch
+    from transformers import SEWDConfig, SEWDModel
+
+    cfg = SEWDConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16, 16),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        squeeze_factor=2,
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        position_buckets=16,
+        max_position_embeddings=64,
+    )
+    inputs = {"input_values": torch.randn(2, 800)}
+    return _named(
+        SEWDModel(cfg), inputs, ("last_hidden_state",), {"input_values": {0: "batch", 1: "samples"}}
+    )
+
+
+@seeded
+def t5gemma() -> Factory:
+    from transformers import T5GemmaConfig, T5GemmaModel, T5GemmaModuleConfig
+
+    mc = dict(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+    )
+    cfg = T5GemmaConfig(
+        encoder=T5GemmaModuleConfig(**mc),
+        decoder=T5GemmaModuleConfig(**mc),
+        vocab_size=1000,
+        use_cache=False,
+    )
+    cfg._attn_implementation = "eager"
+    return _seq2seq(T5GemmaModel, cfg)
+
+
+@seeded
+def gemma3n_text() -> Factory:
+    from transformers import Gemma3nTextConfig, Gemma3nTextModel
+
+    cfg = Gemma3nTextConfig(
+        vocab_size=1000,
+        vocab_size_per_layer_input=1000,
+        hidden_size=64,
+        hidden_size_per_layer_input=16,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        laurel_rank=8,
+        altup_num_inputs=2,
+        num_kv_shared_layers=2,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0],
+        use_cache=False,
+    )
+    return _decoder(Gemma3nTextModel, cfg)
+
+
+@seeded
+def musicgen_decoder() -> Factory:
+    import torch
+    from transformers import MusicgenDecoderConfig, MusicgenForCausalLM
+
+    cfg = MusicgenDecoderConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        ffn_dim=64,
+        num_codebooks=2,
+        use_cache=False,
+    )
+    inputs = {"input_ids": torch.randint(0, 64, (4, 8))}
+    return _named(MusicgenForCausalLM(cfg), inputs, ("logits",), {"input_ids": {1: "sequence"}})
+
+
 FAMILIES: dict[str, Callable[[], Factory]] = {
     f.__name__.replace("_", "-"): f
     for f in (
@@ -2691,6 +3493,47 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         dac,
         fnet,
         patchtst,
+        longformer,
+        perceiver,
+        canine,
+        tapas,
+        lilt,
+        bros,
+        encodec,
+        speech2text,
+        autoformer,
+        rwkv,
+        xlstm,
+        recurrent_gemma,
+        zamba2,
+        falcon_mamba,
+        bamba,
+        falcon_h1,
+        glpn,
+        mgp_str,
+        vit_mae,
+        swiftformer,
+        bit,
+        mobilenet_v1,
+        upernet,
+        groupvit,
+        owlvit_vision,
+        vitpose,
+        textnet,
+        pix2struct_vision,
+        longt5,
+        switch_transformers,
+        prophetnet,
+        led,
+        fsmt,
+        hgnet_v2,
+        imagegpt,
+        decision_transformer,
+        wav2vec2_bert,
+        sew_d,
+        t5gemma,
+        gemma3n_text,
+        musicgen_decoder,
     )
 }
 
