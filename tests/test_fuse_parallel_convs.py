@@ -159,8 +159,15 @@ def test_the_merged_kernel_is_the_branches_padded_into_one_window() -> None:
             IO,
             "auto_pad",
         ),
+        (
+            "float[4,4,1,1] big = {" + ", ".join(["3e38"] * 16) + "}, "
+            "float[4,4,1,1] big2 = {" + ", ".join(["3e38"] * 16) + "}",
+            "a = Conv (x, big)\n b = Conv (x, big2)\n y = Add(a, b)",
+            IO,
+            "the merged weights overflow float32",
+        ),
     ],
-    ids=["dilations", "no-covering-window", "shared-weight", "auto-pad"],
+    ids=["dilations", "no-covering-window", "shared-weight", "auto-pad", "overflow"],
 )
 def test_branches_it_leaves_are_explained(
     constants: str, body: str, io: dict[str, str], reason: str

@@ -15,8 +15,11 @@ for every spatial axis the branches' window starts differ by whole dilation step
 left after each window (its end padding less the window's end) is the same, so every branch has
 the same output size for every input size; the merged window is one branch's own window, so the
 merged Conv reads no input position that no branch read (a zero weight times an infinity would
-be NaN). Weights and biases are summed in float64 and rounded once to the weight dtype: the
-result differs from the unmerged graph by the rounding of one sum of the branch outputs.
+be NaN). Each merged weight is a sum of two terms (one Add merges two branches), taken in
+float32 for a float32 model (IEEE addition rounds the exact sum once; a float64 detour would cost
+the time and memory of a wide copy of every weight and round no better) and in float64 then
+rounded once for other dtypes; a sum that overflows the dtype is refused. The result differs from
+the unmerged graph by the rounding of the one sum of the branch outputs.
 """
 
 from __future__ import annotations
@@ -90,9 +93,7 @@ def _conv_branch(
     start = tuple(-pads[i] for i in range(spatial))
     end = tuple(start[i] + geometry.dilations[i] * (kernel[i] - 1) for i in range(spatial))
     tail = tuple(pads[spatial + i] - end[i] for i in range(spatial))
-    branch = _Branch(
-        weight.astype(np.float64), bias.astype(np.float64), None, start, tail, conv, weight.dtype
-    )
+    branch = _Branch(weight, bias.astype(np.float64), None, start, tail, conv, weight.dtype)
     return branch, geometry
 
 
@@ -173,9 +174,11 @@ def _summed(
     offsets: list[tuple[int, ...]],
     kernels: list[tuple[int, ...]],
     shape: tuple[int, ...],
-) -> tuple[np.ndarray, np.ndarray]:
-    """The merged weight of ``shape`` [M, C/group, *window] and bias, in float64."""
-    merged = np.zeros(shape)
+    dtype: np.dtype,
+) -> tuple[np.ndarray, np.ndarray] | Mismatch:
+    """The merged weight of ``shape`` [M, C/group, *window] in ``dtype`` and the bias."""
+    exact = dtype == np.float32
+    merged = np.zeros(shape, dtype=np.float32 if exact else np.float64)
     bias = np.zeros(shape[0])
     channel = np.arange(shape[0])
     for branch, offset, kernel in zip(branches, offsets, kernels, strict=True):
@@ -186,10 +189,13 @@ def _summed(
         else:  # x * scale on its own channel: the centre tap of the identity's 1x1 kernel
             scale = np.ones(shape[0]) if branch.scale is None else branch.scale
             tap: tuple[Any, ...] = (channel, channel % shape[1], *offset)
-            merged[tap] += scale
+            merged[tap] = merged[tap].astype(np.float64) + scale  # rounded once, on assignment
         if branch.bias is not None:
             bias += branch.bias
-    return merged, bias
+    finite = all(b.weight is None or np.isfinite(b.weight).all() for b in branches)
+    if exact and finite and not np.isfinite(merged).all():  # narrowed cannot see this one
+        return Mismatch(f"the merged weights overflow {dtype}")
+    return narrowed((merged, bias), dtype)
 
 
 def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -229,10 +235,9 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if isinstance(layout, Mismatch):
         return layout
     offsets, window, pads = layout
-    merged, bias = _summed(branches, offsets, kernels, (out_channels, per_group, *window))
     dtype = convs[0].dtype
     assert dtype is not None
-    narrow = narrowed((merged, bias), dtype)
+    narrow = _summed(branches, offsets, kernels, (out_channels, per_group, *window), dtype)
     if isinstance(narrow, Mismatch):
         return narrow
     nodes = [b.node for b in branches if b.node is not None]
