@@ -63,6 +63,9 @@ def _geometry(conv: ir.Node, spatial: int) -> _Geometry | Mismatch:
         return Mismatch("a Conv uses auto_pad")
     strides = tuple(conv.attributes.get_ints("strides", (1,) * spatial))
     dilations = tuple(conv.attributes.get_ints("dilations", (1,) * spatial))
+    pads = conv.attributes.get_ints("pads", (0,) * (2 * spatial))
+    if len(strides) != spatial or len(dilations) != spatial or len(pads) != 2 * spatial:
+        return Mismatch("a Conv's strides, dilations or pads do not match its kernel's rank")
     return _Geometry(strides, dilations, conv.attributes.get_int("group", 1))
 
 
@@ -90,6 +93,8 @@ def _conv_branch(
     bias = np.zeros(weight.shape[0]) if bias_value is None else const_array(bias_value)
     if bias is None:
         return Mismatch("a Conv bias is not a constant")
+    if bias.shape != weight.shape[:1]:
+        return Mismatch("a Conv bias does not have one entry per output channel")
     start = tuple(-pads[i] for i in range(spatial))
     end = tuple(start[i] + geometry.dilations[i] * (kernel[i] - 1) for i in range(spatial))
     tail = tuple(pads[spatial + i] - end[i] for i in range(spatial))
@@ -136,7 +141,7 @@ def _shared_input(add: ir.Node) -> ir.Value | None:
     a, b = add.inputs[0], add.inputs[1]
     for value in (a, b):
         node = None if value is None else value.producer()
-        if is_op(node, "Conv") and node is not None:
+        if is_op(node, "Conv") and node is not None and node.inputs:
             return node.inputs[0]
     return None
 
@@ -225,6 +230,8 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
     identity = [b for b in branches if b.weight is None]
     if identity and out_channels != per_group * geometry.group:
         return Mismatch("an identity branch needs as many output as input channels")
+    if any(b.scale is not None and b.scale.shape != (out_channels,) for b in identity):
+        return Mismatch("the BatchNormalization branch has another channel count")
     if identity and any(s != 1 for s in geometry.strides):
         return Mismatch("an identity branch needs stride 1")
     kernels = [
