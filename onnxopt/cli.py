@@ -732,7 +732,7 @@ def _fall_back(
                 err=True,
             )
             return outcome, result
-        found = _run_bisect(model, outcome, options)
+        found = _run_bisect(model, outcome, options, then="--fallback drops it")
         if found is None:
             return outcome, result
         culprit, detail = found
@@ -896,7 +896,9 @@ def _write_ci_reports(
             _write_file("--markdown", markdown_path, text.encode("utf-8"))
 
 
-def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> tuple[str, str] | None:
+def _run_bisect(
+    model: Path, outcome: Any, options: dict[str, Any], *, then: str = ""
+) -> tuple[str, str] | None:
     """Name the first pass that broke validation (on stderr); (pass, what it broke) or None."""
     from onnxopt.bisect import bisect_passes
     from onnxopt.passes.options import PassOptions
@@ -932,7 +934,7 @@ def _run_bisect(model: Path, outcome: Any, options: dict[str, Any]) -> tuple[str
             detail = f" ({result.report.errors[0]})"
     click.echo(
         f"onnxopt: bisect: pass #{result.first_bad_index + 1} '{result.culprit}' introduced the mismatch{detail}; "
-        f"rerun with --disable {result.culprit} ({result.probes} probes)",
+        f"{then or f'rerun with --disable {result.culprit}'} ({result.probes} probes)",
         err=True,
     )
     return result.culprit, detail

@@ -196,6 +196,7 @@ def test_fallback_drops_each_pass_that_breaks_validation_and_writes_the_rest(
     assert "pass #2 'break-relu' introduced the mismatch" in err
     assert "pass #3 'break-relu-again' introduced the mismatch" in err
     assert "fallback: optimizing again without break-relu-again" in err
+    assert "--fallback drops it" in err and "rerun with --disable" not in err
     report = json.loads(stdout)  # one JSON document: the failed attempts print no report
     assert report["dropped_passes"] == ["break-relu", "break-relu-again"]
     assert report["passes_run"] == ["eliminate-common-subexpressions", "eliminate-noops"]
