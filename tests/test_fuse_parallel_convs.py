@@ -11,7 +11,7 @@ import pytest
 import onnxopt
 from onnxopt.passes.fuse_parallel_convs import FuseParallelConvsPass
 from onnxopt.validate import validate
-from tests._pass_check import assert_refuses, assert_rewrites, load
+from tests._pass_check import assert_refuses, assert_rewrites, load, op_types
 from tests.test_eliminate_noops import model
 
 RULE = "conv+conv->conv"
@@ -91,8 +91,35 @@ HALF = {"inputs": "float[N,4,H,W] x", "outputs": "float[N,4,P,Q] y"}
             {"inputs": "float[N,4,T] x", "outputs": "float[N,4,T] y"},
             1,
         ),
+        # each branch with its own BatchNormalization (folded here, before fuse-conv-bn)
+        (
+            f"{W33}, {W11}, {BN}, float[4] g2 = {{0.5, 1.0, 1.5, 2.0}}",
+            "a = Conv <pads = [1, 1, 1, 1]> (x, w33)\n b = Conv (x, w11)\n"
+            " p = BatchNormalization(a, g, beta, mu, var)\n"
+            " q = BatchNormalization(b, g2, beta, mu, var)\n y = Add(p, q)",
+            IO,
+            1,
+        ),
+        # FastViT's RepMixer: x + layer_scale * (mixer(x) - norm(x)), the mixer a depthwise Conv
+        (
+            f"{DW}, {BN}, float[4,1,1] ls = {{0.5, -1.0, 2.0, 0.25}}",
+            "a = Conv <group = 4, pads = [1, 1, 1, 1]> (x, dw)\n"
+            " n = BatchNormalization(x, g, beta, mu, var)\n d = Sub(a, n)\n"
+            " m = Mul(d, ls)\n y = Add(x, m)",
+            IO,
+            2,
+        ),
     ],
-    ids=["acnet", "repvgg", "strided", "depthwise-skip", "dilated", "conv1d"],
+    ids=[
+        "acnet",
+        "repvgg",
+        "strided",
+        "depthwise-skip",
+        "dilated",
+        "conv1d",
+        "branch-batch-norms",
+        "fastvit-repmixer",
+    ],
 )
 def test_summed_branches_become_one_conv(
     constants: str, body: str, io: dict[str, str], count: int
@@ -173,6 +200,20 @@ def test_branches_it_leaves_are_explained(
     constants: str, body: str, io: dict[str, str], reason: str
 ) -> None:
     assert_refuses(FuseParallelConvsPass, model(f"<{constants}> {{ {body} }}", **io), reason)
+
+
+def test_a_batch_norm_after_the_sum_meets_one_conv() -> None:
+    """RepViT's ``bn(conv(x) + conv1(x) + x)``: the branches merge, then fuse-conv-bn (which runs
+    after this pass in the levels) folds the BN into the one Conv."""
+    text = model(
+        f"<{DW}, {_weights('dw1', (4, 1, 1, 1), 9)}, {BN}> {{ a = Conv <group = 4, pads = [1, 1, 1, 1]> (x, dw)\n"
+        " b = Conv <group = 4> (x, dw1)\n s = Add(a, b)\n t = Add(s, x)\n"
+        " y = BatchNormalization(t, g, beta, mu, var) }",
+        **IO,
+    )
+    result = onnxopt.optimize(load(text), passes=["fuse-parallel-convs", "fuse-conv-bn"])
+    assert result.validated, result.report.validation
+    assert op_types(result.model) == ["Conv"]
 
 
 def test_a_branch_read_elsewhere_stays() -> None:

@@ -5,9 +5,10 @@ kernel (odd, even, 1-wide, non-square), padding (symmetric, or any split that ke
 size), dilation, stride, group and bias, some followed by a BatchNormalization, and at stride 1
 with as many output as input channels an identity branch (the input itself or a
 BatchNormalization of it); sometimes a branch is read elsewhere too. The branches are summed in a
-random order and association. ONNX Runtime must give the same outputs after fuse-conv-bn and
-fuse-parallel-convs, at two batch sizes, and a second run must change nothing. Across the seeds
-both merges and refusals must occur (the generator is not allowed to test only one side).
+random order and association, some by Sub, some scaled first by a per-channel Mul. ONNX Runtime
+must give the same outputs after fuse-parallel-convs and fuse-conv-bn, at two batch sizes, and a
+second run must change nothing. Across the seeds both merges and refusals must occur (the
+generator is not allowed to test only one side).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 import onnxopt
 from onnxopt.io import model_from_proto
 
-PASSES = ["infer-shapes", "fuse-conv-bn", "fuse-parallel-convs", "eliminate-dead-code"]
+PASSES = ["infer-shapes", "fuse-parallel-convs", "fuse-conv-bn", "eliminate-dead-code"]
 
 
 def _padding(rng: np.random.Generator, k: int, d: int, stride: int) -> tuple[int, int]:
@@ -71,6 +72,12 @@ def random_branches(seed: int) -> onnx.ModelProto:
             dilations=[dilation] * spatial, pads=[p[0] for p in pads] + [p[1] for p in pads],
         ))  # fmt: skip
         summands.append(batch_norm(out, out_channels) if rng.random() < 0.3 else out)
+        if rng.random() < 0.2:  # a layer scale, per channel or one number
+            shape = (out_channels, *(1,) * spatial) if rng.random() < 0.7 else ()
+            scaled = f"mul{len(nodes)}"
+            nodes.append(oh.make_node("Mul", [summands[-1], const(rng.uniform(0.2, 2, shape))],
+                                      [scaled]))  # fmt: skip
+            summands[-1] = scaled
     if identity:
         summands.append(batch_norm("x", channels) if rng.random() < 0.5 else "x")
     order = [summands[i] for i in rng.permutation(len(summands))]
@@ -79,7 +86,8 @@ def random_branches(seed: int) -> onnx.ModelProto:
     while len(order) > 1:
         i = int(rng.integers(0, len(order) - 1))
         out = f"sum{len(nodes)}"
-        nodes.append(oh.make_node("Add", [order[i], order[i + 1]], [out]))
+        op = "Sub" if rng.random() < 0.3 else "Add"
+        nodes.append(oh.make_node(op, [order[i], order[i + 1]], [out]))
         order[i : i + 2] = [out]
     nodes.append(oh.make_node("Relu", [order[0]], ["y"]))
     size = [int(rng.choice([5, 6, 7])) for _ in range(spatial)]

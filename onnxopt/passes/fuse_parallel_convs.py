@@ -24,7 +24,7 @@ the unmerged graph by the rounding of the one sum of the branch outputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,9 +32,9 @@ import onnx_ir as ir
 
 from onnxopt.ops import const_array, is_op
 from onnxopt.passes.base import RulePass
-from onnxopt.passes.fuse_conv_bn import bn_affine, narrowed, weight_to_fold
+from onnxopt.passes.fuse_conv_bn import bn_affine, narrowed, per_channel, weight_to_fold
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
-from onnxopt.rewrite.patterns import new_constant, only_user
+from onnxopt.rewrite.patterns import new_constant, only_user, other_input, rank_of
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class _Branch:
     scale: np.ndarray | None  # the identity branch's per-channel scale (BatchNormalization)
     start: tuple[int, ...]
     tail: tuple[int, ...]
-    node: ir.Node | None  # the Conv or BatchNormalization; None for x itself
+    nodes: tuple[ir.Node, ...]  # the Conv or BatchNormalization and a Mul after it; () for x
     dtype: np.dtype | None
 
 
@@ -98,7 +98,7 @@ def _conv_branch(
     start = tuple(-pads[i] for i in range(spatial))
     end = tuple(start[i] + geometry.dilations[i] * (kernel[i] - 1) for i in range(spatial))
     tail = tuple(pads[spatial + i] - end[i] for i in range(spatial))
-    branch = _Branch(weight, bias.astype(np.float64), None, start, tail, conv, weight.dtype)
+    branch = _Branch(weight, bias.astype(np.float64), None, start, tail, (conv,), weight.dtype)
     return branch, geometry
 
 
@@ -109,18 +109,84 @@ def _branch(
     if value is None:
         return Mismatch("the Add has a missing input", candidate=False)
     if value is x:
-        return _Branch(None, None, None, (), (), None, None), None
+        return _Branch(None, None, None, (), (), (), None), None
     node = value.producer()
     if node is None or not only_user(value):
         return Mismatch("a summand has other users or is not computed here", candidate=False)
     if is_op(node, "Conv") and node.inputs[0] is x:
         return _conv_branch(node, x, context)
-    if is_op(node, "BatchNormalization") and node.inputs[0] is x:
+    if is_op(node, "BatchNormalization"):
         found = bn_affine(node)
         if isinstance(found, Mismatch):
             return found
-        return _Branch(None, found[1], found[0], (), (), node, None), None
+        if node.inputs[0] is x:
+            return _Branch(None, found[1], found[0], (), (), (node,), None), None
+        return _normalized_branch(node, found, x, context)
+    if is_op(node, "Mul"):
+        return _scaled_branch(node, x, context)
     return Mismatch("a summand is not a Conv or BatchNormalization of the shared input", False)
+
+
+def _scaled_branch(
+    mul: ir.Node, x: ir.Value, context: RewriteContext
+) -> tuple[_Branch, _Geometry | None] | Mismatch:
+    """``branch * c`` with c constant per channel (FastViT's layer scale on its RepMixer)."""
+    operand = next((v for v in mul.inputs[:2] if v is not None and const_array(v) is None), None)
+    factor = other_input(mul, operand) if operand is not None else None
+    if operand is None or factor is None or const_array(factor) is None:
+        return Mismatch("a summand is a Mul that is not by a constant", candidate=False)
+    found = _branch(operand, x, context)
+    if isinstance(found, Mismatch):
+        return found
+    branch, geometry = found
+    rank = rank_of(operand)
+    channels = _channels(branch, x)
+    if rank is None or channels is None:
+        return Mismatch("a scaled summand's rank or channel count is unknown")
+    c = per_channel(factor, rank, channels, 1)
+    if isinstance(c, Mismatch):
+        return Mismatch(f"a summand's scale: {c.reason}", candidate=c.candidate)
+    return replace(_times(branch, c), nodes=(*branch.nodes, mul)), geometry
+
+
+def _normalized_branch(
+    bn: ir.Node, affine: tuple[np.ndarray, np.ndarray], x: ir.Value, context: RewriteContext
+) -> tuple[_Branch, _Geometry | None] | Mismatch:
+    """``BatchNormalization(branch)``: a Conv's own BN, folded here rather than by fuse-conv-bn,
+    so that a BN after the sum (RepViT's ``bn(conv(x) + conv1(x) + x)``) still meets one Conv."""
+    found = _branch(bn.inputs[0], x, context)
+    if isinstance(found, Mismatch):
+        return found
+    branch, geometry = found
+    s, t = affine
+    if s.shape != (_channels(branch, x),):
+        return Mismatch("a branch's BatchNormalization has another channel count")
+    return replace(_times(branch, s, t), nodes=(*branch.nodes, bn)), geometry
+
+
+def _channels(branch: _Branch, x: ir.Value) -> int | None:
+    if branch.weight is not None:
+        return int(branch.weight.shape[0])
+    if branch.scale is not None:
+        return int(branch.scale.shape[0])
+    dim = None if x.shape is None or len(x.shape) < 2 else x.shape[1]
+    return dim if isinstance(dim, int) else None
+
+
+def _times(branch: _Branch, c: np.ndarray, shift: np.ndarray | None = None) -> _Branch:
+    """``branch`` with its output multiplied by ``c`` (one number per output channel, or one),
+    then ``shift`` added."""
+    c = np.asarray(c, dtype=np.float64).reshape(-1)
+    weight = branch.weight
+    if weight is not None:
+        weight = weight.astype(np.float64) * c.reshape(-1, *(1,) * (weight.ndim - 1))
+    scale = None
+    if branch.weight is None:  # the identity's centre tap, 1 where no BatchNormalization set it
+        scale = (np.ones(1) if branch.scale is None else branch.scale) * c
+    bias = None if branch.bias is None else branch.bias * c
+    if shift is not None:
+        bias = shift if bias is None else bias + shift
+    return replace(branch, weight=weight, bias=bias, scale=scale)
 
 
 def _common_geometry(geometries: list[_Geometry]) -> _Geometry | Mismatch:
@@ -136,14 +202,27 @@ def _common_geometry(geometries: list[_Geometry]) -> _Geometry | Mismatch:
     return _Geometry(geometries[0].strides, tuple(dilations), geometries[0].group)
 
 
-def _shared_input(add: ir.Node) -> ir.Value | None:
-    """The x both summands read: a Conv's input, else one summand itself."""
-    a, b = add.inputs[0], add.inputs[1]
-    for value in (a, b):
+def _shared_inputs(add: ir.Node) -> list[ir.Value]:
+    """What the summands may share, in order: the inputs of the Muls and BatchNormalizations
+    under each summand, and of the Conv they lead to (a BN of x beside a Conv of x shares x; a
+    BN of a Conv's output beside another Conv of that output shares the output)."""
+    found: list[ir.Value] = []
+    for value in add.inputs[:2]:
         node = None if value is None else value.producer()
-        if is_op(node, "Conv") and node is not None and node.inputs:
-            return node.inputs[0]
-    return None
+        while node is not None and (is_op(node, "Mul") or is_op(node, "BatchNormalization")):
+            operands = node.inputs[:1] if is_op(node, "BatchNormalization") else node.inputs[:2]
+            computed = [v for v in operands if v is not None and const_array(v) is None]
+            if len(computed) != 1:
+                break
+            found.append(computed[0])
+            node = computed[0].producer()
+        if is_op(node, "Conv") and node is not None and node.inputs and node.inputs[0] is not None:
+            found.append(node.inputs[0])
+    unique: list[ir.Value] = []
+    for value in found:
+        if not any(value is seen for seen in unique):
+            unique.append(value)
+    return unique
 
 
 def _layout(
@@ -194,7 +273,7 @@ def _summed(
         else:  # x * scale on its own channel: the centre tap of the identity's 1x1 kernel
             scale = np.ones(shape[0]) if branch.scale is None else branch.scale
             tap: tuple[Any, ...] = (channel, channel % shape[1], *offset)
-            merged[tap] = merged[tap].astype(np.float64) + scale  # rounded once, on assignment
+            merged[tap] = merged[tap].astype(np.float64) + np.broadcast_to(scale, shape[:1])
         if branch.bias is not None:
             bias += branch.bias
     finite = all(b.weight is None or np.isfinite(b.weight).all() for b in branches)
@@ -205,16 +284,27 @@ def _summed(
 
 def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if len(add.inputs) != 2:
-        return Mismatch("not a binary Add", candidate=False)
-    x = _shared_input(add)
-    if x is None:
-        return Mismatch("no summand is a Conv", candidate=False)
+        return Mismatch(f"not a binary {add.op_type}", candidate=False)
+    outcome = Mismatch("no summand is a Conv", candidate=False)
+    for x in _shared_inputs(add):
+        attempt = _match_over(add, x, context)
+        if isinstance(attempt, Match):
+            return attempt
+        if attempt.candidate or not outcome.candidate:
+            outcome = attempt
+    return outcome
+
+
+def _match_over(add: ir.Node, x: ir.Value, context: RewriteContext) -> Match | Mismatch:
+    """The summands of ``add`` as branches over ``x``, merged."""
     found = [_branch(value, x, context) for value in add.inputs]
     for item in found:
         if isinstance(item, Mismatch):
             return item
     pairs = [item for item in found if not isinstance(item, Mismatch)]
     branches = [branch for branch, _ in pairs]
+    if is_op(add, "Sub"):  # a - b: the second branch negated (FastViT's mixer(x) - norm(x))
+        branches[1] = _times(branches[1], np.array([-1.0]))
     geometry = _common_geometry([g for _, g in pairs if g is not None])
     if isinstance(geometry, Mismatch):
         return geometry
@@ -230,7 +320,7 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
     identity = [b for b in branches if b.weight is None]
     if identity and out_channels != per_group * geometry.group:
         return Mismatch("an identity branch needs as many output as input channels")
-    if any(b.scale is not None and b.scale.shape != (out_channels,) for b in identity):
+    if any(b.scale is not None and b.scale.shape not in ((1,), (out_channels,)) for b in identity):
         return Mismatch("the BatchNormalization branch has another channel count")
     if identity and any(s != 1 for s in geometry.strides):
         return Mismatch("an identity branch needs stride 1")
@@ -247,7 +337,7 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
     narrow = _summed(branches, offsets, kernels, (out_channels, per_group, *window), dtype)
     if isinstance(narrow, Mismatch):
         return narrow
-    nodes = [b.node for b in branches if b.node is not None]
+    nodes = [node for b in branches for node in b.nodes]
     return Match(
         [*nodes, add],
         {"x": x, "weight": narrow[0], "bias": narrow[1], "pads": pads, "geometry": geometry},
@@ -274,7 +364,10 @@ def _rewrite(match: Match, context: RewriteContext) -> Replacement:
     return Replacement([conv], [(add.outputs[0], conv.outputs[0])], constants=[weight, bias])
 
 
-RULES = (Rule("conv+conv->conv", "Add", _match, _rewrite),)
+RULES = (
+    Rule("conv+conv->conv", "Add", _match, _rewrite),
+    Rule("conv+conv->conv", "Sub", _match, _rewrite),
+)
 
 
 class FuseParallelConvsPass(RulePass):

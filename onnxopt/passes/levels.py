@@ -58,10 +58,11 @@ LevelSpec = Sequence[PassClass | tuple[PassClass, ...]]
 # default (level 2, target ort) is what runs fastest on ONNX Runtime; --target onnx stays portable.
 FUSIONS: list[PassClass] = [
     FusePadPass,
-    FuseConvBnPass,
-    # After each branch's BatchNormalization folded into its Conv; before promote-conv1d, which
-    # would hide a 1-D branch behind an Unsqueeze, and before fuse-conv-activation.
+    # Before fuse-conv-bn (it folds each branch's own BatchNormalization itself, so that one
+    # after the sum still meets a single Conv), promote-conv1d (which would hide a 1-D branch
+    # behind an Unsqueeze) and fuse-conv-activation.
     FuseParallelConvsPass,
+    FuseConvBnPass,
     # Before promote-conv1d, whose Squeeze then moves past a Conv's fused Gelu in the same run
     # (tf2onnx's Conv1D and TorchScript's erf Gelu: a fixed point in one run).
     FuseGeluPass,
