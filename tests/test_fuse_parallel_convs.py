@@ -246,3 +246,31 @@ def test_a_repvgg_network_runs_one_conv_per_block(exporter: str, tmp_path: Path)
     stats = {name: s for name, _, _, s in result.report.pass_totals()}
     assert stats["fuse-parallel-convs"] == {RULE: 6}
     assert isinstance(result.model.graph.inputs[0].shape[2], ir.SymbolicDim)
+
+
+def test_float16_branches_merge_in_float64_and_round_once() -> None:
+    """A half-precision model: the kernels are summed wide and rounded once to float16."""
+    import onnx
+    import onnx.numpy_helper as onh
+    import onnx.parser
+
+    proto = onnx.parser.parse_model(
+        model(
+            f"<{W33}, {W11}> {{ a = Conv <pads = [1, 1, 1, 1]> (x, w33)\n b = Conv (x, w11)\n"
+            " y = Add(a, b) }",
+            **IO,
+        )
+    )
+    for index, tensor in enumerate(proto.graph.initializer):
+        half = onh.to_array(tensor).astype(np.float16)
+        proto.graph.initializer[index].CopyFrom(onh.from_array(half, tensor.name))
+    for info in (*proto.graph.input, *proto.graph.output):
+        info.type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
+    text = onnx.printer.to_text(proto)
+    merged = assert_rewrites(FuseParallelConvsPass, text, {RULE: 1}, ["Conv"], 2)
+    weight = next(iter(merged.graph)).inputs[1].const_value.numpy()
+    halves = {t.name: onh.to_array(t) for t in proto.graph.initializer}
+    expected = halves["w33"].astype(np.float64)
+    expected[:, :, 1, 1] += halves["w11"][:, :, 0, 0]
+    assert weight.dtype == np.float16
+    np.testing.assert_array_equal(weight, expected.astype(np.float16))
