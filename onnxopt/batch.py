@@ -17,6 +17,11 @@ from onnxopt.ci_report import ModelOutcome, outcome_failures
 from onnxopt.errors import UsageError, describe
 from onnxopt.guard import adopt_notes, doing, last_note, notes_path
 
+FALLBACK_LIMIT = 3  # passes --fallback may drop before it gives up
+# One try of a model with some options and the passes dropped so far, (pass, why) each: its
+# outcome and whatever else the caller keeps of it.
+Attempt = Callable[[Mapping[str, Any], tuple[tuple[str, str], ...]], tuple[ModelOutcome, Any]]
+
 
 def output_paths(models: Sequence[Path], out_dir: Path) -> list[Path]:
     """``out_dir/<name>`` for each model; two inputs with one file name would overwrite each other."""
@@ -94,23 +99,101 @@ def _runtime_config_left_behind(model: Path, written: Path) -> list[str]:
     ]
 
 
+def with_dropped(result: OptimizeResult, dropped: Sequence[tuple[str, str]]) -> OptimizeResult:
+    """``result`` whose report records the passes --fallback left out, (pass, why) each."""
+    if not dropped:
+        return result
+    report = dataclasses.replace(
+        result.report,
+        dropped_passes=tuple(name for name, _ in dropped),
+        warnings=(*result.report.warnings, *(why for _, why in dropped)),
+    )
+    return dataclasses.replace(result, report=report)
+
+
+def validation_failed(outcome: ModelOutcome) -> bool:
+    validation = outcome.report.validation if outcome.report is not None else None
+    return validation is not None and not validation.passed
+
+
+def fall_back(
+    first: tuple[ModelOutcome, Any],
+    options: Mapping[str, Any],
+    attempt: Attempt,
+    *,
+    bisect: Callable[[ModelOutcome, Mapping[str, Any]], tuple[str, str] | None],
+    say: Callable[[str], None],
+    limit: int | None = None,
+) -> tuple[ModelOutcome, Any]:
+    """--fallback: while validation fails, let ``bisect`` name the pass that broke the model, (pass,
+    what it broke) or None, and ``attempt`` the model again without it, at most ``limit`` times
+    (default FALLBACK_LIMIT).
+    Every failed attempt's failure lines and each step go to ``say``."""
+    current, options = first, dict(options)
+    limit = FALLBACK_LIMIT if limit is None else limit
+    dropped: list[tuple[str, str]] = []
+    while validation_failed(current[0]):
+        for line in current[0].failures:
+            say(line)
+        if len(dropped) == limit:
+            say(f"fallback: still failing after dropping {limit} passes; giving up")
+            break
+        found = bisect(current[0], options)
+        if found is None:
+            break
+        culprit, detail = found
+        dropped.append(
+            (culprit, f"--fallback dropped pass '{culprit}': validation failed with it{detail}")
+        )
+        options["disable"] = [*options.get("disable", ()), culprit]
+        say(f"fallback: optimizing again without {culprit}")
+        current = attempt(options, tuple(dropped))
+    return current
+
+
 def optimize_one(
     model: Path,
     output: Path | None,
     options: Mapping[str, Any],
     thresholds: Thresholds,
     external_data: bool | None = None,
+    fallback: bool = False,
 ) -> ModelOutcome:
-    """Optimize, check thresholds, and write ``output`` only when everything passed; never raise."""
+    """Optimize, check thresholds, and write ``output`` only when everything passed; never raise.
+    ``fallback``: as optimize --fallback, the bisection quiet; a model still failing gets the
+    fallback's steps as failure lines."""
     from onnxopt import api
 
     start = time.perf_counter()
-    try:
+
+    def attempt(
+        opts: Mapping[str, Any], dropped: tuple[tuple[str, str], ...]
+    ) -> tuple[ModelOutcome, Any]:
         with doing(f"optimizing {model}"):
-            result = api.optimize(model, **options)
-        return check_and_write(
+            result = with_dropped(api.optimize(model, **opts), dropped)
+        outcome = check_and_write(
             model, result, thresholds, output, external_data, seconds=time.perf_counter() - start
         )
+        return outcome, None
+
+    def quiet_bisect(outcome: ModelOutcome, opts: Mapping[str, Any]) -> tuple[str, str] | None:
+        from onnxopt.bisect import bisect_run
+
+        assert outcome.report is not None
+        with doing(f"bisecting {model}"):
+            found = bisect_run(model, outcome.report.passes_run, opts)
+        return None if found.culprit is None else (found.culprit, found.detail)
+
+    try:
+        outcome, _ = attempt(options, ())
+        if fallback and validation_failed(outcome):
+            steps: list[str] = []
+            outcome, _ = fall_back(
+                (outcome, None), options, attempt, bisect=quiet_bisect, say=steps.append
+            )
+            if outcome.failures:
+                outcome = dataclasses.replace(outcome, failures=(*outcome.failures, *steps))
+        return dataclasses.replace(outcome, seconds=time.perf_counter() - start)
     except Exception as exc:  # one model's error, internal or not, must not stop the batch
         return ModelOutcome(str(model), error=describe(exc), seconds=time.perf_counter() - start)
 
@@ -124,6 +207,7 @@ def optimize_many(
     jobs: int = 1,
     external_data: bool | None = None,
     progress: Callable[[ModelOutcome], None] | None = None,
+    fallback: bool = False,
 ) -> list[ModelOutcome]:
     """Outcomes in the order of ``models``, whatever order the workers finish in.
 
@@ -146,7 +230,7 @@ def optimize_many(
             progress(outcome)
 
     if len(models) == 1:
-        done(0, optimize_one(models[0], outputs[0], options, thresholds, external_data))
+        done(0, optimize_one(models[0], outputs[0], options, thresholds, external_data, fallback))
         return [results[0]]
     pending = list(range(len(models)))
     while pending:
@@ -161,7 +245,13 @@ def optimize_many(
         ) as pool:
             futures = {
                 pool.submit(
-                    optimize_one, models[i], outputs[i], dict(options), thresholds, external_data
+                    optimize_one,
+                    models[i],
+                    outputs[i],
+                    dict(options),
+                    thresholds,
+                    external_data,
+                    fallback,
                 ): i
                 for i in pending
             }

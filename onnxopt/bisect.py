@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,43 @@ class BisectResult:
     @property
     def culprit(self) -> str | None:
         return None if self.first_bad_index is None else self.sequence[self.first_bad_index]
+
+    @property
+    def detail(self) -> str:
+        """What the culprit broke: " (output 'y': max abs 4.65, 9/16 out of tolerance)"."""
+        if self.report is None:
+            return ""
+        worst = max(self.report.outputs, key=lambda o: o.max_abs, default=None)
+        if worst is not None:
+            return (
+                f" (output '{worst.name}': max abs {worst.max_abs:.3g}, "
+                f"{worst.mismatches}/{worst.elements} out of tolerance)"
+            )
+        return f" ({self.report.errors[0]})" if self.report.errors else ""
+
+
+def bisect_run(
+    model_path: str | Path,
+    passes_run: Sequence[str],
+    options: Mapping[str, Any],
+    progress: Callable[[str], None] | None = None,
+) -> BisectResult:
+    """bisect_passes for a run made with ``options``, the keyword arguments of
+    :func:`onnxopt.optimize` (as the command line builds them)."""
+    pass_options = PassOptions(
+        fold_limit_bytes=options["fold_limit_bytes"],
+        fold_may_grow=options["fold_may_grow"],
+        target=options["target"],
+        input_shapes=options["input_shapes"],
+    )
+    return bisect_passes(
+        model_path,
+        passes_run,
+        pass_options,
+        inputs=options["inputs"],
+        progress=progress,
+        opset=options["opset"],
+    )
 
 
 def bisect_passes(

@@ -12,7 +12,7 @@ import logging
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,7 +24,6 @@ from onnxopt.guard import doing
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR = 0, 1, 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
-FALLBACK_LIMIT = 3  # passes --fallback may drop before it gives up
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -347,7 +346,7 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "--fallback",
             is_flag=True,
             help="When validation fails, drop the pass --bisect names and optimize again "
-            f"(up to {FALLBACK_LIMIT} passes; the report names them).",
+            "(up to 3 passes; the report names them).",
         ),
         click.option(
             "--max-abs-error",
@@ -465,6 +464,7 @@ def _optimize_command(
     verbose: int,
     traceback: bool,
 ) -> None:
+    from onnxopt.batch import fall_back, validation_failed
     from onnxopt.checks import Thresholds
     from onnxopt.validate import load_inputs
 
@@ -521,8 +521,6 @@ def _optimize_command(
     }
     if memory_plan is not None and (len(models) > 1 or out_dir is not None):
         raise UsageError("--memory-plan takes one model")
-    if fallback and (len(models) > 1 or out_dir is not None):
-        raise UsageError("--fallback takes one model (not --out-dir)")
     explained = False  # the failure's lines and its bisection were printed by --fallback
     if len(models) == 1 and out_dir is None:
         single = functools.partial(
@@ -530,14 +528,22 @@ def _optimize_command(
             external_data=external_data, overwrite=overwrite,
         )  # fmt: skip
         outcome, result = single(options)
-        if fallback:
-            outcome, result = _fall_back(models[0], outcome, result, options, single)
-            explained = _validation_failed(outcome)
+        if fallback and validation_failed(outcome):
+            outcome, result = fall_back(
+                (outcome, result),
+                options,
+                lambda opts, dropped: single(opts, dropped=dropped),
+                bisect=lambda failed, opts: _run_bisect(
+                    models[0], failed, opts, then="--fallback drops it"
+                ),
+                say=lambda line: click.echo(f"onnxopt: {line}", err=True),
+            )
+            explained = validation_failed(outcome)
         _show_single(outcome, result, output, as_json, explain, memory_plan)
         outcomes = [outcome]
     else:
         outcomes = _optimize_batch(
-            list(models), out_dir, options, thresholds, jobs, external_data, as_json
+            list(models), out_dir, options, thresholds, jobs, external_data, as_json, fallback
         )
     _write_ci_reports(outcomes, junit_path, markdown_path)
     failures = [o for o in outcomes if o.status == "failed"]
@@ -678,7 +684,7 @@ def _write_file(option: str, path: Path, data: bytes) -> None:
 def _optimize_single(
     model: Path,
     output: Path | None,
-    options: dict[str, Any],
+    options: Mapping[str, Any],
     *,
     thresholds: Any,
     external_data: bool | None,
@@ -688,18 +694,12 @@ def _optimize_single(
     """Optimize, check and (when every check passed) write; ``dropped``: (pass, why) left out by
     --fallback, recorded in the report."""
     from onnxopt import api
-    from onnxopt.batch import check_and_write
+    from onnxopt.batch import check_and_write, with_dropped
 
     console = _stderr_console()
     with console.status("optimizing", spinner="dots") as status, doing(f"optimizing {model}"):
         result = api.optimize(model, progress=lambda step: status.update(f"{step} …"), **options)
-    if dropped:
-        report = dataclasses.replace(
-            result.report,
-            dropped_passes=tuple(name for name, _ in dropped),
-            warnings=(*result.report.warnings, *(why for _, why in dropped)),
-        )
-        result = dataclasses.replace(result, report=report)
+    result = with_dropped(result, dropped)
     outcome = check_and_write(
         model,
         result,
@@ -710,44 +710,6 @@ def _optimize_single(
         overwrite=overwrite,
     )
     return outcome, result
-
-
-def _fall_back(
-    model: Path,
-    outcome: Any,
-    result: Any,
-    options: dict[str, Any],
-    single: Callable[..., tuple[Any, Any]],
-) -> tuple[Any, Any]:
-    """--fallback: while validation fails, let --bisect name the pass that broke the model and
-    optimize again without it (at most FALLBACK_LIMIT times); the last outcome and result. The
-    failure lines of every failed attempt are printed here."""
-    dropped: list[tuple[str, str]] = []
-    while _validation_failed(outcome):
-        for line in outcome.failures:
-            click.echo(f"onnxopt: {line}", err=True)
-        if len(dropped) == FALLBACK_LIMIT:
-            click.echo(
-                f"onnxopt: fallback: still failing after dropping {FALLBACK_LIMIT} passes; giving up",
-                err=True,
-            )
-            return outcome, result
-        found = _run_bisect(model, outcome, options, then="--fallback drops it")
-        if found is None:
-            return outcome, result
-        culprit, detail = found
-        dropped.append(
-            (culprit, f"--fallback dropped pass '{culprit}': validation failed with it{detail}")
-        )
-        options["disable"] = [*options["disable"], culprit]
-        click.echo(f"onnxopt: fallback: optimizing again without {culprit}", err=True)
-        outcome, result = single(options, dropped=tuple(dropped))
-    return outcome, result
-
-
-def _validation_failed(outcome: Any) -> bool:
-    validation = outcome.report.validation if outcome.report is not None else None
-    return validation is not None and not validation.passed
 
 
 def _show_single(
@@ -802,6 +764,7 @@ def _optimize_batch(
     jobs: int,
     external_data: bool | None,
     as_json: bool,
+    fallback: bool = False,
 ) -> list[Any]:
     from rich.progress import Progress
 
@@ -820,6 +783,7 @@ def _optimize_batch(
             jobs=jobs,
             external_data=external_data,
             progress=lambda outcome: bar.advance(task),
+            fallback=fallback,
         )
     if as_json:
         click.echo(
@@ -897,47 +861,26 @@ def _write_ci_reports(
 
 
 def _run_bisect(
-    model: Path, outcome: Any, options: dict[str, Any], *, then: str = ""
+    model: Path, outcome: Any, options: Mapping[str, Any], *, then: str = ""
 ) -> tuple[str, str] | None:
     """Name the first pass that broke validation (on stderr); (pass, what it broke) or None."""
-    from onnxopt.bisect import bisect_passes
-    from onnxopt.passes.options import PassOptions
+    from onnxopt.bisect import bisect_run
 
-    pass_options = PassOptions(
-        fold_limit_bytes=options["fold_limit_bytes"],
-        fold_may_grow=options["fold_may_grow"],
-        target=options["target"],
-        input_shapes=options["input_shapes"],
-    )
-    sequence = list(outcome.report.passes_run)
     with _stderr_console().status("bisecting", spinner="dots") as status:
-        result = bisect_passes(
-            model,
-            sequence,
-            pass_options,
-            inputs=options["inputs"],
-            progress=status.update,
-            opset=options["opset"],
-        )
+        result = bisect_run(model, outcome.report.passes_run, options, progress=status.update)
     if result.culprit is None:
         click.echo(
             "onnxopt: bisect: every prefix validates; the mismatch did not reproduce", err=True
         )
         return None
     assert result.first_bad_index is not None
-    detail = ""
-    if result.report is not None:
-        worst = max(result.report.outputs, key=lambda o: o.max_abs, default=None)
-        if worst is not None:
-            detail = f" (output '{worst.name}': max abs {worst.max_abs:.3g}, {worst.mismatches}/{worst.elements} out of tolerance)"
-        elif result.report.errors:
-            detail = f" ({result.report.errors[0]})"
     click.echo(
-        f"onnxopt: bisect: pass #{result.first_bad_index + 1} '{result.culprit}' introduced the mismatch{detail}; "
-        f"{then or f'rerun with --disable {result.culprit}'} ({result.probes} probes)",
+        f"onnxopt: bisect: pass #{result.first_bad_index + 1} '{result.culprit}' introduced the "
+        f"mismatch{result.detail}; {then or f'rerun with --disable {result.culprit}'} "
+        f"({result.probes} probes)",
         err=True,
     )
-    return result.culprit, detail
+    return result.culprit, result.detail
 
 
 def _stdout_console() -> Any:

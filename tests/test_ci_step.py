@@ -13,7 +13,7 @@ import onnx_ir as ir
 import pytest
 from click.testing import CliRunner
 
-from onnxopt import cli
+from onnxopt import batch, cli
 from onnxopt.passes import levels
 from onnxopt.passes.base import Pass, PassResult
 
@@ -210,7 +210,7 @@ def test_fallback_gives_up_after_its_limit_and_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(levels, "ALL_PASSES", [*levels.ALL_PASSES, _BreakRelu, _BreakReluAgain])
-    monkeypatch.setattr(cli, "FALLBACK_LIMIT", 1)
+    monkeypatch.setattr(batch, "FALLBACK_LIMIT", 1)
     model = _small_model(tmp_path / "m.onnx")
     out = tmp_path / "o.onnx"
     code, _, err = _run(
@@ -230,10 +230,22 @@ def test_fallback_gives_up_after_its_limit_and_writes_nothing(
     assert not out.exists()
 
 
-def test_fallback_takes_one_model(tmp_path: Path) -> None:
+def test_fallback_in_a_batch_records_the_dropped_pass_in_the_models_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--out-dir runs the batch path (one model runs in-process, so the sabotage pass exists):
+    the bisection is quiet, the model's report says what was dropped."""
+    monkeypatch.setattr(levels, "ALL_PASSES", [*levels.ALL_PASSES, _BreakRelu])
     model = _small_model(tmp_path / "m.onnx")
-    code, _, err = _run(["check", str(model), "--out-dir", str(tmp_path), "--fallback"])
-    assert code == 2 and "--fallback takes one model" in err
+    out = tmp_path / "out"
+    passes = "eliminate-common-subexpressions,break-relu"
+    code, stdout, err = _run(
+        ["check", str(model), "--passes", passes, "--fallback", "--out-dir", str(out), "--json"]
+    )
+    assert code == 0, err
+    (entry,) = json.loads(stdout)["models"]
+    assert entry["status"] == "ok" and entry["report"]["dropped_passes"] == ["break-relu"]
+    assert (out / "m.onnx").exists() and "bisect" not in err
 
 
 def test_latency_and_memory_thresholds_run_a_benchmark(tmp_path: Path) -> None:
