@@ -176,6 +176,21 @@ def test_bisect_names_the_pass_that_broke_validation(
     assert not (tmp_path / "o.onnx").exists()
 
 
+def test_a_mismatch_is_put_beside_what_orts_own_optimizations_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For scale: ORT's ENABLE_ALL leaves this model's output exactly as it was, so the mismatch
+    is the optimizer's, not a model that amplifies rounding."""
+    monkeypatch.setattr(levels, "ALL_PASSES", [*levels.ALL_PASSES, _BreakRelu])
+    model = _small_model(tmp_path / "m.onnx")
+    code, stdout, _ = _run(["check", str(model), "--passes", "break-relu", "--json"])
+    assert code == 1
+    notes = json.loads(stdout)["validation"]["notes"]
+    assert any(
+        "ORT_ENABLE_ALL) move the original's output 'y' by up to 0 on" in note for note in notes
+    ), notes
+
+
 class _BreakReluAgain(_BreakRelu):
     """A second saboteur: once break-relu is dropped, this one breaks the model the same way."""
 
