@@ -5,9 +5,13 @@ strides, dilations and groups: W is W1 + W2 after each is zero-padded into the c
 the offset its own padding puts it (a 3x1 or a 1x3 kernel lies on the middle column or row of the
 3x3). An identity branch, x itself or an inference-mode BatchNormalization of x (``x * s + t``),
 is a 1x1 kernel holding ``s`` on its own channel, so it joins a stride-1 Conv with as many output
-as input channels. Models trained with such branches and exported without re-parameterizing
-(TextNet / FAST, RepVGG, MobileOne, ACNet, the RepVGG blocks of RT-DETR's encoder) run one Conv
-instead of two to four per block, and the Adds between them go.
+as input channels. A branch under per-channel Muls (a layer scale) and BatchNormalizations has
+them folded into its kernel and bias first, and a Sub negates its second branch (FastViT's
+RepMixer, ``x + s * (mixer(x) - norm(x))``). The pass runs before fuse-conv-bn, which then folds
+a BatchNormalization after the sum (RepViT's ``bn(conv(x) + conv1(x) + x)``) into the one Conv.
+Models trained with such branches and exported without re-parameterizing (TextNet / FAST,
+RepVGG, MobileOne, GhostNetV3, FastViT, ACNet, the RepVGG blocks of RT-DETR's encoder) run one
+Conv instead of two to four per block, and the Adds between them go.
 
 Conditions, each a stated mismatch: the same strides and groups, the same dilation on every axis
 where more than one tap is dilated (a 1-wide kernel has none), and no ``auto_pad``;
@@ -17,8 +21,9 @@ the same output size for every input size; the merged window is one branch's own
 merged Conv reads no input position that no branch read (a zero weight times an infinity would
 be NaN). Each merged weight is a sum of two terms (one Add merges two branches), taken in
 float32 for a float32 model (IEEE addition rounds the exact sum once; a float64 detour would cost
-the time and memory of a wide copy of every weight and round no better) and in float64 then
-rounded once for other dtypes; a sum that overflows the dtype is refused. The result differs from
+the time and memory of a wide copy of every weight and round no better), a scaled branch's
+product taken in float64 and rounded with the sum, and in float64 then rounded once for other
+dtypes; a sum that overflows the dtype is refused. The result differs from
 the unmerged graph by the rounding of the one sum of the branch outputs.
 """
 
@@ -39,15 +44,16 @@ from onnxopt.rewrite.patterns import new_constant, only_user, other_input, rank_
 
 @dataclass(frozen=True)
 class _Branch:
-    """One summand as a Conv of x: its weight [M, C/group, *k] and bias in float64, where its
-    window starts and the room after it on each spatial axis (``tail``: end pad - window end)."""
+    """One summand as a Conv of x: its weight [M, C/group, *k] (the Conv's own array, or float64
+    once scaled), its bias in float64, where its window starts and the room after it on each
+    spatial axis (``tail``: end pad - window end)."""
 
     weight: np.ndarray | None  # None: the identity branch, its kernel built once the shape is known
     bias: np.ndarray | None
-    scale: np.ndarray | None  # the identity branch's per-channel scale (BatchNormalization)
+    scale: np.ndarray | None  # the identity branch's per-channel scale (BatchNormalization, Mul)
     start: tuple[int, ...]
     tail: tuple[int, ...]
-    nodes: tuple[ir.Node, ...]  # the Conv or BatchNormalization and a Mul after it; () for x
+    nodes: tuple[ir.Node, ...]  # what computes it: the Conv or BN of x, then its Muls and BNs
     dtype: np.dtype | None
 
 
