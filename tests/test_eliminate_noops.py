@@ -254,8 +254,9 @@ POSITIVE = [
             outputs="float[N,4] y",
             opset=17,
         ),
-        {"Add 0 removed": 1},
-        ["Shape", "Concat", "Expand", "Relu"],
+        # the Expand goes too: Add broadcasts 0 against x, which has the target's dims
+        {"Expand removed": 1, "Add 0 removed": 1},
+        ["Shape", "Concat", "Relu"],
         2,
     ),
     (
@@ -389,6 +390,22 @@ POSITIVE = [
         ),
         {"Expand removed": 1},
         ["Shape", "Shape", "Concat", "Add"],
+        2,
+    ),
+    (
+        # dynamo's F.normalize: the clamped norm expanded to [B, 4, 6], the batch read off x,
+        # then divided into x, which has those dims
+        "expand-to-partner-dims",
+        model(
+            "<int64[1] four = {4}, int64[1] six = {6}, float lo = {1e-12}> "
+            "{ n = ReduceL2 <axes = [-1]> (x)\n c = Clip(n, lo)\n b = Shape<start=0, end=1>(x)\n"
+            " t = Concat<axis=0>(b, four, six)\n e = Expand(c, t)\n y = Div(x, e) }",
+            inputs="float[B,4,6] x",
+            outputs="float[B,4,6] y",
+            opset=17,
+        ),
+        {"Expand removed": 1},
+        ["ReduceL2", "Clip", "Shape", "Concat", "Div"],
         2,
     ),
     (
@@ -715,6 +732,18 @@ NEGATIVE = [
             " t = Concat<axis=0>(b, s, one)\n e = Expand(v, t)\n y = Add(e, x) }",
             inputs="float[B,S,4] x, int64[B,T] m, float[B,S,1] v",
             outputs="float[B,S,4] y",
+            opset=17,
+        ),
+        "not a constant",
+    ),
+    (
+        # the target's last dim is 6 and the partner's 1: the Expand makes the result wider
+        "expand-to-dims-the-partner-lacks",
+        model(
+            "<int64[1] four = {4}, int64[1] six = {6}> { b = Shape<start=0, end=1>(x)\n"
+            " t = Concat<axis=0>(b, four, six)\n e = Expand(v, t)\n y = Div(x, e) }",
+            inputs="float[B,4,1] x, float[B,4,1] v",
+            outputs="float[B,4,6] y",
             opset=17,
         ),
         "not a constant",

@@ -153,6 +153,31 @@ def _expands_to_own_dims(data: ir.Value | None, shape: ir.Value | None) -> bool:
     return all(entry == 1 or same_dim(entry, data, offset + i) for i, entry in enumerate(entries))
 
 
+def _expands_to_partner_dims(node: ir.Node, context: RewriteContext) -> bool:
+    """The target is a constant-and-shape-read list whose entries are, place by place, the dims of
+    a tensor that every reader (a broadcasting op) also takes: dynamo writes ``F.normalize``'s
+    denominator as ``Expand(clamp(norm), Concat(Shape(input)[0:1], [256], [16]))`` divided into
+    the [batch, 256, 16] numerator. Each reader broadcasts the data against that tensor into the
+    same shape and values without the Expand."""
+    entries = target_entries(optional_input(node, 1))
+    result = node.outputs[0]
+    if entries is None or context.opset() < 9 or result.is_graph_output() or not result.uses():
+        return False
+    for use in result.uses():
+        user = use.node
+        if user.domain != "" or user.op_type not in MULTIDIRECTIONAL:
+            return False
+        partners = [v for i, v in enumerate(user.inputs) if i != use.idx and v is not None]
+        if not any(
+            v.shape is not None
+            and len(v.shape) == len(entries)
+            and all(same_dim(entry, v, i) for i, entry in enumerate(entries))
+            for v in partners
+        ):
+            return False
+    return True
+
+
 def _expand(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     data, shape = node.inputs[0], optional_input(node, 1)
     data_dims = dims_of(data)
@@ -161,7 +186,9 @@ def _expand(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     target = const_ints(shape)
     if target is None:
         problem = _expand_to_partner(node, context)
-        if problem is not None and _expands_to_own_dims(data, shape):
+        if problem is not None and (
+            _expands_to_own_dims(data, shape) or _expands_to_partner_dims(node, context)
+        ):
             problem = None
         return problem if problem is not None else _keep(node, data)
     if data_dims is None:
