@@ -123,23 +123,25 @@ def fall_back(
     *,
     bisect: Callable[[ModelOutcome, Mapping[str, Any]], tuple[str, str] | None],
     say: Callable[[str], None],
+    say_failures: bool = True,
     limit: int | None = None,
 ) -> tuple[ModelOutcome, Any]:
     """--fallback: while validation fails, let ``bisect`` name the pass that broke the model, (pass,
     what it broke) or None, and ``attempt`` the model again without it, at most ``limit`` times
-    (default FALLBACK_LIMIT).
-    Every failed attempt's failure lines and each step go to ``say``."""
+    (default FALLBACK_LIMIT). Each step goes to ``say``, and with ``say_failures`` each failed
+    attempt's failure lines before it (the last attempt's too: the caller need not repeat them)."""
     current, options = first, dict(options)
     limit = FALLBACK_LIMIT if limit is None else limit
     dropped: list[tuple[str, str]] = []
     while validation_failed(current[0]):
-        for line in current[0].failures:
+        for line in current[0].failures if say_failures else ():
             say(line)
         if len(dropped) == limit:
             say(f"fallback: still failing after dropping {limit} passes; giving up")
             break
         found = bisect(current[0], options)
         if found is None:
+            say("fallback: the bisection named no pass; giving up")
             break
         culprit, detail = found
         dropped.append(
@@ -161,7 +163,7 @@ def optimize_one(
 ) -> ModelOutcome:
     """Optimize, check thresholds, and write ``output`` only when everything passed; never raise.
     ``fallback``: as optimize --fallback, the bisection quiet; a model still failing gets the
-    fallback's steps as failure lines."""
+    fallback's steps after its own failure lines."""
     from onnxopt import api
 
     start = time.perf_counter()
@@ -189,7 +191,12 @@ def optimize_one(
         if fallback and validation_failed(outcome):
             steps: list[str] = []
             outcome, _ = fall_back(
-                (outcome, None), options, attempt, bisect=quiet_bisect, say=steps.append
+                (outcome, None),
+                options,
+                attempt,
+                bisect=quiet_bisect,
+                say=steps.append,
+                say_failures=False,
             )
             if outcome.failures:
                 outcome = dataclasses.replace(outcome, failures=(*outcome.failures, *steps))

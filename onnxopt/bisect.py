@@ -61,7 +61,8 @@ def bisect_run(
         fold_limit_bytes=options["fold_limit_bytes"],
         fold_may_grow=options["fold_may_grow"],
         target=options["target"],
-        input_shapes=options["input_shapes"],
+        input_shapes=dict(options["input_shapes"] or {}),
+        dims=dict(options.get("dims") or {}),
     )
     return bisect_passes(
         model_path,

@@ -191,6 +191,20 @@ def test_a_mismatch_is_put_beside_what_orts_own_optimizations_change(
     ), notes
 
 
+def test_bisection_validates_at_the_sizes_given_with_dim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onnxopt.bisect import bisect_run
+
+    monkeypatch.setattr(levels, "ALL_PASSES", [*levels.ALL_PASSES, _BreakRelu])
+    model = _small_model(tmp_path / "m.onnx")
+    options = {"fold_limit_bytes": 1 << 20, "fold_may_grow": False, "target": "ort",
+               "input_shapes": None, "inputs": None, "opset": None, "dims": {"N": 7}}  # fmt: skip
+    result = bisect_run(model, ["eliminate-common-subexpressions", "break-relu"], options)
+    assert result.culprit == "break-relu"
+    assert result.report is not None and result.report.trials[0]["x"] == (7, 4)
+
+
 class _BreakReluAgain(_BreakRelu):
     """A second saboteur: once break-relu is dropped, this one breaks the model the same way."""
 
@@ -261,6 +275,34 @@ def test_fallback_in_a_batch_records_the_dropped_pass_in_the_models_report(
     (entry,) = json.loads(stdout)["models"]
     assert entry["status"] == "ok" and entry["report"]["dropped_passes"] == ["break-relu"]
     assert (out / "m.onnx").exists() and "bisect" not in err
+
+
+def test_a_batch_model_that_still_fails_lists_each_line_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(levels, "ALL_PASSES", [*levels.ALL_PASSES, _BreakRelu, _BreakReluAgain])
+    monkeypatch.setattr(batch, "FALLBACK_LIMIT", 1)
+    model = _small_model(tmp_path / "m.onnx")
+    code, stdout, _ = _run(
+        [
+            "check",
+            str(model),
+            "--passes",
+            "break-relu,break-relu-again",
+            "--fallback",
+            "--out-dir",
+            str(tmp_path / "out"),
+            "--json",
+        ]
+    )
+    assert code == 1
+    (entry,) = json.loads(stdout)["models"]
+    failures = entry["failures"]
+    assert len(failures) == len(set(failures)), failures
+    assert failures[-2:] == [
+        "fallback: optimizing again without break-relu",
+        "fallback: still failing after dropping 1 passes; giving up",
+    ], failures
 
 
 def test_latency_and_memory_thresholds_run_a_benchmark(tmp_path: Path) -> None:
