@@ -1024,7 +1024,7 @@ def validate(
     if failing and not errors and pins is None and runs:
         candidate = None
         release_session(optimized)
-        notes.extend(_ort_own_change(original, runs[0], fetched, failing, run_timeout))
+        notes.extend(_ort_own_change(original, runs[0], fetched, failing, computed_in, run_timeout))
     return ValidationReport(
         tuple(used),
         tuple(worst.comparisons.values()),
@@ -1039,6 +1039,7 @@ def _ort_own_change(
     run: tuple[dict[str, Any], list[Any]],
     fetched: Sequence[str],
     failing: Sequence[OutputComparison],
+    computed_in: Mapping[str, str],
     run_timeout: float,
 ) -> list[str]:
     """For scale, when outputs mismatch: how far ONNX Runtime's own graph optimizations
@@ -1060,7 +1061,7 @@ def _ort_own_change(
         return []
     notes = []
     for name, value in zip(names, moved, strict=True):
-        change = compare_arrays(name, by_name[name], np.asarray(value))
+        change = compare_arrays(name, by_name[name], np.asarray(value), computed_in.get(name))
         notes.append(
             f"for scale: ONNX Runtime's own graph optimizations (ORT_ENABLE_ALL) move the "
             f"original's output '{name}' by up to {change.max_abs:.3g} on the first inputs tried "
