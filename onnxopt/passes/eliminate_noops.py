@@ -109,6 +109,26 @@ def _transpose(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     return _keep(node, node.inputs[0])
 
 
+def _readers_broadcast_against(
+    node: ir.Node, context: RewriteContext, takes: Callable[[ir.Value], bool], target: str
+) -> Mismatch | None:
+    """None when every reader of the Expand's result is a broadcasting op that also takes a tensor
+    ``takes`` accepts (one of the expanded shape): it then broadcasts the unexpanded data into the
+    same shape and values. ``target`` names the expanded shape in the reasons."""
+    if context.opset() < 9:
+        return Mismatch("before opset 9 not every op broadcasts its inputs")
+    result = node.outputs[0]
+    if result.is_graph_output() or not result.uses():
+        return Mismatch("the expanded tensor is a graph output or unused")
+    for use in result.uses():
+        user = use.node
+        if user.domain != "" or user.op_type not in MULTIDIRECTIONAL:
+            return Mismatch(f"it is expanded to {target} and read by {user.op_type}")
+        if not any(v is not None and takes(v) for i, v in enumerate(user.inputs) if i != use.idx):
+            return Mismatch(f"it is expanded to {target}, which {user.op_type} does not also take")
+    return None
+
+
 def _expand_to_partner(node: ir.Node, context: RewriteContext) -> Mismatch | None:
     """``Expand(c, Shape(x))`` read only by broadcasting ops that also take x (TorchScript's
     ``expand_as``, e.g. a mask expanded to the scores it fills), or a tensor of x's shape (once
@@ -120,24 +140,12 @@ def _expand_to_partner(node: ir.Node, context: RewriteContext) -> Mismatch | Non
     partner = producer.inputs[0] if producer is not None and is_op(producer, "Shape") else None
     if partner is None or not is_whole_shape_of(shape, partner):
         return Mismatch("the target shape is not a constant")
-    if context.opset() < 9:
-        return Mismatch("before opset 9 not every op broadcasts its inputs")
-    result = node.outputs[0]
-    if result.is_graph_output() or not result.uses():
-        return Mismatch("the expanded tensor is a graph output or unused")
-    for use in result.uses():
-        user = use.node
-        if user.domain != "" or user.op_type not in MULTIDIRECTIONAL:
-            return Mismatch(f"it is expanded to Shape({partner.name}) and read by {user.op_type}")
-        if not any(
-            v is partner or (v is not None and same_dims(v.shape, partner.shape))
-            for i, v in enumerate(user.inputs)
-            if i != use.idx
-        ):
-            return Mismatch(
-                f"it is expanded to Shape({partner.name}), which {user.op_type} does not also take"
-            )
-    return None
+    return _readers_broadcast_against(
+        node,
+        context,
+        lambda v: v is partner or same_dims(v.shape, partner.shape),
+        f"Shape({partner.name})",
+    )
 
 
 def _expands_to_own_dims(data: ir.Value | None, shape: ir.Value | None) -> bool:
@@ -157,25 +165,19 @@ def _expands_to_partner_dims(node: ir.Node, context: RewriteContext) -> bool:
     """The target is a constant-and-shape-read list whose entries are, place by place, the dims of
     a tensor that every reader (a broadcasting op) also takes: dynamo writes ``F.normalize``'s
     denominator as ``Expand(clamp(norm), Concat(Shape(input)[0:1], [256], [16]))`` divided into
-    the [batch, 256, 16] numerator. Each reader broadcasts the data against that tensor into the
-    same shape and values without the Expand."""
+    the [batch, 256, 16] numerator."""
     entries = target_entries(optional_input(node, 1))
-    result = node.outputs[0]
-    if entries is None or context.opset() < 9 or result.is_graph_output() or not result.uses():
+    if entries is None:
         return False
-    for use in result.uses():
-        user = use.node
-        if user.domain != "" or user.op_type not in MULTIDIRECTIONAL:
-            return False
-        partners = [v for i, v in enumerate(user.inputs) if i != use.idx and v is not None]
-        if not any(
+
+    def has_the_dims(v: ir.Value) -> bool:
+        return (
             v.shape is not None
             and len(v.shape) == len(entries)
             and all(same_dim(entry, v, i) for i, entry in enumerate(entries))
-            for v in partners
-        ):
-            return False
-    return True
+        )
+
+    return _readers_broadcast_against(node, context, has_the_dims, "dims read elsewhere") is None
 
 
 def _expand(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
