@@ -10,6 +10,7 @@ import pytest
 
 import onnxopt
 from onnxopt.passes.fuse_parallel_convs import FuseParallelConvsPass
+from onnxopt.passes.options import PassOptions
 from onnxopt.validate import validate
 from tests._pass_check import assert_refuses, assert_rewrites, load, op_types
 from tests.test_eliminate_noops import model
@@ -274,3 +275,10 @@ def test_float16_branches_merge_in_float64_and_round_once() -> None:
     expected[:, :, 1, 1] += halves["w11"][:, :, 0, 0]
     assert weight.dtype == np.float16
     np.testing.assert_array_equal(weight, expected.astype(np.float16))
+
+
+def test_a_sum_without_a_conv_is_no_candidate() -> None:
+    """``x + BN(x)`` has nothing to merge into: no change and no near-miss under --explain."""
+    text = model(f"<{BN}> {{ n = BatchNormalization(x, g, beta, mu, var)\n y = Add(x, n) }}", **IO)
+    result = FuseParallelConvsPass(PassOptions(explain=True))(load(text))
+    assert not result.modified and result.notes == []

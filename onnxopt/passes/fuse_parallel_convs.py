@@ -75,9 +75,7 @@ def _geometry(conv: ir.Node, spatial: int) -> _Geometry | Mismatch:
     return _Geometry(strides, dilations, conv.attributes.get_int("group", 1))
 
 
-def _conv_branch(
-    conv: ir.Node, x: ir.Value, context: RewriteContext
-) -> tuple[_Branch, _Geometry] | Mismatch:
+def _conv_branch(conv: ir.Node, context: RewriteContext) -> tuple[_Branch, _Geometry] | Mismatch:
     weight = weight_to_fold(conv, 1, context.options.fold_may_grow)
     if isinstance(weight, Mismatch):
         return weight
@@ -120,7 +118,7 @@ def _branch(
     if node is None or not only_user(value):
         return Mismatch("a summand has other users or is not computed here", candidate=False)
     if is_op(node, "Conv") and node.inputs[0] is x:
-        return _conv_branch(node, x, context)
+        return _conv_branch(node, context)
     if is_op(node, "BatchNormalization"):
         found = bn_affine(node)
         if isinstance(found, Mismatch):
@@ -311,10 +309,12 @@ def _match_over(add: ir.Node, x: ir.Value, context: RewriteContext) -> Match | M
     branches = [branch for branch, _ in pairs]
     if is_op(add, "Sub"):  # a - b: the second branch negated (FastViT's mixer(x) - norm(x))
         branches[1] = _times(branches[1], np.array([-1.0]))
+    convs = [b for b in branches if b.weight is not None]
+    if not convs:  # x beside a BatchNormalization or a scaling of x: nothing to merge into
+        return Mismatch("no summand is a Conv", candidate=False)
     geometry = _common_geometry([g for _, g in pairs if g is not None])
     if isinstance(geometry, Mismatch):
         return geometry
-    convs = [b for b in branches if b.weight is not None]
     shapes = {b.weight.shape[:2] for b in convs if b.weight is not None}
     spatial = len(geometry.strides)
     if len(shapes) != 1 or len({b.weight.ndim for b in convs if b.weight is not None}) != 1:
