@@ -116,12 +116,7 @@ def const_tensor(value: ir.Value) -> ir.TensorProtocol | None:
     return ir.convenience.get_const_tensor(value)
 
 
-def const_array(value: ir.Value | None) -> np.ndarray | None:
-    """The value's constant contents as numpy, or None when it is not a known constant.
-
-    Graph inputs that also carry an initializer are *not* constant: the caller may feed them.
-    Identity nodes are looked through.
-    """
+def _constant(value: ir.Value | None) -> ir.TensorProtocol | None:
     for _ in range(8):  # see through Identity chains (TorchScript shares tied weights that way)
         if value is None or value.is_graph_input():
             return None
@@ -129,9 +124,22 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
         if producer is None or not is_op(producer, "Identity"):
             break
         value = producer.inputs[0]
-    if value is None:
-        return None
-    tensor = const_tensor(value)
+    return None if value is None else const_tensor(value)
+
+
+def is_constant(value: ir.Value | None) -> bool:
+    """Whether ``const_array`` would find a constant, without reading its contents (a large
+    weight's bytes are not converted to numpy for a structural check)."""
+    return _constant(value) is not None
+
+
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """The value's constant contents as numpy, or None when it is not a known constant.
+
+    Graph inputs that also carry an initializer are *not* constant: the caller may feed them.
+    Identity nodes are looked through.
+    """
+    tensor = _constant(value)
     if tensor is None:
         return None
     try:

@@ -19,8 +19,7 @@ import onnx.helper as oh
 import onnx.numpy_helper as onh
 import pytest
 
-import onnxopt
-from onnxopt.io import model_from_proto
+from tests._pass_fuzz import check_range
 
 PASSES = ["infer-shapes", "fuse-parallel-convs", "fuse-conv-bn", "eliminate-dead-code"]
 
@@ -98,28 +97,10 @@ def random_branches(seed: int) -> onnx.ModelProto:
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
 
 
-def check_seed(seed: int) -> int:
-    """Merges made on this seed's model, after checking it on ORT and as a fixed point."""
-    proto = random_branches(seed)
-    result = onnxopt.optimize(model_from_proto(proto), passes=PASSES)
-    report = result.report.validation
-    assert report is not None and report.passed, (seed, report, onnx.printer.to_text(proto))
-    again = onnxopt.optimize(result.model, passes=PASSES, check=False)
-    totals = {name: stats for name, _, _, stats in again.report.pass_totals()}
-    assert not totals.get("fuse-parallel-convs"), (seed, totals)
-    merged = {name: stats for name, _, _, stats in result.report.pass_totals()}
-    return sum(merged.get("fuse-parallel-convs", {}).values())
-
-
-def _check_range(seeds: range) -> None:
-    merges = [check_seed(seed) for seed in seeds]
-    assert any(merges) and not all(merges), merges  # both sides of the conditions are exercised
-
-
 def test_fuzz_parallel_convs() -> None:
-    _check_range(range(24))
+    check_range(random_branches, range(24), PASSES, "fuse-parallel-convs")
 
 
 @pytest.mark.slow
 def test_fuzz_parallel_convs_many() -> None:
-    _check_range(range(24, 600))
+    check_range(random_branches, range(24, 600), PASSES, "fuse-parallel-convs")

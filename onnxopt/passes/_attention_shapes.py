@@ -490,6 +490,20 @@ def flattens_rows(flatten: ir.Node, source: ir.Value, rank: int) -> bool:
     return first == -1 and same_dim(last, source, rank - 1)
 
 
+def restores_rows(entries: list[Entry] | None, source: ir.Value, rank: int, width: int) -> bool:
+    """A Reshape target [*source.shape[:-1], width]: each leading entry is source's dim (read off
+    it, the same symbol, or its static size), the last is width (as a constant or read off a dim of
+    that static size); at most one entry is -1, the rest pinned."""
+    if entries is None or len(entries) != rank:
+        return False
+    last = entries[-1]
+    pinned = [same_dim(entry, source, i) for i, entry in enumerate(entries[:-1])] + [
+        last == width or (isinstance(last, tuple) and static_dim(last[1], last[2]) == width)
+    ]
+    free = [entry == -1 for entry in entries]
+    return sum(free) <= 1 and all(p or f for p, f in zip(pinned, free, strict=True))
+
+
 def same_dim(entry: Entry, source: ir.Value, index: int) -> bool:
     """The entry is dim ``index`` of ``source``: read off it, read off a dim with the same symbol
     (exporters, and fold-shape-values' sharing, read a length off whichever tensor carries it), or

@@ -20,10 +20,8 @@ import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array
 from onnxopt.passes._attention_shapes import (
-    Entry,
     flattens_rows,
-    same_dim,
-    static_dim,
+    restores_rows,
     target_entries,
     value_rank,
 )
@@ -146,20 +144,6 @@ def _gemm_output_width(gemm: ir.Node) -> int | None:
     return width if isinstance(width, int) else None
 
 
-def _restores_rows(entries: list[Entry] | None, source: ir.Value, rank: int, width: int) -> bool:
-    """A Reshape target [*source.shape[:-1], width]: each leading entry is source's dim (read off
-    it, the same symbol, or its static size), the last is width (as a constant or read off a dim of
-    that static size); at most one entry is -1, the rest pinned."""
-    if entries is None or len(entries) != rank:
-        return False
-    last = entries[-1]
-    pinned = [same_dim(entry, source, i) for i, entry in enumerate(entries[:-1])] + [
-        last == width or (isinstance(last, tuple) and static_dim(last[1], last[2]) == width)
-    ]
-    free = [entry == -1 for entry in entries]
-    return sum(free) <= 1 and all(p or f for p, f in zip(pinned, free, strict=True))
-
-
 def _match_flattened_gemm(reshape: ir.Node, context: RewriteContext) -> Match | Mismatch:
     gemm = producer_op(reshape.inputs[0], "Gemm")
     flatten = producer_op(gemm.inputs[0], "Reshape") if gemm is not None else None
@@ -191,7 +175,7 @@ def _match_flattened_gemm(reshape: ir.Node, context: RewriteContext) -> Match | 
             bias = None  # adding 0 changes nothing (as eliminate-noops removes x + 0)
     if not flattens_rows(flatten, source, rank):
         return Mismatch("the first Reshape is not [-1, K] of its input's last dim K")
-    if not _restores_rows(target_entries(reshape.inputs[1]), source, rank, width):
+    if not restores_rows(target_entries(reshape.inputs[1]), source, rank, width):
         return Mismatch("the second Reshape does not restore the input's leading dims")
     return Match(
         [flatten, gemm, reshape], {"source": source, "bias": bias, "transposed": transposed}
