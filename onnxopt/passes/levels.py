@@ -30,6 +30,7 @@ from onnxopt.passes.fuse_matmul import FuseMatMulPass
 from onnxopt.passes.fuse_packed_attention import FusePackedAttentionPass
 from onnxopt.passes.fuse_pad import FusePadPass
 from onnxopt.passes.fuse_parallel_convs import FuseParallelConvsPass
+from onnxopt.passes.fuse_parallel_matmuls import FuseParallelMatMulsPass
 from onnxopt.passes.fuse_rms_norm import FuseRmsNormPass
 from onnxopt.passes.fuse_rotary_embedding import FuseRotaryEmbeddingPass
 from onnxopt.passes.fuse_rotary_transposes import FuseRotaryTransposesPass
@@ -174,6 +175,7 @@ ALL_PASSES: list[PassClass] = [
     EliminateDeadCodePass,
     DeduplicateInitializersPass,
     EliminateCommonSubexpressionsPass,
+    FuseParallelMatMulsPass,
     FuseInterleavedRotaryPass,
     FuseAttentionPass,
     MergeQkvProjectionsPass,  # between the two, so that --enable puts it there
@@ -227,6 +229,9 @@ LEVELS: dict[int, LevelSpec] = {
         LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
+        # Before the attention fusions: an adapted projection (LoRA's x @ W + x @ A @ B) is
+        # then the plain MatMul + bias they read.
+        FuseParallelMatMulsPass,
         *ATTENTION,
         *FUSIONS,
         # Fusions may add Constant nodes (axes, shapes): lift and share them as the cleanup did.
@@ -266,6 +271,9 @@ LEVELS: dict[int, LevelSpec] = {
         LiftConstantsPass,
         DeduplicateInitializersPass,
         CLEANUP,
+        # Before the attention fusions: an adapted projection (LoRA's x @ W + x @ A @ B) is
+        # then the plain MatMul + bias they read.
+        FuseParallelMatMulsPass,
         *ATTENTION,
         *FUSIONS,
         LiftConstantsPass,
