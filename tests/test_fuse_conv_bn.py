@@ -252,6 +252,28 @@ def test_per_column_scale_after_a_projection_folds_into_its_weight(
     assert op_types(result.model) == ops
 
 
+@pytest.mark.parametrize(
+    ("divisor", "stats"),
+    [
+        (rng_array(1, 1, 4, seed=3), {"matmul+div->matmul": 1}),  # twin heads' average: / 2
+        (np.array([2.0, 0.0, 1.0, 4.0], dtype=np.float32), {}),  # a 0 would be a new inf
+    ],
+    ids=["per-column", "holding-zero"],
+)
+def test_a_division_after_a_projection_folds_as_a_scale(
+    divisor: np.ndarray, stats: dict[str, int]
+) -> None:
+    model = parse(
+        SCALED_LINEAR.format(body="pb = Add (p, b)\n    y = Div (pb, g)"),
+        w=rng_array(6, 4),
+        b=rng_array(4, seed=2),
+        g=divisor,
+    )
+    result = run_checked(FuseConvBnPass(), model)
+    assert result.stats == stats
+    assert op_types(result.model) == ["MatMul", "Add"] + ([] if stats else ["Div"])
+
+
 def test_scale_that_varies_along_rows_is_not_folded() -> None:
     # [S, 1]: one number per position, not per output column
     model = parse(

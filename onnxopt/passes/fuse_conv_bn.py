@@ -279,8 +279,10 @@ def _match_affine(op: str) -> MatchFn:
 def _match_scaled_linear(root: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """``(x @ W [+ b]) * g`` with g one number per output column -> ``x @ (W*g) [+ b*g]``: a
     LayerScale (DINOv2, CaiT, BEiT, ConvNeXt's gamma) or MobileBERT's NoNorm after a projection,
-    at any rank of x. The MatMul stays a MatMul (a Gemm would need a 2-D x)."""
-    for scaled in root.inputs[:2]:
+    at any rank of x. The MatMul stays a MatMul (a Gemm would need a 2-D x). A Div by g is a Mul
+    by 1/g (the average of twin classifier heads once fuse-parallel-matmuls merged them)."""
+    divides = is_op(root, "Div")
+    for scaled in root.inputs[:1] if divides else root.inputs[:2]:
         if scaled is None or users(scaled) != 1 or scaled.is_graph_output():
             continue
         bias_add = producer_op(scaled, "Add")
@@ -306,6 +308,10 @@ def _match_scaled_linear(root: ir.Node, context: RewriteContext) -> Match | Mism
         factor = per_channel(other_input(root, scaled), rank, channels, rank - 1)
         if isinstance(factor, Mismatch):
             return factor
+        if divides:
+            if not np.all(factor != 0):
+                return Mismatch("a Div by a constant holding 0")
+            factor = 1.0 / factor
         shift = np.zeros(channels)
         if bias is not None:
             found = per_channel(bias, rank, channels, rank - 1)
@@ -387,6 +393,7 @@ RULES = (
     Rule("conv+add->conv", "Add", _match_affine("Add"), _rewrite),
     Rule("conv+mul->conv", "Mul", _match_affine("Mul"), _rewrite),
     Rule("matmul+mul->matmul", "Mul", _match_scaled_linear, _rewrite_scaled_linear),
+    Rule("matmul+div->matmul", "Div", _match_scaled_linear, _rewrite_scaled_linear),
 )
 
 
