@@ -101,6 +101,16 @@ HALF = {"inputs": "float[N,4,H,W] x", "outputs": "float[N,4,P,Q] y"}
             IO,
             1,
         ),
+        # a LoRA adapter on a Conv: base 3x3 + (1x1 up of a 3x3 down to 2 channels) * scale
+        (
+            f"{W33}, {BIAS}, {_weights('down', (2, 4, 3, 3), 10)}, "
+            f"{_weights('up', (4, 2, 1, 1), 11)}, float s = {{2.0}}",
+            "a = Conv <pads = [1, 1, 1, 1]> (x, w33, b1)\n"
+            " d = Conv <pads = [1, 1, 1, 1]> (x, down)\n u = Conv (d, up, b2)\n"
+            " m = Mul(u, s)\n y = Add(a, m)",
+            IO,
+            1,
+        ),
         # FastViT's RepMixer: x + layer_scale * (mixer(x) - norm(x)), the mixer a depthwise Conv
         (
             f"{DW}, {BN}, float[4,1,1] ls = {{0.5, -1.0, 2.0, 0.25}}",
@@ -119,6 +129,7 @@ HALF = {"inputs": "float[N,4,H,W] x", "outputs": "float[N,4,P,Q] y"}
         "dilated",
         "conv1d",
         "branch-batch-norms",
+        "conv-lora",
         "fastvit-repmixer",
     ],
 )
@@ -194,8 +205,24 @@ def test_the_merged_kernel_is_the_branches_padded_into_one_window() -> None:
             IO,
             "the merged weights overflow float32",
         ),
+        # two rank-1 adapters alone: one dense 3x3 Conv would cost more than both
+        (
+            f"{_weights('d1', (1, 4, 3, 3), 12)}, {_weights('u1', (4, 1, 1, 1), 13)}, "
+            f"{_weights('d2', (1, 4, 3, 3), 14)}, {_weights('u2', (4, 1, 1, 1), 15)}",
+            "p = Conv <pads = [1, 1, 1, 1]> (x, d1)\n q = Conv (p, u1)\n"
+            " r = Conv <pads = [1, 1, 1, 1]> (x, d2)\n t = Conv (r, u2)\n y = Add(q, t)",
+            IO,
+            "one Conv would cost 144 multiply-adds per position, the branches 80",
+        ),
     ],
-    ids=["dilations", "no-covering-window", "shared-weight", "auto-pad", "overflow"],
+    ids=[
+        "dilations",
+        "no-covering-window",
+        "shared-weight",
+        "auto-pad",
+        "overflow",
+        "two-adapters",
+    ],
 )
 def test_branches_it_leaves_are_explained(
     constants: str, body: str, io: dict[str, str], reason: str

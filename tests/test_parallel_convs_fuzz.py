@@ -2,7 +2,8 @@
 
 Each seed builds two to four branches over one activation of spatial rank 1 or 2: Convs of random
 kernel (odd, even, 1-wide, non-square), padding (symmetric, or any split that keeps the output
-size), dilation, stride, group and bias, some followed by a BatchNormalization, and at stride 1
+size), dilation, stride, group and bias, some a LoRA adapter (such a Conv down to one to three
+channels, mostly of one group, then a 1x1 Conv back up), some followed by a BatchNormalization, and at stride 1
 with as many output as input channels an identity branch (the input itself or a
 BatchNormalization of it); sometimes a branch is read elsewhere too. The branches are summed in a
 random order and association, some by Sub, some scaled first by a per-channel Mul. ONNX Runtime
@@ -62,14 +63,24 @@ def random_branches(seed: int) -> onnx.ModelProto:
     for _ in range(int(rng.integers(1 if identity else 2, 4))):
         kernel = [int(rng.choice(odd)) for _ in range(spatial)]
         pads = [_padding(rng, k, dilation, stride) for k in kernel]
-        weight = rng.normal(0, 0.4, (out_channels, channels // group, *kernel))
-        inputs = ["x", const(weight)] + ([const(rng.normal(0, 0.2, out_channels))]
+        adapter = rng.random() < 0.2  # a LoRA adapter: down to 1-3 channels, a 1x1 Conv back
+        width = int(rng.integers(1, 4)) if adapter else out_channels
+        groups = 1 if adapter and rng.random() < 0.8 else group
+        width = width * groups if adapter else width
+        weight = rng.normal(0, 0.4, (width, channels // groups, *kernel))
+        inputs = ["x", const(weight)] + ([const(rng.normal(0, 0.2, width))]
                                           if rng.random() < 0.6 else [])  # fmt: skip
         out = f"conv{len(nodes)}"
         nodes.append(oh.make_node(
-            "Conv", inputs, [out], group=group, strides=[stride] * spatial,
+            "Conv", inputs, [out], group=groups, strides=[stride] * spatial,
             dilations=[dilation] * spatial, pads=[p[0] for p in pads] + [p[1] for p in pads],
         ))  # fmt: skip
+        if adapter:
+            up = const(rng.normal(0, 0.4, (out_channels, width, *(1,) * spatial)))
+            inputs = [out, up] + ([const(rng.normal(0, 0.2, out_channels))]
+                                  if rng.random() < 0.5 else [])  # fmt: skip
+            out = f"up{len(nodes)}"
+            nodes.append(oh.make_node("Conv", inputs, [out]))
         summands.append(batch_norm(out, out_channels) if rng.random() < 0.3 else out)
         if rng.random() < 0.2:  # a layer scale, per channel or one number
             shape = (out_channels, *(1,) * spatial) if rng.random() < 0.7 else ()

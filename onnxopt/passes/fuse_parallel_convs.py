@@ -55,6 +55,7 @@ class _Branch:
     tail: tuple[int, ...]
     nodes: tuple[ir.Node, ...]  # what computes it: the Conv or BN of x, then its Muls and BNs
     dtype: np.dtype | None
+    cost: int = 0  # multiply-adds per output position its own Convs take
 
 
 @dataclass(frozen=True)
@@ -93,17 +94,79 @@ def _conv_branch(conv: ir.Node, context: RewriteContext) -> tuple[_Branch, _Geom
     dilations = tuple(0 if k == 1 else d for k, d in zip(kernel, geometry.dilations, strict=True))
     geometry = _Geometry(geometry.strides, dilations, geometry.group)
     pads = tuple(conv.attributes.get_ints("pads", (0,) * (2 * spatial)))
-    bias_value = conv.inputs[2] if len(conv.inputs) > 2 else None
-    bias = np.zeros(weight.shape[0]) if bias_value is None else const_array(bias_value)
-    if bias is None:
-        return Mismatch("a Conv bias is not a constant")
-    if bias.shape != weight.shape[:1]:
-        return Mismatch("a Conv bias does not have one entry per output channel")
+    bias = _conv_bias(conv, int(weight.shape[0]))
+    if isinstance(bias, Mismatch):
+        return bias
     start = tuple(-pads[i] for i in range(spatial))
     end = tuple(start[i] + geometry.dilations[i] * (kernel[i] - 1) for i in range(spatial))
     tail = tuple(pads[spatial + i] - end[i] for i in range(spatial))
-    branch = _Branch(weight, bias.astype(np.float64), None, start, tail, (conv,), weight.dtype)
+    branch = _Branch(
+        weight, bias.astype(np.float64), None, start, tail, (conv,), weight.dtype, weight.size
+    )
     return branch, geometry
+
+
+def _pointwise(conv: ir.Node) -> bool:
+    """A 1x1 Conv that only mixes channels: stride 1, no padding, one group."""
+    weight = conv.inputs[1] if len(conv.inputs) > 1 else None
+    shape = None if weight is None or weight.shape is None else list(weight.shape)
+    if shape is None or len(shape) < 3 or any(k != 1 for k in shape[2:]):
+        return False
+    spatial = len(shape) - 2
+    attributes = conv.attributes
+    return (
+        attributes.get_int("group", 1) == 1
+        and attributes.get_string("auto_pad", "NOTSET") == "NOTSET"
+        and all(s == 1 for s in attributes.get_ints("strides", (1,) * spatial))
+        and not any(attributes.get_ints("pads", (0,) * (2 * spatial)))
+    )
+
+
+def _composed_branch(
+    outer: ir.Node, inner: ir.Node, context: RewriteContext
+) -> tuple[_Branch, _Geometry] | Mismatch:
+    """``outer(inner(x))`` with ``outer`` a 1x1 Conv of one group: one Conv of x with ``inner``'s
+    window, whose kernel is ``B @ A`` at every tap (B outer's [O, R] matrix, A inner's [R, C, *k]
+    kernel) and bias ``B @ a + b``: a LoRA adapter on a Conv (PEFT's lora_A, a k x k Conv down
+    to R channels, then lora_B, a 1x1 Conv back up)."""
+    found = _conv_branch(inner, context)
+    if isinstance(found, Mismatch):
+        return found
+    branch, geometry = found
+    if geometry.group != 1:
+        return Mismatch("an adapter's first Conv has groups")
+    outer_weight = weight_to_fold(outer, 1, context.options.fold_may_grow)
+    if isinstance(outer_weight, Mismatch):
+        return outer_weight
+    assert branch.weight is not None and branch.bias is not None
+    rank = int(branch.weight.shape[0])
+    if outer_weight.shape[1:2] != (rank,) or outer_weight.dtype != branch.dtype:
+        return Mismatch("an adapter's 1x1 Conv does not read its first Conv's channels")
+    outer_bias = _conv_bias(outer, int(outer_weight.shape[0]))
+    if isinstance(outer_bias, Mismatch):
+        return outer_bias
+    matrix = outer_weight.reshape(outer_weight.shape[0], rank).astype(np.float64)
+    inner_weight = branch.weight.astype(np.float64).reshape(rank, -1)
+    weight = (matrix @ inner_weight).reshape(matrix.shape[0], *branch.weight.shape[1:])
+    composed = replace(
+        branch,
+        weight=weight,
+        bias=matrix @ branch.bias + outer_bias,
+        nodes=(inner, outer),
+        cost=branch.cost + outer_weight.size,
+    )
+    return composed, geometry
+
+
+def _conv_bias(conv: ir.Node, channels: int) -> np.ndarray | Mismatch:
+    """The Conv's bias in float64 (zeros without one)."""
+    value = conv.inputs[2] if len(conv.inputs) > 2 else None
+    bias = np.zeros(channels) if value is None else const_array(value)
+    if bias is None:
+        return Mismatch("a Conv bias is not a constant")
+    if bias.shape != (channels,):
+        return Mismatch("a Conv bias does not have one entry per output channel")
+    return bias.astype(np.float64)
 
 
 def _branch(
@@ -119,6 +182,10 @@ def _branch(
         return Mismatch("a summand has other users or is not computed here", candidate=False)
     if is_op(node, "Conv") and node.inputs[0] is x:
         return _conv_branch(node, context)
+    inner = _adapter_input(node)
+    if inner is not None and inner.inputs[0] is x:
+        assert node is not None
+        return _composed_branch(node, inner, context)
     if is_op(node, "BatchNormalization"):
         found = bn_affine(node)
         if isinstance(found, Mismatch):
@@ -129,6 +196,16 @@ def _branch(
     if is_op(node, "Mul"):
         return _scaled_branch(node, x, context)
     return Mismatch("a summand is not a Conv or BatchNormalization of the shared input", False)
+
+
+def _adapter_input(node: ir.Node | None) -> ir.Node | None:
+    """The Conv that a pointwise Conv ``node`` reads, when it reads nothing else."""
+    if node is None or not is_op(node, "Conv") or not _pointwise(node) or node.inputs[0] is None:
+        return None
+    inner = node.inputs[0].producer()
+    if inner is None or not is_op(inner, "Conv") or not only_user(node.inputs[0]):
+        return None
+    return inner
 
 
 def _scaled_branch(
@@ -222,6 +299,9 @@ def _shared_inputs(add: ir.Node) -> list[ir.Value]:
             node = computed[0].producer()
         if is_op(node, "Conv") and node is not None and node.inputs and node.inputs[0] is not None:
             found.append(node.inputs[0])
+            inner = _adapter_input(node)
+            if inner is not None and inner.inputs[0] is not None:
+                found.append(inner.inputs[0])
     unique: list[ir.Value] = []
     for value in found:
         if not any(value is seen for seen in unique):
@@ -338,6 +418,12 @@ def _match_over(add: ir.Node, x: ir.Value, context: RewriteContext) -> Match | M
     if isinstance(layout, Mismatch):
         return layout
     offsets, window, pads = layout
+    merged_cost = out_channels * per_group * int(np.prod(window))
+    if merged_cost > sum(b.cost for b in branches):
+        return Mismatch(
+            f"one Conv would cost {merged_cost} multiply-adds per position, the branches "
+            f"{sum(b.cost for b in branches)}"
+        )
     dtype = convs[0].dtype
     assert dtype is not None
     narrow = _summed(branches, offsets, kernels, (out_channels, per_group, *window), dtype)
