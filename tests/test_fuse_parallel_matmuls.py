@@ -88,6 +88,15 @@ ROWS = {"inputs": "float[N,8] x", "outputs": "float[N,6] y"}
             1,
             ["MatMul"],
         ),
+        # PEFT's DoRA: base + ((m - 1) * base + m * s * B(A(x))), the base product read twice
+        (
+            f"{W}, {A}, {B}, {BIAS}, float s = {{2.0}}",
+            "p = MatMul(x, w)\n q = Add(p, c)\n r = Mul(p, c2)\n h = MatMul(x, a)\n"
+            " l = MatMul(h, b)\n m = Mul(l, s)\n d = Add(r, m)\n y = Add(q, d)",
+            TOKENS,
+            1,
+            ["MatMul", "Add"],
+        ),
         # three products summed: two merges
         (
             f"{W}, {W2}, {W3}",
@@ -98,7 +107,7 @@ ROWS = {"inputs": "float[N,8] x", "outputs": "float[N,6] y"}
             ["MatMul"],
         ),
     ],
-    ids=["lora", "lora-div-bias", "twin-heads", "sub-scaled-input", "three-products"],
+    ids=["lora", "lora-div-bias", "twin-heads", "sub-scaled-input", "dora", "three-products"],
 )
 def test_summed_products_become_one_matmul(
     constants: str, body: str, io: dict[str, str], count: int, ops: list[str]

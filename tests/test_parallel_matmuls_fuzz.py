@@ -6,7 +6,8 @@ rank ones among them, as LoRA's A and B), at rank 2 Gemms (transB, alpha, beta, 
 entries) and BatchNormalizations, and Mul, Div, Add, Sub by a scalar or per-feature constant,
 with the constant first or second; the last product gives the common width. Sometimes a chain
 reads another input (a Relu of x), a value inside a chain is read elsewhere too, or a weight is
-shared by two chains. The summands are added in a random order and association, some by Sub.
+shared by two chains, or a summand is read a second time through a scaling (DoRA's
+``(m - 1) * base``). The summands are added in a random order and association, some by Sub.
 ONNX Runtime must give the same outputs after fuse-parallel-matmuls, at two sizes of each dynamic
 dim, and a second run must change nothing. Across the seeds both merges and refusals must occur.
 """
@@ -92,6 +93,8 @@ def random_sums(seed: int) -> onnx.ModelProto:
         if rng.random() < 0.5:
             value = elementwise(value, out_width)
         summands.append(value)
+    if rng.random() < 0.25:  # DoRA: a summand read twice, once rescaled ((m - 1) * base)
+        summands.append(elementwise(str(rng.choice(summands)), out_width))
     order = [summands[i] for i in rng.permutation(len(summands))]
     extra = [str(rng.choice(inside))] if inside and rng.random() < 0.15 else []
     while len(order) > 1:

@@ -7,15 +7,18 @@ three, and the Mul and Add after them go. Classifier heads averaged over two lin
 input (RepViT's, LeViT's and EfficientFormer's distillation heads,
 ``(head(x) + head_dist(x)) / 2``, each behind its own BatchNormalization) merge the same way.
 
-Each summand is read down from the Add as a chain of linear ops, each with one computed operand:
-MatMul by a constant 2-D matrix, Gemm (transA = 0, a constant B and C), a Mul or Div by a constant
-and an Add or Sub of one (one number per feature of the last axis, or one in all) and a 2-D
-inference-mode BatchNormalization; the chain ends at the first value that is read elsewhere or
-made by anything else, its input. The two summands merge when they have the same input, each
-holds at least one product (a summand that is only a scaling of x would put a diagonal into the
-product), and the merged product costs no more multiply-adds per row than the two chains did
-(two low-rank chains summed, ``x @ A1 @ B1 + x @ A2 @ B2``, are cheaper than one dense product
-and stay). A Sub negates its second summand.
+From an Add or Sub of two computed values, the pass reads down through linear ops with constant
+parameters: MatMul by a constant 2-D matrix, Gemm (transA = 0, a constant B and C; also GPT-2's
+Conv1D as TorchScript writes it, a Gemm between a ``[-1, K]`` view and a view back), a Mul or Div
+by a constant and an Add or Sub of one (one number per feature of the last axis, or one in all),
+a 2-D inference-mode BatchNormalization, and Adds and Subs of two such values. The region is what
+nothing outside it reads (a value it computes may be read twice inside it: PEFT's DoRA adds
+``(m - 1) * (x @ W)`` to the base output ``x @ W``); it must read exactly one input x. Composed
+in execution order, every value is ``x @ W + b``, and the sum is one MatMul when every summand
+holds a product (a summand that is only a scaling of x would put a diagonal into the product)
+and the merged product costs no more multiply-adds per row than the region's products did (two
+low-rank chains summed, ``x @ A1 @ B1 + x @ A2 @ B2``, are cheaper than one dense product and
+stay).
 
 It runs before the attention fusions, which then see an adapted Q, K or V projection as the plain
 MatMul + bias they look for; what comes after the sum (a Whisper query's scaling, the heads'
@@ -29,7 +32,7 @@ of the merged weights (the branches' own rounding is gone): reassociation, as in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx_ir as ir
@@ -51,25 +54,18 @@ _ELEMENTWISE = ("Add", "Sub", "Mul", "Div")
 _BN_CONSTANTS = slice(1, 5)
 
 
-@dataclass(frozen=True)
-class _Chain:
-    """One summand: ``nodes`` from the summand down, each reading the next one's output; ``source``
-    is what the last one reads."""
-
-    nodes: tuple[ir.Node, ...]
-    source: ir.Value
+_MAX_REGION = 256  # nodes: a linear region is a few ops per projection, never a whole network
 
 
 @dataclass(frozen=True)
-class _Linear:
-    """A summand as ``source @ weight + bias`` (float64), and the multiply-adds per row its own
-    products take."""
+class _Map:
+    """A value as a linear function of the region's input x: ``x @ weight + bias`` once a product
+    was met (``weight`` [K, N] in float64), before that ``x * scale + shift`` (``weight`` None)."""
 
-    weight: np.ndarray
+    weight: np.ndarray | None
     bias: np.ndarray | None
-    cost: int
-    dtype: np.dtype
-    largest: ir.Node  # the product with the largest matrix (the merged weight takes its name)
+    scale: np.ndarray | None = None
+    shift: np.ndarray | None = None
 
 
 def _computed_operand(node: ir.Node) -> ir.Value | None:
@@ -129,30 +125,108 @@ def _viewed_gemm(reshape: ir.Node) -> tuple[ir.Node, ir.Node, ir.Value] | None:
     return gemm, flatten, source
 
 
-def _chain(summand: ir.Value | None) -> _Chain | None:
-    """The linear ops computing ``summand``, down to the first value read elsewhere."""
-    nodes: list[ir.Node] = []
-    value = summand
-    while value is not None and only_user(value):
+def _is_sum(node: ir.Node) -> bool:
+    """An Add or Sub of two computed values (a sum inside the region)."""
+    return (
+        (is_op(node, "Add") or is_op(node, "Sub"))
+        and len(node.inputs) == 2
+        and all(v is not None and not is_constant(v) for v in node.inputs)
+    )
+
+
+def _is_linear(node: ir.Node) -> bool:
+    return _is_sum(node) or _computed_operand(node) is not None or is_op(node, "Reshape")
+
+
+def _operands(node: ir.Node) -> list[ir.Value]:
+    """What a region node reads that the region computes (or its input)."""
+    if _is_sum(node):
+        return [v for v in node.inputs if v is not None]
+    operand = _computed_operand(node)
+    return [] if operand is None else [operand]
+
+
+def _collect(root: ir.Node, excluded: set[int]) -> tuple[dict[int, ir.Node], list[ir.Value]]:
+    """The linear ops ``root`` reads through (not ``excluded``), and the values where it stops."""
+    members: dict[int, ir.Node] = {id(root): root}
+    leaves: list[ir.Value] = []
+    stack = list(_operands(root))
+    while stack and len(members) <= _MAX_REGION:
+        value = stack.pop()
         node = value.producer()
-        viewed = _viewed_gemm(node) if is_op(node, "Reshape") and node is not None else None
-        if viewed is not None:
-            assert node is not None
-            nodes.extend((node, viewed[0], viewed[1]))
-            value = viewed[2]
+        # A value a non-linear op or the graph also reads can only be an input of the region.
+        readers = [use.node for use in value.uses()]
+        if (
+            node is None
+            or id(node) in excluded
+            or value.is_graph_output()
+            or not all(_is_linear(r) for r in readers)
+        ):
+            leaves.append(value)
             continue
-        operand = None if node is None else _computed_operand(node)
-        if node is None or operand is None:
+        if id(node) in members:
+            continue
+        viewed = _viewed_gemm(node) if is_op(node, "Reshape") else None
+        if viewed is not None:
+            gemm, flatten, source = viewed
+            members.update({id(node): node, id(gemm): gemm, id(flatten): flatten})
+            stack.append(source)
+        elif _is_linear(node) and not is_op(node, "Reshape"):
+            members[id(node)] = node
+            stack.extend(_operands(node))
+        else:
+            leaves.append(value)
+    return members, leaves
+
+
+def _region(root: ir.Node) -> tuple[list[ir.Node], ir.Value] | Mismatch:
+    """The linear ops computing ``root``'s output whose values nothing else reads, in execution
+    order, and their one input; a Mismatch when they read more than one."""
+    excluded: set[int] = set()
+    while True:
+        members, leaves = _collect(root, excluded)
+        if len(members) > _MAX_REGION:
+            return Mismatch(f"more than {_MAX_REGION} linear ops feed the sum", candidate=False)
+        escaping = {
+            key
+            for key, node in members.items()
+            if node is not root
+            and (
+                node.outputs[0].is_graph_output()
+                or any(id(use.node) not in members for use in node.outputs[0].uses())
+            )
+        }
+        if not escaping:
             break
-        nodes.append(node)
-        value = operand
-    if not nodes or value is None:
-        return None
-    return _Chain(tuple(nodes), value)
+        excluded |= escaping
+    sources: list[ir.Value] = []
+    for leaf in leaves:
+        if not any(leaf is seen for seen in sources):
+            sources.append(leaf)
+    if len(sources) != 1:
+        return Mismatch("the summands are products of different inputs", candidate=False)
+    return _ordered(root, members), sources[0]
 
 
-def _products(chain: _Chain) -> list[ir.Node]:
-    return [n for n in chain.nodes if is_op(n, "MatMul") or is_op(n, "Gemm")]
+def _ordered(root: ir.Node, members: dict[int, ir.Node]) -> list[ir.Node]:
+    """``members`` in an order where each comes after the members it reads (post-order)."""
+    order: list[ir.Node] = []
+    done: set[int] = set()
+    stack: list[tuple[ir.Node, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if id(node) in done:
+            continue
+        if expanded:
+            done.add(id(node))
+            order.append(node)
+            continue
+        stack.append((node, True))
+        for value in node.inputs:
+            producer = None if value is None else value.producer()
+            if producer is not None and id(producer) in members and id(producer) not in done:
+                stack.append((producer, False))
+    return order
 
 
 def _matrix(node: ir.Node, context: RewriteContext) -> tuple[np.ndarray, np.dtype] | Mismatch:
@@ -211,121 +285,136 @@ def _elementwise(
     return ones, (c if node.op_type == "Add" else -c)
 
 
-def _linear(chain: _Chain, context: RewriteContext) -> _Linear | Mismatch:
-    """``chain`` composed into one product, read from its input up."""
-    products: dict[int, tuple[np.ndarray, np.dtype]] = {}
-    for index, node in enumerate(chain.nodes):
-        if is_op(node, "MatMul") or is_op(node, "Gemm"):
-            found = _matrix(node, context)
-            if isinstance(found, Mismatch):
-                return found
-            products[index] = found
-    if len({dtype for _, dtype in products.values()}) != 1:
-        return Mismatch("a summand's weights differ in dtype")
-    lowest = max(products)
-    width = int(products[lowest][0].shape[0])
-    # Below the first product: an affine of the input (its scale folds into the matrix's rows,
-    # its shift into a bias).
-    scale, shift = np.ones(width), np.zeros(width)
-    weight: np.ndarray | None = None
-    bias: np.ndarray | None = None
-    operand = chain.source
-    for index in range(len(chain.nodes) - 1, -1, -1):
-        node = chain.nodes[index]
-        if is_op(node, "Reshape"):  # a view around a Gemm (_viewed_gemm): rows regrouped
-            pass
-        elif index in products:
-            matrix = products[index][0]
-            if int(matrix.shape[0]) != width:
-                return Mismatch("a product's rows differ from its input's features")
-            if weight is None:
-                weight = matrix if np.all(scale == 1) else scale[:, None] * matrix
-                bias = shift @ matrix if shift.any() else None
-            else:
-                weight = weight @ matrix
-                bias = None if bias is None else bias @ matrix
-            width = int(matrix.shape[1])
-            if is_op(node, "Gemm"):
-                extra = _gemm_bias(node, width)
-                if isinstance(extra, Mismatch):
-                    return extra
-                if extra is not None:
-                    bias = extra if bias is None else bias + extra
-        else:
-            affine = _elementwise(node, operand, width)
-            if isinstance(affine, Mismatch):
-                return affine
-            s, t = affine
-            if weight is None:
-                scale, shift = scale * s, shift * s + t
-            else:
-                if not np.all(s == 1):
-                    weight = weight * s[None, :]
-                if bias is not None or t.any():
-                    bias = t if bias is None else bias * s + t
-        operand = node.outputs[0]
-    assert weight is not None
-    cost = sum(int(matrix.size) for matrix, _ in products.values())
-    largest = max(products, key=lambda i: (products[i][0].size, i))
-    dtype = products[lowest][1]
-    return _Linear(weight, bias, cost, dtype, chain.nodes[largest])
+def _product(node: ir.Node, before: _Map, matrix: np.ndarray, width: int) -> _Map | Mismatch:
+    """``before`` multiplied by ``matrix`` (and a Gemm's bias added)."""
+    if before.weight is None:
+        assert before.scale is not None and before.shift is not None
+        if before.scale.shape[0] != matrix.shape[0]:
+            return Mismatch("a product's rows differ from its input's features")
+        weight = matrix if np.all(before.scale == 1) else before.scale[:, None] * matrix
+        bias = before.shift @ matrix if before.shift.any() else None
+    else:
+        if before.weight.shape[1] != matrix.shape[0]:
+            return Mismatch("a product's rows differ from its input's features")
+        weight = before.weight @ matrix
+        bias = None if before.bias is None else before.bias @ matrix
+    if is_op(node, "Gemm"):
+        extra = _gemm_bias(node, width)
+        if isinstance(extra, Mismatch):
+            return extra
+        if extra is not None:
+            bias = extra if bias is None else bias + extra
+    return _Map(weight, bias)
 
 
-def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    if len(add.inputs) != 2 or add.inputs[0] is add.inputs[1]:
-        return Mismatch(f"not a binary {add.op_type} of two values", candidate=False)
-    chains = [_chain(value) for value in add.inputs]
-    if any(c is None or not _products(c) for c in chains):
-        return Mismatch("a summand is not a product by a constant matrix", candidate=False)
-    first, second = (c for c in chains if c is not None)
-    if first.source is not second.source:
-        return Mismatch("the summands are products of different inputs", candidate=False)
-    rank = rank_of(first.source)
-    if rank is None or rank == 0:
-        return Mismatch("the shared input's rank is unknown")
-    linears = []
-    for chain in (first, second):
-        found = _linear(chain, context)
-        if isinstance(found, Mismatch):
-            return found
-        linears.append(found)
-    one, two = linears
+def _affine(before: _Map, s: np.ndarray, t: np.ndarray) -> _Map:
+    """``before * s + t``, s and t one number per feature."""
+    if before.weight is None:
+        assert before.scale is not None and before.shift is not None
+        return replace(before, scale=before.scale * s, shift=before.shift * s + t)
+    weight = before.weight if np.all(s == 1) else before.weight * s[None, :]
+    bias = before.bias
+    if bias is not None or t.any():
+        bias = t if bias is None else bias * s + t
+    return _Map(weight, bias)
+
+
+def _sum(node: ir.Node, one: _Map, two: _Map) -> _Map | Mismatch:
+    """``one + two`` (``one - two`` for a Sub), both products of x."""
+    if one.weight is None or two.weight is None:
+        return Mismatch("a summand is the input itself or a scaling of it, not a product")
     if one.weight.shape != two.weight.shape:
         return Mismatch(
             f"the summands' products differ in shape ({list(one.weight.shape)} and "
             f"{list(two.weight.shape)})"
         )
-    if one.dtype != two.dtype:
-        return Mismatch("the summands' weights differ in dtype")
-    merged_cost = int(one.weight.shape[0]) * int(one.weight.shape[1])
-    if merged_cost > one.cost + two.cost:
+    combine = np.subtract if is_op(node, "Sub") else np.add
+    weight = combine(one.weight, two.weight)
+    if one.bias is None and two.bias is None:
+        return _Map(weight, None)
+    zeros = np.zeros(weight.shape[1])
+    bias = combine(zeros if one.bias is None else one.bias, zeros if two.bias is None else two.bias)
+    return _Map(weight, bias)
+
+
+def _evaluate(
+    nodes: list[ir.Node], x: ir.Value, context: RewriteContext
+) -> tuple[_Map, int, np.dtype, ir.Node] | Mismatch:
+    """The root's output (``nodes[-1]``) as a map of x, the multiply-adds per row the region's
+    products take, their weights' dtype and the product with the largest matrix."""
+    width = None if x.shape is None or len(x.shape) == 0 else x.shape[-1]
+    if not isinstance(width, int):
+        return Mismatch("the input's last dim is not static")
+    maps: dict[int, _Map] = {id(x): _Map(None, None, np.ones(width), np.zeros(width))}
+    cost, dtypes, largest = 0, set(), (0, nodes[-1])
+    for node in nodes:
+        # A Reshape is one of the two views around a Gemm (_viewed_gemm): rows regrouped.
+        operands = [node.inputs[0]] if is_op(node, "Reshape") else _operands(node)
+        before = [maps.get(id(v)) for v in operands if v is not None]
+        if not before or len(before) != len(operands) or None in before:
+            return Mismatch("the region reads a value it does not compute")
+        current = before[0]
+        assert current is not None and operands[0] is not None
+        result: _Map | Mismatch
+        if is_op(node, "Reshape"):
+            result = current
+        elif _is_sum(node):
+            assert before[1] is not None
+            result = _sum(node, current, before[1])
+        elif is_op(node, "MatMul") or is_op(node, "Gemm"):
+            matrix = _matrix(node, context)
+            if isinstance(matrix, Mismatch):
+                return matrix
+            cost += int(matrix[0].size)
+            dtypes.add(matrix[1])
+            largest = max(largest, (int(matrix[0].size), node), key=lambda item: item[0])
+            result = _product(node, current, matrix[0], int(matrix[0].shape[1]))
+        else:
+            features = width if current.weight is None else int(current.weight.shape[1])
+            affine = _elementwise(node, operands[0], features)
+            result = affine if isinstance(affine, Mismatch) else _affine(current, *affine)
+        if isinstance(result, Mismatch):
+            return result
+        maps[id(node.outputs[0])] = result
+    if len(dtypes) != 1:
+        return Mismatch("the products' weights differ in dtype")
+    return maps[id(nodes[-1].outputs[0])], cost, dtypes.pop(), largest[1]
+
+
+def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    if not _is_sum(add):
+        return Mismatch(f"not a {add.op_type} of two computed values", candidate=False)
+    region = _region(add)
+    if isinstance(region, Mismatch):
+        return region
+    nodes, x = region
+    if sum(1 for n in nodes if is_op(n, "MatMul") or is_op(n, "Gemm")) < 2:
+        return Mismatch("fewer than two products by a constant matrix", candidate=False)
+    rank = rank_of(x)
+    if rank is None or rank == 0:
+        return Mismatch("the shared input's rank is unknown")
+    found = _evaluate(nodes, x, context)
+    if isinstance(found, Mismatch):
+        return found
+    merged, cost, dtype, largest = found
+    if merged.weight is None:
+        return Mismatch("the sum is no product of its input", candidate=False)
+    merged_cost = int(merged.weight.size)
+    if merged_cost > cost:
         return Mismatch(
-            f"one product would cost {merged_cost} multiply-adds per row, the summands "
-            f"{one.cost + two.cost}"
+            f"one product would cost {merged_cost} multiply-adds per row, the summands {cost}"
         )
-    sign = -1.0 if is_op(add, "Sub") else 1.0
-    weight = one.weight  # a float64 array of its own (astype copies): summed in place
-    if sign > 0:
-        weight += two.weight
-    else:
-        weight -= two.weight
-    biases = [b for b in (one.bias, None if two.bias is None else sign * two.bias) if b is not None]
-    # A bias of zeros (transformers' initialisation) is no bias: x + 0 is x.
-    bias = np.sum(biases, axis=0) if biases and np.any(biases) else None
+    weight, bias = merged.weight, merged.bias
+    if bias is not None and not bias.any():
+        bias = None  # a bias of zeros (transformers' initialisation) is no bias: x + 0 is x
     if not np.isfinite(weight).all() or (bias is not None and not np.isfinite(bias).all()):
         return Mismatch("the merged weights are not finite")
-    narrow = narrowed((weight, np.zeros(1) if bias is None else bias), one.dtype)
+    narrow = narrowed((weight, np.zeros(1) if bias is None else bias), dtype)
     if isinstance(narrow, Mismatch):
         return narrow
-    nodes = [*reversed(first.nodes), *reversed(second.nodes), add]
     return Match(
         nodes,
-        {
-            "x": first.source,
-            "weight": narrow[0],
-            "bias": None if bias is None else narrow[1],
-            "base": max((one, two), key=lambda line: line.cost).largest,
-        },
+        {"x": x, "weight": narrow[0], "bias": None if bias is None else narrow[1], "base": largest},
     )
 
 
