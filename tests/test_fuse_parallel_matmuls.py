@@ -12,6 +12,7 @@ import pytest
 import onnxopt
 from onnxopt.passes.fuse_parallel_matmuls import FuseParallelMatMulsPass
 from onnxopt.passes.options import PassOptions
+from onnxopt.validate import validate
 from tests._pass_check import assert_refuses, assert_rewrites, load, op_types
 from tests.test_determinism import _assert_deterministic
 from tests.test_eliminate_noops import model
@@ -229,3 +230,22 @@ def test_lora_adapted_transformers_fuse_as_their_base_models(
     assert Counter(op_types(adapted.model)) == Counter(op_types(optimized[base].model))
     assert isinstance(adapted.model.graph.inputs[0].shape[1], ir.SymbolicDim)
     _assert_deterministic(path, tmp_path)
+
+
+def test_an_input_of_unknown_shape_still_merges() -> None:
+    """An already optimized model (shape annotations dropped, contrib ops that shape inference
+    does not know): the products alone need no shape of their input."""
+    text = model(
+        f"<{W}, {A}, {B}> {{ z = Relu(x)\n p = MatMul(z, w)\n h = MatMul(z, a)\n"
+        " l = MatMul(h, b)\n y = Add(p, l) }",
+        **TOKENS,
+    )
+    original = load(text)
+    blind = original.clone()
+    for node in blind.graph:
+        for value in node.outputs:
+            value.shape = None
+    result = FuseParallelMatMulsPass()(blind)
+    assert dict(result.stats) == {RULE: 1}
+    assert op_types(result.model) == ["Relu", "MatMul"]
+    assert validate(original, result.model).passed

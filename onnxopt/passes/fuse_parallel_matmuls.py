@@ -60,7 +60,8 @@ _MAX_REGION = 256  # nodes: a linear region is a few ops per projection, never a
 @dataclass(frozen=True)
 class _Map:
     """A value as a linear function of the region's input x: ``x @ weight + bias`` once a product
-    was met (``weight`` [K, N] in float64), before that ``x * scale + shift`` (``weight`` None)."""
+    was met (``weight`` [K, N] in float64), before that ``x * scale + shift`` (``weight`` None;
+    x itself without a scale and shift)."""
 
     weight: np.ndarray | None
     bias: np.ndarray | None
@@ -287,7 +288,9 @@ def _elementwise(
 
 def _product(node: ir.Node, before: _Map, matrix: np.ndarray, width: int) -> _Map | Mismatch:
     """``before`` multiplied by ``matrix`` (and a Gemm's bias added)."""
-    if before.weight is None:
+    if before.weight is None and before.scale is None:  # x itself
+        weight, bias = matrix, None
+    elif before.weight is None:
         assert before.scale is not None and before.shift is not None
         if before.scale.shape[0] != matrix.shape[0]:
             return Mismatch("a product's rows differ from its input's features")
@@ -310,8 +313,9 @@ def _product(node: ir.Node, before: _Map, matrix: np.ndarray, width: int) -> _Ma
 def _affine(before: _Map, s: np.ndarray, t: np.ndarray) -> _Map:
     """``before * s + t``, s and t one number per feature."""
     if before.weight is None:
-        assert before.scale is not None and before.shift is not None
-        return replace(before, scale=before.scale * s, shift=before.shift * s + t)
+        scale = np.ones_like(s) if before.scale is None else before.scale
+        shift = np.zeros_like(t) if before.shift is None else before.shift
+        return replace(before, scale=scale * s, shift=shift * s + t)
     weight = before.weight if np.all(s == 1) else before.weight * s[None, :]
     bias = before.bias
     if bias is not None or t.any():
@@ -343,9 +347,7 @@ def _evaluate(
     """The root's output (``nodes[-1]``) as a map of x, the multiply-adds per row the region's
     products take, their weights' dtype and the product with the largest matrix."""
     width = None if x.shape is None or len(x.shape) == 0 else x.shape[-1]
-    if not isinstance(width, int):
-        return Mismatch("the input's last dim is not static")
-    maps: dict[int, _Map] = {id(x): _Map(None, None, np.ones(width), np.zeros(width))}
+    maps: dict[int, _Map] = {id(x): _Map(None, None)}  # x itself: no scale or shift yet
     cost, dtypes, largest = 0, set(), (0, nodes[-1])
     for node in nodes:
         # A Reshape is one of the two views around a Gemm (_viewed_gemm): rows regrouped.
@@ -371,6 +373,10 @@ def _evaluate(
             result = _product(node, current, matrix[0], int(matrix[0].shape[1]))
         else:
             features = width if current.weight is None else int(current.weight.shape[1])
+            if not isinstance(features, int):
+                return Mismatch(
+                    "the input's last dim, which an op before the products scales, is unknown"
+                )
             affine = _elementwise(node, operands[0], features)
             result = affine if isinstance(affine, Mismatch) else _affine(current, *affine)
         if isinstance(result, Mismatch):
@@ -390,9 +396,8 @@ def _match(add: ir.Node, context: RewriteContext) -> Match | Mismatch:
     nodes, x = region
     if sum(1 for n in nodes if is_op(n, "MatMul") or is_op(n, "Gemm")) < 2:
         return Mismatch("fewer than two products by a constant matrix", candidate=False)
-    rank = rank_of(x)
-    if rank is None or rank == 0:
-        return Mismatch("the shared input's rank is unknown")
+    if rank_of(x) == 0:
+        return Mismatch("the shared input is a scalar")
     found = _evaluate(nodes, x, context)
     if isinstance(found, Mismatch):
         return found
