@@ -937,6 +937,10 @@ class _FileMap:
         self.path = path
         self._map: mmap.mmap | None = None
 
+    def mapped(self) -> mmap.mmap | None:
+        """The map when it was made, else None (without making it)."""
+        return self._map
+
     def get(self) -> mmap.mmap:
         if self._map is None:
             with open(self.path, "rb") as f:
@@ -972,7 +976,16 @@ class MappedTensor(ir.ExternalTensor):
         self._array = array.reshape(self.shape.numpy())
 
     def release(self) -> None:
-        """Let go of the data; the shared map closes once no tensor or array uses it."""
+        """Let go of the data, and of the map's pages that hold it (read again from the file if
+        the tensor is read again): a pass that replaced this weight (a merge writes a new one)
+        would otherwise keep both resident. The shared map closes once nothing uses it."""
+        mapped = self.file_map.mapped()
+        advise = getattr(mmap, "MADV_DONTNEED", None)
+        if self._array is not None and mapped is not None and advise is not None:
+            start = (self.offset or 0) // mmap.PAGESIZE * mmap.PAGESIZE
+            end = min((self.offset or 0) + self._array.nbytes, len(mapped))
+            if end > start:
+                mapped.madvise(advise, start, end - start)
         self._array = None
         self.raw = None
 

@@ -197,3 +197,30 @@ def test_a_mapped_weight_no_node_reads_does_not_stop_validation(tmp_path: Path) 
     report = validate(source, model)
     assert not report.errors, report.errors
     assert not report.passed  # the doubled weight is seen: the session ran
+
+
+def test_a_weight_a_fusion_replaced_lets_go_of_its_pages_and_reads_again(tmp_path: Path) -> None:
+    """fuse-conv-bn folds the Add into MatMul w's weights (a new tensor): the mapped w, read by
+    nothing now, releases its data and its map pages (a merge of every weight would otherwise
+    keep old and new resident: LLaMA-style with LoRA adapters peaked at 1.7x its file); read
+    again, it comes back from the file."""
+    from onnxopt.passes.fuse_conv_bn import FuseConvBnPass
+    from onnxopt.passes.infer_shapes import InferShapesPass
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    source = _write(tmp_path / "m.onnx", w, rng.standard_normal((64, 64)).astype(np.float32))
+    model = onnx.parser.parse_model(MODEL.replace("z = Add(h, b)", "z = Mul(h, b)"))
+    model.graph.initializer.extend(
+        onnx.load(str(source), load_external_data=False).graph.initializer
+    )
+    onnx.save(model, str(source))
+    loaded = io.load_model(source).model
+    old = loaded.graph.initializers["w"].const_value
+    assert isinstance(old, io.MappedTensor) and np.array_equal(old.numpy(), w)
+    InferShapesPass()(loaded)
+    assert FuseConvBnPass()(loaded).stats == {"matmul+mul->matmul": 1}
+    assert not list(loaded.graph.initializers["w"].uses())
+    assert old.raw is None  # let go of
+    assert np.array_equal(old.numpy(), w)  # and read again from the file
+    assert validate(source, loaded).passed

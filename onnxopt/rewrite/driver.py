@@ -138,10 +138,25 @@ def apply_replacement(
         if was_output:
             old.name = None
             new.name = name
+    read = [v for node in match.nodes for v in node.inputs if v is not None]
     for node in reversed(list(match.nodes)):
         if node.graph is body(graph) and is_unread(node):
             remove_nodes(graph, node)
+    _release_unread_weights(read)
     return None
+
+
+def _release_unread_weights(values: Sequence[ir.Value]) -> None:
+    """Weights that the removed nodes read and nothing reads any more: a tensor that can let go
+    of its data (a weight mapped from the file) does, so that a fusion writing new weights (a
+    merge) does not keep the old ones resident too. It is read again if anything asks."""
+    for value in values:
+        tensor = value.const_value
+        if tensor is None or value.is_graph_output() or any(True for _ in value.uses()):
+            continue
+        release = getattr(tensor, "release", None)
+        if callable(release):
+            release()
 
 
 def apply_rules(
