@@ -985,7 +985,8 @@ class MappedTensor(ir.ExternalTensor):
             start = (self.offset or 0) // mmap.PAGESIZE * mmap.PAGESIZE
             end = min((self.offset or 0) + self._array.nbytes, len(mapped))
             if end > start:
-                mapped.madvise(advise, start, end - start)
+                with contextlib.suppress(OSError):  # only advice: the pages may simply stay
+                    mapped.madvise(advise, start, end - start)
         self._array = None
         self.raw = None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -156,7 +157,10 @@ def _release_unread_weights(values: Sequence[ir.Value]) -> None:
             continue
         release = getattr(tensor, "release", None)
         if callable(release):
-            release()
+            # onnx-ir closes an external file's map, which fails while an array still views it:
+            # then the map stays (the tensor reloads when read).
+            with contextlib.suppress(BufferError):
+                release()
 
 
 def apply_rules(
