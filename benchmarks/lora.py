@@ -30,6 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 BERT_TARGETS = ("query", "value")
 GPT2_TARGETS = ("c_attn", "c_proj", "c_fc")
+# transformers 5 names the projections of ViT and Whisper alike
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "fc1", "fc2")
+DISTILBERT_TARGETS = ("q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2")
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -119,6 +122,9 @@ llama_merged = _factory("llama", LLAMA_TARGETS, merge=True)
 bert_lora_tiny = _factory("bert_tiny", BERT_TARGETS, merge=False)
 gpt2_lora_tiny = _factory("gpt2_tiny", GPT2_TARGETS, merge=False)
 llama_lora_tiny = _factory("llama_tiny", LLAMA_TARGETS, merge=False)
+distilbert_lora_tiny = _factory("distilbert_tiny", DISTILBERT_TARGETS, merge=False)
+vit_lora_tiny = _factory("vit_tiny", PROJECTIONS, merge=False)
+whisper_encoder_lora_tiny = _factory("whisper_encoder_tiny", PROJECTIONS, merge=False)
 
 
 def main() -> None:

@@ -204,21 +204,30 @@ def test_sums_that_are_no_candidates_stay_without_a_note(body: str) -> None:
     "exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.slow)]
 )
 @pytest.mark.parametrize(
-    ("base", "merges"), [("bert-tiny", 4), ("gpt2-tiny", 8), ("llama-tiny", 14)]
+    ("base", "merges"),
+    [
+        ("bert-tiny", 4),
+        ("distilbert-tiny", 12),
+        ("gpt2-tiny", 8),
+        ("llama-tiny", 14),
+        ("vit-tiny", 12),
+        ("whisper-encoder-tiny", 12),
+    ],
 )
 def test_lora_adapted_transformers_fuse_as_their_base_models(
     base: str, merges: int, exporter: str, tmp_path: Path
 ) -> None:
-    """BERT (query, value), GPT-2 and LLaMA (every projection) with unmerged rank-8 adapters:
-    every adapter merges (GPT-2's TorchScript Conv1D, a Gemm between two Reshapes, too), and the
-    optimized graph has the ops of the optimized base model (packed Attention,
-    GroupQueryAttention); validated against ORT and the eager model, dynamic dims kept, a fixed
-    point."""
+    """The tiny zoo transformers with unmerged rank-8 adapters (BERT on query and value, the
+    others on every projection): every adapter merges (GPT-2's TorchScript Conv1D, a Gemm
+    between two Reshapes, and Whisper's query scaled after the sum too), and the optimized graph
+    has the ops of the optimized base model (packed Attention, GroupQueryAttention); validated
+    against ORT and the eager model, dynamic dims kept, a fixed point."""
     pytest.importorskip("transformers")
     from onnxopt.export import export
 
     optimized = {}
-    for name in (base, f"benchmarks.lora:{base.replace('-', '_lora_')}"):
+    factory = base.replace("-tiny", "_lora_tiny").replace("-", "_")
+    for name in (base, f"benchmarks.lora:{factory}"):
         path = tmp_path / f"{name.split(':')[-1]}.onnx"
         export(name, path, exporter=exporter)  # type: ignore[arg-type]
         result = onnxopt.optimize(path, find_reference=True)
@@ -228,7 +237,7 @@ def test_lora_adapted_transformers_fuse_as_their_base_models(
     stats = {name: s for name, _, _, s in adapted.report.pass_totals()}
     assert stats["fuse-parallel-matmuls"] == {RULE: merges}
     assert Counter(op_types(adapted.model)) == Counter(op_types(optimized[base].model))
-    assert isinstance(adapted.model.graph.inputs[0].shape[1], ir.SymbolicDim)
+    assert isinstance(adapted.model.graph.inputs[0].shape[0], ir.SymbolicDim)  # the batch
     _assert_deterministic(path, tmp_path)
 
 
