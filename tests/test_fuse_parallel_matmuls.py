@@ -204,21 +204,22 @@ def test_sums_that_are_no_candidates_stay_without_a_note(body: str) -> None:
     "exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.slow)]
 )
 @pytest.mark.parametrize(
-    ("base", "merges"),
+    ("base", "factory", "merges"),
     [
-        ("bert-tiny", 4),
-        ("distilbert-tiny", 12),
-        ("gpt2-tiny", 8),
-        ("llama-tiny", 14),
-        ("vit-tiny", 12),
-        ("whisper-encoder-tiny", 12),
+        ("bert-tiny", "bert_lora_tiny", 4),
+        ("distilbert-tiny", "distilbert_lora_tiny", 12),
+        ("gpt2-tiny", "gpt2_lora_tiny", 8),
+        ("llama-tiny", "llama_lora_tiny", 14),
+        ("llama-tiny", "llama_dora_tiny", 14),
+        ("vit-tiny", "vit_lora_tiny", 12),
+        ("whisper-encoder-tiny", "whisper_encoder_lora_tiny", 12),
     ],
 )
 def test_lora_adapted_transformers_fuse_as_their_base_models(
-    base: str, merges: int, exporter: str, tmp_path: Path
+    base: str, factory: str, merges: int, exporter: str, tmp_path: Path
 ) -> None:
     """The tiny zoo transformers with unmerged rank-8 adapters (BERT on query and value, the
-    others on every projection): every adapter merges (GPT-2's TorchScript Conv1D, a Gemm
+    others on every projection; LLaMA with DoRA ones too): every adapter merges (GPT-2's TorchScript Conv1D, a Gemm
     between two Reshapes, and Whisper's query scaled after the sum too), and the optimized graph
     has the ops of the optimized base model (packed Attention, GroupQueryAttention); validated
     against ORT and the eager model, dynamic dims kept, a fixed point."""
@@ -226,7 +227,6 @@ def test_lora_adapted_transformers_fuse_as_their_base_models(
     from onnxopt.export import export
 
     optimized = {}
-    factory = base.replace("-tiny", "_lora_tiny").replace("-", "_")
     for name in (base, f"benchmarks.lora:{factory}"):
         path = tmp_path / f"{name.split(':')[-1]}.onnx"
         export(name, path, exporter=exporter)  # type: ignore[arg-type]
