@@ -238,7 +238,7 @@ def _matrix(node: ir.Node, context: RewriteContext) -> tuple[np.ndarray, np.dtyp
         return weight
     if weight.ndim != 2:
         return Mismatch(f"a {node.op_type} weight has rank {weight.ndim}, not 2")
-    matrix = weight.astype(np.float64)  # a copy: the merge sums into it in place
+    matrix = weight.astype(np.float64)  # a copy of its own: alpha scales it in place
     if is_op(node, "Gemm"):
         if node.attributes.get_int("transB", 0):
             matrix = matrix.T
@@ -286,7 +286,7 @@ def _elementwise(
     return ones, (c if node.op_type == "Add" else -c)
 
 
-def _product(node: ir.Node, before: _Map, matrix: np.ndarray, width: int) -> _Map | Mismatch:
+def _product(node: ir.Node, before: _Map, matrix: np.ndarray) -> _Map | Mismatch:
     """``before`` multiplied by ``matrix`` (and a Gemm's bias added)."""
     if before.weight is None and before.scale is None:  # x itself
         weight, bias = matrix, None
@@ -302,7 +302,7 @@ def _product(node: ir.Node, before: _Map, matrix: np.ndarray, width: int) -> _Ma
         weight = before.weight @ matrix
         bias = None if before.bias is None else before.bias @ matrix
     if is_op(node, "Gemm"):
-        extra = _gemm_bias(node, width)
+        extra = _gemm_bias(node, int(matrix.shape[1]))
         if isinstance(extra, Mismatch):
             return extra
         if extra is not None:
@@ -370,7 +370,7 @@ def _evaluate(
             cost += int(matrix[0].size)
             dtypes.add(matrix[1])
             largest = max(largest, (int(matrix[0].size), node), key=lambda item: item[0])
-            result = _product(node, current, matrix[0], int(matrix[0].shape[1]))
+            result = _product(node, current, matrix[0])
         else:
             features = width if current.weight is None else int(current.weight.shape[1])
             if not isinstance(features, int):

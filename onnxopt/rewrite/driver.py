@@ -153,7 +153,7 @@ def _release_unread_weights(values: Sequence[ir.Value]) -> None:
     merge) does not keep the old ones resident too. It is read again if anything asks."""
     for value in values:
         tensor = value.const_value
-        if tensor is None or value.is_graph_output() or any(True for _ in value.uses()):
+        if tensor is None or value.is_graph_output() or value.uses():
             continue
         release = getattr(tensor, "release", None)
         if callable(release):
