@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import onnx_ir as ir
 
 from onnxopt import io
 from onnxopt.checks import Measurements
+from onnxopt.guard import temp_folder
 
 # Enough rounds for a stable median on a quiet machine without making a CI step slow.
 THRESHOLD_BUDGET_SECONDS = 20.0
@@ -21,7 +21,7 @@ def measure_for_thresholds(model: Path, optimized: ir.Model) -> Measurements:
     """
     from onnxopt.bench.run import BenchOptions, run_bench
 
-    with tempfile.TemporaryDirectory(prefix="onnxopt-check-") as tmp:
+    with temp_folder("onnxopt-check-") as tmp:
         path = io.save_model(optimized, Path(tmp) / "optimized.onnx")
         options = BenchOptions(
             optimized=path, ort_levels=("all",), budget_seconds=THRESHOLD_BUDGET_SECONDS

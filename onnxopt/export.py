@@ -27,6 +27,7 @@ import numpy as np
 
 from onnxopt import __version__
 from onnxopt.errors import OnnxoptError, UsageError
+from onnxopt.guard import leave_no_trace
 from onnxopt.reference import Reference, reference_path_for, save_reference
 from onnxopt.user_modules import import_user_module
 from onnxopt.zoo import ZOO
@@ -327,6 +328,7 @@ def export(
     # (TorchScript: one per tensor), so a big export goes into a private folder first and is then
     # saved as the usual OUTPUT + OUTPUT.data pair, atomically; a small one to a temp name.
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.stem}.export-", dir=target.parent))
+    leave_no_trace(scratch)
     partial = scratch / target.name
     run = _export_dynamo if exporter == "dynamo" else _export_torchscript
     try:

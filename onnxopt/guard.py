@@ -10,6 +10,11 @@ too), and when it dies of a crash signal the parent prints what it was doing, in
 and exits 2 like any other bad input. Other ends pass through unchanged: an exit code as it is,
 SIGKILL (the out-of-memory killer) or SIGTERM by dying of the same signal.
 
+A process that dies so runs no cleanup of its own, so the temp files and folders the command makes
+(a copy of the optimized model for ONNX Runtime, an output being written under a temp name) are
+listed as they are made (:func:`leave_no_trace`) in a second shared file, and the parent removes
+whatever of them is left when the child has ended, however it ended.
+
 The parent imports nothing heavy (one more Python start, ~50 ms), forwards SIGTERM and SIGHUP
 to the child and leaves Ctrl-C to it (both are in the terminal's process group).
 ``ONNXOPT_NO_GUARD=1``, or a platform where a child's exit status does not say which signal
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +33,7 @@ import tempfile
 from collections.abc import Iterator
 
 NOTES = "ONNXOPT_NOTES"  # the shared notes file's path
+_SCRATCH = "scratch"  # beside the notes file: the temp paths to remove, each ended by a NUL
 PROG_NAME = "ONNXOPT_PROG_NAME"  # the name the user typed, for usage lines
 NO_GUARD = "ONNXOPT_NO_GUARD"
 EXIT_ERROR = 2  # cli.EXIT_ERROR (not imported: click costs the parent 60 ms)
@@ -72,6 +79,51 @@ def doing(activity: str) -> Iterator[None]:
         _write_note()
 
 
+def leave_no_trace(path: str | os.PathLike[str]) -> None:
+    """Note that ``path``, a temp file or folder this process just made, must not outlive the
+    command: the guarding parent removes it if this process dies before removing (or renaming)
+    it itself. Outside a guarded command, nothing to do."""
+    if _notes_path is None:
+        return
+    entry = os.fsencode(os.path.abspath(path)) + b"\0"
+    with contextlib.suppress(OSError):
+        fd = os.open(_scratch_list(_notes_path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, entry)  # one small appended write: the workers' entries do not interleave
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def temp_folder(prefix: str) -> Iterator[str]:
+    """A temp folder, removed at the end of the block, and by the guarding parent should this
+    process die inside it."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        leave_no_trace(folder)
+        yield folder
+
+
+def _scratch_list(notes: str) -> str:
+    return os.path.join(os.path.dirname(notes), _SCRATCH)
+
+
+def _remove_scratch(notes: str) -> None:
+    """Remove the temp paths the child listed that are still there (a child that ended normally
+    removed or renamed its own)."""
+    try:
+        with open(_scratch_list(notes), "rb") as listing:
+            entries = listing.read().split(b"\0")
+    except OSError:
+        return
+    for entry in filter(None, entries):
+        path = os.fsdecode(entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 def notes_path() -> str | None:
     """The notes file of this process (None outside a guarded command), for worker processes."""
     return _notes_path
@@ -113,8 +165,15 @@ def _run_child() -> int | None:
     child could be started, no temp file or no interpreter to start: run in-process instead)."""
     script = os.path.basename(sys.argv[0])
     try:
-        fd, path = tempfile.mkstemp(prefix="onnxopt-notes-")
+        # a private folder: the notes file and, beside it, the child's list of temp paths
+        folder = tempfile.mkdtemp(prefix="onnxopt-notes-")
     except OSError:
+        return None
+    path = os.path.join(folder, "notes")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
         return None
     try:
         env = dict(os.environ)
@@ -146,8 +205,8 @@ def _run_child() -> int | None:
         activity = os.pread(fd, _NOTE_BYTES, 0).decode("utf-8", "replace")
     finally:
         os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        _remove_scratch(path)
+        shutil.rmtree(folder, ignore_errors=True)
     if code >= 0:
         return code
     died_of = -code

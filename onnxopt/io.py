@@ -27,6 +27,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from onnxopt.errors import ModelLoadError, ModelSaveError, UnsafeModelError, UsageError
+from onnxopt.guard import leave_no_trace, temp_folder
 from onnxopt.ops import all_graphs, nested_graphs
 
 logger = logging.getLogger(__name__)
@@ -1758,6 +1759,7 @@ def _temp_file(folder: Path, name: str, made: list[Path]) -> Path:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     os.close(fd)
     made.append(Path(tmp_name))
+    leave_no_trace(tmp_name)
     # mkstemp makes the file private (0600); the output should get the mode any new file gets.
     os.chmod(tmp_name, 0o666 & ~_current_umask())
     return Path(tmp_name)
@@ -1836,7 +1838,7 @@ def ort_model_source(model: ir.Model, *, mapped_in_memory: bool = False) -> Iter
     if not external and (mapped_in_memory or not has_mapped_tensors(model)):
         yield to_proto(model).SerializeToString()
         return
-    with tempfile.TemporaryDirectory(prefix="onnxopt-") as tmp:
+    with temp_folder("onnxopt-") as tmp:
         path = Path(tmp) / "model.onnx"
         if external:
             with path.open("wb") as out, (path.parent / "model.onnx.data").open("wb") as data:

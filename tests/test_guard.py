@@ -23,13 +23,16 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the guard needs POSIX processes")
 
 
-def onnxopt(*args: object, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def onnxopt(
+    *args: object, timeout: float = 300, temp: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the command; ``temp``: the folder it makes its temp files in (TMPDIR)."""
     return subprocess.run(
         [sys.executable, "-m", "onnxopt", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=ENV,
+        env=ENV if temp is None else {**ENV, "TMPDIR": str(temp)},
         check=False,
     )
 
@@ -89,11 +92,14 @@ def test_a_runtime_crash_in_validation_is_one_line_naming_what_ran(
 
 
 def test_a_runtime_crash_in_bench_is_one_line_naming_what_ran(
-    crashing_division: tuple[Path, Path],
+    crashing_division: tuple[Path, Path], tmp_path: Path
 ) -> None:
+    """... and the optimized copy it was timing, in a temp folder, goes with the crashed process."""
     model, inputs = crashing_division
+    temp = tmp_path / "temp"
+    temp.mkdir()
 
-    done = onnxopt("bench", model, "--inputs", inputs, "--budget", "1")
+    done = onnxopt("bench", model, "--inputs", inputs, "--budget", "1", temp=temp)
 
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1
@@ -101,6 +107,7 @@ def test_a_runtime_crash_in_bench_is_one_line_naming_what_ran(
         f"onnxopt: error: the process crashed (SIGFPE, an arithmetic fault) while benchmarking "
         f"{model}: ONNX Runtime (cpu) ran the original model at "
     )
+    assert left_in(temp) == []
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
@@ -150,6 +157,12 @@ def test_exit_codes_and_output_pass_through_the_guard(tmp_path: Path) -> None:
     assert done.returncode == 0 and done.stdout.startswith("[")
 
 
+def left_in(temp: Path) -> list[str]:
+    """What a command left in its temp folder, less ONNX Runtime's own session file (``.ses``,
+    which every process that imports onnxruntime keeps there)."""
+    return sorted(p.name for p in temp.iterdir() if p.name != ".ses")
+
+
 def children_of(pid: int) -> list[int]:
     """Processes whose parent is ``pid``, from /proc (field 4 of stat, after the command's name)."""
     found = []
@@ -164,20 +177,23 @@ def children_of(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
-def test_a_signal_from_outside_ends_parent_and_child_alike() -> None:
-    """SIGTERM to the parent (a CI job's timeout) reaches the child; the parent dies of it too."""
+def test_a_signal_from_outside_ends_parent_and_child_alike(tmp_path: Path) -> None:
+    """SIGTERM to the parent (a CI job's timeout) reaches the child; the parent dies of it too,
+    and the temp folder the child was timing its optimized copy from is gone."""
     model = REPO / "models" / "default.onnx"
+    temp = tmp_path / "temp"
+    temp.mkdir()
     parent = subprocess.Popen(
         [sys.executable, "-m", "onnxopt", "bench", str(model), "--budget", "120", "--no-memory"],
-        env=ENV,
+        env={**ENV, "TMPDIR": str(temp)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     children: list[int] = []
-    deadline = time.monotonic() + 60
-    while not children and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120
+    while not list(temp.glob("onnxopt-bench-*/optimized.onnx")) and time.monotonic() < deadline:
         time.sleep(0.2)
-        children = children_of(parent.pid)
+    children = children_of(parent.pid)
     assert children, "the guard started no child"
 
     parent.send_signal(signal.SIGTERM)
@@ -192,6 +208,7 @@ def test_a_signal_from_outside_ends_parent_and_child_alike() -> None:
             time.sleep(0.1)
         else:
             pytest.fail(f"the child {pid} outlived its parent")
+    assert left_in(temp) == []
 
 
 def test_notes_nest_and_unwind() -> None:

@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +102,9 @@ def _measure(job: Mapping[str, Any]) -> dict[str, int | None]:
 
 def measure(job: Mapping[str, Any], feeds: Mapping[str, np.ndarray]) -> MemoryResult:
     """Measure one variant in a child process (``job``: kind, model/torch, provider, level, threads)."""
-    with tempfile.TemporaryDirectory(prefix="onnxopt-mem-") as tmp:
+    from onnxopt.guard import temp_folder  # here: the measuring child, this file, imports no more
+
+    with temp_folder("onnxopt-mem-") as tmp:
         inputs = Path(tmp) / "inputs.npz"
         np.savez(inputs, **dict(feeds))  # type: ignore[arg-type]
         payload = json.dumps({**job, "inputs": str(inputs)})

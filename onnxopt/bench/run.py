@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import logging
 import platform
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +33,7 @@ from onnxopt.bench.report import (
 )
 from onnxopt.bench.stats import LatencyStats, paired_speedup
 from onnxopt.errors import ModelLoadError, UsageError
-from onnxopt.guard import doing
+from onnxopt.guard import doing, temp_folder
 from onnxopt.input_sizes import DimSymbols, Relation, SizePlan
 from onnxopt.passes.levels import DEFAULT_LEVEL
 from onnxopt.random_draws import describe, seed_draws, unseeded_draws
@@ -647,7 +646,7 @@ def run_bench(
     nodes_before = ModelSummary.of(source.model).nodes
     output_names = [str(v.name) for v in source.model.graph.outputs]
     input_names = [s.name for s in specs]
-    with tempfile.TemporaryDirectory(prefix="onnxopt-bench-") as tmp:
+    with temp_folder("onnxopt-bench-") as tmp:
         if options.optimized is not None:
             candidate = io.load_model(options.optimized)
             info = OptimizedInfo(
