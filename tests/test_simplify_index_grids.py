@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import onnx_ir as ir
 import pytest
 
+import onnxopt
+import onnxopt.io
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
+from onnxopt.passes.options import PassOptions
 from onnxopt.passes.simplify_index_grids import SimplifyIndexGridsPass
 from onnxopt.validate import validate
 from tests._pass_check import assert_refuses, assert_rewrites, load, op_types
@@ -474,3 +480,174 @@ def test_a_write_it_cannot_prove_covers_everything_stays(
     variant: dict[str, object], reason: str
 ) -> None:
     assert_refuses(SimplifyIndexGridsPass, _padding_write_model(**variant), reason)  # type: ignore[arg-type]
+
+
+# A Gather of a flattened tensor at its own row-major positions -> Reshape ---------------------
+
+LINEAR = "Gather(flat, row-major index)->Reshape"
+
+
+def _strided_view(
+    *,
+    cols: str = "0, 1, 2, 3, 4, 5, 6, 7",
+    stride: str = "8",
+    count: str = "s = Shape <start = 0, end = 1> (x)",
+    scale: str = "m = Mul(r, stride)\n            u = Unsqueeze(m, lead)",
+    inputs: str = "float[B, 8, 1, 1] x",
+) -> str:
+    """torch.export's as_strided over a [B, 8, 1, 1] tensor in its own layout (a pooled
+    channels-last feature map flattened: DINOv3-ConvNeXt): the flat tensor gathered at
+    ``Range(0, B) * 8`` (batch, unsqueezed to [B, 1, 1, 1]) plus the folded column offsets."""
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g ({inputs}) => (float[B, 8, 1, 1] y) <
+            int64[1] flat = {{-1}}, int64 zero = {{0}}, int64 one = {{1}}, int64 stride = {{{stride}}},
+            int64[3] lead = {{1, 2, 3}}, int64[1, 8, 1, 1] cols = {{{cols}}}
+        > {{
+            f = Reshape(x, flat)
+            {count}
+            n = Squeeze(s)
+            r = Range(zero, n, one)
+            {scale}
+            idx = Add(u, cols)
+            y = Gather(f, idx)
+        }}
+    """
+
+
+def test_a_strided_view_in_the_tensors_own_order_becomes_a_reshape() -> None:
+    rewritten = assert_rewrites(
+        SimplifyIndexGridsPass,
+        _strided_view(),
+        {LINEAR: 1},
+        ["Reshape", "Shape", "Squeeze", "Range", "Mul", "Unsqueeze", "Add", "Reshape"],
+        trials=2,
+    )
+    EliminateDeadCodePass()(rewritten)
+    assert op_types(rewritten) == ["Reshape", "Reshape"]  # the pipeline merges the two
+    target = rewritten.graph.node(1).inputs[1].const_value.numpy()  # type: ignore[union-attr]
+    assert target.tolist() == [-1, 8, 1, 1]  # the batch stays dynamic
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        # the stride applied after the Unsqueeze; TorchScript's Reshape to ones instead of it
+        {"scale": "u1 = Unsqueeze(r, lead)\n            u = Mul(stride, u1)"},
+        {
+            "scale": "m = Mul(r, stride)\n            u = Reshape(m, ones)",
+            "cols": "0, 1, 2, 3, 4, 5, 6, 7>, int64[4] ones = <-1, 1, 1, 1",
+        },
+    ],
+)
+def test_other_spellings_of_the_strided_count(variant: dict[str, str]) -> None:
+    text = _strided_view(**variant).replace(">, int64[4] ones = <", "}, int64[4] ones = {")
+    result = SimplifyIndexGridsPass()(load(text))
+    assert dict(result.stats) == {LINEAR: 1}
+    assert validate(load(text), result.model).passed
+
+
+def test_a_constant_strided_view_becomes_a_reshape() -> None:
+    text = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] x) => (float[6, 1, 4] y) <
+            int64[1] flat = {-1},
+            int64[6, 1, 4] idx = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+                                  18, 19, 20, 21, 22, 23}
+        > {
+            f = Reshape(x, flat)
+            y = Gather(f, idx)
+        }
+    """
+    assert_rewrites(SimplifyIndexGridsPass, text, {LINEAR: 1}, ["Reshape", "Reshape"])
+
+
+@pytest.mark.parametrize(
+    ("variant", "reason"),
+    [
+        # a storage offset: the view starts one element in (and would run past the end)
+        ({"cols": "1, 2, 3, 4, 5, 6, 7, 8"}, "start at 1, not 0"),
+        # rows overlapping (an unfold's windows), or columns in another order (a transpose)
+        ({"stride": "4"}, "not visit the data in row-major order"),
+        ({"cols": "0, 2, 4, 6, 1, 3, 5, 7"}, "not a strided grid"),
+        # the count read off a tensor that does not share the batch
+        (
+            {
+                "count": "s = Shape <start = 0, end = 1> (z)",
+                "inputs": "float[B, 8, 1, 1] x, float[C] z",
+            },
+            "cannot prove the indices count every element",
+        ),
+    ],
+)
+def test_strided_views_it_cannot_prove_stay(variant: dict[str, str], reason: str) -> None:
+    model = load(_strided_view(**variant))
+    result = SimplifyIndexGridsPass(PassOptions(explain=True))(model)
+    assert LINEAR not in result.stats
+    if reason == "not a strided grid":  # not a candidate: no view, no note
+        assert not any("row-major" in note for note in result.notes), result.notes
+    else:
+        assert any(reason in note for note in result.notes), result.notes
+
+
+def test_a_transposing_view_stays() -> None:
+    """x.as_strided((3, 2), (1, 3)) over a [2, 3] tensor is its transpose, not a reshape."""
+    text = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3] x) => (float[3, 2] y) <
+            int64[1] flat = {-1}, int64[3, 2] idx = {0, 3, 1, 4, 2, 5}
+        > {
+            f = Reshape(x, flat)
+            y = Gather(f, idx)
+        }
+    """
+    assert_refuses(SimplifyIndexGridsPass, text, "not visit the data in row-major order")
+
+
+def test_a_prefix_of_the_data_stays() -> None:
+    text = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3] x) => (float[2, 2] y) <int64[1] flat = {-1}, int64[2, 2] idx = {0, 1, 2, 3}> {
+            f = Reshape(x, flat)
+            y = Gather(f, idx)
+        }
+    """
+    assert_refuses(SimplifyIndexGridsPass, text, "cannot prove the indices count every element")
+
+
+@pytest.mark.torch
+def test_a_pooled_channels_last_map_exported_by_dynamo_loses_its_gather(tmp_path: Path) -> None:
+    """AdaptiveAvgPool2d(1) over a permuted (channels-last) map, flattened and transposed (DINOv3-
+    ConvNeXt's pooled token): torch.export writes the view as an as_strided gather."""
+    torch = pytest.importorskip("torch")
+
+    class Pooled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+            self.pool = torch.nn.AdaptiveAvgPool2d(1)
+
+        def forward(self, y):  # type: ignore[no-untyped-def]
+            x = self.proj(y).permute(0, 3, 1, 2)
+            pooled = self.pool(x).flatten(2).transpose(1, 2)
+            return torch.cat([pooled, x.flatten(2).transpose(1, 2)], 1)
+
+    torch.manual_seed(0)
+    path = tmp_path / "pooled.onnx"
+    program = torch.onnx.export(
+        Pooled().eval(),
+        (torch.randn(2, 4, 4, 8),),
+        dynamo=True,
+        input_names=["y"],
+        dynamic_shapes=({0: torch.export.Dim("batch")},),
+    )
+    assert program is not None
+    program.save(str(path))
+    assert "Gather" in op_types(onnxopt.io.load_model(path).model)
+
+    result = onnxopt.optimize(path)
+
+    assert result.report.validation is not None and result.report.validation.passed
+    ops = op_types(result.model)
+    assert not {"Gather", "Range"} & set(ops), ops
+    assert result.model.graph.inputs[0].shape[0] == ir.SymbolicDim("batch")

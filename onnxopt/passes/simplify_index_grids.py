@@ -30,6 +30,12 @@ in order, proved as above (TorchScript).
 
 A Gather whose indices are all one constant (the token types an export defaults) is that row where
 it is added to a tensor of its shape.
+
+torch.export writes a view that no reshape expresses (``as_strided``; a pooled channels-last map
+flattened) as a Gather from the flattened tensor at ``Unsqueeze(Range(0, B) * stride)`` plus folded
+constant offsets. When the positions count every element in row-major order (offset 0, each
+axis's stride the product of the sizes after it, a dynamic count only on the outermost axis longer
+than 1 and proved the data's own dim, as many positions as elements), the Gather is a Reshape.
 """
 
 from __future__ import annotations
@@ -132,11 +138,34 @@ def _index_axis(grid_index: ir.Value, rank: int, data: ir.Value, j: int) -> int 
             return Mismatch(f"index {j} is a constant that does not count the data's dim {j}")
         along = long[0] if long else array.ndim - 1
         return along + rank - array.ndim  # Expand aligns the index to the grid's trailing axes
-    view = grid_index.producer()
+    counting = _counting_view(grid_index, f"index {j}")
+    if isinstance(counting, Mismatch):
+        return counting
+    own_rank, along, read, stride = counting
+    if stride != 1:
+        return Mismatch(f"index {j} counts in steps of {stride}")
+    if own_rank > rank:
+        return Mismatch(f"index {j} has more axes than the grid")
+    if not same_dim(read, data, j):
+        return Mismatch(f"index {j}'s Range length is not provably dim {j} of the data")
+    return along + rank - own_rank  # Expand aligns the index to the grid's trailing axes
+
+
+def _counting_view(index: ir.Value, what: str) -> tuple[int, int, Entry, int] | Mismatch:
+    """``index`` = ``Range(0, n, 1)``, times a constant stride or not, given other axes of size 1
+    by an Unsqueeze (dynamo) or a Reshape to ones and one free size (TorchScript): its rank, the
+    axis it runs along, n (a constant or a dim read at run time) and the stride."""
+    view = index.producer()
     source = view.inputs[0] if view is not None and view.inputs else None
     range_node = source.producer() if source is not None else None
+    stride = 1
+    if is_op(range_node, "Mul") and range_node is not None:  # Range(0, n, 1) * stride (dynamo)
+        scaled = _scaled(range_node)
+        if scaled is not None:
+            stride, source = scaled
+            range_node = source.producer()
     if not (is_op(view, "Unsqueeze") or is_op(view, "Reshape")) or not is_op(range_node, "Range"):
-        return Mismatch(f"index {j} is not an Unsqueeze or a Reshape of a Range")
+        return Mismatch(f"{what} is not an Unsqueeze or a Reshape of a Range")
     assert view is not None and range_node is not None
     if is_op(view, "Unsqueeze"):
         inserted = axes_param(view, value_rank(view.outputs[0]))
@@ -150,17 +179,25 @@ def _index_axis(grid_index: ir.Value, rank: int, data: ir.Value, j: int) -> int 
         target = const_ints(view.inputs[1])
         free = [a for a, size in enumerate(target or ()) if size != 1]
         if target is None or len(free) != 1:
-            return Mismatch(f"index {j}'s Reshape is not to ones and one free size")
+            return Mismatch(f"{what}'s Reshape is not to ones and one free size")
         own_rank, along = len(target), free[0]
-    if own_rank > rank:
-        return Mismatch(f"index {j} has more axes than the grid")
     start, limit, delta = range_node.inputs[0], range_node.inputs[1], range_node.inputs[2]
     if _scalar_int(start) != 0 or _scalar_int(delta) != 1:
-        return Mismatch(f"index {j}'s Range does not count 0, 1, 2, ...")
+        return Mismatch(f"{what}'s Range does not count 0, 1, 2, ...")
     read = _dim_read(limit)
-    if read is None or not same_dim(read, data, j):
-        return Mismatch(f"index {j}'s Range length is not provably dim {j} of the data")
-    return along + rank - own_rank  # Expand aligns the index to the grid's trailing axes
+    if read is None:
+        return Mismatch(f"{what}'s Range length is neither a constant nor a dim")
+    return own_rank, along, read, stride
+
+
+def _scaled(mul: ir.Node) -> tuple[int, ir.Value] | None:
+    """A Mul of a value by one constant integer: (the integer, the value)."""
+    for i in (0, 1):
+        factor = _scalar_int(mul.inputs[i])
+        other = mul.inputs[1 - i]
+        if factor is not None and other is not None and const_array(other) is None:
+            return factor, other
+    return None
 
 
 def _grid_indices(shape: ir.Value | None, rank: int) -> list[ir.Value] | Mismatch | None:
@@ -561,20 +598,198 @@ def _rewrite_uniform_gather(match: Match, context: RewriteContext) -> Replacemen
     return Replacement((), [(gather.outputs[0], row)], constants=[row])
 
 
+# A Gather of a flattened tensor at its own row-major positions -> Reshape ---------------------
+
+# Constant parts of a linear index are read up to this many elements (32 MiB of int64).
+_LINEAR_INDEX_LIMIT = 1 << 22
+_MAX_ADDENDS = 16
+
+
+def _index_constant(value: ir.Value) -> np.ndarray | None:
+    tensor = const_tensor(value)
+    if tensor is not None:
+        if tensor.size > _LINEAR_INDEX_LIMIT:
+            return None
+        array = const_array(value)
+        return array if array is not None and np.issubdtype(array.dtype, np.integer) else None
+    return _small_index(value)
+
+
+def _addends(value: ir.Value) -> list[ir.Value] | None:
+    """The values an Add tree sums into ``value``."""
+    found: list[ir.Value] = []
+    pending = [value]
+    while pending:
+        current = pending.pop()
+        node = current.producer()
+        if is_op(node, "Add") and node is not None and _index_constant(current) is None:
+            if len(found) + len(pending) >= _MAX_ADDENDS or None in node.inputs:
+                return None
+            pending.extend(v for v in node.inputs if v is not None)
+        else:
+            found.append(current)
+    return found
+
+
+def _constant_axes(array: np.ndarray, rank: int) -> tuple[int, list[int]] | None:
+    """``array`` (right-aligned in ``rank`` axes) as ``offset + sum_a i_a * stride_a``: the offset
+    and each axis's stride, or None when it is not such a sum."""
+    if array.ndim > rank:
+        return None
+    grid = array.reshape((1,) * (rank - array.ndim) + array.shape).astype(np.int64)
+    if grid.size == 0:
+        return None
+    offset = int(grid.reshape(-1)[0])
+    strides: list[int] = []
+    rebuilt = np.full(grid.shape, offset, np.int64)
+    for axis in range(rank):
+        size = int(grid.shape[axis])
+        if size == 1:
+            strides.append(0)
+            continue
+        first = [0] * rank
+        first[axis] = 1
+        stride = int(grid[tuple(first)]) - offset
+        strides.append(stride)
+        steps = np.arange(size, dtype=np.int64) * stride
+        rebuilt = rebuilt + steps.reshape([size if a == axis else 1 for a in range(rank)])
+    return (offset, strides) if np.array_equal(rebuilt, grid) else None
+
+
+def _linear_axes(indices: ir.Value, rank: int) -> tuple[list[Entry], list[int], int] | Mismatch:
+    """The indices as a grid counting along each axis with a stride from an offset: each axis's
+    size (an int or a dim read at run time) and stride, and the offset. Sums of constants (folded) and strided Range counts
+    (``Unsqueeze(Range(0, n, 1) * stride)``: a dim the export left dynamic)."""
+    addends = _addends(indices)
+    if addends is None:
+        return Mismatch("the indices sum too many parts")
+    total: np.ndarray | None = None
+    counts: dict[int, tuple[Entry, int]] = {}
+    for part in addends:
+        array = _index_constant(part)
+        if array is not None:
+            if array.ndim > rank:
+                return Mismatch("a constant part of the indices has more axes than they have")
+            total = array if total is None else np.add(total, array)
+            continue
+        factor, inner = 1, part
+        node = part.producer()
+        if is_op(node, "Mul") and node is not None:
+            scaled = _scaled(node)
+            if scaled is None:
+                return Mismatch("the indices are multiplied by something other than a constant")
+            factor, inner = scaled
+        counting = _counting_view(inner, "a part of the indices")
+        if isinstance(counting, Mismatch):
+            return counting
+        own_rank, along, size, stride = counting
+        axis = along + rank - own_rank
+        if own_rank > rank or axis in counts:
+            return Mismatch("two counts run along one axis of the indices")
+        counts[axis] = (size, stride * factor)
+    offset, strides = 0, [0] * rank
+    sizes: list[Entry] = [1] * rank
+    if total is not None:
+        found = _constant_axes(total, rank)
+        if found is None:
+            return Mismatch("the constant part of the indices is not a strided grid")
+        offset, strides = found
+        shape = (1,) * (rank - total.ndim) + total.shape
+        sizes = [int(n) for n in shape]
+    for axis, (size, stride) in counts.items():
+        if sizes[axis] != 1:
+            return Mismatch("two counts run along one axis of the indices")
+        sizes[axis], strides[axis] = size, stride
+    return sizes, strides, offset
+
+
+def _row_major(sizes: list[Entry], strides: list[int]) -> bool:
+    """The strides count a tensor of these sizes in row-major order (any stride along an axis
+    of size 1; a size read at run time only outside every axis longer than 1)."""
+    expected: int | None = 1
+    for size, stride in zip(reversed(sizes), reversed(strides), strict=True):
+        if size == 1:
+            continue
+        if expected is None or stride != expected:
+            return False
+        expected = expected * size if isinstance(size, int) else None
+    return True
+
+
+def _counts_all(sizes: list[Entry], source: ir.Value) -> bool:
+    """The sizes' product is provably ``source``'s element count."""
+    if source.shape is None:
+        return False
+    dims = list(source.shape)
+    static = [d for d in dims if isinstance(d, int)]
+    free = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    product = int(np.prod(static, dtype=np.int64))
+    fixed = [s for s in sizes if isinstance(s, int)]
+    read = [s for s in sizes if not isinstance(s, int)]
+    if len(read) != len(free):
+        return False
+    if read and not same_dim(read[0], source, free[0]):
+        return False
+    return product == int(np.prod(fixed, dtype=np.int64))
+
+
+def _match_linear_gather(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    data, indices = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
+    if data is None or indices is None or value_rank(data) != 1:
+        return Mismatch("not a Gather from a 1-D tensor", candidate=False)
+    rank = value_rank(indices)
+    if rank is None or rank == 0:
+        return Mismatch("the indices' rank is unknown or 0", candidate=False)
+    if indices.producer() is None and const_tensor(indices) is None:
+        return Mismatch("the indices are an input", candidate=False)
+    found = _linear_axes(indices, rank)
+    if isinstance(found, Mismatch):
+        return Mismatch(found.reason, candidate=False)
+    sizes, strides, offset = found
+    # A view of several axes (an exported as_strided) is worth a note; a 1-D pick is not.
+    view = rank >= 2
+    if offset != 0:
+        return Mismatch(f"the indices start at {offset}, not 0", candidate=view)
+    if not _row_major(sizes, strides):
+        return Mismatch("the indices do not visit the data in row-major order", candidate=view)
+    flatten = data.producer()
+    source = flatten.inputs[0] if is_op(flatten, "Reshape") and flatten is not None else data
+    if source is None or not _counts_all(sizes, source):
+        return Mismatch("cannot prove the indices count every element of the data", candidate=view)
+    if any(isinstance(size, int) and size == 0 for size in sizes):
+        return Mismatch("the indices are empty", candidate=view)
+    target = [size if isinstance(size, int) else -1 for size in sizes]
+    return Match([node], {"data": data, "target": target})
+
+
+def _rewrite_linear_gather(match: Match, context: RewriteContext) -> Replacement:
+    shape = new_constant(np.array(match.bindings["target"], np.int64), "gathered_shape")
+    reshape = ir.node("Reshape", [match.bindings["data"], shape])
+    return Replacement([reshape], [(match.root.outputs[0], reshape.outputs[0])], [shape])
+
+
 RULES = (
     Rule("GatherND(index grid)->Unsqueeze", "GatherND", _match, _rewrite),
     Rule("Gather(table, one index)->row", "Gather", _match_uniform_gather, _rewrite_uniform_gather),
+    Rule(
+        "Gather(flat, row-major index)->Reshape",
+        "Gather",
+        _match_linear_gather,
+        _rewrite_linear_gather,
+    ),
     Rule("ScatterND blocks->Concat", "ScatterND", _match_scatters, _rewrite_scatters),
 )
 
 
 class SimplifyIndexGridsPass(RulePass):
     """GatherND over a grid of Range indices that visits the data in order -> Unsqueeze(data);
-    a Gather at one constant index -> that row; ScatterNDs that overwrite every block -> Concat."""
+    a Gather at one constant index -> that row; ScatterNDs that overwrite every block -> Concat;
+    a Gather of flattened data at its own row-major positions -> Reshape."""
 
     name = "simplify-index-grids"
     summary = (
         "replace a GatherND over an in-order Range index grid (exported masks) by an Unsqueeze;"
-        " ScatterNDs that overwrite a whole tensor block by block by a Concat"
+        " ScatterNDs that overwrite a whole tensor block by block by a Concat; a Gather of a"
+        " flattened tensor at its own row-major positions (an exported as_strided) by a Reshape"
     )
     rules = RULES
