@@ -3293,6 +3293,38 @@ def musicgen_decoder() -> Factory:
     return _named(MusicgenForCausalLM(cfg), inputs, ("logits",), {"input_ids": {1: "sequence"}})
 
 
+# Families added at the 39th stop: more of transformers' encoders, decoders, seq2seq, vision and
+# audio models (all validate; DINOv3-ConvNeXt's dynamo export views its pooled channels-last map
+# through an as_strided Gather).
+camembert = _encoder_family("camembert", "Camembert")
+data2vec_text = _encoder_family("data2vec_text", "Data2VecText")
+roc_bert = _encoder_family("roc_bert", "RoCBert", pronunciation_vocab_size=50, shape_vocab_size=50)
+splinter = _encoder_family("splinter", "Splinter")
+nystromformer = _encoder_family(  # Nystrom-approximated attention: landmarks, a pseudo-inverse
+    "nystromformer", "Nystromformer", num_landmarks=8, segment_means_seq_len=8
+)
+mra = _encoder_family("mra", "Mra")  # multi-resolution attention
+yoso = _encoder_family("yoso", "Yoso")  # LSH-sampled attention
+roberta_prelayernorm = _encoder_family("roberta_prelayernorm", "RobertaPreLayerNorm")
+markuplm = _encoder_family("markuplm", "MarkupLM")  # 2 x 50 XPath-depth embeddings
+hyperclovax = _decoder_family("hyperclovax", "HyperCLOVAX")
+plbart = _seq2seq_family("plbart", "PLBart")
+mvp = _seq2seq_family("mvp", "Mvp")
+blenderbot_small = _seq2seq_family("blenderbot_small", "BlenderbotSmall")
+vit_msn = _vision_family(
+    "vit_msn",
+    "ViTMSN",
+    attention=True,
+    **SMALL,
+    intermediate_size=128,
+    image_size=64,
+    patch_size=16,
+)
+dinov3_convnext = _vision_family(
+    "dinov3_convnext", "DINOv3ConvNext", hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1]
+)
+unispeech_sat = _audio_family("unispeech_sat", "UniSpeechSat")
+
 FAMILIES: dict[str, Callable[[], Factory]] = {
     f.__name__.replace("_", "-"): f
     for f in (
@@ -3534,6 +3566,22 @@ FAMILIES: dict[str, Callable[[], Factory]] = {
         t5gemma,
         gemma3n_text,
         musicgen_decoder,
+        camembert,
+        data2vec_text,
+        roc_bert,
+        splinter,
+        nystromformer,
+        mra,
+        yoso,
+        roberta_prelayernorm,
+        markuplm,
+        hyperclovax,
+        plbart,
+        mvp,
+        blenderbot_small,
+        vit_msn,
+        dinov3_convnext,
+        unispeech_sat,
     )
 }
 

@@ -189,6 +189,31 @@ def test_gpt_neox_rotates_parts_of_its_packed_heads_in_three_d(
         assert "Transpose" not in readers
 
 
+@pytest.mark.slow
+def test_dinov3_convnext_pooled_token_is_a_reshape_in_the_dynamo_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pooled [CLS] token (AdaptiveAvgPool2d(1) of a permuted channels-last map, flattened)
+    is an as_strided Gather in the dynamo export: it becomes a Reshape, and the dynamo export
+    optimizes to the TorchScript export's node count."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    monkeypatch.setitem(arch_sweep.ATTENTION, "implementation", "eager")
+    rows = {
+        exporter: arch_sweep.sweep_one("dinov3-convnext", exporter, tmp_path, explain=False)
+        for exporter in ("dynamo", "torchscript")
+    }
+    for row in rows.values():
+        assert row.status == "ok" and row.validated == "yes" and row.fixed_point == "yes", row
+    exported = onnx.load(tmp_path / "dinov3-convnext.dynamo.eager.onnx", load_external_data=False)
+    assert "Gather" in {node.op_type for node in exported.graph.node}
+    optimized = onnx.load(
+        tmp_path / "dinov3-convnext.dynamo.eager.opt.onnx", load_external_data=False
+    )
+    assert not {"Gather", "Range"} & {node.op_type for node in optimized.graph.node}
+    assert rows["dynamo"].nodes_after == rows["torchscript"].nodes_after
+
+
 # Exported at the opsets Optimum used (11-14): LayerNorm decomposed, no Shape start/end, no
 # LessOrEqual before 12, no data propagation through Unsqueeze/Gather before 13.
 EXPORT_OPSET_CASES = [
