@@ -36,6 +36,17 @@ def _weights(seed: int = 0) -> str:
     )
 
 
+_MASK_FORMS = {
+    "where": """mbool = Cast<to=9>(mask)
+            mb = Unsqueeze(mbool, mask_axes)
+            bias0 = Where(mb, zero, {masked_value})""",
+    "arithmetic": """mfloat = Cast<to=1>(mask)
+            mb = Unsqueeze(mfloat, mask_axes)
+            dropped = Sub(one_f, mb)
+            bias0 = Mul(dropped, {masked_value})""",
+}
+
+
 def _model(
     *,
     key_form: str = "torchscript",
@@ -47,6 +58,7 @@ def _model(
     scaled_projections: str = "",
     position_bias: bool = False,
     escaping_reads: str = "",
+    mask_form: str = "where",
 ) -> ir.Model:
     seq = "5" if key_form == "dynamo-static" else "S"
     """x[B,S,8] and a [B,S] padding mask -> one SDPA block (2 heads of 4), as the exporters write it.
@@ -61,7 +73,9 @@ def _model(
     an input ``pos`` [1, 2, S, S] to the scores before the mask, as T5 and MPNet do.
     ``escaping_reads="pv"`` reads B, H and S off ``Shape(pv)`` for a Reshape after the block (as
     GPT-2's TorchScript SDPA export reads the batch size for its output projection); "scores"
-    reads the key length T off the scores instead."""
+    reads the key length T off the scores instead. ``mask_form="arithmetic"`` builds the bias as
+    transformers 4.x and LayoutLM-style models do, ``(1 - mask.float()) * masked_value`` with
+    ``masked_value`` a constant's name (``"minus_10000"``, ``"lowest"``)."""
     if key_form == "torchscript":  # K^T = Transpose(Reshape(k), [0,2,3,1])
         key_t = """
             kr = Reshape(kb, heads)
@@ -153,7 +167,9 @@ def _model(
             float three = {{3.0}},
             float zero = {{0.0}},
             float ninf = {{-inf}},
-            float lowest = {{-3.4028234663852886e38}}
+            float lowest = {{-3.4028234663852886e38}},
+            float one_f = {{1.0}},
+            float minus_10000 = {{-10000.0}}
         > {{
             {"batch = Shape<start=0, end=1>(x)" if computed or other else ""}
             {"heads_c = Concat<axis=0>(batch, length, two1, four1)" if computed else ""}
@@ -172,9 +188,7 @@ def _model(
             qs = Mul(q4, sq)
             kts = Mul(kt, sq)
             scores = MatMul(qs, kts)
-            mbool = Cast<to=9>(mask)
-            mb = Unsqueeze(mbool, mask_axes)
-            bias0 = Where(mb, zero, {masked_value})
+            {_MASK_FORMS[mask_form].format(masked_value=masked_value)}
             {expand}
             {"scored = Add(scores, pos)" if position_bias else ""}
             masked = Add({"scored" if position_bias else "scores"}, bias)
@@ -548,6 +562,32 @@ def test_onnx_target_raises_a_finite_mask_so_fully_masked_rows_still_average() -
     assert "Max" in _op_types(fused)
     report = validate(model, fused, inputs=[_feeds(3, 5, 0), _feeds(2, 1, 1)])
     assert report.passed, report
+
+
+@pytest.mark.parametrize("extra", [1, 5])
+def test_onnx_target_proves_an_arithmetic_mask_finite(extra: int) -> None:
+    """``(1 - m) * -10000`` is finite whatever integers m holds: fused, and the rows a 0 masks
+    fully still get softmax(scores - 10000), as in the export; a mask holding other integers
+    (``extra``) adds a positive bias, also as in the export."""
+    model = _model(mask_form="arithmetic", masked_value="minus_10000", nan_guard=False)
+    model.opset_imports[""] = 23
+    fused = model.clone()
+    assert FuseAttentionPass(PassOptions(target="onnx"))(fused).stats == {
+        "attention->onnx-attention": 1
+    }
+    feeds = [_feeds(3, 5, 0), _feeds(2, 1, 1)]
+    feeds[0]["mask"][2, 0] = extra
+    report = validate(model, fused, inputs=feeds)
+    assert report.passed, report
+
+
+def test_onnx_target_refuses_an_arithmetic_mask_that_may_overflow() -> None:
+    # (1 - m) * float32's lowest is +inf for m = 3: nothing proves the mask finite.
+    model = _model(mask_form="arithmetic", masked_value="lowest", nan_guard=False)
+    model.opset_imports[""] = 23
+    result = FuseAttentionPass(PassOptions(target="onnx", explain=True))(model)
+    assert not result.modified
+    assert any("not provably finite" in note for note in result.notes), result.notes
 
 
 def test_onnx_target_refuses_an_unguarded_infinite_mask() -> None:

@@ -2835,9 +2835,13 @@ class _MaskValues:
 
 def _mask_values(value: ir.Value | None, depth: int = 0) -> _MaskValues | None:
     """What an additive mask can hold, when provable: finite numbers and maybe -inf, never NaN or
-    +inf. Known for constants, a Where choosing between such values, and views or float casts."""
+    +inf. Known for constants, a Where choosing between such values, views or float casts, and
+    arithmetic on an integer or boolean mask that provably stays finite (``(1 - m) * -10000``)."""
     if value is None or depth > 16:
         return None
+    bounds = _finite_bounds(value)
+    if bounds is not None:
+        return _MaskValues(bounds[0], False)
     array = const_array(value)
     if array is not None:
         if not np.issubdtype(array.dtype, np.floating) or np.isnan(array).any():
@@ -2869,6 +2873,84 @@ def _mask_values(value: ir.Value | None, depth: int = 0) -> _MaskValues | None:
             return None
         return values
     return None
+
+
+# Elementwise arithmetic whose bounds follow from its operands' bounds.
+_BOUNDED_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div", "Neg"})
+
+
+def _finite_bounds(value: ir.Value | None, depth: int = 0) -> tuple[float, float] | None:
+    """An interval [lo, hi] holding every value of a float ``value`` computed by arithmetic from an
+    integer or boolean tensor (cast to float) and finite constants, with every step provably finite
+    in its own dtype (half its largest value: no rounding reaches infinity). None when not
+    provable, or when no arithmetic is involved (plain constants and views are read as they are).
+    transformers 4.x and LayoutLM-style models build their mask as ``(1 - m.float()) * -10000``:
+    finite whatever integers m holds."""
+    node = value.producer() if value is not None else None
+    if node is None or node.domain not in ONNX_DOMAINS or depth > 16:
+        return None
+    if node.op_type in _BOUNDED_ARITHMETIC:
+        return _arithmetic_bounds(node, depth)
+    if node.op_type in _VALUE_PRESERVING and node.op_type != "Cast":
+        return _finite_bounds(node.inputs[0], depth + 1)
+    return None
+
+
+def _operand_bounds(value: ir.Value | None, depth: int) -> tuple[float, float] | None:
+    """Bounds of an arithmetic operand: a finite constant, an integer or boolean tensor cast to
+    float (its dtype's range), or further arithmetic."""
+    if value is None:
+        return None
+    array = const_array(value)
+    if array is not None:
+        if array.size == 0 or not np.issubdtype(array.dtype, np.number):
+            return None
+        wide = array.astype(np.float64)
+        return (float(wide.min()), float(wide.max())) if np.isfinite(wide).all() else None
+    node = value.producer()
+    if node is not None and node.domain in ONNX_DOMAINS and node.op_type in _VALUE_PRESERVING:
+        source = node.inputs[0]
+        if node.op_type == "Cast" and source is not None and source.dtype is not None:
+            if source.dtype == ir.DataType.BOOL:
+                return (0.0, 1.0)
+            if source.dtype.is_integer():
+                info = np.iinfo(source.dtype.numpy())
+                return (float(info.min), float(info.max))
+        if node.op_type != "Cast":
+            return _operand_bounds(source, depth + 1)
+    return _finite_bounds(value, depth + 1)
+
+
+def _arithmetic_bounds(node: ir.Node, depth: int) -> tuple[float, float] | None:
+    operands = [_operand_bounds(v, depth + 1) for v in node.inputs]
+    if not operands or any(b is None for b in operands):
+        return None
+    a = operands[0]
+    assert a is not None
+    if node.op_type == "Neg":
+        lo, hi = -a[1], -a[0]
+    else:
+        if len(operands) != 2:
+            return None
+        b = operands[1]
+        assert b is not None
+        if node.op_type == "Add":
+            lo, hi = a[0] + b[0], a[1] + b[1]
+        elif node.op_type == "Sub":
+            lo, hi = a[0] - b[1], a[1] - b[0]
+        elif node.op_type == "Mul":
+            products = [x * y for x in a for y in b]
+            lo, hi = min(products), max(products)
+        else:  # Div: only by a divisor that keeps one sign away from 0
+            if b[0] <= 0 <= b[1]:
+                return None
+            quotients = [x / y for x in a for y in b]
+            lo, hi = min(quotients), max(quotients)
+    dtype = node.outputs[0].dtype
+    if dtype is None or not dtype.is_floating_point():
+        return None
+    limit = float(np.finfo(dtype.numpy()).max) / 2
+    return (lo, hi) if -limit <= lo and hi <= limit else None
 
 
 # Float types that hold float32's range, so MASK_FLOOR and float32's lowest stay finite there.
