@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper
 import onnx_ir as ir
 import pytest
 
 import onnxopt
 import onnxopt.io
+from onnxopt.io import model_from_proto
 from onnxopt.passes.eliminate_dead_code import EliminateDeadCodePass
+from onnxopt.passes.infer_shapes import InferShapesPass
 from onnxopt.passes.merge_consecutive_ops import MergeConsecutiveOpsPass
 from onnxopt.passes.options import PassOptions
-from onnxopt.passes.simplify_index_grids import SimplifyIndexGridsPass
+from onnxopt.passes.simplify_index_grids import SimplifyIndexGridsPass, _linear_axes
+from onnxopt.rewrite import Mismatch
 from onnxopt.validate import validate
 from tests._pass_check import assert_refuses, assert_rewrites, load, op_types
 
@@ -651,3 +658,31 @@ def test_a_pooled_channels_last_map_exported_by_dynamo_loses_its_gather(tmp_path
     ops = op_types(result.model)
     assert not {"Gather", "Range"} & set(ops), ops
     assert result.model.graph.inputs[0].shape[0] == ir.SymbolicDim("batch")
+
+
+def test_constant_index_parts_that_broadcast_huge_are_not_summed() -> None:
+    """Two small constants whose sum would have 2**24 elements (past the 2**22 read limit): the
+    sum is refused before it is made, not computed."""
+    rows = (np.arange(4096, dtype=np.int64) * 4096).reshape(4096, 1)
+    cols = np.arange(4096, dtype=np.int64).reshape(1, 4096)
+    graph = oh.make_graph(
+        [
+            oh.make_node("Reshape", ["x", "flat"], ["f"]),
+            oh.make_node("Add", ["rows", "cols"], ["idx"]),
+            oh.make_node("Gather", ["f", "idx"], ["y"]),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4096, 4096])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4096, 4096])],
+        [
+            onnx.numpy_helper.from_array(np.array([-1], np.int64), "flat"),
+            onnx.numpy_helper.from_array(rows, "rows"),
+            onnx.numpy_helper.from_array(cols, "cols"),
+        ],
+    )
+    model = model_from_proto(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    InferShapesPass()(model)
+    gather = next(node for node in model.graph if node.op_type == "Gather")
+    found = _linear_axes(gather.inputs[1], 2)  # type: ignore[arg-type]
+    assert isinstance(found, Mismatch) and "broadcast too large" in found.reason
+    assert LINEAR not in SimplifyIndexGridsPass()(model).stats

@@ -41,6 +41,7 @@ than 1 and proved the data's own dim, as many positions as elements), the Gather
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import onnx_ir as ir
@@ -658,8 +659,9 @@ def _constant_axes(array: np.ndarray, rank: int) -> tuple[int, list[int]] | None
 
 def _linear_axes(indices: ir.Value, rank: int) -> tuple[list[Entry], list[int], int] | Mismatch:
     """The indices as a grid counting along each axis with a stride from an offset: each axis's
-    size (an int or a dim read at run time) and stride, and the offset. Sums of constants (folded) and strided Range counts
-    (``Unsqueeze(Range(0, n, 1) * stride)``: a dim the export left dynamic)."""
+    size (an int or a dim read at run time) and stride, and the offset. Sums of constants
+    (folded) and strided Range counts (``Unsqueeze(Range(0, n, 1) * stride)``: a dim the export
+    left dynamic)."""
     addends = _addends(indices)
     if addends is None:
         return Mismatch("the indices sum too many parts")
@@ -670,6 +672,13 @@ def _linear_axes(indices: ir.Value, rank: int) -> tuple[list[Entry], list[int], 
         if array is not None:
             if array.ndim > rank:
                 return Mismatch("a constant part of the indices has more axes than they have")
+            if total is not None:
+                try:
+                    shape = np.broadcast_shapes(total.shape, array.shape)
+                except ValueError:
+                    return Mismatch("the constant parts of the indices do not broadcast")
+                if math.prod(shape) > _LINEAR_INDEX_LIMIT:
+                    return Mismatch("the constant parts of the indices broadcast too large")
             total = array if total is None else np.add(total, array)
             continue
         factor, inner = 1, part
