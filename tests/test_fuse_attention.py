@@ -964,3 +964,19 @@ def test_a_dim_read_of_the_scores_moves_the_fused_op_up_to_it(value_late: bool) 
     feeds = [_feeds(b, s, i) for i, (b, s) in enumerate(((3, 5), (1, 1)))]
     report = validate(model, fused, inputs=feeds)
     assert report.passed, report
+
+
+def test_a_mask_behind_a_long_chain_of_views_is_not_followed_without_end() -> None:
+    """(1 - m) * -10000 with 3000 Identities between m's Cast and the arithmetic (a hostile
+    model): the proof stops at its depth bound instead of exhausting Python's recursion."""
+    mask = ir.Value(name="m", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([2, 3]))
+    view = ir.node("Cast", [mask], {"to": ir.DataType.FLOAT}).outputs[0]
+    for _ in range(3000):
+        view = ir.node("Identity", [view]).outputs[0]
+    one = ir.Value(name="one", const_value=ir.tensor(np.array(1.0, np.float32)))
+    scale = ir.Value(name="scale", const_value=ir.tensor(np.array(-10000.0, np.float32)))
+    dropped = ir.node("Sub", [one, view]).outputs[0]
+    bias = ir.node("Mul", [dropped, scale]).outputs[0]
+    for value in (dropped, bias):
+        value.dtype = ir.DataType.FLOAT
+    assert _mask_values(bias) is None

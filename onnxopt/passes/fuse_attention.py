@@ -2899,7 +2899,7 @@ def _finite_bounds(value: ir.Value | None, depth: int = 0) -> tuple[float, float
 def _operand_bounds(value: ir.Value | None, depth: int) -> tuple[float, float] | None:
     """Bounds of an arithmetic operand: a finite constant, an integer or boolean tensor cast to
     float (its dtype's range), or further arithmetic."""
-    if value is None:
+    if value is None or depth > 16:
         return None
     array = const_array(value)
     if array is not None:
