@@ -1065,3 +1065,54 @@ def test_a_view_that_puts_the_reduced_axes_back_keeps_the_dims(
 )
 def test_a_view_that_moves_the_reduced_data_stays(body: str, outputs: str, reason: str) -> None:
     assert_refuses(MergeConsecutiveOpsPass, model(body, outputs=outputs, opset=18), reason)
+
+
+UNIT_AXES = "Reshape(dims and ones)->Unsqueeze"
+
+
+def _reshape_to_read_dims(target: str, grid: str = "B, 1, 1, T") -> str:
+    """A [B, T] mask flattened, then reshaped to a shape read at run time (TorchScript's
+    ``mask[batch_idx, kv_idx]`` reshaped to its index grid's shape)."""
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (bool[B, T] keep, int64[{grid}] grid) => (bool[{grid}] y) <
+            int64[1] flat_shape = {{-1}}, int64[2] ones = {{1, 1}}
+        > {{
+            flat = Reshape(keep, flat_shape)
+            {target}
+            y = Reshape(flat, s)
+        }}
+    """
+
+
+@pytest.mark.parametrize(
+    ("target", "ops"),
+    [
+        ("s = Shape(grid)", ["Reshape", "Shape", "Unsqueeze"]),
+        (
+            "b = Shape <start = 0, end = 1> (keep)\n            t = Shape <start = 1> (keep)\n"
+            "            s = Concat <axis = 0> (b, ones, t)",
+            ["Reshape", "Shape", "Shape", "Concat", "Unsqueeze"],
+        ),
+    ],
+)
+def test_a_reshape_to_read_dims_and_ones_becomes_an_unsqueeze(target: str, ops: list[str]) -> None:
+    rewritten = assert_rewrites(
+        MergeConsecutiveOpsPass, _reshape_to_read_dims(target), {UNIT_AXES: 1}, ops, trials=2
+    )
+    unsqueeze = next(node for node in rewritten.graph if node.op_type == "Unsqueeze")
+    assert unsqueeze.inputs[0] is rewritten.graph.inputs[0]  # the mask itself, not its view
+    assert unsqueeze.inputs[1].const_value.numpy().tolist() == [1, 2]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "grid",
+    [
+        "T, 1, 1, B",  # the dims swapped: a transpose's shape, not a view's
+        "B, 2, 1, T",  # an entry that is not 1
+        "B, 1, 1, C",  # a dim not provably the mask's
+    ],
+)
+def test_a_reshape_to_other_read_dims_stays(grid: str) -> None:
+    text = _reshape_to_read_dims("s = Shape(grid)", grid)
+    assert_refuses(MergeConsecutiveOpsPass, text, "not the reshaped tensor's dims with ones")

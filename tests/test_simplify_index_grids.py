@@ -686,3 +686,92 @@ def test_constant_index_parts_that_broadcast_huge_are_not_summed() -> None:
     found = _linear_axes(gather.inputs[1], 2)  # type: ignore[arg-type]
     assert isinstance(found, Mismatch) and "broadcast too large" in found.reason
     assert LINEAR not in SimplifyIndexGridsPass()(model).stats
+
+
+def _torchscript_mask_gather(
+    *,
+    stride: str = "nt",
+    b_axes: str = "lead",
+    t_axes: str = "trail",
+    flat: str = "flat = Flatten <axis = 2> (keep)",
+    scale: str = "scaled = Mul(b4, stride)\n            idx = Add(t4, scaled)",
+    inputs: str = "int64[B, T] ids, bool[B, T] keep",
+    out: str = "bool[B, 1, 1, T, 1] y",
+) -> str:
+    """TorchScript's ``mask[batch_idx, kv_idx]`` (transformers' padding mask, [B, T] -> [B, 1, 1,
+    T]): the mask flattened to rows and gathered at ``b * T + t``, T read off ``input_ids`` at run
+    time (the batch too: two dynamic sizes and a dynamic stride)."""
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g ({inputs}) => ({out}) <
+            int64 zero = {{0}}, int64 one = {{1}}, int64[3] lead = {{1, 2, 3}},
+            int64[3] trail = {{0, 1, 2}}, int64[1] first = {{0}}, int64[1] flat_shape = {{-1}}
+        > {{
+            s = Shape(ids)
+            nb = Gather(s, zero)
+            nt = Gather(s, one)
+            stride = Unsqueeze({stride}, first)
+            rb = Range(zero, nb, one)
+            rt = Range(zero, nt, one)
+            b4 = Unsqueeze(rb, {b_axes})
+            t4 = Unsqueeze(rt, {t_axes})
+            {scale}
+            {flat}
+            y = Gather(flat, idx)
+        }}
+    """
+
+
+@pytest.mark.parametrize(
+    ("flat", "out", "axes"),
+    [
+        ("flat = Flatten <axis = 2> (keep)", "bool[B, 1, 1, T, 1] y", [1, 2, 4]),
+        ("flat = Reshape(keep, flat_shape)", "bool[B, 1, 1, T] y", [1, 2]),
+    ],
+)
+def test_a_torchscript_mask_gather_with_dynamic_strides_becomes_an_unsqueeze(
+    flat: str, out: str, axes: list[int]
+) -> None:
+    rewritten = assert_rewrites(
+        SimplifyIndexGridsPass, _torchscript_mask_gather(flat=flat, out=out), {LINEAR: 1},
+        ["Shape", "Gather", "Gather", "Unsqueeze", "Range", "Range", "Unsqueeze", "Unsqueeze",
+         "Mul", "Add", flat.split()[2].split("(")[0].split("<")[0], "Unsqueeze"],
+        trials=2,
+    )  # fmt: skip
+    EliminateDeadCodePass()(rewritten)
+    assert op_types(rewritten) == ["Unsqueeze"]
+    unsqueeze = rewritten.graph.node(0)
+    assert unsqueeze.inputs[0] is rewritten.graph.inputs[1]
+    assert unsqueeze.inputs[1].const_value.numpy().tolist() == axes  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("variant", "reason"),
+    [
+        # rows B long but stepped by B: the positions overlap and skip
+        ({"stride": "nb"}, "not visit the data in row-major order"),
+        # the batch counted along the last axis, stepped by one: the tokens' stride is not 1
+        (
+            {"b_axes": "trail", "t_axes": "lead", "out": "bool[T, 1, 1, B, 1] y"},
+            "not visit the data in row-major order",
+        ),
+        # the tokens counted first, stepped by the batch: row-major over [T, B], a transpose
+        (
+            {
+                "b_axes": "trail",
+                "t_axes": "lead",
+                "stride": "nb",
+                "scale": "scaled = Mul(t4, stride)\n            idx = Add(b4, scaled)",
+                "out": "bool[T, 1, 1, B, 1] y",
+            },
+            "cannot prove the indices count every element",
+        ),
+        # the lengths read off a tensor that shares no dim with the mask
+        (
+            {"inputs": "int64[C, D] ids, bool[B, T] keep", "out": "bool[C, 1, 1, D, 1] y"},
+            "cannot prove the indices count every element",
+        ),
+    ],
+)
+def test_mask_gathers_it_cannot_prove_stay(variant: dict[str, str], reason: str) -> None:
+    assert_refuses(SimplifyIndexGridsPass, _torchscript_mask_gather(**variant), reason)

@@ -44,6 +44,10 @@ Softmax.
 A dim read the TorchScript way, ``Unsqueeze(Gather(Shape(x), i), [0])``, is the one node
 ``Shape(x, start=i, end=i+1)`` from opset 15 on (what the dynamo exporter writes).
 
+A Reshape whose target, read at run time, is a tensor's dims in order with ones between them (the
+reshaped tensor's own, or those of a tensor it is a view of) is an Unsqueeze of that tensor, and
+the shape reads go (TorchScript's gathered mask, reshaped back to its index grid's shape).
+
 Cast chains are merged only where exact: ``Cast(Cast(x, B), C) == Cast(x, C)`` holds when every
 value of x's type A is exactly representable in B (``EXACT_WIDENING``), since then the second cast
 sees the very value the first one was given. When C == A too, both casts go.
@@ -58,6 +62,7 @@ import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, REDUCTIONS, const_array, is_onnx_domain, is_op
 from onnxopt.passes._attention_shapes import (
+    Entry,
     flattens_rows,
     piece_entries,
     same_dim,
@@ -81,7 +86,13 @@ from onnxopt.passes._softmax_form import SOFTMAX_RULE
 from onnxopt.passes._tf2onnx_forms import TF2ONNX_RULES
 from onnxopt.passes.base import RulePass
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
-from onnxopt.rewrite.patterns import int64_constant, new_constant, only_user, rank_of
+from onnxopt.rewrite.patterns import (
+    int64_constant,
+    new_constant,
+    only_user,
+    rank_of,
+    squeeze_op,
+)
 
 T = ir.DataType
 _FLOATS = (T.FLOAT16, T.BFLOAT16, T.FLOAT, T.DOUBLE)
@@ -530,6 +541,66 @@ def _rewrite_reshapes(match: Match, context: RewriteContext) -> Replacement:
         return _replace_with(match, _same_op_on(outer, source, shape=list(target)))
     shape = int64_constant(target)
     return _replace_with(match, _same_op_on(outer, source, [shape]), [shape])
+
+
+# Reshape to a tensor's dims and ones -> Unsqueeze --------------------------------------------
+
+# Views that keep the element order, looked through for the tensor a Reshape's target describes.
+_ORDER_KEEPING_VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+
+def _provably_one(entry: Entry) -> bool:
+    return entry == 1 or (isinstance(entry, tuple) and static_dim(entry[1], entry[2]) == 1)
+
+
+def _inserted_axes(entries: Sequence[Entry], source: ir.Value) -> list[int] | None:
+    """The target's entries are ``source``'s dims in order (each provably equal: a read of it,
+    its symbol, its size) with entries provably 1 between them: the positions of those ones."""
+    rank = len(source.shape) if source.shape is not None else None
+    if rank is None:
+        return None
+    matched, ones = 0, []
+    for position, entry in enumerate(entries):
+        if matched < rank and same_dim(entry, source, matched):
+            matched += 1
+        elif _provably_one(entry):
+            ones.append(position)
+        else:
+            return None
+    return ones if matched == rank else None
+
+
+def _match_unit_axes_reshape(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``Reshape(view(x), t)`` whose target, read at run time, is x's dims with ones inserted
+    (TorchScript's ``mask[batch_idx, kv_idx]``: the gathered mask flattened and reshaped to the
+    index grid's shape [B, 1, 1, S]) is ``Unsqueeze(x, ones)``: the views keep the element order,
+    and the shape reads go."""
+    target = node.inputs[1] if len(node.inputs) > 1 else None
+    if target is None or const_array(target) is not None:
+        return Mismatch("the target is a constant", candidate=False)
+    entries = target_entries(target)
+    if entries is None:
+        return Mismatch("the target's entries cannot be read", candidate=False)
+    source = node.inputs[0]
+    for _ in range(8):
+        if source is None:
+            break
+        axes = _inserted_axes(entries, source)
+        if axes is not None:
+            return Match([node], {"source": source, "axes": axes})
+        view = source.producer()
+        if view is None or not any(is_op(view, op) for op in _ORDER_KEEPING_VIEWS):
+            break
+        source = view.inputs[0]
+    return Mismatch("the target is not the reshaped tensor's dims with ones inserted")
+
+
+def _rewrite_unit_axes_reshape(match: Match, context: RewriteContext) -> Replacement:
+    source, axes = match.bindings["source"], match.bindings["axes"]
+    if not axes:
+        return Replacement((), ((match.root.outputs[0], source),))
+    node, constants = squeeze_op("Unsqueeze", source, axes, context.opset())
+    return _replace_with(match, node, constants)
 
 
 # Reshape∘MatMul∘flatten -----------------------------------------------------------------------
@@ -1091,6 +1162,12 @@ RULES: tuple[Rule, ...] = (
         for inner in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
     ),
     _rule(
+        "Reshape(dims and ones)->Unsqueeze",
+        "Reshape",
+        _match_unit_axes_reshape,
+        _rewrite_unit_axes_reshape,
+    ),
+    _rule(
         "Reshape∘MatMul∘flatten",
         "Reshape",
         _match_matmul_between_views,
@@ -1125,7 +1202,8 @@ RULES: tuple[Rule, ...] = (
 class MergeConsecutiveOpsPass(RulePass):
     """Merge Transpose∘Transpose (composed perm), Reshape∘(Reshape|Flatten|Squeeze|Unsqueeze), Squeeze∘Squeeze,
     Unsqueeze∘Unsqueeze (merged axes), exact Cast∘Cast, Slice∘Slice and Concat∘Concat into one op;
-    a dim read Unsqueeze(Gather(Shape(x), i)) into Shape(x, start, end) (opset 15+); a MatMul
+    a dim read Unsqueeze(Gather(Shape(x), i)) into Shape(x, start, end) (opset 15+); a Reshape
+    to x's dims and ones read at run time into Unsqueeze(x); a MatMul
     (or plain Gemm) between a [-1, K] view and a view back reads the unflattened input; undo
     tf2onnx's einsum views and select arithmetic (``_tf2onnx_forms``); merge a spelled-out
     ``exp(x - max) / sum`` into Softmax (``_softmax_form``); move a

@@ -36,6 +36,11 @@ flattened) as a Gather from the flattened tensor at ``Unsqueeze(Range(0, B) * st
 constant offsets. When the positions count every element in row-major order (offset 0, each
 axis's stride the product of the sizes after it, a dynamic count only on the outermost axis longer
 than 1 and proved the data's own dim, as many positions as elements), the Gather is a Reshape.
+TorchScript writes ``mask[batch_idx, kv_idx]`` the same way with strides read at run time: the
+mask flattened to rows by ``Flatten(axis=2)``, gathered at ``Unsqueeze(Range(0, B)) * S +
+Unsqueeze(Range(0, S))``. A stride is a constant times dims read at run time; where each is the
+product of the sizes after it and the grid's long axes are, in order, the data's dims, the Gather
+is an Unsqueeze of the data (two dynamic dims fit no constant shape).
 """
 
 from __future__ import annotations
@@ -657,16 +662,38 @@ def _constant_axes(array: np.ndarray, rank: int) -> tuple[int, list[int]] | None
     return (offset, strides) if np.array_equal(rebuilt, grid) else None
 
 
-def _linear_axes(indices: ir.Value, rank: int) -> tuple[list[Entry], list[int], int] | Mismatch:
+# A stride: a constant times a product of dims read at run time (TorchScript scales a batch count
+# by the sequence length it reads off a shape).
+Stride = tuple[int, tuple[Entry, ...]]
+
+
+def _dim_factor(mul: ir.Node) -> tuple[Entry, ir.Value] | None:
+    """A Mul of a value by one dim read at run time (a scalar, or a one-element vector, which
+    broadcasting leaves the value's shape alone): (the dim, the value)."""
+    for i in (0, 1):
+        factor, other = mul.inputs[i], mul.inputs[1 - i]
+        if factor is None or other is None or const_array(other) is not None:
+            continue
+        if value_rank(factor) == 0:
+            read = _dim_read(factor)
+        else:
+            entries = piece_entries(factor) if static_dim(factor, 0) == 1 else None
+            read = entries[0] if entries is not None and len(entries) == 1 else None
+        if isinstance(read, tuple):
+            return read, other
+    return None
+
+
+def _linear_axes(indices: ir.Value, rank: int) -> tuple[list[Entry], list[Stride], int] | Mismatch:
     """The indices as a grid counting along each axis with a stride from an offset: each axis's
     size (an int or a dim read at run time) and stride, and the offset. Sums of constants
     (folded) and strided Range counts (``Unsqueeze(Range(0, n, 1) * stride)``: a dim the export
-    left dynamic)."""
+    left dynamic; the stride a constant or, TorchScript's, a dim read at run time)."""
     addends = _addends(indices)
     if addends is None:
         return Mismatch("the indices sum too many parts")
     total: np.ndarray | None = None
-    counts: dict[int, tuple[Entry, int]] = {}
+    counts: dict[int, tuple[Entry, Stride]] = {}
     for part in addends:
         array = _index_constant(part)
         if array is not None:
@@ -681,13 +708,18 @@ def _linear_axes(indices: ir.Value, rank: int) -> tuple[list[Entry], list[int], 
                     return Mismatch("the constant parts of the indices broadcast too large")
             total = array if total is None else np.add(total, array)
             continue
-        factor, inner = 1, part
+        factor: Stride = (1, ())
+        inner = part
         node = part.producer()
         if is_op(node, "Mul") and node is not None:
             scaled = _scaled(node)
-            if scaled is None:
+            by_dim = _dim_factor(node) if scaled is None else None
+            if scaled is not None:
+                factor, inner = (scaled[0], ()), scaled[1]
+            elif by_dim is not None:
+                factor, inner = (1, (by_dim[0],)), by_dim[1]
+            else:
                 return Mismatch("the indices are multiplied by something other than a constant")
-            factor, inner = scaled
         counting = _counting_view(inner, "a part of the indices")
         if isinstance(counting, Mismatch):
             return counting
@@ -695,57 +727,115 @@ def _linear_axes(indices: ir.Value, rank: int) -> tuple[list[Entry], list[int], 
         axis = along + rank - own_rank
         if own_rank > rank or axis in counts:
             return Mismatch("two counts run along one axis of the indices")
-        counts[axis] = (size, stride * factor)
-    offset, strides = 0, [0] * rank
+        counts[axis] = (size, (stride * factor[0], factor[1]))
+    offset = 0
+    strides: list[Stride] = [(0, ())] * rank
     sizes: list[Entry] = [1] * rank
     if total is not None:
         found = _constant_axes(total, rank)
         if found is None:
             return Mismatch("the constant part of the indices is not a strided grid")
-        offset, strides = found
+        offset, strides = found[0], [(stride, ()) for stride in found[1]]
         shape = (1,) * (rank - total.ndim) + total.shape
         sizes = [int(n) for n in shape]
-    for axis, (size, stride) in counts.items():
+    for axis, (size, step) in counts.items():
         if sizes[axis] != 1:
             return Mismatch("two counts run along one axis of the indices")
-        sizes[axis], strides[axis] = size, stride
+        sizes[axis], strides[axis] = size, step
     return sizes, strides, offset
 
 
-def _row_major(sizes: list[Entry], strides: list[int]) -> bool:
-    """The strides count a tensor of these sizes in row-major order (any stride along an axis
-    of size 1; a size read at run time only outside every axis longer than 1)."""
-    expected: int | None = 1
-    for size, stride in zip(reversed(sizes), reversed(strides), strict=True):
-        if size == 1:
-            continue
-        if expected is None or stride != expected:
+def _same_entry(a: Entry, b: Entry) -> bool:
+    """Two sizes provably equal: equal ints, reads of one dim, or dims with one symbol."""
+    if isinstance(b, tuple):
+        return same_dim(a, b[1], b[2])
+    if isinstance(a, tuple):
+        return same_dim(b, a[1], a[2])
+    return a == b
+
+
+def _same_stride(a: Stride, b: Stride) -> bool:
+    """Equal constants times the same dims (in any order)."""
+    if a[0] != b[0] or len(a[1]) != len(b[1]):
+        return False
+    left = list(b[1])
+    for dim in a[1]:
+        twin = next((i for i, other in enumerate(left) if _same_entry(dim, other)), None)
+        if twin is None:
             return False
-        expected = expected * size if isinstance(size, int) else None
+        left.pop(twin)
     return True
 
 
-def _counts_all(sizes: list[Entry], source: ir.Value) -> bool:
-    """The sizes' product is provably ``source``'s element count."""
-    if source.shape is None:
-        return False
-    dims = list(source.shape)
+def _row_major(sizes: list[Entry], strides: list[Stride]) -> bool:
+    """The strides count a tensor of these sizes in row-major order (any stride along an axis
+    of size 1): each stride is the product of the sizes after it."""
+    expected: Stride = (1, ())
+    for size, stride in zip(reversed(sizes), reversed(strides), strict=True):
+        if size == 1:
+            continue
+        if not _same_stride(stride, expected):
+            return False
+        if isinstance(size, int):
+            expected = (expected[0] * size, expected[1])
+        else:
+            expected = (expected[0], (*expected[1], size))
+    return True
+
+
+def _counts_all(sizes: list[Entry], dims: list[int | ir.SymbolicDim], source: ir.Value) -> bool:
+    """The sizes' product is provably the product of ``dims`` (``source``'s first dims), with at
+    most one of the sizes read at run time."""
     static = [d for d in dims if isinstance(d, int)]
     free = [i for i, d in enumerate(dims) if not isinstance(d, int)]
     product = int(np.prod(static, dtype=np.int64))
     fixed = [s for s in sizes if isinstance(s, int)]
     read = [s for s in sizes if not isinstance(s, int)]
-    if len(read) != len(free):
+    if len(read) != len(free) or len(read) > 1:
         return False
     if read and not same_dim(read[0], source, free[0]):
         return False
     return product == int(np.prod(fixed, dtype=np.int64))
 
 
+def _axis_by_axis(sizes: list[Entry], source: ir.Value, counted: int) -> list[int] | None:
+    """The grid's axes longer than 1 are, in order, ``source``'s first ``counted`` dims, each
+    provably equal (a read of it, its symbol, its size): the gathered rows are the source with
+    unit axes inserted. The grid's unit axes, or None."""
+    long = [axis for axis, size in enumerate(sizes) if size != 1]
+    if len(long) != counted:
+        return None
+    if not all(same_dim(sizes[axis], source, j) for j, axis in enumerate(long)):
+        return None
+    return [axis for axis, size in enumerate(sizes) if size == 1]
+
+
+def _flattened(data: ir.Value) -> tuple[ir.Value, int] | None:
+    """``data`` as a flattening of a tensor: (the tensor, how many of its leading dims the data's
+    first axis counts). A 1-D Reshape counts them all; ``Flatten(x, axis=k)`` ([prod(x[:k]),
+    prod(x[k:])], TorchScript's advanced indexing) the first k; a 1-D tensor is its own."""
+    node = data.producer()
+    source = node.inputs[0] if node is not None and node.inputs else None
+    source_rank = value_rank(source)
+    if value_rank(data) == 1:
+        if is_op(node, "Reshape") and source is not None and source_rank is not None:
+            return source, source_rank
+        return data, 1
+    if is_op(node, "Flatten") and node is not None and source is not None and source_rank:
+        axis = node.attributes.get_int("axis", 1)
+        axis = axis + source_rank if axis < 0 else axis
+        if value_rank(data) == 2 and 0 <= axis <= source_rank:
+            return source, axis
+    return None
+
+
 def _match_linear_gather(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     data, indices = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
-    if data is None or indices is None or value_rank(data) != 1:
-        return Mismatch("not a Gather from a 1-D tensor", candidate=False)
+    flattened = _flattened(data) if data is not None else None
+    if data is None or indices is None or flattened is None:
+        return Mismatch("not a Gather from a flattened tensor", candidate=False)
+    if node.attributes.get_int("axis", 0) not in (0, -(value_rank(data) or 1)):
+        return Mismatch("it does not gather along the first axis", candidate=False)
     rank = value_rank(indices)
     if rank is None or rank == 0:
         return Mismatch("the indices' rank is unknown or 0", candidate=False)
@@ -761,20 +851,38 @@ def _match_linear_gather(node: ir.Node, context: RewriteContext) -> Match | Mism
         return Mismatch(f"the indices start at {offset}, not 0", candidate=view)
     if not _row_major(sizes, strides):
         return Mismatch("the indices do not visit the data in row-major order", candidate=view)
-    flatten = data.producer()
-    source = flatten.inputs[0] if is_op(flatten, "Reshape") and flatten is not None else data
-    if source is None or not _counts_all(sizes, source):
-        return Mismatch("cannot prove the indices count every element of the data", candidate=view)
     if any(isinstance(size, int) and size == 0 for size in sizes):
         return Mismatch("the indices are empty", candidate=view)
-    target = [size if isinstance(size, int) else -1 for size in sizes]
-    return Match([node], {"data": data, "target": target})
+    source, counted = flattened
+    dims = list(source.shape) if source.shape is not None else None
+    if dims is None:
+        return Mismatch("the flattened tensor's shape is unknown", candidate=view)
+    trailing = [d for d in dims[counted:] if isinstance(d, int)]
+    if _counts_all(sizes, dims[:counted], source) and len(trailing) == len(dims) - counted:
+        # The result's shape as a constant: the grid's (one dim left to -1) and the rows'.
+        rows = [math.prod(trailing)] if value_rank(data) == 2 else []
+        target = [size if isinstance(size, int) else -1 for size in sizes] + rows
+        return Match([node], {"data": data, "target": target})
+    unit = _axis_by_axis(sizes, source, counted)
+    if unit is None:
+        return Mismatch("cannot prove the indices count every element of the data", candidate=view)
+    if len(dims) - counted > 1:
+        return Mismatch("the rows merge several dims of the flattened tensor", candidate=view)
+    # The source itself with the grid's unit axes inserted (and the rows' 1 when Flatten's
+    # second axis is empty): several dims read at run time, none written as a constant.
+    if value_rank(data) == 2 and counted == len(dims):
+        unit.append(rank)
+    return Match([node], {"data": source, "axes": unit})
 
 
 def _rewrite_linear_gather(match: Match, context: RewriteContext) -> Replacement:
-    shape = new_constant(np.array(match.bindings["target"], np.int64), "gathered_shape")
-    reshape = ir.node("Reshape", [match.bindings["data"], shape])
-    return Replacement([reshape], [(match.root.outputs[0], reshape.outputs[0])], [shape])
+    data = match.bindings["data"]
+    if "axes" in match.bindings:
+        view, constants = squeeze_op("Unsqueeze", data, match.bindings["axes"], context.opset())
+    else:
+        shape = new_constant(np.array(match.bindings["target"], np.int64), "gathered_shape")
+        view, constants = ir.node("Reshape", [data, shape]), (shape,)
+    return Replacement([view], [(match.root.outputs[0], view.outputs[0])], constants)
 
 
 RULES = (
@@ -793,12 +901,14 @@ RULES = (
 class SimplifyIndexGridsPass(RulePass):
     """GatherND over a grid of Range indices that visits the data in order -> Unsqueeze(data);
     a Gather at one constant index -> that row; ScatterNDs that overwrite every block -> Concat;
-    a Gather of flattened data at its own row-major positions -> Reshape."""
+    a Gather of flattened data at its own row-major positions -> Reshape (or Unsqueeze, strides
+    read at run time)."""
 
     name = "simplify-index-grids"
     summary = (
         "replace a GatherND over an in-order Range index grid (exported masks) by an Unsqueeze;"
         " ScatterNDs that overwrite a whole tensor block by block by a Concat; a Gather of a"
-        " flattened tensor at its own row-major positions (an exported as_strided) by a Reshape"
+        " flattened tensor at its own row-major positions (an exported as_strided, TorchScript's"
+        " mask[batch_idx, kv_idx]) by a Reshape or an Unsqueeze"
     )
     rules = RULES
