@@ -859,3 +859,140 @@ def test_default_model_loses_its_noops_and_still_validates() -> None:
     }
     assert stats.get("Identity removed", 0) >= 1
     assert result.report.after.nodes < result.report.before.nodes
+
+
+ALWAYS_TRUE = "And always-true removed"
+
+
+def _bidirectional_mask(
+    *,
+    term: str = "t = GreaterOrEqual(q4, zero)",
+    start: str = "zero",
+    use: str = "bias = Where(both, keep_fill, masked)\n            y = Add(scores, bias)",
+    scores: str = "float[B, 2, T, T] scores",
+    out: str = "float[B, 2, T, T] y",
+) -> str:
+    """transformers' bidirectional padding mask, ``(q_idx >= 0) & mask[b, kv_idx]`` ([1, 1, T, 1]
+    and [B, 1, 1, T]), turned additive and added to the [B, H, T, T] scores."""
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g ({scores}, bool[B, T] keep) => ({out}) <
+            int64 zero = {{0}}, int64 one = {{1}}, int64 minus_one = {{-1}},
+            int64[3] q_axes = {{0, 1, 3}}, int64[2] k_axes = {{1, 2}},
+            float keep_fill = {{0}}, float masked = {{-3.4e38}}, int64[1] one_1 = {{1}}
+        > {{
+            s = Shape(keep)
+            n = Gather(s, one)
+            q = Range({start}, n, one)
+            q4 = Unsqueeze(q, q_axes)
+            {term}
+            k4 = Unsqueeze(keep, k_axes)
+            both = And(t, k4)
+            {use}
+        }}
+    """
+
+
+_MASK_OPS = ["Shape", "Gather", "Range", "Unsqueeze", "GreaterOrEqual", "Unsqueeze"]
+
+
+@pytest.mark.parametrize(
+    ("variant", "ops"),
+    [
+        ({}, [*_MASK_OPS, "Where", "Add"]),
+        ({"term": "t = Greater(q4, minus_one)"}, [*_MASK_OPS[:4], "Greater", "Unsqueeze", "Where", "Add"]),
+        ({"term": "t = LessOrEqual(zero, q4)"}, [*_MASK_OPS[:4], "LessOrEqual", "Unsqueeze", "Where", "Add"]),
+        # TorchScript's expand of the mask to [B, 1, T, T] before it turns additive
+        (
+            {
+                "use": "b1 = Shape <start = 0, end = 1> (keep)\n            t1 = Shape <start = 1> (keep)\n"
+                "            target = Concat <axis = 0> (b1, one_1, t1, t1)\n"
+                "            e = Expand(both, target)\n"
+                "            bias = Where(e, keep_fill, masked)\n            y = Add(scores, bias)"
+            },
+            [*_MASK_OPS, "Shape", "Shape", "Concat", "Expand", "Where", "Add"],
+        ),
+    ],
+)  # fmt: skip
+def test_an_and_with_an_always_true_ordering_is_its_other_operand(
+    variant: dict[str, str], ops: list[str]
+) -> None:
+    assert_rewrites(EliminateNoopsPass, _bidirectional_mask(**variant), {ALWAYS_TRUE: 1}, ops, 2)
+
+
+@pytest.mark.parametrize(
+    ("variant", "reason"),
+    [
+        # the [B, 1, T, T] mask is the output: without the And it would be [B, 1, 1, T]
+        ({"use": "y = Where(both, keep_fill, masked)", "out": "float[B, 1, T, T] y"}, "graph output"),
+        # the scores' query length is another dim: the Add would not give T back
+        (
+            {"scores": "float[B, 2, Q, T] scores", "out": "float[B, 2, Q, T] y"},
+            "graph output",
+        ),
+        # a reader that does not broadcast
+        (
+            {"use": "bias = Where(both, keep_fill, masked)\n            y = Softmax(bias)", "out": "float[B, 1, T, T] y"},
+            "reaches Softmax",
+        ),
+    ],
+)  # fmt: skip
+def test_an_and_whose_true_operand_shapes_the_result_stays(
+    variant: dict[str, str], reason: str
+) -> None:
+    assert_refuses(EliminateNoopsPass, _bidirectional_mask(**variant), reason)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"term": "t = GreaterOrEqual(q4, one)"},  # position 0 is not >= 1
+        {"term": "t = Greater(q4, zero)"},  # position 0 is not > 0
+        {"start": "minus_one"},  # counting from -1
+        {"term": "t = LessOrEqual(q4, zero)"},  # the count has no upper bound
+    ],
+)
+def test_an_and_with_an_ordering_not_always_true_stays(variant: dict[str, str]) -> None:
+    result = EliminateNoopsPass()(load(_bidirectional_mask(**variant)))
+    assert ALWAYS_TRUE not in result.stats
+
+
+def test_an_and_with_a_mask_of_ones_made_at_run_time_is_its_other_operand() -> None:
+    """A decoder given no attention mask makes one of ones (``torch.ones(B, T)``, a
+    ConstantOfShape cast to bool): its And with the causal [1, 1, T, T] mask is the causal mask,
+    which the expand to [B, 1, T, T] after it broadcasts back (TorchScript's BART decoder)."""
+    text = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 2, T, T] scores, int64[B, T] ids) => (float[B, 2, T, T] y) <
+            int64 zero = {0}, int64 one = {1}, int64[3] q_axes = {0, 1, 3},
+            int64[3] k_axes = {0, 1, 2}, int64[2] mask_axes = {1, 2}, int64[1] one_1 = {1},
+            float keep_fill = {0}, float masked = {-3.4e38}
+        > {
+            s = Shape(ids)
+            n = Gather(s, one)
+            q = Range(zero, n, one)
+            q4 = Unsqueeze(q, q_axes)
+            k4 = Unsqueeze(q, k_axes)
+            causal = LessOrEqual(k4, q4)
+            ones = ConstantOfShape <value = float[1] {1.0}> (s)
+            keep = Cast <to = 9> (ones)
+            keep4 = Unsqueeze(keep, mask_axes)
+            both = And(causal, keep4)
+            b1 = Shape <start = 0, end = 1> (ids)
+            t1 = Shape <start = 1> (ids)
+            target = Concat <axis = 0> (b1, one_1, t1, t1)
+            e = Expand(both, target)
+            bias = Where(e, keep_fill, masked)
+            y = Add(scores, bias)
+        }
+    """
+    rewritten = assert_rewrites(
+        EliminateNoopsPass, text, {ALWAYS_TRUE: 1},
+        ["Shape", "Gather", "Range", "Unsqueeze", "Unsqueeze", "LessOrEqual", "ConstantOfShape",
+         "Cast", "Unsqueeze", "Shape", "Shape", "Concat", "Expand", "Where", "Add"],
+        2,
+    )  # fmt: skip
+    expand = next(node for node in rewritten.graph if node.op_type == "Expand")
+    assert expand.inputs[0].name == "causal"  # type: ignore[union-attr]
+    zeros = text.replace("float[1] {1.0}", "float[1] {0.0}")  # a mask of zeros is no such thing
+    assert ALWAYS_TRUE not in EliminateNoopsPass()(load(zeros)).stats

@@ -8,6 +8,12 @@ Floating-point note: ``x + 0`` and ``x - (-0)`` turn ``-0.0`` into ``+0.0``; rem
 ``x / 1`` and ``x - 0`` are exact for every value, NaN and infinities included. The one rule that
 is not bit-exact drops a tiny constant added to every score before a Softmax (TensorFlow's
 1e-9): softmax ignores the shift, and the scores differ by x + c's rounding alone.
+
+One rule removes a node whose result is larger than its kept input: ``And(t, m)`` with t proven
+all true (an ordering decided by bounds: ``Range(0, S) >= 0``, transformers' bidirectional mask
+term) is m broadcast to t's shape too. Where every path from it runs through element-wise ops to
+an op that broadcasts it against a tensor with the dims t added, m gives every result the same
+values and shapes, so the And goes.
 """
 
 from __future__ import annotations
@@ -17,9 +23,16 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from onnxopt.ops import const_array, constant_of_shape_fill, is_op
-from onnxopt.passes._attention_shapes import same_dim, target_entries
+from onnxopt.ops import const_array, constant_of_shape_fill, is_onnx_domain, is_op
+from onnxopt.passes._attention_shapes import (
+    Entry,
+    peel_torch_expand_shape,
+    same_dim,
+    static_dim,
+    target_entries,
+)
 from onnxopt.passes._shape_facts import (
+    ELEMENT_MOVES,
     MULTIDIRECTIONAL,
     SLICE_TO_END,
     broadcast_keeps,
@@ -540,6 +553,171 @@ def _matmul_by_ones(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     return Mismatch("no operand is a constant of ones [..., 1, 1]", candidate=False)
 
 
+# And of a comparison that is always true ------------------------------------------------------
+
+# Ops that map each element on its own: a shape they are given is the shape they return.
+_UNARY_ELEMENTWISE = frozenset(
+    {"Not", "Cast", "Neg", "Abs", "Identity", "Sigmoid", "Tanh", "Relu", "Exp", "Log", "Sqrt",
+     "Reciprocal", "Floor", "Ceil", "Sign", "Erf", "IsNaN", "IsInf"}
+)  # fmt: skip
+_ORDERINGS = frozenset({"Greater", "GreaterOrEqual", "Less", "LessOrEqual"})
+_MAX_DEPTH = 16
+
+
+def _int_bounds(value: ir.Value | None, depth: int = 0) -> tuple[float, float] | None:
+    """[lo, hi] holding every element of an integer tensor: a constant's extremes, a Range
+    counting up (or down) from a constant start, unbounded the other way, and copies of their
+    elements (views, Expand, Gather). None when nothing is known."""
+    if value is None or depth > _MAX_DEPTH:
+        return None
+    array = const_array(value)
+    if array is not None:
+        if array.size == 0 or not np.issubdtype(array.dtype, np.integer):
+            return None
+        return float(array.min()), float(array.max())
+    node = value.producer()
+    if node is None or not is_onnx_domain(node.domain) or not node.inputs:
+        return None
+    if node.op_type == "Range" and len(node.inputs) == 3:
+        start, delta = const_ints(node.inputs[0]), const_ints(node.inputs[2])
+        if start is None or delta is None or len(start) != 1 or len(delta) != 1 or not delta[0]:
+            return None
+        return (start[0], np.inf) if delta[0] > 0 else (-np.inf, start[0])
+    if node.op_type in ELEMENT_MOVES:
+        return _int_bounds(node.inputs[0], depth + 1)
+    return None
+
+
+def _always_true(value: ir.Value | None, depth: int = 0) -> bool:
+    """Every element is provably true: an ordering of two tensors whose bounds decide it
+    (transformers' bidirectional mask term ``q_idx >= 0`` over ``Range(0, S)``), an And of such,
+    or copies of their elements."""
+    node = value.producer() if value is not None else None
+    if node is None or not is_onnx_domain(node.domain) or depth > _MAX_DEPTH or not node.inputs:
+        return False
+    if node.op_type in ELEMENT_MOVES:
+        return _always_true(node.inputs[0], depth + 1)
+    if node.op_type == "Cast" and cast_target(node) == ir.DataType.BOOL:
+        # any nonzero value casts to true: a mask of ones made at run time (a decoder given no
+        # attention mask: ``torch.ones(B, T)``, a ConstantOfShape of 1.0)
+        filler = node.inputs[0].producer() if node.inputs[0] is not None else None
+        return _always_true(node.inputs[0], depth + 1) or (
+            is_op(filler, "ConstantOfShape") and _nonzero_fill(filler)
+        )
+    if node.op_type == "ConstantOfShape":
+        return node.outputs[0].dtype == ir.DataType.BOOL and _nonzero_fill(node)
+    if node.op_type == "And":
+        return all(_always_true(v, depth + 1) or _all_true_constant(v) for v in node.inputs)
+    if node.op_type not in _ORDERINGS or len(node.inputs) != 2:
+        return False
+    big, small = (_int_bounds(v) for v in node.inputs)
+    if node.op_type.startswith("Less"):
+        big, small = small, big
+    if big is None or small is None:
+        return False
+    return big[0] > small[1] if node.op_type in ("Greater", "Less") else big[0] >= small[1]
+
+
+def _nonzero_fill(node: ir.Node | None) -> bool:
+    """A ConstantOfShape filled with a nonzero value (true once cast to bool)."""
+    if node is None:
+        return False
+    fill = constant_of_shape_fill(node)
+    return fill.size > 0 and bool(np.all(fill != 0))
+
+
+def _all_true_constant(value: ir.Value | None) -> bool:
+    array = const_array(value)
+    return array is not None and array.dtype == np.bool_ and array.size > 0 and bool(array.all())
+
+
+Need = tuple[int, int]  # (an axis counted from the right, the all-true operand's axis there)
+
+
+def _restores(partner: ir.Value, true: ir.Value, need: Need) -> bool:
+    """``partner`` has the axis (and, where the all-true operand's dim there is not 1, the
+    same dim), so broadcasting against it gives the axis back."""
+    from_right, axis = need
+    rank = len(partner.shape) if partner.shape is not None else 0
+    if rank < from_right:
+        return False
+    return static_dim(true, axis) == 1 or same_dim(("dim", partner, rank - from_right), true, axis)
+
+
+def _broadcast_back(
+    value: ir.Value, true: ir.Value, needs: list[Need], depth: int = 0
+) -> Mismatch | None:
+    """None when every path from ``value`` runs through element-wise ops to an op that
+    broadcasts it against a tensor with each needed axis: dropping those axes earlier (an And
+    with an all-true tensor that only broadcast the other operand) leaves every result alone."""
+    if depth > _MAX_DEPTH:
+        return Mismatch("its result runs through too many ops")
+    if value.is_graph_output() or not value.uses():
+        return Mismatch("its result is a graph output or unused")
+    for use in value.uses():
+        user = use.node
+        if not is_onnx_domain(user.domain):
+            return Mismatch(f"its result is read by {user.op_type}")
+        if user.op_type == "Expand" and use.idx == 0 and len(user.inputs) > 1:
+            shape = user.inputs[1]
+            entries = target_entries(peel_torch_expand_shape(shape)) if shape is not None else None
+            if entries is None or not all(_expands_back(entries, true, n) for n in needs):
+                return Mismatch("its result is expanded to a shape without the dims it drops")
+            continue
+        if user.op_type in MULTIDIRECTIONAL:
+            others = [v for i, v in enumerate(user.inputs) if i != use.idx and v is not None]
+            left = [n for n in needs if not any(_restores(v, true, n) for v in others)]
+        elif user.op_type in _UNARY_ELEMENTWISE:
+            left = needs
+        else:
+            return Mismatch(f"its result reaches {user.op_type}, which does not broadcast it")
+        if left:
+            problem = _broadcast_back(user.outputs[0], true, left, depth + 1)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _expands_back(entries: list[Entry], true: ir.Value, need: Need) -> bool:
+    from_right, axis = need
+    if len(entries) < from_right:
+        return False
+    return static_dim(true, axis) == 1 or same_dim(entries[-from_right], true, axis)
+
+
+def _and_always_true(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``And(t, m)`` with t provably all true is m broadcast to t's shape too: m itself where
+    that changes no shape, or where every reader broadcasts it back (the mask meets the
+    [B, H, S, S] scores, or TorchScript's expand to them)."""
+    if len(node.inputs) != 2:
+        return Mismatch("it does not have two inputs", candidate=False)
+    for index in (0, 1):
+        true, kept = node.inputs[index], node.inputs[1 - index]
+        if true is None or kept is None or not _always_true(true):
+            continue
+        if same_dims(kept.shape, node.outputs[0].shape):
+            return _keep(node, kept)
+        if true.shape is None or kept.shape is None:
+            return Mismatch("an operand's rank is unknown")
+        if context.opset() < 9:
+            return Mismatch("before opset 9 not every op broadcasts its inputs")
+        rank, kept_rank = len(true.shape), len(kept.shape)
+        needs = [
+            (rank - axis, axis)
+            for axis in range(rank)
+            if not (
+                rank - axis <= kept_rank
+                and (
+                    static_dim(true, axis) == 1
+                    or same_dim(("dim", kept, kept_rank - rank + axis), true, axis)
+                )
+            )
+        ]
+        problem = _broadcast_back(node.outputs[0], true, needs) if needs else None
+        return problem if problem is not None else _keep(node, kept)
+    return Mismatch("no operand is an ordering proven always true", candidate=False)
+
+
 def _rule(
     name: str, op_type: str, match: Callable[[ir.Node, RewriteContext], Match | Mismatch]
 ) -> Rule:
@@ -577,6 +755,7 @@ RULES: tuple[Rule, ...] = (
     _rule("Mul 1 removed", "Mul", _neutral_operand(1, commutative=True)),
     _rule("Div 1 removed", "Div", _neutral_operand(1, commutative=False)),
     _rule("And true removed", "And", _neutral_operand(True, commutative=True)),
+    _rule("And always-true removed", "And", _and_always_true),
     _rule("Or false removed", "Or", _neutral_operand(False, commutative=True)),
     _rule("Where removed", "Where", _where),
     _rule("Softmax stabilizer removed", "Sub", _softmax_stabilizer),
@@ -592,7 +771,8 @@ class EliminateNoopsPass(RulePass):
     Unsqueeze of no axes, a MatMul by ones that sums one product per element,
     ReduceSum/Mean/Max/Min/Prod over nothing or over kept size-1 dims,
     x+0, x-0, x*1, x/1, x and true, x or false, Where with a constant condition, the row max
-    subtracted before a Softmax, a shift of at most 1e-6 added before one.
+    subtracted before a Softmax, a shift of at most 1e-6 added before one; x and an ordering
+    proven always true, where x's readers broadcast it back to the And's shape.
     """
 
     name = "eliminate-noops"
