@@ -214,6 +214,31 @@ def test_dinov3_convnext_pooled_token_is_a_reshape_in_the_dynamo_export(
     assert rows["dynamo"].nodes_after == rows["torchscript"].nodes_after
 
 
+@pytest.mark.slow
+def test_roberta_padding_mask_is_one_unsqueeze_with_either_exporter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers 5's bidirectional mask, ``(q_idx >= 0) & mask[b, kv_idx]``: TorchScript
+    gathers the flattened mask at ``b * S + kv`` (S read at run time), both exporters keep the
+    always-true ``q_idx >= 0``. Both go, and the two exports optimize to one node count."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    monkeypatch.setitem(arch_sweep.ATTENTION, "implementation", "eager")
+    rows = {
+        exporter: arch_sweep.sweep_one("roberta", exporter, tmp_path, explain=False)
+        for exporter in ("dynamo", "torchscript")
+    }
+    for exporter, row in rows.items():
+        assert row.status == "ok" and row.validated == "yes" and row.fixed_point == "yes", row
+        assert "attn 2" in row.fused, row
+        optimized = onnx.load(
+            tmp_path / f"roberta.{exporter}.eager.opt.onnx", load_external_data=False
+        )
+        ops = {node.op_type for node in optimized.graph.node}
+        assert not {"Range", "GreaterOrEqual", "And", "Flatten"} & ops, (exporter, ops)
+    assert rows["dynamo"].nodes_after == rows["torchscript"].nodes_after
+
+
 # Exported at the opsets Optimum used (11-14): LayerNorm decomposed, no Shape start/end, no
 # LessOrEqual before 12, no data propagation through Unsqueeze/Gather before 13.
 EXPORT_OPSET_CASES = [
