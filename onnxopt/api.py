@@ -19,7 +19,12 @@ from onnxopt.analysis.memory_plan import MemoryPlan, memory_report
 from onnxopt.errors import UsageError
 from onnxopt.guard import doing
 from onnxopt.passes.base import Pipeline, VerifyEach
-from onnxopt.passes.infer_shapes import declared_output_dims, keep_declared_outputs
+from onnxopt.passes.infer_shapes import (
+    declared_output_dims,
+    forget_private_output_names,
+    keep_declared_outputs,
+    restore_private_output_names,
+)
 from onnxopt.passes.levels import DEFAULT_LEVEL, build_steps
 from onnxopt.passes.options import DEFAULT_FOLD_LIMIT_BYTES, PassOptions, Target
 from onnxopt.random_draws import describe, unseeded_draws
@@ -202,8 +207,10 @@ def optimize(
             conversion = f"opset {from_opset} → {opset} (onnx.version_converter)"
     instruments = [VerifyEach()] if verify_each else []
     declared = declared_output_dims(working)
+    private = forget_private_output_names(working)
     result = Pipeline(steps, instruments)(working, progress)
     keep_declared_outputs(working, declared)
+    restore_private_output_names(working, private)
     optimize_seconds = time.perf_counter() - start
     working.metadata_props[TARGET_METADATA_KEY] = target
 

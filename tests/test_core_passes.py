@@ -1046,3 +1046,49 @@ def test_outputs_keep_the_dims_they_declare_anonymous_where_inference_only_names
 
     shapes = {str(v.name): [str(d) for d in v.shape or []] for v in optimized.graph.outputs}
     assert shapes == {"y": ["None", "4"], "arg": ["None"], "w": ["batch", "3"]}
+
+
+def test_an_output_keeps_the_names_of_its_own_it_declares_and_the_model_proves_with_its_inputs() -> (
+    None
+):
+    """TorchScript names an output's dynamic axes itself ("Reluenc_dim_0"). Such a name says
+    nothing about other tensors, so it is set aside while the passes run: a Range over the
+    output's batch is then proved to count the ids' batch (here the mask gathered at
+    ``b * S + t``, an encoder-decoder's cross-attention mask, becomes an Unsqueeze), and the
+    file's names are written back."""
+    from onnxopt import api
+
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int64[B, S] ids, bool[B, S] keep) => (float[Reluenc_dim_0, Reluenc_dim_1, 4] enc,
+                                                 bool[B, 1, 1, S, 1] y) <
+            float[10, 4] table = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10},
+            int64 zero = {0}, int64 one = {1}, int64[3] lead = {1, 2, 3},
+            int64[3] trail = {0, 1, 2}, int64[1] first = {0}
+        > {
+            e = Gather(table, ids)
+            enc = Relu(e)
+            se = Shape(enc)
+            nb = Gather(se, zero)
+            s = Shape(ids)
+            nt = Gather(s, one)
+            stride = Unsqueeze(nt, first)
+            rb = Range(zero, nb, one)
+            rt = Range(zero, nt, one)
+            b4 = Unsqueeze(rb, lead)
+            t4 = Unsqueeze(rt, trail)
+            scaled = Mul(b4, stride)
+            idx = Add(t4, scaled)
+            flat = Flatten <axis = 2> (keep)
+            y = Gather(flat, idx)
+        }
+        """
+    )
+    result = api.optimize(model)
+
+    assert result.report.validation is not None and result.report.validation.passed
+    assert "Range" not in [node.op_type for node in result.model.graph]
+    shapes = {str(v.name): [str(d) for d in v.shape or []] for v in result.model.graph.outputs}
+    assert shapes["enc"] == ["Reluenc_dim_0", "Reluenc_dim_1", "4"]

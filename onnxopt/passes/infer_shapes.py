@@ -530,6 +530,69 @@ def declared_output_dims(model: ir.Model) -> dict[str, tuple[int | str | None, .
     }
 
 
+# Output dims set aside by forget_private_output_names: (output name, axis) -> declared name.
+PrivateNames = dict[tuple[str, int], str]
+
+
+def forget_private_output_names(model: ir.Model) -> PrivateNames:
+    """Clear the main graph's output dims whose names appear nowhere else (on no input, on no
+    other output dim) and are not made up (ONNX's "unk__", an exporter's expression, which
+    refinement already replaces). TorchScript names an output's dynamic axes itself
+    (``LayerNormalizationencoder_last_hidden_state_dim_0``): such a name says nothing about
+    other tensors, yet inference keeps it over the name it would find ("batch"), and an
+    encoder's output read inside the model (an encoder-decoder's cross-attention mask) then
+    matches nothing. Cleared, inference names the dim; :func:`restore_private_output_names`
+    writes the declared names back. Returns what was cleared."""
+    inputs = {
+        str(dim.value)
+        for value in model.graph.inputs
+        if value.shape is not None
+        for dim in value.shape
+        if isinstance(dim, ir.SymbolicDim) and dim.value is not None
+    }
+    counts: Counter[str] = Counter(
+        str(dim.value)
+        for value in model.graph.outputs
+        if value.shape is not None
+        for dim in value.shape
+        if isinstance(dim, ir.SymbolicDim) and dim.value is not None
+    )
+    cleared: PrivateNames = {}
+    for value in model.graph.outputs:
+        if value.shape is None or value.is_graph_input():
+            continue
+        dims = list(value.shape)
+        for axis, dim in enumerate(dims):
+            name = dim.value if isinstance(dim, ir.SymbolicDim) else None
+            if (
+                name is None
+                or str(name) in inputs
+                or counts[str(name)] != 1
+                or _made_up(str(name), frozenset())
+            ):
+                continue
+            cleared[(str(value.name), axis)] = str(name)
+            dims[axis] = ir.SymbolicDim(None)
+        if len(dims) == len(value.shape) and dims != list(value.shape):
+            value.shape = ir.Shape(dims)
+    return cleared
+
+
+def restore_private_output_names(model: ir.Model, cleared: PrivateNames) -> None:
+    """Write back the names :func:`forget_private_output_names` set aside (unless inference
+    proved a size there): the optimized file declares the names the original did."""
+    for value in model.graph.outputs:
+        if value.shape is None:
+            continue
+        dims = list(value.shape)
+        for axis, dim in enumerate(dims):
+            name = cleared.get((str(value.name), axis))
+            if name is not None and not isinstance(dim, int):
+                dims[axis] = ir.SymbolicDim(name)
+        if dims != list(value.shape):
+            value.shape = ir.Shape(dims)
+
+
 def keep_declared_outputs(
     model: ir.Model, declared: dict[str, tuple[int | str | None, ...] | None]
 ) -> int:
