@@ -189,6 +189,23 @@ def test_gpt_neox_rotates_parts_of_its_packed_heads_in_three_d(
         assert "Transpose" not in readers
 
 
+def _sweep_both_exporters(
+    family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, arch_sweep.Row]:
+    """The family's sweep row for each exporter (eager attention), each checked to have
+    exported, validated and reached a fixed point."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    monkeypatch.setitem(arch_sweep.ATTENTION, "implementation", "eager")
+    rows = {
+        exporter: arch_sweep.sweep_one(family, exporter, tmp_path, explain=False)
+        for exporter in ("dynamo", "torchscript")
+    }
+    for row in rows.values():
+        assert row.status == "ok" and row.validated == "yes" and row.fixed_point == "yes", row
+    return rows
+
+
 @pytest.mark.slow
 def test_dinov3_convnext_pooled_token_is_a_reshape_in_the_dynamo_export(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -196,15 +213,7 @@ def test_dinov3_convnext_pooled_token_is_a_reshape_in_the_dynamo_export(
     """The pooled [CLS] token (AdaptiveAvgPool2d(1) of a permuted channels-last map, flattened)
     is an as_strided Gather in the dynamo export: it becomes a Reshape, and the dynamo export
     optimizes to the TorchScript export's node count."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    monkeypatch.setitem(arch_sweep.ATTENTION, "implementation", "eager")
-    rows = {
-        exporter: arch_sweep.sweep_one("dinov3-convnext", exporter, tmp_path, explain=False)
-        for exporter in ("dynamo", "torchscript")
-    }
-    for row in rows.values():
-        assert row.status == "ok" and row.validated == "yes" and row.fixed_point == "yes", row
+    rows = _sweep_both_exporters("dinov3-convnext", tmp_path, monkeypatch)
     exported = onnx.load(tmp_path / "dinov3-convnext.dynamo.eager.onnx", load_external_data=False)
     assert "Gather" in {node.op_type for node in exported.graph.node}
     optimized = onnx.load(
@@ -221,15 +230,8 @@ def test_roberta_padding_mask_is_one_unsqueeze_with_either_exporter(
     """transformers 5's bidirectional mask, ``(q_idx >= 0) & mask[b, kv_idx]``: TorchScript
     gathers the flattened mask at ``b * S + kv`` (S read at run time), both exporters keep the
     always-true ``q_idx >= 0``. Both go, and the two exports optimize to one node count."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    monkeypatch.setitem(arch_sweep.ATTENTION, "implementation", "eager")
-    rows = {
-        exporter: arch_sweep.sweep_one("roberta", exporter, tmp_path, explain=False)
-        for exporter in ("dynamo", "torchscript")
-    }
+    rows = _sweep_both_exporters("roberta", tmp_path, monkeypatch)
     for exporter, row in rows.items():
-        assert row.status == "ok" and row.validated == "yes" and row.fixed_point == "yes", row
         assert "attn 2" in row.fused, row
         optimized = onnx.load(
             tmp_path / f"roberta.{exporter}.eager.opt.onnx", load_external_data=False

@@ -73,13 +73,18 @@ def refine_shapes(model: ir.Model) -> int:
 
 def interface_names(model: ir.Model) -> frozenset[str]:
     """The dim names of the main graph's inputs and outputs: kept whatever inference finds."""
-    return frozenset(
+    return frozenset(dim_names((*model.graph.inputs, *model.graph.outputs)))
+
+
+def dim_names(values: Sequence[ir.Value]) -> list[str]:
+    """The names of the symbolic dims of ``values``, once per dim that carries one."""
+    return [
         str(dim.value)
-        for value in (*model.graph.inputs, *model.graph.outputs)
+        for value in values
         if value.shape is not None
         for dim in value.shape
         if isinstance(dim, ir.SymbolicDim) and dim.value is not None
-    )
+    ]
 
 
 def _rename_dims(model: ir.Model, renamed: dict[str, int | ir.SymbolicDim]) -> int:

@@ -637,11 +637,8 @@ Need = tuple[int, int]  # (an axis counted from the right, the all-true operand'
 def _restores(partner: ir.Value, true: ir.Value, need: Need) -> bool:
     """``partner`` has the axis (and, where the all-true operand's dim there is not 1, the
     same dim), so broadcasting against it gives the axis back."""
-    from_right, axis = need
     rank = len(partner.shape) if partner.shape is not None else 0
-    if rank < from_right:
-        return False
-    return static_dim(true, axis) == 1 or same_dim(("dim", partner, rank - from_right), true, axis)
+    return _expands_back([("dim", partner, i) for i in range(rank)], true, need)
 
 
 def _broadcast_back(
@@ -679,6 +676,8 @@ def _broadcast_back(
 
 
 def _expands_back(entries: list[Entry], true: ir.Value, need: Need) -> bool:
+    """A shape given as ``entries`` has the axis (and the all-true operand's dim there, unless
+    that is 1): broadcasting into it gives the axis back."""
     from_right, axis = need
     if len(entries) < from_right:
         return False
@@ -701,18 +700,10 @@ def _and_always_true(node: ir.Node, context: RewriteContext) -> Match | Mismatch
             return Mismatch("an operand's rank is unknown")
         if context.opset() < 9:
             return Mismatch("before opset 9 not every op broadcasts its inputs")
-        rank, kept_rank = len(true.shape), len(kept.shape)
-        needs = [
-            (rank - axis, axis)
-            for axis in range(rank)
-            if not (
-                rank - axis <= kept_rank
-                and (
-                    static_dim(true, axis) == 1
-                    or same_dim(("dim", kept, kept_rank - rank + axis), true, axis)
-                )
-            )
-        ]
+        # the axes where the true operand, not the kept one, makes the And's shape
+        rank = len(true.shape)
+        needs = [(rank - axis, axis) for axis in range(rank)]
+        needs = [need for need in needs if not _restores(kept, true, need)]
         problem = _broadcast_back(node.outputs[0], true, needs) if needs else None
         return problem if problem is not None else _keep(node, kept)
     return Mismatch("no operand is an ordering proven always true", candidate=False)

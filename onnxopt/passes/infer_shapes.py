@@ -14,6 +14,7 @@ from onnxopt.passes._contrib_shapes import graph_protos, with_stand_ins
 from onnxopt.passes._refine_shapes import (
     EXPRESSION,
     GENERATED_DIM_PREFIX,
+    dim_names,
     interface_names,
     refine_shapes,
 )
@@ -543,20 +544,8 @@ def forget_private_output_names(model: ir.Model) -> PrivateNames:
     encoder's output read inside the model (an encoder-decoder's cross-attention mask) then
     matches nothing. Cleared, inference names the dim; :func:`restore_private_output_names`
     writes the declared names back. Returns what was cleared."""
-    inputs = {
-        str(dim.value)
-        for value in model.graph.inputs
-        if value.shape is not None
-        for dim in value.shape
-        if isinstance(dim, ir.SymbolicDim) and dim.value is not None
-    }
-    counts: Counter[str] = Counter(
-        str(dim.value)
-        for value in model.graph.outputs
-        if value.shape is not None
-        for dim in value.shape
-        if isinstance(dim, ir.SymbolicDim) and dim.value is not None
-    )
+    inputs = set(dim_names(model.graph.inputs))
+    counts = Counter(dim_names(model.graph.outputs))
     cleared: PrivateNames = {}
     for value in model.graph.outputs:
         if value.shape is None or value.is_graph_input():
