@@ -470,6 +470,41 @@ def test_shape_inference_follows_a_causal_short_convolution(
     assert (str(shape[2]) == "sequence") == proved, shape
 
 
+@pytest.mark.parametrize(
+    ("op", "attributes", "kept"),
+    [
+        ("Conv", "pads = [1, 1, 1, 1]", True),
+        ("Conv", "pads = [0, 2, 2, 0]", True),  # uneven, the same sum
+        ("Conv", 'auto_pad = "SAME_UPPER"', True),
+        ("Conv", "dilations = [2, 2], pads = [2, 2, 2, 2]", True),
+        ("Conv", "dilations = [2, 2], pads = [1, 1, 1, 1]", False),
+        ("Conv", "pads = [1, 1, 1, 1], strides = [2, 2]", False),
+        ("Conv", "pads = [0, 0, 0, 0]", False),
+        ("MaxPool", "kernel_shape = [3, 3], pads = [1, 1, 1, 1]", True),
+        ("AveragePool", 'kernel_shape = [3, 3], auto_pad = "VALID"', False),
+        ("MaxPool", "kernel_shape = [2, 2], strides = [2, 2]", False),
+    ],
+)
+def test_shape_inference_keeps_the_dims_a_window_neither_shrinks_nor_strides(
+    op: str, attributes: str, kept: bool
+) -> None:
+    """ONNX computes a Conv's or pool's spatial dims only when they are numbers; stride 1 with
+    pads that sum to dilation * (kernel - 1) keeps a dynamic H and W (a padded 3x3 conv)."""
+    inputs = "x, w" if op == "Conv" else "x"
+    model = parse_model(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4, H, W] x) => (float[?, ?, ?, ?] y) <float[8, 4, 3, 3] w = {{{", ".join(["0.1"] * 288)}}}> {{
+            y = {op} <{attributes}> ({inputs})
+        }}
+        """
+    )
+    InferShapesPass()(model)
+    shape = model.graph.node(0).outputs[0].shape
+    assert shape is not None and str(shape[0]) == "N", shape
+    assert ([str(shape[2]), str(shape[3])] == ["H", "W"]) == kept, shape
+
+
 def test_shape_inference_does_not_take_a_shorter_static_suffix_for_the_whole_axis() -> None:
     """d[:, -n:] with n = 5 read off x and d 7 long is 5 long, not 7."""
     model = parse_model(

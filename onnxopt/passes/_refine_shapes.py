@@ -66,6 +66,8 @@ def refine_shapes(model: ir.Model) -> int:
                 improved += _refine_tile(node, renamed)
             elif is_op(node, "ConstantOfShape"):
                 improved += _refine_constant_of_shape(node, renamed)
+            elif node.op_type in _WINDOWED and is_op(node, node.op_type):
+                improved += _refine_windowed(node, renamed)
     if renamed:
         improved += _rename_dims(model, renamed)
     return improved
@@ -556,9 +558,10 @@ def _refine_constant_of_shape(node: ir.Node, renamed: dict[str, int | ir.Symboli
 def _refine_tile(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
     """Tile by repeats assembled from shape reads (the dynamo exporter's ``probe.repeat(B, 1, 1)``
     of a learned [1, 1, D] query): a repeat of 1 keeps the input's dim, and an input dim of 1
-    repeated by a read dim is that dim."""
-    data, repeats = node.inputs[0] if node.inputs else None, optional_input(node, 1)
-    entries = target_entries(repeats)
+    repeated by a read dim is that dim. A repeat computed otherwise (TorchScript's B as B*H / H in
+    DeBERTa's ``pos_key.repeat(B*H / H, 1, 1)``) leaves its own dim unknown, not the others."""
+    data = node.inputs[0] if node.inputs else None
+    entries = _product_entries(optional_input(node, 1), renamed)
     if data is None or data.shape is None or entries is None or len(entries) != len(data.shape):
         return 0
     found: list[int | ir.SymbolicDim | None] = []
@@ -566,12 +569,51 @@ def _refine_tile(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int
         dim: object = None
         if entry == 1:
             dim = have
-        elif have == 1 and isinstance(entry, int) and entry > 0:
+        elif have == 1 and isinstance(entry, int | ir.SymbolicDim) and entry != 0:
             dim = entry
-        elif have == 1 and isinstance(entry, tuple):
-            dim = _read_dim(entry, renamed)
         found.append(None if _is_unknown(dim) or dim == 0 else dim)  # type: ignore[arg-type]
     return _merge_dims(node.outputs[0], found, renamed)
+
+
+_WINDOWED = ("Conv", "MaxPool", "AveragePool", "LpPool")
+
+
+def _refine_windowed(node: ir.Node, renamed: dict[str, int | ir.SymbolicDim]) -> int:
+    """A Conv or pool keeps its input's batch, and each spatial dim its window neither shrinks
+    nor strides: stride 1 with the pads summing to dilation × (kernel − 1), or auto_pad SAME
+    with stride 1. ONNX computes such dims only when they are numbers, so SqueezeBERT's kernel-1
+    Conv1d projections and a CNN's padded 3×3 convs lose a dynamic length or height."""
+    data, out = node.inputs[0] if node.inputs else None, node.outputs[0]
+    if data is None or data.shape is None or len(data.shape) < 3:
+        return 0
+    spatial = len(data.shape) - 2
+    kernel = node.attributes.get_ints("kernel_shape", None)
+    if kernel is None and node.op_type == "Conv":
+        weight = optional_input(node, 1)
+        dims = weight.shape if weight is not None else None
+        sizes = [d for d in dims[2:] if isinstance(d, int)] if dims is not None else []
+        if dims is not None and len(sizes) == len(dims) - 2:
+            kernel = sizes
+    if kernel is None or len(kernel) != spatial:
+        return 0
+    strides = node.attributes.get_ints("strides", [1] * spatial)
+    dilations = node.attributes.get_ints("dilations", [1] * spatial)
+    pads = node.attributes.get_ints("pads", [0] * 2 * spatial)
+    auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
+    if len(strides) != spatial or len(dilations) != spatial or len(pads) != 2 * spatial:
+        return 0
+    found: list[int | ir.SymbolicDim | None] = [_renamed(data.shape[0], renamed), None]
+    for axis in range(spatial):
+        reach = dilations[axis] * (kernel[axis] - 1)
+        padded = pads[axis] + pads[axis + spatial]
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            keeps = strides[axis] == 1
+        elif auto_pad == "VALID":
+            keeps = strides[axis] == 1 and reach == 0
+        else:
+            keeps = strides[axis] == 1 and padded == reach
+        found.append(_renamed(data.shape[axis + 2], renamed) if keeps else None)
+    return _merge_dims(out, [None if _is_unknown(d) else d for d in found], renamed)
 
 
 # ONNX inference names the dims it cannot tell "unk__0", "unk__1", ...: placeholders, not facts.
