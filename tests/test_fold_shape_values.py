@@ -597,3 +597,179 @@ def test_max_of_a_broadcast_dim_and_its_operand_dim_is_the_broadcast_dim() -> No
     ]
     feeds = [{k: v.astype(np.float32) for k, v in feed.items()} for feed in feeds]
     assert validate(original, result.model, inputs=feeds).passed
+
+
+# TorchScript's DeBERTa attention: the query heads are [B*H, S, d] (a -1 merged B and H), and the
+# relative-position keys are tiled ``heads.size(0) // H`` times, then scaled by the square root
+# of the tiled keys' last dim.
+MERGED_HEADS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, S, 8] x, float[1, 6, 8] pos) => (float[?, ?, ?] y) <int64[4] split = {0, 0, 2, 4}, int64[4] pos_split = {1, 6, 2, 4}, int64[3] pos_heads = {-1, 6, 4}, int64[1] minus_one = {-1}, int64[1] four = {4}, int64[1] one = {1}, int64 zero = {0}, int64 heads = DIVISOR, int64[1] axes = {0}> {
+    q = Reshape(x, split)
+    qt = Transpose<perm = [0, 2, 1, 3]>(q)
+    s = Shape<start = 1, end = 2>(x)
+    target = Concat<axis = 0>(minus_one, s, four)
+    merged = Reshape(qt, target)
+    p = Reshape(pos, pos_split)
+    pt = Transpose<perm = [0, 2, 1, 3]>(p)
+    keys = Reshape(pt, pos_heads)
+    ms = Shape(merged)
+    n = Gather<axis = 0>(ms, zero)
+    b = Div(n, heads)
+    bu = Unsqueeze(b, axes)
+    repeats = Concat<axis = 0>(bu, one, one)
+    tiled = Tile(keys, repeats)
+    d = Shape<start = -1>(tiled)
+    scale = Cast<to = 1>(d)
+    kt = Transpose<perm = [0, 2, 1]>(tiled)
+    scores = MatMul(merged, kt)
+    y = Div(scores, scale)
+}
+"""
+
+
+def test_a_merged_dim_divided_by_its_static_part_is_the_other_part() -> None:
+    model = parse_model(MERGED_HEADS.replace("DIVISOR", "{2}"))
+    InferShapesPass()(model)
+    tiled = next(node for node in model.graph if node.op_type == "Tile").outputs[0]
+    assert tiled.shape is not None and list(tiled.shape)[1:] == [6, 4]  # the repeats of 1
+    result = FoldShapeValuesPass()(model.clone())
+    # the Tile repeats B, read off x: the merged heads' shape and the Div are gone, and the
+    # keys' last dim is a constant
+    ops = op_types(result.model)
+    assert ops.count("Div") == 1 and ops.count("Gather") == 0, ops
+    shapes = [node for node in result.model.graph if node.op_type == "Shape"]
+    assert {str(node.inputs[0].name) for node in shapes} == {"x"}, shapes
+    assert result.stats["dims read off the tensor they come from"] == 1, result.stats
+    report = validate(model, result.model)
+    assert report.passed and len(report.trials) == 2, report
+    assert not FoldShapeValuesPass()(result.model).modified
+
+
+@pytest.mark.parametrize("divisor", [3, 4, 1])
+def test_a_merged_dim_divided_by_anything_else_is_left_alone(divisor: int) -> None:
+    """B*2 // 3 and B*2 // 4 are no dim (only the /1 of the plain rule goes)."""
+    text = MERGED_HEADS.replace("DIVISOR", f"{{{divisor}}}")
+    text = text.replace("scores = MatMul(merged, kt)", "nb = Identity(b)")  # B*2 // 3 is no B
+    text = text.replace("y = Div(scores, scale)", "y = Div(kt, scale)")
+    model = parse_model(text.replace("(float[?, ?, ?] y)", "(float[?, ?, ?] y, int64 nb)"))
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    ops = op_types(result.model)
+    assert ops.count("Div") == (1 if divisor == 1 else 2), ops
+    if divisor != 1:
+        assert ops.count("Gather") == 1, ops
+    report = validate(model, result.model)
+    assert report.passed, report
+
+
+def test_a_minus_one_of_two_named_dims_is_no_single_dim() -> None:
+    """[B, S, 8] -> [-1, 4] is B*S*2: halved it is B*S, two dims, so the Div stays."""
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S, 8] x) => (int64 n) <int64[2] target = {-1, 4}, int64 zero = {0}, int64 two = {2}> {
+            r = Reshape(x, target)
+            rs = Shape(r)
+            d = Gather<axis = 0>(rs, zero)
+            n = Div(d, two)
+        }
+        """
+    )
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    assert op_types(result.model).count("Div") == 1
+    assert validate(model, result.model).passed
+
+
+def test_an_expand_target_entry_the_input_has_already_becomes_one() -> None:
+    """TorchScript's padding mask: ``mask[:, None, None, :].expand(B, 1, S, S)`` with B read off
+    the hidden states. B is the mask's own dim (1 broadcasts to it), so the read of B dies; the
+    S at axis 2 is not (the mask has 1 there) and stays."""
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S] mask, float[B, S, 8] x) => (float[B, 1, S, S] y) <int64[2] axes = {1, 2}, int64[1] one = {1}> {
+            m = Unsqueeze(mask, axes)
+            b = Shape<start = 0, end = 1>(x)
+            s = Shape<start = 1, end = 2>(x)
+            target = Concat<axis = 0>(b, one, s, s)
+            y = Expand(m, target)
+        }
+        """
+    )
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    assert result.stats["Expand target dims the input has made 1"] == 1, result.stats
+    reads = [node for node in result.model.graph if node.op_type == "Shape"]
+    assert [(n.attributes.get_int("start", 0), n.attributes.get_int("end", 0)) for n in reads] == [
+        (1, 2)
+    ], reads
+    report = validate(model, result.model)
+    assert report.passed and len(report.trials) == 2, report
+    assert not FoldShapeValuesPass()(result.model).modified
+
+
+def test_an_expand_target_entry_of_another_dim_stays() -> None:
+    """The entries read T and U where the input has B and S: Expand fails unless they are equal
+    or the input's are 1, and rewriting them to 1 would hide that."""
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S] mask, float[T, U, 8] x) => (float[?, ?] y) <int64[1] zero = {0}> {
+            t = Shape<start = 0, end = 2>(x)
+            y = Expand(mask, t)
+        }
+        """
+    )
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    assert "Expand target dims the input has made 1" not in result.stats, result.stats
+
+
+def test_torchscript_expand_target_is_read_without_its_minus_one_test() -> None:
+    """``expand(B, -1, S, S)`` written as ``Where(Equal(t, -1), 1, t)``: the Where picks dims
+    read and constants, so it is rebuilt as those reads (and B, the mask's own, as 1)."""
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (bool[B, 1, 1, S] m, float[B, S, 8] x) => (bool[?, ?, ?, ?] y) <int64[1] m1 = {-1}, int64[4] m1s = {-1, -1, -1, -1}, int64[4] ones = {1, 1, 1, 1}> {
+            b = Shape<start = 0, end = 1>(x)
+            s = Shape<start = 1, end = 2>(x)
+            target = Concat<axis = 0>(b, m1, s, s)
+            eq = Equal(target, m1s)
+            w = Where(eq, ones, target)
+            y = Expand(m, w)
+        }
+        """
+    )
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    ops = op_types(result.model)
+    assert "Where" not in ops and "Equal" not in ops, ops
+    assert ops.count("Shape") == 1, ops
+    report = validate(model, result.model)
+    assert report.passed and len(report.trials) == 2, report
+    assert not FoldShapeValuesPass()(result.model).modified
+
+
+def test_an_expand_target_entry_read_for_something_else_too_stays() -> None:
+    """B is the mask's own dim, but its read also feeds a Range (dynamo's index grids): no read
+    would die, and the matchers after read the expanded shape off the target, so it stays."""
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S] mask, float[B, S, 8] x) => (float[B, 1, S, S] y, int64[B] r) <int64[2] axes = {1, 2}, int64[1] one = {1}, int64 zero = {0}, int64 step = {1}> {
+            m = Unsqueeze(mask, axes)
+            b = Shape<start = 0, end = 1>(x)
+            s = Shape<start = 1, end = 2>(x)
+            target = Concat<axis = 0>(b, one, s, s)
+            y = Expand(m, target)
+            n = Squeeze(b)
+            r = Range(zero, n, step)
+        }
+        """
+    )
+    InferShapesPass()(model)
+    result = FoldShapeValuesPass()(model.clone())
+    assert "Expand target dims the input has made 1" not in result.stats, result.stats

@@ -199,6 +199,9 @@ def test_sums_that_are_no_candidates_stay_without_a_note(body: str) -> None:
     assert not result.modified and result.notes == []
 
 
+SHAPE_READS = dict.fromkeys(("Shape", "Unsqueeze"), 1 << 30)
+
+
 @pytest.mark.torch
 @pytest.mark.parametrize(
     "exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.slow)]
@@ -236,7 +239,12 @@ def test_lora_adapted_transformers_fuse_as_their_base_models(
     adapted = result
     stats = {name: s for name, _, _, s in adapted.report.pass_totals()}
     assert stats["fuse-parallel-matmuls"] == {RULE: merges}
-    assert Counter(op_types(adapted.model)) == Counter(op_types(optimized[base].model))
+    # the same ops; the dims the fix-ups read may come off other tensors (GPT-2 TorchScript's
+    # sequence length: off the ids where the base model still reads it for the positions, off
+    # the packed projection where the adapted model's read of it died first), same count
+    ops, base_ops = Counter(op_types(adapted.model)), Counter(op_types(optimized[base].model))
+    assert ops.total() == base_ops.total()
+    assert ops - Counter(SHAPE_READS) == base_ops - Counter(SHAPE_READS)
     assert isinstance(adapted.model.graph.inputs[0].shape[0], ir.SymbolicDim)  # the batch
     _assert_deterministic(path, tmp_path)
 

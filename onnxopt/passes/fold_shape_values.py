@@ -433,7 +433,67 @@ class _Tracker:
 
         return self._elementwise(node, arithmetic)
 
-    _op_Add = _op_Sub = _op_Mul = _op_Div = _op_Mod = _binary
+    _op_Add = _op_Sub = _op_Mul = _op_Mod = _binary
+
+    def _op_Div(self, node: ir.Node) -> ShapeVector | None:
+        """Integer division; and a merged dim divided by one of the dims merged into it:
+        TorchScript's DeBERTa repeats a [B*H, S, d] tensor's ``size(0) // H`` times, B."""
+        found = self._binary(node)
+        if found is None or None not in found.elements:
+            return found
+        divisor = self.get(node.inputs[1])
+        operands = self._broadcast(node.inputs[0], node.inputs[1])
+        if divisor is None or operands is None or divisor.dtype != found.dtype:
+            return found
+        elements = tuple(
+            self._merged_quotient(x, y)
+            if z is None and isinstance(x, DimOf) and isinstance(y, int)
+            else z
+            for x, y, z in zip(*operands, found.elements, strict=True)
+        )
+        return ShapeVector(elements, found.scalar, found.dtype)
+
+    def _merged_quotient(self, dim: DimOf, divisor: int) -> Elem:
+        """``dim`` / ``divisor`` where ``dim`` is the -1 of a Reshape of X: every other dim of the
+        result equals a distinct dim of X, so the -1 is the product of X's dims left over; when
+        those are ``divisor`` times one dim, the quotient is that dim (or a number, all static)."""
+        node = dim.value.producer()
+        if node is None or not is_op(node, "Reshape") or len(node.inputs) < 2 or divisor <= 0:
+            return None
+        source, target = node.inputs[0], self.get(node.inputs[1])
+        shape = dim.value.shape
+        if source is None or source.shape is None or shape is None or target is None:
+            return None
+        if len(target.elements) != len(shape) or target.elements[dim.index] != -1:
+            return None
+        left = list(range(len(source.shape)))
+        for axis in range(len(shape)):
+            if axis == dim.index:
+                continue
+            match = next((i for i in left if self._same_size(source, i, dim.value, axis)), None)
+            if match is None:
+                return None
+            left.remove(match)
+        static = int(np.prod([d for i in left if isinstance(d := source.shape[i], int)]))
+        symbolic = [i for i in left if not isinstance(source.shape[i], int)]
+        if static % divisor:
+            return None
+        static //= divisor
+        if not symbolic:
+            return static
+        if len(symbolic) == 1 and static == 1:
+            return self.locate(source, symbolic[0])
+        return None
+
+    def _same_size(self, first: ir.Value, i: int, second: ir.Value, j: int) -> bool:
+        """Dim ``i`` of ``first`` and dim ``j`` of ``second`` are provably one size."""
+        assert first.shape is not None and second.shape is not None
+        a, b = first.shape[i], second.shape[j]
+        if isinstance(a, int) or isinstance(b, int):
+            return a == b
+        if a.value is None or b.value is None:
+            return False
+        return self.equal_dims(DimOf(first, i), DimOf(second, j))
 
     def _broadcast(self, *values: ir.Value | None) -> list[tuple[Elem, ...]] | None:
         """The operands' elements, one-element vectors repeated to the common length."""
@@ -612,6 +672,8 @@ class FoldShapeValuesPass(Pass):
                     and _rewrite_reshape(node, tracker, pool)
                 ):
                     stats["Reshape targets made constant"] += 1
+                elif is_op(node, "Expand") and _rewrite_expand(node, tracker, pool, opset):
+                    stats["Expand target dims the input has made 1"] += 1
             stats["shape values shared"] += _share_equal_vectors(graph, tracker)
         stats = +stats  # drop zero counts
         if stats:
@@ -648,16 +710,38 @@ def _rebuild(
     opset: int,
 ) -> None:
     """Replace ``node``'s output by the int64 vector ``vector`` read from the dims it names."""
+    node.outputs[0].replace_all_uses_with(
+        _build_vector((node, graph), vector, tracker, pool, opset)
+    )
+
+
+def _build_vector(
+    place: tuple[ir.Node, ir.Graph],
+    vector: ShapeVector,
+    tracker: _Tracker,
+    pool: ConstantPool,
+    opset: int,
+) -> ir.Value:
+    """The int64 vector ``vector`` read from the dims it names, computed before the node of
+    ``place`` in its graph."""
+    node, graph = place
     nodes: list[ir.Node] = []
     pieces = [_piece_value(run, graph, pool, opset, nodes) for run in _runs(vector.elements)]
     if len(pieces) > 1:
         nodes.append(ir.node("Concat", pieces, {"axis": 0}))
         pieces = [nodes[-1].outputs[0]]
+    if vector.scalar:
+        if opset >= 13:
+            axes = pool.add_initializer(graph, "shape_part", np.array([0], dtype=np.int64))
+            nodes.append(ir.node("Squeeze", [pieces[0], axes]))
+        else:
+            nodes.append(ir.node("Squeeze", [pieces[0]], {"axes": [0]}))
+        pieces = [nodes[-1].outputs[0]]
     graph.insert_before(node, nodes)
     for made in nodes:
         made.outputs[0].dtype = ir.DataType.INT64
         tracker.visit(made)
-    node.outputs[0].replace_all_uses_with(pieces[0])
+    return pieces[0]
 
 
 def _rebuild_moved_reads(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool, opset: int) -> int:
@@ -670,11 +754,11 @@ def _rebuild_moved_reads(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool,
     for node in list(graph):
         if not is_onnx_domain(node.domain) or node.op_type not in _REREAD:
             continue
-        vector = _dims_vector(tracker, node.outputs[0])
+        vector = _dims_vector(tracker, node.outputs[0], scalar=node.op_type == "Div")
         if vector is None:
             continue
-        if node.op_type in ("Max", "Min"):
-            pass  # resolved: its dims, read directly
+        if node.op_type in ("Max", "Min", "Div", "Where"):
+            pass  # resolved: its dims (a Div: the part of a merged dim), read directly
         elif node.op_type == "Shape":
             runs = _runs(vector.elements)
             first = runs[0][0] if len(runs) == 1 else None
@@ -694,16 +778,17 @@ def _rebuild_moved_reads(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool,
     return rebuilt
 
 
-_REREAD = frozenset({"Gather", "Slice", "Shape", "Max", "Min"})
+_REREAD = frozenset({"Gather", "Slice", "Shape", "Max", "Min", "Div", "Where"})
 
 
-def _dims_vector(tracker: _Tracker, value: ir.Value) -> ShapeVector | None:
-    """The tracked int64 vector of ``value`` when it can be rebuilt from the dims it reads: not
-    a scalar, not all constant, every element known, and ``value`` not a graph output."""
+def _dims_vector(tracker: _Tracker, value: ir.Value, scalar: bool = False) -> ShapeVector | None:
+    """The tracked int64 vector of ``value`` when it can be rebuilt from the dims it reads: a
+    scalar only where ``scalar`` is set, not all constant, every element known, and ``value``
+    not a graph output."""
     vector = tracker.vectors.get(value)
     if (
         vector is None
-        or vector.scalar
+        or (vector.scalar and not scalar)
         or vector.ints is not None
         or vector.dtype != ir.DataType.INT64
         or value.is_graph_output()
@@ -955,6 +1040,63 @@ def _rewrite_reshape(node: ir.Node, tracker: _Tracker, pool: ConstantPool) -> bo
         # that is 0 at run time was a literal 0 before, which allowzero=1 kept as 0 too.
         node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
     return True
+
+
+def _rewrite_expand(node: ir.Node, tracker: _Tracker, pool: ConstantPool, opset: int) -> bool:
+    """An Expand target entry that reads the dim the input already has there becomes 1, which
+    broadcasting turns into that dim: TorchScript's padding mask ``mask[:, None, None, :]
+    .expand(B, 1, S, S)`` reads B off the hidden states, and once it is 1 that read dies.
+
+    Only where a read dies: a Concat piece of the target that a Shape reads for this target
+    alone, every entry of it the input's own dim. Elsewhere the entry stays, as the dims a target
+    names are what the matchers after (index grids, masks) read the expanded shape from."""
+    data, target_value = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
+    graph = node.graph
+    if data is None or data.shape is None or target_value is None or graph is None:
+        return False
+    target = _dims_vector(tracker, target_value)
+    concat = target_value.producer()
+    if (
+        target is None
+        or concat is None
+        or not is_op(concat, "Concat")
+        or len(target_value.uses()) != 1
+    ):
+        return False
+    offset = len(target.elements) - len(data.shape)
+    elements = list(target.elements)
+    start = 0
+    for piece in concat.inputs:
+        part = tracker.get(piece)
+        if piece is None or part is None:
+            return False
+        span = range(start, start + len(part.elements))
+        start = span.stop
+        read = piece.producer()
+        if read is None or not is_op(read, "Shape") or len(piece.uses()) != 1:
+            continue
+        if all(_own_dim(tracker, elements[index], data, index - offset) for index in span):
+            elements[span.start : span.stop] = [1] * len(span)
+    if elements == list(target.elements) or start != len(elements):
+        return False
+    vector = ShapeVector(tuple(elements), False, target.dtype)
+    if vector.ints is not None:
+        made = pool.add_initializer(graph, f"{target_value.name or 'shape'}_static", vector.array())
+    else:
+        made = _build_vector((node, graph), vector, tracker, pool, opset)
+    node.replace_input_with(1, made)
+    return True
+
+
+def _own_dim(tracker: _Tracker, element: Elem, data: ir.Value, axis: int) -> bool:
+    """``element`` is dim ``axis`` of ``data``, a symbolic dim."""
+    return (
+        isinstance(element, DimOf)
+        and data.shape is not None
+        and 0 <= axis < len(data.shape)
+        and not isinstance(data.shape[axis], int)
+        and tracker.equal_dims(element, DimOf(data, axis))
+    )
 
 
 Key = tuple[int | str | tuple[int, int], ...]
