@@ -284,6 +284,36 @@ POSITIVE = [
         ["Shape", "Concat"],
         2,
     ),
+    (
+        # TorchScript reads the sequence length once for the positions' Range and the mask's
+        # shape: the Range (before the Unsqueeze) reads it as Squeeze(Shape(x, 1, 2)), the
+        # dynamo exporter's form
+        "dim-read-shared",
+        model(
+            "<int64 i = {1}, int64[1] z = {0}, int64 zero = {0}, int64 one = {1}> {"
+            " s = Shape(x)\n g = Gather(s, i)\n r = Range(zero, g, one)\n"
+            " u = Unsqueeze(g, z)\n y = Concat <axis = 0> (u, u) }",
+            inputs="float[N,T,4] x",
+            outputs="int64[2] y, int64[T] r",
+            opset=17,
+        ),
+        {"Unsqueeze∘Gather∘Shape->Shape": 1},
+        ["Shape", "Squeeze", "Range", "Concat"],
+        2,
+    ),
+    (
+        # consecutive dims gathered as a vector, x.shape[1:3] written as Gather(Shape(x), [1, 2])
+        "dims-gather",
+        model(
+            "<int64[2] i = {1, 2}> { s = Shape(x)\n g = Gather(s, i)\n y = Concat <axis = 0> (g, g) }",
+            inputs="float[N,T,4] x",
+            outputs="int64[4] y",
+            opset=17,
+        ),
+        {"Gather∘Shape->Shape": 1},
+        ["Shape", "Concat"],
+        2,
+    ),
 ]
 
 
@@ -295,6 +325,29 @@ def test_merges_chain(text: str, stats: dict[str, int], ops: list[str], trials: 
 
 
 NEGATIVE = [
+    (
+        "dims-gather-out-of-order",
+        model(
+            "<int64[2] i = {2, 1}> { s = Shape(x)\n g = Gather(s, i)\n y = Concat <axis = 0> (g, g) }",
+            inputs="float[N,T,4] x",
+            outputs="int64[4] y",
+            opset=17,
+        ),
+        "not consecutive",
+    ),
+    (
+        # the whole shape is read again: Shape + Squeeze would replace Gather + Unsqueeze only
+        "dim-read-shared-shape",
+        model(
+            "<int64 i = {1}, int64[1] z = {0}, int64 zero = {0}, int64 one = {1}> {"
+            " s = Shape(x)\n g = Gather(s, i)\n u = Unsqueeze(g, z)\n"
+            " y = Concat <axis = 0> (u, s)\n r = Range(zero, g, one) }",
+            inputs="float[N,T,4] x",
+            outputs="int64[4] y, int64[T] r",
+            opset=17,
+        ),
+        "merging would remove nothing",
+    ),
     (
         "cast-lossy-f16",
         model("{ a = Cast <to = 10> (x)\n b = Cast <to = 1> (a)\n y = Relu(b) }"),
@@ -407,17 +460,6 @@ NEGATIVE = [
             outputs="int64[2] y",
         ),
         "need opset 15",
-    ),
-    (
-        "dim-read-scalar-used-elsewhere",
-        model(
-            "<int64 i = {1}, int64[1] z = {0}> { s = Shape(x)\n g = Gather(s, i)\n"
-            " u = Unsqueeze(g, z)\n c = Concat <axis = 0> (u, u)\n y = Add(c, g) }",
-            inputs="float[N,T,4] x",
-            outputs="int64[2] y",
-            opset=17,
-        ),
-        "other users",
     ),
 ]
 

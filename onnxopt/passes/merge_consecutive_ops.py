@@ -798,7 +798,10 @@ def _match_dim_read(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if axes_param(node, 1) != (0,):
         return Mismatch("the Unsqueeze does not make the scalar a one-element vector")
     gathered = gather.outputs[0]
-    if gathered.is_graph_output() or any(use.node is not node for use in gathered.uses()):
+    shared = any(use.node is not node for use in gathered.uses())
+    if gathered.is_graph_output() or (
+        shared and (shape.outputs[0].is_graph_output() or len(shape.outputs[0].uses()) != 1)
+    ):
         return Mismatch("the scalar dim has other users; merging would remove nothing")
     source = shape.inputs[0]
     if rank_of(source) is None:
@@ -809,13 +812,57 @@ def _match_dim_read(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("the index is out of the Shape's range")
     dim = dims[i]
     assert isinstance(dim, tuple)
-    return Match([shape, gather, node], {"source": source, "axis": dim[2]})
+    bindings = {"source": source, "axis": dim[2], "scalar": gathered if shared else None}
+    # the scalar's other readers may come before the Unsqueeze: the new read goes at the Gather
+    return Match([shape, gather, node], bindings, anchor=gather if shared else None)
 
 
 def _rewrite_dim_read(match: Match, context: RewriteContext) -> Replacement:
+    """``Shape(x, i, i+1)``; where the scalar has other readers too (TorchScript reads the
+    sequence length once for the positions' Range and the mask's shape), they read it as
+    ``Squeeze(Shape(x, i, i+1))``, as the dynamo exporter writes it: one node fewer, as the
+    whole Shape only fed the Gather."""
     axis = match.bindings["axis"]
     read = ir.node("Shape", [match.bindings["source"]], {"start": axis, "end": axis + 1})
-    return _replace_with(match, read)
+    scalar = match.bindings["scalar"]
+    if scalar is None:
+        return _replace_with(match, read)
+    axes = ir.Value(const_value=ir.tensor(np.array([0], dtype=np.int64)))
+    squeeze = ir.node("Squeeze", [read.outputs[0], axes])
+    values = ((match.root.outputs[0], read.outputs[0]), (scalar, squeeze.outputs[0]))
+    return Replacement((read, squeeze), values, (axes,))
+
+
+def _match_dims_gather(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """``Gather(Shape(x), [i, i+1, ...])``, consecutive dims read as a vector, of a Shape read
+    for this Gather alone: ``Shape(x, i, j)`` (TorchScript reads the mask's length so)."""
+    shape = producer_op(node, "Shape")
+    index_value = node.inputs[1] if len(node.inputs) > 1 else None
+    index = const_ints(index_value)
+    if isinstance(shape, Mismatch) or index is None or index_value is None:
+        return Mismatch("not a read of dims", candidate=False)
+    if index_value.shape is None or len(index_value.shape) != 1 or not index:
+        return Mismatch("the Gather does not read a vector of dims", candidate=False)
+    if node.attributes.get_int("axis", 0) != 0 or context.opset() < 15:
+        return Mismatch("not a read of dims as Shape's start/end can write it")
+    if shape.outputs[0].is_graph_output() or len(shape.outputs[0].uses()) != 1:
+        return Mismatch("the whole shape is read by others too; merging would remove nothing")
+    dims = piece_entries(shape.outputs[0])
+    if dims is None or rank_of(shape.inputs[0]) is None:
+        return Mismatch("the Shape's input has no known rank")
+    picked = [dims[i] for i in index if -len(dims) <= i < len(dims)]
+    axes = [entry[2] for entry in picked if isinstance(entry, tuple)]
+    if len(axes) != len(index) or axes != list(range(axes[0], axes[0] + len(axes))):
+        return Mismatch("the dims read are not consecutive, in order")
+    return Match([shape, node], {"source": shape.inputs[0], "axis": axes[0], "count": len(axes)})
+
+
+def _rewrite_dims_gather(match: Match, context: RewriteContext) -> Replacement:
+    start = match.bindings["axis"]
+    end = start + match.bindings["count"]
+    return _replace_with(
+        match, ir.node("Shape", [match.bindings["source"]], {"start": start, "end": end})
+    )
 
 
 # Cast∘Cast -------------------------------------------------------------------------------------
@@ -1186,6 +1233,7 @@ RULES: tuple[Rule, ...] = (
         for view in ("Reshape", "Unsqueeze")
     ),
     _rule("Unsqueeze∘Gather∘Shape->Shape", "Unsqueeze", _match_dim_read, _rewrite_dim_read),
+    _rule("Gather∘Shape->Shape", "Gather", _match_dims_gather, _rewrite_dims_gather),
     _rule("Squeeze∘Squeeze", "Squeeze", _match_squeezes, _rewrite_axes_merge),
     _rule("Cast∘Cast", "Cast", _match_casts, _rewrite_casts),
     _rule("Slice∘Slice", "Slice", _match_slices, _rewrite_slices),
