@@ -441,10 +441,9 @@ class _Tracker:
         found = self._binary(node)
         if found is None or None not in found.elements:
             return found
-        divisor = self.get(node.inputs[1])
+        # both operands are tracked vectors of one dtype, or _binary would have found nothing
         operands = self._broadcast(node.inputs[0], node.inputs[1])
-        if divisor is None or operands is None or divisor.dtype != found.dtype:
-            return found
+        assert operands is not None
         elements = tuple(
             self._merged_quotient(x, y)
             if z is None and isinstance(x, DimOf) and isinstance(y, int)
@@ -696,35 +695,24 @@ def _rebuild_round_trips(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool,
         vector = _dims_vector(tracker, node.outputs[0])
         if vector is None or source is None or source.dtype in (None, ir.DataType.INT64):
             continue
-        _rebuild(node, vector, graph, tracker, pool, opset)
+        _rebuild(node, vector, tracker, pool, opset)
         rebuilt += 1
     return rebuilt
 
 
 def _rebuild(
-    node: ir.Node,
-    vector: ShapeVector,
-    graph: ir.Graph,
-    tracker: _Tracker,
-    pool: ConstantPool,
-    opset: int,
+    node: ir.Node, vector: ShapeVector, tracker: _Tracker, pool: ConstantPool, opset: int
 ) -> None:
     """Replace ``node``'s output by the int64 vector ``vector`` read from the dims it names."""
-    node.outputs[0].replace_all_uses_with(
-        _build_vector((node, graph), vector, tracker, pool, opset)
-    )
+    node.outputs[0].replace_all_uses_with(_build_vector(node, vector, tracker, pool, opset))
 
 
 def _build_vector(
-    place: tuple[ir.Node, ir.Graph],
-    vector: ShapeVector,
-    tracker: _Tracker,
-    pool: ConstantPool,
-    opset: int,
+    node: ir.Node, vector: ShapeVector, tracker: _Tracker, pool: ConstantPool, opset: int
 ) -> ir.Value:
-    """The int64 vector ``vector`` read from the dims it names, computed before the node of
-    ``place`` in its graph."""
-    node, graph = place
+    """The int64 vector ``vector`` read from the dims it names, computed just before ``node``."""
+    graph = node.graph
+    assert graph is not None
     nodes: list[ir.Node] = []
     pieces = [_piece_value(run, graph, pool, opset, nodes) for run in _runs(vector.elements)]
     if len(pieces) > 1:
@@ -773,7 +761,7 @@ def _rebuild_moved_reads(graph: ir.Graph, tracker: _Tracker, pool: ConstantPool,
                 continue
             if all(not isinstance(e, DimOf) or e.value is read.inputs[0] for e in vector.elements):
                 continue
-        _rebuild(node, vector, graph, tracker, pool, opset)
+        _rebuild(node, vector, tracker, pool, opset)
         rebuilt += 1
     return rebuilt
 
@@ -1083,7 +1071,7 @@ def _rewrite_expand(node: ir.Node, tracker: _Tracker, pool: ConstantPool, opset:
     if vector.ints is not None:
         made = pool.add_initializer(graph, f"{target_value.name or 'shape'}_static", vector.array())
     else:
-        made = _build_vector((node, graph), vector, tracker, pool, opset)
+        made = _build_vector(node, vector, tracker, pool, opset)
     node.replace_input_with(1, made)
     return True
 

@@ -778,10 +778,9 @@ def _rewrite_axes_merge(match: Match, context: RewriteContext) -> Replacement:
 # Unsqueeze∘Gather∘Shape -------------------------------------------------------------------------
 
 
-def _match_dim_read(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
-    gather = producer_op(node, "Gather")
-    if isinstance(gather, Mismatch):
-        return Mismatch("not a dim read", candidate=False)
+def _read_axes(gather: ir.Node, context: RewriteContext, rank: int) -> list[int] | Mismatch:
+    """The axes of x that ``Gather(Shape(x), index)`` reads, ``index`` of ``rank`` 0 (one dim
+    as a scalar) or 1 (a vector of dims), where Shape's start/end could read them instead."""
     shape = producer_op(gather, "Shape")
     index_value = gather.inputs[1] if len(gather.inputs) > 1 else None
     index = const_ints(index_value)
@@ -789,32 +788,60 @@ def _match_dim_read(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
         return Mismatch("not a dim read", candidate=False)
     if (
         index_value.shape is None
-        or len(index_value.shape) != 0
+        or len(index_value.shape) != rank
+        or not index
         or gather.attributes.get_int("axis", 0) != 0
     ):
-        return Mismatch("the Gather does not read one dim as a scalar", candidate=False)
+        kind = "one dim as a scalar" if rank == 0 else "a vector of dims"
+        return Mismatch(f"the Gather does not read {kind}", candidate=False)
     if context.opset() < 15:
         return Mismatch("Shape's start/end need opset 15")
-    if axes_param(node, 1) != (0,):
-        return Mismatch("the Unsqueeze does not make the scalar a one-element vector")
-    gathered = gather.outputs[0]
-    shared = any(use.node is not node for use in gathered.uses())
-    if gathered.is_graph_output() or (
-        shared and (shape.outputs[0].is_graph_output() or len(shape.outputs[0].uses()) != 1)
-    ):
-        return Mismatch("the scalar dim has other users; merging would remove nothing")
-    source = shape.inputs[0]
-    if rank_of(source) is None:
+    if rank_of(shape.inputs[0]) is None:
         return Mismatch("the Shape's input has no known rank")
     dims = piece_entries(shape.outputs[0])  # ("dim", source, axis) for each dim the Shape reads
-    (i,) = index
-    if dims is None or not -len(dims) <= i < len(dims):
+    if dims is None or not all(-len(dims) <= i < len(dims) for i in index):
         return Mismatch("the index is out of the Shape's range")
-    dim = dims[i]
-    assert isinstance(dim, tuple)
-    bindings = {"source": source, "axis": dim[2], "scalar": gathered if shared else None}
+    picked = [dims[i] for i in index]
+    axes = [entry[2] for entry in picked if isinstance(entry, tuple)]
+    return axes if len(axes) == len(picked) else Mismatch("the Shape's entries are not dim reads")
+
+
+def _sole_reader(shape: ir.Node, node: ir.Node) -> bool:
+    """``node`` is all that reads ``shape``'s output."""
+    out = shape.outputs[0]
+    return not out.is_graph_output() and all(use.node is node for use in out.uses())
+
+
+def _match_dim_read(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    gather = producer_op(node, "Gather")
+    if isinstance(gather, Mismatch):
+        return Mismatch("not a dim read", candidate=False)
+    axes = _read_axes(gather, context, rank=0)
+    if isinstance(axes, Mismatch):
+        return axes
+    if axes_param(node, 1) != (0,):
+        return Mismatch("the Unsqueeze does not make the scalar a one-element vector")
+    shape = gather.inputs[0].producer() if gather.inputs[0] is not None else None
+    assert shape is not None
+    gathered = gather.outputs[0]
+    shared = any(use.node is not node for use in gathered.uses())
+    if gathered.is_graph_output() or (shared and not _sole_reader(shape, gather)):
+        return Mismatch("the scalar dim has other users; merging would remove nothing")
+    bindings = {
+        "source": shape.inputs[0],
+        "start": axes[0],
+        "end": axes[0] + 1,
+        "scalar": gathered if shared else None,
+    }
     # the scalar's other readers may come before the Unsqueeze: the new read goes at the Gather
     return Match([shape, gather, node], bindings, anchor=gather if shared else None)
+
+
+def _shape_read(match: Match) -> ir.Node:
+    bindings = match.bindings
+    return ir.node(
+        "Shape", [bindings["source"]], {"start": bindings["start"], "end": bindings["end"]}
+    )
 
 
 def _rewrite_dim_read(match: Match, context: RewriteContext) -> Replacement:
@@ -822,8 +849,7 @@ def _rewrite_dim_read(match: Match, context: RewriteContext) -> Replacement:
     sequence length once for the positions' Range and the mask's shape), they read it as
     ``Squeeze(Shape(x, i, i+1))``, as the dynamo exporter writes it: one node fewer, as the
     whole Shape only fed the Gather."""
-    axis = match.bindings["axis"]
-    read = ir.node("Shape", [match.bindings["source"]], {"start": axis, "end": axis + 1})
+    read = _shape_read(match)
     scalar = match.bindings["scalar"]
     if scalar is None:
         return _replace_with(match, read)
@@ -836,33 +862,21 @@ def _rewrite_dim_read(match: Match, context: RewriteContext) -> Replacement:
 def _match_dims_gather(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """``Gather(Shape(x), [i, i+1, ...])``, consecutive dims read as a vector, of a Shape read
     for this Gather alone: ``Shape(x, i, j)`` (TorchScript reads the mask's length so)."""
-    shape = producer_op(node, "Shape")
-    index_value = node.inputs[1] if len(node.inputs) > 1 else None
-    index = const_ints(index_value)
-    if isinstance(shape, Mismatch) or index is None or index_value is None:
-        return Mismatch("not a read of dims", candidate=False)
-    if index_value.shape is None or len(index_value.shape) != 1 or not index:
-        return Mismatch("the Gather does not read a vector of dims", candidate=False)
-    if node.attributes.get_int("axis", 0) != 0 or context.opset() < 15:
-        return Mismatch("not a read of dims as Shape's start/end can write it")
-    if shape.outputs[0].is_graph_output() or len(shape.outputs[0].uses()) != 1:
+    axes = _read_axes(node, context, rank=1)
+    if isinstance(axes, Mismatch):
+        return axes
+    shape = node.inputs[0].producer() if node.inputs[0] is not None else None
+    assert shape is not None
+    if not _sole_reader(shape, node):
         return Mismatch("the whole shape is read by others too; merging would remove nothing")
-    dims = piece_entries(shape.outputs[0])
-    if dims is None or rank_of(shape.inputs[0]) is None:
-        return Mismatch("the Shape's input has no known rank")
-    picked = [dims[i] for i in index if -len(dims) <= i < len(dims)]
-    axes = [entry[2] for entry in picked if isinstance(entry, tuple)]
-    if len(axes) != len(index) or axes != list(range(axes[0], axes[0] + len(axes))):
+    if axes != list(range(axes[0], axes[0] + len(axes))):
         return Mismatch("the dims read are not consecutive, in order")
-    return Match([shape, node], {"source": shape.inputs[0], "axis": axes[0], "count": len(axes)})
+    bindings = {"source": shape.inputs[0], "start": axes[0], "end": axes[0] + len(axes)}
+    return Match([shape, node], bindings)
 
 
 def _rewrite_dims_gather(match: Match, context: RewriteContext) -> Replacement:
-    start = match.bindings["axis"]
-    end = start + match.bindings["count"]
-    return _replace_with(
-        match, ir.node("Shape", [match.bindings["source"]], {"start": start, "end": end})
-    )
+    return _replace_with(match, _shape_read(match))
 
 
 # Cast∘Cast -------------------------------------------------------------------------------------
