@@ -12,7 +12,7 @@ weight's columns are reordered to [Q | K | V]), or (ViTs, hand-written attention
 viewed as [B, S, 3, H, d], permuted to [3, B, H, S, d] and unbound along axis 0 (its columns are
 [Q | K | V] already). For ``--target ort`` this becomes
 ``y = Attention(x, [Wq | Wk | Wv], [bq | bk | bv], attention_bias=mask, num_heads=N, scale=s*c)``
-(a missing bias is zeros; no biases at all, no bias input). ONNX Runtime prepacks the weight and
+(a missing bias is zeros; no biases at all, a zero bias: ORT before 1.32 crashes without one). ONNX Runtime prepacks the weight and
 writes Q, K and V straight into its [B, N, S, d] working layout, so MultiHeadAttention's own head
 transposes (and the Split copy) go away. The mask stays the exact additive bias. Attention's
 constraints (ORT's ``AttentionBase::CheckInputs``): x of rank 3, one x for Q, K and V (self
@@ -859,6 +859,11 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement:
             ]
             bias = new_constant(np.concatenate([p for p in parts if p is not None]), hint)
             constants.append(bias)
+    if bias is None:
+        # ORT before 1.32 reads the bias input unchecked and crashes (SIGSEGV) without one.
+        assert weight.dtype is not None
+        bias = new_constant(np.zeros(sum(sizes), weight.dtype.numpy()), f"{weight.name}_bias")
+        constants.append(bias)
     attention_bias = mha.inputs[_ATTENTION_BIAS] if len(mha.inputs) > _ATTENTION_BIAS else None
     inputs: list[ir.Value | None] = [qkv.source, weight, bias]
     if attention_bias is not None:
