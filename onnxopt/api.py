@@ -18,6 +18,7 @@ from onnxopt import io
 from onnxopt.analysis.memory_plan import MemoryPlan, memory_report
 from onnxopt.errors import UsageError
 from onnxopt.guard import doing
+from onnxopt.ort_versions import format_version, model_requirement, requested_version
 from onnxopt.passes.base import Pipeline, VerifyEach
 from onnxopt.passes.infer_shapes import (
     declared_output_dims,
@@ -48,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 # Recorded in every optimized model: which runtime its fusions may rely on ("onnx" or "ort").
 TARGET_METADATA_KEY = "onnxopt.target"
+# And for target ort, the oldest ONNX Runtime release it was written for (--ort-version).
+ORT_VERSION_METADATA_KEY = "onnxopt.ort_version"
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ def optimize(
     disable: Sequence[str] = (),
     enable: Sequence[str] = (),
     target: Target = "ort",
+    ort_version: str | None = None,
     opset: int | None = None,
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
     fold_may_grow: bool = False,
@@ -106,6 +110,10 @@ def optimize(
     eager PyTorch outputs (``result.report.reference``). With ``find_reference``, a model path's
     own reference (``x.onnx`` -> ``x.ref.npz``) is used when it exists and none was given.
 
+    ``ort_version`` (``"1.26"``) is the oldest ONNX Runtime release the output must run on
+    (``target="ort"``): contrib-op forms it lacks are not written. By default, the installed
+    onnxruntime's release.
+
     ``opset`` raises the model's default-domain opset with onnx.version_converter before the
     passes run (so fusions may use newer standard ops); validation still compares with the
     unconverted original.
@@ -130,6 +138,7 @@ def optimize(
         fold_limit_bytes=fold_limit_bytes,
         fold_may_grow=fold_may_grow,
         target=target,
+        ort_version=requested_version(ort_version),
         input_shapes=dict(input_shapes or {}),
         explain=explain,
         dims=dict(dims or {}),
@@ -213,6 +222,14 @@ def optimize(
     restore_private_output_names(working, private)
     optimize_seconds = time.perf_counter() - start
     working.metadata_props[TARGET_METADATA_KEY] = target
+    if target == "ort":
+        working.metadata_props[ORT_VERSION_METADATA_KEY] = format_version(options.ort_version)
+        needs = model_requirement(working)
+        if needs is not None and needs[0] > options.ort_version:
+            extra_warnings.append(
+                f"the model holds {needs[1]}, which needs ONNX Runtime {format_version(needs[0])}: "
+                f"it will not run on {format_version(options.ort_version)}"
+            )
 
     validation: ValidationReport | None = None
     validate_seconds = 0.0
@@ -291,6 +308,7 @@ def optimize(
         reference=reference_report,
         opset_conversion=conversion,
         passes_skipped=result.skipped,
+        ort_version=format_version(options.ort_version) if target == "ort" else None,
     )
     return OptimizeResult(working, report, loaded, memory_plan)
 

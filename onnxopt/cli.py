@@ -261,6 +261,12 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="Runtime that fusions may target.",
         ),
         click.option(
+            "--ort-version",
+            metavar="X.Y",
+            help="Oldest ONNX Runtime release the output must run on (--target ort); contrib-op "
+            "forms it lacks are not written. Default: the installed onnxruntime's.",
+        ),
+        click.option(
             "--opset",
             type=click.IntRange(1, None),
             help="First raise the model's ONNX opset to N (onnx.version_converter), e.g. 23 for "
@@ -435,6 +441,7 @@ def _optimize_command(
     disable: str | None,
     enable: str | None,
     target: str,
+    ort_version: str | None,
     opset: int | None,
     fold_limit: str,
     fold_may_grow: bool,
@@ -505,6 +512,7 @@ def _optimize_command(
         "disable": _split(disable),
         "enable": _split(enable),
         "target": target,
+        "ort_version": ort_version,
         "opset": opset,
         "fold_limit_bytes": parse_size(fold_limit),
         "fold_may_grow": fold_may_grow,

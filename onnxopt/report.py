@@ -122,6 +122,8 @@ class OptimizeReport:
     passes_skipped: int = 0
     # Passes left out by --fallback, each after --bisect named it as breaking validation.
     dropped_passes: tuple[str, ...] = ()
+    # Target ort: the oldest ONNX Runtime release the output was written for (--ort-version).
+    ort_version: str | None = None
 
     def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
         """(name, runs, seconds, summed stats) per pass, in first-run order."""
@@ -192,7 +194,7 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
     from rich.table import Table
 
     ops = Table(
-        title=f"onnxopt: {escape(report.source)} (level O{report.level}, target {report.target})",
+        title=f"onnxopt: {escape(report.source)} (level O{report.level}, target {report.target}{' ' + report.ort_version if report.ort_version else ''})",
         title_justify="left",
     )
     ops.add_column("op")

@@ -462,6 +462,16 @@ def test_onnx_target_keeps_multi_head_attention() -> None:
     assert not result.modified
 
 
+def test_a_runtime_before_1_30_keeps_multi_head_attention() -> None:
+    """ORT 1.22-1.29 refuse GroupQueryAttention's attention_bias input and causal attribute."""
+    assert FuseGroupQueryAttentionPass(PassOptions(ort_version=(1, 30)))(_model()).modified
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True, ort_version=(1, 29)))(_model())
+    assert not result.modified
+    assert any("needs ONNX Runtime 1.30; the model is for 1.29" in n for n in result.notes), (
+        result.notes
+    )
+
+
 def _export_llama_tiny(exporter: str, tmp_path) -> ir.Model:  # type: ignore[no-untyped-def]
     """The zoo's llama-tiny: 2 layers, 4 query / 2 K/V heads of 16, dynamic batch and sequence."""
     pytest.importorskip("torch")
@@ -505,6 +515,29 @@ def test_llama_tiny_exports_with_padding(exporter: str, tmp_path) -> None:  # ty
     )
     assert report.passed, report
     assert not FuseGroupQueryAttentionPass()(fused).modified
+
+
+@pytest.mark.parametrize(
+    ("name", "fused"), [("llama-tiny", "MultiHeadAttention"), ("gpt2-tiny", "Attention")]
+)
+def test_tiny_decoders_for_an_older_runtime_validate_without_group_query_attention(
+    name: str, fused: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """--ort-version 1.29: the causal blocks stay MultiHeadAttention (LLaMA: repeat_kv) or go to
+    packed Attention (GPT-2), as ORT 1.29 runs them, and still validate."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from onnxopt import api
+    from onnxopt.export import export
+
+    path = export(name, tmp_path / f"{name}.onnx", exporter="torchscript").output
+    result = api.optimize(path, ort_version="1.29", find_reference=True)
+    assert result.validated
+    assert result.report.reference is not None and result.report.reference.optimized_passed
+    types = op_types(result.model)
+    assert "com.microsoft::GroupQueryAttention" not in types
+    assert types.count(f"com.microsoft::{fused}") == 2, types
+    assert result.model.metadata_props["onnxopt.ort_version"] == "1.29"
 
 
 def test_plain_multi_head_attention_is_no_candidate() -> None:

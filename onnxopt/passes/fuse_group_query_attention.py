@@ -104,6 +104,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, is_scalar_constant
+from onnxopt.ort_versions import GQA_WITH_BIAS, format_version
 from onnxopt.passes._attention_shapes import (
     MASK_FLOOR,
     Entry,
@@ -742,9 +743,22 @@ def _element_type(*values: ir.Value) -> ir.DataType | None:
     return None
 
 
+def _too_old(context: RewriteContext) -> Mismatch | None:
+    """Why the release the model is for cannot run the GroupQueryAttention this pass writes."""
+    if context.options.ort_version >= GQA_WITH_BIAS:
+        return None
+    return Mismatch(
+        f"GroupQueryAttention with a mask needs ONNX Runtime {format_version(GQA_WITH_BIAS)}; "
+        f"the model is for {format_version(context.options.ort_version)} (--ort-version)"
+    )
+
+
 def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
     if context.options.target != "ort":
         return Mismatch("GroupQueryAttention is an ONNX Runtime op (--target ort only)", False)
+    too_old = _too_old(context)
+    if too_old is not None:
+        return too_old
     allowed = {"num_heads", "scale"}
     if set(node.attributes) - allowed:
         extra = ", ".join(sorted(set(node.attributes) - allowed))
@@ -1356,6 +1370,9 @@ def _grouped_block(
 ) -> Match | Mismatch:
     """A block fuse-attention matched (``found``) as GroupQueryAttention's: K/V heads, Q/K/V of
     one sequence and, for ``causal``, a provably causal mask; else why not."""
+    too_old = _too_old(context)
+    if too_old is not None:
+        return too_old
     sides = (block.key.four_d, block.key.three_d)
     dtype = _element_type(block.output, *(v for v in sides if v is not None))
     if dtype is not None and dtype != ir.DataType.FLOAT:

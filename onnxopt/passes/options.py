@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from onnxopt.ort_versions import Version, installed_version
+
 Target = Literal["onnx", "ort"]
 
 DEFAULT_FOLD_LIMIT_BYTES = 32 * 1024 * 1024
@@ -18,6 +20,9 @@ class PassOptions:
     fold_may_grow: bool = False
     # Which runtime fusions may target: standard ONNX only, or ONNX Runtime's contrib ops too.
     target: Target = "ort"
+    # The oldest ONNX Runtime release the output must run on (target ort): forms it lacks are
+    # not written (onnxopt/ort_versions.py).
+    ort_version: Version = field(default_factory=installed_version)
     # Dims pinned by the user: input name -> full shape.
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # Sizes of symbolic dims (e.g. batch=8, seq=512) for memory analyses and reordering.

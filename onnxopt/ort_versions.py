@@ -1,0 +1,107 @@
+"""Which ONNX Runtime releases run the contrib-op forms that ``--target ort`` writes.
+
+The com.microsoft ops gained inputs and attributes over ORT's releases, and an older release
+refuses (or worse, crashes on, or silently miscomputes) a form it predates. Measured with
+``scripts/ort_versions_probe.py`` (original and optimized model run under each release, outputs
+compared):
+
+- GroupQueryAttention with ``attention_bias`` (input 10), ``head_sink`` (11) or the ``causal``
+  attribute: ORT 1.30 (before: "input size 11 not in range [min=7, max=9]", then "Unrecognized
+  attribute: causal").
+- MultiHeadAttention / Attention with an ``attention_bias`` broadcast over batch or heads: wrong
+  results up to 1.21.0, right from 1.21.1; every form onnxopt writes runs from 1.22.
+- Attention without its bias input: a crash (SIGSEGV) before 1.32; onnxopt always gives one.
+
+A model is optimized for the oldest release it must run on (``--ort-version``, by default the
+installed onnxruntime); the forms that release lacks are not written.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+
+import onnx_ir as ir
+
+from onnxopt.errors import UsageError
+
+Version = tuple[int, int]
+
+# The oldest release ``--target ort`` writes for: every form below it was checked on.
+OLDEST: Version = (1, 22)
+# GroupQueryAttention with attention_bias / head_sink and the causal attribute.
+GQA_WITH_BIAS: Version = (1, 30)
+# Attention (com.microsoft) without its bias input: older releases dereference it unchecked.
+ATTENTION_WITHOUT_BIAS: Version = (1, 32)
+
+_MS_DOMAIN = "com.microsoft"
+_GQA_CLASSIC_INPUTS = 9  # query .. sin_cache: what GroupQueryAttention took before 1.30
+_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml")
+
+
+def format_version(version: Version) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def parse_version(text: str) -> Version:
+    """``"1.24"`` or ``"1.24.3"`` -> (1, 24); a UsageError for anything else or older than OLDEST."""
+    found = re.fullmatch(r"\s*(\d+)\.(\d+)(?:\.\d+)?\s*", text)
+    if found is None:
+        raise UsageError(f"--ort-version {text!r}: expected a release such as 1.24 or 1.24.3")
+    version = (int(found.group(1)), int(found.group(2)))
+    if version < OLDEST:
+        raise UsageError(
+            f"--ort-version {text}: --target ort writes for ONNX Runtime {format_version(OLDEST)} "
+            "or newer (older releases miscompute or refuse its contrib ops); --target onnx keeps "
+            "to standard ops"
+        )
+    return version
+
+
+def installed_version() -> Version:
+    """The installed onnxruntime's release (its package metadata: importing ORT costs 0.2 s)."""
+    for name in _DISTRIBUTIONS:
+        try:
+            text = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found = re.match(r"(\d+)\.(\d+)", text)
+        if found is not None:
+            return int(found.group(1)), int(found.group(2))
+    import onnxruntime
+
+    found = re.match(r"(\d+)\.(\d+)", onnxruntime.__version__)
+    assert found is not None
+    return int(found.group(1)), int(found.group(2))
+
+
+def requested_version(text: str | None) -> Version:
+    """``--ort-version``: the release named (checked), else the installed one, never older than
+    what target ort supports."""
+    if text is not None:
+        return parse_version(text)
+    return max(installed_version(), OLDEST)
+
+
+def node_requirement(node: ir.Node) -> tuple[Version, str] | None:
+    """The oldest release that runs ``node`` as written, and why, where that is newer than OLDEST."""
+    if node.domain != _MS_DOMAIN:
+        return None
+    if node.op_type == "GroupQueryAttention" and (
+        len(node.inputs) > _GQA_CLASSIC_INPUTS or "causal" in node.attributes
+    ):
+        return GQA_WITH_BIAS, "GroupQueryAttention with attention_bias, head_sink or causal"
+    if node.op_type == "Attention" and (len(node.inputs) < 3 or node.inputs[2] is None):
+        return ATTENTION_WITHOUT_BIAS, "Attention without its bias input"
+    return None
+
+
+def model_requirement(model: ir.Model) -> tuple[Version, str] | None:
+    """The newest of the nodes' requirements (subgraphs included), with its reason; None if none
+    is newer than OLDEST."""
+    newest: tuple[Version, str] | None = None
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        found = node_requirement(node)
+        if found is not None and (newest is None or found[0] > newest[0]):
+            newest = found
+    return newest

@@ -1,0 +1,99 @@
+"""--ort-version: the oldest ONNX Runtime release a --target ort output must run on."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+from onnxopt import api, io
+from onnxopt.errors import UsageError
+from onnxopt.ort_versions import (
+    GQA_WITH_BIAS,
+    OLDEST,
+    installed_version,
+    model_requirement,
+    parse_version,
+    requested_version,
+)
+from tests.test_cli import DEFAULT_MODEL, cli, one_error_line
+
+
+@pytest.mark.parametrize(
+    ("text", "version"), [("1.24", (1, 24)), (" 1.30.2 ", (1, 30)), ("2.0", (2, 0))]
+)
+def test_a_release_is_read_as_major_minor(text: str, version: tuple[int, int]) -> None:
+    assert parse_version(text) == version
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("1", "expected a release"),
+        ("1.x", "expected a release"),
+        ("1.21.1", "1.22 or newer"),
+        ("1.2", "1.22 or newer"),
+    ],
+)
+def test_a_bad_or_too_old_release_is_refused(text: str, words: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(words)):
+        parse_version(text)
+
+
+def test_the_default_is_the_installed_release() -> None:
+    found = re.match(r"(\d+)\.(\d+)", ort.__version__)
+    assert found is not None
+    installed = (int(found.group(1)), int(found.group(2)))
+    assert installed_version() == installed
+    assert requested_version(None) == max(installed, OLDEST)
+
+
+def _gqa_model(inputs: int, causal: bool) -> ir.Model:
+    names = ", ".join(["q", "", "", "", "", "seqlens", "total", "", "", "", "bias"][:inputs])
+    attributes = "num_heads = 2, kv_num_heads = 2" + (", causal = 1" if causal else "")
+    text = f"""
+        <ir_version: 9, opset_import: ["" : 18, "com.microsoft" : 1]>
+        g (float[1, 4, 48] q, int32[1] seqlens, int32 total, float[1, 1, 4, 4] bias) => (float[1, 4, 16] y) {{
+            y = com.microsoft.GroupQueryAttention<{attributes}>({names})
+        }}
+    """
+    return ir.serde.deserialize_model(onnx.parser.parse_model(text))
+
+
+def test_a_model_needs_the_release_of_its_newest_form() -> None:
+    assert model_requirement(_gqa_model(7, causal=False)) is None  # GQA as ORT 1.22 has it
+    found = model_requirement(_gqa_model(11, causal=False))
+    assert found is not None and found[0] == GQA_WITH_BIAS
+    found = model_requirement(_gqa_model(7, causal=True))
+    assert found is not None and found[0] == GQA_WITH_BIAS
+
+
+def test_cli_refuses_a_release_older_than_target_ort_supports(tmp_path: Path) -> None:
+    out = tmp_path / "out.onnx"
+    code, _, stderr = cli("optimize", DEFAULT_MODEL, "-o", out, "--ort-version", "1.18")
+    assert code == 2
+    assert "1.22 or newer" in one_error_line(stderr)
+    assert not out.exists()
+
+
+def test_the_release_is_recorded_and_a_newer_form_already_there_is_warned_of(
+    tmp_path: Path,
+) -> None:
+    result = api.optimize(DEFAULT_MODEL, ort_version="1.26", check=False)
+    assert result.model.metadata_props["onnxopt.ort_version"] == "1.26"
+    assert result.report.to_json()["ort_version"] == "1.26"
+    assert (
+        api.optimize(DEFAULT_MODEL, target="onnx", check=False).model.metadata_props.get(
+            "onnxopt.ort_version"
+        )
+        is None
+    )
+    path = io.save_model(_gqa_model(11, causal=True), tmp_path / "gqa.onnx")
+    report = api.optimize(path, ort_version="1.26", check=False).report
+    assert any(
+        "needs ONNX Runtime 1.30" in w and "not run on 1.26" in w for w in report.warnings
+    ), report.warnings
