@@ -945,13 +945,19 @@ def passes(as_json: bool, verbose: int, traceback: bool) -> None:
 def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
     """Show MODEL's opsets, inputs and outputs with shapes, op histogram and parameter bytes."""
     from onnxopt import io
+    from onnxopt.ort_versions import format_version, model_requirement
     from onnxopt.report import ModelSummary, format_bytes, format_shape
 
     _setup_logging(verbose)
     loaded = io.load_model(model)
     summary = ModelSummary.of(loaded.model, loaded.file_bytes)
+    needs = model_requirement(loaded.model)
     if as_json:
-        click.echo(_json_text(dataclasses.asdict(summary), indent=2))
+        data = dataclasses.asdict(summary)
+        data["onnxruntime_needed"] = (
+            {"version": format_version(needs[0]), "why": needs[1]} if needs else None
+        )
+        click.echo(_json_text(data, indent=2))
         return
     from rich.markup import escape
     from rich.table import Table
@@ -964,6 +970,12 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
     )
     if summary.producer:
         console.print(f"producer: {summary.producer}", highlight=False, markup=False)
+    if needs is not None:
+        console.print(
+            f"needs ONNX Runtime {format_version(needs[0])} or newer ({needs[1]})",
+            highlight=False,
+            markup=False,
+        )
     io_table = Table(title="inputs and outputs", title_justify="left")
     io_table.add_column("")
     io_table.add_column("name")

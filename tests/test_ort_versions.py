@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -97,3 +98,15 @@ def test_the_release_is_recorded_and_a_newer_form_already_there_is_warned_of(
     assert any(
         "needs ONNX Runtime 1.30" in w and "not run on 1.26" in w for w in report.warnings
     ), report.warnings
+
+
+def test_inspect_says_which_release_a_model_needs(tmp_path: Path) -> None:
+    path = io.save_model(_gqa_model(11, causal=True), tmp_path / "gqa.onnx")
+    code, stdout, _ = cli("inspect", path, "--json")
+    assert code == 0
+    needed = json.loads(stdout)["onnxruntime_needed"]
+    assert needed["version"] == "1.30" and "GroupQueryAttention" in needed["why"]
+    code, stdout, _ = cli("inspect", path)
+    assert code == 0 and "needs ONNX Runtime 1.30 or newer" in stdout
+    code, stdout, _ = cli("inspect", DEFAULT_MODEL, "--json")
+    assert code == 0 and json.loads(stdout)["onnxruntime_needed"] is None
