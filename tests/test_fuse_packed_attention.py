@@ -185,6 +185,17 @@ def test_folds_three_projections_without_biases() -> None:
     assert bias is not None and weight is not None
     assert bias.shape == (weight.shape[1],) and not bias.any()
 
+    # An Attention written without a bias (an older onnxopt's output) gets the zero bias.
+    before = model.clone()
+    biasless = _attention(before)
+    biasless.replace_input_with(2, None)
+    result = FusePackedAttentionPass()(before.clone())
+    assert dict(result.stats) == {"attention-without-bias->zero-bias": 1}
+    restored = const_array(_attention(result.model).inputs[2])
+    assert restored is not None and restored.shape == bias.shape and not restored.any()
+    assert validate(before, result.model).passed
+    assert not FusePackedAttentionPass()(result.model).modified
+
 
 def test_folds_whisper_like_projections_a_missing_key_bias_as_zeros() -> None:
     """Whisper: k_proj has no bias and the query is scaled after its projection."""

@@ -882,6 +882,42 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement:
 SHAPE_RULE = Rule("shape-of-qkv-slice->shape-of-input", "Shape", _match_shape, _rewrite_shape)
 
 
+def _match_missing_bias(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """An Attention already in the model (an older onnxopt's output) without its bias input."""
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        return Mismatch("Attention has its bias", False)
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    width = static_dim(weight, 1) if weight is not None and weight.dtype is not None else None
+    if weight is None or width is None or len(node.outputs) != 1:
+        return Mismatch("Attention's weight width is unknown, or it has a present output")
+    return Match([node], {"width": width})
+
+
+def _rewrite_missing_bias(match: Match, context: RewriteContext) -> Replacement:
+    node = match.root
+    weight = node.inputs[1]
+    assert weight is not None and weight.dtype is not None
+    bias = new_constant(
+        np.zeros(match.bindings["width"], weight.dtype.numpy()), f"{weight.name}_bias"
+    )
+    inputs = [*node.inputs, *[None] * (3 - len(node.inputs))]
+    inputs[2] = bias
+    tape = ir.tape.Tape()
+    attention = tape.op("Attention", inputs, dict(node.attributes), domain=MS_DOMAIN)
+    return Replacement(tape.nodes, [(node.outputs[0], attention)], constants=[bias])
+
+
+# ORT before 1.32 reads Attention's bias input unchecked and crashes without one: an Attention
+# this pass wrote before it always gave one is given a zero bias.
+BIAS_RULE = Rule(
+    "attention-without-bias->zero-bias",
+    "Attention",
+    _match_missing_bias,
+    _rewrite_missing_bias,
+    domain=MS_DOMAIN,
+)
+
+
 def _attention_rule(name: str, kind: str, defer_causal: bool = False) -> Rule:
     """The MultiHeadAttention -> Attention rule for Q/K/V of ``kind`` (see _match_attention)."""
     return Rule(
@@ -918,7 +954,7 @@ class FusePackedAttentionPass(Pass):
     def call(self, model: ir.Model) -> PassResult:
         if self.options.target != "ort":
             return PassResult(model, modified=False)
-        rules = [SHAPE_RULE]
+        rules = [SHAPE_RULE, BIAS_RULE]
         rules += [_attention_rule(name, kind, self.defer_causal) for name, kind in _KINDS.items()]
         stats, notes = apply_rules(model, rules, self.options)
         return PassResult(model, modified=bool(stats), stats=stats, notes=notes)
