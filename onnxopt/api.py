@@ -138,7 +138,7 @@ def optimize(
         fold_limit_bytes=fold_limit_bytes,
         fold_may_grow=fold_may_grow,
         target=target,
-        ort_version=requested_version(ort_version),
+        ort_version=requested_version(ort_version, target),
         input_shapes=dict(input_shapes or {}),
         explain=explain,
         dims=dict(dims or {}),

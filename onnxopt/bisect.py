@@ -62,7 +62,7 @@ def bisect_run(
         fold_limit_bytes=options["fold_limit_bytes"],
         fold_may_grow=options["fold_may_grow"],
         target=options["target"],
-        ort_version=requested_version(options.get("ort_version")),
+        ort_version=requested_version(options.get("ort_version"), options["target"]),
         input_shapes=dict(options["input_shapes"] or {}),
         dims=dict(options.get("dims") or {}),
     )

@@ -43,13 +43,14 @@ def format_version(version: Version) -> str:
     return f"{version[0]}.{version[1]}"
 
 
-def parse_version(text: str) -> Version:
-    """``"1.24"`` or ``"1.24.3"`` -> (1, 24); a UsageError for anything else or older than OLDEST."""
+def parse_version(text: str, *, supported: bool = True) -> Version:
+    """``"1.24"`` or ``"1.24.3"`` -> (1, 24); a UsageError for anything else or, where the output
+    is for target ort (``supported``), for a release older than OLDEST."""
     found = re.fullmatch(r"\s*(\d+)\.(\d+)(?:\.\d+)?\s*", text)
     if found is None:
         raise UsageError(f"--ort-version {text!r}: expected a release such as 1.24 or 1.24.3")
     version = (int(found.group(1)), int(found.group(2)))
-    if version < OLDEST:
+    if supported and version < OLDEST:
         raise UsageError(
             f"--ort-version {text}: --target ort writes for ONNX Runtime {format_version(OLDEST)} "
             "or newer (older releases miscompute or refuse its contrib ops); --target onnx keeps "
@@ -75,11 +76,11 @@ def installed_version() -> Version:
     return int(found.group(1)), int(found.group(2))
 
 
-def requested_version(text: str | None) -> Version:
+def requested_version(text: str | None, target: str = "ort") -> Version:
     """``--ort-version``: the release named (checked), else the installed one, never older than
-    what target ort supports."""
+    what target ort supports. Target onnx writes no contrib op: any release is fine there."""
     if text is not None:
-        return parse_version(text)
+        return max(parse_version(text, supported=target == "ort"), OLDEST)
     return max(installed_version(), OLDEST)
 
 

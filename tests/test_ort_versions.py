@@ -45,6 +45,14 @@ def test_a_bad_or_too_old_release_is_refused(text: str, words: str) -> None:
         parse_version(text)
 
 
+def test_target_onnx_takes_any_release_but_not_garbage() -> None:
+    assert requested_version("1.18", target="onnx") == OLDEST  # no contrib op is written
+    with pytest.raises(UsageError, match="expected a release"):
+        requested_version("latest", target="onnx")
+    with pytest.raises(UsageError, match=re.escape("1.22 or newer")):
+        requested_version("1.18", target="ort")
+
+
 def test_the_default_is_the_installed_release() -> None:
     found = re.match(r"(\d+)\.(\d+)", ort.__version__)
     assert found is not None
