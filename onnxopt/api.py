@@ -222,13 +222,14 @@ def optimize(
     restore_private_output_names(working, private)
     optimize_seconds = time.perf_counter() - start
     working.metadata_props[TARGET_METADATA_KEY] = target
-    if target == "ort":
-        working.metadata_props[ORT_VERSION_METADATA_KEY] = format_version(options.ort_version)
+    written_for = format_version(options.ort_version) if target == "ort" else None
+    if written_for is not None:
+        working.metadata_props[ORT_VERSION_METADATA_KEY] = written_for
         needs = model_requirement(working)
         if needs is not None and needs[0] > options.ort_version:
             extra_warnings.append(
                 f"the model holds {needs[1]}, which needs ONNX Runtime {format_version(needs[0])}: "
-                f"it will not run on {format_version(options.ort_version)}"
+                f"it will not run on {written_for}"
             )
 
     validation: ValidationReport | None = None
@@ -308,7 +309,7 @@ def optimize(
         reference=reference_report,
         opset_conversion=conversion,
         passes_skipped=result.skipped,
-        ort_version=format_version(options.ort_version) if target == "ort" else None,
+        ort_version=written_for,
     )
     return OptimizeResult(working, report, loaded, memory_plan)
 

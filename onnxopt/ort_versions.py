@@ -18,6 +18,7 @@ installed onnxruntime); the forms that release lacks are not written.
 
 from __future__ import annotations
 
+import functools
 import re
 from importlib import metadata
 
@@ -43,6 +44,11 @@ def format_version(version: Version) -> str:
     return f"{version[0]}.{version[1]}"
 
 
+def _major_minor(text: str) -> Version | None:
+    found = re.match(r"(\d+)\.(\d+)", text)
+    return (int(found.group(1)), int(found.group(2))) if found is not None else None
+
+
 def parse_version(text: str, *, supported: bool = True) -> Version:
     """``"1.24"`` or ``"1.24.3"`` -> (1, 24); a UsageError for anything else or, where the output
     is for target ort (``supported``), for a release older than OLDEST."""
@@ -59,21 +65,21 @@ def parse_version(text: str, *, supported: bool = True) -> Version:
     return version
 
 
+@functools.cache
 def installed_version() -> Version:
     """The installed onnxruntime's release (its package metadata: importing ORT costs 0.2 s)."""
     for name in _DISTRIBUTIONS:
         try:
-            text = metadata.version(name)
+            version = _major_minor(metadata.version(name))
         except metadata.PackageNotFoundError:
             continue
-        found = re.match(r"(\d+)\.(\d+)", text)
-        if found is not None:
-            return int(found.group(1)), int(found.group(2))
+        if version is not None:
+            return version
     import onnxruntime
 
-    found = re.match(r"(\d+)\.(\d+)", onnxruntime.__version__)
-    assert found is not None
-    return int(found.group(1)), int(found.group(2))
+    version = _major_minor(onnxruntime.__version__)
+    assert version is not None
+    return version
 
 
 def requested_version(text: str | None, target: str = "ort") -> Version:

@@ -193,8 +193,9 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
     from rich.markup import escape
     from rich.table import Table
 
+    target = f"{report.target} {report.ort_version}" if report.ort_version else report.target
     ops = Table(
-        title=f"onnxopt: {escape(report.source)} (level O{report.level}, target {report.target}{' ' + report.ort_version if report.ort_version else ''})",
+        title=f"onnxopt: {escape(report.source)} (level O{report.level}, target {target})",
         title_justify="left",
     )
     ops.add_column("op")

@@ -860,9 +860,7 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement:
             bias = new_constant(np.concatenate([p for p in parts if p is not None]), hint)
             constants.append(bias)
     if bias is None:
-        # ORT before 1.32 reads the bias input unchecked and crashes (SIGSEGV) without one.
-        assert weight.dtype is not None
-        bias = new_constant(np.zeros(sum(sizes), weight.dtype.numpy()), f"{weight.name}_bias")
+        bias = _zero_bias(weight, sum(sizes))
         constants.append(bias)
     attention_bias = mha.inputs[_ATTENTION_BIAS] if len(mha.inputs) > _ATTENTION_BIAS else None
     inputs: list[ir.Value | None] = [qkv.source, weight, bias]
@@ -882,6 +880,13 @@ def _rewrite_attention(match: Match, context: RewriteContext) -> Replacement:
 SHAPE_RULE = Rule("shape-of-qkv-slice->shape-of-input", "Shape", _match_shape, _rewrite_shape)
 
 
+def _zero_bias(weight: ir.Value, width: int) -> ir.Value:
+    """Attention's bias where the model has none: ORT before 1.32 reads the input unchecked and
+    crashes (SIGSEGV) without one."""
+    assert weight.dtype is not None
+    return new_constant(np.zeros(width, weight.dtype.numpy()), f"{weight.name}_bias")
+
+
 def _match_missing_bias(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
     """An Attention already in the model (an older onnxopt's output) without its bias input."""
     if len(node.inputs) > 2 and node.inputs[2] is not None:
@@ -896,10 +901,8 @@ def _match_missing_bias(node: ir.Node, context: RewriteContext) -> Match | Misma
 def _rewrite_missing_bias(match: Match, context: RewriteContext) -> Replacement:
     node = match.root
     weight = node.inputs[1]
-    assert weight is not None and weight.dtype is not None
-    bias = new_constant(
-        np.zeros(match.bindings["width"], weight.dtype.numpy()), f"{weight.name}_bias"
-    )
+    assert weight is not None
+    bias = _zero_bias(weight, match.bindings["width"])
     inputs = [*node.inputs, *[None] * (3 - len(node.inputs))]
     inputs[2] = bias
     tape = ir.tape.Tape()
