@@ -4,11 +4,13 @@
 releases. This probe optimizes each model with onnxopt (extra optimize options after ``--``), then,
 for every ORT version asked for, runs the original and the optimized file in a child process under
 that release (each pip-installed once, without dependencies, into ``--cache``) at ORT_ENABLE_ALL on
-the same inputs (the model's ``.ref.npz`` inputs when it has one, else random ones sized like
-validation's), and compares the two with validation's tolerances. A crash (a signal), a load or run
-error, or a mismatch on a release where the original runs is a failure.
+the same inputs, and compares the two with validation's tolerances. The inputs: the model's
+``.ref.npz`` ones when it has them, else random ones sized like validation's; ``--sizes 2,5`` adds
+generated ones with every dynamic dim at 2, then at 5 (token ids in range, masks with holes). A
+crash (a signal), a load or run error, or a mismatch on a release where the original runs is a
+failure.
 
-    python scripts/ort_versions_probe.py MODEL.onnx ... --versions 1.20.1,1.26.0 [-- --ort-version 1.20]
+    python scripts/ort_versions_probe.py MODEL.onnx ... --versions 1.22.0,1.26.0 [--sizes 2,5] [-- --ort-version 1.22]
 """
 
 from __future__ import annotations
@@ -70,25 +72,34 @@ def install(version: str, cache: Path) -> Path:
     return target
 
 
-def feeds_for(model: Path, work: Path) -> Path:
+def feeds_for(model: Path, work: Path, sizes: list[int]) -> list[Path]:
+    """The model's ``.ref.npz`` inputs, if it has them, and generated ones with every dynamic dim
+    at each of ``sizes`` (validation's generator: token ids in range, masks with holes); with no
+    sizes and no reference inputs, generated ones at 3."""
     reference = reference_path_for(model)
-    feeds: dict[str, np.ndarray] = {}
+    sets: list[tuple[str, dict[str, np.ndarray]]] = []
     if reference.is_file():
         with np.load(reference) as data:
-            feeds = {k[len("input/") :]: data[k] for k in data.files if k.startswith("input/")}
-    else:
-        loaded = io.load_model(model)
+            given = {k[len("input/") :]: data[k] for k in data.files if k.startswith("input/")}
+        sets.append(("given", given))
+    if not sizes and not sets:
+        sizes = [3]
+    specs = input_specs(io.load_model(model).model) if sizes else []
+    for size in sizes:
         made = make_inputs(
-            input_specs(loaded.model),
-            lambda dim: dim if isinstance(dim, int) else 3,
-            np.random.default_rng(0),
+            specs,
+            lambda dim, size=size: dim if isinstance(dim, int) else size,  # type: ignore[misc]
+            np.random.default_rng(size),
         )
         if made is None:
             raise SystemExit(f"{model}: inputs too large to generate")
-        feeds = {name: np.asarray(value) for name, value in made.items()}
-    path = work / f"{model.stem}.feeds.npz"
-    np.savez(path, **feeds)  # type: ignore[arg-type]
-    return path
+        sets.append((f"size{size}", {name: np.asarray(value) for name, value in made.items()}))
+    paths = []
+    for label, feeds in sets:
+        path = work / f"{model.stem}.{label}.feeds.npz"
+        np.savez(path, **feeds)  # type: ignore[arg-type]
+        paths.append(path)
+    return paths
 
 
 def run(model: Path, feeds: Path, out: Path, site: Path) -> tuple[str, Path | None]:
@@ -128,15 +139,41 @@ def compare(expected: Path, actual: Path) -> str:
     return "ok"
 
 
+def probe(model: Path, optimized: Path, feeds: Path, work: Path, site: Path) -> str:
+    """Original and optimized under the release at ``site`` on one input set: "ok", "FAIL ..."
+    or why they were not compared."""
+    stem = f"{feeds.stem}.{site.name}"
+    before, expected = run(model, feeds, work / f"{stem}.a.npz", site)
+    after, actual = run(optimized, feeds, work / f"{stem}.b.npz", site)
+    if expected is None:
+        return f"original does not run ({before}); optimized: {after}"
+    if actual is None:
+        return f"FAIL {after}"
+    verdict = compare(expected, actual)
+    if verdict == "ok":
+        return verdict
+    # A model that draws random numbers (VITS) differs from its own rerun.
+    _, again = run(model, feeds, work / f"{stem}.c.npz", site)
+    if again is not None and compare(expected, again) == "ok":
+        return f"FAIL {verdict} ({feeds.stem})"
+    return "the original differs from its own rerun: not compared"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", type=Path)
     parser.add_argument("--versions", default=DEFAULT_VERSIONS)
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "onnxopt-ort")
     parser.add_argument("--work", type=Path, default=None, help="keep the optimized files here")
+    parser.add_argument(
+        "--sizes",
+        default="",
+        help="also run generated inputs with every dynamic dim at each of these (e.g. 2,5)",
+    )
     args, optimize_args = parser.parse_known_args()
     optimize_args = [a for a in optimize_args if a != "--"]
     versions = [v for v in args.versions.split(",") if v]
+    sizes = [int(n) for n in args.sizes.split(",") if n]
     sites = {v: install(v, args.cache) for v in versions}
     work = args.work or Path(tempfile.mkdtemp(prefix="ort-versions-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -158,31 +195,12 @@ def main() -> int:
             check=True,
             stdout=subprocess.DEVNULL,
         )
-        feeds = feeds_for(model, work)
+        feed_sets = feeds_for(model, work, sizes)
         for version in versions:
-            before, expected = run(
-                model, feeds, work / f"{model.stem}.{version}.a.npz", sites[version]
-            )
-            after, actual = run(
-                optimized, feeds, work / f"{model.stem}.{version}.b.npz", sites[version]
-            )
-            if expected is None:
-                verdict = f"original does not run ({before}); optimized: {after}"
-            elif actual is None:
-                verdict = f"FAIL {after}"
-            else:
-                verdict = compare(expected, actual)
-                if verdict != "ok":
-                    # A model that draws random numbers (VITS) differs from its own rerun.
-                    _, again = run(
-                        model, feeds, work / f"{model.stem}.{version}.c.npz", sites[version]
-                    )
-                    same = again is not None and compare(expected, again) == "ok"
-                    verdict = (
-                        f"FAIL {verdict}"
-                        if same
-                        else "the original differs from its own rerun: not compared"
-                    )
+            verdicts = [probe(model, optimized, feeds, work, sites[version]) for feeds in feed_sets]
+            verdict = next((v for v in verdicts if v.startswith("FAIL")), verdicts[0])
+            if verdict == "ok" and len(verdicts) > 1:
+                verdict = f"ok ({len(verdicts)} input sets)"
             failures += verdict.startswith("FAIL")
             print(f"{model.name}  ORT {version}: {verdict}", flush=True)
     print(f"{failures} failure(s)")
