@@ -5,9 +5,11 @@ refuses (or worse, crashes on, or silently miscomputes) a form it predates. Meas
 ``scripts/ort_versions_probe.py`` (original and optimized model run under each release, outputs
 compared):
 
-- GroupQueryAttention with ``attention_bias`` (input 10), ``head_sink`` (11) or the ``causal``
-  attribute: ORT 1.30 (before: "input size 11 not in range [min=7, max=9]", then "Unrecognized
-  attribute: causal").
+- GroupQueryAttention: ``attention_bias`` (input 10) from 1.22 (1.20 and 1.21: "input size 11 not
+  in range [min=7, max=9]"); ``head_sink`` (11) from 1.23; without its ``present_key`` /
+  ``present_value`` outputs from 1.29 ("output size 1 not in range [min=3, max=4]" before); the
+  ``causal`` attribute from 1.30 ("Unrecognized attribute: causal" before), where it defaults to
+  1: every release before 1.30 is causal, so causal=1 is written by leaving the attribute out.
 - MultiHeadAttention / Attention with an ``attention_bias`` broadcast over batch or heads: wrong
   results up to 1.21.0, right from 1.21.1; every form onnxopt writes runs from 1.22.
 - Attention without its bias input: a crash (SIGSEGV) before 1.32; onnxopt always gives one.
@@ -30,13 +32,17 @@ Version = tuple[int, int]
 
 # The oldest release ``--target ort`` writes for: every form below it was checked on.
 OLDEST: Version = (1, 22)
-# GroupQueryAttention with attention_bias / head_sink and the causal attribute.
-GQA_WITH_BIAS: Version = (1, 30)
+# GroupQueryAttention's head_sink input (attention sinks).
+GQA_HEAD_SINK: Version = (1, 23)
+# GroupQueryAttention without its present_key / present_value outputs (required before).
+GQA_WITHOUT_PRESENT: Version = (1, 29)
+# GroupQueryAttention's causal attribute (causal=0: no release before it has a non-causal kernel).
+GQA_CAUSAL_ATTRIBUTE: Version = (1, 30)
 # Attention (com.microsoft) without its bias input: older releases dereference it unchecked.
 ATTENTION_WITHOUT_BIAS: Version = (1, 32)
 
 _MS_DOMAIN = "com.microsoft"
-_GQA_CLASSIC_INPUTS = 9  # query .. sin_cache: what GroupQueryAttention took before 1.30
+_GQA_HEAD_SINK_INPUT = 11
 _DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml")
 
 
@@ -94,13 +100,26 @@ def node_requirement(node: ir.Node) -> tuple[Version, str] | None:
     """The oldest release that runs ``node`` as written, and why, where that is newer than OLDEST."""
     if node.domain != _MS_DOMAIN:
         return None
-    if node.op_type == "GroupQueryAttention" and (
-        len(node.inputs) > _GQA_CLASSIC_INPUTS or "causal" in node.attributes
-    ):
-        return GQA_WITH_BIAS, "GroupQueryAttention with attention_bias, head_sink or causal"
+    if node.op_type == "GroupQueryAttention":
+        return _gqa_requirement(node)
     if node.op_type == "Attention" and (len(node.inputs) < 3 or node.inputs[2] is None):
         return ATTENTION_WITHOUT_BIAS, "Attention without its bias input"
     return None
+
+
+def _gqa_requirement(node: ir.Node) -> tuple[Version, str] | None:
+    if "causal" in node.attributes:
+        return GQA_CAUSAL_ATTRIBUTE, "GroupQueryAttention with the causal attribute"
+    if len(node.outputs) < 3:
+        return GQA_WITHOUT_PRESENT, "GroupQueryAttention without present_key / present_value"
+    if has_head_sink(node):
+        return GQA_HEAD_SINK, "GroupQueryAttention with head_sink"
+    return None
+
+
+def has_head_sink(node: ir.Node) -> bool:
+    """Whether a GroupQueryAttention has its head_sink input (attention sinks)."""
+    return len(node.inputs) > _GQA_HEAD_SINK_INPUT and node.inputs[_GQA_HEAD_SINK_INPUT] is not None
 
 
 def model_requirement(model: ir.Model) -> tuple[Version, str] | None:

@@ -145,6 +145,29 @@ def test_sinks_with_a_padding_mask_run_causal_0() -> None:
     ]
 
 
+def test_sinks_need_1_23() -> None:
+    """head_sink came in ORT 1.23; 1.23 to 1.29 read the causal form without its attribute."""
+    model = _model()
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True, ort_version=(1, 22)))(model)
+    assert not result.modified
+    assert any(
+        "head_sink needs ONNX Runtime 1.23; the model is for 1.22" in n for n in result.notes
+    )
+    fused = model.clone()
+    result = FuseGroupQueryAttentionPass(PassOptions(ort_version=(1, 23)))(fused)
+    assert result.stats == {"sink-attention->gqa-causal": 1}
+    gqa = _gqa(fused)
+    assert "causal" not in gqa.attributes and len(gqa.outputs) == 3
+    np.testing.assert_array_equal(_head_sink(gqa), SINKS)
+    report = validate(model, fused, inputs=FEEDS)
+    assert report.passed, report
+    # the default (1.30+) form, optimized again for 1.22: head_sink has no older form, it stays
+    newer = _fused(model)
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True, ort_version=(1, 22)))(newer)
+    assert not result.modified
+    assert any("head_sink needs ONNX Runtime 1.23" in n for n in result.notes), result.notes
+
+
 def test_one_sink_for_every_head_and_no_stabilizer() -> None:
     """A [1, 1, 1, 1] logit broadcast to every head, and Softmax(Concat) without the max
     subtraction (softmax subtracts it itself) are the same block."""

@@ -6,6 +6,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
+from onnxopt.ort_versions import model_requirement
 from onnxopt.passes.base import Pipeline
 from onnxopt.passes.fuse_group_query_attention import FuseGroupQueryAttentionPass
 from onnxopt.passes.infer_shapes import InferShapesPass
@@ -462,14 +463,56 @@ def test_onnx_target_keeps_multi_head_attention() -> None:
     assert not result.modified
 
 
-def test_a_runtime_before_1_30_keeps_multi_head_attention() -> None:
-    """ORT 1.22-1.29 refuse GroupQueryAttention's attention_bias input and causal attribute."""
-    assert FuseGroupQueryAttentionPass(PassOptions(ort_version=(1, 30)))(_model()).modified
-    result = FuseGroupQueryAttentionPass(PassOptions(explain=True, ort_version=(1, 29)))(_model())
+@pytest.mark.parametrize(("release", "outputs"), [((1, 29), 1), ((1, 22), 3)])
+def test_an_older_release_gets_the_causal_form_it_reads(
+    release: tuple[int, int], outputs: int
+) -> None:
+    """Before 1.30 GroupQueryAttention has no causal attribute (it is always causal: 1.30's
+    default), and before 1.29 its present_key / present_value outputs are required."""
+    model = _model()
+    fused = model.clone()
+    result = FuseGroupQueryAttentionPass(PassOptions(ort_version=release))(fused)
+    assert result.stats == {"mha->gqa-causal": 1}
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert "causal" not in gqa.attributes
+    assert len(gqa.outputs) == outputs
+    assert all(not output.uses() for output in gqa.outputs[1:])
+    assert model_requirement(fused) is None or model_requirement(fused)[0] <= release  # type: ignore[index]
+    _validated_fixed_point(model, fused, [_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+    assert not FuseGroupQueryAttentionPass(PassOptions(ort_version=release))(fused).modified
+
+
+def test_causal_0_needs_1_30() -> None:
+    """A mask not proved causal has no GroupQueryAttention before 1.30: MultiHeadAttention stays."""
+    options = PassOptions(explain=True, ort_version=(1, 29))
+    result = FuseGroupQueryAttentionPass(options)(_model(causal_form="flat"))
     assert not result.modified
-    assert any("needs ONNX Runtime 1.30; the model is for 1.29" in n for n in result.notes), (
-        result.notes
-    )
+    assert any(
+        "GroupQueryAttention with causal=0 needs ONNX Runtime 1.30; the model is for 1.29" in n
+        for n in result.notes
+    ), result.notes
+
+
+def test_a_model_optimized_for_a_newer_release_is_rewritten_for_an_older_one() -> None:
+    model = _model()
+    fused = model.clone()
+    assert FuseGroupQueryAttentionPass()(fused).modified  # for the installed release (1.30+)
+    gqa = next(n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert gqa.attributes.get_int("causal") == 1 and len(gqa.outputs) == 1
+    older = PassOptions(ort_version=(1, 26))
+    result = FuseGroupQueryAttentionPass(older)(fused)
+    assert result.stats == {"gqa->gqa-for-older-release": 1}
+    (gqa,) = (n for n in fused.graph if n.op_type == "GroupQueryAttention")
+    assert "causal" not in gqa.attributes and len(gqa.outputs) == 3
+    assert model_requirement(fused) is None
+    _validated_fixed_point(model, fused, [_feeds(3, 5, 0), _feeds(1, 1, 1), _feeds(2, 9, 2)])
+    assert not FuseGroupQueryAttentionPass(older)(fused).modified
+    # causal=0 has no older form: it stays, and says why
+    flat = _model(causal_form="flat")
+    assert FuseGroupQueryAttentionPass()(flat).stats == {"mha->gqa": 1}
+    result = FuseGroupQueryAttentionPass(PassOptions(explain=True, ort_version=(1, 26)))(flat)
+    assert not result.modified
+    assert any("causal=0 needs ONNX Runtime 1.30" in n for n in result.notes), result.notes
 
 
 def _export_llama_tiny(exporter: str, tmp_path) -> ir.Model:  # type: ignore[no-untyped-def]
@@ -517,27 +560,26 @@ def test_llama_tiny_exports_with_padding(exporter: str, tmp_path) -> None:  # ty
     assert not FuseGroupQueryAttentionPass()(fused).modified
 
 
-@pytest.mark.parametrize(
-    ("name", "fused"), [("llama-tiny", "MultiHeadAttention"), ("gpt2-tiny", "Attention")]
-)
-def test_tiny_decoders_for_an_older_runtime_validate_without_group_query_attention(
-    name: str, fused: str, tmp_path
+@pytest.mark.parametrize("name", ["llama-tiny", "gpt2-tiny"])
+def test_tiny_decoders_for_an_older_runtime_validate_with_group_query_attention(
+    name: str, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    """--ort-version 1.29: the causal blocks stay MultiHeadAttention (LLaMA: repeat_kv) or go to
-    packed Attention (GPT-2), as ORT 1.29 runs them, and still validate."""
+    """--ort-version 1.22: the causal blocks are GroupQueryAttention as ORT 1.22 reads it (no
+    causal attribute, the present outputs declared) and validate against ORT and eager PyTorch."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from onnxopt import api
     from onnxopt.export import export
 
     path = export(name, tmp_path / f"{name}.onnx", exporter="torchscript").output
-    result = api.optimize(path, ort_version="1.29", find_reference=True)
+    result = api.optimize(path, ort_version="1.22", find_reference=True)
     assert result.validated
     assert result.report.reference is not None and result.report.reference.optimized_passed
-    types = op_types(result.model)
-    assert "com.microsoft::GroupQueryAttention" not in types
-    assert types.count(f"com.microsoft::{fused}") == 2, types
-    assert result.model.metadata_props["onnxopt.ort_version"] == "1.29"
+    attentions = [n for n in result.model.graph if n.op_type.endswith("Attention")]
+    assert [n.op_type for n in attentions] == ["GroupQueryAttention"] * 2
+    assert all("causal" not in n.attributes and len(n.outputs) == 3 for n in attentions)
+    assert model_requirement(result.model) is None
+    assert result.model.metadata_props["onnxopt.ort_version"] == "1.22"
 
 
 def test_plain_multi_head_attention_is_no_candidate() -> None:

@@ -86,6 +86,15 @@ benchmarks/gqa_micro.py), speed-up over Expands + MultiHeadAttention: causal=0 1
 1.08x (S=512); causal=1 with the fix-up 1.61x (S=128), 1.29x (S=512). The fix-up averages V
 with a MatMul by a row of 1/T: ORT's ReduceMean over axis 1 cost as much as the kernel saved.
 
+Older releases (``--ort-version``, ort_versions.py): every release before 1.30 runs the causal
+kernel and has no ``causal`` attribute (1.30 added it with default 1), so for them causal=1 is
+written by leaving it out, and the causal=0 rules do not apply (the block stays
+MultiHeadAttention, or becomes packed Attention); before 1.29 the op also needs its
+present_key / present_value outputs, which are declared and left unread; head_sink needs 1.23.
+``gqa->gqa-for-older-release`` rewrites a causal GroupQueryAttention already in the model (an
+output for a newer release, optimized again) the same way. Checked with
+scripts/ort_versions_probe.py on ORT 1.22-1.29 (README, "ONNX Runtime releases").
+
 float32 only: ORT's CPU kernel also runs float16, but its CUDA kernel (float16 and bfloat16, where
 half-precision models are deployed) is always causal and rejects ``attention_bias``, so a float16
 rewrite would fail or change results there; float16 attention stays MultiHeadAttention.
@@ -104,7 +113,14 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, ONNX_DOMAINS, const_array, is_op, is_scalar_constant
-from onnxopt.ort_versions import GQA_WITH_BIAS, format_version
+from onnxopt.ort_versions import (
+    GQA_CAUSAL_ATTRIBUTE,
+    GQA_HEAD_SINK,
+    GQA_WITHOUT_PRESENT,
+    Version,
+    format_version,
+    has_head_sink,
+)
 from onnxopt.passes._attention_shapes import (
     MASK_FLOOR,
     Entry,
@@ -743,20 +759,27 @@ def _element_type(*values: ir.Value) -> ir.DataType | None:
     return None
 
 
-def _too_old(context: RewriteContext) -> Mismatch | None:
-    """Why the release the model is for cannot run the GroupQueryAttention this pass writes."""
-    if context.options.ort_version >= GQA_WITH_BIAS:
+def _too_old(context: RewriteContext, causal: bool, sinks: bool = False) -> Mismatch | None:
+    """Why the release the model is for cannot run the GroupQueryAttention this rule writes: every
+    release before 1.30 is causal (no causal=0), and head_sink came in 1.23."""
+    release = context.options.ort_version
+    needed: tuple[Version, str] | None = None
+    if not causal and release < GQA_CAUSAL_ATTRIBUTE:
+        needed = GQA_CAUSAL_ATTRIBUTE, "GroupQueryAttention with causal=0"
+    elif sinks and release < GQA_HEAD_SINK:
+        needed = GQA_HEAD_SINK, "GroupQueryAttention's head_sink"
+    if needed is None:
         return None
     return Mismatch(
-        f"GroupQueryAttention with a mask needs ONNX Runtime {format_version(GQA_WITH_BIAS)}; "
-        f"the model is for {format_version(context.options.ort_version)} (--ort-version)"
+        f"{needed[1]} needs ONNX Runtime {format_version(needed[0])}; the model is for "
+        f"{format_version(release)} (--ort-version)"
     )
 
 
 def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mismatch:
     if context.options.target != "ort":
         return Mismatch("GroupQueryAttention is an ONNX Runtime op (--target ort only)", False)
-    too_old = _too_old(context)
+    too_old = _too_old(context, causal)
     if too_old is not None:
         return too_old
     allowed = {"num_heads", "scale"}
@@ -1081,15 +1104,20 @@ def _emit_gqa(
         inputs.append(tape.op("Constant", [], {"value": ir.tensor(sinks)}))
     causal: _CausalMask | None = bindings["causal"]
     heads: int = bindings["heads"]
-    attributes: dict[str, int | float] = {
-        "num_heads": heads,
-        "kv_num_heads": key.kv_heads,
-        "causal": int(causal is not None),
-        "scale": scale,
-    }
+    release = context.options.ort_version
+    attributes: dict[str, int | float] = {"num_heads": heads, "kv_num_heads": key.kv_heads}
+    if release >= GQA_CAUSAL_ATTRIBUTE:
+        attributes["causal"] = int(causal is not None)
+    else:  # every older release is causal and has no such attribute (_too_old)
+        assert causal is not None
+    attributes["scale"] = scale
     if softcap:
         attributes["softcap"] = softcap
-    result = tape.op("GroupQueryAttention", inputs, attributes, domain=MS_DOMAIN)
+    # Before 1.29 the present_key / present_value outputs are required (they go unread here).
+    count = 1 if release >= GQA_WITHOUT_PRESENT else 3
+    result = tape.op_multi_out(
+        "GroupQueryAttention", inputs, attributes, num_outputs=count, domain=MS_DOMAIN
+    )[0]
     if causal is not None and sinks is None and causal.fixup:
         assert bias is not None
         mask = causal.source or bias
@@ -1370,7 +1398,7 @@ def _grouped_block(
 ) -> Match | Mismatch:
     """A block fuse-attention matched (``found``) as GroupQueryAttention's: K/V heads, Q/K/V of
     one sequence and, for ``causal``, a provably causal mask; else why not."""
-    too_old = _too_old(context)
+    too_old = _too_old(context, causal, block.sinks is not None)
     if too_old is not None:
         return too_old
     sides = (block.key.four_d, block.key.three_d)
@@ -1449,6 +1477,58 @@ def _rewrite_block(match: Match, context: RewriteContext) -> Replacement:
     return finish_attention(tape, block, heads, opset, result, query, moved)
 
 
+def _match_newer_form(node: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """A GroupQueryAttention already in the model (written for a newer release) in a form the
+    release the model is for refuses, where an equivalent older form exists."""
+    release = context.options.ort_version
+    if context.options.target != "ort" or release >= GQA_CAUSAL_ATTRIBUTE:
+        return Mismatch("the release the model is for runs every form", False)
+    causal = node.attributes.get_int("causal", 1)
+    if causal != 1:
+        return Mismatch(
+            f"GroupQueryAttention with causal={causal} needs ONNX Runtime "
+            f"{format_version(GQA_CAUSAL_ATTRIBUTE)}; the model is for {format_version(release)} "
+            "(--ort-version)"
+        )
+    if has_head_sink(node) and release < GQA_HEAD_SINK:
+        return Mismatch(
+            f"GroupQueryAttention's head_sink needs ONNX Runtime {format_version(GQA_HEAD_SINK)}; "
+            f"the model is for {format_version(release)} (--ort-version)"
+        )
+    present = release >= GQA_WITHOUT_PRESENT or len(node.outputs) >= 3
+    if "causal" not in node.attributes and present:
+        return Mismatch("GroupQueryAttention already in its older form", False)
+    return Match([node], {})
+
+
+def _rewrite_newer_form(match: Match, context: RewriteContext) -> Replacement:
+    """The same GroupQueryAttention without ``causal=1`` (every release before 1.30 is causal),
+    and with present_key / present_value outputs, unread, where the release requires them."""
+    node = match.root
+    attributes = {k: a.value for k, a in node.attributes.items() if k != "causal"}
+    count = len(node.outputs)
+    if context.options.ort_version < GQA_WITHOUT_PRESENT:
+        count = max(count, 3)
+    tape = ir.tape.Tape()
+    outputs = tape.op_multi_out(
+        "GroupQueryAttention", list(node.inputs), attributes, num_outputs=count, domain=MS_DOMAIN
+    )
+    for old, fresh in zip(node.outputs, outputs, strict=False):
+        fresh.type, fresh.shape = old.type, old.shape
+    return Replacement(tape.nodes, list(zip(node.outputs, outputs, strict=False)))
+
+
+# A model optimized before for ORT 1.30 or newer, optimized again for an older release
+# (--ort-version): its causal GroupQueryAttention is written as that release reads it.
+OLDER_FORM_RULE = Rule(
+    "gqa->gqa-for-older-release",
+    "GroupQueryAttention",
+    _match_newer_form,
+    _rewrite_newer_form,
+    domain=MS_DOMAIN,
+)
+
+
 # Tried in order: causal=1 (with the fully-masked-row fix-up) where the mask is provably causal,
 # else causal=0 (the mask alone decides, exactly as in MultiHeadAttention).
 GQA_RULES = (
@@ -1485,7 +1565,8 @@ class FuseGroupQueryAttentionPass(Pass):
         # The driver only reports rules that left a candidate unfused; why a block got causal=0
         # (the mask not provably causal) is said here, before the rewrite.
         why_not_causal = self._why_not_causal(model) if self.options.explain else []
-        stats, notes = apply_rules(model, [*GQA_RULES, *SINK_GQA_RULES], self.options)
+        rules = [OLDER_FORM_RULE, *GQA_RULES, *SINK_GQA_RULES]
+        stats, notes = apply_rules(model, rules, self.options)
         notes = [*why_not_causal, *notes]
         if stats:
             # The moved Shape reads are new nodes placed at the attention, after their consumer
