@@ -17,7 +17,7 @@ from onnxopt.ci_report import ModelOutcome, outcome_failures
 from onnxopt.errors import UsageError, describe
 from onnxopt.guard import adopt_notes, doing, last_note, notes_path
 
-FALLBACK_LIMIT = 3  # passes --fallback may drop before it gives up
+FALLBACK_LIMIT = 3  # passes --fallback may drop before it gives up (its --help says so: a test)
 # One try of a model with some options and the passes dropped so far, (pass, why) each: its
 # outcome and whatever else the caller keeps of it.
 Attempt = Callable[[Mapping[str, Any], tuple[tuple[str, str], ...]], tuple[ModelOutcome, Any]]

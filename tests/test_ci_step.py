@@ -259,6 +259,15 @@ def test_fallback_gives_up_after_its_limit_and_writes_nothing(
     assert not out.exists()
 
 
+def test_fallback_help_states_its_limit() -> None:
+    """The help says how many passes --fallback drops at most: the limit batch.py enforces (the
+    CLI does not import batch.py to read it, so this keeps the two together)."""
+    for command in ("optimize", "check"):
+        code, stdout, _ = _run([command, "--help"])
+        assert code == 0
+        assert f"(up to {batch.FALLBACK_LIMIT} passes;" in " ".join(stdout.split()), command
+
+
 def test_fallback_in_a_batch_records_the_dropped_pass_in_the_models_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
