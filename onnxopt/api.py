@@ -18,7 +18,13 @@ from onnxopt import io
 from onnxopt.analysis.memory_plan import MemoryPlan, memory_report
 from onnxopt.errors import UsageError
 from onnxopt.guard import doing
-from onnxopt.ort_versions import format_version, model_requirement, requested_version
+from onnxopt.ort_versions import (
+    format_version,
+    model_provider_problem,
+    model_requirement,
+    requested_providers,
+    requested_version,
+)
 from onnxopt.passes.base import Pipeline, VerifyEach
 from onnxopt.passes.infer_shapes import (
     declared_output_dims,
@@ -51,6 +57,8 @@ logger = logging.getLogger(__name__)
 TARGET_METADATA_KEY = "onnxopt.target"
 # And for target ort, the oldest ONNX Runtime release it was written for (--ort-version).
 ORT_VERSION_METADATA_KEY = "onnxopt.ort_version"
+# ... and the execution providers it was written for (--ort-providers), "cpu" or "cpu,cuda".
+ORT_PROVIDERS_METADATA_KEY = "onnxopt.ort_providers"
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,7 @@ def optimize(
     enable: Sequence[str] = (),
     target: Target = "ort",
     ort_version: str | None = None,
+    ort_providers: str | None = None,
     opset: int | None = None,
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
     fold_may_grow: bool = False,
@@ -112,7 +121,9 @@ def optimize(
 
     ``ort_version`` (``"1.26"``) is the oldest ONNX Runtime release the output must run on
     (``target="ort"``): contrib-op forms it lacks are not written. By default, the installed
-    onnxruntime's release.
+    onnxruntime's release. ``ort_providers`` (``"cpu,cuda"``) names the execution providers it
+    must run on: forms CUDA lacks are not written where it is named (by default it is where the
+    installed onnxruntime is the CUDA build).
 
     ``opset`` raises the model's default-domain opset with onnx.version_converter before the
     passes run (so fusions may use newer standard ops); validation still compares with the
@@ -139,6 +150,7 @@ def optimize(
         fold_may_grow=fold_may_grow,
         target=target,
         ort_version=requested_version(ort_version, target),
+        ort_providers=requested_providers(ort_providers),
         input_shapes=dict(input_shapes or {}),
         explain=explain,
         dims=dict(dims or {}),
@@ -231,6 +243,10 @@ def optimize(
                 f"the model holds {needs[1]}, which needs ONNX Runtime {format_version(needs[0])}: "
                 f"it will not run on {written_for}"
             )
+        working.metadata_props[ORT_PROVIDERS_METADATA_KEY] = ",".join(options.ort_providers)
+        problem = model_provider_problem(working, options.ort_providers)
+        if problem is not None:
+            extra_warnings.append(f"the model holds {problem}: it will not run on CUDA as it is")
 
     validation: ValidationReport | None = None
     validate_seconds = 0.0
@@ -310,6 +326,7 @@ def optimize(
         opset_conversion=conversion,
         passes_skipped=result.skipped,
         ort_version=written_for,
+        ort_providers=options.ort_providers if target == "ort" else (),
     )
     return OptimizeResult(working, report, loaded, memory_plan)
 

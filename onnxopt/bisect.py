@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from onnxopt import io
-from onnxopt.ort_versions import requested_version
+from onnxopt.ort_versions import requested_providers, requested_version
 from onnxopt.passes.base import Pipeline
 from onnxopt.passes.levels import pass_by_name
 from onnxopt.passes.options import PassOptions
@@ -63,6 +63,7 @@ def bisect_run(
         fold_may_grow=options["fold_may_grow"],
         target=options["target"],
         ort_version=requested_version(options.get("ort_version"), options["target"]),
+        ort_providers=requested_providers(options.get("ort_providers")),
         input_shapes=dict(options["input_shapes"] or {}),
         dims=dict(options.get("dims") or {}),
     )

@@ -267,6 +267,12 @@ def _optimize_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "forms it lacks are not written. Default: the installed onnxruntime's.",
         ),
         click.option(
+            "--ort-providers",
+            metavar="cpu,cuda",
+            help="ONNX Runtime execution providers the output must run on (--target ort); forms "
+            "CUDA lacks are not written for cuda. Default: cpu, and cuda with onnxruntime-gpu.",
+        ),
+        click.option(
             "--opset",
             type=click.IntRange(1, None),
             help="First raise the model's ONNX opset to N (onnx.version_converter), e.g. 23 for "
@@ -442,6 +448,7 @@ def _optimize_command(
     enable: str | None,
     target: str,
     ort_version: str | None,
+    ort_providers: str | None,
     opset: int | None,
     fold_limit: str,
     fold_may_grow: bool,
@@ -513,6 +520,7 @@ def _optimize_command(
         "enable": _split(enable),
         "target": target,
         "ort_version": ort_version,
+        "ort_providers": ort_providers,
         "opset": opset,
         "fold_limit_bytes": parse_size(fold_limit),
         "fold_may_grow": fold_may_grow,
@@ -945,18 +953,20 @@ def passes(as_json: bool, verbose: int, traceback: bool) -> None:
 def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
     """Show MODEL's opsets, inputs and outputs with shapes, op histogram and parameter bytes."""
     from onnxopt import io
-    from onnxopt.ort_versions import format_version, model_requirement
+    from onnxopt.ort_versions import format_version, model_provider_problem, model_requirement
     from onnxopt.report import ModelSummary, format_bytes, format_shape
 
     _setup_logging(verbose)
     loaded = io.load_model(model)
     summary = ModelSummary.of(loaded.model, loaded.file_bytes)
     needs = model_requirement(loaded.model)
+    not_on_cuda = model_provider_problem(loaded.model, ("cuda",))
     if as_json:
         data = dataclasses.asdict(summary)
         data["onnxruntime_needed"] = (
             {"version": format_version(needs[0]), "why": needs[1]} if needs else None
         )
+        data["cuda_problem"] = not_on_cuda
         click.echo(_json_text(data, indent=2))
         return
     from rich.markup import escape
@@ -973,6 +983,13 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
     if needs is not None:
         console.print(
             f"needs ONNX Runtime {format_version(needs[0])} or newer ({needs[1]})",
+            highlight=False,
+            markup=False,
+        )
+    if not_on_cuda is not None:
+        console.print(
+            f"not for CUDA as it is: {not_on_cuda} (`onnxopt optimize --ort-providers cuda` "
+            "writes a form CUDA runs where there is one)",
             highlight=False,
             markup=False,
         )

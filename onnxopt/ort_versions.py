@@ -16,6 +16,14 @@ compared):
 
 A model is optimized for the oldest release it must run on (``--ort-version``, by default the
 installed onnxruntime); the forms that release lacks are not written.
+
+And for the execution providers it must run on (``--ort-providers cpu,cuda``, by default cpu, and
+cuda where the installed onnxruntime is the CUDA build). Read from ORT's CUDA kernel registrations
+(contrib_ops/cuda): GroupQueryAttention has float16 / bfloat16 kernels only (a float32 one is left
+to the CPU provider, with copies both ways every layer); FusedConv's CUDA kernel maps the
+``activation`` attribute to cuDNN's and takes Relu alone (recent releases add Tanh): any other, or
+none, fails when the session is made ("unsupported conv activation mode"). Every other contrib op
+onnxopt writes has a float32 CUDA kernel.
 """
 
 from __future__ import annotations
@@ -40,6 +48,11 @@ GQA_WITHOUT_PRESENT: Version = (1, 29)
 GQA_CAUSAL_ATTRIBUTE: Version = (1, 30)
 # Attention (com.microsoft) without its bias input: older releases dereference it unchecked.
 ATTENTION_WITHOUT_BIAS: Version = (1, 32)
+
+# The execution providers --ort-providers knows.
+PROVIDERS = ("cpu", "cuda")
+# FusedConv activations ORT's CUDA kernel takes in every supported release.
+CUDA_FUSED_CONV_ACTIVATIONS = frozenset({"Relu"})
 
 _MS_DOMAIN = "com.microsoft"
 _GQA_HEAD_SINK_INPUT = 11
@@ -94,6 +107,54 @@ def requested_version(text: str | None, target: str = "ort") -> Version:
     if text is not None:
         return max(parse_version(text, supported=target == "ort"), OLDEST)
     return max(installed_version(), OLDEST)
+
+
+@functools.cache
+def installed_providers() -> tuple[str, ...]:
+    """cpu, and cuda where the installed onnxruntime is the CUDA build (package metadata)."""
+    try:
+        metadata.version("onnxruntime-gpu")
+    except metadata.PackageNotFoundError:
+        return ("cpu",)
+    return PROVIDERS
+
+
+def requested_providers(text: str | None) -> tuple[str, ...]:
+    """``--ort-providers``: the providers named (``cpu``, ``cuda`` or ``cpu,cuda``), else the
+    installed onnxruntime's."""
+    if text is None:
+        return installed_providers()
+    names = {part.strip().lower() for part in text.split(",") if part.strip()}
+    if not names or names - set(PROVIDERS):
+        raise UsageError(f"--ort-providers {text!r}: expected cpu, cuda or cpu,cuda")
+    return tuple(name for name in PROVIDERS if name in names)
+
+
+def provider_problem(node: ir.Node, providers: tuple[str, ...]) -> str | None:
+    """Why ``node`` as written would not run on CUDA, where ``providers`` has it; else None."""
+    if "cuda" not in providers or node.domain != _MS_DOMAIN:
+        return None
+    if node.op_type == "GroupQueryAttention":
+        query = node.inputs[0] if node.inputs else None
+        if query is not None and query.dtype == ir.DataType.FLOAT:
+            return "float32 GroupQueryAttention, which CUDA lacks (ORT runs it on the CPU)"
+    if node.op_type == "FusedConv":
+        activation = node.attributes.get_string("activation", "")
+        if activation not in CUDA_FUSED_CONV_ACTIVATIONS:
+            return (
+                f"FusedConv with activation {activation or '(none)'}, which CUDA's FusedConv "
+                "refuses when the session is made"
+            )
+    return None
+
+
+def model_provider_problem(model: ir.Model, providers: tuple[str, ...]) -> str | None:
+    """The first node's provider_problem (subgraphs included), or None."""
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        found = provider_problem(node, providers)
+        if found is not None:
+            return found
+    return None
 
 
 def node_requirement(node: ir.Node) -> tuple[Version, str] | None:

@@ -124,6 +124,8 @@ class OptimizeReport:
     dropped_passes: tuple[str, ...] = ()
     # Target ort: the oldest ONNX Runtime release the output was written for (--ort-version).
     ort_version: str | None = None
+    # ... and the execution providers it was written for (--ort-providers).
+    ort_providers: tuple[str, ...] = ()
 
     def pass_totals(self) -> list[tuple[str, int, float, dict[str, int]]]:
         """(name, runs, seconds, summed stats) per pass, in first-run order."""
@@ -194,6 +196,8 @@ def render(report: OptimizeReport, console: Any, *, explain: bool = False) -> No
     from rich.table import Table
 
     target = f"{report.target} {report.ort_version}" if report.ort_version else report.target
+    if report.ort_providers:
+        target += f" ({', '.join(report.ort_providers)})"
     ops = Table(
         title=f"onnxopt: {escape(report.source)} (level O{report.level}, target {target})",
         title_justify="left",

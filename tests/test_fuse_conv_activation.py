@@ -56,3 +56,56 @@ def test_non_constant_clip_bound() -> None:
     model = parse(text, w=rng_array(4, 3, 3, 3), b=rng_array(4), lo=rng_array(1)[0] * 0)
     result = FuseConvActivationPass(PassOptions(explain=True))(model)
     assert result.notes == ["conv+clip->FusedConv: Clip: Clip bounds are not constant scalars"]
+
+
+CUDA = PassOptions(explain=True, ort_providers=("cpu", "cuda"))
+
+
+@pytest.mark.parametrize("name", sorted(set(ACTIVATIONS) - {"relu"}))
+def test_for_cuda_only_relu_is_fused(name: str) -> None:
+    """CUDA's FusedConv maps its activation to cuDNN's and takes Relu alone: any other fails
+    when a CUDA session is made."""
+    result = FuseConvActivationPass(CUDA)(_model(ACTIVATIONS[name]))
+    assert not result.modified
+    assert any("CUDA's FusedConv takes Relu only" in n for n in result.notes), result.notes
+    relu = run_checked(FuseConvActivationPass(CUDA), _model(ACTIVATIONS["relu"]))
+    assert op_types(relu.model) == ["com.microsoft::FusedConv"]
+
+
+FUSED_CONV = """
+<ir_version: 8, opset_import: ["" : {opset}, "com.microsoft" : 1]>
+g (float[N, 3, 8, 8] x, float[N, 4, 6, 6] z) => (float[N, 4, 6, 6] y) {{
+    y = com.microsoft.FusedConv <kernel_shape = [3, 3]{attributes}> ({inputs})
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("attributes", "inputs", "opset", "ops"),
+    [
+        (', activation = "Sigmoid"', "x, w, b", 17, ["Conv", "Sigmoid"]),
+        (', activation = "LeakyRelu", activation_params = [0.2]', "x, w, b", 17, None),
+        (', activation = "Clip", activation_params = [0.0, 0.5]', "x, w, b", 17, None),
+        (', activation = "Clip", activation_params = [-0.5, 0.5]', "x, w, b", 10, None),
+        (', activation = "HardSigmoid", activation_params = [0.3, 0.4]', "x, w", 17, None),
+        (', activation = "Tanh"', "x, w, b, z", 17, ["Conv", "Add", "Tanh"]),
+        ("", "x, w, b, z", 17, ["Conv", "Add"]),
+    ],
+)
+def test_a_fused_conv_cuda_refuses_is_put_back_as_conv_and_activation(
+    attributes: str, inputs: str, opset: int, ops: list[str] | None
+) -> None:
+    """A FusedConv already in the model (written for the CPU, or saved by ORT's CPU optimizer)
+    in a model for CUDA: Conv (+ Add of Z) + the activation, which computes the same."""
+    model = parse(
+        FUSED_CONV.format(attributes=attributes, inputs=inputs, opset=opset),
+        w=rng_array(4, 3, 3, 3),
+        b=rng_array(4, seed=2),
+    )
+    result = run_checked(FuseConvActivationPass(CUDA), model)
+    assert result.stats == {"fusedconv->conv+activation": 1}
+    types = [t for t in op_types(result.model) if t != "Constant"]
+    assert "com.microsoft::FusedConv" not in types
+    if ops is not None:
+        assert types == ops
+    assert not FuseConvActivationPass()(model.clone()).modified  # for the CPU it stays

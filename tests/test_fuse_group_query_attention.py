@@ -482,6 +482,15 @@ def test_an_older_release_gets_the_causal_form_it_reads(
     assert not FuseGroupQueryAttentionPass(PassOptions(ort_version=release))(fused).modified
 
 
+def test_for_cuda_float32_attention_stays_multi_head_attention() -> None:
+    """CUDA's GroupQueryAttention has float16 / bfloat16 kernels only: for a model that must also
+    run on CUDA, float32 attention is not rewritten (ORT would run it on the CPU)."""
+    cuda = PassOptions(explain=True, ort_providers=("cpu", "cuda"))
+    result = FuseGroupQueryAttentionPass(cuda)(_model())
+    assert not result.modified
+    assert any("no float32 CUDA kernel" in n for n in result.notes), result.notes
+
+
 def test_causal_0_needs_1_30() -> None:
     """A mask not proved causal has no GroupQueryAttention before 1.30: MultiHeadAttention stays."""
     options = PassOptions(explain=True, ort_version=(1, 29))
@@ -560,26 +569,49 @@ def test_llama_tiny_exports_with_padding(exporter: str, tmp_path) -> None:  # ty
     assert not FuseGroupQueryAttentionPass()(fused).modified
 
 
-@pytest.mark.parametrize("name", ["llama-tiny", "gpt2-tiny"])
-def test_tiny_decoders_for_an_older_runtime_validate_with_group_query_attention(
-    name: str, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
-    """--ort-version 1.22: the causal blocks are GroupQueryAttention as ORT 1.22 reads it (no
-    causal attribute, the present outputs declared) and validate against ORT and eager PyTorch."""
+def _optimized_tiny(name: str, tmp_path, **options: str):  # type: ignore[no-untyped-def]
+    """The zoo's tiny ``name`` (TorchScript) optimized with ``options``, validated against ORT
+    and eager PyTorch."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from onnxopt import api
     from onnxopt.export import export
 
     path = export(name, tmp_path / f"{name}.onnx", exporter="torchscript").output
-    result = api.optimize(path, ort_version="1.22", find_reference=True)
+    result = api.optimize(path, find_reference=True, **options)  # type: ignore[arg-type]
     assert result.validated
     assert result.report.reference is not None and result.report.reference.optimized_passed
+    return result
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "gpt2-tiny"])
+def test_tiny_decoders_for_an_older_runtime_validate_with_group_query_attention(
+    name: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """--ort-version 1.22: the causal blocks are GroupQueryAttention as ORT 1.22 reads it (no
+    causal attribute, the present outputs declared) and validate against ORT and eager PyTorch."""
+    result = _optimized_tiny(name, tmp_path, ort_version="1.22")
     attentions = [n for n in result.model.graph if n.op_type.endswith("Attention")]
     assert [n.op_type for n in attentions] == ["GroupQueryAttention"] * 2
     assert all("causal" not in n.attributes and len(n.outputs) == 3 for n in attentions)
     assert model_requirement(result.model) is None
     assert result.model.metadata_props["onnxopt.ort_version"] == "1.22"
+
+
+@pytest.mark.parametrize(
+    ("name", "fused"), [("llama-tiny", "MultiHeadAttention"), ("gpt2-tiny", "Attention")]
+)
+def test_tiny_decoders_for_cuda_validate_without_group_query_attention(
+    name: str, fused: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """--ort-providers cpu,cuda: causal blocks stay MultiHeadAttention (LLaMA: repeat_kv) or go
+    to packed Attention (GPT-2), both with float32 CUDA kernels, and validate."""
+    result = _optimized_tiny(name, tmp_path, ort_providers="cpu,cuda")
+    types = op_types(result.model)
+    assert "com.microsoft::GroupQueryAttention" not in types
+    assert types.count(f"com.microsoft::{fused}") == 2, types
+    assert result.model.metadata_props["onnxopt.ort_providers"] == "cpu,cuda"
+    assert not result.report.warnings
 
 
 def test_plain_multi_head_attention_is_no_candidate() -> None:

@@ -1,4 +1,4 @@
-"""--ort-version: the oldest ONNX Runtime release a --target ort output must run on."""
+"""--ort-version and --ort-providers: the ONNX Runtime a --target ort output must run on."""
 
 from __future__ import annotations
 
@@ -18,9 +18,12 @@ from onnxopt.ort_versions import (
     GQA_HEAD_SINK,
     GQA_WITHOUT_PRESENT,
     OLDEST,
+    installed_providers,
     installed_version,
     model_requirement,
     parse_version,
+    provider_problem,
+    requested_providers,
     requested_version,
 )
 from tests.test_cli import DEFAULT_MODEL, cli, one_error_line
@@ -93,11 +96,17 @@ def test_a_model_needs_the_release_of_its_newest_form() -> None:
         assert found is not None and found[0] == release, (found, release)
 
 
-def test_cli_refuses_a_release_older_than_target_ort_supports(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [("--ort-version", "1.18", "1.22 or newer"), ("--ort-providers", "gpu", "'gpu': expected")],
+)
+def test_cli_refuses_a_runtime_target_ort_cannot_write_for(
+    option: str, value: str, words: str, tmp_path: Path
+) -> None:
     out = tmp_path / "out.onnx"
-    code, _, stderr = cli("optimize", DEFAULT_MODEL, "-o", out, "--ort-version", "1.18")
+    code, _, stderr = cli("optimize", DEFAULT_MODEL, "-o", out, option, value)
     assert code == 2
-    assert "1.22 or newer" in one_error_line(stderr)
+    assert words in one_error_line(stderr)
     assert not out.exists()
 
 
@@ -131,3 +140,55 @@ def test_inspect_says_which_release_a_model_needs(tmp_path: Path) -> None:
     assert code == 0 and "needs ONNX Runtime 1.30 or newer" in stdout
     code, stdout, _ = cli("inspect", DEFAULT_MODEL, "--json")
     assert code == 0 and json.loads(stdout)["onnxruntime_needed"] is None
+
+
+def test_providers_are_read_and_checked() -> None:
+    assert requested_providers("CUDA, cpu") == ("cpu", "cuda")
+    assert requested_providers("cuda") == ("cuda",)
+    assert requested_providers(None) == installed_providers()
+    for bad in ("gpu", "", "cpu,tensorrt"):
+        with pytest.raises(UsageError, match="expected cpu, cuda or cpu,cuda"):
+            requested_providers(bad)
+
+
+def _fused_conv(activation: str) -> ir.Node:
+    return ir.node("FusedConv", [], {"activation": activation}, domain="com.microsoft")
+
+
+def test_what_cuda_cannot_run() -> None:
+    cuda = ("cpu", "cuda")
+    assert provider_problem(_fused_conv("Relu"), cuda) is None
+    found = provider_problem(_fused_conv("Sigmoid"), cuda)
+    assert found is not None and "FusedConv with activation Sigmoid" in found
+    assert provider_problem(_fused_conv("Sigmoid"), ("cpu",)) is None
+    gqa = next(n for n in _gqa_model(None).graph if n.op_type == "GroupQueryAttention")
+    found = provider_problem(gqa, cuda)
+    assert found is not None and "float32 GroupQueryAttention" in found
+
+
+def test_the_providers_are_recorded_and_a_gqa_cuda_lacks_is_warned_of(tmp_path: Path) -> None:
+    result = api.optimize(DEFAULT_MODEL, ort_providers="cpu,cuda", check=False)
+    assert result.model.metadata_props["onnxopt.ort_providers"] == "cpu,cuda"
+    assert list(result.report.to_json()["ort_providers"]) == ["cpu", "cuda"]
+    path = io.save_model(_gqa_model(None), tmp_path / "gqa.onnx")
+    report = api.optimize(path, ort_providers="cuda", check=False).report
+    assert any(
+        "float32 GroupQueryAttention" in w and "not run on CUDA" in w for w in report.warnings
+    ), report.warnings
+
+
+def test_inspect_says_what_cuda_would_refuse(tmp_path: Path) -> None:
+    text = """
+        <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+        g (float[1, 3, 8, 8] x, float[4, 3, 3, 3] w) => (float[1, 4, 6, 6] y) {
+            y = com.microsoft.FusedConv <kernel_shape = [3, 3], activation = "Sigmoid"> (x, w)
+        }
+    """
+    path = tmp_path / "fused.onnx"
+    onnx.save(onnx.parser.parse_model(text), path)
+    code, stdout, _ = cli("inspect", path, "--json")
+    assert code == 0 and "FusedConv with activation Sigmoid" in json.loads(stdout)["cuda_problem"]
+    code, stdout, _ = cli("inspect", path)
+    assert code == 0 and "not for CUDA as it is" in " ".join(stdout.split())
+    code, stdout, _ = cli("inspect", DEFAULT_MODEL, "--json")
+    assert code == 0 and json.loads(stdout)["cuda_problem"] is None

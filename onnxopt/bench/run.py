@@ -656,8 +656,13 @@ def run_bench(
             optimized_model = candidate.model
         else:
             say(f"optimizing (-O{options.level})")
+            # Timed on CUDA too: written for it (no form CUDA lacks, ort_versions.py).
             result = api.optimize(
-                source.model, level=options.level, input_shapes=options.shapes, check=False
+                source.model,
+                level=options.level,
+                input_shapes=options.shapes,
+                check=False,
+                ort_providers="cpu,cuda" if "cuda" in options.providers else None,
             )
             info = OptimizedInfo(
                 f"onnxopt -O{options.level} (in memory)",

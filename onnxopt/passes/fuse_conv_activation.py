@@ -2,6 +2,12 @@
 
 ONNX Runtime's CPU FusedConv (float32) applies Relu, Tanh, Sigmoid, LeakyRelu, Clip or HardSigmoid
 to the convolution's output inside the MLAS kernel, saving one pass over the activations.
+
+Its CUDA kernel maps the activation to cuDNN's and takes Relu alone: a FusedConv with any other
+activation fails when a CUDA session is made ("unsupported conv activation mode"). For a model
+that must also run on CUDA (``--ort-providers``, ort_versions.py) only Conv + Relu is fused, and a
+FusedConv already in the model with another activation (an output for the CPU, or a file ORT's
+CPU optimizer saved) is put back as Conv and the activation (``fusedconv->conv+activation``).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxopt.ops import MS_DOMAIN, const_array, is_op
+from onnxopt.ort_versions import CUDA_FUSED_CONV_ACTIVATIONS
 from onnxopt.passes.base import PassResult, RulePass
 from onnxopt.rewrite import Match, Mismatch, Replacement, RewriteContext, Rule
 from onnxopt.rewrite.patterns import ensure_opset, users
@@ -63,6 +70,14 @@ def _match(activation: ir.Node, context: RewriteContext) -> Match | Mismatch:
             "FusedConv has float32 kernels only (ORT's CUDA one too); this Conv is "
             f"{value.dtype.name if value.dtype is not None else 'of unknown type'}"
         )
+    if (
+        "cuda" in context.options.ort_providers
+        and activation.op_type not in CUDA_FUSED_CONV_ACTIVATIONS
+    ):
+        return Mismatch(
+            f"CUDA's FusedConv takes Relu only (a session with {activation.op_type} fails to "
+            "load); the model is also for cuda (--ort-providers)"
+        )
     params = _activation_params(activation)
     if isinstance(params, Mismatch):
         return params
@@ -89,12 +104,67 @@ def _unsupported(activation: ir.Node, context: RewriteContext) -> Match | Mismat
     return Mismatch("not after a Conv", candidate=False)
 
 
+# FusedConv's activations and the number of activation_params each reads ("": none, which the
+# CPU kernel takes and CUDA's refuses).
+_PARAMS = {"": 0, "Relu": 0, "Tanh": 0, "Sigmoid": 0, "LeakyRelu": 1, "HardSigmoid": 2, "Clip": 2}
+
+
+def _match_unfuse(fused: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """A FusedConv already in the model whose activation CUDA's kernel refuses, in a model that
+    must also run on CUDA."""
+    if "cuda" not in context.options.ort_providers:
+        return Mismatch("the model is not for cuda (--ort-providers)", candidate=False)
+    activation = fused.attributes.get_string("activation", "")
+    if activation in CUDA_FUSED_CONV_ACTIVATIONS:
+        return Mismatch("CUDA's FusedConv takes this activation", candidate=False)
+    params = list(fused.attributes.get_floats("activation_params", []))
+    if activation not in _PARAMS or len(params) < _PARAMS[activation]:
+        return Mismatch(
+            f"FusedConv with activation {activation or '(none)'}: CUDA refuses it, and it has no "
+            "standard form here"
+        )
+    return Match([fused], {"activation": activation, "params": params})
+
+
+def _rewrite_unfuse(match: Match, context: RewriteContext) -> Replacement:
+    """Conv (+ Add of FusedConv's Z) + the activation: what FusedConv computes, in standard ops."""
+    fused = match.root
+    activation: str = match.bindings["activation"]
+    params: list[float] = match.bindings["params"]
+    tape = ir.tape.Tape()
+    conv_attrs = {
+        k: a.value
+        for k, a in fused.attributes.items()
+        if k not in ("activation", "activation_params")
+    }
+    inputs = list(fused.inputs)
+    result = tape.op("Conv", inputs[:3], conv_attrs)
+    if len(inputs) > 3 and inputs[3] is not None:  # Z, added before the activation
+        result = tape.op("Add", [result, inputs[3]])
+    attrs: dict[str, float] = {}
+    extra: list[ir.Value] = []
+    if activation == "LeakyRelu":
+        attrs = {"alpha": params[0]}
+    elif activation == "HardSigmoid":
+        attrs = {"alpha": params[0], "beta": params[1]}
+    elif activation == "Clip" and context.opset() < 11:
+        attrs = {"min": params[0], "max": params[1]}
+    elif activation == "Clip":
+        extra = [
+            tape.op("Constant", [], {"value": ir.tensor(np.array(bound, np.float32))})
+            for bound in params[:2]
+        ]
+    out = tape.op(activation, [result, *extra], attrs) if activation else result
+    return Replacement(tape.nodes, [(fused.outputs[0], out)])
+
+
 RULES = (
     *(
         Rule(f"conv+{op.lower()}->FusedConv", op, _match, _rewrite)
         for op in ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "Clip", "HardSigmoid")
     ),
     Rule("conv+hardswish->FusedConv", "HardSwish", _unsupported, _rewrite),
+    Rule("fusedconv->conv+activation", "FusedConv", _match_unfuse, _rewrite_unfuse, MS_DOMAIN),
 )
 
 

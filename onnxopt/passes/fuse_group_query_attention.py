@@ -759,6 +759,16 @@ def _element_type(*values: ir.Value) -> ir.DataType | None:
     return None
 
 
+def _on_cuda(context: RewriteContext) -> Mismatch | None:
+    """The float32 GroupQueryAttention this pass writes has no CUDA kernel."""
+    if "cuda" not in context.options.ort_providers:
+        return None
+    return Mismatch(
+        "GroupQueryAttention has no float32 CUDA kernel (ORT would run it on the CPU); the model "
+        "is also for cuda (--ort-providers)"
+    )
+
+
 def _too_old(context: RewriteContext, causal: bool, sinks: bool = False) -> Mismatch | None:
     """Why the release the model is for cannot run the GroupQueryAttention this rule writes: every
     release before 1.30 is causal (no causal=0), and head_sink came in 1.23."""
@@ -802,15 +812,16 @@ def _match(node: ir.Node, context: RewriteContext, causal: bool) -> Match | Mism
             "CUDA kernel, where half-precision models run, is always causal and takes no "
             "attention_bias)"
         )
-    if not (_is_repeat(key) or _is_repeat(value)):
-        if not causal or not _compares_positions(inputs[_ATTENTION_BIAS]):
-            # plain K/V heads (BERT, a UNet's cross-attention) without a causal-looking mask:
-            # MultiHeadAttention or packed Attention is as fast, and not worth an --explain line
-            # per block
-            return Mismatch("K/V are not a repeat_kv expansion", candidate=False)
-        pair = _plain_kv(query, key, value, heads)
-    else:
-        pair = _grouped_kv(node, key, value, heads)
+    repeated = _is_repeat(key) or _is_repeat(value)
+    if not repeated and (not causal or not _compares_positions(inputs[_ATTENTION_BIAS])):
+        # plain K/V heads (BERT, a UNet's cross-attention) without a causal-looking mask:
+        # MultiHeadAttention or packed Attention is as fast, and not worth an --explain line
+        # per block
+        return Mismatch("K/V are not a repeat_kv expansion", candidate=False)
+    on_cuda = _on_cuda(context)
+    if on_cuda is not None:
+        return on_cuda
+    pair = _grouped_kv(node, key, value, heads) if repeated else _plain_kv(query, key, value, heads)
     if isinstance(pair, Mismatch):
         return pair
     grouped_k, grouped_v = pair
@@ -1405,6 +1416,9 @@ def _grouped_block(
     dtype = _element_type(block.output, *(v for v in sides if v is not None))
     if dtype is not None and dtype != ir.DataType.FLOAT:
         return Mismatch(f"attention in {dtype.name}: only float32 is rewritten")
+    on_cuda = _on_cuda(context)
+    if on_cuda is not None:
+        return on_cuda
     if block.kv_repeat > 1:
         return Mismatch("K/V of one head broadcast against the query heads are not handled")
     fused = frozenset(id(node) for node in found.nodes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from onnxopt.ort_versions import Version, installed_version
+from onnxopt.ort_versions import Version, installed_providers, installed_version
 
 Target = Literal["onnx", "ort"]
 
@@ -23,6 +23,8 @@ class PassOptions:
     # The oldest ONNX Runtime release the output must run on (target ort): forms it lacks are
     # not written (onnxopt/ort_versions.py).
     ort_version: Version = field(default_factory=installed_version)
+    # The ONNX Runtime execution providers the output must run on (target ort): "cpu", "cuda".
+    ort_providers: tuple[str, ...] = field(default_factory=installed_providers)
     # Dims pinned by the user: input name -> full shape.
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # Sizes of symbolic dims (e.g. batch=8, seq=512) for memory analyses and reordering.
