@@ -988,8 +988,7 @@ def inspect(model: Path, as_json: bool, verbose: int, traceback: bool) -> None:
         )
     if not_on_cuda is not None:
         console.print(
-            f"not for CUDA as it is: {not_on_cuda} (`onnxopt optimize --ort-providers cuda` "
-            "writes a form CUDA runs where there is one)",
+            f"not for CUDA as it is: {not_on_cuda}",
             highlight=False,
             markup=False,
         )

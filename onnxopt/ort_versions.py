@@ -55,6 +55,7 @@ PROVIDERS = ("cpu", "cuda")
 CUDA_FUSED_CONV_ACTIVATIONS = frozenset({"Relu"})
 
 _MS_DOMAIN = "com.microsoft"
+_NCHWC_DOMAIN = "com.microsoft.nchwc"
 _GQA_HEAD_SINK_INPUT = 11
 _DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml")
 
@@ -131,9 +132,16 @@ def requested_providers(text: str | None) -> tuple[str, ...]:
 
 
 def provider_problem(node: ir.Node, providers: tuple[str, ...]) -> str | None:
-    """Why ``node`` as written would not run on CUDA, where ``providers`` has it; else None."""
-    if "cuda" not in providers or node.domain != _MS_DOMAIN:
+    """Why ``node`` as written would not run on CUDA (a session that fails to load, or a node
+    left to the CPU provider), where ``providers`` has it; else None."""
+    if "cuda" not in providers:
         return None
+    if node.domain == _NCHWC_DOMAIN:  # a file ORT's CPU optimizer saved at ENABLE_ALL
+        return "ORT's CPU-only NCHWc ops (com.microsoft.nchwc), which CUDA lacks"
+    if node.domain != _MS_DOMAIN:
+        return None
+    if node.op_type == "FusedGemm":
+        return "FusedGemm, which CUDA lacks (ORT runs it on the CPU)"
     if node.op_type == "GroupQueryAttention":
         query = node.inputs[0] if node.inputs else None
         if query is not None and query.dtype == ir.DataType.FLOAT:

@@ -164,6 +164,14 @@ def test_what_cuda_cannot_run() -> None:
     gqa = next(n for n in _gqa_model(None).graph if n.op_type == "GroupQueryAttention")
     found = provider_problem(gqa, cuda)
     assert found is not None and "float32 GroupQueryAttention" in found
+    # what ORT's own CPU optimizer saves: left to the CPU provider, or not CUDA's at all
+    gemm = ir.node("FusedGemm", [], {"activation": "Relu"}, domain="com.microsoft")
+    found = provider_problem(gemm, cuda)
+    assert found is not None and "FusedGemm" in found
+    reorder = ir.node("ReorderInput", [], domain="com.microsoft.nchwc")
+    found = provider_problem(reorder, cuda)
+    assert found is not None and "NCHWc" in found
+    assert provider_problem(reorder, ("cpu",)) is None
 
 
 def test_the_providers_are_recorded_and_a_gqa_cuda_lacks_is_warned_of(tmp_path: Path) -> None:
