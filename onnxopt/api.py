@@ -246,7 +246,9 @@ def optimize(
         working.metadata_props[ORT_PROVIDERS_METADATA_KEY] = ",".join(options.ort_providers)
         problem = model_provider_problem(working, options.ort_providers)
         if problem is not None:
-            extra_warnings.append(f"the model holds {problem}: it will not run on CUDA as it is")
+            extra_warnings.append(
+                f"the model holds {problem}, yet it is for cuda (--ort-providers)"
+            )
 
     validation: ValidationReport | None = None
     validate_seconds = 0.0
