@@ -109,3 +109,45 @@ def test_a_fused_conv_cuda_refuses_is_put_back_as_conv_and_activation(
     if ops is not None:
         assert types == ops
     assert not FuseConvActivationPass()(model.clone()).modified  # for the CPU it stays
+
+
+FUSED_GEMM = """
+<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (float[N, 6] x) => (float[N, 4] y) {{
+    y = com.microsoft.FusedGemm <transB = 1, alpha = 0.5, beta = 2.0{attributes}> (x, w, b)
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("attributes", "ops"),
+    [
+        (', activation = "Tanh"', ["Gemm", "Tanh"]),
+        (', activation = "LeakyRelu", activation_alpha = 0.2', ["Gemm", "LeakyRelu"]),
+        (', activation = "HardSigmoid", activation_alpha = 0.3, activation_beta = 0.4', None),
+        (', activation = "Selu", activation_alpha = 1.5, activation_gamma = 1.1', None),
+    ],
+)
+def test_fused_gemm_is_put_back_as_gemm_and_activation_for_cuda(
+    attributes: str, ops: list[str] | None
+) -> None:
+    """ORT's FusedGemm (its optimizer writes it; CPU kernel only) in a model for CUDA."""
+    model = parse(
+        FUSED_GEMM.format(attributes=attributes), w=rng_array(4, 6), b=rng_array(4, seed=2)
+    )
+    result = run_checked(FuseConvActivationPass(CUDA), model)
+    assert result.stats == {"fusedgemm->gemm+activation": 1}
+    if ops is not None:
+        assert op_types(result.model) == ops
+    assert not FuseConvActivationPass()(model.clone()).modified  # for the CPU it stays
+
+
+def test_a_fused_gemm_with_an_activation_onnx_lacks_stays_and_says_why() -> None:
+    model = parse(
+        FUSED_GEMM.format(attributes=', activation = "ScaledTanh", activation_alpha = 0.5'),
+        w=rng_array(4, 6),
+        b=rng_array(4, seed=2),
+    )
+    result = FuseConvActivationPass(CUDA)(model)
+    assert not result.modified
+    assert any("no standard form here" in n for n in result.notes), result.notes

@@ -8,6 +8,9 @@ activation fails when a CUDA session is made ("unsupported conv activation mode"
 that must also run on CUDA (``--ort-providers``, ort_versions.py) only Conv + Relu is fused, and a
 FusedConv already in the model with another activation (an output for the CPU, or a file ORT's
 CPU optimizer saved) is put back as Conv and the activation (``fusedconv->conv+activation``).
+Likewise ORT's FusedGemm, which only the CPU provider has (ORT's optimizer writes it; this pass
+does not): Gemm and the activation, its ``activation_*`` attributes the activation's own
+(``fusedgemm->gemm+activation``).
 """
 
 from __future__ import annotations
@@ -158,6 +161,54 @@ def _rewrite_unfuse(match: Match, context: RewriteContext) -> Replacement:
     return Replacement(tape.nodes, [(fused.outputs[0], out)])
 
 
+# FusedGemm's activations that are standard ONNX ops, and the attributes each takes (FusedGemm's
+# ``activation_<name>``; ORT's CPU kernel hands them to the activation under ``<name>``).
+_GEMM_ACTIVATIONS: dict[str, tuple[str, ...]] = {
+    "Relu": (),
+    "Sigmoid": (),
+    "Tanh": (),
+    "Softsign": (),
+    "Softplus": (),
+    "LeakyRelu": ("alpha",),
+    "Elu": ("alpha",),
+    "ThresholdedRelu": ("alpha",),
+    "HardSigmoid": ("alpha", "beta"),
+    "Selu": ("alpha", "gamma"),
+}
+_GEMM_ATTRIBUTES = ("alpha", "beta", "transA", "transB")
+
+
+def _match_unfuse_gemm(fused: ir.Node, context: RewriteContext) -> Match | Mismatch:
+    """A FusedGemm (CPU only) in a model that must also run on CUDA."""
+    if "cuda" not in context.options.ort_providers:
+        return Mismatch("the model is not for cuda (--ort-providers)", candidate=False)
+    activation = fused.attributes.get_string("activation", "")
+    known = set(_GEMM_ATTRIBUTES) | {"activation"}
+    known |= {f"activation_{name}" for name in _GEMM_ACTIVATIONS.get(activation, ())}
+    if activation not in _GEMM_ACTIVATIONS or set(fused.attributes) - known:
+        return Mismatch(
+            f"FusedGemm with activation {activation or '(none)'} and attributes "
+            f"{', '.join(sorted(fused.attributes))}: CUDA lacks it, and it has no standard form here"
+        )
+    return Match([fused], {"activation": activation})
+
+
+def _rewrite_unfuse_gemm(match: Match, context: RewriteContext) -> Replacement:
+    """Gemm + the activation: what ORT's CPU FusedGemm computes, in standard ops."""
+    fused = match.root
+    activation: str = match.bindings["activation"]
+    tape = ir.tape.Tape()
+    gemm_attrs = {k: a.value for k, a in fused.attributes.items() if k in _GEMM_ATTRIBUTES}
+    gemm = tape.op("Gemm", list(fused.inputs), gemm_attrs)
+    attrs = {
+        name: fused.attributes[f"activation_{name}"].value
+        for name in _GEMM_ACTIVATIONS[activation]
+        if f"activation_{name}" in fused.attributes
+    }
+    out = tape.op(activation, [gemm], attrs)
+    return Replacement(tape.nodes, [(fused.outputs[0], out)])
+
+
 RULES = (
     *(
         Rule(f"conv+{op.lower()}->FusedConv", op, _match, _rewrite)
@@ -165,6 +216,13 @@ RULES = (
     ),
     Rule("conv+hardswish->FusedConv", "HardSwish", _unsupported, _rewrite),
     Rule("fusedconv->conv+activation", "FusedConv", _match_unfuse, _rewrite_unfuse, MS_DOMAIN),
+    Rule(
+        "fusedgemm->gemm+activation",
+        "FusedGemm",
+        _match_unfuse_gemm,
+        _rewrite_unfuse_gemm,
+        MS_DOMAIN,
+    ),
 )
 
 
