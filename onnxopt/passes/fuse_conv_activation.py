@@ -107,9 +107,17 @@ def _unsupported(activation: ir.Node, context: RewriteContext) -> Match | Mismat
     return Mismatch("not after a Conv", candidate=False)
 
 
-# FusedConv's activations and the number of activation_params each reads ("": none, which the
-# CPU kernel takes and CUDA's refuses).
-_PARAMS = {"": 0, "Relu": 0, "Tanh": 0, "Sigmoid": 0, "LeakyRelu": 1, "HardSigmoid": 2, "Clip": 2}
+# FusedConv's activations and the attributes its activation_params are, in order ("": none,
+# which the CPU kernel takes and CUDA's refuses; Clip's bounds are inputs from opset 11).
+_CONV_ACTIVATIONS: dict[str, tuple[str, ...]] = {
+    "": (),
+    "Relu": (),
+    "Tanh": (),
+    "Sigmoid": (),
+    "LeakyRelu": ("alpha",),
+    "HardSigmoid": ("alpha", "beta"),
+    "Clip": ("min", "max"),
+}
 
 
 def _match_unfuse(fused: ir.Node, context: RewriteContext) -> Match | Mismatch:
@@ -121,7 +129,7 @@ def _match_unfuse(fused: ir.Node, context: RewriteContext) -> Match | Mismatch:
     if activation in CUDA_FUSED_CONV_ACTIVATIONS:
         return Mismatch("CUDA's FusedConv takes this activation", candidate=False)
     params = list(fused.attributes.get_floats("activation_params", []))
-    if activation not in _PARAMS or len(params) < _PARAMS[activation]:
+    if activation not in _CONV_ACTIVATIONS or len(params) < len(_CONV_ACTIVATIONS[activation]):
         return Mismatch(
             f"FusedConv with activation {activation or '(none)'}: CUDA refuses it, and it has no "
             "standard form here"
@@ -144,18 +152,12 @@ def _rewrite_unfuse(match: Match, context: RewriteContext) -> Replacement:
     result = tape.op("Conv", inputs[:3], conv_attrs)
     if len(inputs) > 3 and inputs[3] is not None:  # Z, added before the activation
         result = tape.op("Add", [result, inputs[3]])
-    attrs: dict[str, float] = {}
+    attrs = dict(zip(_CONV_ACTIVATIONS[activation], params, strict=False))
     extra: list[ir.Value] = []
-    if activation == "LeakyRelu":
-        attrs = {"alpha": params[0]}
-    elif activation == "HardSigmoid":
-        attrs = {"alpha": params[0], "beta": params[1]}
-    elif activation == "Clip" and context.opset() < 11:
-        attrs = {"min": params[0], "max": params[1]}
-    elif activation == "Clip":
+    if activation == "Clip" and context.opset() >= 11:  # the bounds are inputs
         extra = [
-            tape.op("Constant", [], {"value": ir.tensor(np.array(bound, np.float32))})
-            for bound in params[:2]
+            tape.op("Constant", [], {"value": ir.tensor(np.array(attrs.pop(name), np.float32))})
+            for name in ("min", "max")
         ]
     out = tape.op(activation, [result, *extra], attrs) if activation else result
     return Replacement(tape.nodes, [(fused.outputs[0], out)])

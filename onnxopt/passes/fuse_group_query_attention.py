@@ -1497,18 +1497,9 @@ def _match_newer_form(node: ir.Node, context: RewriteContext) -> Match | Mismatc
     release = context.options.ort_version
     if context.options.target != "ort" or release >= GQA_CAUSAL_ATTRIBUTE:
         return Mismatch("the release the model is for runs every form", False)
-    causal = node.attributes.get_int("causal", 1)
-    if causal != 1:
-        return Mismatch(
-            f"GroupQueryAttention with causal={causal} needs ONNX Runtime "
-            f"{format_version(GQA_CAUSAL_ATTRIBUTE)}; the model is for {format_version(release)} "
-            "(--ort-version)"
-        )
-    if has_head_sink(node) and release < GQA_HEAD_SINK:
-        return Mismatch(
-            f"GroupQueryAttention's head_sink needs ONNX Runtime {format_version(GQA_HEAD_SINK)}; "
-            f"the model is for {format_version(release)} (--ort-version)"
-        )
+    too_old = _too_old(context, node.attributes.get_int("causal", 1) == 1, has_head_sink(node))
+    if too_old is not None:  # causal=0, or head_sink before 1.23: no older form
+        return too_old
     present = release >= GQA_WITHOUT_PRESENT or len(node.outputs) >= 3
     if "causal" not in node.attributes and present:
         return Mismatch("GroupQueryAttention already in its older form", False)
